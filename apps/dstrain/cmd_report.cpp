@@ -1,0 +1,88 @@
+// `dstrain report`: what this build is made of and what this machine offers: compiler, every
+// dependency's version, CUDA and NCCL found or not, GPUs and their memory, CPU cores.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "common/env.h"
+#include "common/strings.h"
+#include "core/device.h"
+#include "dstrain/build_info.h"
+
+namespace ds::cli {
+
+namespace {
+
+struct ReportOptions {
+  bool env = false;
+};
+
+int run_report(const ReportOptions& o) {
+  auto row = [](const char* k, const std::string& v) {
+    std::cout << fmt::format("  {:<16} {}\n", k, v.empty() ? "-" : v);
+  };
+  std::cout << "dstrain " << DSTRAIN_VERSION << "\n\nbuild\n";
+  row("compiler", DSTRAIN_CXX_COMPILER);
+  row("build type", DSTRAIN_BUILD_TYPE);
+  row("sanitizers", std::string(DSTRAIN_SANITIZE_ON) == "ON" ? "address, undefined" : "off");
+  std::cout << "\ndependencies\n";
+  row("CLI11", DSTRAIN_CLI11_VERSION);
+  row("nlohmann-json", DSTRAIN_NLOHMANN_JSON_VERSION);
+  row("spdlog", DSTRAIN_SPDLOG_VERSION);
+  row("fmt", DSTRAIN_FMT_VERSION);
+  row("libssh2", DSTRAIN_LIBSSH2_VERSION);
+  row("OpenSSL", DSTRAIN_OPENSSL_VERSION);
+  row("Boost", DSTRAIN_BOOST_VERSION);
+  row("Gloo", DSTRAIN_GLOO_VERSION);
+  row("OpenBLAS", DSTRAIN_OPENBLAS_VERSION);
+  row("GoogleTest", DSTRAIN_GTEST_VERSION);
+
+  auto acc = rt::query_accelerators();
+  std::cout << "\naccelerators\n";
+  if (acc.cuda_compiled) {
+    row("CUDA", fmt::format("compiled (nvcc {}, sm {}), runtime {}, driver {}",
+                            DSTRAIN_CUDA_COMPILER, DSTRAIN_CUDA_ARCHS, acc.cuda_runtime,
+                            acc.cuda_driver.empty() ? "not loaded" : acc.cuda_driver));
+    row("NCCL", acc.nccl_version.empty() ? "not found" : acc.nccl_version);
+  } else {
+    row("CUDA", "not compiled in");
+    row("NCCL", "not compiled in");
+  }
+  row("GPUs", fmt::format("{}{}", acc.gpus.size(),
+                          acc.gpus.empty() ? " (" + acc.status + ")" : std::string()));
+  for (const auto& g : acc.gpus) {
+    std::cout << fmt::format("    [{}] {}  {}  sm_{}{}\n", g.index, g.name,
+                             format_bytes(static_cast<double>(g.total_bytes)), g.sm_major,
+                             g.sm_minor);
+  }
+  std::cout << "\nhost\n";
+  row("CPU cores", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)));
+  row("memory", format_bytes(static_cast<double>(sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<double>(sysconf(_SC_PAGESIZE))));
+  if (o.env) {
+    std::cout << "\nenvironment variables dstrain reads\n";
+    size_t n = 0;
+    const auto* k = env::knobs(&n);
+    for (size_t i = 0; i < n; ++i) {
+      auto v = env::get(k[i].name);
+      bool secret = std::string(k[i].name) == "DSTRAIN_JOB_TOKEN";
+      row(k[i].name, v ? (secret ? "<hidden>" : *v) : std::string("(unset)"));
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_report_command(CLI::App& app, std::vector<Command>& out) {
+  auto opts = std::make_shared<ReportOptions>();
+  auto* sub = app.add_subcommand("report", "print the build, dependency versions, CUDA/NCCL and GPUs");
+  sub->add_flag("--env", opts->env, "also list the environment variables dstrain reads");
+  out.push_back({sub, [opts] { return run_report(*opts); }});
+}
+
+}  // namespace ds::cli

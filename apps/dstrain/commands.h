@@ -1,0 +1,21 @@
+// The dstrain CLI's subcommands. Each lives in cmd_<name>.cpp with an Options struct, a setup
+// function that binds flags to it and a run function that consumes it; `add_<name>_command`
+// registers it on the top-level app and returns what main needs to run it.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+namespace ds::cli {
+
+struct Command {
+  CLI::App* app = nullptr;    // the (leaf) subcommand
+  std::function<int()> run;   // runs it after parsing; returns the exit status
+};
+
+void add_report_command(CLI::App& app, std::vector<Command>& out);
+void add_launch_command(CLI::App& app, std::vector<Command>& out);
+
+}  // namespace ds::cli

@@ -1,0 +1,26 @@
+# Every third-party dependency, found through its CMake config file or pkg-config.
+# Debian 12 packages: scripts/install-deps.sh installs all of them.
+find_package(PkgConfig REQUIRED)
+find_package(Threads REQUIRED)
+find_package(CLI11 CONFIG REQUIRED)
+find_package(nlohmann_json 3.10 CONFIG REQUIRED)
+find_package(fmt CONFIG REQUIRED)
+find_package(spdlog CONFIG REQUIRED)
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)
+find_package(Boost 1.74 REQUIRED COMPONENTS filesystem)
+find_package(Gloo CONFIG REQUIRED)
+find_package(OpenMP REQUIRED COMPONENTS CXX)
+pkg_check_modules(LIBSSH2 REQUIRED IMPORTED_TARGET libssh2)
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+if(DSTRAIN_BUILD_TESTS)
+  find_package(GTest CONFIG REQUIRED)
+endif()
+
+# Debian's Gloo config names the library but not its include directory as SYSTEM, and it needs
+# the threads library: wrap it once.
+add_library(ds_gloo INTERFACE)
+target_link_libraries(ds_gloo INTERFACE gloo Threads::Threads)
+get_target_property(_gloo_inc gloo INTERFACE_INCLUDE_DIRECTORIES)
+if(_gloo_inc)
+  target_include_directories(ds_gloo SYSTEM INTERFACE ${_gloo_inc})
+endif()

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package dstrain needs to build, test and run its main job.
+# Idempotent: packages already present are left alone; apt-get update runs only when
+# something is missing. Run as root (or with sudo available).
+#
+#   scripts/install-deps.sh          build + test + main-job dependencies
+#   scripts/install-deps.sh --bench  also the benchmark peers (python3-torch, jemalloc, hyperfine)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build git
+  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libssh2-1-dev libssl-dev
+  libboost-dev libboost-filesystem-dev
+  libgloo-dev libopenblas-dev
+  libgtest-dev libgmock-dev
+  openssh-server openssh-client procps iproute2
+  bible-kjv bible-kjv-text
+)
+if [[ "${1:-}" == "--bench" ]]; then
+  packages+=(python3-torch libjemalloc2 hyperfine)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
