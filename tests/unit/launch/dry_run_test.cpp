@@ -1,0 +1,74 @@
+// `dstrain launch --dry-run` through the real binary: the ranks, their environment, --json, and
+// that the job token never appears.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "support/run_command.h"
+
+namespace ds {
+namespace {
+
+using test::dstrain;
+using test::run_command;
+using test::source_path;
+
+TEST(DryRun, JsonListsEveryRankWithItsEnvironment) {
+  auto r = run_command(dstrain() + " launch --dry-run --json -H " +
+                       source_path("hostfiles/example-cluster.txt") +
+                       " --include 'worker-0:1,3@worker-2' --env FOO=bar -- python3 train.py");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j.size(), 10u);
+  EXPECT_EQ(j[1]["rank"], 1);
+  EXPECT_EQ(j[1]["host"], "worker-0");
+  EXPECT_EQ(j[1]["node_rank"], 0);
+  EXPECT_EQ(j[1]["local_rank"], 1);
+  EXPECT_EQ(j[1]["devices"], nlohmann::json::array({3}));
+  EXPECT_EQ(j[2]["host"], "worker-2");
+  EXPECT_EQ(j[2]["node_rank"], 1);
+  EXPECT_EQ(j[2]["local_rank"], 0);
+  auto env = j[9]["env"];
+  EXPECT_EQ(env["RANK"], "9");
+  EXPECT_EQ(env["LOCAL_RANK"], "7");
+  EXPECT_EQ(env["WORLD_SIZE"], "10");
+  EXPECT_EQ(env["LOCAL_WORLD_SIZE"], "8");
+  EXPECT_EQ(env["NODE_RANK"], "1");
+  EXPECT_EQ(env["MASTER_ADDR"], "worker-0");
+  EXPECT_EQ(env["MASTER_PORT"], "29500");
+  EXPECT_EQ(env["CUDA_VISIBLE_DEVICES"], "0,1,2,3,4,5,6,7");
+  EXPECT_EQ(env["DSTRAIN_JOB_TOKEN"], "<hidden>");
+  EXPECT_EQ(env["FOO"], "bar");
+  EXPECT_EQ(j[0]["command"], nlohmann::json::array({"python3", "train.py"}));
+}
+
+TEST(DryRun, TextOutputNamesHostsAndHidesTheToken) {
+  auto r = run_command(dstrain() + " launch --dry-run --nproc-per-node 3 -- hostname");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("dry run: 3 rank(s) on 1 node(s)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("rank   2  host localhost  node_rank 0  local_rank 2  devices 2"),
+            std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("DSTRAIN_JOB_TOKEN=<hidden>"), std::string::npos);
+}
+
+TEST(DryRun, BadInputsExitWithClearErrors) {
+  auto r = run_command(dstrain() + " launch --dry-run -H /nonexistent -- x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("cannot read hostfile /nonexistent"), std::string::npos) << r.err;
+
+  r = run_command(dstrain() + " launch --dry-run -H " + source_path("hostfiles/example-cluster.txt") +
+                  " --include worker-7 -- x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--include: host 'worker-7' is not in the hostfile"), std::string::npos)
+      << r.err;
+
+  r = run_command(dstrain() + " launch --dry-run --nproc-per-node 2 --env BAD -- x");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--env: expected KEY=VALUE, got 'BAD'"), std::string::npos) << r.err;
+
+  r = run_command(dstrain() + " launch --dry-run --nproc-per-node 2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("nothing to run: no --config and no command"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace ds
