@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Builds dstrain and runs every test: the whole suite (unit, multiproc, ssh; cuda tests skip
+# themselves without a GPU) on the normal build, then the unit tests again under AddressSanitizer
+# and UndefinedBehaviorSanitizer. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+jobs="$(nproc)"
+
+echo "== build (RelWithDebInfo, CUDA auto)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
+cmake --build build -j"$jobs"
+
+echo "== tests: every label"
+ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
+
+echo "== build (ASan + UBSan, CUDA off)"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DDSTRAIN_SANITIZE=ON -DDSTRAIN_CUDA=OFF
+cmake --build build-asan -j"$jobs"
+
+echo "== tests under sanitizers: unit"
+# detect_leaks=0: OpenBLAS and OpenMP keep thread-local pools alive at exit by design.
+ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs" -L unit --timeout 600
