@@ -1,0 +1,284 @@
+// GPT-2 parameter and activation shapes. See gpt2_spec.h for the contracts.
+#include "model_spec/gpt2_spec.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace ds::model_spec {
+
+Gpt2Shape Gpt2Shape::gpt2_124m() { return Gpt2Shape{12, 12, 768, 50257, 50304, 1024}; }
+
+void Gpt2Shape::validate() const {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) throw invalid_argument("model.{} must be positive, got {}", name, v);
+  };
+  positive(n_layer, "n_layer");
+  positive(n_head, "n_head");
+  positive(n_embd, "n_embd");
+  positive(vocab_size, "vocab_size");
+  positive(padded_vocab_size, "padded_vocab_size");
+  positive(seq_len, "seq_len");
+  if (n_embd % n_head != 0) {
+    throw invalid_argument("model.n_embd ({}) must be divisible by model.n_head ({})", n_embd,
+                           n_head);
+  }
+  if (padded_vocab_size < vocab_size) {
+    throw invalid_argument("model.padded_vocab_size ({}) must be >= model.vocab_size ({})",
+                           padded_vocab_size, vocab_size);
+  }
+}
+
+void Gpt2Shape::validate_tp(int tp) const {
+  if (tp <= 0) throw invalid_argument("tensor-parallel size must be positive, got {}", tp);
+  if (n_head % tp != 0) {
+    throw invalid_argument("model.n_head ({}) must be divisible by the tensor-parallel size ({})",
+                           n_head, tp);
+  }
+  if ((4 * n_embd) % tp != 0) {
+    throw invalid_argument("4 x model.n_embd ({}) must be divisible by the tensor-parallel size ({})",
+                           4 * n_embd, tp);
+  }
+  if (padded_vocab_size % tp != 0) {
+    throw invalid_argument(
+        "model.padded_vocab_size ({}) must be divisible by the tensor-parallel size ({})",
+        padded_vocab_size, tp);
+  }
+}
+
+const char* tp_split_name(TpSplit s) {
+  switch (s) {
+    case TpSplit::kReplicated: return "replicated";
+    case TpSplit::kColumn: return "column";
+    case TpSplit::kRow: return "row";
+    case TpSplit::kVocab: return "vocab";
+  }
+  return "?";
+}
+
+int64_t ParamTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s) {
+  const int64_t C = s.n_embd, Vp = s.padded_vocab_size, maxT = s.seq_len;
+  using P = ParamId;
+  using U = UnitKind;
+  using S = TpSplit;
+  using I = InitKind;
+  return {
+      {P::kWte, "wte", U::kTokenEmbedding, false, {Vp, C}, S::kVocab, 1, I::kNormal},
+      {P::kWpe, "wpe", U::kPositionEmbedding, false, {maxT, C}, S::kReplicated, 1, I::kNormal},
+      {P::kLn1w, "ln1w", U::kLayer, true, {C}, S::kReplicated, 1, I::kOnes},
+      {P::kLn1b, "ln1b", U::kLayer, true, {C}, S::kReplicated, 1, I::kZeros},
+      {P::kQkvw, "qkvw", U::kLayer, true, {3 * C, C}, S::kColumn, 3, I::kNormal},
+      {P::kQkvb, "qkvb", U::kLayer, true, {3 * C}, S::kColumn, 3, I::kZeros},
+      {P::kAttprojw, "attprojw", U::kLayer, true, {C, C}, S::kRow, 1, I::kNormalResidual},
+      {P::kAttprojb, "attprojb", U::kLayer, true, {C}, S::kReplicated, 1, I::kZeros},
+      {P::kLn2w, "ln2w", U::kLayer, true, {C}, S::kReplicated, 1, I::kOnes},
+      {P::kLn2b, "ln2b", U::kLayer, true, {C}, S::kReplicated, 1, I::kZeros},
+      {P::kFcw, "fcw", U::kLayer, true, {4 * C, C}, S::kColumn, 1, I::kNormal},
+      {P::kFcb, "fcb", U::kLayer, true, {4 * C}, S::kColumn, 1, I::kZeros},
+      {P::kFcprojw, "fcprojw", U::kLayer, true, {C, 4 * C}, S::kRow, 1, I::kNormalResidual},
+      {P::kFcprojb, "fcprojb", U::kLayer, true, {C}, S::kReplicated, 1, I::kZeros},
+      {P::kLnfw, "lnfw", U::kFinalNorm, false, {C}, S::kReplicated, 1, I::kOnes},
+      {P::kLnfb, "lnfb", U::kFinalNorm, false, {C}, S::kReplicated, 1, I::kZeros},
+  };
+}
+
+const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id) {
+  return all[static_cast<size_t>(id)];
+}
+
+std::vector<int64_t> local_shape(const ParamTensor& t, int tp) {
+  std::vector<int64_t> sh = t.shape;
+  switch (t.split) {
+    case TpSplit::kReplicated: break;
+    case TpSplit::kColumn:
+    case TpSplit::kVocab: sh[0] /= tp; break;
+    case TpSplit::kRow: sh[1] /= tp; break;
+  }
+  return sh;
+}
+
+int64_t local_numel(const ParamTensor& t, int tp) {
+  return t.split == TpSplit::kReplicated ? t.numel() : t.numel() / tp;
+}
+
+int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index) {
+  if (t.split == TpSplit::kReplicated || tp == 1) return local_index;
+  const int64_t rows = t.shape[0];
+  const int64_t inner = t.numel() / rows;  // elements per row of the full tensor
+  if (t.split == TpSplit::kRow) {
+    const int64_t cols = t.shape[1], lcols = cols / tp;
+    const int64_t r = local_index / lcols, c = local_index % lcols;
+    return r * cols + tp_rank * lcols + c;
+  }
+  // Column / vocab: dim 0 split, within each of split_groups groups.
+  const int64_t group_rows = rows / t.split_groups;
+  const int64_t lgroup_rows = group_rows / tp;
+  const int64_t lr = local_index / inner, c = local_index % inner;
+  const int64_t g = lr / lgroup_rows, within = lr % lgroup_rows;
+  const int64_t r = g * group_rows + tp_rank * lgroup_rows + within;
+  return r * inner + c;
+}
+
+void ModelPart::validate(const Gpt2Shape& s) const {
+  if (layer_begin < 0 || layer_end > s.n_layer || layer_begin > layer_end) {
+    throw invalid_argument("model part layers [{}, {}) must lie within [0, {}]", layer_begin,
+                           layer_end, s.n_layer);
+  }
+  if (tp_rank < 0 || tp_rank >= tp) {
+    throw invalid_argument("tensor-parallel rank {} must lie in [0, {})", tp_rank, tp);
+  }
+  s.validate_tp(tp);
+}
+
+int64_t ParamLayout::offset_in_unit(ParamId id) const {
+  return in_unit_offsets[static_cast<size_t>(id)];
+}
+
+const UnitSlice* ParamLayout::find_unit(UnitKind kind, int layer) const {
+  for (const auto& u : units) {
+    if (u.kind == kind && (kind != UnitKind::kLayer || u.layer == layer)) return &u;
+  }
+  return nullptr;
+}
+
+const TensorSlice* ParamLayout::find_tensor(ParamId id, int layer) const {
+  for (const auto& t : tensors) {
+    if (t.id == id && t.layer == layer) return &t;
+  }
+  return nullptr;
+}
+
+ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
+  const auto all = gpt2_params(s);
+  ParamLayout out;
+  // Offsets inside each unit (identical for every layer).
+  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0;
+  for (const auto& t : all) {
+    int64_t* cursor = nullptr;
+    switch (t.unit) {
+      case UnitKind::kTokenEmbedding: cursor = &wte_end; break;
+      case UnitKind::kPositionEmbedding: cursor = &wpe_end; break;
+      case UnitKind::kLayer: cursor = &layer_end; break;
+      case UnitKind::kFinalNorm: cursor = &lnf_end; break;
+    }
+    out.in_unit_offsets[static_cast<size_t>(t.id)] = *cursor;
+    *cursor += local_numel(t, part.tp);
+  }
+  out.layer_numel = layer_end;
+  auto add_unit = [&](UnitKind kind, int layer, int64_t numel) {
+    out.units.push_back(UnitSlice{kind, layer, out.total, numel});
+    for (const auto& t : all) {
+      if (t.unit != kind) continue;
+      out.tensors.push_back(TensorSlice{t.id, layer,
+                                        out.total + out.in_unit_offsets[static_cast<size_t>(t.id)],
+                                        local_numel(t, part.tp)});
+    }
+    out.total += numel;
+  };
+  // The tied wte lives in a part with the embedding or the head (a last stage keeps its copy).
+  if (part.has_embedding || part.has_head) add_unit(UnitKind::kTokenEmbedding, -1, wte_end);
+  if (part.has_embedding) add_unit(UnitKind::kPositionEmbedding, -1, wpe_end);
+  for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kLayer, l, layer_end);
+  if (part.has_head) add_unit(UnitKind::kFinalNorm, -1, lnf_end);
+  return out;
+}
+
+int64_t param_count(const Gpt2Shape& s) { return part_param_count(s, ModelPart::whole(s)); }
+
+int64_t layer_param_count(const Gpt2Shape& s, int tp) {
+  int64_t n = 0;
+  for (const auto& t : gpt2_params(s)) {
+    if (t.per_layer) n += local_numel(t, tp);
+  }
+  return n;
+}
+
+int64_t layers_param_count(const Gpt2Shape& s, int l0, int l1, int tp) {
+  return static_cast<int64_t>(std::max(0, l1 - l0)) * layer_param_count(s, tp);
+}
+
+int64_t part_param_count(const Gpt2Shape& s, const ModelPart& part) {
+  return param_layout(s, part).total;
+}
+
+// ---- activations ---------------------------------------------------------------------------
+
+int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp) {
+  const int64_t vloc = s.padded_vocab_size / tp;
+  int64_t rows = (int64_t{8} << 20) / vloc;
+  rows = std::max<int64_t>(16, rows / 16 * 16);
+  return static_cast<int>(std::min<int64_t>(rows, static_cast<int64_t>(B) * T));
+}
+
+std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
+                                        const ActConfig& cfg) {
+  const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T;
+  const int64_t C = s.n_embd, tp = part.tp;
+  const int64_t NHl = s.n_head / tp, C3l = 3 * C / tp, Cl = C / tp, C4l = 4 * C / tp;
+  const bool layers = part.layer_end > part.layer_begin;
+  const ActScope inner = cfg.recompute ? ActScope::kShared : ActScope::kPerLayer;
+  const ActTag act = ActTag::kActivations, ws = ActTag::kWorkspace;
+  std::vector<ActBuffer> v;
+  v.push_back({"input", BT * C, ActScope::kPerMicroBatch, act});
+  if (layers) {
+    v.push_back({"ln1", BT * C, inner, act});
+    v.push_back({"ln1_mean", BT, inner, act});
+    v.push_back({"ln1_rstd", BT, inner, act});
+    v.push_back({"qkv", BT * C3l, inner, act});
+    v.push_back({"atty", BT * Cl, inner, act});
+    v.push_back({"att_lse", BT * NHl, inner, act});
+    v.push_back({"res2", BT * C, inner, act});
+    v.push_back({"ln2", BT * C, inner, act});
+    v.push_back({"ln2_mean", BT, inner, act});
+    v.push_back({"ln2_rstd", BT, inner, act});
+    v.push_back({"fch", BT * C4l, inner, act});
+    v.push_back({"fch_gelu", BT * C4l, inner, act});
+    v.push_back({"out", BT * C, ActScope::kPerLayer, act});
+  }
+  if (part.has_head) {
+    v.push_back({"lnf", BT * C, ActScope::kPerMicroBatch, act});
+    v.push_back({"lnf_mean", BT, ActScope::kPerMicroBatch, act});
+    v.push_back({"lnf_rstd", BT, ActScope::kPerMicroBatch, act});
+    v.push_back({"losses", BT, ActScope::kPerMicroBatch, act});
+    const int rows = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
+                                             : head_chunk_rows_default(s, cfg.B, cfg.T, part.tp);
+    v.push_back({"logits", static_cast<int64_t>(rows) * (s.padded_vocab_size / tp),
+                 ActScope::kShared, ws});
+  }
+  // Backward: the residual stream's gradient, flowing in place through the layers.
+  v.push_back({"dres", BT * C, ActScope::kShared, ws});
+  if (layers || part.has_head) v.push_back({"dln", BT * C, ActScope::kShared, ws});
+  if (layers) {
+    v.push_back({"dqkv", BT * C3l, ActScope::kShared, ws});
+    v.push_back({"datty", BT * Cl, ActScope::kShared, ws});
+    v.push_back({"dfch", BT * C4l, ActScope::kShared, ws});
+    v.push_back({"att_scratch",
+                 static_cast<int64_t>(std::max(1, cfg.num_threads)) * 2 * cfg.T * cfg.T,
+                 ActScope::kShared, ws});
+  }
+  return v;
+}
+
+ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg) {
+  ActTotals t;
+  const int64_t nl = part.layer_end - part.layer_begin;
+  for (const auto& b : gpt2_activations(s, part, cfg)) {
+    switch (b.scope) {
+      case ActScope::kPerLayer: t.per_layer += b.numel; break;
+      case ActScope::kPerMicroBatch: t.per_micro_batch += b.numel; break;
+      case ActScope::kShared:
+        (b.tag == ActTag::kActivations ? t.shared_activations : t.shared_workspace) += b.numel;
+        break;
+    }
+  }
+  t.per_micro_batch += t.per_layer * nl;
+  return t;
+}
+
+}  // namespace ds::model_spec

@@ -1,0 +1,189 @@
+// The GPT-2 model as shapes: every parameter tensor (llm.c's order), how tensor parallelism splits
+// it, how the runtime lays the tensors out in one flat buffer, and the activation buffers the
+// runtime keeps for a micro-batch. One source of truth shared by the runtime (which allocates
+// exactly these) and the planner (which counts exactly these).
+//
+// Deliberately pure: no allocation of model memory, no runtime types, no I/O. Sizes are element
+// counts (fp32 elements unless a function says bytes).
+//
+// Legend: B = micro-batch, T = sequence length, C = channels (n_embd), NH = heads, L = layers,
+// V = vocabulary, Vp = padded vocabulary, maxT = seq_len (rows of wpe), tp = tensor-parallel size.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ds::model_spec {
+
+struct Gpt2Shape {
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int vocab_size = 0;         // V: real tokens
+  int padded_vocab_size = 0;  // Vp >= V: rows of wte (llm.c pads to a multiple of 128)
+  int seq_len = 0;            // maxT: rows of wpe, the longest sequence the model accepts
+
+  // GPT-2 124M as llm.c has it (Vp = 50304).
+  static Gpt2Shape gpt2_124m();
+  // Throws ds::invalid_argument naming the field and the rule when a value is impossible
+  // (non-positive, C not divisible by NH, Vp < V).
+  void validate() const;
+  // Throws ds::invalid_argument when tensor parallelism of size tp cannot split this model
+  // (NH, 4C and Vp must divide by tp), naming the numbers.
+  void validate_tp(int tp) const;
+};
+
+// How tensor parallelism (Megatron-style) splits a tensor across the tp group.
+enum class TpSplit {
+  kReplicated,  // every rank holds all of it
+  kColumn,      // dim 0 (output features) split; qkv splits each of q, k, v by heads (groups = 3)
+  kRow,         // dim 1 (input features) split; an all-reduce follows the matmul
+  kVocab,       // dim 0 (vocabulary rows) split: vocabulary-parallel embedding and loss
+};
+const char* tp_split_name(TpSplit s);
+
+// Which unit of the flat layout a tensor belongs to. Units are what ZeRO-3 gathers and what
+// pipeline stages own: the token embedding (also the tied lm_head), the position embedding, one
+// unit per layer, the final LayerNorm.
+enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm };
+
+// Parameter tensors in llm.c's order.
+enum class ParamId {
+  kWte, kWpe,
+  kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb,
+  kLnfw, kLnfb,
+};
+inline constexpr int kNumParamTensors = 16;
+inline constexpr int kNumLayerTensors = 12;  // kLn1w .. kFcprojb
+
+enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
+
+struct ParamTensor {
+  ParamId id;
+  std::string_view name;  // llm.c's name: "wte", "qkvw", ...
+  UnitKind unit;
+  bool per_layer;                // one copy per layer ((L, ...) in llm.c's checkpoint)
+  std::vector<int64_t> shape;    // full shape of one copy (without the L dimension)
+  TpSplit split;
+  int split_groups;              // column splits: 3 for qkv (q, k, v split separately), else 1
+  InitKind init;                 // normal std 0.02; residual: 0.02 / sqrt(2L)
+  int64_t numel() const;         // elements of one full copy
+};
+
+// All 16 tensors, in llm.c's order, for this shape.
+std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s);
+const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id);
+
+// The shape a tp rank holds of one copy of `t` (every rank holds the same amount).
+std::vector<int64_t> local_shape(const ParamTensor& t, int tp);
+int64_t local_numel(const ParamTensor& t, int tp);
+// Index (flat, row-major) in the full tensor of element `local_index` of tp rank `tp_rank`'s
+// shard. A shard can thus generate or load its part alone (init, checkpoints).
+int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index);
+
+// What one process holds of the model: a pipeline stage's layers and tensor-parallel shard.
+struct ModelPart {
+  int layer_begin = 0;
+  int layer_end = 0;             // exclusive; [begin, end) of the model's layers
+  bool has_embedding = true;     // first stage: wte and wpe, the encoder
+  bool has_head = true;          // last stage: lnf and the (tied) wte, the loss
+  int tp = 1;
+  int tp_rank = 0;
+
+  static ModelPart whole(const Gpt2Shape& s) { return ModelPart{0, s.n_layer, true, true, 1, 0}; }
+  void validate(const Gpt2Shape& s) const;  // invalid_argument on a bad range or rank
+};
+
+// One unit's place in the flat parameter (and gradient) buffer of a part.
+struct UnitSlice {
+  UnitKind kind;
+  int layer;        // for kLayer, else -1
+  int64_t offset;   // elements from the start of the flat buffer
+  int64_t numel;
+};
+// One tensor copy's place in the flat buffer.
+struct TensorSlice {
+  ParamId id;
+  int layer;        // -1 for global tensors
+  int64_t offset;
+  int64_t numel;    // this tp rank's elements
+};
+
+// The flat layout: units in order wte, wpe, layers [begin, end), lnf (absent units skipped), each
+// unit contiguous, tensors inside a layer in llm.c's order. Layer-major (unlike llm.c's
+// tensor-major checkpoint) so a layer is one slice for ZeRO-3 and pipeline stages.
+struct ParamLayout {
+  std::vector<UnitSlice> units;
+  std::vector<TensorSlice> tensors;
+  int64_t total = 0;
+  int64_t layer_numel = 0;  // one layer unit (this tp rank)
+  // Offset of a tensor inside its unit (the same for every layer).
+  int64_t offset_in_unit(ParamId id) const;
+  const UnitSlice* find_unit(UnitKind kind, int layer = -1) const;  // null when absent
+  const TensorSlice* find_tensor(ParamId id, int layer = -1) const;  // null when absent
+  std::array<int64_t, kNumParamTensors> in_unit_offsets{};
+};
+ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part);
+
+// Parameter counts (elements).
+int64_t param_count(const Gpt2Shape& s);                    // the whole model, unsharded
+int64_t layer_param_count(const Gpt2Shape& s, int tp = 1);  // one layer on one tp rank
+// Layers [l0, l1) on one tp rank.
+int64_t layers_param_count(const Gpt2Shape& s, int l0, int l1, int tp = 1);
+// Everything a part holds (its layout's total).
+int64_t part_param_count(const Gpt2Shape& s, const ModelPart& part);
+
+// ---- activations ---------------------------------------------------------------------------
+
+enum class ActScope {
+  kPerLayer,       // one per layer per in-flight micro-batch (kept from forward to backward)
+  kPerMicroBatch,  // once per in-flight micro-batch (stage input, final LayerNorm, losses)
+  kShared,         // once per process whatever the micro-batches in flight (scratch, recompute)
+};
+enum class ActTag { kActivations, kWorkspace };  // the allocator tag the runtime uses
+
+struct ActBuffer {
+  std::string name;     // "ln1", "qkv", ... (the runtime's view names)
+  int64_t numel;        // fp32 elements
+  ActScope scope;
+  ActTag tag;
+};
+
+struct ActConfig {
+  int B = 1;
+  int T = 1;
+  bool recompute = false;     // activation checkpointing: keep only each layer's output
+  int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread
+  int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
+};
+// Rows of (rows, Vp) logits the head computes at once by default: bounds the logits to about
+// 8 Mi elements (32 MiB fp32), never fewer than 16 rows nor more than B*T.
+int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
+
+// THE list of activation buffers the runtime allocates for a part (and the planner counts).
+// Without recompute each layer keeps
+//   ln1 (B,T,C), ln1_mean, ln1_rstd (B,T), qkv (B,T,3C/tp), atty (B,T,C/tp),
+//   att_lse (B,NH/tp,T), res2 (B,T,C), ln2 (B,T,C), ln2_mean, ln2_rstd (B,T),
+//   fch (B,T,4C/tp), fch_gelu (B,T,4C/tp), out (B,T,C)
+// (attention keeps only its output and the log-sum-exp of each row: backward recomputes the
+// (T,T) scores per head). With recompute a layer keeps only `out`; the other buffers exist once
+// (kShared) and are refilled by recomputing a layer's forward in its backward.
+// Per micro-batch: `input` (B,T,C) (the encoder's output, or what the previous stage sent);
+// with the head also lnf (B,T,C), lnf_mean, lnf_rstd (B,T), losses (B,T).
+// Shared: the backward's gradient buffers (dres, dln (B,T,C), dqkv, datty, dfch), attention's
+// per-thread scratch, the head's logits chunk (rows, Vp/tp).
+std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
+                                        const ActConfig& cfg);
+
+struct ActTotals {
+  int64_t per_layer = 0;       // elements for one layer
+  int64_t per_micro_batch = 0; // elements for one micro-batch: per_layer x layers + per-mb ones
+  int64_t shared_activations = 0;  // kShared buffers tagged activations
+  int64_t shared_workspace = 0;    // kShared buffers tagged workspace
+};
+ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg);
+
+}  // namespace ds::model_spec
