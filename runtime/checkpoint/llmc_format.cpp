@@ -1,0 +1,143 @@
+#include "checkpoint/llmc_format.h"
+
+#include <cstring>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "checkpoint/atomic_file.h"
+#include "common/error.h"
+
+namespace ds::rt::ckpt {
+
+namespace ms = ds::model_spec;
+
+namespace {
+
+constexpr size_t kHeaderInts = 256;
+constexpr size_t kHeaderBytes = kHeaderInts * sizeof(int32_t);
+
+// Offset (elements) of each tensor's block in llm.c's tensor-major file.
+std::vector<int64_t> llmc_offsets(const std::vector<ms::ParamTensor>& params, int n_layer) {
+  std::vector<int64_t> off;
+  int64_t cur = 0;
+  for (const auto& t : params) {
+    off.push_back(cur);
+    cur += t.numel() * (t.per_layer ? n_layer : 1);
+  }
+  off.push_back(cur);
+  return off;
+}
+
+ms::Gpt2Shape shape_from_header(const int32_t* h, const std::string& path) {
+  if (h[0] != kLlmcMagic) {
+    throw invalid_argument("{}: not an llm.c GPT-2 checkpoint (magic {}, expected {})", path, h[0],
+                           kLlmcMagic);
+  }
+  if (h[1] != kLlmcVersionFp32) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: llm.c checkpoint version {} is not supported (dstrain reads version "
+                            "{}: fp32 parameters)",
+                            path, h[1], kLlmcVersionFp32),
+                h[1] == 5 ? "version 5 holds bf16 weights: export an fp32 checkpoint from llm.c"
+                          : "");
+  }
+  ms::Gpt2Shape s;
+  s.seq_len = h[2];
+  s.vocab_size = h[3];
+  s.n_layer = h[4];
+  s.n_head = h[5];
+  s.n_embd = h[6];
+  s.padded_vocab_size = h[7];
+  try {
+    s.validate();
+  } catch (const Error& e) {
+    throw invalid_argument("{}: the header describes an impossible model: {}", path, e.what());
+  }
+  return s;
+}
+
+}  // namespace
+
+model_spec::Gpt2Shape read_llmc_shape(const std::string& path) {
+  std::string blob = read_file(path, "llm.c checkpoint");
+  if (blob.size() < kHeaderBytes) {
+    throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
+                           blob.size(), kHeaderBytes);
+  }
+  return shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), path);
+}
+
+void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::ModelPart& part,
+               float* params) {
+  std::string blob = read_file(path, "llm.c checkpoint");
+  if (blob.size() < kHeaderBytes) {
+    throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
+                           blob.size(), kHeaderBytes);
+  }
+  ms::Gpt2Shape file = shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), path);
+  struct Field {
+    const char* name;
+    int file, config;
+  };
+  const Field fields[] = {{"n_layer", file.n_layer, shape.n_layer},
+                          {"n_head", file.n_head, shape.n_head},
+                          {"n_embd", file.n_embd, shape.n_embd},
+                          {"vocab_size", file.vocab_size, shape.vocab_size},
+                          {"padded_vocab_size", file.padded_vocab_size, shape.padded_vocab_size},
+                          {"seq_len", file.seq_len, shape.seq_len}};
+  std::string mismatch;
+  for (const auto& f : fields) {
+    if (f.file != f.config) {
+      mismatch += fmt::format("{}{} is {} in the checkpoint but {} in the config",
+                              mismatch.empty() ? "" : "; ", f.name, f.file, f.config);
+    }
+  }
+  if (!mismatch.empty()) {
+    throw invalid_argument("{}: the checkpoint's shapes disagree with the config: {}", path, mismatch);
+  }
+  auto all = ms::gpt2_params(shape);
+  auto off = llmc_offsets(all, shape.n_layer);
+  size_t want = kHeaderBytes + static_cast<size_t>(off.back()) * sizeof(float);
+  if (blob.size() != want) {
+    throw invalid_argument("{}: llm.c checkpoint has {} bytes, expected {} for this model ({} "
+                           "parameters){}",
+                           path, blob.size(), want, off.back(),
+                           blob.size() < want ? ": the file is truncated" : "");
+  }
+  const float* src = reinterpret_cast<const float*>(blob.data() + kHeaderBytes);
+  auto layout = ms::param_layout(shape, part);
+  for (const auto& ts : layout.tensors) {
+    const auto& t = ms::find_param(all, ts.id);
+    int64_t base = off[static_cast<size_t>(ts.id)] + (t.per_layer ? int64_t(ts.layer) * t.numel() : 0);
+    for (int64_t i = 0; i < ts.numel; ++i) {
+      params[ts.offset + i] = src[base + ms::full_index(t, part.tp, part.tp_rank, i)];
+    }
+  }
+}
+
+void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float* params) {
+  auto all = ms::gpt2_params(shape);
+  auto off = llmc_offsets(all, shape.n_layer);
+  std::string blob(kHeaderBytes + static_cast<size_t>(off.back()) * sizeof(float), '\0');
+  int32_t header[kHeaderInts] = {};
+  header[0] = kLlmcMagic;
+  header[1] = kLlmcVersionFp32;
+  header[2] = shape.seq_len;
+  header[3] = shape.vocab_size;
+  header[4] = shape.n_layer;
+  header[5] = shape.n_head;
+  header[6] = shape.n_embd;
+  header[7] = shape.padded_vocab_size;
+  std::memcpy(blob.data(), header, kHeaderBytes);
+  float* dst = reinterpret_cast<float*>(blob.data() + kHeaderBytes);
+  auto layout = ms::param_layout(shape, ms::ModelPart::whole(shape));
+  for (const auto& ts : layout.tensors) {
+    const auto& t = ms::find_param(all, ts.id);
+    int64_t base = off[static_cast<size_t>(ts.id)] + (t.per_layer ? int64_t(ts.layer) * t.numel() : 0);
+    std::memcpy(dst + base, params + ts.offset, static_cast<size_t>(ts.numel) * sizeof(float));
+  }
+  write_file_atomic(path, blob);
+}
+
+}  // namespace ds::rt::ckpt

@@ -1,0 +1,197 @@
+// Checkpoint files: shard round trip and its errors, the step-directory protocol (atomic commit,
+// latest pointer, keep_last), and llm.c's format round trip and errors.
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/llmc_format.h"
+#include "checkpoint/shard_file.h"
+#include "common/error.h"
+
+namespace ds::rt::ckpt {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ms = ds::model_spec;
+
+class TempDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("ds_ckpt_test_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+using ShardFile = TempDir;
+
+TEST_F(ShardFile, RoundTripAndShapeChecks) {
+  std::vector<float> a(1000);
+  std::iota(a.begin(), a.end(), 0.5f);
+  std::vector<int64_t> b = {7, -3, 1ll << 40};
+  ShardWriter w;
+  w.add("params", "f32", {10, 100}, a.data(), a.size() * 4);
+  w.add("step", "i64", {3}, b.data(), b.size() * 8);
+  w.add("empty", "f32", {0}, nullptr, 0);
+  w.write(path("s.bin"));
+
+  ShardReader r(path("s.bin"));
+  std::vector<float> a2(1000);
+  r.read("params", "f32", {10, 100}, a2.data(), a2.size() * 4);
+  EXPECT_EQ(a, a2);
+  std::vector<int64_t> b2(3);
+  r.read("step", "i64", {3}, b2.data(), 24);
+  EXPECT_EQ(b, b2);
+  EXPECT_TRUE(r.has("empty"));
+  EXPECT_EQ(error_of([&] { r.read("params", "f32", {100, 10}, a2.data(), a2.size() * 4); }),
+            path("s.bin") + ": tensor 'params' is f32 [10, 100] in the checkpoint but the config "
+                            "needs f32 [100, 10]");
+  EXPECT_EQ(error_of([&] { r.read("nope", "f32", {1}, a2.data(), 4); }),
+            path("s.bin") + ": checkpoint has no tensor 'nope'");
+}
+
+TEST_F(ShardFile, CorruptFilesAreNamed) {
+  ckpt::write_file_atomic(path("bad.bin"), "NOTASHARDFILE...");
+  EXPECT_EQ(error_of([&] { ShardReader r(path("bad.bin")); }),
+            path("bad.bin") + ": not a dstrain checkpoint shard (bad magic or truncated header)");
+  std::vector<float> a(100, 1.0f);
+  ShardWriter w;
+  w.add("x", "f32", {100}, a.data(), 400);
+  w.write(path("t.bin"));
+  fs::resize_file(path("t.bin"), fs::file_size(path("t.bin")) - 10);
+  EXPECT_EQ(error_of([&] { ShardReader r(path("t.bin")); }),
+            path("t.bin") + ": truncated checkpoint shard: tensor 'x' ends past the file end");
+  EXPECT_EQ(error_of([&] { ShardReader r(path("missing.bin")); }),
+            "cannot read checkpoint shard " + path("missing.bin") + ": No such file or directory");
+}
+
+using CheckpointDir = TempDir;
+
+TEST_F(CheckpointDir, CommitUpdatesLatestAndPrunes) {
+  std::string root = path("ckpt");
+  EXPECT_FALSE(latest_checkpoint(root).has_value());
+  for (int step : {10, 20, 30, 40}) {
+    std::string tmp = begin_checkpoint(root, step);
+    EXPECT_TRUE(fs::is_directory(tmp));
+    ckpt::write_file_atomic(tmp + "/" + shard_file_name(0), "x");
+    // Before commit, latest still names the previous step and no final dir exists.
+    EXPECT_FALSE(fs::exists(root + "/" + step_dir_name(step)));
+    commit_checkpoint(root, step, {{"step", step}}, /*keep_last=*/2);
+    auto latest = latest_checkpoint(root);
+    ASSERT_TRUE(latest);
+    EXPECT_EQ(fs::path(*latest).filename(), step_dir_name(step));
+    EXPECT_EQ(read_manifest(*latest)["step"], step);
+    EXPECT_FALSE(fs::exists(tmp));
+  }
+  std::vector<std::string> dirs;
+  for (const auto& e : fs::directory_iterator(root)) dirs.push_back(e.path().filename().string());
+  std::sort(dirs.begin(), dirs.end());
+  EXPECT_EQ(dirs, (std::vector<std::string>{"latest", "step_00000030", "step_00000040"}));
+}
+
+TEST_F(CheckpointDir, DanglingLatestIsAClearError) {
+  std::string root = path("ckpt");
+  fs::create_directories(root);
+  ckpt::write_file_atomic(root + "/latest", "step_00000099\n");
+  EXPECT_EQ(error_of([&] { latest_checkpoint(root); }),
+            root + "/latest points to 'step_00000099', which is not a checkpoint directory in " +
+                root);
+}
+
+ms::Gpt2Shape tiny_shape() {
+  ms::Gpt2Shape s;
+  s.n_layer = 2;
+  s.n_head = 2;
+  s.n_embd = 8;
+  s.vocab_size = 30;
+  s.padded_vocab_size = 32;
+  s.seq_len = 16;
+  return s;
+}
+
+using LlmcFormat = TempDir;
+
+TEST_F(LlmcFormat, RoundTripThroughTensorMajorFile) {
+  auto s = tiny_shape();
+  auto part = ms::ModelPart::whole(s);
+  auto layout = ms::param_layout(s, part);
+  std::vector<float> p(static_cast<size_t>(layout.total));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = static_cast<float>(i) * 0.25f - 3.0f;
+  save_llmc(path("m.bin"), s, p.data());
+  EXPECT_EQ(fs::file_size(path("m.bin")), 1024 + p.size() * 4);
+
+  // The file is tensor-major: right after the header comes wte, then wpe, then ln1w of layer 0
+  // and layer 1, ...
+  std::ifstream in(path("m.bin"), std::ios::binary);
+  std::vector<int32_t> header(256);
+  in.read(reinterpret_cast<char*>(header.data()), 1024);
+  EXPECT_EQ(header[0], 20240326);
+  EXPECT_EQ(header[1], 3);
+  EXPECT_EQ(header[2], 16);
+  EXPECT_EQ(header[3], 30);
+  EXPECT_EQ(header[4], 2);
+  EXPECT_EQ(header[5], 2);
+  EXPECT_EQ(header[6], 8);
+  EXPECT_EQ(header[7], 32);
+  int64_t wte_wpe = (32 + 16) * 8;
+  std::vector<float> file(p.size());
+  in.read(reinterpret_cast<char*>(file.data()), static_cast<std::streamsize>(file.size() * 4));
+  const auto* ln1w_l1 = layout.find_tensor(ms::ParamId::kLn1w, 1);
+  ASSERT_NE(ln1w_l1, nullptr);
+  EXPECT_EQ(file[wte_wpe + 8], p[ln1w_l1->offset]);  // ln1w of layer 1 follows ln1w of layer 0
+
+  std::vector<float> q(p.size(), 0.0f);
+  load_llmc(path("m.bin"), s, part, q.data());
+  EXPECT_EQ(p, q);
+  EXPECT_EQ(read_llmc_shape(path("m.bin")).n_embd, 8);
+}
+
+TEST_F(LlmcFormat, BadFilesAreNamed) {
+  auto s = tiny_shape();
+  std::vector<float> p(static_cast<size_t>(ms::param_layout(s, ms::ModelPart::whole(s)).total));
+  save_llmc(path("m.bin"), s, p.data());
+  std::vector<float> q(p.size());
+  auto other = s;
+  other.n_embd = 16;
+  other.n_head = 4;
+  EXPECT_EQ(error_of([&] { load_llmc(path("m.bin"), other, ms::ModelPart::whole(other), q.data()); }),
+            path("m.bin") + ": the checkpoint's shapes disagree with the config: n_head is 2 in the "
+                            "checkpoint but 4 in the config; n_embd is 8 in the checkpoint but 16 in "
+                            "the config");
+  fs::resize_file(path("m.bin"), fs::file_size(path("m.bin")) - 4);
+  EXPECT_NE(error_of([&] { load_llmc(path("m.bin"), s, ms::ModelPart::whole(s), q.data()); })
+                .find("the file is truncated"),
+            std::string::npos);
+  std::string blob(1024, '\0');
+  int32_t magic = 12345;
+  std::memcpy(blob.data(), &magic, 4);
+  ckpt::write_file_atomic(path("bad.bin"), blob);
+  EXPECT_EQ(error_of([&] { read_llmc_shape(path("bad.bin")); }),
+            path("bad.bin") + ": not an llm.c GPT-2 checkpoint (magic 12345, expected 20240326)");
+  ckpt::write_file_atomic(path("short.bin"), "abc");
+  EXPECT_EQ(error_of([&] { read_llmc_shape(path("short.bin")); }),
+            path("short.bin") + ": truncated llm.c checkpoint (3 bytes, the header alone is 1024)");
+}
+
+}  // namespace
+}  // namespace ds::rt::ckpt
