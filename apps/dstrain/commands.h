@@ -17,5 +17,6 @@ struct Command {
 
 void add_report_command(CLI::App& app, std::vector<Command>& out);
 void add_launch_command(CLI::App& app, std::vector<Command>& out);
+void add_plan_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli
