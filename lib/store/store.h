@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/error.h"
 
 namespace ds::store {
 
@@ -95,5 +96,20 @@ class Store {
 // throws kTimeout: "barrier 'init' on store at h:p: 3/4 workers joined after 30.0 s".
 void barrier(Store& store, const std::string& name, int world_size,
              std::optional<Millis> timeout = {});
+
+namespace detail {
+// Shared by every implementation, so all stores word their errors alike.
+// "<store>: <what> timed out after 30.0 s<who>; missing keys: 'a', 'b' (2 of 3)"
+Error wait_timeout(const std::string& store, const std::string& what,
+                   const std::vector<std::string>& missing, size_t total, Millis waited,
+                   const std::string& who = {});
+// add() on a current value (nullopt = absent): the new value, or invalid_argument naming the key.
+int64_t apply_add(const std::string& store, const std::string& key, const Bytes* current,
+                  int64_t delta);
+// compare_set's rule; `current` nullptr = absent. Returns true when `desired` must be stored.
+bool compare_set_applies(const Bytes* current, const Bytes& expected);
+// "'a', 'b', 'c' and 7 more"
+std::string quote_keys(const std::vector<std::string>& keys, size_t max_shown = 8);
+}  // namespace detail
 
 }  // namespace ds::store

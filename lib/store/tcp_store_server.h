@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "common/deadline.h"
+#include "common/socket.h"
 #include "store/tcp_store_protocol.h"
 
 namespace ds::store {
@@ -66,7 +67,8 @@ class TcpStoreServer {
 
  private:
   TcpStoreServerOptions options_;
-  std::unique_ptr<Impl> impl_;
+  std::unique_ptr<Impl> impl_;  // kept after stop() so stats() stays readable
+  net::Fd wake_write_;          // stop() writes a byte here to end the poll loop
   std::thread thread_;
   std::atomic<bool> running_{false};
   int port_ = 0;
