@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "common/error.h"
 #include "common/strings.h"
+#include "plan/activation_paper.h"
 #include "plan/model_state.h"
 
 namespace ds::cli {
@@ -36,6 +37,8 @@ struct PlanOptions {
   int zero_init = 1;
   double buffer_factor = 1.5;
   bool json = false;
+  // paper activations without a config
+  int64_t hidden = 0, heads = 0, seq_len = 0, micro_batch = 1, tp = 1, layers = 0, pp = 1;
 };
 
 double parse_count(const std::string& s, const char* flag) {
@@ -173,7 +176,64 @@ int run_generic_deepspeed(const PlanOptions& o, double params) {
   return 0;
 }
 
+// Korthikanti et al. 2022 Table 2 for the given sizes: per layer, and for the first pipeline stage
+// under 1F1B (pp micro-batches of L/pp layers in flight: L layers' worth).
+int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, int64_t layers,
+                            int64_t pp, bool json) {
+  auto rows = plan::korthikanti_table(static_cast<double>(s), static_cast<double>(b),
+                                      static_cast<double>(h), static_cast<double>(a),
+                                      static_cast<double>(t));
+  // Layers the first stage holds, times the micro-batches 1F1B keeps in flight there (pp).
+  int64_t stage_layers = layers > 0 ? (layers + pp - 1) / pp : 0;
+  int64_t layer_mbs = stage_layers * pp;
+  if (json) {
+    nlohmann::ordered_json j;
+    j["formula"] = "paper";
+    j["source"] = "Korthikanti et al. 2022, Table 2 (16-bit activations)";
+    j["s"] = s; j["b"] = b; j["h"] = h; j["a"] = a; j["t"] = t;
+    j["layers"] = layers; j["pp"] = pp;
+    j["rows"] = nlohmann::ordered_json::array();
+    for (const auto& r : rows) {
+      nlohmann::ordered_json row{{"name", r.name}, {"formula", r.formula},
+                                 {"per_layer", std::llround(r.layer_bytes)}};
+      if (layers > 0) row["first_stage"] = std::llround(r.layer_bytes * static_cast<double>(layer_mbs));
+      j["rows"].push_back(row);
+    }
+    std::cout << j.dump(2) << "\n";
+    return 0;
+  }
+  std::cout << fmt::format(
+      "Activation memory, Korthikanti et al. 2022 Table 2 (16-bit): s={} b={} h={} a={} t={}\n", s,
+      b, h, a, t);
+  if (layers > 0) {
+    std::cout << fmt::format("first stage under 1F1B: {} layer(s) x {} micro-batch(es) in flight\n",
+                             stage_layers, pp);
+  }
+  std::cout << "\n";
+  std::cout << fmt::format("  {:<50} {:<28} {:>12}", "", "formula", "per layer");
+  if (layers > 0) std::cout << fmt::format(" {:>12}", "first stage");
+  std::cout << "\n";
+  for (const auto& r : rows) {
+    std::cout << fmt::format("  {:<50} {:<28} {:>12}", r.name, r.formula, format_bytes(r.layer_bytes));
+    if (layers > 0) std::cout << fmt::format(" {:>12}", format_bytes(r.layer_bytes * static_cast<double>(layer_mbs)));
+    std::cout << "\n";
+  }
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  if (o.params.empty() && o.hidden > 0) {
+    if (!o.formula.empty() && o.formula != "paper") {
+      throw invalid_argument("--hidden without --config gives the paper's activation view; "
+                             "--formula {} does not apply", o.formula);
+    }
+    if (o.heads <= 0 || o.seq_len <= 0) {
+      throw invalid_argument("the paper activation view needs --hidden, --heads and --seq-len");
+    }
+    if (o.pp < 1) throw invalid_argument("--pp must be at least 1, got {}", o.pp);
+    return print_paper_activations(o.seq_len, o.micro_batch, o.hidden, o.heads, o.tp, o.layers,
+                                   o.pp, o.json);
+  }
   if (o.params.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "dstrain plan needs --params or --config",
                 "generic mode: --params 7.5e9 --world-size 64 --zero-stage 2; model mode: "
@@ -207,6 +267,13 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--buffer-factor", o.buffer_factor,
                  "deepspeed formula: additional_buffer_factor for CPU memory (default 1.5)");
   sub.add_flag("--json", o.json, "print JSON with integer bytes");
+  sub.add_option("--hidden", o.hidden, "paper activation view: hidden size h");
+  sub.add_option("--heads", o.heads, "paper activation view: attention heads a");
+  sub.add_option("--seq-len", o.seq_len, "paper activation view: sequence length s");
+  sub.add_option("--micro-batch", o.micro_batch, "paper activation view: micro-batch size b (default 1)");
+  sub.add_option("--tp", o.tp, "paper activation view: tensor-parallel size t (default 1)");
+  sub.add_option("--layers", o.layers, "paper activation view: layers L (for the per-stage total)");
+  sub.add_option("--pp", o.pp, "paper activation view: pipeline stages (default 1)");
 }
 
 }  // namespace

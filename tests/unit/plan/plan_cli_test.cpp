@@ -70,5 +70,19 @@ TEST(PlanCli, BadGenericInputsExitTwoAndNameTheRule) {
   EXPECT_EQ(r.exit_code, 2);
 }
 
+TEST(PlanCli, PaperActivationView) {
+  auto r = run_command(dstrain() + " plan --formula paper --hidden 12288 --heads 96 --seq-len 2048 "
+                                   "--tp 8 --layers 96 --pp 8 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 6u);
+  EXPECT_EQ(j["rows"][1]["per_layer"].get<int64_t>(), 578813952);
+  // first stage: 12 layers x 8 micro-batches in flight = 96 layers' worth
+  EXPECT_EQ(j["rows"][1]["first_stage"].get<int64_t>(), 578813952LL * 96);
+  r = run_command(dstrain() + " plan --formula paper --hidden 12288 --heads 96 --seq-len 2048 --tp 5");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "must divide")) << r.err;
+}
+
 }  // namespace
 }  // namespace ds
