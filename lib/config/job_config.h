@@ -1,0 +1,195 @@
+// Job configs: DeepSpeed's JSON keys (train_batch_size, fp16, zero_optimization, optimizer,
+// scheduler, ...) plus dstrain's own sections (model, data, training, pipeline,
+// tensor_parallel), parsed into typed structs and validated against a world size.
+//
+// What validation guarantees for a returned JobConfig:
+//   - every key had the right type and range; unknown keys were errors (with the closest known
+//     key suggested); DeepSpeed keys dstrain does not act on were accepted and listed in
+//     `warnings`; duplicate keys were errors;
+//   - the batch triad is resolved as DeepSpeed resolves it, against the data-parallel size
+//     dp = world_size / (tensor_parallel.size * pipeline.stages):
+//       train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp;
+//   - model shapes are consistent with themselves and with tensor_parallel.size and
+//     pipeline.stages (when a model section is present).
+// It does NOT check that data or checkpoint files exist (the trainer does, when it opens them),
+// and it does not require the training sections: a plain DeepSpeed config validates.
+// require_training_sections() adds that requirement (what `dstrain train` needs).
+//
+// Relative paths (data.train, data.val, model.init_from, training.checkpoint_dir) are resolved
+// against the directory of the config file, lexically (no filesystem access): with the config
+// at configs/x.json, "../data/kjv/train.bin" becomes "data/kjv/train.bin".
+//
+// All errors are collected: parse_job_config throws one ConfigError listing every fault, each
+// as "file:line: $.json.path: what was expected, got what".
+// Pure functions of their inputs; thread-compatible.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
+
+namespace ds::config {
+
+struct ModelConfig {
+  std::string type = "gpt2";  // the only architecture: GPT-2 (pre-LN, tied lm_head)
+  int n_layer = 0;
+  int n_head = 0;
+  int n_embd = 0;
+  int vocab_size = 0;  // <= 65536: token files hold uint16 tokens (llm.c's format)
+  int seq_len = 0;
+  // Resolved: when absent, vocab_size rounded up to a multiple of 128 (llm.c pads 50257 to
+  // 50304). Always >= vocab_size and divisible by tensor_parallel.size.
+  int padded_vocab_size = 0;
+  std::string init_from;  // llm.c GPT-2 checkpoint to start from; "" = random init
+};
+
+struct DataConfig {
+  std::string train;  // llm.c token file; required when the data section is present
+  std::string val;    // "" = none
+  bool shuffle = false;
+};
+
+struct TrainingConfig {
+  int64_t steps = 0;  // optimizer steps; 0 = not given (require_training_sections() needs it)
+  uint64_t seed = 1337;
+  int eval_interval = 0;  // evaluate every N steps; 0 = no evaluation
+  int eval_steps = 20;    // batches per evaluation
+  int log_interval = 1;
+  std::string checkpoint_dir;   // "" = no checkpoints
+  int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
+  int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
+  std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
+};
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;  // 0 = dynamic loss scaling
+  int initial_scale_power = 16;
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  double min_loss_scale = 1;
+};
+
+struct Bf16Config {
+  bool enabled = false;
+};
+
+struct OffloadConfig {
+  std::string device = "none";  // "none" | "cpu" ("nvme" is rejected)
+  bool pin_memory = false;
+};
+
+struct ZeroConfig {
+  int stage = 0;
+  bool contiguous_gradients = true;
+  bool overlap_comm = false;  // resolved: when absent, true for stage 3, false otherwise (DeepSpeed)
+  bool reduce_scatter = true;
+  int64_t reduce_bucket_size = 500000000;     // elements
+  int64_t allgather_bucket_size = 500000000;  // elements
+  OffloadConfig offload_optimizer;            // resolved to "none" with ZeRO stage 0
+  OffloadConfig offload_param;                // resolved to "none" below ZeRO stage 3
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_param_persistence_threshold = 100000;
+  int64_t stage3_max_live_parameters = 1000000000;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";  // "Adam" | "AdamW" (case-insensitive in the file, normalized)
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+  // Resolved: true = decoupled weight decay (AdamW). "AdamW" is always true; "Adam" is AdamW
+  // unless params.adam_w_mode is false, as in DeepSpeed.
+  bool adam_w_mode = true;
+};
+
+struct SchedulerConfig {
+  std::string type;  // "" (constant lr) | "WarmupLR" | "WarmupDecayLR" | "WarmupCosineLR"
+  // DeepSpeed's parameter names (deepspeed/runtime/lr_schedules.py). Resolved defaults:
+  double warmup_min_lr = 0;
+  double warmup_max_lr = 0.001;  // WarmupLR: optimizer.lr when absent (current DeepSpeed)
+  int64_t warmup_num_steps = 1000;
+  std::string warmup_type = "log";  // "log" | "linear"
+  int64_t total_num_steps = 0;      // Decay/Cosine: training.steps when absent
+  double warmup_min_ratio = 0, cos_min_ratio = 0.0001;  // WarmupCosineLR
+};
+
+struct ActivationCheckpointingConfig {
+  bool enabled = false;  // dstrain extension key; DeepSpeed's keys are accepted with a warning
+};
+
+struct PipelineConfig {
+  int stages = 1;
+  std::string partition = "parameters";  // "uniform" | "parameters"
+  std::string schedule = "1f1b";         // "1f1b" | "gpipe"
+};
+
+struct TensorParallelConfig {
+  int size = 1;
+};
+
+struct CheckpointConfig {
+  // DeepSpeed's checkpoint section (tag_validation, load_universal, ...): accepted with
+  // warnings; dstrain's checkpoint settings live in `training`.
+};
+
+struct JobConfig {
+  std::string path;
+  int world_size = 1;          // what the batch triad was resolved against
+  int data_parallel_size = 1;  // world_size / (tensor_parallel.size * pipeline.stages)
+  int64_t train_batch_size = 0, train_micro_batch_size_per_gpu = 0,
+          gradient_accumulation_steps = 0;  // resolved
+  int steps_per_print = 10;
+  double gradient_clipping = 0;  // max global grad norm; 0 = off
+  Fp16Config fp16;
+  Bf16Config bf16;
+  ZeroConfig zero;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  ActivationCheckpointingConfig activation_checkpointing;
+  PipelineConfig pipeline;
+  TensorParallelConfig tensor_parallel;
+  CheckpointConfig checkpoint;
+  ModelConfig model;
+  DataConfig data;
+  TrainingConfig training;
+  bool has_model = false;  // the file had a model section
+  bool has_data = false;   // the file had a data section
+  // DeepSpeed keys accepted but not acted on, and other notes, one message each:
+  // "file:line: $.json.path: ...".
+  std::vector<std::string> warnings;
+
+  // Every key with its resolved value, in the file format: parse_job_config(to_json().dump(), "",
+  // world_size) gives the same config (paths are already resolved, so re-parse with no base).
+  // Unset optional values (no model section, no scheduler, no val file, ...) are null.
+  nlohmann::ordered_json to_json() const;
+};
+
+// An invalid config: what() lists every fault, one per line; errors() has them separately.
+class ConfigError : public Error {
+ public:
+  ConfigError(const std::string& source, std::vector<std::string> errors);
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::vector<std::string> errors_;
+};
+
+// Parses and validates `text` for `world_size` ranks; `path` names the file in messages and is
+// the base for relative paths ("" : paths stay as written). Throws ConfigError (every fault) or
+// ds::Error (invalid argument) for world_size < 1.
+JobConfig parse_job_config(std::string_view text, const std::string& path, int world_size);
+// Reads and parses a file; a missing or unreadable file is an invalid-argument error naming it.
+JobConfig load_job_config(const std::string& path, int world_size);
+
+// Throws ConfigError listing what `dstrain train` needs and the config lacks: a model section,
+// data.train, training.steps.
+void require_training_sections(const JobConfig& config);
+
+}  // namespace ds::config

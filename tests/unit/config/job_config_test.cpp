@@ -1,0 +1,525 @@
+// Job config validation: a table of malformed configs with the exact error each gets, the
+// batch triad table, defaults, warnings for DeepSpeed keys dstrain does not act on, duplicate
+// keys, path resolution, the JSON round trip, and every shipped config under configs/.
+#include "config/job_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+namespace ds::config {
+namespace {
+
+// Every error a config gets, or {} when it is valid.
+std::vector<std::string> errors_of(const std::string& text, int world = 1) {
+  try {
+    parse_job_config(text, "t.json", world);
+  } catch (const ConfigError& e) {
+    return e.errors();
+  }
+  return {};
+}
+
+// The minimal valid config: the batch triad needs train_batch_size or the micro batch.
+const char* kMin = R"({"train_micro_batch_size_per_gpu": 2})";
+
+TEST(JobConfig, MalformedConfigsGetExactErrors) {
+  struct Case {
+    std::string json;
+    int world;
+    std::string error;
+  };
+  const std::string mb = R"("train_micro_batch_size_per_gpu": 2, )";
+  const std::string model =
+      R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "seq_len": 64})";
+  const std::vector<Case> cases = {
+      {"[1]", 1, "t.json:1: $: expected a JSON object at the top level, got [1]"},
+      {"{\"a\": 1,}", 1, "t.json:1:9: trailing comma before '}'"},
+      {"{" + mb + R"("zero_optimization": {"stage": 4}})", 1,
+       "t.json:1: $.zero_optimization.stage: expected an integer 0-3, got 4"},
+      {"{" + mb + R"("zero_optimization": {"stage": "2"}})", 1,
+       "t.json:1: $.zero_optimization.stage: expected an integer 0-3, got \"2\""},
+      {"{" + mb + R"("zero_optimization": {"stgae": 2}})", 1,
+       "t.json:1: $.zero_optimization.stgae: unknown key (did you mean \"stage\"?)"},
+      {"{" + mb + R"("train_batch_sise": 8})", 1,
+       "t.json:1: $.train_batch_sise: unknown key (did you mean \"train_batch_size\"?)"},
+      {"{" + mb + R"("modle": {}})", 1, "t.json:1: $.modle: unknown key (did you mean \"model\"?)"},
+      {"{" + mb + R"("activation_checkpointing": {"xyzzy": true}})", 1,
+       "t.json:1: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, "
+       "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
+       "number_checkpoints, synchronize_checkpoint_boundary, profile)"},
+      {R"({"train_micro_batch_size_per_gpu": 0})", 1,
+       "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
+      {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})", 1,
+       "t.json:1: $.train_batch_size: expected an integer >= 1, got \"auto\" (\"auto\" is a "
+       "placeholder the Hugging Face Trainer fills in; give a value)"},
+      {"{" + mb + R"("steps_per_print": 0})", 1,
+       "t.json:1: $.steps_per_print: expected an integer >= 1, got 0"},
+      {"{" + mb + R"("gradient_clipping": -1})", 1,
+       "t.json:1: $.gradient_clipping: expected a number >= 0, got -1"},
+      {"{" + mb + R"("gradient_clipping": true})", 1,
+       "t.json:1: $.gradient_clipping: expected a number >= 0, got true"},
+      {"{" + mb + R"("fp16": {"enabled": true}, "bf16": {"enabled": true}})", 1,
+       "t.json:1: $.bf16: fp16 and bf16 cannot both be enabled (as in DeepSpeed)"},
+      {"{" + mb + R"("fp16": {"enabled": "auto"}})", 1,
+       "t.json:1: $.fp16.enabled: expected true or false, got \"auto\" (\"auto\" is a placeholder "
+       "the Hugging Face Trainer fills in; give a value)"},
+      {"{" + mb + R"("fp16": {"min_loss_scale": 0}})", 1,
+       "t.json:1: $.fp16.min_loss_scale: expected a number > 0, got 0"},
+      {"{" + mb + R"("fp16": {"initial_scale_power": 64}})", 1,
+       "t.json:1: $.fp16.initial_scale_power: expected an integer 0-63, got 64"},
+      {"{" + mb + R"("fp16": true})", 1, "t.json:1: $.fp16: expected an object, got true"},
+      {"{" + mb + R"("bf16": {"enabled": true}, "bfloat16": {"enabled": true}})", 1,
+       "t.json:1: $.bfloat16: both \"bf16\" and its old name \"bfloat16\" are given; keep \"bf16\""},
+      {"{" + mb + R"("zero_optimization": {"reduce_bucket_size": 1.5}})", 1,
+       "t.json:1: $.zero_optimization.reduce_bucket_size: expected an integer >= 1, got 1.5"},
+      {"{" + mb + R"("zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}})", 1,
+       "t.json:1: $.zero_optimization.offload_param.device: \"nvme\" offload is not supported by "
+       "dstrain (expected \"none\" or \"cpu\")"},
+      {"{" + mb + R"("zero_optimization": {"offload_optimizer": {"device": "gpu"}}})", 1,
+       "t.json:1: $.zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", "
+       "got \"gpu\""},
+      {"{" + mb + R"("optimizer": {"type": "Lamb"}})", 1,
+       "t.json:1: $.optimizer.type: expected one of \"Adam\", \"AdamW\", got \"Lamb\""},
+      {"{" + mb + R"("optimizer": {"params": {"betas": [0.9]}}})", 1,
+       "t.json:1: $.optimizer.params.betas: expected [beta1, beta2] with each in [0, 1), got [0.9]"},
+      {"{" + mb + R"("optimizer": {"params": {"eps": 0}}})", 1,
+       "t.json:1: $.optimizer.params.eps: expected a number > 0, got 0"},
+      {"{" + mb + R"("optimizer": {"params": {"lrr": 0.1}}})", 1,
+       "t.json:1: $.optimizer.params.lrr: unknown key (did you mean \"lr\"?)"},
+      {"{" + mb + R"("scheduler": {"type": "OneCycle"}})", 1,
+       "t.json:1: $.scheduler.type: \"OneCycle\" is a DeepSpeed schedule dstrain does not implement "
+       "(expected one of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\")"},
+      {"{" + mb + R"("scheduler": {"params": {}}})", 1,
+       "t.json:1: $.scheduler: missing \"type\" (expected one of \"WarmupLR\", \"WarmupDecayLR\", "
+       "\"WarmupCosineLR\"; omit the section for a constant lr)"},
+      {"{" + mb + R"("scheduler": {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_max_lr": 0.1}}})",
+       1, "t.json:1: $.scheduler.params.warmup_max_lr: not a parameter of WarmupCosineLR (DeepSpeed would reject it)"},
+      {"{" + mb + R"("scheduler": {"type": "WarmupLR", "params": {"total_num_steps": 10}}})", 1,
+       "t.json:1: $.scheduler.params.total_num_steps: not a parameter of WarmupLR (DeepSpeed would reject it)"},
+      {"{" + mb + R"("scheduler": {"type": "WarmupDecayLR", "params": {}}})", 1,
+       "t.json:1: $.scheduler.params: WarmupDecayLR needs params.total_num_steps (or training.steps to take it from)"},
+      {"{" + mb + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 0}}})", 1,
+       "t.json:1: $.scheduler.params.warmup_num_steps: expected an integer >= 1, got 0"},
+      {"{" + mb + R"("scheduler": {"type": "WarmupLR", "params": {"warmup_type": "cosine"}}})", 1,
+       "t.json:1: $.scheduler.params.warmup_type: expected one of \"log\", \"linear\", got \"cosine\""},
+      {"{" + mb + R"("pipeline": {"schedule": "interleaved"}})", 1,
+       "t.json:1: $.pipeline.schedule: expected one of \"1f1b\", \"gpipe\", got \"interleaved\""},
+      {"{" + mb + R"("tensor_parallel": {"size": 2})", 3,
+       "t.json:1:69: expected ',' or '}' after a member of an object, got end of input"},
+      {"{" + mb + R"("tensor_parallel": {"size": 2}})", 3,
+       "t.json:1: $.tensor_parallel: world size 3 is not divisible by tensor_parallel.size x "
+       "pipeline.stages = 2 x 1 = 2 (the data-parallel size must be a whole number)"},
+      {"{" + mb + R"("pipeline": {"stages": 2}})", 3,
+       "t.json:1: $.pipeline: world size 3 is not divisible by tensor_parallel.size x "
+       "pipeline.stages = 1 x 2 = 2 (the data-parallel size must be a whole number)"},
+      {"{" + mb + R"("pipeline": {"stages": 2}, "zero_optimization": {"stage": 3}})", 2,
+       "t.json:1: $.zero_optimization: ZeRO stage 3 cannot be combined with pipeline parallelism "
+       "(pipeline.stages = 2), as in DeepSpeed; use stage 0-2 or pipeline.stages 1"},
+      {"{" + mb + R"("model": {"n_layer": 4, "n_head": 3, "n_embd": 128, "vocab_size": 256, "seq_len": 64}})", 1,
+       "t.json:1: $.model.n_embd: n_embd (128) must be divisible by n_head (3)"},
+      {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256}})", 1,
+       "t.json:1: $.model: missing required key \"seq_len\""},
+      {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 70000, "seq_len": 64}})", 1,
+       "t.json:1: $.model.vocab_size: expected an integer 1-65536, got 70000"},
+      {"{" + mb + R"("model": {"type": "llama", "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "seq_len": 64}})", 1,
+       "t.json:1: $.model.type: expected one of \"gpt2\", got \"llama\""},
+      {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "padded_vocab_size": 200, "seq_len": 64}})", 1,
+       "t.json:1: $.model.padded_vocab_size: must be >= vocab_size (256), got 200"},
+      {"{" + mb + model + R"(, "tensor_parallel": {"size": 8}})", 8,
+       "t.json:1: $.model.n_head: n_head (4) must be divisible by tensor_parallel.size (8)"},
+      {"{" + mb + R"("model": {"n_layer": 4, "n_head": 5, "n_embd": 320, "vocab_size": 50257, "seq_len": 64}, "tensor_parallel": {"size": 5}})",
+       5, "t.json:1: $.model.padded_vocab_size: padded_vocab_size (50304) must be divisible by "
+          "tensor_parallel.size (5); set model.padded_vocab_size to a multiple of 5"},
+      {"{" + mb + model + R"(, "pipeline": {"stages": 8}})", 8,
+       "t.json:1: $.pipeline.stages: pipeline.stages (8) must not exceed model.n_layer (4)"},
+      {"{" + mb + R"("data": {"val": "v.bin"}})", 1,
+       "t.json:1: $.data: missing required key \"train\" (the training token file)"},
+      {"{" + mb + R"("data": {"train": ""}})", 1, "t.json:1: $.data.train: expected a non-empty path, got \"\""},
+      {"{" + mb + R"("data": {"train": 7}})", 1, "t.json:1: $.data.train: expected a string, got 7"},
+      {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
+       "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file)"},
+      {"{" + mb + R"("training": {"checkpoint_interval": 100}})", 1,
+       "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
+      {"{" + mb + R"("training": {"device": "tpu"}})", 1,
+       "t.json:1: $.training.device: expected one of \"cpu\", \"cuda\", got \"tpu\""},
+      {"{" + mb + R"("training": {"seed": -1}})", 1,
+       "t.json:1: $.training.seed: expected an integer 0-18446744073709551615, got -1"},
+      {"{" + mb + R"("training": {"steps": 0}})", 1,
+       "t.json:1: $.training.steps: expected an integer >= 1, got 0"},
+      {"{" + mb + R"("train_micro_batch_size_per_gpu": 4})", 1,
+       "t.json:1: $.train_micro_batch_size_per_gpu: duplicate key \"train_micro_batch_size_per_gpu\" "
+       "(first at line 1)"},
+  };
+  for (const auto& c : cases) {
+    auto errors = errors_of(c.json, c.world);
+    ASSERT_EQ(errors.size(), 1u) << c.json << "\n  got: "
+                                 << (errors.empty() ? "(valid)" : errors[0] + " ... +" +
+                                                                       std::to_string(errors.size() - 1));
+    EXPECT_EQ(errors[0], c.error) << c.json;
+  }
+}
+
+TEST(JobConfig, EveryErrorIsReportedWithItsLine) {
+  const std::string text = R"({
+  "train_batch_size": 30,
+  "train_micro_batch_size_per_gpu": 4,
+  "zero_optimization": {
+    "stage": 5,
+    "overlap_com": true
+  },
+  "optimizer": {"type": "SGD"},
+  "train_micro_batch_size_per_gpu": 4
+})";
+  auto errors = errors_of(text, 2);
+  ASSERT_EQ(errors.size(), 5u);
+  EXPECT_EQ(errors[0], "t.json:9: $.train_micro_batch_size_per_gpu: duplicate key "
+                       "\"train_micro_batch_size_per_gpu\" (first at line 3)");
+  EXPECT_EQ(errors[1], "t.json:5: $.zero_optimization.stage: expected an integer 0-3, got 5");
+  EXPECT_EQ(errors[2], "t.json:6: $.zero_optimization.overlap_com: unknown key (did you mean \"overlap_comm\"?)");
+  EXPECT_EQ(errors[3], "t.json:8: $.optimizer.type: expected one of \"Adam\", \"AdamW\", got \"SGD\"");
+  EXPECT_EQ(errors[4], "t.json:2: $.train_batch_size: 30 is not divisible by "
+                       "train_micro_batch_size_per_gpu x data-parallel size = 4 x 2 = 8, so "
+                       "gradient_accumulation_steps cannot be derived");
+  try {
+    parse_job_config(text, "t.json", 2);
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_EQ(std::string(e.what()).rfind("5 errors in t.json:\n  t.json:9: ", 0), 0u) << e.what();
+  }
+}
+
+TEST(JobConfig, BatchTriadResolvesAsDeepSpeed) {
+  struct Case {
+    int64_t tbs, mbs, gas;  // 0 = absent
+    int world, tp, pp;
+    int64_t want_tbs, want_mbs, want_gas;  // when valid
+    std::string error;                     // else: the error after "t.json:1: "
+  };
+  const std::vector<Case> cases = {
+      {32, 4, 0, 1, 1, 1, 32, 4, 8, ""},
+      {32, 4, 0, 2, 1, 1, 32, 4, 4, ""},
+      {32, 0, 2, 4, 1, 1, 32, 4, 2, ""},
+      {0, 4, 2, 4, 1, 1, 32, 4, 2, ""},
+      {32, 0, 0, 4, 1, 1, 32, 8, 1, ""},
+      {0, 4, 0, 4, 1, 1, 16, 4, 1, ""},
+      {32, 4, 2, 4, 1, 1, 32, 4, 2, ""},
+      {0, 4, 2, 8, 2, 2, 16, 4, 2, ""},  // dp = 8 / (2 x 2) = 2
+      {16, 4, 2, 8, 2, 2, 16, 4, 2, ""},
+      {32, 4, 2, 2, 1, 1, 0, 0, 0,
+       "$.train_batch_size: 32 != train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+       "data-parallel size = 4 x 2 x 2 = 16"},
+      {30, 4, 0, 2, 1, 1, 0, 0, 0,
+       "$.train_batch_size: 30 is not divisible by train_micro_batch_size_per_gpu x data-parallel "
+       "size = 4 x 2 = 8, so gradient_accumulation_steps cannot be derived"},
+      {4, 4, 0, 2, 1, 1, 0, 0, 0,
+       "$.train_batch_size: 4 is not divisible by train_micro_batch_size_per_gpu x data-parallel "
+       "size = 4 x 2 = 8, so gradient_accumulation_steps cannot be derived"},
+      {30, 0, 4, 1, 1, 1, 0, 0, 0,
+       "$.train_batch_size: 30 is not divisible by gradient_accumulation_steps x data-parallel "
+       "size = 4 x 1 = 4, so train_micro_batch_size_per_gpu cannot be derived"},
+      {33, 0, 0, 2, 1, 1, 0, 0, 0,
+       "$.train_batch_size: 33 is not divisible by the data-parallel size 2, so "
+       "train_micro_batch_size_per_gpu cannot be derived (gradient_accumulation_steps defaults to 1)"},
+      {0, 0, 4, 1, 1, 1, 0, 0, 0,
+       "$: either train_batch_size or train_micro_batch_size_per_gpu must be given (as in DeepSpeed)"},
+      {0, 0, 0, 1, 1, 1, 0, 0, 0,
+       "$: either train_batch_size or train_micro_batch_size_per_gpu must be given (as in DeepSpeed)"},
+  };
+  for (const auto& c : cases) {
+    nlohmann::json j = nlohmann::json::object();
+    if (c.tbs) j["train_batch_size"] = c.tbs;
+    if (c.mbs) j["train_micro_batch_size_per_gpu"] = c.mbs;
+    if (c.gas) j["gradient_accumulation_steps"] = c.gas;
+    j["tensor_parallel"] = {{"size", c.tp}};
+    j["pipeline"] = {{"stages", c.pp}};
+    std::string text = j.dump();
+    if (c.error.empty()) {
+      JobConfig cfg = parse_job_config(text, "t.json", c.world);
+      EXPECT_EQ(cfg.train_batch_size, c.want_tbs) << text << " world " << c.world;
+      EXPECT_EQ(cfg.train_micro_batch_size_per_gpu, c.want_mbs) << text << " world " << c.world;
+      EXPECT_EQ(cfg.gradient_accumulation_steps, c.want_gas) << text << " world " << c.world;
+      EXPECT_EQ(cfg.train_batch_size,
+                cfg.train_micro_batch_size_per_gpu * cfg.gradient_accumulation_steps *
+                    cfg.data_parallel_size);
+      EXPECT_EQ(cfg.data_parallel_size, c.world / (c.tp * c.pp));
+      EXPECT_EQ(cfg.world_size, c.world);
+    } else {
+      auto errors = errors_of(text, c.world);
+      ASSERT_EQ(errors.size(), 1u) << text;
+      EXPECT_EQ(errors[0], "t.json:1: " + c.error) << text;
+    }
+  }
+}
+
+TEST(JobConfig, DefaultsAreFilledIn) {
+  JobConfig c = parse_job_config(kMin, "t.json", 4);
+  EXPECT_EQ(c.path, "t.json");
+  EXPECT_EQ(c.world_size, 4);
+  EXPECT_EQ(c.data_parallel_size, 4);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 2);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.gradient_clipping, 0);
+  EXPECT_FALSE(c.fp16.enabled);
+  EXPECT_EQ(c.fp16.loss_scale, 0);
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1);
+  EXPECT_FALSE(c.bf16.enabled);
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_TRUE(c.zero.contiguous_gradients);
+  EXPECT_FALSE(c.zero.overlap_comm);
+  EXPECT_TRUE(c.zero.reduce_scatter);
+  EXPECT_EQ(c.zero.reduce_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.allgather_bucket_size, 500000000);
+  EXPECT_EQ(c.zero.offload_optimizer.device, "none");
+  EXPECT_EQ(c.zero.offload_param.device, "none");
+  EXPECT_EQ(c.zero.stage3_prefetch_bucket_size, 50000000);
+  EXPECT_EQ(c.zero.stage3_param_persistence_threshold, 100000);
+  EXPECT_EQ(c.zero.stage3_max_live_parameters, 1000000000);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.01);
+  EXPECT_TRUE(c.optimizer.adam_w_mode);
+  EXPECT_EQ(c.scheduler.type, "");
+  EXPECT_FALSE(c.activation_checkpointing.enabled);
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.pipeline.partition, "parameters");
+  EXPECT_EQ(c.pipeline.schedule, "1f1b");
+  EXPECT_EQ(c.tensor_parallel.size, 1);
+  EXPECT_FALSE(c.has_model);
+  EXPECT_FALSE(c.has_data);
+  EXPECT_EQ(c.training.steps, 0);
+  EXPECT_EQ(c.training.seed, 1337u);
+  EXPECT_EQ(c.training.eval_interval, 0);
+  EXPECT_EQ(c.training.eval_steps, 20);
+  EXPECT_EQ(c.training.log_interval, 1);
+  EXPECT_EQ(c.training.checkpoint_interval, 0);
+  EXPECT_EQ(c.training.keep_last, 0);
+  EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_TRUE(c.warnings.empty());
+
+  auto j = c.to_json();
+  EXPECT_EQ(j["train_batch_size"], 8);
+  EXPECT_EQ(j["zero_optimization"]["offload_param"]["device"], "none");
+  EXPECT_EQ(j["optimizer"]["params"]["betas"], nlohmann::json::array({0.9, 0.999}));
+  EXPECT_TRUE(j["scheduler"].is_null());
+  EXPECT_TRUE(j["model"].is_null());
+  EXPECT_TRUE(j["data"].is_null());
+  EXPECT_TRUE(j["training"]["steps"].is_null());
+  EXPECT_TRUE(j["training"]["checkpoint_dir"].is_null());
+  EXPECT_EQ(j.size(), 17u);
+}
+
+TEST(JobConfig, ResolvedValuesFollowDeepSpeed) {
+  // overlap_comm defaults to true for ZeRO stage 3 only.
+  EXPECT_TRUE(parse_job_config(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3}})", "", 1)
+                  .zero.overlap_comm);
+  EXPECT_FALSE(parse_job_config(
+                   R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "overlap_comm": false}})", "", 1)
+                   .zero.overlap_comm);
+  // "Adam" is AdamW unless adam_w_mode is false; "AdamW" always is.
+  auto adam = parse_job_config(R"({"train_batch_size": 8, "optimizer": {"type": "adam"}})", "", 1);
+  EXPECT_EQ(adam.optimizer.type, "Adam");
+  EXPECT_TRUE(adam.optimizer.adam_w_mode);
+  auto l2 = parse_job_config(
+      R"({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"adam_w_mode": false}}})", "", 1);
+  EXPECT_FALSE(l2.optimizer.adam_w_mode);
+  auto adamw = parse_job_config(
+      R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"adam_w_mode": false}}})", "t.json", 1);
+  EXPECT_TRUE(adamw.optimizer.adam_w_mode);
+  ASSERT_EQ(adamw.warnings.size(), 1u);
+  EXPECT_EQ(adamw.warnings[0].rfind("t.json:1: $.optimizer.params.adam_w_mode: ignored: \"AdamW\"", 0), 0u);
+  // WarmupLR's peak defaults to the optimizer's lr (current DeepSpeed); WarmupDecayLR's to 0.001.
+  auto wl = parse_job_config(
+      R"({"train_batch_size": 8, "optimizer": {"params": {"lr": 0.0006}}, "scheduler": {"type": "WarmupLR"}})", "", 1);
+  EXPECT_EQ(wl.scheduler.type, "WarmupLR");
+  EXPECT_EQ(wl.scheduler.warmup_max_lr, 0.0006);
+  EXPECT_EQ(wl.scheduler.warmup_min_lr, 0);
+  EXPECT_EQ(wl.scheduler.warmup_num_steps, 1000);
+  EXPECT_EQ(wl.scheduler.warmup_type, "log");
+  auto wd = parse_job_config(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR", "params": {"total_num_steps": 5000}}})", "", 1);
+  EXPECT_EQ(wd.scheduler.warmup_max_lr, 0.001);
+  EXPECT_EQ(wd.scheduler.total_num_steps, 5000);
+  // WarmupCosineLR takes total_num_steps from training.steps when absent.
+  auto wc = parse_job_config(
+      R"({"train_batch_size": 8, "scheduler": {"type": "WarmupCosineLR"}, "training": {"steps": 300}})", "", 1);
+  EXPECT_EQ(wc.scheduler.total_num_steps, 300);
+  EXPECT_EQ(wc.scheduler.warmup_min_ratio, 0);
+  EXPECT_EQ(wc.scheduler.cos_min_ratio, 0.0001);
+  // Sizes written as floats, as DeepSpeed configs do.
+  auto z = parse_job_config(R"({"train_batch_size": 8, "zero_optimization": {"reduce_bucket_size": 2e8}})", "", 1);
+  EXPECT_EQ(z.zero.reduce_bucket_size, 200000000);
+  // padded_vocab_size: rounded up to a multiple of 128 when absent.
+  const char* gpt2 = R"({"train_batch_size": 8, "model": {"n_layer": 12, "n_head": 12, "n_embd": 768,
+      "vocab_size": 50257, "seq_len": 1024}})";
+  EXPECT_EQ(parse_job_config(gpt2, "", 1).model.padded_vocab_size, 50304);
+  EXPECT_EQ(parse_job_config(gpt2, "", 1).model.type, "gpt2");
+  // DeepSpeed's tensor_parallel.autotp_size is read as size (0 = off).
+  EXPECT_EQ(parse_job_config(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2}})", "", 2)
+                .tensor_parallel.size, 2);
+  EXPECT_EQ(parse_job_config(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 0}})", "", 2)
+                .tensor_parallel.size, 1);
+}
+
+TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
+  const std::string text = R"({
+  "train_batch_size": 16,
+  "wall_clock_breakdown": false,
+  "flops_profiler": {"enabled": true, "profile_step": 1},
+  "tensorboard": {"enabled": true, "output_path": "tb/"},
+  "bfloat16": {"enabled": true},
+  "zero_optimization": {"stage": 1, "allgather_partitions": true, "offload_param": {"device": "cpu"}},
+  "activation_checkpointing": {"partition_activations": true},
+  "checkpoint": {"tag_validation": "Warn"},
+  "pipeline": {"stages": "auto", "seed_layers": false},
+  "scheduler": {"type": "WarmupLR", "params": {"last_batch_iteration": -1}}
+})";
+  JobConfig c = parse_job_config(text, "ds.json", 2);
+  const std::vector<std::string> want = {
+      "ds.json:6: $.bfloat16: old DeepSpeed name for \"bf16\"; read as \"bf16\"",
+      "ds.json:7: $.zero_optimization.allgather_partitions: DeepSpeed key accepted but not acted on by dstrain",
+      "ds.json:7: $.zero_optimization.offload_param: ignored with ZeRO stage 1 (parameter offload "
+      "needs stage 3, as in DeepSpeed)",
+      "ds.json:8: $.activation_checkpointing.partition_activations: DeepSpeed key accepted but not "
+      "acted on by dstrain",
+      "ds.json:10: $.pipeline.stages: DeepSpeed's \"auto\" read as 1 (dstrain needs an explicit stage count)",
+      "ds.json:10: $.pipeline.seed_layers: DeepSpeed key accepted but not acted on by dstrain",
+      "ds.json:9: $.checkpoint.tag_validation: DeepSpeed key accepted but not acted on by dstrain",
+      "ds.json:11: $.scheduler.params.last_batch_iteration: DeepSpeed key accepted but not acted on "
+      "by dstrain (resuming restores the step from the checkpoint)",
+      "ds.json:4: $.flops_profiler: DeepSpeed key accepted but not acted on by dstrain",
+      "ds.json:5: $.tensorboard: DeepSpeed key accepted but not acted on by dstrain",
+      "ds.json:3: $.wall_clock_breakdown: DeepSpeed key accepted but not acted on by dstrain",
+  };
+  EXPECT_EQ(c.warnings, want);
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(c.zero.offload_param.device, "none");
+  EXPECT_EQ(c.pipeline.stages, 1);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+}
+
+TEST(JobConfig, DeprecatedZeroFormsAreReadAsDeepSpeedReadsThem) {
+  JobConfig b = parse_job_config(R"({"train_batch_size": 8, "zero_optimization": true})", "t.json", 1);
+  EXPECT_EQ(b.zero.stage, 1);
+  ASSERT_EQ(b.warnings.size(), 1u);
+  EXPECT_EQ(b.warnings[0], "t.json:1: $.zero_optimization: deprecated DeepSpeed form; read as {\"stage\": 1}");
+  JobConfig c = parse_job_config(
+      R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "cpu_offload": true, "cpu_offload_use_pin_memory": true}})",
+      "t.json", 1);
+  EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.warnings.size(), 2u);
+}
+
+TEST(JobConfig, RelativePathsAreRelativeToTheConfigFile) {
+  const char* text = R"({"train_batch_size": 8,
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256, "seq_len": 32, "init_from": "w.bin"},
+    "data": {"train": "../data/kjv/train.bin", "val": "/abs/val.bin"},
+    "training": {"checkpoint_dir": "ckpt/run1"}})";
+  JobConfig c = parse_job_config(text, "configs/x.json", 1);
+  EXPECT_EQ(c.data.train, "data/kjv/train.bin");
+  EXPECT_EQ(c.data.val, "/abs/val.bin");
+  EXPECT_EQ(c.model.init_from, "configs/w.bin");
+  EXPECT_EQ(c.training.checkpoint_dir, "configs/ckpt/run1");
+  EXPECT_EQ(parse_job_config(text, "/srv/job/x.json", 1).data.train, "/srv/data/kjv/train.bin");
+  EXPECT_EQ(parse_job_config(text, "x.json", 1).data.train, "../data/kjv/train.bin");
+  EXPECT_EQ(parse_job_config(text, "", 1).model.init_from, "w.bin");
+}
+
+TEST(JobConfig, TrainingSectionsAreRequiredOnlyForTraining) {
+  JobConfig ds_only = parse_job_config(kMin, "t.json", 1);
+  try {
+    require_training_sections(ds_only);
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    const std::vector<std::string> want = {
+        "t.json: $.model: missing (dstrain train needs the model shape)",
+        "t.json: $.data.train: missing (dstrain train needs a training token file)",
+        "t.json: $.training.steps: missing (dstrain train needs the number of steps)"};
+    EXPECT_EQ(e.errors(), want);
+  }
+}
+
+TEST(JobConfig, WorldSizeMustBePositive) {
+  try {
+    parse_job_config(kMin, "t.json", 0);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "world size must be at least 1, got 0");
+  }
+}
+
+TEST(JobConfig, MissingFileNamesIt) {
+  try {
+    load_job_config("/nonexistent/x.json", 1);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "cannot read config /nonexistent/x.json: No such file or directory");
+    EXPECT_EQ(e.exit_code(), 2);
+  }
+}
+
+// The tensor x pipeline product of a config file, read raw, to pick world sizes that fit it.
+int model_parallel_size(const std::string& path) {
+  std::ifstream in(path);
+  auto j = nlohmann::json::parse(in);
+  int tp = j.contains("tensor_parallel") ? j["tensor_parallel"].value("size", 1) : 1;
+  int pp = j.contains("pipeline") ? j["pipeline"].value("stages", 1) : 1;
+  return tp * pp;
+}
+
+TEST(JobConfig, EveryShippedConfigValidatesAndRoundTrips) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(DS_SOURCE_DIR) / "configs";
+  int n = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    ++n;
+    const std::string path = entry.path().string();
+    const int mp = model_parallel_size(path);
+    for (int k : {1, 2, 4}) {
+      const int world = mp * k;
+      JobConfig c;
+      try {
+        c = load_job_config(path, world);
+        require_training_sections(c);
+      } catch (const Error& e) {
+        ADD_FAILURE() << path << " world " << world << ": " << e.what();
+        continue;
+      }
+      EXPECT_EQ(c.train_batch_size,
+                c.train_micro_batch_size_per_gpu * c.gradient_accumulation_steps * c.data_parallel_size);
+      // The resolved JSON is itself a valid config that resolves to the same thing.
+      auto j = c.to_json();
+      JobConfig again = parse_job_config(j.dump(), "", world);
+      EXPECT_EQ(again.to_json(), j) << path;
+      for (const auto& w : c.warnings) EXPECT_NE(w.find(": $."), std::string::npos) << w;
+    }
+  }
+  EXPECT_GE(n, 5) << "shipped configs in " << dir;
+}
+
+TEST(JobConfig, TheMainJobConfigIsTheTinyByteLevelModel) {
+  JobConfig c = load_job_config(std::string(DS_SOURCE_DIR) + "/configs/gpt2-tiny-cpu.json", 2);
+  EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.model.padded_vocab_size, 256);
+  EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+  EXPECT_EQ(c.train_batch_size, 16);
+  EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.data.train, std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin");
+  EXPECT_EQ(c.data.val, std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin");
+  EXPECT_TRUE(c.warnings.empty());
+}
+
+}  // namespace
+}  // namespace ds::config
