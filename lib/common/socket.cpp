@@ -241,7 +241,7 @@ void write_exact(int fd, const void* data, size_t n, Deadline deadline, std::str
   const auto* p = static_cast<const uint8_t*>(data);
   size_t done = 0;
   while (done < n) {
-    ssize_t w = ::send(fd, p + done, n - done, MSG_NOSIGNAL);
+    ssize_t w = ::send(fd, p + done, n - done, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (w > 0) {
       done += static_cast<size_t>(w);
       continue;
@@ -264,7 +264,7 @@ bool read_exact(int fd, void* data, size_t n, Deadline deadline, std::string_vie
   auto* p = static_cast<uint8_t*>(data);
   size_t done = 0;
   while (done < n) {
-    ssize_t r = ::recv(fd, p + done, n - done, 0);
+    ssize_t r = ::recv(fd, p + done, n - done, MSG_DONTWAIT);
     if (r > 0) {
       done += static_cast<size_t>(r);
       continue;

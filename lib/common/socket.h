@@ -92,7 +92,8 @@ void set_nodelay(int fd);
 void write_exact(int fd, const void* data, size_t n, Deadline deadline, std::string_view peer);
 
 // Reads exactly `n` bytes. Returns false when the peer closed cleanly before the first byte
-// (an orderly EOF at a message boundary); throws remote_error on EOF in the middle, on a reset,
+// (an orderly EOF at a message boundary); works on blocking and non-blocking sockets (MSG_DONTWAIT
+// + poll); throws remote_error on EOF in the middle, on a reset,
 // and timeout_error when the deadline passes. Messages name `peer`.
 bool read_exact(int fd, void* data, size_t n, Deadline deadline, std::string_view peer);
 

@@ -1,18 +1,20 @@
 // TcpStoreServer's poll loop.
 //
 // How it works: one thread owns every piece of state (the key map, the connections, the parked
-// waiters), so there are no locks beyond the stats counters. Each turn it polls the shutdown
-// pipe, the listening socket and every connection (reading only from connections whose output
-// is drained, for backpressure), with a timeout equal to the nearest handshake or frame
-// deadline. Readable connections append to their input buffer and complete frames are handled
-// in order. A kGet/kWait whose keys are missing parks the connection: it is registered under
+// waiters), so there are no locks beyond the stats counters. It waits in epoll (level-triggered,
+// so the cost of a turn is the number of ready sockets, not of open ones: thousands of idle
+// connections cost nothing) on the shutdown pipe, the listening socket and every connection.
+// A connection with a lot of unsent output stops being read (backpressure). Every so often (a
+// quarter of the shorter of the handshake and frame timeouts) a sweep closes connections whose
+// handshake or half-sent frame is overdue. Readable connections append to their input buffer and
+// complete frames are handled in order. A kGet/kWait whose keys are missing parks the connection: it is registered under
 // each missing key in `waiters_`, and every write of a key (set, add, compare_set) wakes the
 // connections registered under it, which reply if all their keys now exist. Replies go into the
 // connection's output buffer and are sent as far as the socket takes them; the rest waits for
 // POLLOUT. Anything malformed closes that one connection.
 #include "store/tcp_store_server.h"
 
-#include <poll.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <arpa/inet.h>
@@ -107,9 +109,15 @@ class TcpStoreServer::Impl {
     Type parked_type = Type::kWait;
     std::vector<std::string> parked_keys;
     bool closing = false;
+    uint32_t events = 0;  // the epoll interest registered now
   };
+  static constexpr uint64_t kWakeTag = 1;
+  static constexpr uint64_t kListenerTag = 2;
 
   void accept_all();
+  void sweep(Clock::time_point now);
+  void update_interest(Conn& c);
+  void mark_failed(Conn& c);
   void read_from(Conn& c);
   void handle_frames(Conn& c);
   void handle_frame(Conn& c, const uint8_t* body, size_t n);
@@ -134,7 +142,10 @@ class TcpStoreServer::Impl {
   const TcpStoreServerOptions& opt_;
   net::Fd listener_;
   net::Fd wake_read_;
-  uint64_t next_id_ = 1;
+  net::Fd epoll_;
+  bool listener_paused_ = false;
+  std::vector<uint64_t> failed_;  // connections to close at the end of this turn
+  uint64_t next_id_ = 16;         // ids below are epoll tags of the pipe and the listener
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<std::string, std::vector<uint8_t>> map_;
   std::unordered_map<std::string, std::vector<uint64_t>> waiters_;  // key -> parked conn ids
@@ -146,71 +157,107 @@ std::string TcpStoreServer::Impl::label(const Conn& c) const {
 }
 
 void TcpStoreServer::Impl::run() {
-  std::vector<pollfd> fds;
-  std::vector<uint64_t> ids;
-  for (;;) {
-    fds.clear();
-    ids.clear();
-    fds.push_back({wake_read_.get(), POLLIN, 0});
-    fds.push_back({listener_.get(), POLLIN, 0});
-    auto now = Clock::now();
-    auto next_timer = Clock::time_point::max();
-    std::vector<uint64_t> expired;
-    for (auto& [id, cp] : conns_) {
-      Conn& c = *cp;
-      short events = 0;
-      if (c.out.size() - c.out_off < kOutputHighWater) events |= POLLIN;
-      if (c.out_off < c.out.size()) events |= POLLOUT;
-      fds.push_back({c.fd.get(), events, 0});
-      ids.push_back(id);
-      auto check_timer = [&](Clock::time_point at) {
-        if (at <= now) {
-          expired.push_back(id);
-        } else {
-          next_timer = std::min(next_timer, at);
-        }
-      };
-      if (!c.authed) check_timer(c.accepted_at + opt_.handshake_timeout);
-      if (c.frame_started) check_timer(*c.frame_started + opt_.frame_timeout);
-    }
-    for (uint64_t id : expired) {
-      auto it = conns_.find(id);
-      if (it == conns_.end()) continue;
-      Conn& c = *it->second;
-      protocol_error(c, {ErrorCode::kProtocol,
-                         c.authed ? fmt::format("incomplete frame not finished within {}",
-                                                net::format_seconds(opt_.frame_timeout))
-                                  : fmt::format("handshake not finished within {}",
-                                                net::format_seconds(opt_.handshake_timeout))});
-    }
-    if (!expired.empty()) continue;  // rebuild the poll set without the closed connections
+  epoll_ = net::Fd(::epoll_create1(EPOLL_CLOEXEC));
+  DS_SYSCHECK(epoll_.get(), "epoll_create1");
+  auto add = [&](int fd, uint64_t tag) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = tag;
+    DS_SYSCHECK(::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev), "epoll_ctl(ADD)");
+  };
+  add(wake_read_.get(), kWakeTag);
+  add(listener_.get(), kListenerTag);
 
-    int timeout_ms = -1;
-    if (next_timer != Clock::time_point::max()) {
-      auto ms = std::chrono::duration_cast<Millis>(next_timer - now).count() + 1;
-      timeout_ms = static_cast<int>(std::min<int64_t>(ms, 60000));
+  Millis sweep_every = std::clamp<Millis>(std::min(opt_.handshake_timeout, opt_.frame_timeout) / 4,
+                                          Millis(10), Millis(1000));
+  auto next_sweep = Clock::now() + sweep_every;
+  std::vector<epoll_event> events(1024);
+  for (;;) {
+    auto now = Clock::now();
+    if (now >= next_sweep) {
+      sweep(now);
+      next_sweep = now + sweep_every;
     }
-    int rc = ::poll(fds.data(), fds.size(), timeout_ms);
-    if (rc < 0) {
+    int timeout_ms = static_cast<int>(
+        std::chrono::duration_cast<Millis>(next_sweep - now).count() + 1);
+    int n = ::epoll_wait(epoll_.get(), events.data(), static_cast<int>(events.size()), timeout_ms);
+    if (n < 0) {
       if (errno == EINTR) continue;
-      spdlog::error("store: poll failed: {}; the store stops", errno_string(errno));
+      spdlog::error("store: epoll_wait failed: {}; the store stops", errno_string(errno));
       return;
     }
-    if (fds[0].revents) return;  // stop()
-    if (fds[1].revents & POLLIN) accept_all();
-    for (size_t i = 2; i < fds.size(); ++i) {
-      if (!fds[i].revents) continue;
-      auto it = conns_.find(ids[i - 2]);
-      if (it == conns_.end()) continue;  // closed while handling an earlier one
-      Conn& c = *it->second;
-      if (fds[i].revents & POLLOUT) flush(c);
-      if (c.closing) {
-        close_conn(c, "write failed");
+    for (int i = 0; i < n; ++i) {
+      uint64_t tag = events[i].data.u64;
+      if (tag == kWakeTag) return;  // stop()
+      if (tag == kListenerTag) {
+        accept_all();
         continue;
       }
-      if (fds[i].revents & (POLLIN | POLLHUP | POLLERR)) read_from(c);
+      auto it = conns_.find(tag);
+      if (it == conns_.end()) continue;  // closed earlier in this turn
+      Conn& c = *it->second;
+      uint32_t ev = events[i].events;
+      if (ev & EPOLLOUT) flush(c);
+      if (!c.closing && (ev & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_from(c);
+      if (conns_.count(tag)) update_interest(*conns_[tag]);
+    }
+    // Connections whose socket failed while we were writing to them (possibly from another
+    // connection's request, when a write woke their wait).
+    for (uint64_t id : failed_) {
+      auto it = conns_.find(id);
+      if (it != conns_.end()) close_conn(*it->second, "the client is gone");
+    }
+    failed_.clear();
+  }
+}
+
+void TcpStoreServer::Impl::sweep(Clock::time_point now) {
+  if (listener_paused_) {
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = kListenerTag;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, listener_.get(), &ev) == 0) {
+      listener_paused_ = false;
     }
   }
+  std::vector<std::pair<uint64_t, std::string>> overdue;
+  for (auto& [id, cp] : conns_) {
+    const Conn& c = *cp;
+    if (!c.authed && now - c.accepted_at >= opt_.handshake_timeout) {
+      overdue.emplace_back(id, fmt::format("handshake not finished within {}",
+                                           net::format_seconds(opt_.handshake_timeout)));
+    } else if (c.frame_started && now - *c.frame_started >= opt_.frame_timeout) {
+      overdue.emplace_back(id, fmt::format("incomplete frame not finished within {}",
+                                           net::format_seconds(opt_.frame_timeout)));
+    }
+  }
+  for (auto& [id, why] : overdue) {
+    auto it = conns_.find(id);
+    if (it != conns_.end()) protocol_error(*it->second, {ErrorCode::kProtocol, why});
+  }
+}
+
+void TcpStoreServer::Impl::update_interest(Conn& c) {
+  if (c.closing) return;
+  uint32_t want = 0;
+  bool pending = c.out_off < c.out.size();
+  if (c.out.size() - c.out_off < kOutputHighWater) want |= EPOLLIN;
+  if (pending) want |= EPOLLOUT;
+  if (want == c.events) return;
+  epoll_event ev{};
+  ev.events = want;
+  ev.data.u64 = c.id;
+  if (::epoll_ctl(epoll_.get(), EPOLL_CTL_MOD, c.fd.get(), &ev) != 0) {
+    mark_failed(c);
+    return;
+  }
+  c.events = want;
+}
+
+void TcpStoreServer::Impl::mark_failed(Conn& c) {
+  if (c.closing) return;
+  c.closing = true;
+  failed_.push_back(c.id);
 }
 
 void TcpStoreServer::Impl::accept_all() {
@@ -219,9 +266,13 @@ void TcpStoreServer::Impl::accept_all() {
     if (fd < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN || errno == EWOULDBLOCK) return;
-      if (errno == EMFILE || errno == ENFILE) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+        // Out of descriptors: stop watching the listener (level-triggered epoll would spin)
+        // until the next sweep; pending connects wait in the backlog meanwhile.
         spdlog::warn("store: cannot accept more connections: {} (open: {})", errno_string(errno),
                      conns_.size());
+        ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, listener_.get(), nullptr);
+        listener_paused_ = true;
         return;
       }
       if (errno == ECONNABORTED) continue;
@@ -250,6 +301,14 @@ void TcpStoreServer::Impl::accept_all() {
       continue;  // Fd closes
     }
     c->nonce = proto::random_bytes(proto::kNonceBytes);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = c->id;
+    if (::epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, fd, &ev) != 0) {
+      spdlog::warn("store: cannot watch the connection of {}: {}", c->peer, errno_string(errno));
+      continue;
+    }
+    c->events = EPOLLIN;
     Conn& ref = *c;
     conns_.emplace(c->id, std::move(c));
     open_connections = conns_.size();
@@ -258,7 +317,10 @@ void TcpStoreServer::Impl::accept_all() {
                   .u16(proto::kVersion)
                   .bytes(ref.nonce)
                   .finish());
-    if (ref.closing) close_conn(ref, "hello could not be sent");
+    if (ref.closing) {
+      failed_.erase(std::remove(failed_.begin(), failed_.end(), ref.id), failed_.end());
+      close_conn(ref, "hello could not be sent");
+    }
   }
 }
 
@@ -594,12 +656,16 @@ void TcpStoreServer::Impl::flush(Conn& c) {
       continue;
     }
     if (w < 0 && errno == EINTR) continue;
-    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    c.closing = true;  // peer gone; closed by the loop (we may be inside wake())
+    if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      update_interest(c);
+      return;
+    }
+    mark_failed(c);  // peer gone; closed by the loop (we may be inside wake())
     return;
   }
   c.out.clear();
   c.out_off = 0;
+  update_interest(c);
 }
 
 void TcpStoreServer::Impl::send_error(Conn& c, ErrorCode code, const std::string& message) {
@@ -616,6 +682,7 @@ void TcpStoreServer::Impl::protocol_error(Conn& c, const ProtocolError& e) {
 void TcpStoreServer::Impl::close_conn(Conn& c, const std::string& why) {
   spdlog::debug("store: connection of {} closed: {}", label(c), why);
   unpark(c);
+  ::epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, c.fd.get(), nullptr);
   conns_.erase(c.id);  // destroys c (and closes its fd)
   open_connections = conns_.size();
 }
