@@ -1,0 +1,89 @@
+// LayerNorm forward and backward (eps 1e-5, biased variance, as PyTorch and llm.c).
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vmath.h"
+
+namespace ds::rt::cpu {
+
+namespace {
+DS_SIMD_CLONES
+void ln_row(float* o, float* mean_out, float* rstd_out, const float* x, const float* w,
+            const float* b, int C) {
+  float sum = 0.0f;
+  for (int c = 0; c < C; c++) sum += x[c];
+  const float m = sum / static_cast<float>(C);
+  float var = 0.0f;
+  for (int c = 0; c < C; c++) {
+    const float d = x[c] - m;
+    var += d * d;
+  }
+  const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + 1e-5f);
+  for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+  *mean_out = m;
+  *rstd_out = s;
+}
+
+DS_SIMD_CLONES
+void ln_row_backward(float* dx, const float* dy, const float* x, const float* w, float m, float s,
+                     int C) {
+  // dx += s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dy * w.
+  float a = 0.0f, b = 0.0f;
+  for (int c = 0; c < C; c++) {
+    const float dn = dy[c] * w[c];
+    a += dn;
+    b += dn * (x[c] - m) * s;
+  }
+  a /= static_cast<float>(C);
+  b /= static_cast<float>(C);
+  for (int c = 0; c < C; c++) {
+    const float n = (x[c] - m) * s;
+    dx[c] += s * (dy[c] * w[c] - a - n * b);
+  }
+}
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C) {
+#pragma omp parallel for schedule(static) if (int64_t{B} * T * C >= kParallelWork)
+  for (int64_t r = 0; r < static_cast<int64_t>(B) * T; r++) {
+    ln_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C);
+  }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C) {
+  const int64_t N = static_cast<int64_t>(B) * T;
+#pragma omp parallel if (int64_t{B} * T * C >= kParallelWork)
+  {
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+      ln_row_backward(dinp + r * C, dout + r * C, inp + r * C, weight, mean[r], rstd[r], C);
+    }
+    // Parameter gradients: each thread owns a block of channels and walks every row.
+    const int kBlock = 32;
+    const int nblocks = (C + kBlock - 1) / kBlock;
+#pragma omp for schedule(static)
+    for (int cb = 0; cb < nblocks; cb++) {
+      const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);
+      float dw[kBlock] = {}, db[kBlock] = {};
+      for (int64_t r = 0; r < N; r++) {
+        const float* dy = dout + r * C;
+        const float* x = inp + r * C;
+        const float m = mean[r], s = rstd[r];
+        for (int c = c0; c < c1; c++) {
+          dw[c - c0] += dy[c] * (x[c] - m) * s;
+          db[c - c0] += dy[c];
+        }
+      }
+      for (int c = c0; c < c1; c++) {
+        dweight[c] += dw[c - c0];
+        dbias[c] += db[c - c0];
+      }
+    }
+  }
+}
+
+}  // namespace ds::rt::cpu

@@ -1,0 +1,415 @@
+// GPT-2 forward/backward over flat buffers. See gpt2.h for the contract; the per-layer math is
+// llm.c's, with three differences that keep memory down:
+// - attention keeps only its output and per-row log-sum-exp (backward recomputes the scores);
+// - the attention and MLP projections write straight into the residual buffers (res2, out), so
+//   their pre-residual outputs are never stored;
+// - the head computes logits a chunk of rows at a time and, when training, runs the loss's
+//   backward on each chunk at once, so (B*T, Vp) logits never exist.
+#include "model/gpt2.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "kernels/dispatch.h"
+
+namespace ds::rt {
+
+namespace ms = model_spec;
+using ms::ParamId;
+using ms::UnitKind;
+
+namespace {
+ParallelHooks& default_hooks() {
+  static ParallelHooks h;
+  return h;
+}
+}  // namespace
+
+Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Options& options,
+           Allocator& alloc, ParallelHooks* hooks)
+    : shape_(shape), part_(part), opt_(options), alloc_(alloc),
+      hooks_(hooks != nullptr ? hooks : &default_hooks()) {
+  shape_.validate();
+  part_.validate(shape_);
+  if (opt_.B <= 0 || opt_.T <= 0 || opt_.T > shape_.seq_len) {
+    throw invalid_argument("micro-batch shape B={} T={} is invalid: need B > 0 and 0 < T <= "
+                           "model.seq_len ({})",
+                           opt_.B, opt_.T, shape_.seq_len);
+  }
+  if (part_.tp > 1 && (part_.has_embedding || part_.has_head)) {
+    throw invalid_usage("tensor parallelism (tp={}) of the embedding and the loss (vocabulary-"
+                        "parallel) is not implemented yet; only transformer layers split",
+                        part_.tp);
+  }
+  C_ = shape_.n_embd;
+  Cl_ = C_ / part_.tp;
+  NHl_ = shape_.n_head / part_.tp;
+  Vp_l_ = shape_.padded_vocab_size / part_.tp;
+  layout_ = ms::param_layout(shape_, part_);
+  const size_t pbytes = static_cast<size_t>(layout_.total) * sizeof(float);
+  if (opt_.own_params) params_ = alloc_.allocate(pbytes, MemTag::kParams, "gpt2 parameters");
+  if (opt_.own_grads) grads_ = alloc_.allocate(pbytes, MemTag::kGrads, "gpt2 gradients");
+
+  threads_ = omp_get_max_threads();
+  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, threads_, opt_.head_chunk_rows};
+  head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
+                                       : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
+  head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
+  cfg.head_chunk_rows = head_rows_;
+  act_list_ = ms::gpt2_activations(shape_, part_, cfg);
+
+  // Shared buffers: one allocation per tag, views by name.
+  int64_t n_act = 0, n_ws = 0;
+  for (const auto& b : act_list_) {
+    if (b.scope != ms::ActScope::kShared) continue;
+    (b.tag == ms::ActTag::kActivations ? n_act : n_ws) += b.numel;
+  }
+  shared_act_ = alloc_.allocate(static_cast<size_t>(n_act) * 4, MemTag::kActivations,
+                                "gpt2 shared activations");
+  shared_ws_ = alloc_.allocate(static_cast<size_t>(n_ws) * 4, MemTag::kWorkspace,
+                               "gpt2 workspace");
+  float* pa = shared_act_.as<float>();
+  float* pw = shared_ws_.as<float>();
+  for (const auto& b : act_list_) {
+    if (b.scope != ms::ActScope::kShared) continue;
+    float*& cursor = b.tag == ms::ActTag::kActivations ? pa : pw;
+    float* p = cursor;
+    cursor += b.numel;
+    const std::string& n = b.name;
+    LayerActs& r = recompute_;
+    if (n == "dres") dres_ = p;
+    else if (n == "dln") dln_ = p;
+    else if (n == "dqkv") dqkv_ = p;
+    else if (n == "datty") datty_ = p;
+    else if (n == "dfch") dfch_ = p;
+    else if (n == "att_scratch") att_scratch_ = p;
+    else if (n == "logits") logits_ = p;
+    else if (n == "ln1") r.ln1 = p;
+    else if (n == "ln1_mean") r.ln1_mean = p;
+    else if (n == "ln1_rstd") r.ln1_rstd = p;
+    else if (n == "qkv") r.qkv = p;
+    else if (n == "atty") r.atty = p;
+    else if (n == "att_lse") r.att_lse = p;
+    else if (n == "res2") r.res2 = p;
+    else if (n == "ln2") r.ln2 = p;
+    else if (n == "ln2_mean") r.ln2_mean = p;
+    else if (n == "ln2_rstd") r.ln2_rstd = p;
+    else if (n == "fch") r.fch = p;
+    else if (n == "fch_gelu") r.fch_gelu = p;
+    else DS_CHECK(false, "unknown shared activation buffer {}", n);
+  }
+}
+
+Gpt2Activations Gpt2::make_activations() {
+  Gpt2Activations a;
+  const int nl = part_.layer_end - part_.layer_begin;
+  int64_t total = 0;
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kPerLayer) total += b.numel * nl;
+    if (b.scope == ms::ActScope::kPerMicroBatch) total += b.numel;
+  }
+  a.buf_ = alloc_.allocate(static_cast<size_t>(total) * 4, MemTag::kActivations,
+                           "gpt2 micro-batch activations");
+  a.layers.assign(static_cast<size_t>(nl), recompute_);
+  float* cursor = a.buf_.as<float>();
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kShared) continue;
+    const std::string& n = b.name;
+    if (b.scope == ms::ActScope::kPerMicroBatch) {
+      float* p = cursor;
+      cursor += b.numel;
+      if (n == "input") a.input = p;
+      else if (n == "lnf") a.lnf = p;
+      else if (n == "lnf_mean") a.lnf_mean = p;
+      else if (n == "lnf_rstd") a.lnf_rstd = p;
+      else if (n == "losses") a.losses = p;
+      else DS_CHECK(false, "unknown activation buffer {}", n);
+      continue;
+    }
+    for (auto& la : a.layers) {
+      float* p = cursor;
+      cursor += b.numel;
+      if (n == "ln1") la.ln1 = p;
+      else if (n == "ln1_mean") la.ln1_mean = p;
+      else if (n == "ln1_rstd") la.ln1_rstd = p;
+      else if (n == "qkv") la.qkv = p;
+      else if (n == "atty") la.atty = p;
+      else if (n == "att_lse") la.att_lse = p;
+      else if (n == "res2") la.res2 = p;
+      else if (n == "ln2") la.ln2 = p;
+      else if (n == "ln2_mean") la.ln2_mean = p;
+      else if (n == "ln2_rstd") la.ln2_rstd = p;
+      else if (n == "fch") la.fch = p;
+      else if (n == "fch_gelu") la.fch_gelu = p;
+      else if (n == "out") la.out = p;
+      else DS_CHECK(false, "unknown per-layer activation buffer {}", n);
+    }
+  }
+  DS_CHECK(cursor == a.buf_.as<float>() + total);
+  return a;
+}
+
+float* Gpt2::param(ParamId id, int layer) {
+  const auto* t = layout_.find_tensor(id, layer);
+  if (t == nullptr || params_.empty()) {
+    throw invalid_argument("parameter {} (layer {}) is not held by this model part",
+                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+  }
+  return params_.as<float>() + t->offset;
+}
+
+float* Gpt2::grad(ParamId id, int layer) {
+  const auto* t = layout_.find_tensor(id, layer);
+  if (t == nullptr || grads_.empty()) {
+    throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
+                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+  }
+  return grads_.as<float>() + t->offset;
+}
+
+void Gpt2::zero_grads() {
+  if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.bytes());
+}
+
+LayerWeights Gpt2::layer_weights(float* base) const {
+  auto at = [&](ParamId id) { return base + layout_.offset_in_unit(id); };
+  return LayerWeights{at(ParamId::kLn1w),     at(ParamId::kLn1b),    at(ParamId::kQkvw),
+                      at(ParamId::kQkvb),     at(ParamId::kAttprojw), at(ParamId::kAttprojb),
+                      at(ParamId::kLn2w),     at(ParamId::kLn2b),    at(ParamId::kFcw),
+                      at(ParamId::kFcb),      at(ParamId::kFcprojw), at(ParamId::kFcprojb)};
+}
+
+const float* Gpt2::unit_params(Unit u) {
+  const auto* s = layout_.find_unit(u.kind, u.layer);
+  DS_CHECK(s != nullptr, "unit not in this part");
+  const float* resident = params_.empty() ? nullptr : params_.as<float>() + s->offset;
+  const float* p = hooks_->params_needed(u, resident);
+  if (p == nullptr) {
+    throw invalid_usage("no parameters for a model unit (layer {}): the model was built without "
+                        "its own parameters and the parallel hooks returned none",
+                        u.layer);
+  }
+  return p;
+}
+
+float* Gpt2::unit_grads(Unit u) {
+  const auto* s = layout_.find_unit(u.kind, u.layer);
+  DS_CHECK(s != nullptr, "unit not in this part");
+  float* resident = grads_.empty() ? nullptr : grads_.as<float>() + s->offset;
+  float* g = hooks_->grads_needed(u, resident);
+  if (g == nullptr) {
+    throw invalid_usage("no gradient buffer for a model unit (layer {}): the model was built "
+                        "without its own gradients and the parallel hooks returned none",
+                        u.layer);
+  }
+  return g;
+}
+
+void Gpt2::check_layers(int l0, int l1, const char* what) const {
+  if (l0 < part_.layer_begin || l1 > part_.layer_end || l0 > l1) {
+    throw invalid_argument("{}: layers [{}, {}) are not within this part's [{}, {})", what, l0, l1,
+                           part_.layer_begin, part_.layer_end);
+  }
+  if (omp_get_max_threads() > threads_) {
+    throw invalid_usage("{}: OpenMP now has {} threads but the model was built for {}: build the "
+                        "model after setting the thread count",
+                        what, omp_get_max_threads(), threads_);
+  }
+}
+
+const float* Gpt2::layer_input(Gpt2Activations& a, int l) {
+  return l == part_.layer_begin ? a.input
+                                : a.layers[static_cast<size_t>(l - 1 - part_.layer_begin)].out;
+}
+
+float* Gpt2::output(Gpt2Activations& a) {
+  return a.layers.empty() ? a.input : a.layers.back().out;
+}
+
+// ---- embedding ---------------------------------------------------------------------------------
+
+void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
+  if (!part_.has_embedding) throw invalid_usage("embed_forward on a part without the embedding");
+  const int64_t BT = static_cast<int64_t>(opt_.B) * opt_.T;
+  for (int64_t i = 0; i < BT; i++) {
+    if (tokens[i] < 0 || tokens[i] >= shape_.vocab_size) {
+      throw invalid_argument("input token {} at position {} (row {}, column {}) is outside the "
+                             "vocabulary [0, {})",
+                             tokens[i], i, i / opt_.T, i % opt_.T, shape_.vocab_size);
+    }
+  }
+  const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
+  const float* pte = unit_params(wte);
+  const float* ppe = unit_params(wpe);
+  kern::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);
+  hooks_->params_done(wte);
+  hooks_->params_done(wpe);
+}
+
+void Gpt2::embed_backward(Gpt2Activations& a, const int32_t* tokens) {
+  if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
+  const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
+  kern::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  hooks_->grads_ready(wpe);
+  hooks_->grads_ready(wte);
+}
+
+// ---- transformer blocks ------------------------------------------------------------------------
+
+void Gpt2::layer_forward(LayerActs& a, const float* x, const LayerWeights& w, bool full) {
+  const int B = opt_.B, T = opt_.T, C = C_;
+  const int64_t BTC = static_cast<int64_t>(B) * T * C;
+  kern::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, B, T, C);
+  kern::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, B, T, C, 3 * Cl_);
+  kern::attention_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, Cl_, NHl_);
+  // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
+  kern::matmul_forward(a.res2, a.atty, w.attprojw, nullptr, B, T, Cl_, C);
+  hooks_->tp_reduce_forward(a.res2, BTC);
+  kern::add_bias(a.res2, w.attprojb, B * T, C);
+  kern::residual_forward(a.res2, a.res2, x, BTC);
+  kern::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, B, T, C);
+  kern::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B, T, C, 4 * Cl_);
+  kern::gelu_forward(a.fch_gelu, a.fch, static_cast<int64_t>(B) * T * 4 * Cl_);
+  if (!full) return;  // a recompute for backward needs nothing past here
+  kern::matmul_forward(a.out, a.fch_gelu, w.fcprojw, nullptr, B, T, 4 * Cl_, C);
+  hooks_->tp_reduce_forward(a.out, BTC);
+  kern::add_bias(a.out, w.fcprojb, B * T, C);
+  kern::residual_forward(a.out, a.out, a.res2, BTC);
+}
+
+void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
+  check_layers(l0, l1, "blocks_forward");
+  for (int l = l0; l < l1; l++) {
+    const Unit u{UnitKind::kLayer, l};
+    const LayerWeights w = layer_weights(const_cast<float*>(unit_params(u)));
+    layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    hooks_->params_done(u);
+  }
+}
+
+void Gpt2::blocks_backward(Gpt2Activations& a, int l0, int l1) {
+  check_layers(l0, l1, "blocks_backward");
+  const int B = opt_.B, T = opt_.T, C = C_;
+  const int64_t BTC = static_cast<int64_t>(B) * T * C;
+  for (int l = l1 - 1; l >= l0; l--) {
+    const Unit u{UnitKind::kLayer, l};
+    const LayerWeights w = layer_weights(const_cast<float*>(unit_params(u)));
+    const LayerWeights g = layer_weights(unit_grads(u));
+    LayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
+    const float* x = layer_input(a, l);
+    if (opt_.recompute) layer_forward(la, x, w, false);
+    // dres holds d(out). MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
+    kern::matmul_backward(dfch_, g.fcprojw, g.fcprojb, dres_, la.fch_gelu, w.fcprojw, B, T,
+                          4 * Cl_, C);
+    kern::gelu_backward(dfch_, la.fch, dfch_, static_cast<int64_t>(B) * T * 4 * Cl_);
+    kern::matmul_backward(dln_, g.fcw, g.fcb, dfch_, la.ln2, w.fcw, B, T, C, 4 * Cl_);
+    hooks_->tp_reduce_backward(dln_, BTC);
+    kern::layernorm_backward(dres_, g.ln2w, g.ln2b, dln_, la.res2, w.ln2w, la.ln2_mean,
+                             la.ln2_rstd, B, T, C);
+    // dres holds d(res2). Attention: res2 = x + attproj(attn(qkv(ln1(x)))).
+    kern::matmul_backward(datty_, g.attprojw, g.attprojb, dres_, la.atty, w.attprojw, B, T, Cl_, C);
+    kern::attention_backward(dqkv_, datty_, la.qkv, la.atty, la.att_lse, att_scratch_, B, T, Cl_,
+                             NHl_);
+    kern::matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, la.ln1, w.qkvw, B, T, C, 3 * Cl_);
+    hooks_->tp_reduce_backward(dln_, BTC);
+    kern::layernorm_backward(dres_, g.ln1w, g.ln1b, dln_, x, w.ln1w, la.ln1_mean, la.ln1_rstd, B,
+                             T, C);
+    // dres holds d(x).
+    hooks_->params_done(u);
+    hooks_->grads_ready(u);
+  }
+}
+
+// ---- head: final LayerNorm, tied lm_head, loss --------------------------------------------------
+
+float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, float grad_scale) {
+  if (!part_.has_head) throw invalid_usage("head on a part without the head");
+  const int B = opt_.B, T = opt_.T, C = C_, BT = B * T;
+  const int V = shape_.vocab_size, Vp = Vp_l_;
+  const Unit wte{UnitKind::kTokenEmbedding}, lnf{UnitKind::kFinalNorm};
+  const float* pte = unit_params(wte);
+  const float* pf = unit_params(lnf);
+  const float* lnfw = pf + layout_.offset_in_unit(ParamId::kLnfw);
+  const float* lnfb = pf + layout_.offset_in_unit(ParamId::kLnfb);
+  const float* x = output(a);
+  kern::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnfw, lnfb, B, T, C);
+  float* gte = backward ? unit_grads(wte) : nullptr;
+  const float dloss = grad_scale / static_cast<float>(BT);
+  int64_t bad = 0;
+  for (int r0 = 0; r0 < BT; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, BT - r0);
+    const float* xin = a.lnf + static_cast<int64_t>(r0) * C;
+    kern::matmul_forward(logits_, xin, pte, nullptr, 1, rows, C, Vp);
+    if (backward) {
+      bad += kern::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows,
+                                                 V, Vp);
+      kern::matmul_backward(dln_ + static_cast<int64_t>(r0) * C, gte, nullptr, logits_, xin, pte, 1,
+                            rows, C, Vp);
+    } else {
+      bad += kern::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
+    }
+  }
+  if (bad > 0) {
+    for (int i = 0; i < BT; i++) {
+      if (targets[i] < 0 || targets[i] >= V) {
+        throw invalid_argument("target token {} at position {} (row {}, column {}) is outside "
+                               "the vocabulary [0, {})",
+                               targets[i], i, i / T, i % T, V);
+      }
+    }
+  }
+  if (backward) {
+    float* gf = unit_grads(lnf);
+    std::memset(dres_, 0, static_cast<size_t>(BT) * C * sizeof(float));
+    kern::layernorm_backward(dres_, gf + layout_.offset_in_unit(ParamId::kLnfw),
+                             gf + layout_.offset_in_unit(ParamId::kLnfb), dln_, x, lnfw,
+                             a.lnf_mean, a.lnf_rstd, B, T, C);
+    hooks_->grads_ready(lnf);
+    if (!part_.has_embedding) hooks_->grads_ready(wte);
+  }
+  hooks_->params_done(wte);
+  hooks_->params_done(lnf);
+  double sum = 0.0;
+  for (int i = 0; i < BT; i++) sum += a.losses[i];
+  return static_cast<float>(sum / BT);
+}
+
+float Gpt2::head_forward(Gpt2Activations& a, const int32_t* targets) {
+  return head(a, targets, false, 0.0f);
+}
+
+float Gpt2::head_forward_backward(Gpt2Activations& a, const int32_t* targets, float grad_scale) {
+  return head(a, targets, true, grad_scale);
+}
+
+// ---- whole part ----------------------------------------------------------------------------------
+
+float Gpt2::forward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets) {
+  if (!part_.has_embedding || !part_.has_head) {
+    throw invalid_usage("forward() runs a whole model; a pipeline stage runs the pieces");
+  }
+  embed_forward(a, tokens);
+  blocks_forward(a, part_.layer_begin, part_.layer_end);
+  return head_forward(a, targets);
+}
+
+float Gpt2::forward_backward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets,
+                             float grad_scale) {
+  if (!part_.has_embedding || !part_.has_head) {
+    throw invalid_usage("forward_backward() runs a whole model; a pipeline stage runs the pieces");
+  }
+  embed_forward(a, tokens);
+  blocks_forward(a, part_.layer_begin, part_.layer_end);
+  const float loss = head_forward_backward(a, targets, grad_scale);
+  blocks_backward(a, part_.layer_begin, part_.layer_end);
+  embed_backward(a, tokens);
+  return loss;
+}
+
+}  // namespace ds::rt

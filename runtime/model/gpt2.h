@@ -1,0 +1,168 @@
+// GPT-2 forward and backward over flat buffers (llm.c's model, as runtime/ pieces).
+//
+// One Gpt2 holds one part of the model (model_spec::ModelPart: a pipeline stage's layers, a tensor-
+// parallel shard): its parameters in ONE flat allocation and its gradients in another, laid out
+// by model_spec::param_layout, and the shared scratch of its pieces. Activations of each in-flight
+// micro-batch live in a Gpt2Activations (one flat allocation each), sized by
+// model_spec::gpt2_activations: the runtime allocates exactly what the planner counts.
+//
+// The pieces, callable separately so pipeline stages and ZeRO-3 can run ranges:
+//   embed_forward -> blocks_forward(l0, l1) ... -> head_forward[_backward]
+//   -> blocks_backward(l0, l1) (in reverse ranges) ... -> embed_backward
+// The residual stream's gradient flows through d_stream() (B,T,C): head_forward_backward fills it
+// with d(output of the last layer); blocks_backward(l0, l1) turns d(out[l1-1]) into d(input of
+// l0); a pipeline stage receives into it before its backward and sends it after.
+//
+// Loss and gradients: head_* return the mean loss over the micro-batch's B*T tokens. The
+// gradients computed are those of grad_scale * (that mean): with gradient accumulation over k
+// equal micro-batches pass grad_scale = 1/k (times the fp16 loss scale) to get the mean over the
+// global batch. Gradients ACCUMULATE into the gradient buffer; zero_grads() is separate.
+//
+// Activation checkpointing (recompute): each layer keeps only its output; its backward first
+// recomputes the layer's forward (same kernels, same order: bit-identical gradients).
+//
+// Not here: collectives (see hooks.h), the optimizer, data, mixed precision storage (the model
+// computes in fp32; bf16/fp16 copies are made by the trainer with kernels/cpu convert_*).
+// Vocabulary-parallel embedding and loss (tp > 1 with the embedding or head) are not implemented
+// yet: the constructor refuses them. Thread safety: one thread drives a Gpt2 at a time.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/allocator.h"
+#include "model/hooks.h"
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::rt {
+
+struct Gpt2Options {
+  int B = 1;                 // micro-batch size
+  int T = 1;                 // sequence length, <= shape.seq_len
+  bool recompute = false;    // activation checkpointing of every layer
+  int head_chunk_rows = 0;   // rows of logits at once; 0: model_spec::head_chunk_rows_default
+  bool own_params = true;    // allocate the flat parameter buffer (false: hooks serve parameters)
+  bool own_grads = true;     // allocate the flat gradient buffer (false: hooks serve them)
+};
+
+// Views of one layer's tensors (this tp rank's part), shapes with Cl = C/tp etc.
+struct LayerWeights {
+  float *ln1w, *ln1b;          // (C)
+  float *qkvw, *qkvb;          // (3Cl, C), (3Cl)
+  float *attprojw, *attprojb;  // (C, Cl), (C)
+  float *ln2w, *ln2b;          // (C)
+  float *fcw, *fcb;            // (4Cl, C), (4Cl)
+  float *fcprojw, *fcprojb;    // (C, 4Cl), (C)
+};
+
+// One layer's activations (see model_spec::gpt2_activations). With recompute every field but
+// `out` points at the model's shared recompute buffers.
+struct LayerActs {
+  float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
+  float* qkv;                        // (B,T,3Cl)
+  float* atty;                       // (B,T,Cl)
+  float* att_lse;                    // (B,NHl,T)
+  float* res2;                       // (B,T,C)
+  float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
+  float *fch, *fch_gelu;             // (B,T,4Cl)
+  float* out;                        // (B,T,C): the layer's output, the next layer's input
+};
+
+class Gpt2;
+
+// The activations of one in-flight micro-batch of one Gpt2 (tag: activations). Movable.
+class Gpt2Activations {
+ public:
+  Gpt2Activations() = default;
+  float* input = nullptr;            // (B,T,C): encoder output or the previous stage's output
+  std::vector<LayerActs> layers;     // indexed by layer - part.layer_begin
+  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T,C), (B,T), (B,T)
+  float* losses = nullptr;           // (B,T): per-token loss of the last head call
+  const Buffer& buffer() const { return buf_; }
+
+ private:
+  friend class Gpt2;
+  Buffer buf_;
+};
+
+class Gpt2 {
+ public:
+  // Validates shape, part and options (invalid_argument naming the value); allocates parameters
+  // (tag params), gradients (grads) and shared scratch (activations / workspace), all zeroed and
+  // touched. `hooks` may be null (single process); it must outlive the model.
+  Gpt2(const model_spec::Gpt2Shape& shape, const model_spec::ModelPart& part,
+       const Gpt2Options& options, Allocator& alloc, ParallelHooks* hooks = nullptr);
+
+  const model_spec::Gpt2Shape& shape() const { return shape_; }
+  const model_spec::ModelPart& part() const { return part_; }
+  const Gpt2Options& options() const { return opt_; }
+  const model_spec::ParamLayout& layout() const { return layout_; }
+
+  int64_t num_params() const { return layout_.total; }
+  float* params() { return params_.as<float>(); }  // null without own_params
+  float* grads() { return grads_.as<float>(); }    // null without own_grads
+  // View of one tensor in the flat parameter / gradient buffer (layer -1 for global tensors).
+  // invalid_argument when this part does not hold it.
+  float* param(model_spec::ParamId id, int layer = -1);
+  float* grad(model_spec::ParamId id, int layer = -1);
+
+  // GPT-2's initialisation (model/init.cpp): normal(0, 0.02), residual projections 0.02/sqrt(2L),
+  // biases 0, LayerNorm weights 1. Each element's value depends only on (seed, tensor, layer,
+  // element index in the full tensor), never on the layout.
+  void init_weights(uint64_t seed);
+  void zero_grads();
+
+  // One micro-batch's activations (tag activations), zeroed.
+  Gpt2Activations make_activations();
+
+  // ---- pieces ----
+  // tokens (B,T) in [0, V): invalid_argument naming the first bad position otherwise.
+  void embed_forward(Gpt2Activations& a, const int32_t* tokens);
+  // Layers [l0, l1) within the part, in order, after the layer before l0 (or embed / input).
+  void blocks_forward(Gpt2Activations& a, int l0, int l1);
+  // Final LayerNorm, logits, loss; no gradients. Returns the mean loss over B*T tokens.
+  float head_forward(Gpt2Activations& a, const int32_t* targets);
+  // As head_forward, plus the head's backward: accumulates lnf and wte gradients of
+  // grad_scale * mean loss and sets d_stream() to the gradient of the last layer's output.
+  float head_forward_backward(Gpt2Activations& a, const int32_t* targets, float grad_scale);
+  // Layers [l1-1 .. l0] backwards: d_stream() holds d(out[l1-1]) and ends with d(input of l0).
+  void blocks_backward(Gpt2Activations& a, int l0, int l1);
+  void embed_backward(Gpt2Activations& a, const int32_t* tokens);
+
+  // The residual stream's gradient between pieces (B,T,C): pipeline stages recv / send it.
+  float* d_stream() { return dres_; }
+  // This part's output for a micro-batch (B,T,C): the last layer's out, or the input.
+  float* output(Gpt2Activations& a);
+
+  // ---- the whole part in one call (single stage: embedding, all layers, head) ----
+  float forward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets);
+  float forward_backward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets,
+                         float grad_scale);
+
+ private:
+  LayerWeights layer_weights(float* unit_base) const;
+  const float* unit_params(Unit u);
+  float* unit_grads(Unit u);
+  void layer_forward(LayerActs& a, const float* x, const LayerWeights& w, bool full);
+  float head(Gpt2Activations& a, const int32_t* targets, bool backward, float grad_scale);
+  void check_layers(int l0, int l1, const char* what) const;
+  const float* layer_input(Gpt2Activations& a, int l);
+
+  model_spec::Gpt2Shape shape_;
+  model_spec::ModelPart part_;
+  Gpt2Options opt_;
+  Allocator& alloc_;
+  ParallelHooks* hooks_;
+  model_spec::ParamLayout layout_;
+  std::vector<model_spec::ActBuffer> act_list_;
+  int head_rows_ = 0;
+  int threads_ = 1;  // OpenMP threads the attention scratch was sized for
+  int C_, Cl_, NHl_, Vp_l_;
+  Buffer params_, grads_;
+  Buffer shared_act_, shared_ws_;
+  LayerActs recompute_{};  // shared recompute buffers (recompute only)
+  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datty_ = nullptr, *dfch_ = nullptr;
+  float *att_scratch_ = nullptr, *logits_ = nullptr;
+};
+
+}  // namespace ds::rt

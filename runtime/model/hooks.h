@@ -1,0 +1,54 @@
+// The named points where parallelism plugs into the model. The model never calls a collective:
+// at each of these points it calls the hook, and the parallel layer (runtime/parallel: ZeRO, tensor
+// and pipeline parallelism) decides what happens there. The defaults do nothing, which is the
+// single-process model.
+//
+// Contract: hooks are called on the thread that runs the model piece, outside any OpenMP region,
+// in a fixed order for a given piece (so every rank of a group reaches the same point in the same
+// order). A hook that fails throws ds::Error; the model lets it propagate.
+#pragma once
+
+#include <cstdint>
+
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::rt {
+
+// A unit of the flat parameter layout (model_spec::ParamLayout): what ZeRO-3 gathers.
+struct Unit {
+  model_spec::UnitKind kind;
+  int layer = -1;  // for kLayer
+};
+
+class ParallelHooks {
+ public:
+  virtual ~ParallelHooks() = default;
+
+  // ---- ZeRO-3 / parameter offload ----
+  // The model is about to read `unit`'s parameters (forward, the recompute of a checkpointed
+  // layer, or backward). Returns where they are: this tp rank's part of the unit, laid out as
+  // model_spec::param_layout says, valid until params_done(unit). `resident` is the model's own
+  // storage for the unit (null when the model was built without its own parameters).
+  virtual const float* params_needed(Unit unit, const float* resident) { return resident; }
+  // The model is done reading what params_needed returned (it may be released or reused).
+  virtual void params_done(Unit unit) {}
+
+  // ---- gradients (data parallelism, ZeRO-2/3 buckets) ----
+  // Where to ACCUMULATE `unit`'s gradients (same layout as the parameters). `resident` is the
+  // model's own gradient storage (null when built without it).
+  virtual float* grads_needed(Unit unit, float* resident) { return resident; }
+  // `unit`'s gradient contributions of this backward are all in: reduce or bucket them now.
+  // The token embedding is reported once per backward: after the encoder's backward, or after the
+  // head's when the part has no encoder (a last pipeline stage).
+  virtual void grads_ready(Unit unit) {}
+
+  // ---- tensor parallelism (Megatron's named regions) ----
+  // reduce-from-TP, forward: `buf` (n floats) holds this rank's partial output of a row-parallel
+  // matmul (attention projection, MLP down-projection); sum it over the tp group in place.
+  virtual void tp_reduce_forward(float* buf, int64_t n) {}
+  // copy-to-TP, backward: `buf` holds this rank's part of the input gradient of a column-parallel
+  // matmul (qkv, MLP up-projection); sum it over the tp group in place.
+  virtual void tp_reduce_backward(float* buf, int64_t n) {}
+};
+
+}  // namespace ds::rt

@@ -1,0 +1,21 @@
+// GPT-2 initial weights, layout-independent: each element is a pure function of (seed, tensor,
+// layer, index in the full tensor), so a shard generates its part alone. Values: normal(0, 0.02)
+// for wte, wpe, qkvw, fcw; 0.02/sqrt(2L) for the residual projections (attprojw, fcprojw);
+// zeros for biases; ones for LayerNorm weights (GPT-2 / llm.c).
+#pragma once
+
+#include <cstdint>
+
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::rt {
+
+// A standard normal sample for (seed, tensor id, layer (-1 for global tensors), full index).
+double init_normal(uint64_t seed, int tensor, int layer, int64_t index);
+
+// Writes `count` initial values of tp rank `tp_rank`'s shard of tensor `t` (layer `layer`),
+// starting at local element `local_begin`, to dst. Deterministic, any thread count.
+void init_tensor_values(float* dst, const model_spec::ParamTensor& t, int layer, int n_layer,
+                        int tp, int tp_rank, uint64_t seed, int64_t local_begin, int64_t count);
+
+}  // namespace ds::rt
