@@ -1,0 +1,589 @@
+// The public half of Comm: argument checks (once, at the boundary, naming the bad value and the
+// valid range), the synchronous wrappers, subgroups, and the factories: the peers' exchange
+// through the store (who is on which host), backend selection, thread ranks for tests.
+#include "comm/comm.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "comm/host_comm.h"
+#include "common/check.h"
+#include "common/env.h"
+#include "common/error.h"
+#include "common/socket.h"
+#include "common/strings.h"
+#include "store/hash_store.h"
+#include "store/prefix_store.h"
+#include "store/store.h"
+
+namespace ds::rt::comm {
+
+size_t dtype_size(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return 4;
+    case DataType::kBFloat16: return 2;
+    case DataType::kFloat16: return 2;
+    case DataType::kInt32: return 4;
+    case DataType::kInt64: return 8;
+    case DataType::kUInt8: return 1;
+  }
+  throw invalid_argument("unknown comm dtype {}", static_cast<int>(t));
+}
+
+const char* dtype_name(DataType t) {
+  switch (t) {
+    case DataType::kFloat32: return "fp32";
+    case DataType::kBFloat16: return "bf16";
+    case DataType::kFloat16: return "fp16";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+    case DataType::kUInt8: return "uint8";
+  }
+  return "unknown";
+}
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "sum";
+    case ReduceOp::kMax: return "max";
+    case ReduceOp::kMin: return "min";
+  }
+  return "unknown";
+}
+
+const char* backend_name(Backend b) {
+  switch (b) {
+    case Backend::kAuto: return "auto";
+    case Backend::kShm: return "shm";
+    case Backend::kGloo: return "gloo";
+    case Backend::kNccl: return "nccl";
+  }
+  return "unknown";
+}
+
+Backend parse_backend(std::string_view text, std::string_view what) {
+  if (text == "auto") return Backend::kAuto;
+  if (text == "shm") return Backend::kShm;
+  if (text == "gloo") return Backend::kGloo;
+  if (text == "nccl") return Backend::kNccl;
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("{}: unknown communication backend '{}'", what, text),
+              "use one of auto, shm, gloo, nccl");
+}
+
+Backend requested_backend(const CommOptions& options) {
+  if (options.backend != Backend::kAuto) return options.backend;
+  auto env = env::get("DSTRAIN_COMM_BACKEND");
+  if (!env || env->empty()) return Backend::kAuto;
+  return parse_backend(*env, "DSTRAIN_COMM_BACKEND");
+}
+
+const char* Comm::op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kAllReduce: return "all_reduce";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAllGather: return "all_gather";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kSend: return "send";
+    case OpKind::kRecv: return "recv";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comm
+// ---------------------------------------------------------------------------------------------
+
+Comm::Comm(std::shared_ptr<store::Store> store, std::shared_ptr<store::Store> abort_store,
+           int rank, int size, CommOptions options, Backend backend, std::vector<PeerInfo> peers)
+    : store_(std::move(store)),
+      abort_store_(std::move(abort_store)),
+      rank_(rank),
+      size_(size),
+      options_(std::move(options)),
+      backend_(backend),
+      peers_(std::move(peers)) {
+  DS_CHECK(static_cast<int>(peers_.size()) == size_, "{} peers for {} ranks", peers_.size(), size_);
+}
+
+const std::string& Comm::host_of(int r) const {
+  if (r < 0 || r >= size_) {
+    throw invalid_argument("group '{}' has ranks 0..{}; there is no rank {}", name(), size_ - 1, r);
+  }
+  return peers_[static_cast<size_t>(r)].host;
+}
+
+std::string Comm::describe(const Op& op) const {
+  std::string s = fmt::format("{} on group '{}' (rank {} of {}", op_name(op.kind), name(), rank_,
+                              size_);
+  if (op.kind == OpKind::kSend) s += fmt::format(", to rank {} tag {}", op.peer, op.tag);
+  if (op.kind == OpKind::kRecv) s += fmt::format(", from rank {} tag {}", op.peer, op.tag);
+  return s + ")";
+}
+
+std::string Comm::describe_rank(int r) const {
+  const PeerInfo& p = peers_[static_cast<size_t>(r)];
+  if (p.world_rank != r || name() != "world") {
+    return fmt::format("rank {} (world rank {}, {})", r, p.world_rank, p.host);
+  }
+  return fmt::format("rank {} ({})", r, p.host);
+}
+
+namespace {
+
+void check_bytes(const Comm::Op& op, size_t count, const char* what) {
+  const size_t es = dtype_size(op.dtype);
+  if (count > SIZE_MAX / es / 2) {
+    throw invalid_argument("{}: {} count {} of {} is too large", Comm::op_name(op.kind), what,
+                           count, dtype_name(op.dtype));
+  }
+}
+
+void check_ptr(const Comm::Op& op, const void* p, size_t count, const char* what) {
+  if (p == nullptr && count > 0) {
+    throw invalid_argument("{}: {} is null but holds {} elements", Comm::op_name(op.kind), what,
+                           count);
+  }
+}
+
+bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
+  auto pa = reinterpret_cast<uintptr_t>(a), pb = reinterpret_cast<uintptr_t>(b);
+  return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
+}
+
+}  // namespace
+
+WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
+  op.timeout = call.timeout.value_or(options_.timeout);
+  if (op.timeout.count() <= 0) {
+    throw invalid_argument("{}: timeout must be positive (got {} ms)", describe(op),
+                           op.timeout.count());
+  }
+  (void)dtype_size(op.dtype);  // rejects an out-of-range enum value
+  const size_t es = dtype_size(op.dtype);
+  switch (op.kind) {
+    case OpKind::kAllReduce:
+    case OpKind::kBroadcast:
+      check_bytes(op, op.count, "buffer");
+      check_ptr(op, op.out, op.count, "buf");
+      if (op.kind == OpKind::kBroadcast && (op.peer < 0 || op.peer >= size_)) {
+        throw invalid_argument("{}: root {} is not a rank of the group (0..{})", describe(op),
+                               op.peer, size_ - 1);
+      }
+      break;
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather: {
+      if (op.counts.size() != static_cast<size_t>(size_)) {
+        throw invalid_argument("{}: {} per-rank counts for a group of {}", describe(op),
+                               op.counts.size(), size_);
+      }
+      size_t total = 0, offset = 0;
+      for (int q = 0; q < size_; ++q) {
+        const size_t c = op.counts[static_cast<size_t>(q)];
+        check_bytes(op, c, "per-rank");
+        if (q == rank_) offset = total;
+        total += c;
+        check_bytes(op, total, "total");
+      }
+      const size_t mine = op.counts[static_cast<size_t>(rank_)];
+      const bool rs = op.kind == OpKind::kReduceScatter;
+      const size_t in_n = rs ? total : mine, out_n = rs ? mine : total;
+      check_ptr(op, op.in, in_n, "input");
+      check_ptr(op, op.out, out_n, "output");
+      const auto* in_b = static_cast<const uint8_t*>(op.in);
+      auto* out_b = static_cast<uint8_t*>(op.out);
+      const bool in_place = rs ? (out_b == in_b + offset * es) : (in_b == out_b + offset * es);
+      if (!in_place && overlaps(op.in, in_n * es, op.out, out_n * es)) {
+        throw invalid_argument(
+            "{}: input and output overlap; the only overlap allowed is in place ({})",
+            describe(op),
+            rs ? "output == input + offset(rank)" : "input == output + offset(rank)");
+      }
+      break;
+    }
+    case OpKind::kSend:
+    case OpKind::kRecv:
+      check_bytes(op, op.count, "buffer");
+      check_ptr(op, op.kind == OpKind::kSend ? op.in : op.out, op.count, "buf");
+      if (op.peer < 0 || op.peer >= size_ || op.peer == rank_) {
+        throw invalid_argument("{}: peer {} must be another rank of the group (0..{}, not {})",
+                               describe(op), op.peer, size_ - 1, rank_);
+      }
+      if (op.tag < 0) throw invalid_argument("{}: tag {} must be >= 0", describe(op), op.tag);
+      break;
+    case OpKind::kBarrier:
+      break;
+  }
+  return submit(std::move(op), async);
+}
+
+namespace {
+
+Comm::Op make_op(Comm::OpKind kind, const void* in, void* out, size_t count, DataType dtype) {
+  Comm::Op o;
+  o.kind = kind;
+  o.in = in;
+  o.out = out;
+  o.count = count;
+  o.dtype = dtype;
+  return o;
+}
+Comm::Op op_all_reduce(void* buf, size_t count, DataType dtype, ReduceOp r) {
+  Comm::Op o = make_op(Comm::OpKind::kAllReduce, buf, buf, count, dtype);
+  o.reduce = r;
+  return o;
+}
+Comm::Op op_reduce_scatter(const void* in, void* out, std::span<const size_t> counts,
+                           DataType dtype, ReduceOp r) {
+  Comm::Op o = make_op(Comm::OpKind::kReduceScatter, in, out, 0, dtype);
+  o.counts.assign(counts.begin(), counts.end());
+  o.reduce = r;
+  return o;
+}
+Comm::Op op_all_gather(const void* in, void* out, std::span<const size_t> counts,
+                       DataType dtype) {
+  Comm::Op o = make_op(Comm::OpKind::kAllGather, in, out, 0, dtype);
+  o.counts.assign(counts.begin(), counts.end());
+  return o;
+}
+Comm::Op op_broadcast(void* buf, size_t count, DataType dtype, int root) {
+  Comm::Op o = make_op(Comm::OpKind::kBroadcast, buf, buf, count, dtype);
+  o.peer = root;
+  return o;
+}
+Comm::Op op_p2p(Comm::OpKind kind, const void* in, void* out, size_t count, DataType dtype,
+                int peer, int tag) {
+  Comm::Op o = make_op(kind, in, out, count, dtype);
+  o.peer = peer;
+  o.tag = tag;
+  return o;
+}
+
+}  // namespace
+
+// The synchronous calls wait without a deadline of their own: the operation's deadline bounds
+// them.
+WorkPtr Comm::all_reduce_async(void* buf, size_t count, DataType dtype, ReduceOp op,
+                               const CallOptions& call) {
+  return issue(op_all_reduce(buf, count, dtype, op), call, true);
+}
+void Comm::all_reduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                      const CallOptions& call) {
+  issue(op_all_reduce(buf, count, dtype, op), call, false)->wait();
+}
+
+WorkPtr Comm::reduce_scatter_v_async(const void* in, void* out, std::span<const size_t> counts,
+                                     DataType dtype, ReduceOp op, const CallOptions& call) {
+  return issue(op_reduce_scatter(in, out, counts, dtype, op), call, true);
+}
+void Comm::reduce_scatter_v(const void* in, void* out, std::span<const size_t> counts,
+                            DataType dtype, ReduceOp op, const CallOptions& call) {
+  issue(op_reduce_scatter(in, out, counts, dtype, op), call, false)->wait();
+}
+WorkPtr Comm::reduce_scatter_async(const void* in, void* out, size_t count, DataType dtype,
+                                   ReduceOp op, const CallOptions& call) {
+  std::vector<size_t> counts(static_cast<size_t>(size()), count);
+  return issue(op_reduce_scatter(in, out, counts, dtype, op), call, true);
+}
+void Comm::reduce_scatter(const void* in, void* out, size_t count, DataType dtype, ReduceOp op,
+                          const CallOptions& call) {
+  std::vector<size_t> counts(static_cast<size_t>(size()), count);
+  issue(op_reduce_scatter(in, out, counts, dtype, op), call, false)->wait();
+}
+
+WorkPtr Comm::all_gather_v_async(const void* in, void* out, std::span<const size_t> counts,
+                                 DataType dtype, const CallOptions& call) {
+  return issue(op_all_gather(in, out, counts, dtype), call, true);
+}
+void Comm::all_gather_v(const void* in, void* out, std::span<const size_t> counts,
+                        DataType dtype, const CallOptions& call) {
+  issue(op_all_gather(in, out, counts, dtype), call, false)->wait();
+}
+WorkPtr Comm::all_gather_async(const void* in, void* out, size_t count, DataType dtype,
+                               const CallOptions& call) {
+  std::vector<size_t> counts(static_cast<size_t>(size()), count);
+  return issue(op_all_gather(in, out, counts, dtype), call, true);
+}
+void Comm::all_gather(const void* in, void* out, size_t count, DataType dtype,
+                      const CallOptions& call) {
+  std::vector<size_t> counts(static_cast<size_t>(size()), count);
+  issue(op_all_gather(in, out, counts, dtype), call, false)->wait();
+}
+
+WorkPtr Comm::broadcast_async(void* buf, size_t count, DataType dtype, int root,
+                              const CallOptions& call) {
+  return issue(op_broadcast(buf, count, dtype, root), call, true);
+}
+void Comm::broadcast(void* buf, size_t count, DataType dtype, int root, const CallOptions& call) {
+  issue(op_broadcast(buf, count, dtype, root), call, false)->wait();
+}
+
+WorkPtr Comm::send_async(const void* buf, size_t count, DataType dtype, int peer, int tag,
+                         const CallOptions& call) {
+  return issue(op_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, tag), call, true);
+}
+void Comm::send(const void* buf, size_t count, DataType dtype, int peer, int tag,
+                const CallOptions& call) {
+  issue(op_p2p(OpKind::kSend, buf, nullptr, count, dtype, peer, tag), call, false)->wait();
+}
+WorkPtr Comm::recv_async(void* buf, size_t count, DataType dtype, int peer, int tag,
+                         const CallOptions& call) {
+  return issue(op_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, tag), call, true);
+}
+void Comm::recv(void* buf, size_t count, DataType dtype, int peer, int tag,
+                const CallOptions& call) {
+  issue(op_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, tag), call, false)->wait();
+}
+
+WorkPtr Comm::barrier_async(const CallOptions& call) {
+  return issue(make_op(OpKind::kBarrier, nullptr, nullptr, 0, DataType::kUInt8), call, true);
+}
+void Comm::barrier(const CallOptions& call) {
+  issue(make_op(OpKind::kBarrier, nullptr, nullptr, 0, DataType::kUInt8), call, false)->wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Setup: peers, backend choice, subgroups
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+std::string read_first_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return std::string(trim(line));
+}
+
+std::string ns_id(const char* which) {
+  char buf[256];
+  std::string path = fmt::format("/proc/self/ns/{}", which);
+  ssize_t n = ::readlink(path.c_str(), buf, sizeof(buf) - 1);
+  if (n <= 0) return "?";
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+Comm::PeerInfo this_process(int world_rank) {
+  char host[256] = {};
+  if (::gethostname(host, sizeof(host) - 1) != 0) std::snprintf(host, sizeof(host), "unknown");
+  Comm::PeerInfo p;
+  p.host = host;
+  // Equal identities mean: the same kernel (boot id), the same /dev/shm (mount namespace), the
+  // same pid numbers (pid namespace, for the liveness checks) and the same IPC namespace.
+  p.identity = fmt::format("{}|{}|{}|{}|{}", p.host,
+                           read_first_line("/proc/sys/kernel/random/boot_id"), ns_id("mnt"),
+                           ns_id("pid"), ns_id("ipc"));
+  p.pid = ::getpid();
+  p.world_rank = world_rank;
+  return p;
+}
+
+std::string encode_peer(const Comm::PeerInfo& p) {
+  return fmt::format("{}\n{}\n{}\n{}", p.host, p.identity, p.pid, p.world_rank);
+}
+
+Comm::PeerInfo decode_peer(const std::string& s, int r, const std::string& group) {
+  auto parts = split(s, '\n');
+  if (parts.size() != 4) {
+    throw remote_error("group '{}' setup: rank {} published a malformed peer record '{}'", group,
+                       r, s);
+  }
+  Comm::PeerInfo p;
+  p.host = parts[0];
+  p.identity = parts[1];
+  p.pid = parse_int(parts[2]).value_or(0);
+  p.world_rank = static_cast<int>(parse_int(parts[3]).value_or(r));
+  return p;
+}
+
+// Every rank publishes "peer/<rank>" and reads everybody else's; on timeout the error lists the
+// ranks that never published.
+std::vector<Comm::PeerInfo> exchange_peers(store::Store& st, int rank, int size,
+                                           const CommOptions& o, int world_rank) {
+  const Deadline deadline = Deadline::after(o.timeout);
+  st.set(fmt::format("peer/{}", rank), store::to_bytes(encode_peer(this_process(world_rank))));
+  std::vector<std::string> keys;
+  for (int q = 0; q < size; ++q) keys.push_back(fmt::format("peer/{}", q));
+  try {
+    st.wait(keys, o.timeout);
+  } catch (const Error& e) {
+    if (e.kind() != ErrorKind::kTimeout) throw;
+    std::vector<int> missing;
+    for (int q = 0; q < size; ++q) {
+      if (!st.check({keys[static_cast<size_t>(q)]})) missing.push_back(q);
+    }
+    throw Error(ErrorKind::kTimeout,
+                fmt::format("group '{}' setup on rank {} of {} timed out after {}: rank{} {} never "
+                            "joined ({})",
+                            o.name, rank, size, net::format_seconds(o.timeout),
+                            missing.size() == 1 ? "" : "s", fmt::join(missing, ", "),
+                            st.describe()),
+                "check that every rank of the group starts and calls the same group setup");
+  }
+  std::vector<Comm::PeerInfo> peers;
+  for (int q = 0; q < size; ++q) {
+    auto left = Millis(std::max(1, deadline.remaining_ms()));
+    peers.push_back(decode_peer(store::to_string(st.get(keys[static_cast<size_t>(q)], left)), q,
+                                o.name));
+  }
+  return peers;
+}
+
+CommPtr make_comm_impl(std::shared_ptr<store::Store> st, std::shared_ptr<store::Store> abort_st,
+                       int rank, int size, CommOptions options, int world_rank) {
+  if (size < 1) throw invalid_argument("group '{}': size {} must be >= 1", options.name, size);
+  if (rank < 0 || rank >= size) {
+    throw invalid_argument("group '{}': rank {} is outside 0..{}", options.name, rank, size - 1);
+  }
+  if (options.name.empty()) throw invalid_argument("a communication group needs a name");
+  if (options.timeout.count() <= 0) {
+    throw invalid_argument("group '{}': timeout must be positive (got {} ms)", options.name,
+                           options.timeout.count());
+  }
+  const Backend requested = requested_backend(options);
+  auto peers = exchange_peers(*st, rank, size, options, world_rank);
+  bool all_local = true;
+  int other = -1;
+  for (int q = 0; q < size; ++q) {
+    if (peers[static_cast<size_t>(q)].identity != peers[static_cast<size_t>(rank)].identity) {
+      all_local = false;
+      if (other < 0) other = q;
+    }
+  }
+  Backend chosen = requested;
+  if (chosen == Backend::kAuto) chosen = all_local ? Backend::kShm : Backend::kGloo;
+  if (chosen == Backend::kShm && !all_local) {
+    throw Error(ErrorKind::kInvalidUsage,
+                fmt::format("group '{}': the shm backend needs every rank on one host, but rank {} "
+                            "runs on {} and rank {} on {}",
+                            options.name, rank, peers[static_cast<size_t>(rank)].host, other,
+                            peers[static_cast<size_t>(other)].host),
+                "use DSTRAIN_COMM_BACKEND=auto or gloo");
+  }
+  BackendArgs args{std::move(st), std::move(abort_st), rank, size, std::move(options),
+                   std::move(peers), all_local};
+  switch (chosen) {
+    case Backend::kShm: return make_shm_comm(std::move(args));
+    case Backend::kGloo: return make_gloo_comm(std::move(args));
+    case Backend::kNccl:
+#ifdef DSTRAIN_HAVE_CUDA
+      return make_nccl_comm(std::move(args));
+#else
+      throw Error(ErrorKind::kInvalidUsage,
+                  fmt::format("group '{}': the nccl backend is not built into this dstrain",
+                              args.options.name),
+                  "rebuild with -DDSTRAIN_CUDA=ON on a machine with CUDA and NCCL");
+#endif
+    case Backend::kAuto: break;
+  }
+  DS_CHECK(false, "backend not resolved");
+  return nullptr;
+}
+
+}  // namespace
+
+CommPtr make_comm(std::shared_ptr<store::Store> store, int rank, int size, CommOptions options) {
+  if (!store) throw invalid_argument("make_comm: no store");
+  auto abort_store = store;
+  return make_comm_impl(std::move(store), std::move(abort_store), rank, size, std::move(options),
+                        rank);
+}
+
+CommPtr make_world_comm(std::shared_ptr<store::Store> store, int rank, int size,
+                        CommOptions options) {
+  if (!store) throw invalid_argument("make_world_comm: no store");
+  auto scoped = std::make_shared<store::PrefixStore>(fmt::format("comm/{}/", options.name),
+                                                     std::move(store));
+  scoped->set_default_timeout(options.timeout);
+  return make_comm(std::move(scoped), rank, size, std::move(options));
+}
+
+std::shared_ptr<Comm> Comm::new_group(const std::vector<int>& ranks, const std::string& name,
+                                      const CallOptions& call) {
+  if (name.empty() || name.find('/') != std::string::npos) {
+    throw invalid_argument("new_group on group '{}': the name '{}' must be non-empty without '/'",
+                           this->name(), name);
+  }
+  std::set<int> seen;
+  int my_index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const int r = ranks[i];
+    if (r < 0 || r >= size_) {
+      throw invalid_argument("new_group '{}' on group '{}': rank {} is outside 0..{}", name,
+                             this->name(), r, size_ - 1);
+    }
+    if (!seen.insert(r).second) {
+      throw invalid_argument("new_group '{}' on group '{}': rank {} is listed twice", name,
+                             this->name(), r);
+    }
+    if (r == rank_) my_index = static_cast<int>(i);
+  }
+  if (my_index < 0) {
+    throw Error(ErrorKind::kInvalidUsage,
+                fmt::format("new_group '{}' on group '{}': rank {} is not a member of [{}]", name,
+                            this->name(), rank_, fmt::join(ranks, ", ")),
+                "only the members of a subgroup create it");
+  }
+  {
+    std::lock_guard<std::mutex> lock(groups_mu_);
+    if (std::find(used_group_names_.begin(), used_group_names_.end(), name) !=
+        used_group_names_.end()) {
+      throw invalid_usage("new_group on group '{}': the name '{}' was already used", this->name(),
+                          name);
+    }
+    used_group_names_.push_back(name);
+  }
+  CommOptions o = options_;
+  o.name = name;
+  if (call.timeout) o.timeout = *call.timeout;
+  if (backend_ == Backend::kNccl) o.backend = Backend::kNccl;
+  auto sub = std::make_shared<store::PrefixStore>(fmt::format("group/{}/", name), store_);
+  sub->set_default_timeout(o.timeout);
+  // The members must agree on the member list: member 0 publishes it, the others compare.
+  const std::string members = fmt::format("{}", fmt::join(ranks, ","));
+  if (my_index == 0) {
+    sub->set("members", store::to_bytes(members));
+  } else {
+    std::string theirs = store::to_string(sub->get("members", o.timeout));
+    if (theirs != members) {
+      throw invalid_usage(
+          "new_group '{}' on group '{}': rank {} was called with members [{}] but the first "
+          "member with [{}]",
+          name, this->name(), rank_, members, theirs);
+    }
+  }
+  return make_comm_impl(std::move(sub), abort_store_, my_index, static_cast<int>(ranks.size()),
+                        std::move(o), peers_[static_cast<size_t>(rank_)].world_rank);
+}
+
+std::vector<CommPtr> make_thread_comms(int n, CommOptions options) {
+  if (n < 1) throw invalid_argument("make_thread_comms: {} ranks", n);
+  auto st = std::make_shared<store::HashStore>();
+  std::vector<CommPtr> comms(static_cast<size_t>(n));
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comms[static_cast<size_t>(r)] = make_world_comm(st, r, n, options);
+      } catch (...) {
+        errors[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+  return comms;
+}
+
+}  // namespace ds::rt::comm

@@ -1,0 +1,161 @@
+// Reductions over n sources, blocked so that the fp32 accumulator of one block stays in L1:
+// acc = src0; acc = op(acc, src1); ...; out = round(acc). Each pass over a block is a simple loop
+// GCC vectorizes at -O3 (this file's compile flags, runtime/comm/CMakeLists.txt). Memory traffic
+// is one read of every source and one write of the output, which is what bounds it.
+#include "comm/reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+
+#include "common/check.h"
+
+namespace ds::rt::comm {
+
+namespace {
+
+uint32_t float_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bits_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Storage type S, accumulator type A, and the conversions between them.
+template <typename T>
+struct Plain {
+  using S = T;
+  using A = T;
+  static A load(S v) { return v; }
+  static S store(A a) { return a; }
+};
+struct Bf16 {
+  using S = uint16_t;
+  using A = float;
+  static A load(S v) { return bits_float(uint32_t{v} << 16); }
+  static S store(A a) { return float_to_bf16(a); }
+};
+struct Fp16 {
+  using S = uint16_t;
+  using A = float;
+  static A load(S v) { return fp16_to_float(v); }
+  static S store(A a) { return float_to_fp16(a); }
+};
+
+struct OpSum {
+  template <typename A>
+  static A apply(A a, A b) {
+    if constexpr (std::is_integral_v<A>) {
+      using U = std::make_unsigned_t<A>;
+      return static_cast<A>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return a + b;
+    }
+  }
+};
+struct OpMax {
+  template <typename A>
+  static A apply(A a, A b) { return b > a ? b : a; }
+};
+struct OpMin {
+  template <typename A>
+  static A apply(A a, A b) { return b < a ? b : a; }
+};
+
+constexpr size_t kBlock = 1024;
+
+template <typename C, typename O>
+void reduce_blocks(void* out_v, const void* const* srcs, int n, size_t count) {
+  using S = typename C::S;
+  using A = typename C::A;
+  S* out = static_cast<S*>(out_v);
+  A acc[kBlock];
+  for (size_t base = 0; base < count; base += kBlock) {
+    const size_t m = std::min(kBlock, count - base);
+    const S* s0 = static_cast<const S*>(srcs[0]) + base;
+    for (size_t i = 0; i < m; ++i) acc[i] = C::load(s0[i]);
+    for (int k = 1; k < n; ++k) {
+      const S* sk = static_cast<const S*>(srcs[k]) + base;
+      for (size_t i = 0; i < m; ++i) acc[i] = O::apply(acc[i], C::load(sk[i]));
+    }
+    S* o = out + base;
+    for (size_t i = 0; i < m; ++i) o[i] = C::store(acc[i]);
+  }
+}
+
+template <typename C>
+void reduce_codec(ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
+  switch (op) {
+    case ReduceOp::kSum: return reduce_blocks<C, OpSum>(out, srcs, n, count);
+    case ReduceOp::kMax: return reduce_blocks<C, OpMax>(out, srcs, n, count);
+    case ReduceOp::kMin: return reduce_blocks<C, OpMin>(out, srcs, n, count);
+  }
+  DS_CHECK(false, "unknown reduce op {}", static_cast<int>(op));
+}
+
+}  // namespace
+
+void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n,
+              size_t count) {
+  DS_CHECK(n >= 1, "reduce over {} sources", n);
+  switch (dtype) {
+    case DataType::kFloat32: return reduce_codec<Plain<float>>(op, out, srcs, n, count);
+    case DataType::kBFloat16: return reduce_codec<Bf16>(op, out, srcs, n, count);
+    case DataType::kFloat16: return reduce_codec<Fp16>(op, out, srcs, n, count);
+    case DataType::kInt32: return reduce_codec<Plain<int32_t>>(op, out, srcs, n, count);
+    case DataType::kInt64: return reduce_codec<Plain<int64_t>>(op, out, srcs, n, count);
+    case DataType::kUInt8: return reduce_codec<Plain<uint8_t>>(op, out, srcs, n, count);
+  }
+  DS_CHECK(false, "unknown dtype {}", static_cast<int>(dtype));
+}
+
+void reduce_into(DataType dtype, ReduceOp op, void* inout, const void* in, size_t count) {
+  const void* srcs[2] = {inout, in};
+  reduce_n(dtype, op, inout, srcs, 2, count);
+}
+
+float bf16_to_float(uint16_t v) { return bits_float(uint32_t{v} << 16); }
+
+uint16_t float_to_bf16(float f) {
+  uint32_t u = float_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+float fp16_to_float(uint16_t h) {
+  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16;
+  const uint32_t e = (h >> 10) & 0x1fu;
+  const uint32_t m = h & 0x3ffu;
+  if (e == 0) {  // zero or subnormal: m * 2^-24, exact in fp32
+    float v = static_cast<float>(m) * (1.0f / 16777216.0f);
+    return bits_float(float_bits(v) | sign);
+  }
+  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
+  return bits_float(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+
+uint16_t float_to_fp16(float f) {
+  const uint32_t x = float_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
+  if (ax < 0x38800000u) {  // below the smallest normal: a multiple of 2^-24, round to even
+    const float scaled = bits_float(ax) * 16777216.0f;  // exact (power-of-two scaling)
+    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
+  }
+  const uint32_t e = (ax >> 23) - 127 + 15;
+  const uint32_t mant = ax & 0x7fffffu;
+  uint32_t h = (e << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds into the exponent
+  return static_cast<uint16_t>(sign | h);
+}
+
+}  // namespace ds::rt::comm

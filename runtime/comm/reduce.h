@@ -1,0 +1,31 @@
+// Element-wise reductions and the 16-bit float conversions the collectives need: plain loops
+// over raw buffers, compiled with -O3 so that GCC vectorizes them (reduce.cpp).
+//
+// Deliberately not: a kernel library. The runtime's compute kernels live in runtime/kernels;
+// these exist so that runtime/comm depends on nothing but lib/.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "comm/comm.h"
+
+namespace ds::rt::comm {
+
+// out[i] = op(srcs[0][i], srcs[1][i], ..., srcs[n-1][i]) for i < count, in the order of `srcs`
+// (so every rank reducing the same sources in the same order gets the same bits).
+// bf16/fp16 accumulate in fp32 and round once; integer sums wrap. `out` may be one of the
+// sources (exactly, not partially overlapping). n >= 1.
+void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n,
+              size_t count);
+
+// inout[i] = op(inout[i], in[i]) (two sources; the Gloo ring's step).
+void reduce_into(DataType dtype, ReduceOp op, void* inout, const void* in, size_t count);
+
+// IEEE binary16 and bfloat16 conversions, round to nearest even; NaN stays NaN.
+float bf16_to_float(uint16_t v);
+uint16_t float_to_bf16(float f);
+float fp16_to_float(uint16_t v);
+uint16_t float_to_fp16(float f);
+
+}  // namespace ds::rt::comm

@@ -1,0 +1,481 @@
+// ShmComm: collectives for ranks on one host through one POSIX shared-memory segment per group.
+//
+// Layout: a header (a futex word "bell" and a sleeper count), one control block per rank (its
+// step counter `seq`, its state and a failure reason, each on its own cache lines), then two
+// staging slots of chunk_bytes per rank (double buffering). Rank 0 creates the segment under a
+// random name derived from the job and group, publishes the name in the store, and unlinks it as
+// soon as every rank mapped it, so a crash leaks nothing.
+//
+// Synchronisation is a counter per rank: after writing its part of a chunk a rank bumps its own
+// `seq` (release) and waits until every peer's `seq` reached the same value (acquire): an
+// all-to-all barrier without a shared counter. Waits spin briefly, then yield, then sleep on the
+// futex with a short timeout, checking on the way the deadline, the peers' states (closed,
+// failed with a reason), whether a waited-for peer's process still exists, and the job-wide
+// abort note.
+//
+// Algorithms, per chunk (every rank runs the same chunk sequence; slot parity alternates with a
+// per-group chunk counter):
+//   all_reduce      copy my chunk into my slot | barrier | reduce slice r of the chunk from all
+//                   N slots (fp32 accumulation) into my slot | barrier | copy every slice from
+//                   its owner's slot into my buffer. One reduction per element, so every rank
+//                   gets the same bits; per rank ~2 reads + 2 writes of the data, no syscalls.
+//   reduce_scatter  copy the piece for each destination q into sub-slot q of my slot | barrier |
+//                   reduce sub-slot r of all slots straight into my output.
+//   all_gather      copy my piece into my slot | barrier | copy every peer's piece out.
+//   broadcast       root copies into its slot | barrier | the others copy out.
+// Why double buffering is enough: a slot is written again two chunks later, and between the two
+// writes lies the next chunk's first barrier, which every peer reaches only after it finished
+// reading the earlier chunk.
+//
+// Send/recv stay on the Gloo pairs of the base class (pipeline traffic is point-to-point and
+// latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots).
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cctype>
+#include <climits>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "comm/gloo_comm.h"
+#include "comm/reduce.h"
+#include "common/check.h"
+#include "common/env.h"
+#include "common/socket.h"
+#include "store/store.h"
+
+namespace ds::rt::comm {
+
+namespace {
+
+constexpr uint64_t kMagic = 0x31304d4d48535344ull;  // "DSSHMM01"
+constexpr size_t kHeaderBytes = 256;
+constexpr size_t kCtlBytes = 512;
+constexpr size_t kAlign = 4096;
+
+struct Header {
+  uint64_t magic;
+  uint32_t nranks;
+  uint32_t pad;
+  uint64_t chunk_bytes;
+  uint64_t total_bytes;
+  alignas(64) std::atomic<uint32_t> bell;
+  alignas(64) std::atomic<uint32_t> sleepers;
+};
+static_assert(sizeof(Header) <= kHeaderBytes);
+
+enum : uint32_t { kActive = 0, kClosed = 1, kFailed = 2 };
+
+struct RankCtl {
+  alignas(64) std::atomic<uint64_t> seq;
+  alignas(64) std::atomic<uint32_t> state;
+  char reason[384];
+};
+static_assert(sizeof(RankCtl) <= kCtlBytes);
+static_assert(std::atomic<uint64_t>::is_always_lock_free);
+static_assert(std::atomic<uint32_t>::is_always_lock_free);
+
+size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#endif
+}
+
+void futex_wait(std::atomic<uint32_t>* addr, uint32_t expected, Millis timeout) {
+  timespec ts{static_cast<time_t>(timeout.count() / 1000),
+              static_cast<long>((timeout.count() % 1000) * 1000000)};
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<uint32_t>* addr) {
+  ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(addr), FUTEX_WAKE, INT_MAX, nullptr, nullptr,
+            0);
+}
+
+std::string sanitize(const std::string& s, size_t max) {
+  std::string out;
+  for (char c : s) {
+    if (out.size() >= max) break;
+    out += (std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-') ? c : '_';
+  }
+  return out;
+}
+
+size_t seg_begin(size_t n, int parts, int i) {
+  // floor(n * i / parts) without overflowing n * i.
+  const size_t p = static_cast<size_t>(parts), k = static_cast<size_t>(i);
+  return (n / p) * k + (n % p) * k / p;
+}
+
+class ShmComm : public GlooComm {
+ public:
+  explicit ShmComm(const BackendArgs& args) : GlooComm(args, Backend::kShm) {
+    chunk_ = std::max<size_t>(align_up(args.options.shm_chunk_bytes, 64) , 4096);
+    int local = size();
+    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    // More ranks than CPUs: spinning only steals the CPU from the rank we wait for.
+    spin_limit_ = static_cast<unsigned>(local) > hw ? 0 : 4000;
+    if (size() > 1) map_segment(args);
+  }
+
+  ~ShmComm() override {
+    stop_thread();
+    if (base_ != nullptr) {
+      auto& c = ctl(rank());
+      uint32_t expected = kActive;
+      c.state.compare_exchange_strong(expected, kClosed);
+      ring_bell();
+      ::munmap(base_, map_bytes_);
+    }
+  }
+
+ protected:
+  void run(const Op& op, Deadline dl) override {
+    if (size() == 1) return run_single(op);
+    switch (op.kind) {
+      case OpKind::kAllReduce: return all_reduce(op, dl);
+      case OpKind::kReduceScatter: return reduce_scatter(op, dl);
+      case OpKind::kAllGather: return all_gather(op, dl);
+      case OpKind::kBroadcast: return broadcast(op, dl);
+      case OpKind::kBarrier:
+        arrive();
+        return wait_peers(op, dl);
+      case OpKind::kSend:
+      case OpKind::kRecv: break;
+    }
+    DS_CHECK(false, "ShmComm::run got {}", op_name(op.kind));
+  }
+
+  void on_failure(const std::string& message) override {
+    if (base_ == nullptr) return;
+    auto& c = ctl(rank());
+    std::snprintf(c.reason, sizeof(c.reason), "%s", message.c_str());
+    c.state.store(kFailed, std::memory_order_release);
+    ring_bell();
+  }
+
+ private:
+  Header* hdr() { return reinterpret_cast<Header*>(base_); }
+  RankCtl& ctl(int q) {
+    return *reinterpret_cast<RankCtl*>(base_ + kHeaderBytes + static_cast<size_t>(q) * kCtlBytes);
+  }
+  uint8_t* slot(int q, int b) {
+    return base_ + data_off_ + (static_cast<size_t>(q) * 2 + static_cast<size_t>(b)) * chunk_;
+  }
+
+  void map_segment(const BackendArgs& args) {
+    const int n = size();
+    data_off_ = align_up(kHeaderBytes + static_cast<size_t>(n) * kCtlBytes, kAlign);
+    map_bytes_ = data_off_ + static_cast<size_t>(n) * 2 * chunk_;
+    std::string job = args.options.job_id;
+    if (job.empty()) job = env::get_or_default("DSTRAIN_JOB_ID");
+    if (job.empty()) job = "local";
+    const Deadline deadline = Deadline::after(args.options.timeout);
+    std::string shm_name;
+    if (rank() == 0) {
+      std::random_device rd;
+      const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+      shm_name = fmt::format("/ds-{}-{}-{:016x}", sanitize(job, 60), sanitize(name(), 60), nonce);
+      int fd = ::shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) {
+        throw system_error("group '{}': shm_open {} failed: {}", name(), shm_name,
+                           errno_string(errno));
+      }
+      if (::ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) {
+        const int err = errno;
+        ::close(fd);
+        ::shm_unlink(shm_name.c_str());
+        throw system_error("group '{}': sizing shared memory {} to {} bytes failed: {}", name(),
+                           shm_name, map_bytes_, errno_string(err));
+      }
+      map_fd(fd, shm_name);
+      hdr()->nranks = static_cast<uint32_t>(n);
+      hdr()->chunk_bytes = chunk_;
+      hdr()->total_bytes = map_bytes_;
+      std::atomic_thread_fence(std::memory_order_release);
+      hdr()->magic = kMagic;
+      store()->set("shm/name", store::to_bytes(shm_name));
+    } else {
+      shm_name = store::to_string(
+          store()->get("shm/name", Millis(std::max(1, deadline.remaining_ms()))));
+      int fd = ::shm_open(shm_name.c_str(), O_RDWR, 0600);
+      if (fd < 0) {
+        throw system_error("group '{}' rank {}: opening rank 0's shared memory {} failed: {}",
+                           name(), rank(), shm_name, errno_string(errno));
+      }
+      map_fd(fd, shm_name);
+      if (hdr()->magic != kMagic || hdr()->nranks != static_cast<uint32_t>(n) ||
+          hdr()->chunk_bytes != chunk_) {
+        throw invalid_usage(
+            "group '{}' rank {}: shared memory {} does not match this group (ranks {} vs {}, "
+            "chunk {} vs {} bytes)",
+            name(), rank(), shm_name, hdr()->nranks, n, hdr()->chunk_bytes, chunk_);
+      }
+    }
+    ctl(rank()).state.store(kActive);
+    // Everyone mapped it: the name can go (the memory lives until the last unmap).
+    try {
+      store::barrier(*store(), "shm/mapped", n, Millis(std::max(1, deadline.remaining_ms())));
+    } catch (...) {
+      if (rank() == 0) ::shm_unlink(shm_name.c_str());
+      throw;
+    }
+    if (rank() == 0) ::shm_unlink(shm_name.c_str());
+  }
+
+  void map_fd(int fd, const std::string& shm_name) {
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != map_bytes_) {
+      ::close(fd);
+      throw invalid_usage("group '{}' rank {}: shared memory {} has {} bytes, expected {}", name(),
+                          rank(), shm_name, static_cast<long long>(st.st_size), map_bytes_);
+    }
+    void* p = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+    const int err = errno;
+    ::close(fd);
+    if (p == MAP_FAILED) {
+      throw system_error("group '{}': mapping {} bytes of shared memory {} failed: {}", name(),
+                         map_bytes_, shm_name, errno_string(err));
+    }
+    base_ = static_cast<uint8_t*>(p);
+  }
+
+  void ring_bell() {
+    hdr()->bell.fetch_add(1, std::memory_order_seq_cst);
+    if (hdr()->sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&hdr()->bell);
+  }
+
+  void arrive() {
+    ++seq_;
+    ctl(rank()).seq.store(seq_, std::memory_order_release);
+    ring_bell();
+  }
+
+  // The first peer whose seq is behind ours, or -1.
+  int laggard() {
+    for (int q = 0; q < size(); ++q) {
+      if (q != rank() && ctl(q).seq.load(std::memory_order_acquire) < seq_) return q;
+    }
+    return -1;
+  }
+
+  void wait_peers(const Op& op, Deadline dl) {
+    if (laggard() < 0) return;
+    for (unsigned i = 0; i < spin_limit_; ++i) {
+      cpu_relax();
+      if (laggard() < 0) return;
+    }
+    for (int i = 0; i < 64; ++i) {
+      ::sched_yield();
+      if (laggard() < 0) return;
+    }
+    auto next_liveness = Clock::now();
+    for (;;) {
+      const int q = laggard();
+      if (q < 0) return;
+      check_peers(op, dl, next_liveness);
+      hdr()->sleepers.fetch_add(1, std::memory_order_seq_cst);
+      const uint32_t b = hdr()->bell.load(std::memory_order_seq_cst);
+      if (laggard() >= 0) futex_wait(&hdr()->bell, b, Millis(5));
+      hdr()->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  // Throws when waiting longer cannot help: a peer closed or failed, died, the job-wide abort
+  // note appeared, or the deadline passed.
+  void check_peers(const Op& op, Deadline dl, Clock::time_point& next_liveness) {
+    std::vector<int> behind;
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank() || ctl(q).seq.load(std::memory_order_acquire) >= seq_) continue;
+      behind.push_back(q);
+      const uint32_t st = ctl(q).state.load(std::memory_order_acquire);
+      if (st == kFailed) {
+        std::string why(ctl(q).reason, strnlen(ctl(q).reason, sizeof(ctl(q).reason)));
+        throw remote_error("{}: {} failed: {}", describe(op), describe_rank(q), why);
+      }
+      if (st == kClosed) {
+        throw Error(ErrorKind::kRemote,
+                    fmt::format("{}: {} closed its communicator while this rank waited for it",
+                                describe(op), describe_rank(q)),
+                    "every rank must issue the same collectives in the same order");
+      }
+    }
+    const auto now = Clock::now();
+    if (now >= next_liveness) {
+      next_liveness = now + Millis(100);
+      for (int q : behind) {
+        const auto& p = peers()[static_cast<size_t>(q)];
+        if (process_gone(p.pid)) {
+          throw remote_error("{}: {} died (process {} is gone)", describe(op), describe_rank(q),
+                             p.pid);
+        }
+      }
+      if (auto note = poll_abort_note()) {
+        throw remote_error("{}: aborted while waiting for {}, because another rank failed: {}",
+                           describe(op), describe_rank(behind.front()), *note);
+      }
+    }
+    if (dl.expired()) {
+      std::string who;
+      for (int q : behind) who += (who.empty() ? "" : ", ") + describe_rank(q);
+      throw Error(ErrorKind::kTimeout,
+                  fmt::format("{} timed out after {} waiting for {}", describe(op),
+                              net::format_seconds(op.timeout), who),
+                  "the rank named may be stuck or slow; its own log says why");
+    }
+  }
+
+  int next_buffer() { return static_cast<int>(chunk_counter_++ & 1); }
+
+  void all_reduce(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    const size_t per_chunk = chunk_ / es;
+    const size_t unit = std::max<size_t>(1, 64 / es);
+    auto* buf = static_cast<uint8_t*>(op.out);
+    std::vector<const void*> srcs(static_cast<size_t>(n));
+    std::vector<size_t> cut(static_cast<size_t>(n) + 1);
+    for (size_t off = 0; off < op.count; off += per_chunk) {
+      const size_t m = std::min(per_chunk, op.count - off);
+      const int b = next_buffer();
+      std::memcpy(slot(r, b), buf + off * es, m * es);
+      arrive();
+      wait_peers(op, dl);
+      for (int i = 0; i <= n; ++i) {
+        cut[static_cast<size_t>(i)] = i == n ? m : seg_begin(m, n, i) / unit * unit;
+      }
+      const size_t lo = cut[static_cast<size_t>(r)], hi = cut[static_cast<size_t>(r) + 1];
+      if (hi > lo) {
+        for (int q = 0; q < n; ++q) srcs[static_cast<size_t>(q)] = slot(q, b) + lo * es;
+        reduce_n(op.dtype, op.reduce, slot(r, b) + lo * es, srcs.data(), n, hi - lo);
+      }
+      arrive();
+      wait_peers(op, dl);
+      for (int q = 0; q < n; ++q) {
+        const size_t qlo = cut[static_cast<size_t>(q)], qhi = cut[static_cast<size_t>(q) + 1];
+        if (qhi > qlo) std::memcpy(buf + (off + qlo) * es, slot(q, b) + qlo * es, (qhi - qlo) * es);
+      }
+    }
+  }
+
+  void reduce_scatter(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    const size_t sub = chunk_ / static_cast<size_t>(n) / 64 * 64;
+    const size_t per = std::max<size_t>(1, sub / es);
+    std::vector<size_t> off(static_cast<size_t>(n));
+    size_t total = 0, maxc = 0;
+    for (int q = 0; q < n; ++q) {
+      off[static_cast<size_t>(q)] = total;
+      total += op.counts[static_cast<size_t>(q)];
+      maxc = std::max(maxc, op.counts[static_cast<size_t>(q)]);
+    }
+    const auto* in = static_cast<const uint8_t*>(op.in);
+    auto* out = static_cast<uint8_t*>(op.out);
+    std::vector<const void*> srcs(static_cast<size_t>(n));
+    for (size_t p0 = 0; p0 < maxc; p0 += per) {
+      const int b = next_buffer();
+      auto len = [&](int q) {
+        const size_t c = op.counts[static_cast<size_t>(q)];
+        return c > p0 ? std::min(per, c - p0) : size_t{0};
+      };
+      for (int q = 0; q < n; ++q) {
+        if (len(q)) {
+          std::memcpy(slot(r, b) + static_cast<size_t>(q) * sub,
+                      in + (off[static_cast<size_t>(q)] + p0) * es, len(q) * es);
+        }
+      }
+      arrive();
+      wait_peers(op, dl);
+      if (len(r)) {
+        for (int q = 0; q < n; ++q) {
+          srcs[static_cast<size_t>(q)] = slot(q, b) + static_cast<size_t>(r) * sub;
+        }
+        reduce_n(op.dtype, op.reduce, out + p0 * es, srcs.data(), n, len(r));
+      }
+    }
+  }
+
+  void all_gather(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    const size_t per = std::max<size_t>(1, chunk_ / es);
+    std::vector<size_t> off(static_cast<size_t>(n));
+    size_t total = 0, maxc = 0;
+    for (int q = 0; q < n; ++q) {
+      off[static_cast<size_t>(q)] = total;
+      total += op.counts[static_cast<size_t>(q)];
+      maxc = std::max(maxc, op.counts[static_cast<size_t>(q)]);
+    }
+    const auto* in = static_cast<const uint8_t*>(op.in);
+    auto* out = static_cast<uint8_t*>(op.out);
+    const size_t mine = op.counts[static_cast<size_t>(r)];
+    for (size_t p0 = 0; p0 < maxc; p0 += per) {
+      const int b = next_buffer();
+      auto len = [&](int q) {
+        const size_t c = op.counts[static_cast<size_t>(q)];
+        return c > p0 ? std::min(per, c - p0) : size_t{0};
+      };
+      if (len(r)) std::memcpy(slot(r, b), in + p0 * es, len(r) * es);
+      arrive();
+      wait_peers(op, dl);
+      for (int q = 0; q < n; ++q) {
+        if (q != r && len(q)) {
+          std::memcpy(out + (off[static_cast<size_t>(q)] + p0) * es, slot(q, b), len(q) * es);
+        }
+      }
+    }
+    uint8_t* my_out = out + off[static_cast<size_t>(r)] * es;
+    if (mine && in != my_out) std::memmove(my_out, in, mine * es);
+  }
+
+  void broadcast(const Op& op, Deadline dl) {
+    const int r = rank(), root = op.peer;
+    const size_t bytes = op.count * dtype_size(op.dtype);
+    auto* buf = static_cast<uint8_t*>(op.out);
+    for (size_t off = 0; off < bytes; off += chunk_) {
+      const size_t m = std::min(chunk_, bytes - off);
+      const int b = next_buffer();
+      if (r == root) std::memcpy(slot(root, b), buf + off, m);
+      arrive();
+      wait_peers(op, dl);
+      if (r != root) std::memcpy(buf + off, slot(root, b), m);
+    }
+  }
+
+  void run_single(const Op& op) {
+    const size_t es = dtype_size(op.dtype);
+    if ((op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllGather) &&
+        op.counts[0] > 0 && op.in != op.out) {
+      std::memmove(op.out, op.in, op.counts[0] * es);
+    }
+  }
+
+  uint8_t* base_ = nullptr;
+  size_t map_bytes_ = 0;
+  size_t data_off_ = 0;
+  size_t chunk_ = 0;
+  uint64_t seq_ = 0;
+  uint64_t chunk_counter_ = 0;
+  unsigned spin_limit_ = 0;
+};
+
+}  // namespace
+
+CommPtr make_shm_comm(BackendArgs args) { return std::make_shared<ShmComm>(args); }
+
+}  // namespace ds::rt::comm

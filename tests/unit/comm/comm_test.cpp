@@ -1,0 +1,433 @@
+// Collectives with ranks as threads over one in-memory store, for both CPU backends (shm and
+// gloo): closed-form expected values per rank (rank r contributes r + 1 + i % 7), odd sizes,
+// sizes the group does not divide, zero length, every dtype, subgroups, async overlap,
+// send/recv, and deadline errors that name the missing rank.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <numeric>
+
+#include "comm/comm.h"
+#include "comm/reduce.h"
+#include "comm_test_util.h"
+#include "common/error.h"
+#include "store/hash_store.h"
+
+namespace ds::rt::comm {
+namespace {
+
+using testing::all_dtypes;
+using testing::buffer;
+using testing::get;
+using testing::run_on_threads;
+using testing::set;
+using testing::value;
+
+class CommTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  CommOptions options(Millis timeout = Millis(30000)) const {
+    CommOptions o;
+    o.backend = GetParam();
+    o.timeout = timeout;
+    o.shm_chunk_bytes = 4096;  // small, so that modest sizes stream through several chunks
+    return o;
+  }
+  std::vector<CommPtr> comms(int n, Millis timeout = Millis(30000)) const {
+    return make_thread_comms(n, options(timeout));
+  }
+};
+
+std::string backend_label(const ::testing::TestParamInfo<Backend>& info) {
+  return backend_name(info.param);
+}
+
+TEST_P(CommTest, ReportsRankSizeBackendAndHosts) {
+  auto cs = comms(3);
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(cs[static_cast<size_t>(r)]->rank(), r);
+    EXPECT_EQ(cs[static_cast<size_t>(r)]->size(), 3);
+    EXPECT_EQ(cs[static_cast<size_t>(r)]->backend(), GetParam());
+    EXPECT_EQ(cs[static_cast<size_t>(r)]->name(), "world");
+    EXPECT_FALSE(cs[static_cast<size_t>(r)]->host_of(2).empty());
+  }
+}
+
+TEST_P(CommTest, AllReduceEveryDtypeAndOpAcrossSizes) {
+  for (int n : {1, 2, 3, 4}) {
+    auto cs = comms(n);
+    run_on_threads(cs, [&](Comm& c) {
+      for (DataType t : all_dtypes()) {
+        for (size_t count : {size_t{0}, size_t{1}, size_t{3}, size_t{1037}, size_t{5000}}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+            auto buf = buffer(t, count);
+            for (size_t i = 0; i < count; ++i) set(t, buf.data(), i, value(c.rank(), i));
+            c.all_reduce(buf.data(), count, t, op);
+            for (size_t i = 0; i < count; ++i) {
+              const double base = static_cast<double>(i % 7);
+              double want = op == ReduceOp::kSum   ? n * (n + 1) / 2.0 + n * base
+                            : op == ReduceOp::kMax ? n + base
+                                                   : 1 + base;
+              ASSERT_EQ(get(t, buf.data(), i), want)
+                  << dtype_name(t) << " " << reduce_op_name(op) << " n=" << n
+                  << " count=" << count << " i=" << i << " rank " << c.rank();
+            }
+            ASSERT_EQ(buf.back(), 0xcd) << "wrote past the end";
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST_P(CommTest, AllReduceInt64KeepsHighBitsAndFloatsMatchAcrossRanks) {
+  auto cs = comms(3);
+  std::vector<std::vector<float>> results(3);
+  run_on_threads(cs, [&](Comm& c) {
+    std::vector<int64_t> v(9, (int64_t{1} << 40) + c.rank());
+    c.all_reduce(v.data(), v.size(), DataType::kInt64, ReduceOp::kSum);
+    for (auto x : v) ASSERT_EQ(x, 3 * (int64_t{1} << 40) + 3);
+    // Non-representable sums: every rank must still end with the same bits.
+    std::vector<float> f(4099);
+    for (size_t i = 0; i < f.size(); ++i) f[i] = 0.1f * static_cast<float>(c.rank() + 1) / (i + 3);
+    c.all_reduce(f.data(), f.size(), DataType::kFloat32, ReduceOp::kSum);
+    results[static_cast<size_t>(c.rank())] = f;
+  });
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+  EXPECT_NEAR(results[0][0], 0.1f * 6 / 3, 1e-6);
+}
+
+TEST_P(CommTest, ReduceScatterEvenAndInPlace) {
+  const int n = 4;
+  auto cs = comms(n);
+  run_on_threads(cs, [&](Comm& c) {
+    for (DataType t : all_dtypes()) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{333}, size_t{2000}}) {
+        auto in = buffer(t, count * n);
+        for (size_t i = 0; i < count * n; ++i) set(t, in.data(), i, value(c.rank(), i));
+        auto out = buffer(t, count);
+        c.reduce_scatter(in.data(), out.data(), count, t, ReduceOp::kSum);
+        for (size_t i = 0; i < count; ++i) {
+          const size_t g = c.rank() * count + i;
+          ASSERT_EQ(get(t, out.data(), i), n * (n + 1) / 2.0 + n * static_cast<double>(g % 7))
+              << dtype_name(t) << " count " << count << " i " << i;
+        }
+        ASSERT_EQ(out.back(), 0xcd);
+        // In place: output == input + rank * count.
+        c.reduce_scatter(in.data(), in.data() + c.rank() * count * dtype_size(t), count, t,
+                         ReduceOp::kMax);
+        for (size_t i = 0; i < count; ++i) {
+          const size_t g = c.rank() * count + i;
+          ASSERT_EQ(get(t, in.data(), g), n + static_cast<double>(g % 7));
+        }
+      }
+    }
+  });
+}
+
+TEST_P(CommTest, ReduceScatterAndAllGatherWithPerRankCounts) {
+  const int n = 3;
+  auto cs = comms(n);
+  // Sizes the group does not divide, including an empty part and parts over several chunks.
+  const std::vector<size_t> counts = {1500, 0, 2701};
+  const size_t total = 4201;
+  run_on_threads(cs, [&](Comm& c) {
+    size_t off = 0;
+    for (int q = 0; q < c.rank(); ++q) off += counts[static_cast<size_t>(q)];
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    for (DataType t : {DataType::kFloat32, DataType::kBFloat16, DataType::kInt32}) {
+      auto in = buffer(t, total);
+      for (size_t i = 0; i < total; ++i) set(t, in.data(), i, value(c.rank(), i));
+      auto out = buffer(t, mine);
+      c.reduce_scatter_v(in.data(), out.data(), counts, t, ReduceOp::kSum);
+      for (size_t i = 0; i < mine; ++i) {
+        ASSERT_EQ(get(t, out.data(), i), 6 + 3 * static_cast<double>((off + i) % 7));
+      }
+      // all_gather_v of rank-specific values, then in place.
+      auto mine_buf = buffer(t, mine);
+      for (size_t i = 0; i < mine; ++i) set(t, mine_buf.data(), i, value(c.rank(), i));
+      auto all = buffer(t, total);
+      c.all_gather_v(mine_buf.data(), all.data(), counts, t);
+      size_t o = 0;
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) {
+          ASSERT_EQ(get(t, all.data(), o + i), value(q, i)) << "from rank " << q;
+        }
+        o += counts[static_cast<size_t>(q)];
+      }
+      ASSERT_EQ(all.back(), 0xcd);
+      auto all2 = buffer(t, total);
+      std::memcpy(all2.data() + off * dtype_size(t), mine_buf.data(), mine * dtype_size(t));
+      c.all_gather_v(all2.data() + off * dtype_size(t), all2.data(), counts, t);
+      ASSERT_EQ(0, std::memcmp(all.data(), all2.data(), total * dtype_size(t)));
+    }
+  });
+}
+
+TEST_P(CommTest, AllGatherEveryDtype) {
+  const int n = 4;
+  auto cs = comms(n);
+  run_on_threads(cs, [&](Comm& c) {
+    for (DataType t : all_dtypes()) {
+      for (size_t count : {size_t{0}, size_t{5}, size_t{3001}}) {
+        auto in = buffer(t, count);
+        for (size_t i = 0; i < count; ++i) set(t, in.data(), i, value(c.rank(), i));
+        auto out = buffer(t, count * n);
+        c.all_gather(in.data(), out.data(), count, t);
+        for (int q = 0; q < n; ++q) {
+          for (size_t i = 0; i < count; ++i) {
+            ASSERT_EQ(get(t, out.data(), q * count + i), value(q, i)) << dtype_name(t);
+          }
+        }
+        ASSERT_EQ(out.back(), 0xcd);
+      }
+    }
+  });
+}
+
+TEST_P(CommTest, BroadcastFromEveryRoot) {
+  const int n = 3;
+  auto cs = comms(n);
+  run_on_threads(cs, [&](Comm& c) {
+    for (int root = 0; root < n; ++root) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{10007}}) {
+        std::vector<int32_t> v(count, -1);
+        if (c.rank() == root) {
+          for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(root * 100000 + i);
+        }
+        c.broadcast(v.data(), count, DataType::kInt32, root);
+        for (size_t i = 0; i < count; ++i) ASSERT_EQ(v[i], static_cast<int32_t>(root * 100000 + i));
+      }
+    }
+  });
+}
+
+TEST_P(CommTest, BarrierAndSubgroups) {
+  auto cs = comms(4);
+  run_on_threads(cs, [&](Comm& c) {
+    c.barrier();
+    // Two disjoint subgroups, and one that reorders its members.
+    const bool odd = c.rank() % 2 == 1;
+    auto pair = c.new_group(odd ? std::vector<int>{1, 3} : std::vector<int>{0, 2},
+                            odd ? "odd" : "even");
+    ASSERT_EQ(pair->size(), 2);
+    ASSERT_EQ(pair->rank(), c.rank() / 2);
+    std::vector<float> v(1001, static_cast<float>(c.rank()));
+    pair->all_reduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+    for (float x : v) ASSERT_EQ(x, odd ? 4.0f : 2.0f);
+    if (c.rank() != 1) {
+      auto three = c.new_group({3, 0, 2}, "three");
+      ASSERT_EQ(three->size(), 3);
+      const int want_rank = c.rank() == 3 ? 0 : c.rank() == 0 ? 1 : 2;
+      ASSERT_EQ(three->rank(), want_rank);
+      std::vector<int32_t> g(3, -1);
+      int32_t mine = c.rank();
+      three->all_gather(&mine, g.data(), 1, DataType::kInt32);
+      EXPECT_EQ(g, (std::vector<int32_t>{3, 0, 2}));
+    }
+    c.barrier();
+    // A name is used once per Comm.
+    EXPECT_THROW(c.new_group({0, 1, 2, 3}, odd ? "odd" : "even"), Error);
+  });
+}
+
+TEST_P(CommTest, AsyncCallsOverlapAndCompleteInIssueOrder) {
+  auto cs = comms(3);
+  run_on_threads(cs, [&](Comm& c) {
+    std::vector<std::vector<float>> bufs(5, std::vector<float>(20000));
+    std::vector<WorkPtr> works;
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      std::fill(bufs[k].begin(), bufs[k].end(), static_cast<float>(c.rank() + k));
+      works.push_back(c.all_reduce_async(bufs[k].data(), bufs[k].size(), DataType::kFloat32,
+                                         ReduceOp::kSum));
+    }
+    // "Compute" while the communication thread works.
+    double acc = 0;
+    for (int i = 0; i < 200000; ++i) acc += i * 0.5;
+    EXPECT_GT(acc, 0);
+    std::vector<int32_t> g(3);
+    int32_t mine = c.rank() * 7;
+    auto gw = c.all_gather_async(&mine, g.data(), 1, DataType::kInt32);
+    auto bw = c.barrier_async();
+    bw->wait();
+    EXPECT_TRUE(gw->done());  // issued before the barrier, so finished before it
+    for (size_t k = 0; k < bufs.size(); ++k) {
+      works[k]->wait();
+      EXPECT_TRUE(works[k]->done());
+      for (float x : bufs[k]) ASSERT_EQ(x, 3.0f + 3.0f * k);
+    }
+    gw->wait();
+    EXPECT_EQ(g, (std::vector<int32_t>{0, 7, 14}));
+  });
+}
+
+TEST_P(CommTest, SendRecvBetweenPairsBothDirectionsWithTags) {
+  auto cs = comms(4);
+  run_on_threads(cs, [&](Comm& c) {
+    const int peer = c.rank() ^ 1;
+    const size_t n = 300001;  // over a MiB
+    std::vector<int32_t> out(n), in(n, -1), small_in(3, -1);
+    for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(c.rank() * 1000000 + i);
+    std::vector<int32_t> small_out = {c.rank(), c.rank() + 1, c.rank() + 2};
+    // Both sides send first: must not deadlock.
+    auto s1 = c.send_async(out.data(), n, DataType::kInt32, peer, 5);
+    auto s2 = c.send_async(small_out.data(), 3, DataType::kInt32, peer, 9);
+    c.recv(small_in.data(), 3, DataType::kInt32, peer, 9);  // tag 9 first, though sent second
+    c.recv(in.data(), n, DataType::kInt32, peer, 5);
+    s1->wait();
+    s2->wait();
+    for (size_t i = 0; i < n; ++i) ASSERT_EQ(in[i], static_cast<int32_t>(peer * 1000000 + i));
+    EXPECT_EQ(small_in, (std::vector<int32_t>{peer, peer + 1, peer + 2}));
+    // Two messages with the same tag arrive in order; a zero-length message is fine.
+    int32_t a = c.rank() * 10 + 1, b = c.rank() * 10 + 2, ra = 0, rb = 0;
+    if (c.rank() % 2 == 0) {
+      c.send(&a, 1, DataType::kInt32, peer, 1);
+      c.send(&b, 1, DataType::kInt32, peer, 1);
+      c.send(nullptr, 0, DataType::kInt32, peer, 2);
+    } else {
+      c.recv(&ra, 1, DataType::kInt32, peer, 1);
+      c.recv(&rb, 1, DataType::kInt32, peer, 1);
+      c.recv(nullptr, 0, DataType::kInt32, peer, 2);
+      EXPECT_EQ(ra, peer * 10 + 1);
+      EXPECT_EQ(rb, peer * 10 + 2);
+    }
+    c.barrier();
+  });
+}
+
+TEST_P(CommTest, ArgumentErrorsAreCaughtBeforeCommunicating) {
+  auto cs = comms(2);
+  Comm& c = *cs[0];
+  std::vector<float> v(8);
+  EXPECT_THROW(c.broadcast(v.data(), 8, DataType::kFloat32, 2), Error);
+  EXPECT_THROW(c.send(v.data(), 8, DataType::kFloat32, 0, 0), Error);  // to itself
+  EXPECT_THROW(c.send(v.data(), 8, DataType::kFloat32, 1, -1), Error);
+  EXPECT_THROW(c.all_reduce(nullptr, 8, DataType::kFloat32, ReduceOp::kSum), Error);
+  // Overlapping, but not in place.
+  EXPECT_THROW(c.all_gather(v.data() + 1, v.data(), 4, DataType::kFloat32), Error);
+  std::vector<size_t> bad_counts = {1, 2, 3};
+  EXPECT_THROW(c.all_gather_v(v.data(), v.data(), bad_counts, DataType::kFloat32), Error);
+  CallOptions zero;
+  zero.timeout = Millis(0);
+  EXPECT_THROW(c.barrier(zero), Error);
+  try {
+    c.broadcast(v.data(), 8, DataType::kFloat32, 7);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("root 7"), std::string::npos) << e.what();
+  }
+  // Nothing was communicated: the group still works.
+  run_on_threads(cs, [](Comm& x) { x.barrier(); });
+}
+
+TEST_P(CommTest, TimeoutNamesTheRankThatNeverCame) {
+  auto cs = comms(3, Millis(30000));
+  std::vector<std::string> errors(3);
+  run_on_threads(cs, [&](Comm& c) {
+    if (c.rank() == 2) return;  // never joins the collective
+    std::vector<float> v(100, 1.0f);
+    CallOptions call;
+    call.timeout = Millis(400);
+    try {
+      c.all_reduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, call);
+      ADD_FAILURE() << "rank " << c.rank() << " did not time out";
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+      // The second call fails at once with the first error.
+      try {
+        c.barrier();
+        ADD_FAILURE() << "barrier on a broken comm returned";
+      } catch (const Error& again) {
+        EXPECT_NE(std::string(again.what()).find("unusable"), std::string::npos) << again.what();
+      }
+    }
+  });
+  // At least one of the waiting ranks waited on rank 2 directly; the other may name rank 2 or
+  // the rank it was waiting on, or the first rank's published failure.
+  bool named = false;
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(errors[static_cast<size_t>(r)]);
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("all_reduce on group 'world'"), std::string::npos);
+    named = named || errors[static_cast<size_t>(r)].find("rank 2") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << errors[0] << "\n" << errors[1];
+}
+
+TEST_P(CommTest, SetupTimeoutNamesTheRanksThatNeverJoined) {
+  auto st = std::make_shared<store::HashStore>();
+  CommOptions o = options(Millis(300));
+  try {
+    make_world_comm(st, 0, 3, o);
+    FAIL() << "setup without the peers returned";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kTimeout);
+    EXPECT_NE(std::string(e.what()).find("ranks 1, 2 never joined"), std::string::npos) << e.what();
+  }
+}
+
+TEST_P(CommTest, PeerClosingItsCommIsNamed) {
+  auto cs = comms(2);
+  std::string error;
+  std::thread waiter([&] {
+    std::vector<float> v(10, 1.0f);
+    CallOptions call;
+    call.timeout = Millis(20000);
+    try {
+      cs[0]->all_reduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum, call);
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  });
+  std::this_thread::sleep_for(Millis(100));
+  cs[1].reset();  // rank 1 goes away without joining
+  waiter.join();
+  EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CommTest, ::testing::Values(Backend::kShm, Backend::kGloo),
+                         backend_label);
+
+TEST(CommBackend, ParseAndNames) {
+  EXPECT_EQ(parse_backend("shm", "x"), Backend::kShm);
+  EXPECT_EQ(parse_backend("gloo", "x"), Backend::kGloo);
+  EXPECT_EQ(parse_backend("auto", "x"), Backend::kAuto);
+  EXPECT_THROW(parse_backend("mpi", "DSTRAIN_COMM_BACKEND"), Error);
+  EXPECT_STREQ(dtype_name(DataType::kBFloat16), "bf16");
+  EXPECT_EQ(dtype_size(DataType::kInt64), 8u);
+}
+
+TEST(CommBackend, AutoPicksShmOnOneHost) {
+  CommOptions o;
+  o.timeout = Millis(20000);
+  auto cs = make_thread_comms(2, o);
+  EXPECT_EQ(cs[0]->backend(), requested_backend(o) == Backend::kAuto ? Backend::kShm
+                                                                       : requested_backend(o));
+}
+
+TEST(CommReduce, HalfConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
+  EXPECT_EQ(fp16_to_float(0x3c00), 1.0f);
+  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
+  EXPECT_EQ(float_to_fp16(1e6f), 0x7c00);               // overflow -> inf
+  EXPECT_EQ(float_to_fp16(5.9604645e-08f), 0x0001);     // smallest subnormal
+  EXPECT_EQ(fp16_to_float(0x0001), 5.9604645e-08f);
+  EXPECT_EQ(float_to_fp16(-2.0f), 0xc000);
+  EXPECT_EQ(float_to_fp16(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
+  EXPECT_EQ(float_to_fp16(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  for (int i = -2048; i <= 2048; ++i) {
+    ASSERT_EQ(fp16_to_float(float_to_fp16(static_cast<float>(i))), static_cast<float>(i));
+  }
+  // bf16 of a sum rounds once: 256 + 1 + 1 accumulated in fp32 is 258 (bf16 has 8 bits).
+  uint16_t a[1] = {float_to_bf16(256.0f)}, b[1] = {float_to_bf16(1.0f)}, c[1] = {float_to_bf16(1.0f)};
+  const void* srcs[3] = {a, b, c};
+  uint16_t out[1];
+  reduce_n(DataType::kBFloat16, ReduceOp::kSum, out, srcs, 3, 1);
+  EXPECT_EQ(bf16_to_float(out[0]), 258.0f);
+}
+
+}  // namespace
+}  // namespace ds::rt::comm
