@@ -43,7 +43,7 @@ void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_l
     case ms::InitKind::kNormalResidual: std = 0.02 / std::sqrt(2.0 * n_layer); break;
   }
   const int id = static_cast<int>(t.id);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (count >= 16384)
   for (int64_t i = 0; i < count; i++) {
     float v;
     if (std == -1.0) {
