@@ -168,6 +168,15 @@ std::string GlooComm::peer_gone(int peer) const {
   return "closed its connection";
 }
 
+Error GlooComm::peer_error(int peer, const Op& op, const std::string& gloo_error) {
+  if (auto note = poll_abort_note(/*force=*/true)) {
+    return remote_error("{}: {} {} after another rank failed: {}", describe(op),
+                        describe_rank(peer), peer_gone(peer), *note);
+  }
+  return remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(peer), peer_gone(peer),
+                      gloo_error);
+}
+
 GlooComm::WaitResult GlooComm::wait_buf(gloo::transport::UnboundBuffer& buf, bool recv, int peer,
                                         Deadline deadline, const Op& op) {
   ActiveWait w{&buf, recv, deadline, Clock::now()};
@@ -188,8 +197,7 @@ GlooComm::WaitResult GlooComm::wait_buf(gloo::transport::UnboundBuffer& buf, boo
     waits_.remove(&w);
   }
   if (!gloo_error.empty()) {
-    throw remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(peer), peer_gone(peer),
-                       gloo_error);
+    throw peer_error(peer, op, gloo_error);
   }
   if (ok) return WaitResult::kDone;
   return w.reason.load() == 2 ? WaitResult::kAbortNote : WaitResult::kDeadline;
@@ -214,14 +222,12 @@ void GlooComm::step(gloo::transport::UnboundBuffer* sbuf, size_t soff, size_t sn
   try {
     if (rn) rbuf->recv(from, slot, roff, rn);
   } catch (const std::exception& e) {
-    throw remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(from), peer_gone(from),
-                       e.what());
+    throw peer_error(from, op, e.what());
   }
   try {
     if (sn) sbuf->send(to, slot, soff, sn);
   } catch (const std::exception& e) {
-    throw remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(to), peer_gone(to),
-                       e.what());
+    throw peer_error(to, op, e.what());
   }
   if (rn) {
     auto r = wait_buf(*rbuf, true, from, dl, op);
@@ -360,8 +366,7 @@ void GlooComm::one_to_all_broadcast(const Op& op, Deadline dl) {
       try {
         ubs.back()->send(q, slot, 0, bytes);
       } catch (const std::exception& e) {
-        throw remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(q), peer_gone(q),
-                           e.what());
+        throw peer_error(q, op, e.what());
       }
     }
     size_t i = 0;
@@ -375,8 +380,7 @@ void GlooComm::one_to_all_broadcast(const Op& op, Deadline dl) {
     try {
       ub->recv(root, slot, 0, bytes);
     } catch (const std::exception& e) {
-      throw remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(root),
-                         peer_gone(root), e.what());
+      throw peer_error(root, op, e.what());
     }
     auto res = wait_buf(*ub, true, root, dl, op);
     if (res != WaitResult::kDone) throw wait_error(res, root, op);
@@ -458,8 +462,7 @@ WorkPtr GlooComm::post_p2p(const Op& op) {
     try {
       if (send) ub->send(op.peer, slot, 0, bytes); else ub->recv(op.peer, slot, 0, bytes);
     } catch (const std::exception& e) {
-      Error err = remote_error("{}: {} {} (gloo: {})", describe(op), describe_rank(op.peer),
-                               peer_gone(op.peer), e.what());
+      Error err = peer_error(op.peer, op, e.what());
       record_failure(err);
       throw err;
     }

@@ -45,6 +45,9 @@ class GlooComm : public HostComm, public std::enable_shared_from_this<GlooComm> 
   Error wait_error(WaitResult r, int peer, const Op& op);
   // "died" when the peer is on this host and its process is gone, else "closed its connection".
   std::string peer_gone(int peer) const;
+  // The error for a Gloo failure on the pair with `peer`: names the peer, and quotes the
+  // job-wide abort note when another rank failed first (its exit closed the connection).
+  Error peer_error(int peer, const Op& op, const std::string& gloo_error);
   void fail(const Error& e) { record_failure(e); }
   std::string describe_op(const Op& op) const { return describe(op); }
 

@@ -80,11 +80,11 @@ void HostComm::record_failure(const Error& e) {
   }
 }
 
-std::optional<std::string> HostComm::poll_abort_note() {
+std::optional<std::string> HostComm::poll_abort_note(bool force) {
   std::lock_guard<std::mutex> lock(abort_mu_);
   if (abort_note_) return abort_note_;
   const auto now = Clock::now();
-  if (now < next_abort_poll_ || !abort_store()) return std::nullopt;
+  if ((!force && now < next_abort_poll_) || !abort_store()) return std::nullopt;
   next_abort_poll_ = now + kAbortPollInterval;
   try {
     if (abort_store()->check({kAbortKey})) {

@@ -73,7 +73,8 @@ class HostComm : public Comm {
   void record_failure(const Error& e);
   // The job-wide abort note, if some rank published one. Polls the store at most every
   // 250 ms per Comm (cheap enough to call from a wait loop); never blocks long.
-  std::optional<std::string> poll_abort_note();
+  // `force`: ask the store now (after a connection loss, to tell cause from consequence).
+  std::optional<std::string> poll_abort_note(bool force = false);
   // Called once when this Comm fails (shm publishes its state to the peers).
   virtual void on_failure(const std::string& message) {}
 

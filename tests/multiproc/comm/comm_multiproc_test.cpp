@@ -1,0 +1,209 @@
+// Collectives between real forked processes over the real TCP store, for both CPU backends:
+// closed-form values for every collective, subgroups, send/recv; and a rank SIGKILLed in the
+// middle of a run of collectives gives every survivor an error naming it (no hang).
+#include <gtest/gtest.h>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <functional>
+#include <thread>
+
+#include "comm/comm.h"
+#include "common/error.h"
+#include "store/tcp_store_client.h"
+#include "store/tcp_store_server.h"
+
+namespace ds::rt::comm {
+namespace {
+
+constexpr const char* kToken = "comm-test-token";
+
+pid_t fork_child(const std::function<int()>& fn) {
+  std::fflush(nullptr);
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 98;
+    try {
+      code = fn();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "child %d: %s\n", static_cast<int>(::getpid()), e.what());
+      code = 99;
+    }
+    std::fflush(nullptr);
+    ::_exit(code);
+  }
+  return pid;
+}
+
+std::vector<int> wait_all(const std::vector<pid_t>& pids, Millis timeout) {
+  std::vector<int> status(pids.size(), -1);
+  Deadline d = Deadline::after(timeout);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = st;
+        --left;
+      }
+    }
+    if (left == 0) break;
+    if (d.expired()) {
+      for (size_t i = 0; i < pids.size(); ++i) {
+        if (status[i] == -1) {
+          ::kill(pids[i], SIGKILL);
+          ::waitpid(pids[i], &status[i], 0);
+          ADD_FAILURE() << "rank " << i << " hung and was killed";
+        }
+      }
+      break;
+    }
+    std::this_thread::sleep_for(Millis(5));
+  }
+  return status;
+}
+
+class CommMultiprocTest : public ::testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    store::TcpStoreServerOptions o;
+    o.host = "127.0.0.1";
+    o.token = kToken;
+    server_ = std::make_unique<store::TcpStoreServer>(o);
+    server_->start();
+  }
+  void TearDown() override { server_->stop(); }
+
+  // In the child: the rank's world Comm over its own TCP store client.
+  CommPtr connect(int rank, int size, Millis timeout) {
+    store::TcpStoreClientOptions c;
+    c.host = "127.0.0.1";
+    c.port = server_->port();
+    c.token = kToken;
+    c.rank = rank;
+    c.world_size = size;
+    auto client = std::make_shared<store::TcpStoreClient>(c);
+    CommOptions o;
+    o.backend = GetParam();
+    o.timeout = timeout;
+    return make_world_comm(client, rank, size, o);
+  }
+
+  std::vector<int> run_ranks(int n, const std::function<int(int)>& fn, Millis timeout) {
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; ++r) pids.push_back(fork_child([&, r] { return fn(r); }));
+    return wait_all(pids, timeout);
+  }
+
+  std::unique_ptr<store::TcpStoreServer> server_;
+};
+
+std::string backend_label(const ::testing::TestParamInfo<Backend>& info) {
+  return backend_name(info.param);
+}
+
+// Exit codes from the children: 0 ok, 10+ a wrong value (the line of the check).
+#define CHILD_CHECK(cond)                                                           \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "rank check failed at line %d: %s\n", __LINE__, #cond); \
+      return 10;                                                                    \
+    }                                                                               \
+  } while (0)
+
+TEST_P(CommMultiprocTest, EveryCollectiveBetweenProcesses) {
+  const int n = 3;
+  auto status = run_ranks(
+      n,
+      [&](int r) -> int {
+        auto c = connect(r, n, Millis(30000));
+        CHILD_CHECK(c->backend() == GetParam());
+        // all_reduce, odd size over several shm chunks
+        std::vector<float> v(300001);
+        for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(r + 1 + i % 7);
+        c->all_reduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+        for (size_t i = 0; i < v.size(); ++i) CHILD_CHECK(v[i] == 6.0f + 3.0f * (i % 7));
+        // reduce_scatter_v with sizes the group does not divide
+        const std::vector<size_t> counts = {7, 0, 100003};
+        std::vector<int64_t> in(100010), out(counts[static_cast<size_t>(r)]);
+        for (size_t i = 0; i < in.size(); ++i) in[i] = r + 1 + static_cast<int64_t>(i % 7);
+        c->reduce_scatter_v(in.data(), out.data(), counts, DataType::kInt64, ReduceOp::kMax);
+        const size_t off = r == 0 ? 0 : 7;
+        for (size_t i = 0; i < out.size(); ++i) CHILD_CHECK(out[i] == 3 + int64_t((off + i) % 7));
+        // all_gather of bytes
+        std::vector<uint8_t> mine(1001, static_cast<uint8_t>(r + 1)), all(3003);
+        c->all_gather(mine.data(), all.data(), mine.size(), DataType::kUInt8);
+        for (size_t i = 0; i < all.size(); ++i) CHILD_CHECK(all[i] == i / 1001 + 1);
+        // broadcast from the last rank, bf16
+        std::vector<uint16_t> b(5000, r == 2 ? 0x3f80 : 0);
+        c->broadcast(b.data(), b.size(), DataType::kBFloat16, 2);
+        for (auto x : b) CHILD_CHECK(x == 0x3f80);
+        // send/recv around a ring, asynchronously in both directions
+        std::vector<int32_t> s(70000, r), got(70000, -1);
+        auto sw = c->send_async(s.data(), s.size(), DataType::kInt32, (r + 1) % n, 3);
+        c->recv(got.data(), got.size(), DataType::kInt32, (r + n - 1) % n, 3);
+        sw->wait();
+        for (auto x : got) CHILD_CHECK(x == (r + n - 1) % n);
+        // a subgroup of two
+        if (r != 1) {
+          auto g = c->new_group({0, 2}, "ends");
+          int32_t x = r;
+          g->all_reduce(&x, 1, DataType::kInt32, ReduceOp::kSum);
+          CHILD_CHECK(x == 2);
+        }
+        c->barrier();
+        return 0;
+      },
+      Millis(60000));
+  for (size_t i = 0; i < status.size(); ++i) {
+    EXPECT_TRUE(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0)
+        << "rank " << i << " status " << status[i];
+  }
+}
+
+TEST_P(CommMultiprocTest, KilledRankIsNamedBySurvivors) {
+  const int n = 4, victim = 2;
+  // Survivors exit 0 when they got an error naming the victim, 20 when the error named someone
+  // else, 21 when the loop finished without error.
+  auto status = run_ranks(
+      n,
+      [&](int r) -> int {
+        auto c = connect(r, n, Millis(20000));
+        std::vector<float> v(1 << 18);
+        for (int iter = 0; iter < 100000; ++iter) {
+          if (r == victim && iter == 5) ::kill(::getpid(), SIGKILL);
+          std::fill(v.begin(), v.end(), 1.0f);
+          try {
+            c->all_reduce(v.data(), v.size(), DataType::kFloat32, ReduceOp::kSum);
+          } catch (const Error& e) {
+            std::string msg = e.what();
+            std::fprintf(stderr, "rank %d got: %s\n", r, msg.c_str());
+            const bool named = msg.find("rank 2 (") != std::string::npos;
+            // Any survivor may be the first to see it; the others learn it from the note.
+            return named && e.kind() == ErrorKind::kRemote ? 0 : 20;
+          }
+          if (v[0] != 4.0f) return 11;
+        }
+        return 21;
+      },
+      Millis(60000));
+  for (int r = 0; r < n; ++r) {
+    if (r == victim) {
+      EXPECT_TRUE(WIFSIGNALED(status[static_cast<size_t>(r)]));
+      continue;
+    }
+    EXPECT_TRUE(WIFEXITED(status[static_cast<size_t>(r)]) &&
+                WEXITSTATUS(status[static_cast<size_t>(r)]) == 0)
+        << "rank " << r << " status " << status[static_cast<size_t>(r)];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, CommMultiprocTest,
+                         ::testing::Values(Backend::kShm, Backend::kGloo), backend_label);
+
+}  // namespace
+}  // namespace ds::rt::comm
