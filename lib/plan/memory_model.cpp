@@ -1,0 +1,373 @@
+// The model-mode memory model. Rules in memory_model.h; shapes from model_spec.
+#include "plan/memory_model.h"
+
+#include <algorithm>
+#include <limits>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace ds::plan {
+
+namespace ms = ds::model_spec;
+
+const char* precision_name(Precision p) {
+  switch (p) {
+    case Precision::kFp32: return "fp32";
+    case Precision::kBf16: return "bf16";
+    case Precision::kFp16: return "fp16";
+  }
+  return "?";
+}
+
+const char* schedule_name(Schedule s) { return s == Schedule::k1F1B ? "1f1b" : "gpipe"; }
+
+int param_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
+int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+ms::ModelPart part_for(const ms::Gpt2Shape& s, const std::vector<int>& bounds, int stage, int tp,
+                       int tp_rank) {
+  const int pp = static_cast<int>(bounds.size()) - 1;
+  ms::ModelPart part;
+  part.layer_begin = bounds[static_cast<size_t>(stage)];
+  part.layer_end = bounds[static_cast<size_t>(stage) + 1];
+  part.has_embedding = stage == 0;
+  part.has_head = stage == pp - 1;
+  part.tp = tp;
+  part.tp_rank = tp_rank;
+  return part;
+}
+
+}  // namespace
+
+void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
+  s.validate();
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1) {
+    throw invalid_argument("tensor-parallel ({}), pipeline ({}) and data-parallel ({}) sizes must "
+                           "be at least 1",
+                           l.tp, l.pp, l.dp);
+  }
+  s.validate_tp(l.tp);
+  if (l.pp > s.n_layer) {
+    throw invalid_argument("pipeline.stages ({}) must not exceed model.n_layer ({}): every stage "
+                           "needs at least one layer",
+                           l.pp, s.n_layer);
+  }
+  if (l.zero_stage < 0 || l.zero_stage > 3) {
+    throw invalid_argument("zero_optimization.stage must be 0, 1, 2 or 3, got {}", l.zero_stage);
+  }
+  if (l.offload_param && l.zero_stage != 3) {
+    throw invalid_argument("zero_optimization.offload_param needs ZeRO stage 3 (parameters are "
+                           "partitioned only there), got stage {}",
+                           l.zero_stage);
+  }
+  if (l.offload_optimizer && l.zero_stage == 0) {
+    throw invalid_argument("zero_optimization.offload_optimizer needs ZeRO stage 1, 2 or 3 "
+                           "(the optimizer state is partitioned), got stage 0");
+  }
+  if (l.micro_batch < 1) throw invalid_argument("train_micro_batch_size_per_gpu must be at least 1, got {}", l.micro_batch);
+  if (l.grad_accum < 1) throw invalid_argument("gradient_accumulation_steps must be at least 1, got {}", l.grad_accum);
+  if (l.reduce_bucket_size < 1 || l.allgather_bucket_size < 1 || l.stage3_prefetch_bucket_size < 0 ||
+      l.stage3_max_live_parameters < 1) {
+    throw invalid_argument("zero_optimization bucket sizes must be positive");
+  }
+  if (l.num_threads < 1) throw invalid_argument("threads per rank must be at least 1, got {}", l.num_threads);
+}
+
+std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StagePartition partition, int tp) {
+  const int L = s.n_layer;
+  if (pp < 1 || pp > L) {
+    throw invalid_argument("pipeline.stages ({}) must lie in [1, model.n_layer = {}]: every stage "
+                           "needs at least one layer",
+                           pp, L);
+  }
+  std::vector<int> bounds(static_cast<size_t>(pp) + 1, 0);
+  if (partition == StagePartition::kUniform || pp == 1) {
+    for (int i = 0; i < pp; ++i) {
+      bounds[static_cast<size_t>(i) + 1] = bounds[static_cast<size_t>(i)] + L / pp + (i < L % pp ? 1 : 0);
+    }
+    return bounds;
+  }
+  // Balance parameters: stage i with k layers costs k * w + extra_i.
+  const int64_t w = ms::layer_param_count(s, tp);
+  const int64_t first_extra = ms::part_param_count(s, ms::ModelPart{0, 0, true, false, tp, 0});
+  const int64_t last_extra = ms::part_param_count(s, ms::ModelPart{L, L, false, true, tp, 0});
+  auto extra = [&](int stage) {
+    return (stage == 0 ? first_extra : 0) + (stage == pp - 1 ? last_extra : 0);
+  };
+  const int64_t kInf = std::numeric_limits<int64_t>::max();
+  // best[i][j]: the smallest max-cost covering layers [j, L) with stages i..pp-1.
+  std::vector<std::vector<int64_t>> best(static_cast<size_t>(pp) + 1,
+                                         std::vector<int64_t>(static_cast<size_t>(L) + 1, kInf));
+  std::vector<std::vector<int>> choice(static_cast<size_t>(pp) + 1,
+                                       std::vector<int>(static_cast<size_t>(L) + 1, 0));
+  best[static_cast<size_t>(pp)][static_cast<size_t>(L)] = 0;
+  for (int i = pp - 1; i >= 0; --i) {
+    const int stages_after = pp - 1 - i;
+    for (int j = 0; j + (pp - i) <= L; ++j) {
+      // k layers for stage i, leaving at least one per later stage; larger k first wins ties.
+      for (int k = L - j - stages_after; k >= 1; --k) {
+        int64_t rest = best[static_cast<size_t>(i) + 1][static_cast<size_t>(j + k)];
+        if (rest == kInf) continue;
+        int64_t cost = std::max(rest, static_cast<int64_t>(k) * w + extra(i));
+        if (cost < best[static_cast<size_t>(i)][static_cast<size_t>(j)]) {
+          best[static_cast<size_t>(i)][static_cast<size_t>(j)] = cost;
+          choice[static_cast<size_t>(i)][static_cast<size_t>(j)] = k;
+        }
+      }
+    }
+  }
+  int j = 0;
+  for (int i = 0; i < pp; ++i) {
+    j += choice[static_cast<size_t>(i)][static_cast<size_t>(j)];
+    bounds[static_cast<size_t>(i) + 1] = j;
+  }
+  return bounds;
+}
+
+int in_flight_micro_batches(const Layout& l, int stage) {
+  if (l.pp == 1) return 1;
+  if (l.schedule == Schedule::kGPipe) return l.grad_accum;
+  return std::min(l.pp - stage, l.grad_accum);
+}
+
+bool RankMemory::same_bytes(const RankMemory& o) const {
+  return params == o.params && grads == o.grads && optimizer == o.optimizer &&
+         activations == o.activations && comm == o.comm && workspace == o.workspace && cpu == o.cpu;
+}
+
+const RankMemory& MemoryPlan::peak_rank() const {
+  if (ranks.empty()) throw Error(ErrorKind::kInternal, "memory plan without ranks");
+  const RankMemory* best = &ranks.front();
+  for (const auto& r : ranks) {
+    if (r.total() > best->total()) best = &r;
+  }
+  return *best;
+}
+
+MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
+  validate_layout(s, l);
+  MemoryPlan plan;
+  plan.layout = l;
+  plan.shape = s;
+  plan.bounds = stage_bounds(s, l.pp, l.partition, l.tp);
+  const int64_t pb = param_bytes(l.precision);
+  const int64_t dp = l.dp;
+  const bool dp_comm = l.dp > 1;
+
+  ms::ActConfig act;
+  act.B = l.micro_batch;
+  act.T = s.seq_len;
+  act.recompute = l.checkpointing;
+  act.num_threads = l.num_threads;
+
+  // Every (stage, tp_rank) part is computed once; dp ranks of a part hold equal shards (the
+  // flat buffer is padded to a multiple of dp).
+  std::vector<RankMemory> parts;  // index stage * tp + tp_rank
+  for (int stage = 0; stage < l.pp; ++stage) {
+    for (int t = 0; t < l.tp; ++t) {
+      ms::ModelPart part = part_for(s, plan.bounds, stage, l.tp, t);
+      ms::ParamLayout layout = ms::param_layout(s, part);
+      const int64_t n = layout.total;
+      const int64_t shard = ceil_div(n, dp);
+      RankMemory r;
+      r.stage = stage;
+      r.tp_rank = t;
+      r.layer_begin = part.layer_begin;
+      r.layer_end = part.layer_end;
+      r.local_params = n;
+      r.in_flight = in_flight_micro_batches(l, stage);
+
+      // params
+      const int64_t param_elems = l.zero_stage >= 3 ? shard : n;
+      if (l.offload_param) {
+        r.cpu += param_elems * pb;
+      } else {
+        r.params = param_elems * pb;
+      }
+      // grads
+      r.grads = (l.zero_stage >= 2 ? shard : n) * pb;
+      // optimizer: Adam m and v, plus the fp32 master copy beside 16-bit params
+      const int64_t opt_elems = l.zero_stage >= 1 ? shard : n;
+      const int64_t opt_bytes = opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+      if (l.offload_optimizer) {
+        r.cpu += opt_bytes;
+      } else {
+        r.optimizer = opt_bytes;
+      }
+      // activations and workspace, from the model spec's buffer list
+      ms::ActTotals at = ms::activation_totals(s, part, act);
+      r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
+      r.workspace = at.shared_workspace * kActivationBytes;
+      // comm: ZeRO-2/3 reduce bucket; ZeRO-3 gathered units
+      if (dp_comm && l.zero_stage >= 2) {
+        r.comm += std::min(l.reduce_bucket_size, n) * pb;
+      }
+      if (dp_comm && l.zero_stage >= 3) {
+        int64_t largest = 0, gathered = 0;
+        for (size_t i = 0; i < layout.units.size(); ++i) {
+          const int64_t cur = layout.units[i].numel;
+          const int64_t next = i + 1 < layout.units.size() ? layout.units[i + 1].numel : 0;
+          largest = std::max(largest, cur);
+          gathered = std::max(gathered, cur + std::min(next, l.stage3_prefetch_bucket_size));
+        }
+        gathered = std::max(largest, std::min(gathered, l.stage3_max_live_parameters));
+        r.comm += gathered * pb;
+      }
+      parts.push_back(r);
+    }
+  }
+
+  plan.ranks.reserve(static_cast<size_t>(l.world_size()));
+  for (int rank = 0; rank < l.world_size(); ++rank) {
+    const int t = rank % l.tp;
+    const int d = (rank / l.tp) % l.dp;
+    const int stage = rank / (l.tp * l.dp);
+    RankMemory r = parts[static_cast<size_t>(stage * l.tp + t)];
+    r.rank = rank;
+    r.dp_rank = d;
+    plan.ranks.push_back(r);
+  }
+
+  // Notes: how the peak rank was counted.
+  const RankMemory& p = plan.peak_rank();
+  ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
+  ms::ActTotals at = ms::activation_totals(s, part, act);
+  auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
+  std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
+                                 part.has_embedding ? " + wte, wpe" : "",
+                                 part.has_head ? (part.has_embedding ? " + lnf" : " + lnf, wte (tied)") : "");
+  plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}", p.local_params, what,
+                                              l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
+                                              pb, precision_name(l.precision),
+                                              z(3) ? fmt::format(", ZeRO-3 shard 1/{}", l.dp) : "")});
+  if (l.offload_param) plan.notes.back().text += ", offloaded to CPU";
+  plan.notes.push_back({"grads", fmt::format("{} B per element{}", pb,
+                                             z(2) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "")});
+  plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
+                                                 master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
+                                                 z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
+                                                 l.offload_optimizer ? ", offloaded to CPU" : "")});
+  plan.notes.push_back({"activations",
+                        fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}) "
+                                    "+ {} recompute buffers",
+                                    p.in_flight, l.pp > 1 ? schedule_name(l.schedule) : "no pipeline",
+                                    format_bytes(static_cast<double>(at.per_micro_batch * kActivationBytes)),
+                                    l.micro_batch, s.seq_len, l.checkpointing ? ", checkpointed" : "",
+                                    format_bytes(static_cast<double>(at.shared_activations * kActivationBytes)))});
+  std::string comm;
+  if (z(2)) comm = fmt::format("reduce bucket min(reduce_bucket_size, n) x {} B", pb);
+  if (z(3)) comm += "; gathered ZeRO-3 units (largest + prefetched next)";
+  if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
+  plan.notes.push_back({"comm", comm});
+  plan.notes.push_back({"workspace", "backward scratch, attention scratch per thread, logits chunk"});
+  return plan;
+}
+
+std::vector<RankGroup> distinct_ranks(const MemoryPlan& p) {
+  std::vector<RankGroup> groups;
+  for (const auto& r : p.ranks) {
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const RankGroup& g) {
+      return g.first->stage == r.stage && g.first->same_bytes(r);
+    });
+    if (it == groups.end()) {
+      groups.push_back({&r, {r.rank}, ""});
+    } else {
+      it->ranks.push_back(r.rank);
+    }
+  }
+  for (auto& g : groups) {
+    std::string text;
+    size_t i = 0;
+    while (i < g.ranks.size()) {
+      size_t j = i;
+      while (j + 1 < g.ranks.size() && g.ranks[j + 1] == g.ranks[j] + 1) ++j;
+      if (!text.empty()) text += ",";
+      text += j == i ? std::to_string(g.ranks[i]) : fmt::format("{}-{}", g.ranks[i], g.ranks[j]);
+      i = j + 1;
+    }
+    g.ranks_text = text;
+  }
+  return groups;
+}
+
+Verdict verdict(const MemoryPlan& p, int64_t device_bytes) {
+  Verdict v;
+  v.device_bytes = device_bytes;
+  const RankMemory& peak = p.peak_rank();
+  v.peak_bytes = peak.total();
+  v.peak_rank = peak.rank;
+  v.margin = device_bytes - v.peak_bytes;
+  v.fits = v.margin >= 0;
+  if (v.fits) return v;
+
+  // Try single changes of the layout, keeping the world size and the global batch.
+  struct Try {
+    std::string what;
+    Layout l;
+  };
+  std::vector<Try> tries;
+  const Layout& l = p.layout;
+  if (!l.checkpointing) {
+    Layout n = l;
+    n.checkpointing = true;
+    tries.push_back({"enable activation checkpointing", n});
+  }
+  for (int z = l.zero_stage + 1; z <= 3; ++z) {
+    Layout n = l;
+    n.zero_stage = z;
+    tries.push_back({fmt::format("ZeRO stage {}", z), n});
+  }
+  if (!l.offload_optimizer && l.zero_stage >= 1) {
+    Layout n = l;
+    n.offload_optimizer = true;
+    tries.push_back({"offload the optimizer to CPU (zero_optimization.offload_optimizer.device cpu)", n});
+  }
+  if (!l.offload_param && l.zero_stage == 3) {
+    Layout n = l;
+    n.offload_param = true;
+    n.offload_optimizer = true;
+    tries.push_back({"offload parameters and optimizer to CPU", n});
+  }
+  if (l.micro_batch > 1 && l.micro_batch % 2 == 0) {
+    Layout n = l;
+    n.micro_batch /= 2;
+    n.grad_accum *= 2;
+    tries.push_back({fmt::format("micro-batch {} with {} accumulation steps", n.micro_batch, n.grad_accum), n});
+  }
+  if (l.dp % 2 == 0) {
+    Layout n = l;
+    n.tp *= 2;
+    n.dp /= 2;
+    n.grad_accum *= 2;
+    tries.push_back({fmt::format("tensor parallelism {} (data parallelism {})", n.tp, n.dp), n});
+    n = l;
+    n.pp *= 2;
+    n.dp /= 2;
+    n.grad_accum *= 2;
+    tries.push_back({fmt::format("pipeline stages {} (data parallelism {})", n.pp, n.dp), n});
+  }
+  std::vector<std::pair<int64_t, std::string>> ok;
+  for (const auto& t : tries) {
+    try {
+      MemoryPlan q = plan_memory(p.shape, t.l);
+      if (q.peak_total() <= device_bytes) {
+        ok.push_back({q.peak_total(), fmt::format("{} (peak {})", t.what,
+                                                  format_bytes(static_cast<double>(q.peak_total())))});
+      }
+    } catch (const Error&) {
+      // an impossible variant (e.g. tp not dividing the heads) is simply not offered
+    }
+  }
+  std::stable_sort(ok.begin(), ok.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (auto& o : ok) v.fixes.push_back(std::move(o.second));
+  return v;
+}
+
+}  // namespace ds::plan

@@ -1,0 +1,148 @@
+// The model-mode memory model: bytes per rank, per allocator tag, for a GPT-2 job laid out as
+// pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
+// (lib/model_spec/gpt2_spec.h), the single source of truth the runtime allocates from. This file
+// never restates a shape: parameter counts come from param_layout(), activation buffers from
+// gpt2_activations().
+//
+// Tags match the runtime's allocator (runtime/core/allocator.h, MemTag): params, grads,
+// optimizer, activations, comm, workspace. The runtime's measured per-tag peaks are held to
+// these numbers in tests ("held to reality"), so every rule below is a statement about what the
+// runtime allocates; when the two disagree, fix whichever is wrong, here or there.
+//
+// Not here: the paper formulas (model_state.h, activation_paper.h), the step-time model and the
+// layout search (recommend.h), printing (apps/dstrain/cmd_plan.cpp). Pure functions; no I/O.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::plan {
+
+enum class Precision { kFp32, kBf16, kFp16 };
+enum class Schedule { k1F1B, kGPipe };
+enum class StagePartition { kUniform, kParameters };
+
+const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
+const char* schedule_name(Schedule s);    // "1f1b", "gpipe"
+
+// Everything about a job's layout the memory model needs. Sizes in elements, like DeepSpeed's
+// zero_optimization keys.
+struct Layout {
+  int tp = 1;  // tensor_parallel.size
+  int pp = 1;  // pipeline.stages
+  int dp = 1;  // data-parallel size: world_size / (tp * pp)
+  int zero_stage = 0;
+  bool offload_optimizer = false;  // zero_optimization.offload_optimizer.device == "cpu"
+  bool offload_param = false;      // zero_optimization.offload_param.device == "cpu" (stage 3)
+  int micro_batch = 1;             // train_micro_batch_size_per_gpu (B)
+  int grad_accum = 1;              // gradient_accumulation_steps: micro-batches per step (m)
+  bool checkpointing = false;      // activation_checkpointing.enabled
+  Schedule schedule = Schedule::k1F1B;
+  StagePartition partition = StagePartition::kParameters;
+  Precision precision = Precision::kFp32;
+  int64_t reduce_bucket_size = 500000000;
+  int64_t allgather_bucket_size = 500000000;
+  int64_t stage3_prefetch_bucket_size = 50000000;
+  int64_t stage3_max_live_parameters = 1000000000;
+  int num_threads = 1;  // CPU threads per rank (attention scratch is per thread)
+
+  int world_size() const { return tp * pp * dp; }
+};
+
+// Bytes per element of the stored tensors.
+int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp16)
+int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
+constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
+constexpr int kActivationBytes = 4; // model_spec counts activation buffers in fp32 elements
+
+// Layers [begin, end) of every pipeline stage (pp + 1 bounds, bounds[0] = 0, bounds[pp] = L).
+//   uniform:    L / pp layers each, the first L % pp stages one more;
+//   parameters: contiguous split minimizing the largest stage's parameter count, where the first
+//               stage also holds wte + wpe and the last lnf + the tied wte (as the runtime's
+//               model parts do); ties go to the split with more layers early.
+// Every stage gets at least one layer. Throws ds::Error naming the rule when pp > L.
+std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StagePartition partition,
+                              int tp = 1);
+
+// Micro-batches whose activations a stage keeps at its peak: 1F1B keeps min(pp - stage, m) on
+// stage `stage` (0-based), GPipe keeps all m; a single stage keeps 1.
+int in_flight_micro_batches(const Layout& l, int stage);
+
+// One rank's planned peak, per allocator tag, in bytes on the device.
+struct RankMemory {
+  int rank = 0;
+  int stage = 0, dp_rank = 0, tp_rank = 0;
+  int layer_begin = 0, layer_end = 0;
+  int in_flight = 1;               // micro-batches of activations kept
+  int64_t local_params = 0;        // elements of the model this rank's (stage, tp) part holds
+  int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0;
+  int64_t cpu = 0;                 // bytes offloaded to host memory (optimizer, params)
+  int64_t buffers() const { return comm + workspace; }
+  int64_t total() const { return params + grads + optimizer + activations + comm + workspace; }
+  bool same_bytes(const RankMemory& o) const;  // every tag and cpu equal
+};
+
+// One line per component, for the text output: "activations", "12 layers x 2 in flight x ...".
+struct PlanNote {
+  std::string tag;
+  std::string text;
+};
+
+struct MemoryPlan {
+  Layout layout;
+  model_spec::Gpt2Shape shape;
+  std::vector<int> bounds;          // stage_bounds()
+  std::vector<RankMemory> ranks;    // every world rank, in rank order
+  std::vector<PlanNote> notes;      // how the first rank of each stage was counted
+  const RankMemory& peak_rank() const;  // the rank with the largest total (lowest rank on ties)
+  int64_t peak_total() const { return peak_rank().total(); }
+};
+
+// Checks the layout (tp divides heads, 4C and Vp; pp <= layers; stage in 0..3; offload_param
+// only with stage 3; positive sizes) and throws ds::Error (invalid argument) naming the rule.
+void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
+
+// The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
+// Counting rules (elements n = the rank's part of the model, padded to dp shards for ZeRO):
+//   params      n * param_bytes, or ceil(n / dp) * param_bytes with ZeRO-3 (0 with offload_param)
+//   grads       n * param_bytes, or ceil(n / dp) * param_bytes with ZeRO-2/3
+//   optimizer   (8 + master_bytes) per element of n, or of ceil(n / dp) with ZeRO >= 1;
+//               0 with offload_optimizer (counted in cpu instead)
+//   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers)
+//               x 4 bytes, from model_spec::activation_totals
+//   comm        ZeRO-2/3: one reduce bucket, min(reduce_bucket_size, n) grad elements;
+//               ZeRO-3: the gathered units, the largest unit of the part plus its prefetched
+//               successor (the prefetch capped by stage3_prefetch_bucket_size, the sum by
+//               stage3_max_live_parameters), in param bytes. ZeRO-0/1 reduce and all-gather in
+//               place on the flat buffers: no comm buffer.
+//   workspace   model_spec's shared workspace buffers (backward scratch, attention scratch per
+//               thread, the head's logits chunk) x 4 bytes.
+// Throws what validate_layout throws.
+MemoryPlan plan_memory(const model_spec::Gpt2Shape& s, const Layout& l);
+
+// Groups of ranks with identical bytes: each group's first rank and all its ranks ("0-3,8").
+struct RankGroup {
+  const RankMemory* first = nullptr;
+  std::vector<int> ranks;
+  std::string ranks_text;
+};
+std::vector<RankGroup> distinct_ranks(const MemoryPlan& p);
+
+// The fit verdict against `device_bytes` per GPU.
+struct Verdict {
+  bool fits = false;
+  int64_t device_bytes = 0;
+  int64_t peak_bytes = 0;
+  int peak_rank = 0;
+  int64_t margin = 0;  // device - peak: headroom when it fits, the shortfall (negative) otherwise
+  // Single changes to the layout that make it fit, each with its new peak: "enable activation
+  // checkpointing (peak 21.3 GiB)". Empty when it fits or when no single change helps.
+  std::vector<std::string> fixes;
+};
+Verdict verdict(const MemoryPlan& p, int64_t device_bytes);
+
+}  // namespace ds::plan

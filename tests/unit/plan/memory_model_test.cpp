@@ -1,0 +1,153 @@
+// The model-mode memory model on a tiny GPT-2 computed by hand.
+//
+// Tiny model: L = 2, NH = 2, C = 8, V = Vp = 16, maxT = T = 4.
+//   one layer: ln1 16 + qkv 192 + 24 + attproj 64 + 8 + ln2 16 + fc 256 + 32 + fcproj 256 + 8 = 872
+//   wte 16 x 8 = 128, wpe 4 x 8 = 32, lnf 16; whole model 128 + 32 + 2 x 872 + 16 = 1920
+// Activations for B = 2 (BT = 8), in fp32 elements:
+//   per layer: ln1 64, ln1_mean 8, ln1_rstd 8, qkv 192, atty 64, att_lse 16, res2 64, ln2 64,
+//              ln2_mean 8, ln2_rstd 8, fch 256, fch_gelu 256, out 64 = 1072
+//   per micro-batch: input 64; head: lnf 64, lnf_mean 8, lnf_rstd 8, losses 8
+//   workspace: logits 8 x 16 = 128, dres 64, dln 64, dqkv 192, datty 64, dfch 256,
+//              att_scratch 1 thread x 2 x 4 x 4 = 32; total 800
+#include <gtest/gtest.h>
+
+#include "common/error.h"
+#include "plan/memory_model.h"
+
+namespace ds::plan {
+namespace {
+
+model_spec::Gpt2Shape tiny() {
+  model_spec::Gpt2Shape s;
+  s.n_layer = 2;
+  s.n_head = 2;
+  s.n_embd = 8;
+  s.vocab_size = 16;
+  s.padded_vocab_size = 16;
+  s.seq_len = 4;
+  return s;
+}
+
+TEST(MemoryModel, TinyZero1DataParallelByHand) {
+  Layout l;
+  l.dp = 2;
+  l.zero_stage = 1;
+  l.micro_batch = 2;
+  auto p = plan_memory(tiny(), l);
+  ASSERT_EQ(p.ranks.size(), 2u);
+  const auto& r = p.ranks[1];
+  EXPECT_EQ(r.local_params, 1920);
+  EXPECT_EQ(r.params, 1920 * 4);
+  EXPECT_EQ(r.grads, 1920 * 4);
+  EXPECT_EQ(r.optimizer, 960 * 8);  // fp32: Adam m, v only, half the elements
+  EXPECT_EQ(r.activations, (64 + 2 * 1072 + 64 + 8 + 8 + 8) * 4);
+  EXPECT_EQ(r.workspace, 800 * 4);
+  EXPECT_EQ(r.comm, 0);
+  EXPECT_EQ(r.total(), 7680 + 7680 + 7680 + 9184 + 3200);
+  EXPECT_EQ(distinct_ranks(p).size(), 1u);
+  EXPECT_EQ(distinct_ranks(p)[0].ranks_text, "0-1");
+}
+
+TEST(MemoryModel, TinyZero3Bf16ByHand) {
+  Layout l;
+  l.dp = 2;
+  l.zero_stage = 3;
+  l.micro_batch = 2;
+  l.precision = Precision::kBf16;
+  auto r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.params, 960 * 2);
+  EXPECT_EQ(r.grads, 960 * 2);
+  EXPECT_EQ(r.optimizer, 960 * 12);  // m, v and the fp32 master copy
+  // reduce bucket: min(5e8, 1920) x 2 B; gathered: two consecutive layers 872 + 872, x 2 B
+  EXPECT_EQ(r.comm, 1920 * 2 + 1744 * 2);
+  l.offload_optimizer = true;
+  l.offload_param = true;
+  r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.params, 0);
+  EXPECT_EQ(r.optimizer, 0);
+  EXPECT_EQ(r.cpu, 960 * 2 + 960 * 12);
+}
+
+TEST(MemoryModel, PipelineStagesAndInFlightMicroBatches) {
+  Layout l;
+  l.pp = 2;
+  l.micro_batch = 2;
+  l.grad_accum = 4;
+  auto p = plan_memory(tiny(), l);
+  ASSERT_EQ(p.bounds, (std::vector<int>{0, 1, 2}));
+  const auto& s0 = p.ranks[0];
+  const auto& s1 = p.ranks[1];
+  EXPECT_EQ(s0.stage, 0);
+  EXPECT_EQ(s1.stage, 1);
+  EXPECT_EQ(s0.local_params, 128 + 32 + 872);
+  EXPECT_EQ(s1.local_params, 872 + 16 + 128);  // the tied wte lives on the last stage too
+  EXPECT_EQ(s0.in_flight, 2);  // 1F1B: pp - stage
+  EXPECT_EQ(s1.in_flight, 1);
+  EXPECT_EQ(s0.activations, 2 * (64 + 1072) * 4);
+  EXPECT_EQ(s1.activations, 1 * (64 + 1072 + 88) * 4);
+  EXPECT_EQ(distinct_ranks(p).size(), 2u);
+  l.schedule = Schedule::kGPipe;
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[1].in_flight, 4);
+}
+
+TEST(MemoryModel, CheckpointingKeepsLayerOutputsOnly) {
+  Layout l;
+  l.micro_batch = 2;
+  l.checkpointing = true;
+  auto r = plan_memory(tiny(), l).ranks[0];
+  // per micro-batch: input 64 + 2 layers x out 64 + head 88; shared: one layer's inner buffers 1008
+  EXPECT_EQ(r.activations, (64 + 2 * 64 + 88 + 1008) * 4);
+}
+
+TEST(MemoryModel, StagePartitions) {
+  auto s = tiny();
+  s.n_layer = 8;
+  EXPECT_EQ(stage_bounds(s, 3, StagePartition::kUniform), (std::vector<int>{0, 3, 6, 8}));
+  // parameters: first stage carries wte + wpe (160), last lnf + wte (144), layers 872 each
+  auto b = stage_bounds(s, 4, StagePartition::kParameters);
+  EXPECT_EQ(b.front(), 0);
+  EXPECT_EQ(b.back(), 8);
+  EXPECT_EQ(b, (std::vector<int>{0, 2, 4, 6, 8}));
+  EXPECT_THROW(stage_bounds(s, 9, StagePartition::kUniform), Error);
+}
+
+TEST(MemoryModel, ImpossibleLayoutsNameTheRule) {
+  Layout l;
+  l.tp = 3;
+  try {
+    plan_memory(tiny(), l);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("n_head"), std::string::npos) << e.what();
+  }
+  l = Layout{};
+  l.offload_param = true;
+  l.zero_stage = 2;
+  EXPECT_THROW(plan_memory(tiny(), l), Error);
+  l = Layout{};
+  l.pp = 3;
+  EXPECT_THROW(plan_memory(tiny(), l), Error);
+}
+
+TEST(MemoryModel, VerdictSuggestsFixes) {
+  Layout l;
+  l.dp = 2;
+  l.micro_batch = 2;
+  auto p = plan_memory(tiny(), l);
+  auto v = verdict(p, 1 << 20);
+  EXPECT_TRUE(v.fits);
+  EXPECT_EQ(v.margin, (1 << 20) - p.peak_total());
+  // Just below the peak: ZeRO-1 (optimizer halves) fits.
+  v = verdict(p, p.peak_total() - 1);
+  EXPECT_FALSE(v.fits);
+  EXPECT_EQ(v.margin, -1);
+  ASSERT_FALSE(v.fixes.empty());
+  bool zero = false;
+  for (const auto& f : v.fixes) zero = zero || f.find("ZeRO stage") != std::string::npos;
+  EXPECT_TRUE(zero);
+  v = verdict(p, 100);
+  EXPECT_TRUE(v.fixes.empty());
+}
+
+}  // namespace
+}  // namespace ds::plan
