@@ -39,6 +39,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cctype>
 #include <climits>
@@ -124,11 +125,11 @@ size_t seg_begin(size_t n, int parts, int i) {
 class ShmComm : public GlooComm {
  public:
   explicit ShmComm(const BackendArgs& args) : GlooComm(args, Backend::kShm) {
-    chunk_ = std::max<size_t>(align_up(args.options.shm_chunk_bytes, 64) , 4096);
-    int local = size();
-    unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+    // At least 256 bytes per rank: reduce_scatter cuts a slot into size() sub-slots.
+    chunk_ = std::max({align_up(args.options.shm_chunk_bytes, 64), size_t{4096},
+                       static_cast<size_t>(size()) * 256});
     // More ranks than CPUs: spinning only steals the CPU from the rank we wait for.
-    spin_limit_ = static_cast<unsigned>(local) > hw ? 0 : 4000;
+    spin_ = static_cast<unsigned>(size()) <= std::max(1u, std::thread::hardware_concurrency());
     if (size() > 1) map_segment(args);
   }
 
@@ -273,16 +274,21 @@ class ShmComm : public GlooComm {
     return -1;
   }
 
+  // Spin (only when every rank can have its own CPU), then yield for a while (hands the CPU to
+  // the rank we wait for when they share one), then sleep on the futex in short slices.
   void wait_peers(const Op& op, Deadline dl) {
     if (laggard() < 0) return;
-    for (unsigned i = 0; i < spin_limit_; ++i) {
-      cpu_relax();
-      if (laggard() < 0) return;
+    const auto t0 = Clock::now();
+    if (spin_) {
+      do {
+        for (int i = 0; i < 16; ++i) cpu_relax();
+        if (laggard() < 0) return;
+      } while (Clock::now() - t0 < std::chrono::microseconds(30));
     }
-    for (int i = 0; i < 64; ++i) {
+    do {
       ::sched_yield();
       if (laggard() < 0) return;
-    }
+    } while (Clock::now() - t0 < std::chrono::microseconds(300));
     auto next_liveness = Clock::now();
     for (;;) {
       const int q = laggard();
@@ -471,7 +477,7 @@ class ShmComm : public GlooComm {
   size_t chunk_ = 0;
   uint64_t seq_ = 0;
   uint64_t chunk_counter_ = 0;
-  unsigned spin_limit_ = 0;
+  bool spin_ = false;
 };
 
 }  // namespace

@@ -1,0 +1,23 @@
+// The NCCL backend (built only with DSTRAIN_HAVE_CUDA): make_world_comm / new_group with
+// CommOptions::backend = Backend::kNccl (or DSTRAIN_COMM_BACKEND=nccl) return a Comm whose
+// operations run on one CUDA stream of the rank's device. What differs from comm.h's contract:
+//
+// - Buffers are device pointers on this rank's device (CommOptions::cuda_device, else
+//   LOCAL_RANK), which the constructor makes current on the calling thread.
+// - Setup: rank 0 creates the NCCL unique id and publishes it under "nccl/id" in the group's
+//   store; the others read it (bounded by the timeout); ncclCommInitRankConfig runs non-blocking
+//   and is polled against the deadline, so a rank that never joins is a timeout, not a hang.
+// - Asynchronous calls enqueue on the stream and return a Work backed by a CUDA event; wait()
+//   polls the event and ncclCommGetAsyncError. When the operation's deadline passes the
+//   communicator is aborted (ncclCommAbort) and the error says so. NCCL cannot tell which rank
+//   is missing, so these messages name the group and the operation, not the rank.
+// - Synchronous calls wait for the stream, so the host may reuse the buffers afterwards.
+// - send/recv ignore the tag: messages between two ranks match in issue order.
+// - reduce_scatter_v and all_gather_v are grouped ncclReduce / ncclBroadcast calls (NCCL has no
+//   per-rank-count collectives); the even variants are ncclReduceScatter / ncclAllGather.
+// - Reductions of bf16/fp16 are NCCL's (accumulating in the storage type).
+//
+// Deliberately not: CUDA-graph capture, several streams per Comm, or a CPU fallback.
+#pragma once
+
+#include "comm/comm.h"
