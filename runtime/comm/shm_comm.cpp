@@ -80,10 +80,23 @@ static_assert(sizeof(Header) <= kHeaderBytes);
 
 enum : uint32_t { kActive = 0, kClosed = 1, kFailed = 2 };
 
+// What a rank is doing at a step: compared with the peers' after every wait, so that ranks
+// calling different collectives (a caller bug) fail at once with both calls named, instead of
+// exchanging garbage.
+struct Fingerprint {
+  uint64_t op_index;  // collectives issued on this Comm before this one
+  uint64_t counts;    // FNV-1a of the element count(s)
+  uint64_t total;     // total elements, for the message
+  uint8_t kind, dtype, reduce, pad;
+  int32_t root;
+  bool operator==(const Fingerprint&) const = default;
+};
+
 struct RankCtl {
   alignas(64) std::atomic<uint64_t> seq;
   alignas(64) std::atomic<uint32_t> state;
-  char reason[384];
+  char reason[320];
+  Fingerprint fp[2];  // fp[s % 2]: the operation of step s (stable until step s + 2)
 };
 static_assert(sizeof(RankCtl) <= kCtlBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -147,6 +160,7 @@ class ShmComm : public GlooComm {
  protected:
   void run(const Op& op, Deadline dl) override {
     if (size() == 1) return run_single(op);
+    set_fingerprint(op);
     switch (op.kind) {
       case OpKind::kAllReduce: return all_reduce(op, dl);
       case OpKind::kReduceScatter: return reduce_scatter(op, dl);
@@ -262,6 +276,7 @@ class ShmComm : public GlooComm {
 
   void arrive() {
     ++seq_;
+    ctl(rank()).fp[seq_ % 2] = fp_;
     ctl(rank()).seq.store(seq_, std::memory_order_release);
     ring_bell();
   }
@@ -277,6 +292,63 @@ class ShmComm : public GlooComm {
   // Spin (only when every rank can have its own CPU), then yield for a while (hands the CPU to
   // the rank we wait for when they share one), then sleep on the futex in short slices.
   void wait_peers(const Op& op, Deadline dl) {
+    wait_arrivals(op, dl);
+    for (int q = 0; q < size(); ++q) {
+      if (q == rank()) continue;
+      const Fingerprint theirs = ctl(q).fp[seq_ % 2];
+      if (!(theirs == fp_)) {
+        throw Error(ErrorKind::kInvalidUsage,
+                    fmt::format("{}: {} is in a different collective: it called {} while this "
+                                "rank called {}",
+                                describe(op), describe_rank(q), describe_fp(theirs),
+                                describe_fp(fp_)),
+                    "every rank must issue the same collectives, with the same counts, dtype, "
+                    "reduction and root, in the same order");
+      }
+    }
+  }
+
+  static std::string describe_fp(const Fingerprint& f) {
+    std::string s = fmt::format("{} #{} ({}, {} elements", op_name(static_cast<OpKind>(f.kind)),
+                                f.op_index, dtype_name(static_cast<DataType>(f.dtype)), f.total);
+    if (f.kind == static_cast<uint8_t>(OpKind::kAllReduce) ||
+        f.kind == static_cast<uint8_t>(OpKind::kReduceScatter)) {
+      s += fmt::format(", {}", reduce_op_name(static_cast<ReduceOp>(f.reduce)));
+    }
+    if (f.kind == static_cast<uint8_t>(OpKind::kBroadcast)) s += fmt::format(", root {}", f.root);
+    return s + ")";
+  }
+
+  void set_fingerprint(const Op& op) {
+    Fingerprint f{};
+    f.op_index = op_index_++;
+    uint64_t h = 1469598103934665603ull;
+    auto mix = [&](uint64_t v) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= (v >> (8 * i)) & 0xff;
+        h *= 1099511628211ull;
+      }
+    };
+    if (op.counts.empty()) {
+      mix(op.count);
+      f.total = op.count;
+    } else {
+      for (size_t c : op.counts) {
+        mix(c);
+        f.total += c;
+      }
+    }
+    f.counts = h;
+    f.kind = static_cast<uint8_t>(op.kind);
+    f.dtype = static_cast<uint8_t>(op.dtype);
+    f.reduce = (op.kind == OpKind::kAllReduce || op.kind == OpKind::kReduceScatter)
+                   ? static_cast<uint8_t>(op.reduce)
+                   : 0;
+    f.root = op.kind == OpKind::kBroadcast ? op.peer : -1;
+    fp_ = f;
+  }
+
+  void wait_arrivals(const Op& op, Deadline dl) {
     if (laggard() < 0) return;
     const auto t0 = Clock::now();
     if (spin_) {
@@ -477,6 +549,8 @@ class ShmComm : public GlooComm {
   size_t chunk_ = 0;
   uint64_t seq_ = 0;
   uint64_t chunk_counter_ = 0;
+  uint64_t op_index_ = 0;
+  Fingerprint fp_{};
   bool spin_ = false;
 };
 

@@ -404,6 +404,33 @@ TEST(CommBackend, AutoPicksShmOnOneHost) {
                                                                        : requested_backend(o));
 }
 
+TEST(CommShm, MismatchedCollectivesNameBothCalls) {
+  CommOptions o;
+  o.backend = Backend::kShm;
+  o.timeout = Millis(20000);
+  auto cs = make_thread_comms(2, o);
+  std::vector<std::string> errors(2);
+  run_on_threads(cs, [&](Comm& c) {
+    std::vector<float> v(10, 1.0f), out(10);
+    try {
+      c.barrier();  // op #0 agrees
+      if (c.rank() == 0) {
+        c.all_reduce(v.data(), 10, DataType::kFloat32, ReduceOp::kSum);
+      } else {
+        c.all_gather(v.data(), out.data(), 5, DataType::kFloat32);
+      }
+    } catch (const Error& e) {
+      EXPECT_EQ(e.kind(), ErrorKind::kInvalidUsage);
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("is in a different collective"), std::string::npos) << e;
+    EXPECT_NE(e.find("all_reduce #1 (fp32, 10 elements, sum)"), std::string::npos) << e;
+    EXPECT_NE(e.find("all_gather #1 (fp32, 10 elements)"), std::string::npos) << e;
+  }
+}
+
 TEST(CommReduce, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
