@@ -1,8 +1,10 @@
-// `dstrain launch`: resolve the hostfile and filters into a world and start one worker per slot.
+// `dstrain launch`: resolve the hostfile and filters into a world and start one worker per slot
+// (lib/launch/launcher.h: in-process agent for one local node, `dstrain agent` over SSH otherwise).
 // With --dry-run it prints the plan of ranks (text or --json) and starts nothing.
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -10,11 +12,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "commands.h"
 #include "common/error.h"
 #include "config/hostfile.h"
 #include "core/device.h"
+#include "launch/env_file.h"
+#include "launch/launcher.h"
 #include "launch/world.h"
 
 namespace ds::cli {
@@ -33,6 +38,22 @@ struct LaunchOptions {
   bool dry_run = false;
   bool json = false;
   std::vector<std::string> command;  // after --
+  // Running the job.
+  double kill_timeout_s = 10.0;
+  std::string log_dir;
+  std::string ranks_filter;
+  bool bind_cores = false;
+  int max_restarts = 0;
+  int store_port = 0;
+  std::string launcher = "auto";
+  // SSH.
+  int ssh_port = 22;
+  std::string ssh_user;
+  std::vector<std::string> ssh_keys;
+  std::string known_hosts;
+  bool accept_new_host_keys = false;
+  double ssh_timeout_s = 10.0;
+  std::string remote_dstrain;
 };
 
 void setup_launch(CLI::App& sub, LaunchOptions& o) {
@@ -53,6 +74,38 @@ void setup_launch(CLI::App& sub, LaunchOptions& o) {
       ->allow_extra_args(false);
   sub.add_flag("--dry-run", o.dry_run, "print every rank's host, devices, command and environment; start nothing");
   sub.add_flag("--json", o.json, "with --dry-run: print a JSON array of ranks");
+  sub.add_option("--kill-timeout", o.kill_timeout_s,
+                 "seconds between SIGTERM and SIGKILL when tearing a job down (default 10)")
+      ->check(CLI::Range(0.0, 86400.0));
+  sub.add_option("--log-dir", o.log_dir, "also write each rank's output to DIR/rank_<N>.log");
+  sub.add_option("--ranks-filter", o.ranks_filter,
+                 "show only these ranks' output on the console, e.g. 0 or 0,2-3 (logs keep all)");
+  sub.add_flag("--bind-cores-to-rank", o.bind_cores,
+               "pin each local rank to its own contiguous block of the node's CPUs");
+  sub.add_option("--max-restarts", o.max_restarts,
+                 "restart every rank up to N times after a failure (default 0)")
+      ->check(CLI::Range(0, 1000));
+  sub.add_option("--store-port", o.store_port,
+                 "port of the job's rendezvous store on node 0 (default 0: a free port)")
+      ->check(CLI::Range(0, 65535));
+  sub.add_option("--launcher", o.launcher,
+                 "auto (local for one local node, else ssh), local or ssh")
+      ->check(CLI::IsMember({"auto", "local", "ssh"}));
+  sub.add_option("--ssh-port", o.ssh_port, "SSH port of every node (default 22)")
+      ->check(CLI::Range(1, 65535));
+  sub.add_option("--ssh-user", o.ssh_user, "SSH user on every node (default: yours)");
+  sub.add_option("--ssh-key", o.ssh_keys,
+                 "private key file (repeatable); default: ssh-agent, then ~/.ssh/id_ed25519, "
+                 "id_ecdsa, id_rsa")
+      ->allow_extra_args(false);
+  sub.add_option("--ssh-known-hosts", o.known_hosts, "known_hosts file (default ~/.ssh/known_hosts)");
+  sub.add_flag("--ssh-accept-new-host-keys", o.accept_new_host_keys,
+               "trust and record host keys not yet in known_hosts (a changed key is still an error)");
+  sub.add_option("--ssh-timeout", o.ssh_timeout_s,
+                 "seconds to connect and authenticate to a node (default 10)")
+      ->check(CLI::Range(0.1, 3600.0));
+  sub.add_option("--remote-dstrain", o.remote_dstrain,
+                 "path of dstrain on the nodes (default: the same path as this one)");
   sub.add_option("command", o.command,
                  "program and arguments to run on every rank (after --); default: dstrain train --config C");
 }
@@ -100,6 +153,9 @@ launch::EnvList user_env(const LaunchOptions& o) {
   return env;
 }
 
+// .dstrain_env in the current directory, then --env (which wins on the same key).
+launch::EnvList env_file_vars() { return launch::load_env_file(launch::kEnvFileName); }
+
 int print_dry_run(const LaunchOptions& o) {
   auto world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
   auto cmd = worker_command(o);
@@ -108,6 +164,9 @@ int print_dry_run(const LaunchOptions& o) {
   job.job_id = "<assigned at launch>";
   job.job_token = "<hidden>";
   job.user_env = user_env(o);
+  for (const auto& [k, v] : env_file_vars()) {
+    job.user_env.insert(job.user_env.begin(), {k, "<hidden: from .dstrain_env>"});
+  }
 
   if (o.json) {
     nlohmann::ordered_json out = nlohmann::ordered_json::array();
@@ -145,8 +204,44 @@ int print_dry_run(const LaunchOptions& o) {
 int run_launch(const LaunchOptions& o) {
   if (o.json && !o.dry_run) throw invalid_argument("--json applies only with --dry-run");
   if (o.dry_run) return print_dry_run(o);
-  throw Error(ErrorKind::kInvalidUsage, "starting jobs is not built yet: only --dry-run works",
-              "run with --dry-run to see the ranks this job would start");
+  if (o.master_port < 0 || o.master_port > 65535) {
+    throw invalid_argument("--master-port {} is outside 0..65535", o.master_port);
+  }
+  launch::JobSpec spec;
+  spec.world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
+  spec.command = worker_command(o);
+  spec.user_env = env_file_vars();
+  for (auto& kv : user_env(o)) spec.user_env.push_back(kv);
+  // OMP_NUM_THREADS set where the launcher runs counts as the user's choice on every node.
+  if (const char* omp = std::getenv("OMP_NUM_THREADS")) {
+    bool given = false;
+    for (const auto& kv : spec.user_env) given = given || kv.first == "OMP_NUM_THREADS";
+    if (!given) spec.user_env.emplace_back("OMP_NUM_THREADS", omp);
+  }
+  spec.kill_timeout = Millis(static_cast<int64_t>(o.kill_timeout_s * 1000.0));
+  spec.bind_cores = o.bind_cores;
+  spec.max_restarts = o.max_restarts;
+  spec.store_port = o.store_port;
+  spec.output.log_dir = o.log_dir;
+  if (!o.ranks_filter.empty()) {
+    spec.output.console_ranks =
+        launch::parse_rank_set(o.ranks_filter, spec.world.world_size(), "--ranks-filter");
+  }
+  spec.backend = o.launcher == "local" ? launch::Backend::kLocal
+                 : o.launcher == "ssh" ? launch::Backend::kSsh
+                                       : launch::Backend::kAuto;
+  spec.ssh.port = o.ssh_port;
+  spec.ssh.user = o.ssh_user;
+  spec.ssh.keys = o.ssh_keys;
+  spec.ssh.known_hosts = o.known_hosts;
+  spec.ssh.accept_new_host_keys = o.accept_new_host_keys;
+  spec.ssh.connect_timeout = Millis(static_cast<int64_t>(o.ssh_timeout_s * 1000.0));
+  spec.remote_dstrain = o.remote_dstrain.empty() ? self_exe() : o.remote_dstrain;
+  spec.cwd = std::filesystem::current_path().string();
+  if (spdlog::get_level() <= spdlog::level::debug) {
+    spec.agent_log_level = spdlog::level::to_string_view(spdlog::get_level()).data();
+  }
+  return launch::run_job(spec);
 }
 
 }  // namespace

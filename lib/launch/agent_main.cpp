@@ -1,0 +1,229 @@
+// The remote agent's driver: reads the controller's lines from stdin, writes events to stdout.
+#include "launch/agent_main.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <memory>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "common/error.h"
+#include "common/socket.h"
+#include "common/strings.h"
+#include "launch/agent_protocol.h"
+#include "launch/output.h"
+#include "store/tcp_store_server.h"
+
+namespace ds::launch {
+
+int resolve_master_port(int port, const std::string& host) {
+  if (port == 0) {
+    net::Fd fd = net::listen_tcp("0.0.0.0", 0, 1);
+    return net::local_port(fd.get());
+  }
+  if (!net::port_is_free("0.0.0.0", port)) {
+    throw Error(ErrorKind::kSystem,
+                fmt::format("MASTER_PORT {} is in use on {} ({}:{} already has a listener)", port,
+                            host, host, port),
+                "pick another with --master-port N, or --master-port 0 for a free one");
+  }
+  return port;
+}
+
+namespace {
+
+void write_stdout(const std::string& s) {
+  std::string_view v = s;
+  while (!v.empty()) {
+    ssize_t n = ::write(1, v.data(), v.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) {
+        pollfd p{1, POLLOUT, 0};
+        ::poll(&p, 1, 1000);
+        continue;
+      }
+      return;  // the controller is gone; stdin EOF will tell us
+    }
+    v.remove_prefix(static_cast<size_t>(n));
+  }
+}
+
+// Lines from stdin, read without blocking.
+class StdinLines {
+ public:
+  StdinLines() {
+    int fl = ::fcntl(0, F_GETFL);
+    if (fl >= 0) ::fcntl(0, F_SETFL, fl | O_NONBLOCK);
+  }
+  void pump() {
+    char buf[4096];
+    for (;;) {
+      ssize_t n = ::read(0, buf, sizeof buf);
+      if (n > 0) {
+        split_.feed(std::string_view(buf, static_cast<size_t>(n)),
+                    [&](std::string_view l) { lines_.emplace_back(l); });
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) eof_ = true;
+      return;
+    }
+  }
+  bool next(std::string* line) {
+    if (lines_.empty()) return false;
+    *line = std::move(lines_.front());
+    lines_.pop_front();
+    return true;
+  }
+  bool eof() const { return eof_; }
+
+ private:
+  LineSplitter split_;
+  std::deque<std::string> lines_;
+  bool eof_ = false;
+};
+
+class ProtocolListener : public AgentListener {
+ public:
+  void on_started(int rank, pid_t pid) override { write_stdout(proto::msg_started(rank, pid)); }
+  void on_output(int rank, int stream, std::string_view line) override {
+    write_stdout(proto::msg_out(rank, stream, line));
+  }
+  void on_exit(int rank, const ExitStatus& status) override {
+    write_stdout(proto::msg_exit(rank, status));
+  }
+};
+
+enum class Wait { kLine, kEof, kSignal, kTimeout };
+
+// Waits for the next stdin line, a terminating signal, or the deadline.
+Wait next_line(StdinLines& in, SignalPipe& sig, Deadline deadline, std::string* line, int* signal) {
+  for (;;) {
+    if (in.next(line)) return Wait::kLine;
+    if (in.eof()) return Wait::kEof;
+    pollfd p[2] = {{0, POLLIN, 0}, {sig.fd(), POLLIN, 0}};
+    int n = ::poll(p, 2, deadline.remaining_ms());
+    if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
+    if (p[1].revents != 0) {
+      for (int s : sig.drain()) {
+        if (s != SIGCHLD) {
+          *signal = s;
+          return Wait::kSignal;
+        }
+      }
+    }
+    if (p[0].revents != 0) in.pump();
+    if (n == 0 && deadline.expired()) return Wait::kTimeout;
+  }
+}
+
+}  // namespace
+
+int run_agent_process(const AgentProcessOptions& o) {
+  ignore_sigpipe();
+  SignalPipe signals;
+  StdinLines in;
+  const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
+  auto fatal = [&](const std::string& why) {
+    write_stdout(proto::msg_fatal(why));
+    return 1;
+  };
+
+  std::string line;
+  int sig = 0;
+  Wait w = next_line(in, signals, Deadline::after(o.token_timeout), &line, &sig);
+  if (w == Wait::kSignal) return 128 + sig;
+  if (w != Wait::kLine || !starts_with(line, "token ")) {
+    return fatal(fmt::format("agent on {}: expected the job token on stdin within {}", host,
+                             net::format_seconds(o.token_timeout)));
+  }
+  AgentConfig cfg;
+  cfg.world = o.world;
+  cfg.node_rank = o.node_rank;
+  cfg.command = o.command;
+  cfg.job_id = o.job_id;
+  cfg.token = line.substr(6);
+  cfg.kill_timeout = o.kill_timeout;
+  cfg.bind_cores = o.bind_cores;
+  if (!o.cwd.empty()) {
+    std::error_code ec;
+    if (std::filesystem::is_directory(o.cwd, ec)) {
+      cfg.cwd = o.cwd;
+    } else {
+      spdlog::warn("agent on {}: working directory {} does not exist here; workers start in {}",
+                   host, o.cwd, std::filesystem::current_path(ec).string());
+    }
+  }
+
+  std::unique_ptr<store::TcpStoreServer> server;
+  if (o.serve_store) {
+    try {
+      int master_port = resolve_master_port(o.world.master_port, host);
+      store::TcpStoreServerOptions so;
+      so.port = o.store_port;
+      so.token = cfg.token;
+      server = std::make_unique<store::TcpStoreServer>(so);
+      server->start();
+      write_stdout(proto::msg_store(server->port(), master_port));
+    } catch (const Error& e) {
+      return fatal(fmt::format("agent on {}: {}{}", host, e.what(),
+                               e.hint().empty() ? "" : " (hint: " + e.hint() + ")"));
+    }
+  }
+
+  ProtocolListener listener;
+  for (;;) {
+    w = next_line(in, signals, Deadline::never(), &line, &sig);
+    if (w == Wait::kSignal) return 128 + sig;
+    if (w == Wait::kEof) return 0;
+    if (w != Wait::kLine) continue;
+    if (line == "quit") return 0;
+    if (line == "stop") {
+      write_stdout(proto::msg_done());
+      continue;
+    }
+    if (starts_with(line, "env ")) {
+      auto eq = line.find('=');
+      if (eq == std::string::npos) return fatal("agent: malformed env line from the launcher");
+      cfg.user_env.emplace_back(line.substr(4, eq - 4), proto::unescape(line.substr(eq + 1)));
+      continue;
+    }
+    if (starts_with(line, "start ")) {
+      auto f = proto::split_fields(line, 4);
+      if (f.size() != 4) return fatal("agent: malformed start line from the launcher");
+      auto mport = parse_int(f[2]);
+      auto restart = parse_int(f[3]);
+      if (!mport || !restart) return fatal("agent: malformed start line from the launcher");
+      bool quit = false;
+      Agent agent(cfg, listener, signals);
+      auto on_control = [&] {
+        in.pump();
+        std::string l;
+        bool stop = false;
+        while (in.next(&l)) {
+          if (l == "stop") stop = true;
+          if (l == "quit") stop = quit = true;
+        }
+        if (in.eof()) stop = quit = true;
+        return stop;
+      };
+      GenerationResult r = agent.run(f[1], static_cast<int>(*mport), static_cast<int>(*restart), 0,
+                                     on_control);
+      write_stdout(proto::msg_done());
+      if (r.stop_signal != 0) return 128 + r.stop_signal;
+      if (quit) return 0;
+      continue;
+    }
+    spdlog::warn("agent on {}: ignoring unknown message from the launcher", host);
+  }
+}
+
+}  // namespace ds::launch

@@ -1,0 +1,54 @@
+// The text protocol between `dstrain launch` and a remote `dstrain agent`, over the agent's
+// stdin and stdout (an SSH channel). One message per line; fields separated by one space; a
+// free-text field is last and escaped (backslash, newline and carriage return as \\ \n \r).
+//
+// launcher -> agent (stdin)            agent -> launcher (stdout)
+//   token <TOKEN>        first line      store <STORE_PORT> <MASTER_PORT>   node 0, after token
+//   env <KEY>=<VALUE>    any number      started <RANK> <PID>
+//   start <STORE> <MASTER_PORT> <RESTART>  out <RANK> <1|2> <LINE>
+//   stop                 tear down       exit <RANK> code <N> | exit <RANK> signal <N>
+//   quit / end of input  tear down, exit done                      generation over
+//                                        fatal <MESSAGE>           the agent cannot go on
+// Anything the agent writes to stderr (its log) is shown by the launcher with the node's name.
+//
+// The token and the env values travel only here, never in arguments; nothing logs them.
+// The world travels as JSON in the agent's arguments (world_to_json).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "launch/process.h"
+#include "launch/world.h"
+
+namespace ds::launch::proto {
+
+std::string escape(std::string_view text);
+std::string unescape(std::string_view text);
+
+// Splits "verb a b rest..." into at most `max_fields` fields; the last takes the rest verbatim.
+std::vector<std::string> split_fields(std::string_view line, size_t max_fields);
+
+// The world (nodes, slots, master address and port) as compact JSON, and back. A malformed world
+// is an invalid_argument naming what is wrong.
+std::string world_to_json(const World& world);
+World world_from_json(std::string_view json);
+
+// Agent -> launcher messages.
+std::string msg_store(int store_port, int master_port);
+std::string msg_started(int rank, long pid);
+std::string msg_out(int rank, int stream, std::string_view line);
+std::string msg_exit(int rank, const ExitStatus& status);
+std::string msg_done();
+std::string msg_fatal(std::string_view message);
+
+// Launcher -> agent messages.
+std::string msg_token(std::string_view token);
+std::string msg_env(const std::string& key, const std::string& value);
+std::string msg_start(const std::string& store_addr, int master_port, int restart_count);
+std::string msg_stop();
+std::string msg_quit();
+
+}  // namespace ds::launch::proto

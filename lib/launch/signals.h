@@ -1,0 +1,25 @@
+// The self-pipe trick: SIGINT, SIGTERM, SIGHUP and SIGCHLD become bytes on a pipe that the
+// launcher's and the agent's poll() loops watch next to their pipes and sockets.
+//
+// One per process (the handlers are process-wide). Deliberately not: signalfd (it needs the
+// signals blocked in every thread, including threads that libraries start).
+#pragma once
+
+#include <vector>
+
+namespace ds::launch {
+
+class SignalPipe {
+ public:
+  // Installs the handlers (SA_RESTART). Restores the previous handlers on destruction.
+  SignalPipe();
+  ~SignalPipe();
+  SignalPipe(const SignalPipe&) = delete;
+  SignalPipe& operator=(const SignalPipe&) = delete;
+
+  int fd() const;  // readable when a signal arrived
+  // The signals that arrived since the last call, in order (SIGCHLD at most once per call).
+  std::vector<int> drain();
+};
+
+}  // namespace ds::launch
