@@ -210,10 +210,16 @@ int64_t part_param_count(const Gpt2Shape& s, const ModelPart& part) {
 // ---- activations ---------------------------------------------------------------------------
 
 int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp) {
+  // Equal chunks (a multiple of 16 rows) of at most ~kBudget logits each: big enough for sgemm
+  // to amortise packing wte, small enough that (B*T, Vp) logits never exist.
+  const int64_t kBudget = int64_t{32} << 20;
   const int64_t vloc = s.padded_vocab_size / tp;
-  int64_t rows = (int64_t{8} << 20) / vloc;
-  rows = std::max<int64_t>(16, rows / 16 * 16);
-  return static_cast<int>(std::min<int64_t>(rows, static_cast<int64_t>(B) * T));
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const int64_t max_rows = std::max<int64_t>(16, kBudget / vloc);
+  const int64_t chunks = (BT + max_rows - 1) / max_rows;
+  int64_t rows = (BT + chunks - 1) / chunks;
+  rows = (rows + 15) / 16 * 16;
+  return static_cast<int>(std::min(rows, BT));
 }
 
 std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,

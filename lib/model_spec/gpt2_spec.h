@@ -159,8 +159,8 @@ struct ActConfig {
   int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread
   int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
 };
-// Rows of (rows, Vp) logits the head computes at once by default: bounds the logits to about
-// 8 Mi elements (32 MiB fp32), never fewer than 16 rows nor more than B*T.
+// Rows of (rows, Vp/tp) logits the head computes at once by default: B*T split into equal chunks
+// of at most ~32 Mi elements (128 MiB fp32) each, a multiple of 16 rows, never more than B*T.
 int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
 
 // THE list of activation buffers the runtime allocates for a part (and the planner counts).

@@ -24,14 +24,8 @@ constexpr int kRows = 64;
 // up to `width`; returns the log-sum-exp.
 DS_SIMD_CLONES
 float softmax_row(float* s, int t, int width) {
-  float mx = -INFINITY;
-  for (int j = 0; j <= t; j++) mx = std::max(mx, s[j]);
-  float sum = 0.0f;
-  for (int j = 0; j <= t; j++) {
-    const float e = vexp(s[j] - mx);
-    s[j] = e;
-    sum += e;
-  }
+  const float mx = vmax(s, t + 1);
+  const float sum = vexp_inplace_sum(s, mx, t + 1);
   const float inv = 1.0f / sum;
   for (int j = 0; j <= t; j++) s[j] *= inv;
   for (int j = t + 1; j < width; j++) s[j] = 0.0f;
@@ -115,10 +109,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
       for (int t = r0; t < r1; t++) {
         float* prow = P + static_cast<int64_t>(t) * T;
         probs_row(prow, l[t], t, T);
-        float D = 0.0f;
-        for (int i = 0; i < hs; i++) {
-          D += dO[static_cast<int64_t>(t) * C + i] * o[static_cast<int64_t>(t) * C + i];
-        }
+        const float D = vdot(dO + static_cast<int64_t>(t) * C, o + static_cast<int64_t>(t) * C, hs);
         dscores_row(dS + static_cast<int64_t>(t) * T, prow, D, scale, t, T);
       }
       // dQ rows [r0, r1) = dS K over keys [0, r1).

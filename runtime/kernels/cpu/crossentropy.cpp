@@ -7,20 +7,22 @@
 namespace ds::rt::cpu {
 
 namespace {
-// Returns log(sum exp(x - max)) + max over x[0..V).
+// log(sum exp(x[0..V))), x unchanged.
 DS_SIMD_CLONES
 float row_lse(const float* x, int V) {
-  float mx = -INFINITY;
-  for (int v = 0; v < V; v++) mx = x[v] > mx ? x[v] : mx;
-  float sum = 0.0f;
-  for (int v = 0; v < V; v++) sum += vexp(x[v] - mx);
-  return mx + std::log(sum);
+  const float mx = vmax(x, V);
+  return mx + std::log(vexp_sum(x, mx, V));
 }
 
+// x[0..V) <- softmax(x) * dloss, x[V..Vp) <- 0; returns log(sum exp(x)) of the old values.
 DS_SIMD_CLONES
-void row_dlogits(float* x, float lse, float dloss, int V, int Vp) {
-  for (int v = 0; v < V; v++) x[v] = vexp(x[v] - lse) * dloss;
+float row_softmax_scaled(float* x, float dloss, int V, int Vp) {
+  const float mx = vmax(x, V);
+  const float sum = vexp_inplace_sum(x, mx, V);
+  const float scale = dloss / sum;
+  for (int v = 0; v < V; v++) x[v] *= scale;
   for (int v = V; v < Vp; v++) x[v] = 0.0f;
+  return mx + std::log(sum);
 }
 
 template <bool kBackward>
@@ -31,16 +33,17 @@ int64_t crossentropy(float* losses, float* logits, const int32_t* targets, float
   for (int n = 0; n < N; n++) {
     float* x = logits + static_cast<int64_t>(n) * Vp;
     const int32_t tgt = targets[n];
-    const float lse = row_lse(x, V);
     if (tgt < 0 || tgt >= V) {
       bad++;
       losses[n] = NAN;
       continue;
     }
-    losses[n] = lse - x[tgt];
+    const float xt = x[tgt];
     if constexpr (kBackward) {
-      row_dlogits(x, lse, dloss, V, Vp);
+      losses[n] = row_softmax_scaled(x, dloss, V, Vp) - xt;
       x[tgt] -= dloss;
+    } else {
+      losses[n] = row_lse(x, V) - xt;
     }
   }
   return bad;

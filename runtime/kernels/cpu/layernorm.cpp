@@ -11,14 +11,14 @@ namespace {
 DS_SIMD_CLONES
 void ln_row(float* o, float* mean_out, float* rstd_out, const float* x, const float* w,
             const float* b, int C) {
-  float sum = 0.0f;
-  for (int c = 0; c < C; c++) sum += x[c];
-  const float m = sum / static_cast<float>(C);
-  float var = 0.0f;
-  for (int c = 0; c < C; c++) {
-    const float d = x[c] - m;
-    var += d * d;
+  const float m = vsum(x, C) / static_cast<float>(C);
+  float acc[kLanes] = {};
+  int c0 = 0;
+  for (; c0 + kLanes <= C; c0 += kLanes) {
+    for (int j = 0; j < kLanes; j++) acc[j] += (x[c0 + j] - m) * (x[c0 + j] - m);
   }
+  for (; c0 < C; c0++) acc[0] += (x[c0] - m) * (x[c0] - m);
+  const float var = vsum(acc, kLanes);
   const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + 1e-5f);
   for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
   *mean_out = m;
@@ -29,14 +29,22 @@ DS_SIMD_CLONES
 void ln_row_backward(float* dx, const float* dy, const float* x, const float* w, float m, float s,
                      int C) {
   // dx += s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dy * w.
-  float a = 0.0f, b = 0.0f;
-  for (int c = 0; c < C; c++) {
-    const float dn = dy[c] * w[c];
-    a += dn;
-    b += dn * (x[c] - m) * s;
+  float aa[kLanes] = {}, bb[kLanes] = {};
+  int c0 = 0;
+  for (; c0 + kLanes <= C; c0 += kLanes) {
+    for (int j = 0; j < kLanes; j++) {
+      const float dn = dy[c0 + j] * w[c0 + j];
+      aa[j] += dn;
+      bb[j] += dn * (x[c0 + j] - m) * s;
+    }
   }
-  a /= static_cast<float>(C);
-  b /= static_cast<float>(C);
+  for (; c0 < C; c0++) {
+    const float dn = dy[c0] * w[c0];
+    aa[0] += dn;
+    bb[0] += dn * (x[c0] - m) * s;
+  }
+  const float a = vsum(aa, kLanes) / static_cast<float>(C);
+  const float b = vsum(bb, kLanes) / static_cast<float>(C);
   for (int c = 0; c < C; c++) {
     const float n = (x[c] - m) * s;
     dx[c] += s * (dy[c] * w[c] - a - n * b);

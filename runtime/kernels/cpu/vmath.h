@@ -3,6 +3,7 @@
 // stay scalar without -ffast-math. Internal to runtime/kernels/cpu.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -32,6 +33,81 @@ inline float vexp(float x) {
 
 // tanh(x) = 1 - 2 / (exp(2x) + 1): exact limits at +-inf, absolute error ~1e-7.
 inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
+
+// Reductions with 16 independent partial sums: vectorisable without -ffast-math (the compiler may
+// not reorder a single float accumulator), and the summation order is fixed, so results do not
+// depend on the ISA the loader picked beyond the lane count.
+constexpr int kLanes = 16;
+
+inline float vsum(const float* x, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; j++) acc[j] += x[i + j];
+  }
+  for (; i < n; i++) acc[0] += x[i];
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; j++) s += acc[j];
+  return s;
+}
+
+inline float vdot(const float* a, const float* b, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; j++) acc[j] += a[i + j] * b[i + j];
+  }
+  for (; i < n; i++) acc[0] += a[i] * b[i];
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; j++) s += acc[j];
+  return s;
+}
+
+inline float vmax(const float* x, int n) {
+  float acc[kLanes];
+  for (int j = 0; j < kLanes; j++) acc[j] = -INFINITY;
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+  }
+  for (; i < n; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+  float m = acc[0];
+  for (int j = 1; j < kLanes; j++) m = acc[j] > m ? acc[j] : m;
+  return m;
+}
+
+// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
+inline float vexp_inplace_sum(float* x, float shift, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; j++) {
+      const float e = vexp(x[i + j] - shift);
+      x[i + j] = e;
+      acc[j] += e;
+    }
+  }
+  for (; i < n; i++) {
+    x[i] = vexp(x[i] - shift);
+    acc[0] += x[i];
+  }
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; j++) s += acc[j];
+  return s;
+}
+
+// sum of exp(x[i] - shift), x unchanged.
+inline float vexp_sum(const float* x, float shift, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; j++) acc[j] += vexp(x[i + j] - shift);
+  }
+  for (; i < n; i++) acc[0] += vexp(x[i] - shift);
+  float s = 0.0f;
+  for (int j = 0; j < kLanes; j++) s += acc[j];
+  return s;
+}
 
 }  // namespace ds::rt::cpu
 
