@@ -256,6 +256,7 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
                                              : head_chunk_rows_default(s, cfg.B, cfg.T, part.tp);
     v.push_back({"logits", static_cast<int64_t>(rows) * (s.padded_vocab_size / tp),
                  ActScope::kShared, ws});
+    if (tp > 1) v.push_back({"ce_stats", 3 * static_cast<int64_t>(rows), ActScope::kShared, ws});
   }
   // Backward: the residual stream's gradient, flowing in place through the layers.
   v.push_back({"dres", BT * C, ActScope::kShared, ws});

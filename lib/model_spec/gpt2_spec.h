@@ -174,7 +174,8 @@ int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
 // Per micro-batch: `input` (B,T,C) (the encoder's output, or what the previous stage sent);
 // with the head also lnf (B,T,C), lnf_mean, lnf_rstd (B,T), losses (B,T).
 // Shared: the backward's gradient buffers (dres, dln (B,T,C), dqkv, datty, dfch), attention's
-// per-thread scratch, the head's logits chunk (rows, Vp/tp).
+// per-thread scratch, the head's logits chunk (rows, Vp/tp) and, with tp > 1, the
+// vocabulary-parallel loss's row statistics (3 x rows).
 std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
                                         const ActConfig& cfg);
 

@@ -13,6 +13,12 @@ namespace ds::rt::kern {
 inline constexpr Device kDevice = Device::kCpu;
 
 using cpu::add_bias;
+using cpu::add_position;
+using cpu::encoder_backward_vocab;
+using cpu::encoder_forward_vocab;
+using cpu::vocab_ce_finish;
+using cpu::vocab_ce_max;
+using cpu::vocab_ce_sums;
 using cpu::attention_backward;
 using cpu::attention_forward;
 using cpu::attention_scratch_floats;

@@ -42,11 +42,6 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
                            "model.seq_len ({})",
                            opt_.B, opt_.T, shape_.seq_len);
   }
-  if (part_.tp > 1 && (part_.has_embedding || part_.has_head)) {
-    throw invalid_usage("tensor parallelism (tp={}) of the embedding and the loss (vocabulary-"
-                        "parallel) is not implemented yet; only transformer layers split",
-                        part_.tp);
-  }
   C_ = shape_.n_embd;
   Cl_ = C_ / part_.tp;
   NHl_ = shape_.n_head / part_.tp;
@@ -90,6 +85,7 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
     else if (n == "dfch") dfch_ = p;
     else if (n == "att_scratch") att_scratch_ = p;
     else if (n == "logits") logits_ = p;
+    else if (n == "ce_stats") ce_stats_ = p;
     else if (n == "ln1") r.ln1 = p;
     else if (n == "ln1_mean") r.ln1_mean = p;
     else if (n == "ln1_rstd") r.ln1_rstd = p;
@@ -247,7 +243,16 @@ void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   const float* pte = unit_params(wte);
   const float* ppe = unit_params(wpe);
-  kern::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);
+  if (part_.tp == 1) {
+    kern::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);
+  } else {
+    // Vocabulary-parallel: each rank embeds the tokens of its rows, the group sums, then the
+    // (replicated) position embedding is added once.
+    kern::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_,
+                                Vp_l_);
+    hooks_->tp_reduce_forward(a.input, static_cast<int64_t>(opt_.B) * opt_.T * C_);
+    kern::add_position(a.input, ppe, opt_.B, opt_.T, C_);
+  }
   hooks_->params_done(wte);
   hooks_->params_done(wpe);
 }
@@ -255,7 +260,13 @@ void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
 void Gpt2::embed_backward(Gpt2Activations& a, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
-  kern::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  if (part_.tp == 1) {
+    kern::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  } else {
+    kern::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_,
+                                 part_.tp_rank * Vp_l_, Vp_l_);
+    kern::encoder_backward(nullptr, unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  }
   hooks_->grads_ready(wpe);
   hooks_->grads_ready(wte);
 }
@@ -337,6 +348,13 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
   const float* pf = unit_params(lnf);
   const float* lnfw = pf + layout_.offset_in_unit(ParamId::kLnfw);
   const float* lnfb = pf + layout_.offset_in_unit(ParamId::kLnfb);
+  for (int i = 0; i < BT; i++) {
+    if (targets[i] < 0 || targets[i] >= V) {
+      throw invalid_argument("target token {} at position {} (row {}, column {}) is outside the "
+                             "vocabulary [0, {})",
+                             targets[i], i, i / T, i % T, V);
+    }
+  }
   const float* x = output(a);
   kern::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnfw, lnfb, B, T, C);
   float* gte = backward ? unit_grads(wte) : nullptr;
@@ -346,7 +364,24 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
     const int rows = std::min(head_rows_, BT - r0);
     const float* xin = a.lnf + static_cast<int64_t>(r0) * C;
     kern::matmul_forward(logits_, xin, pte, nullptr, 1, rows, C, Vp);
-    if (backward) {
+    if (part_.tp > 1) {
+      // Vocabulary-parallel loss: global row max, then global sums, then losses and dlogits.
+      const int v0 = part_.tp_rank * Vp_l_;
+      float* mx = ce_stats_;
+      float* sumexp = ce_stats_ + rows;
+      float* tlogit = ce_stats_ + 2 * rows;
+      kern::vocab_ce_max(mx, logits_, rows, Vp, v0, V);
+      hooks_->tp_loss_reduce_max(mx, rows);
+      kern::vocab_ce_sums(sumexp, tlogit, logits_, mx, targets + r0, rows, Vp, v0, V);
+      hooks_->tp_loss_reduce_sum(ce_stats_ + rows, 2 * static_cast<int64_t>(rows));
+      kern::vocab_ce_finish(a.losses + r0, backward ? logits_ : nullptr, mx, sumexp, tlogit,
+                            targets + r0, dloss, rows, Vp, v0, V);
+      if (backward) {
+        float* dx = dln_ + static_cast<int64_t>(r0) * C;
+        kern::matmul_backward(dx, gte, nullptr, logits_, xin, pte, 1, rows, C, Vp);
+        hooks_->tp_reduce_backward(dx, static_cast<int64_t>(rows) * C);
+      }
+    } else if (backward) {
       bad += kern::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows,
                                                  V, Vp);
       kern::matmul_backward(dln_ + static_cast<int64_t>(r0) * C, gte, nullptr, logits_, xin, pte, 1,
@@ -355,15 +390,7 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
       bad += kern::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
     }
   }
-  if (bad > 0) {
-    for (int i = 0; i < BT; i++) {
-      if (targets[i] < 0 || targets[i] >= V) {
-        throw invalid_argument("target token {} at position {} (row {}, column {}) is outside "
-                               "the vocabulary [0, {})",
-                               targets[i], i, i / T, i % T, V);
-      }
-    }
-  }
+  DS_CHECK(bad == 0, "targets were validated");
   if (backward) {
     float* gf = unit_grads(lnf);
     std::memset(dres_, 0, static_cast<size_t>(BT) * C * sizeof(float));

@@ -23,8 +23,10 @@
 //
 // Not here: collectives (see hooks.h), the optimizer, data, mixed precision storage (the model
 // computes in fp32; bf16/fp16 copies are made by the trainer with kernels/cpu convert_*).
-// Vocabulary-parallel embedding and loss (tp > 1 with the embedding or head) are not implemented
-// yet: the constructor refuses them. Thread safety: one thread drives a Gpt2 at a time.
+// Tensor parallelism (part.tp > 1): Megatron's layout, the model calling the tp hooks where the
+// group must communicate: column-parallel qkv / MLP-up, row-parallel projections, vocabulary-
+// parallel embedding and loss (no rank holds full-vocabulary logits).
+// Thread safety: one thread drives a Gpt2 at a time.
 #pragma once
 
 #include <cstdint>
@@ -162,7 +164,7 @@ class Gpt2 {
   Buffer shared_act_, shared_ws_;
   LayerActs recompute_{};  // shared recompute buffers (recompute only)
   float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datty_ = nullptr, *dfch_ = nullptr;
-  float *att_scratch_ = nullptr, *logits_ = nullptr;
+  float *att_scratch_ = nullptr, *logits_ = nullptr, *ce_stats_ = nullptr;
 };
 
 }  // namespace ds::rt

@@ -44,11 +44,16 @@ class ParallelHooks {
 
   // ---- tensor parallelism (Megatron's named regions) ----
   // reduce-from-TP, forward: `buf` (n floats) holds this rank's partial output of a row-parallel
-  // matmul (attention projection, MLP down-projection); sum it over the tp group in place.
+  // matmul (attention projection, MLP down-projection) or of the vocabulary-parallel embedding;
+  // sum it over the tp group in place.
   virtual void tp_reduce_forward(float* buf, int64_t n) {}
   // copy-to-TP, backward: `buf` holds this rank's part of the input gradient of a column-parallel
-  // matmul (qkv, MLP up-projection); sum it over the tp group in place.
+  // matmul (qkv, MLP up-projection, the vocabulary-parallel lm_head); sum it over the tp group.
   virtual void tp_reduce_backward(float* buf, int64_t n) {}
+  // Vocabulary-parallel loss: per-row statistics of this rank's logits, reduced in place over the
+  // tp group (elementwise max, then sums). Called once per head chunk, in that order.
+  virtual void tp_loss_reduce_max(float* buf, int64_t n) {}
+  virtual void tp_loss_reduce_sum(float* buf, int64_t n) {}
 };
 
 }  // namespace ds::rt

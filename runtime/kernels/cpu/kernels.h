@@ -51,6 +51,16 @@ void encoder_forward(float* out, const int32_t* inp, const float* wte, const flo
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                       int T, int C);
 
+// Vocabulary-parallel variants (tensor parallelism): this rank holds rows [v0, v0 + Vl) of wte
+// (Vl rows). Forward writes the token embedding of tokens in that range and 0 for the others (the
+// sum over the tp group is the full embedding); backward accumulates dwte for tokens in range.
+void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
+                           int v0, int Vl);
+void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
+                            int C, int v0, int Vl);
+// out (B,T,C) += wpe[t] (maxT,C).
+void add_position(float* out, const float* wpe, int B, int T, int C);
+
 // ---- layernorm (eps 1e-5) ---------------------------------------------------------------------
 
 // out (B,T,C), mean (B,T), rstd (B,T) from inp (B,T,C), weight (C), bias (C).
@@ -111,6 +121,22 @@ int64_t crossentropy_forward(float* losses, const float* logits, const int32_t* 
 // dlogits[n, v] = (softmax[n, v] - [v == targets[n]]) * dloss for v < V, 0 for V <= v < Vp.
 int64_t crossentropy_softmax_backward(float* losses, float* logits_to_dlogits,
                                       const int32_t* targets, float dloss, int N, int V, int Vp);
+
+// Vocabulary-parallel cross-entropy (Megatron's): logits (N, Vl) are this rank's columns
+// [v0, v0 + Vl) of the full vocabulary; columns at or past the real vocabulary V are ignored.
+// Between the phases the caller reduces over the tp group: max after phase 1, sums after phase 2.
+// Phase 1: mx (N) = max of the rank's valid logits (-inf when it has none).
+void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V);
+// Phase 2 (mx now the global max): sumexp (N) = sum exp(logit - mx) of the valid columns;
+// tlogit (N) = the target's logit when this rank holds it, else 0.
+void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
+                   const int32_t* targets, int N, int Vl, int v0, int V);
+// Phase 3 (sums now global): losses (N) = mx + log(sumexp) - tlogit; when logits_to_dlogits is
+// not null (training) the logits become dlogits in place: (softmax - [v == target]) * dloss, 0 for
+// invalid columns.
+void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx,
+                     const float* sumexp, const float* tlogit, const int32_t* targets,
+                     float dloss, int N, int Vl, int v0, int V);
 
 // ---- element type conversion (round to nearest even) ----------------------------------------------
 

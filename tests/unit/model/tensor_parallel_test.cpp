@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <thread>
@@ -23,12 +24,14 @@ struct TpGroup {
   std::barrier<> bar{2};
   float* bufs[2] = {nullptr, nullptr};
   std::vector<float> sum;
-  void all_reduce(int rank, float* buf, int64_t n) {
+  void all_reduce(int rank, float* buf, int64_t n, bool max = false) {
     bufs[rank] = buf;
     bar.arrive_and_wait();
     if (rank == 0) {
       sum.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; i++) sum[i] = bufs[0][i] + bufs[1][i];
+      for (int64_t i = 0; i < n; i++) {
+        sum[i] = max ? std::max(bufs[0][i], bufs[1][i]) : bufs[0][i] + bufs[1][i];
+      }
     }
     bar.arrive_and_wait();
     for (int64_t i = 0; i < n; i++) buf[i] = sum[i];
@@ -49,6 +52,8 @@ struct TpHooks : ParallelHooks {
     backward_calls++;
     group->all_reduce(rank, buf, n);
   }
+  void tp_loss_reduce_max(float* buf, int64_t n) override { group->all_reduce(rank, buf, n, true); }
+  void tp_loss_reduce_sum(float* buf, int64_t n) override { group->all_reduce(rank, buf, n); }
 };
 }  // namespace
 
@@ -106,6 +111,63 @@ TEST(TensorParallel, TwoRanksMatchOneModel) {
       ASSERT_NEAR(out[r][i], full.output(af)[i], 1e-5) << "rank " << r << " out " << i;
       ASSERT_NEAR(dx[r][i], full.d_stream()[i], 1e-5) << "rank " << r << " dx " << i;
     }
+    for (const auto& ts : layouts[r].tensors) {
+      const auto& t = all[static_cast<size_t>(ts.id)];
+      const float* gfull = full.grad(ts.id, ts.layer);
+      for (int64_t i = 0; i < ts.numel; i++) {
+        const float want = gfull[ms::full_index(t, tp, r, i)];
+        ASSERT_NEAR(grads[r][ts.offset + i], want, 1e-5 + 1e-4 * std::fabs(want))
+            << t.name << " layer " << ts.layer << " rank " << r << " " << i;
+      }
+    }
+  }
+}
+
+TEST(TensorParallel, VocabularyParallelEmbeddingAndLossMatchOneModel) {
+  // V = 27 of Vp = 32: rank 1's last 5 columns are padding, and some targets live on each rank.
+  const ms::Gpt2Shape s{2, 4, 16, 27, 32, 8};
+  const int B = 2, T = 8, tp = 2;
+  std::vector<int32_t> in(B * T), tg(B * T);
+  for (int i = 0; i < B * T; i++) {
+    in[i] = (i * 7 + 3) % s.vocab_size;
+    tg[i] = (i * 11 + 5) % s.vocab_size;
+  }
+  omp_set_num_threads(1);
+  Allocator alloc;
+  Gpt2Options opt{B, T};
+  opt.head_chunk_rows = 5;  // several chunks, one partial
+  Gpt2 full(s, ms::ModelPart::whole(s), opt, alloc);
+  full.init_weights(5);
+  auto af = full.make_activations();
+  full.zero_grads();
+  const float loss_full = full.forward_backward(af, in.data(), tg.data(), 1.0f);
+  const float eval_full = full.forward(af, in.data(), tg.data());
+
+  TpGroup group;
+  std::vector<float> loss(tp), eval(tp);
+  std::vector<std::vector<float>> grads(tp);
+  std::vector<ms::ParamLayout> layouts(tp);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < tp; r++) {
+    threads.emplace_back([&, r] {
+      omp_set_num_threads(1);
+      TpHooks hooks(&group, r);
+      Allocator a;
+      Gpt2 m(s, ms::ModelPart{0, 2, true, true, tp, r}, opt, a, &hooks);
+      m.init_weights(5);
+      auto acts = m.make_activations();
+      m.zero_grads();
+      loss[r] = m.forward_backward(acts, in.data(), tg.data(), 1.0f);
+      eval[r] = m.forward(acts, in.data(), tg.data());
+      grads[r].assign(m.grads(), m.grads() + m.num_params());
+      layouts[r] = m.layout();
+    });
+  }
+  for (auto& t : threads) t.join();
+  const auto all = ms::gpt2_params(s);
+  for (int r = 0; r < tp; r++) {
+    EXPECT_NEAR(loss[r], loss_full, 1e-5) << "rank " << r;
+    EXPECT_NEAR(eval[r], eval_full, 1e-5) << "rank " << r;
     for (const auto& ts : layouts[r].tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
       const float* gfull = full.grad(ts.id, ts.layer);
