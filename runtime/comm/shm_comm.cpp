@@ -360,7 +360,7 @@ class ShmComm : public GlooComm {
     do {
       ::sched_yield();
       if (laggard() < 0) return;
-    } while (Clock::now() - t0 < std::chrono::microseconds(300));
+    } while (Clock::now() - t0 < std::chrono::microseconds(60));
     auto next_liveness = Clock::now();
     for (;;) {
       const int q = laggard();
