@@ -1,0 +1,49 @@
+// `dstrain train`: train in this process. Alone it is a single-process run; under `dstrain
+// launch` every worker runs it, reading its rank and world from the environment contract.
+#include <iostream>
+
+#include "commands.h"
+#include "common/env.h"
+#include "config/job_config.h"
+#include "train/trainer.h"
+
+namespace ds::cli {
+
+namespace {
+
+struct TrainCmdOptions {
+  std::string config;
+  rt::train::TrainOptions train;
+};
+
+int run_train(const TrainCmdOptions& o) {
+  int world = static_cast<int>(env::get_int("WORLD_SIZE"));
+  auto cfg = config::load_job_config(o.config, world);
+  for (const auto& w : cfg.warnings) {
+    if (env::get_int("RANK") == 0) std::cerr << "dstrain: warning: " << w << "\n";
+  }
+  rt::train::Trainer trainer(cfg, o.train);
+  trainer.run();
+  return 0;
+}
+
+}  // namespace
+
+void add_train_command(CLI::App& app, std::vector<Command>& out) {
+  auto o = std::make_shared<TrainCmdOptions>();
+  auto* sub = app.add_subcommand("train", "train a GPT-2 model in this process (what every rank of "
+                                          "`dstrain launch` runs)");
+  sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
+  sub->add_option("--init-from", o->train.init_from, "start from this llm.c GPT-2 checkpoint");
+  sub->add_option("--metrics", o->train.metrics_path,
+                  "append one JSON object per step to this file (rank 0 writes it)");
+  sub->add_flag("--metrics-all-ranks", o->train.metrics_all_ranks,
+                "every rank reports (use a per-rank --metrics path)");
+  sub->add_flag("--resume", o->train.resume,
+                "continue from the latest checkpoint in training.checkpoint_dir, if any");
+  sub->add_option("--max-steps", o->train.max_steps,
+                  "stop after this step (the schedule still spans training.steps)");
+  out.push_back({sub, [o] { return run_train(*o); }});
+}
+
+}  // namespace ds::cli

@@ -1,0 +1,82 @@
+#include "train/metrics.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <fmt/format.h>
+
+#include "common/error.h"
+#include "common/strings.h"
+
+namespace ds::rt::train {
+
+MetricsReporter::MetricsReporter(bool enabled, const std::string& metrics_path, bool append,
+                                 int log_interval)
+    : enabled_(enabled), log_interval_(log_interval > 0 ? log_interval : 1),
+      tty_(::isatty(STDOUT_FILENO) == 1) {
+  if (enabled_ && !metrics_path.empty()) {
+    file_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
+    if (!file_) throw system_error("cannot open metrics file {}: {}", metrics_path, errno_string(errno));
+  }
+}
+
+MetricsReporter::~MetricsReporter() {
+  if (file_) std::fclose(file_);
+  if (bar_shown_) std::fputs("\n", stdout);
+}
+
+void MetricsReporter::note(const std::string& line) {
+  if (!enabled_) return;
+  if (bar_shown_) {
+    std::fputs("\r\033[K", stdout);
+    bar_shown_ = false;
+  }
+  std::fprintf(stdout, "%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+void MetricsReporter::report(const StepRecord& r) {
+  if (!enabled_) return;
+  if (file_) {
+    nlohmann::ordered_json j;
+    j["step"] = r.step;
+    j["loss"] = r.loss;
+    j["lr"] = r.lr;
+    j["grad_norm"] = r.grad_norm;
+    j["loss_scale"] = r.loss_scale;
+    j["skipped"] = r.skipped;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["ms_per_step"] = r.ms_per_step;
+    for (const auto& [tag, bytes] : r.peak_bytes) j["peak_bytes_" + tag] = bytes;
+    if (r.val_loss) j["val_loss"] = *r.val_loss;
+    for (const auto& [k, v] : r.extra.items()) j[k] = v;
+    std::fprintf(file_, "%s\n", j.dump().c_str());
+    std::fflush(file_);
+  }
+  bool line = r.step == 1 || r.step == r.total_steps || r.step % log_interval_ == 0 || r.val_loss;
+  if (line) {
+    auto peak = r.peak_bytes.find("total");
+    std::string text = fmt::format(
+        "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | scale {:g}{} | {:.0f} tok/s | "
+        "{:.1f} ms | peak {}",
+        r.step, std::to_string(r.total_steps).size(), r.total_steps, r.loss, r.lr, r.grad_norm,
+        r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step,
+        peak == r.peak_bytes.end() ? std::string("-") : format_bytes(static_cast<double>(peak->second)));
+    if (r.val_loss) text += fmt::format(" | val loss {:.4f}", *r.val_loss);
+    note(text);
+  }
+  if (tty_ && r.step < r.total_steps) {
+    const int width = 30;
+    int filled = static_cast<int>(width * r.step / std::max<int64_t>(1, r.total_steps));
+    double eta_s = r.ms_per_step * static_cast<double>(r.total_steps - r.step) / 1000.0;
+    std::fprintf(stdout, "\r\033[K[%s%s] %lld/%lld  ETA %dm%02ds", std::string(filled, '#').c_str(),
+                 std::string(width - filled, '.').c_str(), static_cast<long long>(r.step),
+                 static_cast<long long>(r.total_steps), static_cast<int>(eta_s) / 60,
+                 static_cast<int>(eta_s) % 60);
+    std::fflush(stdout);
+    bar_shown_ = true;
+  }
+}
+
+}  // namespace ds::rt::train

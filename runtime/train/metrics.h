@@ -1,0 +1,54 @@
+// What a training run reports: one record per step, printed as a console line (and a progress
+// bar with ETA when stdout is a terminal) and appended as one JSON object per line to --metrics.
+// Only the reporting rank (rank 0) writes; other ranks construct a silent reporter.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace ds::rt::train {
+
+struct StepRecord {
+  int64_t step = 0;           // 1-based step number
+  int64_t total_steps = 0;
+  double loss = 0;            // mean loss of this step's forward passes (before the update)
+  double lr = 0;
+  double grad_norm = 0;       // global norm before clipping
+  double loss_scale = 1;      // 1 without fp16
+  bool skipped = false;       // fp16 overflow: the update was skipped
+  double tokens_per_s = 0;
+  double ms_per_step = 0;
+  std::map<std::string, int64_t> peak_bytes;  // tag -> bytes ("params", ..., "total")
+  std::optional<double> val_loss;
+  nlohmann::ordered_json extra;  // more fields for the metrics file (e.g. planned bytes)
+};
+
+class MetricsReporter {
+ public:
+  // `metrics_path` empty: no file. `enabled` false: prints and writes nothing (non-zero ranks).
+  // The file is opened for append when resuming, truncated otherwise.
+  MetricsReporter(bool enabled, const std::string& metrics_path, bool append, int log_interval);
+  ~MetricsReporter();
+  MetricsReporter(const MetricsReporter&) = delete;
+  MetricsReporter& operator=(const MetricsReporter&) = delete;
+
+  // Records one step: always to the metrics file; to the console every log_interval steps, at the
+  // first and the last step, and whenever there is a validation loss.
+  void report(const StepRecord& r);
+  // A free-form line to the console (rank 0 only), e.g. the plan beside the measured peak.
+  void note(const std::string& line);
+
+ private:
+  bool enabled_;
+  FILE* file_ = nullptr;
+  int log_interval_;
+  bool tty_;
+  bool bar_shown_ = false;
+};
+
+}  // namespace ds::rt::train

@@ -1,0 +1,69 @@
+// The training loop of one process: composes the model, the data loader, the optimizer (fp32
+// master weights, AdamW), the LR schedule, loss scaling, clipping, evaluation, checkpoints and
+// metrics. It is what `dstrain train` runs, alone or as one rank under `dstrain launch`.
+//
+// One optimizer step: zero the gradients; for each of the G accumulation micro-batches read this
+// rank's window, run forward + backward with grad_scale = loss_scale / G (so the gradients are
+// those of the mean loss over the global batch); then unscale, check for overflow (fp16), compute
+// the global norm, clip, update with AdamW, copy the master weights back into the model's
+// parameters (rounded to bf16/fp16 when enabled) and advance the LR schedule.
+//
+// Precision on CPU: kernels compute in fp32. With bf16 or fp16 the model's parameters hold values
+// rounded to that type (stored in fp32 buffers), the optimizer keeps fp32 master weights (tag
+// optimizer), and fp16 gradients are rounded to fp16 after accumulation, so an overflow shows as
+// inf exactly as in a 16-bit buffer; the dynamic loss scaler then skips the step.
+//
+// Not here: collectives. Data parallelism plugs in through GradientSync (the parallel layer owns
+// it); without one the process trains alone.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "config/job_config.h"
+
+namespace ds::rt::train {
+
+struct TrainOptions {
+  std::string init_from;        // llm.c checkpoint; overrides model.init_from
+  std::string metrics_path;     // one JSON object per step ("" = none)
+  bool metrics_all_ranks = false;
+  bool resume = false;          // continue from training.checkpoint_dir/latest when present
+  int64_t max_steps = -1;       // stop after this step (e.g. to simulate an interruption); -1 = no
+  // Test hook: after this step's backward, one gradient is set to +inf (checks overflow skips).
+  int64_t inject_inf_at_step = -1;
+};
+
+struct TrainResult {
+  int64_t first_step = 1;  // the first step this run executed (> 1 when resumed)
+  int64_t last_step = 0;
+  std::vector<double> losses;  // per executed step
+  std::optional<double> last_val_loss;
+};
+
+class Trainer {
+ public:
+  // Validates that the config has what training needs (model, data.train, training.steps), opens
+  // the data (errors name the file), builds the model and optimizer state, and initialises the
+  // weights (random from training.seed, or from an llm.c checkpoint, or from the latest
+  // checkpoint with --resume).
+  Trainer(const config::JobConfig& config, const TrainOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Runs the remaining steps. Returns what happened; throws ds::Error on failure.
+  TrainResult run();
+
+  // Writes the model's weights as an llm.c checkpoint (dstrain export).
+  void export_llmc(const std::string& path) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ds::rt::train
