@@ -20,6 +20,7 @@ void add_launch_command(CLI::App& app, std::vector<Command>& out);
 void add_agent_command(CLI::App& app, std::vector<Command>& out);
 void add_check_command(CLI::App& app, std::vector<Command>& out);
 void add_plan_command(CLI::App& app, std::vector<Command>& out);
+void add_config_command(CLI::App& app, std::vector<Command>& out);
 void add_data_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   ds::cli::add_check_command(app, commands);
   ds::cli::add_report_command(app, commands);
   ds::cli::add_plan_command(app, commands);
+  ds::cli::add_config_command(app, commands);
   ds::cli::add_data_command(app, commands);
 
   try {

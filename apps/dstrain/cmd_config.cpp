@@ -1,0 +1,77 @@
+// `dstrain config check CONFIG [--world-size N] [--train]`: validate a job config and print it
+// resolved (every default filled in, the batch triad resolved for the world size) as JSON on
+// stdout, warnings on stderr; or print every error and exit 2.
+// It reads only the config: data files and checkpoints are not opened.
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "commands.h"
+#include "config/job_config.h"
+
+namespace ds::cli {
+
+namespace {
+
+struct ConfigCheckOptions {
+  std::string config;
+  int world_size = 1;
+  bool train = false;
+};
+
+int run_config_check(const ConfigCheckOptions& o) {
+  config::JobConfig cfg;
+  try {
+    cfg = config::load_job_config(o.config, o.world_size);
+    if (o.train) config::require_training_sections(cfg);
+  } catch (const config::ConfigError& e) {
+    for (const auto& err : e.errors()) std::fprintf(stderr, "error: %s\n", err.c_str());
+    std::fprintf(stderr, "dstrain: %zu error%s in %s (see docs/configuration.md)\n",
+                 e.errors().size(), e.errors().size() == 1 ? "" : "s", o.config.c_str());
+    return e.exit_code();
+  }
+  for (const auto& w : cfg.warnings) std::fprintf(stderr, "warning: %s\n", w.c_str());
+  std::cout << cfg.to_json().dump(2) << std::endl;
+  if (!o.train) {
+    std::vector<std::string> missing;
+    if (!cfg.has_model) missing.push_back("model");
+    if (!cfg.has_data) missing.push_back("data.train");
+    if (cfg.training.steps <= 0) missing.push_back("training.steps");
+    if (!missing.empty()) {
+      std::string list;
+      for (const auto& m : missing) list += (list.empty() ? "" : ", ") + m;
+      std::fprintf(stderr, "note: valid, but `dstrain train` also needs: %s (check with --train)\n",
+                   list.c_str());
+    }
+  }
+  std::fprintf(stderr, "ok: %s for world size %d: data-parallel %d x tensor-parallel %d x "
+               "pipeline %d; batch %lld = micro %lld x accumulation %lld x data-parallel %d\n",
+               o.config.c_str(), cfg.world_size, cfg.data_parallel_size, cfg.tensor_parallel.size,
+               cfg.pipeline.stages, static_cast<long long>(cfg.train_batch_size),
+               static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
+               static_cast<long long>(cfg.gradient_accumulation_steps), cfg.data_parallel_size);
+  return 0;
+}
+
+}  // namespace
+
+void add_config_command(CLI::App& app, std::vector<Command>& out) {
+  auto* sub = app.add_subcommand("config", "work with job configs (DeepSpeed-style JSON)");
+  sub->require_subcommand(1);
+  auto opts = std::make_shared<ConfigCheckOptions>();
+  auto* check = sub->add_subcommand(
+      "check",
+      "validate a job config; print it resolved (every default filled in) as JSON on stdout and "
+      "warnings on stderr, exit 0; or print every error and exit 2");
+  check->add_option("config", opts->config, "the job config (JSON)")->required();
+  check->add_option("--world-size,-n", opts->world_size,
+                    "number of ranks the batch sizes are resolved for (default 1)");
+  check->add_flag("--train", opts->train,
+                  "also require what `dstrain train` needs: a model section, data.train and "
+                  "training.steps");
+  out.push_back({check, [opts] { return run_config_check(*opts); }});
+}
+
+}  // namespace ds::cli

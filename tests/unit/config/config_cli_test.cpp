@@ -1,0 +1,132 @@
+// `dstrain config check` through the real binary: exit codes, the resolved JSON on stdout,
+// warnings and every error on stderr.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "support/run_command.h"
+
+namespace ds {
+namespace {
+
+using test::dstrain;
+using test::run_command;
+using test::source_path;
+
+// A config file in a fresh temporary directory, removed with the fixture.
+class ConfigCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/ds_config_cli_XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string write(const std::string& name, const std::string& text) {
+    std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(ConfigCli, ShippedConfigPrintsTheResolvedJson) {
+  auto r = run_command(dstrain() + " config check " + source_path("configs/gpt2-tiny-cpu.json") +
+                       " --world-size 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["train_batch_size"], 16);
+  EXPECT_EQ(j["train_micro_batch_size_per_gpu"], 8);
+  EXPECT_EQ(j["gradient_accumulation_steps"], 1);
+  EXPECT_EQ(j["model"]["padded_vocab_size"], 256);
+  EXPECT_EQ(j["data"]["train"], source_path("data/kjv/train.bin"));
+  EXPECT_EQ(j["zero_optimization"]["reduce_bucket_size"], 500000000);  // a default, filled in
+  EXPECT_EQ(j["scheduler"]["params"]["total_num_steps"], j["training"]["steps"]);
+  EXPECT_EQ(r.err.find("warning"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("data-parallel 2 x tensor-parallel 1 x pipeline 1; batch 16 = micro 8 x "
+                       "accumulation 1 x data-parallel 2"),
+            std::string::npos) << r.err;
+}
+
+TEST_F(ConfigCli, DefaultWorldSizeIsOne) {
+  auto r = run_command(dstrain() + " config check " + source_path("configs/gpt2-tiny-cpu.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["train_batch_size"], 8);
+}
+
+TEST_F(ConfigCli, DeepSpeedConfigValidatesWithWarnings) {
+  std::string path = write("ds.json", R"({
+  "train_batch_size": 16,
+  "gradient_accumulation_steps": 2,
+  "wall_clock_breakdown": false,
+  "fp16": {"enabled": true, "auto_cast": false}
+})");
+  auto r = run_command(dstrain() + " config check " + path + " --world-size 4");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["train_micro_batch_size_per_gpu"], 2);
+  EXPECT_NE(r.err.find("warning: " + path + ":5: $.fp16.auto_cast: DeepSpeed key accepted but not acted on"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("warning: " + path + ":4: $.wall_clock_breakdown: DeepSpeed key accepted"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("note: valid, but `dstrain train` also needs: model, data.train, training.steps"),
+            std::string::npos) << r.err;
+
+  // --train turns the missing sections into errors.
+  r = run_command(dstrain() + " config check --train " + path + " --world-size 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("error: " + path + ": $.model: missing"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: " + path + ": $.training.steps: missing"), std::string::npos) << r.err;
+  EXPECT_TRUE(r.out.empty());
+}
+
+TEST_F(ConfigCli, EveryErrorIsPrintedAndTheExitCodeIsTwo) {
+  std::string path = write("bad.json", R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "zero_optimization": {"stage": 4},
+  "fp16": {"enabled": true},
+  "bf16": {"enabled": true},
+  "optimizr": {}
+})");
+  auto r = run_command(dstrain() + " config check " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  EXPECT_NE(r.err.find("error: " + path + ":3: $.zero_optimization.stage: expected an integer 0-3, got 4\n"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: " + path + ":6: $.optimizr: unknown key (did you mean \"optimizer\"?)\n"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("error: " + path + ":5: $.bf16: fp16 and bf16 cannot both be enabled"),
+            std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("dstrain: 3 errors in " + path), std::string::npos) << r.err;
+}
+
+TEST_F(ConfigCli, WorldSizeTheLayoutCannotUseIsAnError) {
+  std::string path = write("tp.json", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"size": 2}})");
+  auto r = run_command(dstrain() + " config check " + path + " --world-size 3");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("world size 3 is not divisible by tensor_parallel.size x pipeline.stages = 2 x 1 = 2"),
+            std::string::npos) << r.err;
+}
+
+TEST_F(ConfigCli, BadInvocationsExitWithClearErrors) {
+  auto r = run_command(dstrain() + " config check /nonexistent/x.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("cannot read config /nonexistent/x.json: No such file or directory"),
+            std::string::npos) << r.err;
+
+  r = run_command(dstrain() + " config check " + source_path("configs/gpt2-tiny-cpu.json") +
+                  " --world-size 0");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("world size must be at least 1, got 0"), std::string::npos) << r.err;
+
+  r = run_command(dstrain() + " config check --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--world-size"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace ds
