@@ -11,6 +11,7 @@
 //                   [--ops all_reduce,reduce_scatter,all_gather] [--backends shm,gloo,gloo-native]
 // Deliberately not: part of the test suite (figures, no pass/fail).
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -78,6 +79,13 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+double cpu_seconds() {
+  rusage ru{};
+  ::getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
 // Iterations per size: enough to average small-message latency, few for 256 MiB.
 int iterations(size_t bytes) {
   const size_t budget = size_t{256} << 20;
@@ -87,10 +95,6 @@ int iterations(size_t bytes) {
 double bus_factor(const std::string& op, int n) {
   return op == "all_reduce" ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
 }
-
-struct Result {
-  double seconds = 0;  // per iteration, slowest rank
-};
 
 // One rank: runs every (op, size, backend) and writes its per-iteration times into `out`
 // (a pipe to the parent) as text lines "op backend bytes seconds"; rank 0's lines are printed.
@@ -173,13 +177,23 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
         const int iters = iterations(bytes);
         fn();  // warm-up
         ctl.barrier();
+        const double cpu0 = cpu_seconds();
         const auto t0 = std::chrono::steady_clock::now();
         for (int it = 0; it < iters; ++it) fn();
         double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() /
                       iters;
-        ctl.all_reduce(&secs, 1, DataType::kInt64, ReduceOp::kMax);  // bit pattern max == max for positives
+        // CPU time of this process (all its threads, user + system: Gloo's TCP work shows up as
+        // system time), summed over the ranks: the cost per operation independent of how busy
+        // the machine is.
+        double cpu = (cpu_seconds() - cpu0) / iters;
+        // The max of positive doubles is the max of their bit patterns as int64.
+        ctl.all_reduce(&secs, 1, DataType::kInt64, ReduceOp::kMax);
+        std::vector<double> cpus(static_cast<size_t>(n));
+        ctl.all_gather(&cpu, cpus.data(), 1, DataType::kInt64);
+        cpu = 0;
+        for (double x : cpus) cpu += x;
         if (rank == 0) {
-          std::string line = fmt::format("{} {} {} {:.9f}\n", op, b, bytes, secs);
+          std::string line = fmt::format("{} {} {} {:.9f} {:.9f}\n", op, b, bytes, secs, cpu);
           if (::write(out_fd, line.data(), line.size()) < 0) return 3;
         }
       }
@@ -238,29 +252,34 @@ int main(int argc, char** argv) {
       server.stop();
       if (failures) throw remote_error("{} of {} benchmark ranks failed", failures, n);
       // op -> bytes -> backend -> seconds
-      std::map<std::string, std::map<size_t, std::map<std::string, double>>> res;
+      struct Cell {
+        double seconds = 0;  // slowest rank's mean time per operation
+        double cpu = 0;      // CPU seconds per operation, summed over the ranks
+      };
+      std::map<std::string, std::map<size_t, std::map<std::string, Cell>>> res;
       for (auto& line : split(text, '\n')) {
         auto f = split(line, ' ');
-        if (f.size() != 4) continue;
-        res[f[0]][static_cast<size_t>(parse_int(f[2]).value_or(0))][f[1]] = std::stod(f[3]);
+        if (f.size() != 5) continue;
+        res[f[0]][static_cast<size_t>(parse_int(f[2]).value_or(0))][f[1]] = {std::stod(f[3]),
+                                                                             std::stod(f[4])};
       }
       for (auto& op : a.ops) {
-        std::printf("\n%s, %d ranks (processes), fp32 sum; time = slowest rank's mean, busbw as "
-                    "nccl-tests\n", op.c_str(), n);
+        std::printf("\n%s, %d ranks (processes), fp32 sum. us: slowest rank's mean time; "
+                    "busbw: GB/s as nccl-tests; cpu: CPU ms per op, all ranks\n", op.c_str(), n);
         std::printf("%10s", "size");
-        for (auto& b : a.backends) std::printf(" | %-11s %9s %9s", b.c_str(), "us", "busbw GB/s");
+        for (auto& b : a.backends) std::printf(" | %-11s %9s %6s %8s", b.c_str(), "us", "busbw", "cpu");
         std::printf("\n");
         for (auto& [bytes, row] : res[op]) {
           std::printf("%10s", human(bytes).c_str());
           for (auto& b : a.backends) {
             auto it = row.find(b);
             if (it == row.end()) {
-              std::printf(" | %-11s %9s %9s", "", "-", "-");
+              std::printf(" | %-11s %9s %6s %8s", "", "-", "-", "-");
               continue;
             }
-            const double s = it->second;
+            const double s = it->second.seconds;
             const double busbw = bytes / s * bus_factor(op, n) / 1e9;
-            std::printf(" | %-11s %9.1f %9.2f", "", s * 1e6, busbw);
+            std::printf(" | %-11s %9.1f %6.2f %8.3f", "", s * 1e6, busbw, it->second.cpu * 1e3);
           }
           std::printf("\n");
         }

@@ -15,9 +15,9 @@
 //
 // Algorithms, per chunk (every rank runs the same chunk sequence; slot parity alternates with a
 // per-group chunk counter):
-//   all_reduce      copy my chunk into my slot | barrier | reduce slice r of the chunk from all
-//                   N slots (fp32 accumulation) into my slot | barrier | copy every slice from
-//                   its owner's slot into my buffer. One reduction per element, so every rank
+//   all_reduce      copy my chunk, except my own slice r, into my slot | barrier | reduce slice
+//                   r from my buffer and the N-1 peers' slots (fp32 accumulation) into my slot |
+//                   barrier | copy every slice from its owner's slot into my buffer. One reduction per element, so every rank
 //                   gets the same bits; per rank ~2 reads + 2 writes of the data, no syscalls.
 //   reduce_scatter  copy the piece for each destination q into sub-slot q of my slot | barrier |
 //                   reduce sub-slot r of all slots straight into my output.
@@ -430,15 +430,18 @@ class ShmComm : public GlooComm {
     for (size_t off = 0; off < op.count; off += per_chunk) {
       const size_t m = std::min(per_chunk, op.count - off);
       const int b = next_buffer();
-      std::memcpy(slot(r, b), buf + off * es, m * es);
-      arrive();
-      wait_peers(op, dl);
       for (int i = 0; i <= n; ++i) {
         cut[static_cast<size_t>(i)] = i == n ? m : seg_begin(m, n, i) / unit * unit;
       }
       const size_t lo = cut[static_cast<size_t>(r)], hi = cut[static_cast<size_t>(r) + 1];
+      // Only the peers read my slot, and only their own slices of it: my slice stays home.
+      if (lo > 0) std::memcpy(slot(r, b), buf + off * es, lo * es);
+      if (m > hi) std::memcpy(slot(r, b) + hi * es, buf + (off + hi) * es, (m - hi) * es);
+      arrive();
+      wait_peers(op, dl);
       if (hi > lo) {
         for (int q = 0; q < n; ++q) srcs[static_cast<size_t>(q)] = slot(q, b) + lo * es;
+        srcs[static_cast<size_t>(r)] = buf + (off + lo) * es;
         reduce_n(op.dtype, op.reduce, slot(r, b) + lo * es, srcs.data(), n, hi - lo);
       }
       arrive();
