@@ -4,8 +4,9 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
-#include <openssl/rand.h>
+#include <sys/random.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "common/check.h"
@@ -181,9 +182,14 @@ bool mac_equal(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
 }
 
 std::vector<uint8_t> random_bytes(size_t n) {
+  // The kernel's CSPRNG: no library locks, so a process hosting the server can fork safely.
   std::vector<uint8_t> out(n);
-  if (RAND_bytes(out.data(), static_cast<int>(n)) != 1) {
-    throw system_error("OpenSSL RAND_bytes failed to produce {} random bytes", n);
+  size_t done = 0;
+  while (done < n) {
+    ssize_t r = ::getrandom(out.data() + done, n - done, 0);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw system_error("getrandom({} bytes): {}", n, errno_string(errno));
+    done += static_cast<size_t>(r);
   }
   return out;
 }

@@ -155,7 +155,7 @@ uint32_t get_u32le(const uint8_t* p);
 std::vector<uint8_t> auth_mac(std::string_view token, const std::vector<uint8_t>& nonce);
 // Constant-time comparison of two MACs.
 bool mac_equal(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
-// Cryptographically random bytes (OpenSSL RAND_bytes); throws system_error on failure.
+// Cryptographically random bytes (the kernel's getrandom); throws system_error on failure.
 std::vector<uint8_t> random_bytes(size_t n);
 
 }  // namespace ds::store::proto

@@ -44,6 +44,10 @@ struct TcpStoreServerStats {
 
 // Thread safety: start()/stop() from one owning thread; port(), stats() from any thread.
 // The destructor stops the server.
+// Fork: the poll thread takes library locks (OpenSSL's HMAC, the allocator, spdlog) at any time,
+// so a process hosting a running server may only fork in order to exec (spawn workers with
+// fork+exec or posix_spawn; the child must do nothing but async-signal-safe calls before exec),
+// as for any multi-threaded process. Tests that fork workers fork them before start().
 class TcpStoreServer {
  public:
   explicit TcpStoreServer(TcpStoreServerOptions options);

@@ -13,6 +13,8 @@
 
 #include <cstdio>
 #include <functional>
+#include <set>
+#include <stdexcept>
 #include <thread>
 
 #include "store/gloo_store_adapter.h"
@@ -22,72 +24,125 @@
 namespace ds::store {
 namespace {
 
-using test::client_options;
 using test::start_server;
 
-// Forks one child running `fn` (its return value is the exit code; an exception is exit 99 with
-// the message on stderr).
-pid_t fork_child(const std::function<int()>& fn) {
-  fflush(nullptr);
-  pid_t pid = ::fork();
-  if (pid == 0) {
-    int code = 98;
-    try {
-      code = fn();
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "child %d: %s\n", static_cast<int>(::getpid()), e.what());
-      code = 99;
+// Forked workers, created BEFORE the server thread starts (a multi-threaded process may only
+// fork to exec; see tcp_store_server.h). Each child blocks until release() hands it the server's
+// port, then runs fn(rank, port); its return value is the exit code (an exception: exit 99 with
+// the message on stderr; no port because the test failed first: exit 97).
+class Workers {
+ public:
+  Workers(int n, const std::function<int(int rank, int port)>& fn) {
+    for (int r = 0; r < n; ++r) {
+      int p[2];
+      if (::pipe(p) != 0) throw std::runtime_error("pipe failed");
+      std::fflush(nullptr);
+      pid_t pid = ::fork();
+      if (pid == 0) {
+        ::close(p[1]);
+        for (int w : writers_) ::close(w);
+        int port = 0;
+        int code = 97;
+        if (::read(p[0], &port, sizeof port) == static_cast<ssize_t>(sizeof port)) {
+          try {
+            code = fn(r, port);
+          } catch (const std::exception& e) {
+            std::fprintf(stderr, "child %d (rank %d): %s\n", static_cast<int>(::getpid()), r,
+                         e.what());
+            code = 99;
+          }
+        }
+        std::fflush(nullptr);
+        ::_exit(code);
+      }
+      ::close(p[0]);
+      writers_.push_back(p[1]);
+      pids_.push_back(pid);
     }
-    std::fflush(nullptr);
-    ::_exit(code);
   }
-  return pid;
-}
-
-// Waits for every child up to `timeout`, then SIGKILLs the rest. Returns raw wait statuses.
-std::vector<int> wait_all(const std::vector<pid_t>& pids, Millis timeout = Millis(30000)) {
-  std::vector<int> status(pids.size(), -1);
-  Deadline d = Deadline::after(timeout);
-  size_t left = pids.size();
-  while (left > 0) {
-    for (size_t i = 0; i < pids.size(); ++i) {
-      if (status[i] != -1) continue;
-      int st = 0;
-      if (::waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-        status[i] = st;
-        --left;
+  ~Workers() {
+    close_writers();
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      if (!reaped_.count(i)) {
+        ::kill(pids_[i], SIGKILL);
+        ::waitpid(pids_[i], nullptr, 0);
       }
     }
-    if (left == 0) break;
-    if (d.expired()) {
-      for (size_t i = 0; i < pids.size(); ++i) {
-        if (status[i] == -1) {
-          ::kill(pids[i], SIGKILL);
-          ::waitpid(pids[i], &status[i], 0);
-          ADD_FAILURE() << "child " << i << " timed out";
+  }
+  void release(int port) {
+    for (int w : writers_) {
+      if (::write(w, &port, sizeof port) != static_cast<ssize_t>(sizeof port)) {
+        ADD_FAILURE() << "cannot release a worker";
+      }
+    }
+    close_writers();
+  }
+  pid_t pid(int i) const { return pids_[i]; }
+  // Waits for children [first, last) up to `timeout`, then SIGKILLs the rest. Raw statuses.
+  std::vector<int> wait(size_t first, size_t last, Millis timeout = Millis(30000)) {
+    std::vector<int> status(last - first, -1);
+    Deadline d = Deadline::after(timeout);
+    for (;;) {
+      size_t left = 0;
+      for (size_t i = first; i < last; ++i) {
+        if (reaped_.count(i)) continue;
+        int st = 0;
+        if (::waitpid(pids_[i], &st, WNOHANG) == pids_[i]) {
+          status[i - first] = st;
+          reaped_.insert(i);
+        } else {
+          ++left;
         }
       }
-      break;
+      if (left == 0) return status;
+      if (d.expired()) {
+        for (size_t i = first; i < last; ++i) {
+          if (reaped_.count(i)) continue;
+          ::kill(pids_[i], SIGKILL);
+          ::waitpid(pids_[i], &status[i - first], 0);
+          reaped_.insert(i);
+          ADD_FAILURE() << "worker " << i << " timed out";
+        }
+        return status;
+      }
+      std::this_thread::sleep_for(Millis(5));
     }
-    std::this_thread::sleep_for(Millis(5));
   }
-  return status;
+  std::vector<int> wait_all(Millis timeout = Millis(30000)) { return wait(0, pids_.size(), timeout); }
+
+ private:
+  void close_writers() {
+    for (int w : writers_) ::close(w);
+    writers_.clear();
+  }
+  std::vector<pid_t> pids_;
+  std::vector<int> writers_;
+  std::set<size_t> reaped_;
+};
+
+TcpStoreClientOptions options_for(int port, int rank, int world) {
+  TcpStoreClientOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  o.token = test::kToken;
+  o.rank = rank;
+  o.world_size = world;
+  o.connect_timeout = Millis(10000);
+  o.timeout = Millis(20000);
+  return o;
 }
 
 void expect_all_exit_zero(const std::vector<int>& status) {
   for (size_t i = 0; i < status.size(); ++i) {
     EXPECT_TRUE(WIFEXITED(status[i]) && WEXITSTATUS(status[i]) == 0)
-        << "child " << i << " status " << status[i];
+        << "worker " << i << " status " << status[i];
   }
 }
 
 TEST(StoreMultiproc, ForkedWorkersCountAndPassBarriers) {
-  auto server = start_server();
   constexpr int kWorld = 8, kAdds = 400;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(fork_child([&, r] {
-      TcpStoreClient c(client_options(*server, r, kWorld));
+  Workers workers(kWorld, [&](int r, int port) {
+      TcpStoreClient c(options_for(port, r, kWorld));
       for (int i = 0; i < kAdds; ++i) c.add("counter", 1);
       barrier(c, "counted", kWorld, Millis(20000));
       // Everyone sees the final count after the barrier.
@@ -95,24 +150,22 @@ TEST(StoreMultiproc, ForkedWorkersCountAndPassBarriers) {
       c.set(fmt::format("rank/{}", r), to_bytes(std::to_string(::getpid())));
       barrier(c, "done", kWorld, Millis(20000));
       return 0;
-    }));
-  }
-  expect_all_exit_zero(wait_all(pids));
+  });
+  auto server = start_server();
+  workers.release(server->port());
+  expect_all_exit_zero(workers.wait_all());
   auto c = test::connect(*server);
   EXPECT_EQ(c->add("counter", 0), kWorld * kAdds);
   for (int r = 0; r < kWorld; ++r) {
-    EXPECT_EQ(to_string(c->get(fmt::format("rank/{}", r))), std::to_string(pids[r]));
+    EXPECT_EQ(to_string(c->get(fmt::format("rank/{}", r))), std::to_string(workers.pid(r)));
   }
 }
 
 TEST(StoreMultiproc, GlooAllreduceAcrossProcessesThroughTheStore) {
-  auto server = start_server();
   constexpr int kWorld = 4;
   constexpr size_t kN = 10000;
-  std::vector<pid_t> pids;
-  for (int r = 0; r < kWorld; ++r) {
-    pids.push_back(fork_child([&, r] {
-      auto client = std::make_shared<TcpStoreClient>(client_options(*server, r, kWorld));
+  Workers workers(kWorld, [&](int r, int port) {
+      auto client = std::make_shared<TcpStoreClient>(options_for(port, r, kWorld));
       PrefixStore scoped("gen0/gloo/", client);
       GlooStoreAdapter adapter(scoped);
       gloo::transport::tcp::attr attr;
@@ -137,63 +190,63 @@ TEST(StoreMultiproc, GlooAllreduceAcrossProcessesThroughTheStore) {
         }
       }
       return 0;
-    }));
-  }
-  expect_all_exit_zero(wait_all(pids));
+  });
+  auto server = start_server();
+  workers.release(server->port());
+  expect_all_exit_zero(workers.wait_all());
 }
 
 TEST(StoreMultiproc, KilledWorkersDoNotDisturbTheOthers) {
+  // Worker 0 parks in a get, worker 1 half-sends a frame; both get SIGKILLed. Workers 2-4 then
+  // pass a barrier.
+  Workers workers(5, [&](int r, int port) {
+    if (r == 0) {
+      TcpStoreClient c(options_for(port, 0, 2));
+      c.set("parked/ready", {});
+      c.get("never", Millis(60000));
+      return 0;
+    }
+    if (r == 1) {
+      test::RawClient raw(port);
+      auto frame = proto::Writer(proto::Type::kSet).str("k").bytes(Bytes(1000)).finish();
+      frame.resize(500);
+      raw.send(frame);
+      TcpStoreClient c(options_for(port, 1, 2));
+      c.set("half/ready", {});
+      ::pause();
+      return 0;
+    }
+    TcpStoreClient w(options_for(port, r, 3));
+    w.wait({"victims/killed"}, Millis(20000));
+    barrier(w, "after-kill", 3, Millis(20000));
+    return 0;
+  });
   auto server = start_server();
-  // One worker parks in a get, one half-sends a frame; both are SIGKILLed.
-  pid_t parked = fork_child([&] {
-    TcpStoreClient c(client_options(*server, 0, 2));
-    c.set("parked/ready", {});
-    c.get("never", Millis(60000));
-    return 0;
-  });
-  pid_t half = fork_child([&] {
-    test::RawClient r(server->port());
-    auto frame = proto::Writer(proto::Type::kSet).str("k").bytes(Bytes(1000)).finish();
-    frame.resize(500);
-    r.send(frame);
-    TcpStoreClient c(client_options(*server, 1, 2));
-    c.set("half/ready", {});
-    ::pause();
-    return 0;
-  });
+  workers.release(server->port());
   auto c = test::connect(*server);
   c->wait({"parked/ready", "half/ready"}, Millis(20000));
-  ::kill(parked, SIGKILL);
-  ::kill(half, SIGKILL);
-  auto st = wait_all({parked, half});
+  ::kill(workers.pid(0), SIGKILL);
+  ::kill(workers.pid(1), SIGKILL);
+  auto st = workers.wait(0, 2);
   EXPECT_TRUE(WIFSIGNALED(st[0]));
   EXPECT_TRUE(WIFSIGNALED(st[1]));
-  // The server noticed: only our own connection is left.
-  for (int i = 0; i < 500 && server->stats().open_connections != 1; ++i) {
+  // The server noticed: the victims' three connections are gone; ours and the 3 workers' remain.
+  for (int i = 0; i < 500 && server->stats().open_connections != 4; ++i) {
     std::this_thread::sleep_for(Millis(10));
   }
-  EXPECT_EQ(server->stats().open_connections, 1u);
-  // Fresh workers carry on.
-  std::vector<pid_t> pids;
-  for (int r = 0; r < 3; ++r) {
-    pids.push_back(fork_child([&, r] {
-      TcpStoreClient w(client_options(*server, r, 3));
-      barrier(w, "after-kill", 3, Millis(20000));
-      return 0;
-    }));
-  }
-  expect_all_exit_zero(wait_all(pids));
+  EXPECT_EQ(server->stats().open_connections, 4u);
+  c->set("victims/killed", {});
+  expect_all_exit_zero(workers.wait(2, 5));
   c->set("never", to_bytes("late"));  // nobody is parked on it any more: no crash, no reply
   EXPECT_EQ(to_string(c->get("never")), "late");
 }
 
 TEST(StoreMultiproc, WorkerTimeoutMessageNamesRankAndMissingKeys) {
-  auto server = start_server();
   int fds[2];
   ASSERT_EQ(::pipe(fds), 0);
-  pid_t pid = fork_child([&] {
+  Workers workers(1, [&](int, int port) {
     ::close(fds[0]);
-    TcpStoreClient c(client_options(*server, 5, 8));
+    TcpStoreClient c(options_for(port, 5, 8));
     std::string msg;
     try {
       c.wait({"addr/0", "addr/1"}, Millis(200));
@@ -204,12 +257,14 @@ TEST(StoreMultiproc, WorkerTimeoutMessageNamesRankAndMissingKeys) {
     return w == static_cast<ssize_t>(msg.size()) ? 0 : 1;
   });
   ::close(fds[1]);
+  auto server = start_server();
+  workers.release(server->port());
   std::string msg;
   char buf[512];
   ssize_t n;
   while ((n = ::read(fds[0], buf, sizeof buf)) > 0) msg.append(buf, static_cast<size_t>(n));
   ::close(fds[0]);
-  expect_all_exit_zero(wait_all({pid}));
+  expect_all_exit_zero(workers.wait_all());
   EXPECT_NE(msg.find(fmt::format("store at 127.0.0.1:{}: wait for 2 keys timed out after 0.2 s "
                                  "(rank 5 of 8); missing keys: 'addr/0', 'addr/1' (2 of 2)",
                                  server->port())),

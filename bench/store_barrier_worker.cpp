@@ -1,0 +1,37 @@
+// store_barrier_worker: the smallest real worker for launch benchmarks. Joins the job's store
+// (DSTRAIN_STORE, DSTRAIN_JOB_TOKEN, RANK, WORLD_SIZE), passes one barrier, exits 0. With
+// --print it prints "rank R of W passed the barrier in X ms" (from process start to barrier).
+//
+// Run under the launcher: dstrain launch --nproc-per-node 8 -- build/bin/store_barrier_worker
+// Deliberately not a test: it only measures; failures exit with the error's exit code.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "common/error.h"
+#include "store/tcp_store_client.h"
+
+int main(int argc, char** argv) {
+  auto start = std::chrono::steady_clock::now();
+  bool print = argc > 1 && std::strcmp(argv[1], "--print") == 0;
+  try {
+    auto store = ds::store::connect_from_env();
+    int world = store->options().world_size;
+    // store_bench runs several worlds against one store: DSTRAIN_BENCH_PREFIX keeps them apart.
+    const char* prefix = std::getenv("DSTRAIN_BENCH_PREFIX");
+    ds::store::barrier(*store, std::string(prefix ? prefix : "") + "bench/barrier", world,
+                       ds::Millis(120000));
+    if (print) {
+      double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+                      .count();
+      std::printf("rank %d of %d passed the barrier in %.2f ms\n", store->options().rank, world, ms);
+    }
+    return 0;
+  } catch (const ds::Error& e) {
+    std::fprintf(stderr, "store_barrier_worker: %s\n", e.what());
+    if (!e.hint().empty()) std::fprintf(stderr, "hint: %s\n", e.hint().c_str());
+    return e.exit_code();
+  }
+}
