@@ -1,12 +1,12 @@
 // store_barrier_worker: the smallest real worker for launch benchmarks. Joins the job's store
 // (DSTRAIN_STORE, DSTRAIN_JOB_TOKEN, RANK, WORLD_SIZE), passes one barrier, exits 0. With
-// --print it prints "rank R of W passed the barrier in X ms" (from process start to barrier).
+// --print it prints "rank R of W passed the barrier in X ms" (from process start to barrier);
+// --name NAME names the barrier (default "bench/barrier").
 //
 // Run under the launcher: dstrain launch --nproc-per-node 8 -- build/bin/store_barrier_worker
 // Deliberately not a test: it only measures; failures exit with the error's exit code.
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -15,14 +15,22 @@
 
 int main(int argc, char** argv) {
   auto start = std::chrono::steady_clock::now();
-  bool print = argc > 1 && std::strcmp(argv[1], "--print") == 0;
+  bool print = false;
+  std::string name = "bench/barrier";
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--print") == 0) {
+      print = true;
+    } else if (std::strcmp(argv[i], "--name") == 0 && i + 1 < argc) {
+      name = argv[++i];  // several worlds on one store (store_bench) need distinct barriers
+    } else {
+      std::fprintf(stderr, "usage: store_barrier_worker [--print] [--name BARRIER]\n");
+      return 2;
+    }
+  }
   try {
     auto store = ds::store::connect_from_env();
     int world = store->options().world_size;
-    // store_bench runs several worlds against one store: DSTRAIN_BENCH_PREFIX keeps them apart.
-    const char* prefix = std::getenv("DSTRAIN_BENCH_PREFIX");
-    ds::store::barrier(*store, std::string(prefix ? prefix : "") + "bench/barrier", world,
-                       ds::Millis(120000));
+    ds::store::barrier(*store, name, world, ds::Millis(120000));
     if (print) {
       double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
                       .count();

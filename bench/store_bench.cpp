@@ -113,15 +113,16 @@ int main(int argc, char** argv) {
     auto s = Clock::now();
     std::vector<pid_t> pids;
     for (int r = 0; r < world; ++r) {
-      // A fresh store namespace per N: the worker's barrier is always "bench/barrier".
+      // A fresh barrier name per N (one store serves every N).
       std::vector<std::string> env = {
           fmt::format("DSTRAIN_STORE=127.0.0.1:{}", server.port()),
           "DSTRAIN_JOB_TOKEN=bench-token", fmt::format("RANK={}", r),
-          fmt::format("WORLD_SIZE={}", world), fmt::format("DSTRAIN_BENCH_PREFIX=n{}/", world)};
+          fmt::format("WORLD_SIZE={}", world)};
       std::vector<char*> envp;
       for (auto& e : env) envp.push_back(e.data());
       envp.push_back(nullptr);
-      char* argv_w[] = {worker.data(), nullptr};
+      std::string flag = "--name", name = fmt::format("n{}/barrier", world);
+      char* argv_w[] = {worker.data(), flag.data(), name.data(), nullptr};
       pid_t pid = 0;
       if (::posix_spawn(&pid, worker.c_str(), nullptr, nullptr, argv_w, envp.data()) != 0) {
         std::fprintf(stderr, "cannot start %s\n", worker.c_str());

@@ -73,7 +73,8 @@ struct AddrInfoDeleter {
 };
 using AddrInfoPtr = std::unique_ptr<addrinfo, AddrInfoDeleter>;
 
-AddrInfoPtr resolve(const std::string& host, int port, bool passive) {
+// getaddrinfo's status (0 or EAI_*); fills `out` on success.
+int try_resolve(const std::string& host, int port, bool passive, AddrInfoPtr* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -82,10 +83,15 @@ AddrInfoPtr resolve(const std::string& host, int port, bool passive) {
   std::string service = std::to_string(port);
   const char* node = host.empty() ? nullptr : host.c_str();
   int rc = getaddrinfo(node, service.c_str(), &hints, &res);
-  if (rc != 0) {
-    throw invalid_argument("cannot resolve host '{}': {}", host, gai_strerror(rc));
-  }
-  return AddrInfoPtr(res);
+  if (rc == 0) out->reset(res);
+  return rc;
+}
+
+AddrInfoPtr resolve(const std::string& host, int port, bool passive) {
+  AddrInfoPtr res;
+  int rc = try_resolve(host, port, passive, &res);
+  if (rc != 0) throw invalid_argument("cannot resolve host '{}': {}", host, gai_strerror(rc));
+  return res;
 }
 
 std::string display(const std::string& host, int port) { return HostPort{host, port}.str(); }
@@ -199,14 +205,21 @@ Fd connect_tcp(const std::string& host, int port, Deadline deadline,
   thread_local std::mt19937_64 rng(std::random_device{}());
   Millis backoff = options.initial_backoff;
   int attempts = 0;
-  int last_err = 0;
+  std::string last_error = "no attempt made";
   for (;;) {
-    AddrInfoPtr res = resolve(host, port, false);
+    AddrInfoPtr res;
+    int rc = try_resolve(host, port, false, &res);
+    if (rc == EAI_AGAIN) {
+      last_error = fmt::format("cannot resolve host '{}': {}", host, gai_strerror(rc));
+    } else if (rc != 0) {
+      throw invalid_argument("{}: cannot resolve host '{}': {}", peer, host, gai_strerror(rc));
+    }
     for (addrinfo* ai = res.get(); ai; ai = ai->ai_next) {
       ++attempts;
       Fd fd;
-      last_err = try_connect(ai, deadline, &fd);
-      if (last_err == 0) return fd;
+      int err = try_connect(ai, deadline, &fd);
+      if (err == 0) return fd;
+      last_error = errno_string(err);
       if (deadline.expired()) break;
     }
     if (deadline.expired()) break;
@@ -222,7 +235,7 @@ Fd connect_tcp(const std::string& host, int port, Deadline deadline,
   throw Error(ErrorKind::kTimeout,
               fmt::format("could not connect to {} within {} after {} attempt{}: {}", peer,
                           format_seconds(waited), attempts, attempts == 1 ? "" : "s",
-                          errno_string(last_err)),
+                          last_error),
               "check that the address is right and that the server is running and reachable "
               "(firewall, interface)");
 }

@@ -12,7 +12,8 @@ std::string to_string(const Bytes& b) { return std::string(b.begin(), b.end()); 
 
 Deadline Store::deadline_for(std::optional<Millis> t) const {
   Millis m = resolve_timeout(t);
-  if (m == kNoTimeout) return Deadline::never();
+  // kNoTimeout, and anything beyond a century (which would overflow the clock), waits forever.
+  if (m >= Millis(int64_t{100} * 365 * 24 * 3600 * 1000)) return Deadline::never();
   if (m.count() < 0) m = Millis(0);
   return Deadline::after(m);
 }

@@ -141,11 +141,18 @@ void TcpStoreClient::fail(const std::string& what, const std::exception& e) {
   broken_ = true;
   broken_reason_ = e.what();
   fd_.reset();
-  if (auto* err = dynamic_cast<const Error*>(&e)) {
-    throw Error(err->kind(), fmt::format("{}{}: {} failed: {}", describe(), who(), what, e.what()),
-                err->hint());
-  }
-  throw remote_error("{}{}: {} failed: {}", describe(), who(), what, e.what());
+  // Socket errors already name the peer: say "the store" instead of repeating the address.
+  std::string inner = e.what();
+  const std::string me = describe();
+  if (inner.rfind(me, 0) == 0) inner = "the store" + inner.substr(me.size());
+  broken_reason_ = inner;
+  auto* err = dynamic_cast<const Error*>(&e);
+  ErrorKind kind = err ? err->kind() : ErrorKind::kRemote;
+  std::string hint = err && !err->hint().empty()
+                         ? err->hint()
+                         : "the store is hosted by node 0's dstrain agent; it goes away when the "
+                           "job is torn down or that agent dies";
+  throw Error(kind, fmt::format("{}{}: {} failed: {}", me, who(), what, inner), hint);
 }
 
 TcpStoreClient::Reply TcpStoreClient::round_trip(const std::vector<uint8_t>& frame,
@@ -193,7 +200,7 @@ TcpStoreClient::Reply TcpStoreClient::blocking_call(const std::vector<uint8_t>& 
     net::write_exact(fd_.get(), frame.data(), frame.size(), deadline_for(std::nullopt), peer);
     if (net::wait_readable(fd_.get(), deadline)) {
       // The reply has started: the rest follows promptly.
-      early = read_reply(Deadline::after(kCancelGrace + default_timeout()), what);
+      early = read_reply(deadline_for(std::nullopt), what);
     } else {
       auto cancel = proto::Writer(Type::kCancelWait).finish();
       Deadline grace = Deadline::after(kCancelGrace);
