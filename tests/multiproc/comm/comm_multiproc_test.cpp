@@ -69,20 +69,55 @@ std::vector<int> wait_all(const std::vector<pid_t>& pids, Millis timeout) {
 
 class CommMultiprocTest : public ::testing::TestWithParam<Backend> {
  protected:
+  // The store runs in a process of its own, so that this process has no threads when it forks
+  // the ranks (a fork next to a running thread can inherit a held lock, e.g. in ASan's
+  // allocator, and hang the child).
   void SetUp() override {
-    store::TcpStoreServerOptions o;
-    o.host = "127.0.0.1";
-    o.token = kToken;
-    server_ = std::make_unique<store::TcpStoreServer>(o);
-    server_->start();
+    int port_pipe[2], stop_pipe[2];
+    ASSERT_EQ(::pipe(port_pipe), 0);
+    ASSERT_EQ(::pipe(stop_pipe), 0);
+    std::fflush(nullptr);
+    server_pid_ = ::fork();
+    ASSERT_GE(server_pid_, 0);
+    if (server_pid_ == 0) {
+      ::close(port_pipe[0]);
+      ::close(stop_pipe[1]);
+      int code = 0;
+      try {
+        store::TcpStoreServerOptions o;
+        o.host = "127.0.0.1";
+        o.token = kToken;
+        store::TcpStoreServer server(o);
+        server.start();
+        const int port = server.port();
+        if (::write(port_pipe[1], &port, sizeof(port)) != sizeof(port)) code = 2;
+        ::close(port_pipe[1]);
+        char c;
+        while (::read(stop_pipe[0], &c, 1) > 0) {
+        }
+        server.stop();
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "store server: %s\n", e.what());
+        code = 1;
+      }
+      ::_exit(code);
+    }
+    ::close(port_pipe[1]);
+    ::close(stop_pipe[0]);
+    stop_fd_ = stop_pipe[1];
+    ASSERT_EQ(::read(port_pipe[0], &port_, sizeof(port_)), static_cast<ssize_t>(sizeof(port_)));
+    ::close(port_pipe[0]);
   }
-  void TearDown() override { server_->stop(); }
+  void TearDown() override {
+    if (stop_fd_ >= 0) ::close(stop_fd_);
+    if (server_pid_ > 0) ::waitpid(server_pid_, nullptr, 0);
+  }
 
   // In the child: the rank's world Comm over its own TCP store client.
   CommPtr connect(int rank, int size, Millis timeout) {
     store::TcpStoreClientOptions c;
     c.host = "127.0.0.1";
-    c.port = server_->port();
+    c.port = port_;
     c.token = kToken;
     c.rank = rank;
     c.world_size = size;
@@ -99,7 +134,9 @@ class CommMultiprocTest : public ::testing::TestWithParam<Backend> {
     return wait_all(pids, timeout);
   }
 
-  std::unique_ptr<store::TcpStoreServer> server_;
+  pid_t server_pid_ = -1;
+  int stop_fd_ = -1;
+  int port_ = 0;
 };
 
 std::string backend_label(const ::testing::TestParamInfo<Backend>& info) {
