@@ -71,7 +71,7 @@ struct LoaderState {
 };
 
 // Reads micro-batches of one rank from a token file. Not thread-safe (one loader per rank). The
-// TokenFile must outlive the loader. The only allocation is the shuffle permutation (W int32),
+// TokenFile must outlive the loader and stay where it is (the loader keeps its address). The only allocation is the shuffle permutation (W int32),
 // made once per epoch; next() allocates nothing.
 class DataLoader {
  public:

@@ -45,7 +45,7 @@ LossScaler::LossScaler(const LossScalerConfig& config) : config_(config) {
 bool LossScaler::update(bool overflow) {
   if (!dynamic_) {
     ++cur_iter_;
-    return overflow;
+    return config_.enabled && overflow;  // static: skip the step; disabled: the caller decides
   }
   if (overflow) {
     if (config_.hysteresis == 1 || cur_hysteresis_ == 1) {

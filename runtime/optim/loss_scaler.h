@@ -15,8 +15,9 @@
 //     refilled then).
 //   Either way the iteration counter advances.
 // Static scaling (loss_scale > 0) keeps the scale fixed; an overflow still skips the step.
-// A disabled scaler (bf16 / fp32 training) has scale 1 and never asks to skip for scaling
-// reasons (overflow still reports a skip: an inf gradient never updates the weights).
+// A disabled scaler (bf16 / fp32 training) has scale 1 and update() always returns false: without
+// loss scaling an overflow is divergence, not a reason to skip, and what to do is the caller's
+// decision (dstrain's trainer stops with an error).
 //
 // Note: DeepSpeed's non-ZeRO fused FP16_Optimizer ignores hysteresis; its ZeRO optimizers use
 // DynamicLossScaler as here. dstrain applies this one rule at every ZeRO stage.
@@ -53,7 +54,8 @@ class LossScaler {
   bool dynamic() const { return dynamic_; }
 
   // Reports the step's overflow flag and adjusts the scale as described above. Returns true when
-  // the step must be skipped (= overflow). Throws ds::Error at the minimum scale (see above).
+  // the step must be skipped (= overflow, when enabled; always false when disabled). Throws
+  // ds::Error at the minimum scale (see above).
   bool update(bool overflow);
 
   int64_t iteration() const { return cur_iter_; }
