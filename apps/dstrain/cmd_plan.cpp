@@ -5,6 +5,7 @@
 //   layout search: --recommend --config C --world-size N --gpu-mem SIZE
 // The numbers come from lib/plan; this file parses flags, picks the mode and prints tables or
 // JSON. It is the only place of the plan that may ask the runtime which GPUs exist.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
@@ -16,8 +17,14 @@
 #include "commands.h"
 #include "common/error.h"
 #include "common/strings.h"
+#include "config/hostfile.h"
+#include "config/job_config.h"
+#include "core/device.h"
 #include "plan/activation_paper.h"
+#include "plan/from_config.h"
+#include "plan/memory_model.h"
 #include "plan/model_state.h"
+#include "plan/recommend.h"
 
 namespace ds::cli {
 
@@ -39,6 +46,17 @@ struct PlanOptions {
   bool json = false;
   // paper activations without a config
   int64_t hidden = 0, heads = 0, seq_len = 0, micro_batch = 1, tp = 1, layers = 0, pp = 1;
+  // model mode
+  std::string config;
+  std::string hostfile;
+  std::string gpu_mem;  // "80GiB"
+  int threads = 1;
+  // layout search
+  bool recommend = false;
+  int top = 10;
+  plan::Hardware hw;
+  double gpu_tflops = 125;
+  double intra_gbps = 150, inter_gbps = 12.5, pcie_gbps = 16;
 };
 
 double parse_count(const std::string& s, const char* flag) {
@@ -221,7 +239,300 @@ int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t 
   return 0;
 }
 
+
+// ---- model mode ------------------------------------------------------------------------------
+
+std::string gib(int64_t bytes) { return format_bytes(static_cast<double>(bytes)); }
+
+std::string seconds(double s) {
+  if (s >= 1) return fmt::format("{:.2f} s", s);
+  if (s >= 1e-3) return fmt::format("{:.2f} ms", s * 1e3);
+  return fmt::format("{:.2f} us", s * 1e6);
+}
+
+std::string count(int64_t n) {
+  if (n >= 1000000000) return fmt::format("{:.2f}B", static_cast<double>(n) / 1e9);
+  if (n >= 1000000) return fmt::format("{:.2f}M", static_cast<double>(n) / 1e6);
+  return std::to_string(n);
+}
+
+nlohmann::ordered_json layout_json(const plan::Layout& l) {
+  return nlohmann::ordered_json{{"tp", l.tp},
+                                {"pp", l.pp},
+                                {"dp", l.dp},
+                                {"zero_stage", l.zero_stage},
+                                {"micro_batch", l.micro_batch},
+                                {"gradient_accumulation_steps", l.grad_accum},
+                                {"activation_checkpointing", l.checkpointing},
+                                {"offload_optimizer", l.offload_optimizer ? "cpu" : "none"},
+                                {"offload_param", l.offload_param ? "cpu" : "none"},
+                                {"schedule", plan::schedule_name(l.schedule)},
+                                {"precision", plan::precision_name(l.precision)}};
+}
+
+// World size and GPUs per node from --world-size and/or --hostfile.
+struct WorldInfo {
+  int world_size = 0;
+  int gpus_per_node = 0;  // 0: unknown
+};
+
+WorldInfo resolve_world(const PlanOptions& o) {
+  WorldInfo w;
+  w.world_size = static_cast<int>(o.world_size);
+  if (!o.hostfile.empty()) {
+    auto hf = config::load_hostfile(o.hostfile);
+    int total = 0, most = 0;
+    for (const auto& h : hf.hosts) {
+      total += h.slots;
+      most = std::max(most, h.slots);
+    }
+    if (w.world_size == 0) w.world_size = total;
+    if (w.world_size > total) {
+      throw invalid_argument("--world-size {} exceeds the {} slots of hostfile {}", w.world_size, total,
+                             o.hostfile);
+    }
+    w.gpus_per_node = most;
+  }
+  if (o.gpus_per_node > 0) w.gpus_per_node = static_cast<int>(o.gpus_per_node);
+  if (w.world_size <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "dstrain plan --config needs the world size",
+                "give --world-size N or --hostfile H");
+  }
+  return w;
+}
+
+// Device memory: --gpu-mem, else the smallest GPU found; 0 when neither.
+int64_t device_memory(const PlanOptions& o, std::string* source) {
+  if (!o.gpu_mem.empty()) {
+    auto v = parse_bytes(o.gpu_mem);
+    if (!v || *v <= 0) {
+      throw invalid_argument("--gpu-mem expects a size like 80GiB, 40GB or 8e10, got '{}'", o.gpu_mem);
+    }
+    *source = "--gpu-mem";
+    return static_cast<int64_t>(*v);
+  }
+  auto acc = rt::query_accelerators();
+  int64_t smallest = 0;
+  for (const auto& g : acc.gpus) {
+    const auto b = static_cast<int64_t>(g.total_bytes);
+    if (smallest == 0 || b < smallest) smallest = b;
+  }
+  if (smallest > 0) *source = fmt::format("smallest of {} GPU(s) found", acc.gpus.size());
+  return smallest;
+}
+
+void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p, int64_t device,
+                     const std::string& device_source) {
+  const auto& l = p.layout;
+  const auto& s = p.shape;
+  std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
+                           plan::describe_layout(l), plan::precision_name(l.precision),
+                           l.pp > 1 ? fmt::format(", {} schedule", plan::schedule_name(l.schedule)) : "");
+  std::cout << fmt::format("model: GPT-2 L={} NH={} C={} V={} (Vp {}) T={}, {} parameters\n\n",
+                           s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.padded_vocab_size, s.seq_len,
+                           count(model_spec::param_count(s)));
+  auto groups = plan::distinct_ranks(p);
+  const char* row = "  {:<12} {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n";
+  std::cout << fmt::format(fmt::runtime(row), "ranks", "stage", "layers", "in-flight", "params", "grads",
+                           "optimizer", "activations", "comm", "workspace", "total");
+  for (const auto& g : groups) {
+    const auto& r = *g.first;
+    std::cout << fmt::format(fmt::runtime(row), g.ranks_text, r.stage,
+                             fmt::format("{}-{}", r.layer_begin, r.layer_end - 1), r.in_flight,
+                             gib(r.params), gib(r.grads), gib(r.optimizer), gib(r.activations),
+                             gib(r.comm), gib(r.workspace), gib(r.total()));
+  }
+  plan::RankMemory sum;
+  int64_t cpu = 0;
+  for (const auto& r : p.ranks) {
+    sum.params += r.params;
+    sum.grads += r.grads;
+    sum.optimizer += r.optimizer;
+    sum.activations += r.activations;
+    sum.comm += r.comm;
+    sum.workspace += r.workspace;
+    cpu = std::max(cpu, r.cpu);
+  }
+  std::cout << fmt::format(fmt::runtime(row), "all ranks", "", "", "", gib(sum.params), gib(sum.grads),
+                           gib(sum.optimizer), gib(sum.activations), gib(sum.comm), gib(sum.workspace),
+                           gib(sum.total()));
+  if (cpu > 0) std::cout << fmt::format("\nhost memory per rank (offloaded): up to {}\n", gib(cpu));
+
+  const auto& peak = p.peak_rank();
+  std::cout << fmt::format("\nhow rank {} (the peak) is counted:\n", peak.rank);
+  for (const auto& n : p.notes) std::cout << fmt::format("  {:<12} {}\n", n.tag, n.text);
+
+  std::cout << "\n";
+  if (device <= 0) {
+    std::cout << fmt::format("verdict: none (peak {} on rank {}); no --gpu-mem given and no GPU found\n",
+                             gib(peak.total()), peak.rank);
+    return;
+  }
+  auto v = plan::verdict(p, device);
+  if (v.fits) {
+    std::cout << fmt::format("verdict: fits: peak {} on rank {} of {} per GPU ({}), {} free\n",
+                             gib(v.peak_bytes), v.peak_rank, gib(device), device_source, gib(v.margin));
+    return;
+  }
+  std::cout << fmt::format("verdict: does NOT fit: peak {} on rank {} exceeds {} per GPU ({}) by {}\n",
+                           gib(v.peak_bytes), v.peak_rank, gib(device), device_source, gib(-v.margin));
+  if (v.fixes.empty()) {
+    std::cout << "no single change fits; try dstrain plan --recommend\n";
+  } else {
+    std::cout << "each of these alone would fit:\n";
+    for (const auto& f : v.fixes) std::cout << "  - " << f << "\n";
+  }
+}
+
+nlohmann::ordered_json rank_json(const plan::RankMemory& r) {
+  return nlohmann::ordered_json{{"rank", r.rank},
+                                {"stage", r.stage},
+                                {"dp_rank", r.dp_rank},
+                                {"tp_rank", r.tp_rank},
+                                {"layers", {r.layer_begin, r.layer_end}},
+                                {"in_flight_micro_batches", r.in_flight},
+                                {"params", r.params},
+                                {"grads", r.grads},
+                                {"optimizer", r.optimizer},
+                                {"activations", r.activations},
+                                {"comm", r.comm},
+                                {"workspace", r.workspace},
+                                {"buffers", r.buffers()},
+                                {"total", r.total()},
+                                {"cpu", r.cpu}};
+}
+
+int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldInfo& w, int64_t device,
+                  const std::string& device_source) {
+  if (device <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--recommend needs the device memory",
+                "give --gpu-mem SIZE (e.g. 80GiB), or run where GPUs are visible");
+  }
+  plan::Hardware hw = o.hw;
+  hw.gpu_flops = o.gpu_tflops * 1e12;
+  hw.intra_node_bw = o.intra_gbps * 1e9;
+  hw.inter_node_bw = o.inter_gbps * 1e9;
+  hw.pcie_bw = o.pcie_gbps * 1e9;
+  if (w.gpus_per_node > 0) hw.gpus_per_node = w.gpus_per_node;
+  if (!(hw.gpu_flops > 0 && hw.intra_node_bw > 0 && hw.inter_node_bw > 0 && hw.pcie_bw > 0)) {
+    throw invalid_argument("--gpu-tflops, --intra-node-gbps, --inter-node-gbps and --pcie-gbps must be positive");
+  }
+  if (o.top < 1) throw invalid_argument("--top must be at least 1, got {}", o.top);
+  auto res = plan::recommend(in.shape, in.layout, w.world_size, device, hw);
+  const int64_t global_batch =
+      static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
+  const size_t n = std::min(res.fits.size(), static_cast<size_t>(o.top));
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["config"] = o.config;
+    j["world_size"] = w.world_size;
+    j["device_bytes"] = device;
+    j["global_batch"] = global_batch;
+    j["considered"] = res.considered;
+    j["fitting"] = res.fits.size();
+    j["rejected_memory"] = res.rejected_memory;
+    j["rejected_rule"] = res.rejected_rule;
+    j["hardware"] = {{"gpu_flops", hw.gpu_flops}, {"intra_node_bw", hw.intra_node_bw},
+                     {"layer_overhead", hw.layer_overhead},
+                     {"inter_node_bw", hw.inter_node_bw}, {"pcie_bw", hw.pcie_bw},
+                     {"cpu_adam_rate", hw.cpu_adam_rate}, {"gpus_per_node", hw.gpus_per_node}};
+    j["recommendations"] = nlohmann::ordered_json::array();
+    for (size_t i = 0; i < n; ++i) {
+      const auto& c = res.fits[i];
+      nlohmann::ordered_json e;
+      e["layout"] = layout_json(c.layout);
+      e["peak_bytes"] = c.peak_bytes;
+      e["step_seconds"] = c.time.total();
+      e["step"] = {{"compute", c.time.compute}, {"bubble", c.time.bubble}, {"tp_comm", c.time.tp_comm},
+                   {"pp_comm", c.time.pp_comm}, {"dp_comm", c.time.dp_comm}, {"offload", c.time.offload},
+                   {"overhead", c.time.overhead}};
+      e["reason"] = c.reason;
+      j["recommendations"].push_back(e);
+    }
+    std::cout << j.dump(2) << "\n";
+    return res.fits.empty() ? 1 : 0;
+  }
+  std::cout << fmt::format(
+      "layouts of {} rank(s) for {} at global batch {} that fit {} per GPU ({}): {} of {} "
+      "({} over memory, {} impossible)\n",
+      w.world_size, o.config, global_batch, gib(device), device_source, res.fits.size(), res.considered,
+      res.rejected_memory, res.rejected_rule);
+  std::cout << fmt::format("step time model: {:.0f} TFLOP/s per GPU, {:.1f} GB/s intra-node, {:.1f} GB/s "
+                           "inter-node, {} GPUs per node (flags override)\n\n",
+                           hw.gpu_flops / 1e12, hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9,
+                           hw.gpus_per_node);
+  if (res.fits.empty()) {
+    std::cout << "no layout fits; more GPUs, a smaller model or a shorter sequence are needed\n";
+    return 1;
+  }
+  size_t width = 6;
+  for (size_t i = 0; i < n; ++i) width = std::max(width, plan::describe_layout(res.fits[i].layout).size());
+  std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>10}  {}\n", "#", "layout", width, "peak",
+                           "step (est.)", "reason");
+  for (size_t i = 0; i < n; ++i) {
+    const auto& c = res.fits[i];
+    std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>10}  {}\n", i + 1, plan::describe_layout(c.layout),
+                             width, gib(c.peak_bytes), seconds(c.time.total()), c.reason);
+  }
+  return 0;
+}
+
+int run_model(const PlanOptions& o) {
+  if (!o.params.empty()) throw invalid_argument("--config and --params are two modes; give one");
+  WorldInfo w = resolve_world(o);
+  auto cfg = config::load_job_config(o.config, w.world_size);
+  auto in = plan::plan_input_from_config(cfg);
+  in.layout.num_threads = o.threads;
+
+  if (o.formula == "paper") {
+    if (o.recommend) throw invalid_argument("--recommend uses dstrain's own model; drop --formula paper");
+    return print_paper_activations(in.shape.seq_len, in.layout.micro_batch, in.shape.n_embd,
+                                   in.shape.n_head, in.layout.tp, in.shape.n_layer, in.layout.pp, o.json);
+  }
+  if (!o.formula.empty()) {
+    throw invalid_argument("--formula {} does not apply with --config (paper: Korthikanti's "
+                           "activation view; deepspeed: use --params)", o.formula);
+  }
+  std::string device_source;
+  const int64_t device = device_memory(o, &device_source);
+  if (o.recommend) return run_recommend(o, in, w, device, device_source);
+
+  auto p = plan::plan_memory(in.shape, in.layout);
+  if (o.json) {
+    nlohmann::ordered_json j;
+    j["ranks"] = nlohmann::ordered_json::array();
+    for (const auto& r : p.ranks) j["ranks"].push_back(rank_json(r));
+    j["config"] = o.config;
+    j["world_size"] = in.layout.world_size();
+    j["layout"] = layout_json(in.layout);
+    j["model"] = {{"n_layer", in.shape.n_layer}, {"n_head", in.shape.n_head}, {"n_embd", in.shape.n_embd},
+                  {"vocab_size", in.shape.vocab_size}, {"padded_vocab_size", in.shape.padded_vocab_size},
+                  {"seq_len", in.shape.seq_len}, {"params", model_spec::param_count(in.shape)}};
+    j["stage_layers"] = p.bounds;
+    j["distinct"] = nlohmann::ordered_json::array();
+    for (const auto& g : plan::distinct_ranks(p)) {
+      j["distinct"].push_back({{"ranks", g.ranks_text}, {"stage", g.first->stage}, {"total", g.first->total()}});
+    }
+    j["peak"] = {{"rank", p.peak_rank().rank}, {"total", p.peak_total()}};
+    if (device > 0) {
+      auto v = plan::verdict(p, device);
+      j["device_bytes"] = device;
+      j["verdict"] = {{"fits", v.fits}, {"margin", v.margin}, {"fixes", v.fixes}};
+    } else {
+      j["device_bytes"] = nullptr;
+      j["verdict"] = nullptr;
+    }
+    std::cout << j.dump(2) << "\n";
+  } else {
+    print_plan_text(o, p, device, device_source);
+  }
+  if (device > 0 && p.peak_total() > device) return 1;
+  return 0;
+}
+
 int run_plan(const PlanOptions& o) {
+  if (!o.config.empty()) return run_model(o);
+  if (o.recommend) throw invalid_argument("--recommend needs --config (the model and the batch)");
   if (o.params.empty() && o.hidden > 0) {
     if (!o.formula.empty() && o.formula != "paper") {
       throw invalid_argument("--hidden without --config gives the paper's activation view; "
@@ -274,6 +585,19 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--tp", o.tp, "paper activation view: tensor-parallel size t (default 1)");
   sub.add_option("--layers", o.layers, "paper activation view: layers L (for the per-stage total)");
   sub.add_option("--pp", o.pp, "paper activation view: pipeline stages (default 1)");
+  sub.add_option("--config,-c", o.config, "model mode: job config (DeepSpeed-style JSON with a model section)");
+  sub.add_option("--hostfile,-H", o.hostfile, "model mode: hostfile giving the ranks and GPUs per node");
+  sub.add_option("--gpu-mem", o.gpu_mem, "device memory per GPU for the verdict, e.g. 80GiB (default: the GPUs found)");
+  sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default 1)");
+  sub.add_flag("--recommend", o.recommend, "enumerate the layouts that fit, fastest first (needs --config, --gpu-mem)");
+  sub.add_option("--top", o.top, "--recommend: how many layouts to print (default 10)");
+  sub.add_option("--gpu-tflops", o.gpu_tflops, "--recommend: achieved TFLOP/s per GPU (default 125)");
+  sub.add_option("--intra-node-gbps", o.intra_gbps, "--recommend: GB/s per GPU inside a node (default 150)");
+  sub.add_option("--inter-node-gbps", o.inter_gbps, "--recommend: GB/s per GPU across nodes (default 12.5)");
+  sub.add_option("--pcie-gbps", o.pcie_gbps, "--recommend: GB/s host<->device for offload (default 16)");
+  sub.add_option("--cpu-adam-rate", o.hw.cpu_adam_rate, "--recommend: parameters/s of the CPU optimizer (default 1e9)");
+  sub.add_option("--layer-overhead", o.hw.layer_overhead,
+                 "--recommend: seconds per layer per micro-batch of launch overhead (default 50e-6)");
 }
 
 }  // namespace

@@ -255,12 +255,14 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
                                                  l.offload_optimizer ? ", offloaded to CPU" : "")});
   plan.notes.push_back({"activations",
-                        fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}) "
-                                    "+ {} recompute buffers",
+                        fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
                                     p.in_flight, l.pp > 1 ? schedule_name(l.schedule) : "no pipeline",
                                     format_bytes(static_cast<double>(at.per_micro_batch * kActivationBytes)),
                                     l.micro_batch, s.seq_len, l.checkpointing ? ", checkpointed" : "",
-                                    format_bytes(static_cast<double>(at.shared_activations * kActivationBytes)))});
+                                    l.checkpointing ? " + " + format_bytes(static_cast<double>(
+                                                                  at.shared_activations * kActivationBytes)) +
+                                                          " to recompute one layer"
+                                                    : std::string())});
   std::string comm;
   if (z(2)) comm = fmt::format("reduce bucket min(reduce_bucket_size, n) x {} B", pb);
   if (z(3)) comm += "; gathered ZeRO-3 units (largest + prefetched next)";

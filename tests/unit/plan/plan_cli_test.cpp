@@ -2,6 +2,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
+
+#include <fstream>
+
 #include "support/run_command.h"
 
 namespace ds {
@@ -12,6 +16,26 @@ using test::run_command;
 using test::source_path;
 
 bool contains(const std::string& s, const std::string& what) { return s.find(what) != std::string::npos; }
+
+// The hand-computed tiny model of memory_model_test.cpp as a job config in a temp file.
+class TinyConfig {
+ public:
+  explicit TinyConfig(const std::string& extra = "") {
+    char tmpl[] = "/tmp/ds_plan_cfg_XXXXXX";
+    int fd = mkstemp(tmpl);
+    if (fd >= 0) close(fd);
+    path_ = tmpl;
+    std::ofstream(path_) << R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
+      "zero_optimization": {"stage": 1}, )" << extra << R"(
+      "model": {"type": "gpt2", "n_layer": 2, "n_head": 2, "n_embd": 8, "vocab_size": 16,
+                "padded_vocab_size": 16, "seq_len": 4}})";
+  }
+  ~TinyConfig() { unlink(path_.c_str()); }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 TEST(PlanCli, PaperGenericText) {
   auto r = run_command(dstrain() + " plan --params 7.5e9 --world-size 64 --zero-stage 1");
@@ -82,6 +106,101 @@ TEST(PlanCli, PaperActivationView) {
   r = run_command(dstrain() + " plan --formula paper --hidden 12288 --heads 96 --seq-len 2048 --tp 5");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_TRUE(contains(r.err, "must divide")) << r.err;
+}
+
+TEST(PlanCli, ModelModeJsonHasEveryRankWithIntegerBytes) {
+  TinyConfig cfg;
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 2 --gpu-mem 1MiB --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (const auto& rank : j["ranks"]) {
+    for (const char* k : {"rank", "stage", "params", "grads", "optimizer", "activations", "buffers", "total"}) {
+      ASSERT_TRUE(rank.contains(k)) << k;
+      EXPECT_TRUE(rank[k].is_number_integer()) << k;
+    }
+  }
+  const auto& r1 = j["ranks"][1];
+  EXPECT_EQ(r1["rank"], 1);
+  EXPECT_EQ(r1["params"], 7680);
+  EXPECT_EQ(r1["optimizer"], 7680);
+  EXPECT_EQ(r1["activations"], 9184);
+  EXPECT_EQ(r1["buffers"], 3200);
+  EXPECT_EQ(r1["total"], 35424);
+  EXPECT_EQ(j["verdict"]["fits"], true);
+  EXPECT_EQ(j["verdict"]["margin"], 1048576 - 35424);
+}
+
+TEST(PlanCli, ModelModeTextAndVerdict) {
+  TinyConfig cfg;
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 2 --gpu-mem 1MiB");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "0-1")) << r.out;
+  EXPECT_TRUE(contains(r.out, "verdict: fits")) << r.out;
+  EXPECT_TRUE(contains(r.out, "34.59 KiB")) << r.out;  // 35424 bytes
+  // 30000 bytes: does not fit, exit 1, and says what would.
+  r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 2 --gpu-mem 30000");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.out, "does NOT fit")) << r.out;
+  EXPECT_TRUE(contains(r.out, "each of these alone would fit")) << r.out;
+}
+
+TEST(PlanCli, ModelModePipelineRanksDiffer) {
+  TinyConfig cfg(R"("pipeline": {"stages": 2}, )");
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["ranks"].size(), 4u);
+  EXPECT_EQ(j["ranks"][0]["stage"], 0);
+  EXPECT_EQ(j["ranks"][3]["stage"], 1);
+  EXPECT_EQ(j["distinct"].size(), 2u);
+}
+
+TEST(PlanCli, ImpossibleLayoutsExitTwoNamingTheRule) {
+  TinyConfig cfg(R"("tensor_parallel": {"size": 4}, )");
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "n_head")) << r.err;
+  TinyConfig ok;
+  r = run_command(dstrain() + " plan --config " + ok.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "world size")) << r.err;
+  r = run_command(dstrain() + " plan --config " + ok.path() + " --world-size 2 --recommend");
+  // without --gpu-mem and without GPUs: exit 2 (on a GPU machine the GPUs' memory is used)
+  if (r.exit_code != 0) {
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_TRUE(contains(r.err, "device memory")) << r.err;
+  }
+}
+
+TEST(PlanCli, RecommendListsOnlyLayoutsThatFit) {
+  TinyConfig cfg;
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() +
+                       " --world-size 4 --gpu-mem 40000 --recommend --top 100 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  auto j = nlohmann::json::parse(r.out);
+  ASSERT_GT(j["recommendations"].size(), 0u);
+  EXPECT_GT(j["rejected_memory"].get<int>(), 0);
+  for (const auto& e : j["recommendations"]) {
+    EXPECT_LE(e["peak_bytes"].get<int64_t>(), 40000);
+    EXPECT_NE(e["layout"]["tp"], 4);  // 4 does not divide 2 heads
+    EXPECT_FALSE(e["reason"].get<std::string>().empty());
+  }
+  r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4 --gpu-mem 40000 --recommend --top 500");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "tp 1 x pp 1 x dp 4")) << r.out;
+  r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4 --gpu-mem 1000 --recommend");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_TRUE(contains(r.out, "no layout fits")) << r.out;
+}
+
+TEST(PlanCli, ConfigPaperView) {
+  TinyConfig cfg;
+  auto r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 2 --formula paper --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  // s=4, b=2, h=8, a=2: sbh(34 + 5as/h) = 64 x (34 + 5) = 2496
+  EXPECT_EQ(j["rows"][0]["per_layer"], 2496);
 }
 
 }  // namespace
