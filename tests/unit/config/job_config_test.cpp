@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -519,6 +520,47 @@ TEST(JobConfig, TheMainJobConfigIsTheTinyByteLevelModel) {
   EXPECT_EQ(c.data.train, std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin");
   EXPECT_EQ(c.data.val, std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin");
   EXPECT_TRUE(c.warnings.empty());
+}
+
+
+// Mutated configs (bytes deleted, inserted, replaced, duplicated) never crash or hang the
+// parser: each one is either valid or a ds::Error with a message naming the file.
+TEST(JobConfig, MutatedConfigsFailCleanly) {
+  std::ifstream in(std::string(DS_SOURCE_DIR) + "/configs/gpt2-small-fp16-deepspeed.json");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string base = ss.str();
+  ASSERT_FALSE(base.empty());
+  std::mt19937 rng(1234);
+  const std::string alphabet = "{}[]\":,.-+eE0123456789 \n\\tnulltruefalse\x80\xff";
+  int valid = 0, invalid = 0;
+  for (int iter = 0; iter < 800; ++iter) {
+    std::string text = base;
+    int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !text.empty(); ++e) {
+      size_t at = rng() % text.size();
+      switch (rng() % 4) {
+        case 0: text.erase(at, 1 + rng() % 8); break;
+        case 1: text.insert(at, 1, alphabet[rng() % alphabet.size()]); break;
+        case 2: text[at] = alphabet[rng() % alphabet.size()]; break;
+        default: text.insert(at, text.substr(at, rng() % 40)); break;
+      }
+    }
+    for (int world : {1, 3}) {
+      try {
+        JobConfig c = parse_job_config(text, "m.json", world);
+        (void)c.to_json().dump();
+        ++valid;
+      } catch (const ConfigError& e) {
+        ++invalid;
+        ASSERT_FALSE(e.errors().empty());
+        for (const auto& err : e.errors()) ASSERT_EQ(err.rfind("m.json", 0), 0u) << err;
+      }
+    }
+  }
+  // Both outcomes occur (whitespace or digit edits stay valid), so both paths are exercised.
+  EXPECT_GT(invalid, 800) << valid << " valid";
+  EXPECT_GT(valid, 5) << invalid << " invalid";
 }
 
 }  // namespace
