@@ -1,0 +1,292 @@
+// `dstrain launch` and `dstrain check` over real SSH: the suite starts two OpenSSH servers on
+// 127.0.0.2 and 127.0.0.3 (same unprivileged port, generated host and user keys) as two "nodes",
+// then launches real workers through them. Skips itself where sshd cannot run (not root, no
+// openssh-server). Every process it starts dies with it (PR_SET_PDEATHSIG), pass or fail.
+//
+// Note: each SSH command runs through the remote user's login shell; a slow ~/.bashrc adds its
+// start-up time to every launch here.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <memory>
+
+#include <gtest/gtest.h>
+
+#include "multiproc/launch/job_process.h"
+#include "support/run_command.h"
+
+namespace ds {
+namespace {
+
+using namespace std::chrono_literals;
+using test::JobProcess;
+using test::TempDir;
+
+bool can_bind(const char* addr, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  int port_out = port;
+  if (ok && port == 0) {
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    port_out = ntohs(a.sin_port);
+  }
+  ::close(fd);
+  return ok && port_out > 0;
+}
+
+int free_port_on_both() {
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    ::inet_pton(AF_INET, "127.0.0.2", &a.sin_addr);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    int port = ntohs(a.sin_port);
+    ::close(fd);
+    if (can_bind("127.0.0.3", port) && can_bind("127.0.0.2", port)) return port;
+  }
+  return -1;
+}
+
+bool accepts(const char* addr, int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, addr, &a.sin_addr);
+  bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(fd);
+  return ok;
+}
+
+
+// Two sshd "nodes" for the whole suite.
+struct Nodes {
+  TempDir dir;
+  int port = -1;
+  std::vector<std::unique_ptr<JobProcess>> sshd;
+  std::string skip_reason;
+
+  std::string path(const std::string& rel) const { return dir / rel; }
+
+  Nodes() {
+    if (::geteuid() != 0) {
+      skip_reason = "sshd needs root here (privilege separation)";
+      return;
+    }
+    if (::access("/usr/sbin/sshd", X_OK) != 0 || ::access("/usr/bin/ssh-keygen", X_OK) != 0) {
+      skip_reason = "openssh-server (/usr/sbin/sshd) or ssh-keygen not installed";
+      return;
+    }
+    ::mkdir("/run/sshd", 0755);
+    for (const char* k : {"host2", "host3", "user", "wrong"}) {
+      auto r = test::run_command("ssh-keygen -q -t ed25519 -N '' -C dstrain-test -f " + path(k));
+      if (r.exit_code != 0) {
+        skip_reason = "ssh-keygen failed: " + r.err;
+        return;
+      }
+    }
+    std::ofstream(path("authorized_keys")) << test::slurp(path("user.pub"));
+    port = free_port_on_both();
+    if (port < 0) {
+      skip_reason = "no port free on both 127.0.0.2 and 127.0.0.3";
+      return;
+    }
+    for (const char* n : {"2", "3"}) {
+      std::string cfg = path(std::string("sshd_config") + n);
+      std::ofstream(cfg) << "ListenAddress 127.0.0." << n << ":" << port << "\n"
+                         << "HostKey " << path(std::string("host") + n) << "\n"
+                         << "PidFile none\nAuthorizedKeysFile " << path("authorized_keys") << "\n"
+                         << "StrictModes no\nUsePAM no\nPasswordAuthentication no\n"
+                         << "KbdInteractiveAuthentication no\nPermitRootLogin prohibit-password\n"
+                         << "LogLevel ERROR\nMaxStartups 100\n";
+      sshd.push_back(std::make_unique<JobProcess>(
+          std::vector<std::string>{"/usr/sbin/sshd", "-D", "-e", "-f", cfg}));
+    }
+    auto until = std::chrono::steady_clock::now() + 10s;
+    while (!(accepts("127.0.0.2", port) && accepts("127.0.0.3", port))) {
+      if (std::chrono::steady_clock::now() > until) {
+        skip_reason = "sshd did not start: " + sshd[0]->err() + sshd[1]->err();
+        return;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+    std::ofstream(path("known_hosts"))
+        << "[127.0.0.2]:" << port << " " << test::slurp(path("host2.pub"))
+        << "[127.0.0.3]:" << port << " " << test::slurp(path("host3.pub"));
+    std::ofstream(path("hostfile")) << "# two loopback nodes\n127.0.0.2 slots=2\n127.0.0.3 slots=2\n";
+  }
+
+  std::vector<std::string> ssh_flags(const std::string& key = "user",
+                                     const std::string& known = "known_hosts") const {
+    return {"--ssh-port", std::to_string(port), "--ssh-key", path(key), "--ssh-known-hosts",
+            path(known), "--ssh-timeout", "10"};
+  }
+};
+
+Nodes* g_nodes = nullptr;
+
+class SshLaunch : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (g_nodes == nullptr) g_nodes = new Nodes();
+  }
+  static void TearDownTestSuite() {
+    delete g_nodes;
+    g_nodes = nullptr;
+  }
+  void SetUp() override {
+    if (!g_nodes->skip_reason.empty()) GTEST_SKIP() << g_nodes->skip_reason;
+  }
+
+  static std::vector<std::string> launch(std::vector<std::string> extra,
+                                         std::vector<std::string> worker,
+                                         const std::string& key = "user",
+                                         const std::string& known = "known_hosts") {
+    std::vector<std::string> a = {DS_DSTRAIN_BIN, "launch", "-H", g_nodes->path("hostfile"),
+                                  "--master-port", "0"};
+    for (auto& f : g_nodes->ssh_flags(key, known)) a.push_back(f);
+    a.insert(a.end(), extra.begin(), extra.end());
+    a.push_back("--");
+    a.push_back(DS_TEST_WORKER_BIN);
+    a.insert(a.end(), worker.begin(), worker.end());
+    return a;
+  }
+  // No ssh-agent: only the keys the tests name.
+  static std::vector<std::string> no_agent() { return {"SSH_AUTH_SOCK"}; }
+};
+
+TEST_F(SshLaunch, TwoNodesFourRanksRendezvousAndReportTheirEnvironment) {
+  JobProcess job(launch({}, {"--print-env", "--barrier"}), {}, {}, no_agent());
+  ASSERT_EQ(job.wait(60s), 0) << job.err();
+  std::string out = job.out();
+  for (int r = 0; r < 4; ++r) {
+    std::string p = "[rank " + std::to_string(r) + "] ";
+    EXPECT_NE(out.find(p + "barrier passed by rank " + std::to_string(r) + " of 4"), std::string::npos) << out;
+    EXPECT_NE(out.find(p + "env NODE_RANK=" + std::to_string(r / 2)), std::string::npos) << out;
+    EXPECT_NE(out.find(p + "env LOCAL_RANK=" + std::to_string(r % 2)), std::string::npos);
+    EXPECT_NE(out.find(p + "env WORLD_SIZE=4"), std::string::npos);
+    EXPECT_NE(out.find(p + "env MASTER_ADDR=127.0.0.2"), std::string::npos);
+    EXPECT_NE(out.find(p + "env DSTRAIN_STORE=127.0.0.2:"), std::string::npos);
+    EXPECT_NE(out.find(p + "env DSTRAIN_JOB_TOKEN_LENGTH=64"), std::string::npos);
+  }
+}
+
+TEST_F(SshLaunch, AFailingRankOnTheSecondNodeStopsBothNodes) {
+  TempDir pids;
+  JobProcess job(launch({"--kill-timeout", "5"}, {"--pid-dir", pids.path(), "--barrier", "--fail-rank", "3",
+                                                  "--fail-code", "3", "--sleep", "120"}),
+                 {}, {}, no_agent());
+  int status = job.wait(60s);
+  auto all = test::read_pids(pids.path(), 4, 1s);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(status, 3) << job.err();
+  EXPECT_EQ(all.size(), 4u);
+  EXPECT_TRUE(test::wait_gone(all, 5s).empty()) << "a worker outlived the job";
+  EXPECT_NE(job.err().find("rank 3 on 127.0.0.3 exited with exit code 3"), std::string::npos) << job.err();
+}
+
+TEST_F(SshLaunch, KillingTheLauncherLeavesNoWorkerOnEitherNode) {
+  TempDir pids;
+  JobProcess job(launch({"--kill-timeout", "3"}, {"--pid-dir", pids.path(), "--sleep", "120"}), {}, {},
+                 no_agent());
+  auto all = test::read_pids(pids.path(), 4, 30s);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(all.size(), 4u) << job.err();
+  job.signal(SIGKILL);
+  EXPECT_EQ(job.wait(10s), 137);
+  // sshd sees the connection drop, the agents see end of stdin and tear their nodes down.
+  auto left = test::wait_gone(all, 15s);
+  EXPECT_TRUE(left.empty()) << left.size() << " worker(s) left behind";
+}
+
+TEST_F(SshLaunch, SigintStopsBothNodes) {
+  TempDir pids;
+  JobProcess job(launch({"--kill-timeout", "3"}, {"--pid-dir", pids.path(), "--sleep", "120"}), {}, {},
+                 no_agent());
+  auto all = test::read_pids(pids.path(), 4, 30s);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(all.size(), 4u) << job.err();
+  job.signal(SIGINT);
+  EXPECT_EQ(job.wait(20s), 130) << job.err();
+  EXPECT_TRUE(test::wait_gone(all, 5s).empty());
+}
+
+TEST_F(SshLaunch, AnUnknownHostKeyIsAClearError) {
+  std::ofstream(g_nodes->path("empty_known_hosts")) << "";
+  JobProcess job(launch({}, {}, "user", "empty_known_hosts"), {}, {}, no_agent());
+  EXPECT_EQ(job.wait(30s), 1) << job.err();
+  EXPECT_NE(job.err().find("unknown host key"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find("--ssh-accept-new-host-keys"), std::string::npos) << job.err();
+}
+
+TEST_F(SshLaunch, AcceptNewHostKeysRecordsThem) {
+  std::ofstream(g_nodes->path("tofu_known_hosts")) << "";
+  JobProcess job(launch({"--ssh-accept-new-host-keys"}, {"--barrier"}, "user", "tofu_known_hosts"), {},
+                 {}, no_agent());
+  ASSERT_EQ(job.wait(60s), 0) << job.err();
+  std::string kh = test::slurp(g_nodes->path("tofu_known_hosts"));
+  EXPECT_NE(kh.find("[127.0.0.2]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+  EXPECT_NE(kh.find("[127.0.0.3]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+}
+
+TEST_F(SshLaunch, AChangedHostKeyIsAlwaysAnError) {
+  // node 2's name with node 3's key: what a man in the middle would present.
+  std::ofstream(g_nodes->path("changed_known_hosts"))
+      << "[127.0.0.2]:" << g_nodes->port << " " << test::slurp(g_nodes->path("host3.pub"))
+      << "[127.0.0.3]:" << g_nodes->port << " " << test::slurp(g_nodes->path("host3.pub"));
+  JobProcess job(launch({"--ssh-accept-new-host-keys"}, {}, "user", "changed_known_hosts"), {}, {},
+                 no_agent());
+  EXPECT_EQ(job.wait(30s), 1) << job.err();
+  EXPECT_NE(job.err().find("does not match"), std::string::npos) << job.err();
+}
+
+TEST_F(SshLaunch, AWrongUserKeyIsAClearError) {
+  JobProcess job(launch({}, {}, "wrong"), {}, {}, no_agent());
+  EXPECT_EQ(job.wait(30s), 1) << job.err();
+  EXPECT_NE(job.err().find("public key authentication failed"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find(g_nodes->path("wrong")), std::string::npos) << job.err();
+}
+
+TEST_F(SshLaunch, AClosedPortIsAClearError) {
+  int closed = free_port_on_both();
+  auto args = launch({}, {});
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--ssh-port") args[i + 1] = std::to_string(closed);
+  }
+  JobProcess job(args, {}, {}, no_agent());
+  EXPECT_EQ(job.wait(30s), 1) << job.err();
+  EXPECT_NE(job.err().find("Connection refused"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find("127.0.0.2:" + std::to_string(closed)), std::string::npos) << job.err();
+}
+
+TEST_F(SshLaunch, CheckReportsEveryHost) {
+  std::vector<std::string> args = {DS_DSTRAIN_BIN, "check", "-H", g_nodes->path("hostfile"),
+                                   "--master-port", "0"};
+  for (auto& f : g_nodes->ssh_flags()) args.push_back(f);
+  JobProcess ok(args, {}, {}, no_agent());
+  ASSERT_EQ(ok.wait(60s), 0) << ok.out() << ok.err();
+  EXPECT_NE(ok.out().find("all 2 host(s) ready"), std::string::npos) << ok.out();
+  EXPECT_EQ(test::count_lines_containing(ok.out(), "  ok    ok "), 2u) << ok.out();
+
+  args.push_back("--remote-dstrain");
+  args.push_back("/nonexistent/dstrain");
+  JobProcess missing(args, {}, {}, no_agent());
+  EXPECT_EQ(missing.wait(60s), 1);
+  EXPECT_NE(missing.out().find("is dstrain installed there?"), std::string::npos) << missing.out();
+}
+
+}  // namespace
+}  // namespace ds
