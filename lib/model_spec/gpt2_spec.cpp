@@ -189,6 +189,15 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
   return out;
 }
 
+int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer) {
+  int64_t off = 0;
+  for (const auto& t : gpt2_params(s)) {
+    if (t.id == id) return off + (t.per_layer ? static_cast<int64_t>(layer) * t.numel() : 0);
+    off += t.numel() * (t.per_layer ? s.n_layer : 1);
+  }
+  return off;
+}
+
 int64_t param_count(const Gpt2Shape& s) { return part_param_count(s, ModelPart::whole(s)); }
 
 int64_t layer_param_count(const Gpt2Shape& s, int tp) {

@@ -128,6 +128,11 @@ struct ParamLayout {
 };
 ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part);
 
+// Offset of one tensor copy (layer -1 for global tensors) in llm.c's checkpoint order: tensor-
+// major, each per-layer tensor stored as (L, ...) (wte, wpe, ln1w[0..L), ln1b[0..L), ...,
+// lnfw, lnfb). For import/export between llm.c's files and the layer-major ParamLayout.
+int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer);
+
 // Parameter counts (elements).
 int64_t param_count(const Gpt2Shape& s);                    // the whole model, unsharded
 int64_t layer_param_count(const Gpt2Shape& s, int tp = 1);  // one layer on one tp rank

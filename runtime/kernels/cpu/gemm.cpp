@@ -36,12 +36,22 @@ void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, 
 }  // namespace
 
 void set_gemm_threading(GemmThreading mode) { g_mode.store(mode); }
+
+void gemm_before_parallel_region() {
+  if (!omp_in_parallel()) ensure_blas_threads(1);
+}
 GemmThreading gemm_threading() { return g_mode.load(); }
 
 void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc) {
-  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
-  if (g_mode.load(std::memory_order_relaxed) == GemmThreading::kBlas && !omp_in_parallel()) {
+  if (omp_in_parallel()) {
+    // A thread of someone's parallel region (attention's): single-threaded BLAS, already set by
+    // gemm_before_parallel_region(); never touch OpenBLAS's settings from here.
+    sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const int nt = omp_get_max_threads();
+  if (g_mode.load(std::memory_order_relaxed) == GemmThreading::kBlas) {
     ensure_blas_threads(nt);
     sgemm1(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;

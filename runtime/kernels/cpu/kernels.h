@@ -37,6 +37,10 @@ enum class GemmThreading { kSplit, kBlas };
 void set_gemm_threading(GemmThreading mode);
 GemmThreading gemm_threading();
 
+// Call before an OpenMP parallel region whose threads call gemm() (outside the region): makes
+// OpenBLAS single-threaded for them.
+void gemm_before_parallel_region();
+
 // Row-major C(M,N) = alpha * op(A) op(B) + beta * C, op = transpose when the flag says so; lda,
 // ldb, ldc are row strides. Splits M or N across threads (see GemmThreading).
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,

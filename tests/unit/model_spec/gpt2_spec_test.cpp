@@ -117,3 +117,13 @@ TEST(Gpt2Spec, BadShapesAreClearErrors) {
   }
   EXPECT_THROW((ms::ModelPart{2, 5, true, true, 1, 0}.validate(s)), ds::Error);
 }
+
+TEST(Gpt2Spec, LlmcOffsetsAreTensorMajor) {
+  const auto s = ms::Gpt2Shape::gpt2_124m();
+  const int64_t C = 768, L = 12;
+  EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kWte, -1), 0);
+  EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kWpe, -1), 50304 * C);
+  EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kLn1w, 3), 50304 * C + 1024 * C + 3 * C);
+  EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kQkvw, 1), 50304 * C + 1024 * C + 2 * L * C + 3 * C * C);
+  EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kLnfb, -1), ms::param_count(s) - C);
+}
