@@ -564,6 +564,22 @@ std::shared_ptr<Comm> Comm::new_group(const std::vector<int>& ranks, const std::
                         std::move(o), peers_[static_cast<size_t>(rank_)].world_rank);
 }
 
+void* Comm::alloc_buffer(size_t bytes, const CallOptions& call) {
+  if (bytes == 0 || bytes > (size_t{1} << 46)) {
+    throw invalid_argument("alloc_buffer on group '{}': {} bytes (valid: 1 .. 64 TiB)", name(),
+                           bytes);
+  }
+  return allocate_registered(bytes, call.timeout.value_or(options_.timeout));
+}
+
+void* Comm::allocate_registered(size_t bytes, Millis) {
+  // Over-allocate for 64-byte alignment; value-initialized (zeroed) like the shm regions.
+  std::lock_guard<std::mutex> lock(groups_mu_);
+  plain_buffers_.push_back(std::make_unique<uint8_t[]>(bytes + 64));
+  auto p = reinterpret_cast<uintptr_t>(plain_buffers_.back().get());
+  return reinterpret_cast<void*>((p + 63) / 64 * 64);
+}
+
 std::vector<CommPtr> make_thread_comms(int n, CommOptions options) {
   if (n < 1) throw invalid_argument("make_thread_comms: {} ranks", n);
   auto st = std::make_shared<store::HashStore>();

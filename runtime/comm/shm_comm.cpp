@@ -87,7 +87,7 @@ struct Fingerprint {
   uint64_t op_index;  // collectives issued on this Comm before this one
   uint64_t counts;    // FNV-1a of the element count(s)
   uint64_t total;     // total elements, for the message
-  uint8_t kind, dtype, reduce, pad;
+  uint8_t kind, dtype, reduce, registered;  // registered: the zero-copy path (see below)
   int32_t root;
   bool operator==(const Fingerprint&) const = default;
 };
@@ -97,6 +97,9 @@ struct RankCtl {
   alignas(64) std::atomic<uint32_t> state;
   char reason[320];
   Fingerprint fp[2];  // fp[s % 2]: the operation of step s (stable until step s + 2)
+  // Zero-copy path: where this rank's buffer lies in its registered regions, per step parity.
+  int32_t reg_region[2];
+  uint64_t reg_offset[2];
 };
 static_assert(sizeof(RankCtl) <= kCtlBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -155,12 +158,83 @@ class ShmComm : public GlooComm {
       ring_bell();
       ::munmap(base_, map_bytes_);
     }
+    for (auto& reg : regions_) {
+      for (auto& [p, n] : reg.maps) ::munmap(p, n);
+    }
+  }
+
+  // Each rank creates a segment of its own, publishes its name, and maps every peer's (read
+  // only); names are unlinked once everyone mapped them.
+  void* allocate_registered(size_t bytes, Millis timeout) override {
+    if (size() == 1) return Comm::allocate_registered(bytes, timeout);
+    const Deadline dl = Deadline::after(timeout);
+    const size_t mb = align_up(bytes, kAlign);
+    const size_t k = regions_.size();
+    std::random_device rd;
+    const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+    const std::string mine_name = fmt::format("/ds-{}-{}-r{}-{}-{:016x}", sanitize(job_, 40),
+                                              sanitize(name(), 40), k, rank(), nonce);
+    Region reg;
+    reg.bytes = bytes;
+    reg.peer.assign(static_cast<size_t>(size()), nullptr);
+    auto map_named = [&](const std::string& nm, bool own) -> uint8_t* {
+      int fd = ::shm_open(nm.c_str(), own ? (O_CREAT | O_EXCL | O_RDWR) : O_RDONLY, 0600);
+      if (fd < 0) {
+        throw system_error("alloc_buffer on group '{}' rank {}: shm_open {} failed: {}", name(),
+                           rank(), nm, errno_string(errno));
+      }
+      if (own && ::ftruncate(fd, static_cast<off_t>(mb)) != 0) {
+        const int err = errno;
+        ::close(fd);
+        ::shm_unlink(nm.c_str());
+        throw system_error("alloc_buffer on group '{}': sizing {} to {} bytes failed: {}", name(),
+                           nm, mb, errno_string(err));
+      }
+      void* p = ::mmap(nullptr, mb, own ? (PROT_READ | PROT_WRITE) : PROT_READ,
+                       MAP_SHARED | MAP_POPULATE, fd, 0);
+      const int err = errno;
+      ::close(fd);
+      if (p == MAP_FAILED) {
+        if (own) ::shm_unlink(nm.c_str());
+        throw system_error("alloc_buffer on group '{}': mapping {} bytes of {} failed: {}",
+                           name(), mb, nm, errno_string(err));
+      }
+      reg.maps.emplace_back(p, mb);
+      return static_cast<uint8_t*>(p);
+    };
+    try {
+      reg.peer[static_cast<size_t>(rank())] = map_named(mine_name, true);
+      store()->set(fmt::format("reg/{}/{}", k, rank()), store::to_bytes(mine_name));
+      for (int q = 0; q < size(); ++q) {
+        if (q == rank()) continue;
+        const std::string nm = store::to_string(store()->get(
+            fmt::format("reg/{}/{}", k, q), Millis(std::max(1, dl.remaining_ms()))));
+        reg.peer[static_cast<size_t>(q)] = map_named(nm, false);
+      }
+      store::barrier(*store(), fmt::format("reg/{}/mapped", k), size(),
+                     Millis(std::max(1, dl.remaining_ms())));
+    } catch (...) {
+      ::shm_unlink(mine_name.c_str());
+      for (auto& [p, n] : reg.maps) ::munmap(p, n);
+      throw;
+    }
+    ::shm_unlink(mine_name.c_str());
+    regions_.push_back(std::move(reg));
+    return regions_.back().peer[static_cast<size_t>(rank())];
   }
 
  protected:
   void run(const Op& op, Deadline dl) override {
     if (size() == 1) return run_single(op);
     set_fingerprint(op);
+    if (choose_registered(op)) {
+      switch (op.kind) {
+        case OpKind::kAllReduce: return zc_all_reduce(op, dl);
+        case OpKind::kReduceScatter: return zc_reduce_scatter(op, dl);
+        case OpKind::kAllGather: return zc_all_gather(op, dl);
+        default: break;
+      }
+    }
     switch (op.kind) {
       case OpKind::kAllReduce: return all_reduce(op, dl);
       case OpKind::kReduceScatter: return reduce_scatter(op, dl);
@@ -199,6 +273,7 @@ class ShmComm : public GlooComm {
     std::string job = args.options.job_id;
     if (job.empty()) job = env::get_or_default("DSTRAIN_JOB_ID");
     if (job.empty()) job = "local";
+    job_ = job;
     const Deadline deadline = Deadline::after(args.options.timeout);
     std::string shm_name;
     if (rank() == 0) {
@@ -277,6 +352,8 @@ class ShmComm : public GlooComm {
   void arrive() {
     ++seq_;
     ctl(rank()).fp[seq_ % 2] = fp_;
+    ctl(rank()).reg_region[seq_ % 2] = reg_region_;
+    ctl(rank()).reg_offset[seq_ % 2] = reg_offset_;
     ctl(rank()).seq.store(seq_, std::memory_order_release);
     ring_bell();
   }
@@ -316,6 +393,7 @@ class ShmComm : public GlooComm {
       s += fmt::format(", {}", reduce_op_name(static_cast<ReduceOp>(f.reduce)));
     }
     if (f.kind == static_cast<uint8_t>(OpKind::kBroadcast)) s += fmt::format(", root {}", f.root);
+    if (f.registered) s += ", registered buffer";
     return s + ")";
   }
 
@@ -538,6 +616,145 @@ class ShmComm : public GlooComm {
     }
   }
 
+  // ---- Zero-copy path: every rank's buffer is in a registered region (alloc_buffer) --------
+  // The peers' buffers are mapped here, so the staging slots are skipped: all_reduce reduces
+  // slice r straight from the N buffers into mine, then copies the other slices from their
+  // owners; reduce_scatter reduces my part straight into my output; all_gather copies every
+  // piece straight out of its owner's buffer. The last barrier keeps my buffer unchanged until
+  // every peer finished reading it.
+
+  // Where [p, p + bytes) lies in my regions, as (region, offset); (-1, 0) when it does not.
+  std::pair<int32_t, uint64_t> locate(const void* p, size_t bytes) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (size_t k = 0; k < regions_.size(); ++k) {
+      const uint8_t* base = regions_[k].peer[static_cast<size_t>(rank())];
+      if (b >= base && bytes <= regions_[k].bytes &&
+          static_cast<size_t>(b - base) <= regions_[k].bytes - bytes) {
+        return {static_cast<int32_t>(k), static_cast<uint64_t>(b - base)};
+      }
+    }
+    return {-1, 0};
+  }
+
+  // Sets fp_.registered and my published location (all_gather: both buffers must be registered;
+  // a rank with an empty piece publishes its output, which nobody reads).
+  bool choose_registered(const Op& op) {
+    reg_region_ = -1;
+    reg_offset_ = 0;
+    fp_.registered = 0;
+    if (regions_.empty()) return false;
+    const size_t es = dtype_size(op.dtype);
+    const void* p = nullptr;
+    size_t bytes = 0;
+    size_t total = 0;
+    for (size_t c : op.counts) total += c;
+    switch (op.kind) {
+      case OpKind::kAllReduce:
+        p = op.out;
+        bytes = op.count * es;
+        break;
+      case OpKind::kReduceScatter:
+        p = op.in;
+        bytes = total * es;
+        break;
+      case OpKind::kAllGather:
+        // Both buffers: peers read my input, and a rank with an empty piece still has to agree.
+        if (total == 0 || locate(op.out, total * es).first < 0) return false;
+        bytes = op.counts[static_cast<size_t>(rank())] * es;
+        p = bytes ? op.in : op.out;
+        if (bytes == 0) bytes = total * es;
+        break;
+      default:
+        return false;
+    }
+    if (bytes == 0) return false;
+    auto [k, off] = locate(p, bytes);
+    if (k < 0) return false;
+    reg_region_ = k;
+    reg_offset_ = off;
+    fp_.registered = 1;
+    return true;
+  }
+
+  // After the first wait: rank q's buffer as mapped here.
+  const uint8_t* peer_buffer(int q) {
+    const auto& c = ctl(q);
+    const int32_t k = c.reg_region[seq_ % 2];
+    DS_CHECK(k >= 0 && static_cast<size_t>(k) < regions_.size(), "rank {} region {}", q, k);
+    return regions_[static_cast<size_t>(k)].peer[static_cast<size_t>(q)] + c.reg_offset[seq_ % 2];
+  }
+
+  void zc_all_reduce(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    const size_t unit = std::max<size_t>(1, 64 / es);
+    auto* buf = static_cast<uint8_t*>(op.out);
+    arrive();
+    wait_peers(op, dl);
+    std::vector<const uint8_t*> peer(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) peer[static_cast<size_t>(q)] = q == r ? buf : peer_buffer(q);
+    std::vector<size_t> cut(static_cast<size_t>(n) + 1);
+    for (int i = 0; i <= n; ++i) {
+      cut[static_cast<size_t>(i)] = i == n ? op.count : seg_begin(op.count, n, i) / unit * unit;
+    }
+    const size_t lo = cut[static_cast<size_t>(r)], hi = cut[static_cast<size_t>(r) + 1];
+    if (hi > lo) {
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      for (int q = 0; q < n; ++q) srcs[static_cast<size_t>(q)] = peer[static_cast<size_t>(q)] + lo * es;
+      reduce_n(op.dtype, op.reduce, buf + lo * es, srcs.data(), n, hi - lo);
+    }
+    arrive();
+    wait_peers(op, dl);
+    for (int q = 0; q < n; ++q) {
+      const size_t qlo = cut[static_cast<size_t>(q)], qhi = cut[static_cast<size_t>(q) + 1];
+      if (q != r && qhi > qlo) {
+        std::memcpy(buf + qlo * es, peer[static_cast<size_t>(q)] + qlo * es, (qhi - qlo) * es);
+      }
+    }
+    arrive();
+    wait_peers(op, dl);
+  }
+
+  void zc_reduce_scatter(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    size_t off = 0;
+    for (int q = 0; q < r; ++q) off += op.counts[static_cast<size_t>(q)];
+    arrive();
+    wait_peers(op, dl);
+    const size_t mine = op.counts[static_cast<size_t>(r)];
+    if (mine) {
+      std::vector<const void*> srcs(static_cast<size_t>(n));
+      for (int q = 0; q < n; ++q) {
+        const uint8_t* b = q == r ? static_cast<const uint8_t*>(op.in) : peer_buffer(q);
+        srcs[static_cast<size_t>(q)] = b + off * es;
+      }
+      reduce_n(op.dtype, op.reduce, op.out, srcs.data(), n, mine);
+    }
+    arrive();
+    wait_peers(op, dl);
+  }
+
+  void zc_all_gather(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    auto* out = static_cast<uint8_t*>(op.out);
+    arrive();
+    wait_peers(op, dl);
+    size_t off = 0, my_off = 0;
+    for (int q = 0; q < n; ++q) {
+      const size_t c = op.counts[static_cast<size_t>(q)];
+      if (q == r) my_off = off;
+      // A peer with an empty piece published its output's location: nothing to read there.
+      if (q != r && c) std::memcpy(out + off * es, peer_buffer(q), c * es);
+      off += c;
+    }
+    const size_t mine = op.counts[static_cast<size_t>(r)];
+    if (mine && op.in != out + my_off * es) std::memmove(out + my_off * es, op.in, mine * es);
+    arrive();
+    wait_peers(op, dl);
+  }
+
   void run_single(const Op& op) {
     const size_t es = dtype_size(op.dtype);
     if ((op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllGather) &&
@@ -554,6 +771,15 @@ class ShmComm : public GlooComm {
   uint64_t chunk_counter_ = 0;
   uint64_t op_index_ = 0;
   Fingerprint fp_{};
+  struct Region {
+    size_t bytes = 0;
+    std::vector<uint8_t*> peer;  // peer[q]: rank q's region as mapped here (mine writable)
+    std::vector<std::pair<void*, size_t>> maps;
+  };
+  std::vector<Region> regions_;
+  int32_t reg_region_ = -1;
+  uint64_t reg_offset_ = 0;
+  std::string job_;
   bool spin_ = false;
 };
 

@@ -384,6 +384,52 @@ TEST_P(CommTest, PeerClosingItsCommIsNamed) {
   EXPECT_NE(error.find("rank 1"), std::string::npos) << error;
 }
 
+TEST_P(CommTest, RegisteredBuffersGiveTheSameResults) {
+  const int n = 3;
+  auto cs = comms(n);
+  run_on_threads(cs, [&](Comm& c) {
+    const size_t count = 5003;  // odd, over several staging chunks
+    auto* a = static_cast<float*>(c.alloc_buffer(count * n * sizeof(float)));
+    auto* b = static_cast<float*>(c.alloc_buffer(count * n * sizeof(float)));
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
+    for (int round = 0; round < 2; ++round) {  // the same buffers reused
+      for (size_t i = 0; i < count; ++i) a[i] = static_cast<float>(value(c.rank(), i) + round);
+      c.all_reduce(a, count, DataType::kFloat32, ReduceOp::kSum);
+      for (size_t i = 0; i < count; ++i) {
+        ASSERT_EQ(a[i], 6.0f + 3.0f * static_cast<float>(i % 7) + 3.0f * round) << i;
+      }
+    }
+    // reduce_scatter from a registered input into a plain output, then in place.
+    for (size_t i = 0; i < count * n; ++i) a[i] = static_cast<float>(value(c.rank(), i));
+    std::vector<float> out(count);
+    c.reduce_scatter(a, out.data(), count, DataType::kFloat32, ReduceOp::kMax);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(out[i], 3.0f + static_cast<float>((c.rank() * count + i) % 7));
+    }
+    c.reduce_scatter(a, a + c.rank() * count, count, DataType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(a[c.rank() * count + i], 6.0f + 3.0f * static_cast<float>((c.rank() * count + i) % 7));
+    }
+    // all_gather_v from a registered input with an empty piece; then in place in b.
+    const std::vector<size_t> counts = {7, 0, 4001};
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    for (size_t i = 0; i < mine; ++i) a[i] = static_cast<float>(value(c.rank(), i));
+    std::vector<float> all(4008, -1.0f);
+    c.all_gather_v(a, all.data(), counts, DataType::kFloat32);
+    size_t off = 0;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) {
+        ASSERT_EQ(all[off + i], static_cast<float>(value(q, i)));
+      }
+      off += counts[static_cast<size_t>(q)];
+    }
+    const size_t my_off = c.rank() == 0 ? 0 : 7;
+    for (size_t i = 0; i < mine; ++i) b[my_off + i] = static_cast<float>(value(c.rank(), i));
+    c.all_gather_v(b + my_off, b, counts, DataType::kFloat32);
+    for (size_t i = 0; i < 4008; ++i) ASSERT_EQ(b[i], all[i]) << i;
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, CommTest, ::testing::Values(Backend::kShm, Backend::kGloo),
                          backend_label);
 
@@ -428,6 +474,27 @@ TEST(CommShm, MismatchedCollectivesNameBothCalls) {
     EXPECT_NE(e.find("is in a different collective"), std::string::npos) << e;
     EXPECT_NE(e.find("all_reduce #1 (fp32, 10 elements, sum)"), std::string::npos) << e;
     EXPECT_NE(e.find("all_gather #1 (fp32, 10 elements)"), std::string::npos) << e;
+  }
+}
+
+TEST(CommShm, RegisteredOnSomeRanksOnlyIsAnError) {
+  CommOptions o;
+  o.backend = Backend::kShm;
+  o.timeout = Millis(20000);
+  auto cs = make_thread_comms(2, o);
+  std::vector<std::string> errors(2);
+  run_on_threads(cs, [&](Comm& c) {
+    auto* reg = static_cast<float*>(c.alloc_buffer(64 * sizeof(float)));
+    std::vector<float> plain(64, 1.0f);
+    try {
+      c.all_reduce(c.rank() == 0 ? reg : plain.data(), 64, DataType::kFloat32, ReduceOp::kSum);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("registered buffer"), std::string::npos) << e;
+    EXPECT_NE(e.find("different collective"), std::string::npos) << e;
   }
 }
 
