@@ -8,7 +8,9 @@
 // Time is the slowest rank's mean per iteration. Buffers are allocated and touched once.
 //
 // Usage: comm_bench [--ranks 2,4] [--min-bytes 4096] [--max-bytes 268435456]
-//                   [--ops all_reduce,reduce_scatter,all_gather] [--backends shm,gloo,gloo-native]
+//                   [--ops all_reduce,reduce_scatter,all_gather]
+//                   [--backends shm-reg,shm,gloo,gloo-native]
+// shm-reg is the shm backend with buffers from Comm::alloc_buffer (the zero-copy path).
 // Deliberately not: part of the test suite (figures, no pass/fail).
 #include <signal.h>
 #include <sys/resource.h>
@@ -48,7 +50,7 @@ struct Args {
   size_t min_bytes = 4096;
   size_t max_bytes = size_t{256} << 20;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
-  std::vector<std::string> backends = {"shm", "gloo", "gloo-native"};
+  std::vector<std::string> backends = {"shm-reg", "shm", "gloo", "gloo-native"};
 };
 
 std::vector<std::string> csv(const std::string& s) { return split(s, ','); }
@@ -109,9 +111,14 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
   std::map<std::string, CommPtr> comms;
   for (auto& b : a.backends) {
     if (b == "gloo-native") continue;
-    o.name = b;
-    o.backend = parse_backend(b, "--backends");
-    comms[b] = make_world_comm(client, rank, n, o);
+    const std::string kind = b == "shm-reg" ? "shm" : b;
+    if (comms.count(kind)) {
+      comms[b] = comms[kind];
+      continue;
+    }
+    o.name = kind;
+    o.backend = parse_backend(kind, "--backends");
+    comms[b] = comms[kind] = make_world_comm(client, rank, n, o);
   }
   // Gloo's own algorithms on their own context (the peer).
   std::shared_ptr<gloo::rendezvous::Context> native;
@@ -132,6 +139,14 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
   std::vector<float> in(max_elems), out(max_elems);
   for (size_t i = 0; i < max_elems; ++i) in[i] = static_cast<float>(rank + 1 + i % 7);
   std::fill(out.begin(), out.end(), 0.0f);
+  // shm-reg: the same shm Comm with buffers from alloc_buffer (zero-copy path).
+  float* reg_in = nullptr;
+  float* reg_out = nullptr;
+  if (comms.count("shm-reg")) {
+    reg_in = static_cast<float*>(comms["shm-reg"]->alloc_buffer(max_elems * 4));
+    reg_out = static_cast<float*>(comms["shm-reg"]->alloc_buffer(max_elems * 4));
+    std::memcpy(reg_in, in.data(), max_elems * 4);
+  }
 
   for (auto& op : a.ops) {
     for (size_t bytes = a.min_bytes; bytes <= a.max_bytes; bytes *= 4) {
@@ -162,14 +177,20 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
           }
         } else {
           Comm& c = *comms[b];
+          float* bin = b == "shm-reg" ? reg_in : in.data();
+          float* bout = b == "shm-reg" ? reg_out : out.data();
           if (op == "all_reduce") {
-            fn = [&] { c.all_reduce(out.data(), elems, DataType::kFloat32, ReduceOp::kSum); };
+            fn = [&c, bout, elems] {
+              c.all_reduce(bout, elems, DataType::kFloat32, ReduceOp::kSum);
+            };
           } else if (op == "reduce_scatter") {
-            fn = [&] {
-              c.reduce_scatter(in.data(), out.data(), per_rank, DataType::kFloat32, ReduceOp::kSum);
+            fn = [&c, bin, bout, per_rank] {
+              c.reduce_scatter(bin, bout, per_rank, DataType::kFloat32, ReduceOp::kSum);
             };
           } else if (op == "all_gather") {
-            fn = [&] { c.all_gather(in.data(), out.data(), per_rank, DataType::kFloat32); };
+            fn = [&c, bin, bout, per_rank] {
+              c.all_gather(bin, bout, per_rank, DataType::kFloat32);
+            };
           } else {
             throw invalid_argument("unknown op {}", op);
           }
