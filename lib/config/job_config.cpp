@@ -331,6 +331,9 @@ class Section {
       auto near = closest_match(k, known_);
       if (near) {
         ctx_.error(child(k), fmt::format("unknown key (did you mean \"{}\"?)", *near));
+      } else if (known_.size() > 16) {
+        ctx_.error(child(k), "unknown key (not a dstrain or DeepSpeed key here; see "
+                             "docs/configuration.md)");
       } else {
         ctx_.error(child(k), fmt::format("unknown key (known keys here: {})", join_keys()));
       }

@@ -51,6 +51,8 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, "
        "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
        "number_checkpoints, synchronize_checkpoint_boundary, profile)"},
+      {"{" + mb + R"("xyzzy": 1})", 1,
+       "t.json:1: $.xyzzy: unknown key (not a dstrain or DeepSpeed key here; see docs/configuration.md)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
       {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})", 1,
