@@ -66,6 +66,7 @@ constexpr uint64_t kMagic = 0x31304d4d48535344ull;  // "DSSHMM01"
 constexpr size_t kHeaderBytes = 256;
 constexpr size_t kCtlBytes = 512;
 constexpr size_t kAlign = 4096;
+constexpr size_t kZeroCopyMinBytes = size_t{256} << 10;
 
 struct Header {
   uint64_t magic;
@@ -668,6 +669,10 @@ class ShmComm : public GlooComm {
         return false;
     }
     if (bytes == 0) return false;
+    // Small messages: the staging path needs one synchronisation less and the copy is cheap.
+    // (The total is the same on every rank, so every rank decides alike.)
+    const size_t total_bytes = (op.kind == OpKind::kAllReduce ? op.count : total) * es;
+    if (total_bytes < kZeroCopyMinBytes) return false;
     auto [k, off] = locate(p, bytes);
     if (k < 0) return false;
     reg_region_ = k;

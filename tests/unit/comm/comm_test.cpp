@@ -388,7 +388,7 @@ TEST_P(CommTest, RegisteredBuffersGiveTheSameResults) {
   const int n = 3;
   auto cs = comms(n);
   run_on_threads(cs, [&](Comm& c) {
-    const size_t count = 5003;  // odd, over several staging chunks
+    const size_t count = 70003;  // odd, over the zero-copy threshold (256 KiB)
     auto* a = static_cast<float*>(c.alloc_buffer(count * n * sizeof(float)));
     auto* b = static_cast<float*>(c.alloc_buffer(count * n * sizeof(float)));
     ASSERT_EQ(reinterpret_cast<uintptr_t>(a) % 64, 0u);
@@ -411,10 +411,10 @@ TEST_P(CommTest, RegisteredBuffersGiveTheSameResults) {
       ASSERT_EQ(a[c.rank() * count + i], 6.0f + 3.0f * static_cast<float>((c.rank() * count + i) % 7));
     }
     // all_gather_v from a registered input with an empty piece; then in place in b.
-    const std::vector<size_t> counts = {7, 0, 4001};
+    const std::vector<size_t> counts = {7, 0, 70001};
     const size_t mine = counts[static_cast<size_t>(c.rank())];
     for (size_t i = 0; i < mine; ++i) a[i] = static_cast<float>(value(c.rank(), i));
-    std::vector<float> all(4008, -1.0f);
+    std::vector<float> all(70008, -1.0f);
     c.all_gather_v(a, all.data(), counts, DataType::kFloat32);
     size_t off = 0;
     for (int q = 0; q < n; ++q) {
@@ -426,7 +426,11 @@ TEST_P(CommTest, RegisteredBuffersGiveTheSameResults) {
     const size_t my_off = c.rank() == 0 ? 0 : 7;
     for (size_t i = 0; i < mine; ++i) b[my_off + i] = static_cast<float>(value(c.rank(), i));
     c.all_gather_v(b + my_off, b, counts, DataType::kFloat32);
-    for (size_t i = 0; i < 4008; ++i) ASSERT_EQ(b[i], all[i]) << i;
+    for (size_t i = 0; i < 70008; ++i) ASSERT_EQ(b[i], all[i]) << i;
+    // Below the threshold the staging path runs, on registered buffers too.
+    for (size_t i = 0; i < 100; ++i) a[i] = static_cast<float>(c.rank());
+    c.all_reduce(a, 100, DataType::kFloat32, ReduceOp::kSum);
+    for (size_t i = 0; i < 100; ++i) ASSERT_EQ(a[i], 3.0f);
   });
 }
 
@@ -484,10 +488,11 @@ TEST(CommShm, RegisteredOnSomeRanksOnlyIsAnError) {
   auto cs = make_thread_comms(2, o);
   std::vector<std::string> errors(2);
   run_on_threads(cs, [&](Comm& c) {
-    auto* reg = static_cast<float*>(c.alloc_buffer(64 * sizeof(float)));
-    std::vector<float> plain(64, 1.0f);
+    const size_t n = 100000;  // over the zero-copy threshold (256 KiB)
+    auto* reg = static_cast<float*>(c.alloc_buffer(n * sizeof(float)));
+    std::vector<float> plain(n, 1.0f);
     try {
-      c.all_reduce(c.rank() == 0 ? reg : plain.data(), 64, DataType::kFloat32, ReduceOp::kSum);
+      c.all_reduce(c.rank() == 0 ? reg : plain.data(), n, DataType::kFloat32, ReduceOp::kSum);
     } catch (const Error& e) {
       errors[static_cast<size_t>(c.rank())] = e.what();
     }
