@@ -1,0 +1,88 @@
+#include "parallel/topology.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+
+namespace ds::rt::parallel {
+
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::kTp: return "tp";
+    case Axis::kDp: return "dp";
+    case Axis::kPp: return "pp";
+  }
+  return "?";
+}
+
+Topology::Topology(int world_size, int tp, int dp, int pp) : tp_(tp), dp_(dp), pp_(pp) {
+  if (tp < 1 || dp < 1 || pp < 1) {
+    throw invalid_argument("topology: sizes must be >= 1, got tp {} dp {} pp {}", tp, dp, pp);
+  }
+  if (static_cast<long long>(tp) * dp * pp != world_size) {
+    throw invalid_argument("topology: tp {} x dp {} x pp {} = {} ranks, but the world has {}", tp,
+                           dp, pp, static_cast<long long>(tp) * dp * pp, world_size);
+  }
+}
+
+int Topology::size(Axis a) const {
+  switch (a) {
+    case Axis::kTp: return tp_;
+    case Axis::kDp: return dp_;
+    case Axis::kPp: return pp_;
+  }
+  return 0;
+}
+
+int Topology::rank_of(const Coord& c) const {
+  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_) {
+    throw invalid_argument("topology: coordinate (pp {}, dp {}, tp {}) is outside the grid "
+                           "pp {} x dp {} x tp {}",
+                           c.pp, c.dp, c.tp, pp_, dp_, tp_);
+  }
+  return (c.pp * dp_ + c.dp) * tp_ + c.tp;
+}
+
+Coord Topology::coord_of(int rank) const {
+  if (rank < 0 || rank >= world_size()) {
+    throw invalid_argument("topology: rank {} is outside [0, {})", rank, world_size());
+  }
+  Coord c;
+  c.tp = rank % tp_;
+  c.dp = (rank / tp_) % dp_;
+  c.pp = rank / (tp_ * dp_);
+  return c;
+}
+
+std::vector<int> Topology::group_of(int rank, Axis a) const {
+  Coord c = coord_of(rank);
+  std::vector<int> out;
+  for (int i = 0; i < size(a); ++i) {
+    Coord m = c;
+    if (a == Axis::kTp) m.tp = i;
+    if (a == Axis::kDp) m.dp = i;
+    if (a == Axis::kPp) m.pp = i;
+    out.push_back(rank_of(m));
+  }
+  return out;
+}
+
+std::vector<std::vector<int>> Topology::groups(Axis a) const {
+  std::vector<std::vector<int>> out;
+  for (int r = 0; r < world_size(); ++r) {
+    auto g = group_of(r, a);
+    if (g.front() == r || std::find(out.begin(), out.end(), g) == out.end()) {
+      if (std::find(out.begin(), out.end(), g) == out.end()) out.push_back(std::move(g));
+    }
+  }
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) { return x.front() < y.front(); });
+  return out;
+}
+
+int Topology::group_index(int rank, Axis a) const {
+  auto all = groups(a);
+  auto g = group_of(rank, a);
+  return static_cast<int>(std::find(all.begin(), all.end(), g) - all.begin());
+}
+
+}  // namespace ds::rt::parallel

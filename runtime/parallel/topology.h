@@ -1,0 +1,52 @@
+// The rank grid of a job: world ranks arranged as pp x dp x tp with tensor-parallel ranks
+// adjacent (a TP group stays inside a node), then data-parallel, then pipeline:
+//   rank = (pp_rank * dp + dp_rank) * tp + tp_rank          (ARCHITECTURE.md, "Topology")
+// One Topology value answers every "who is in my group" question for the runtime and the plan.
+//
+// Deliberately pure arithmetic: no communication, no environment, no config parsing. Building
+// the groups' Comms from these rank lists is the caller's job (every member calls new_group with
+// the same list, in the order given here).
+#pragma once
+
+#include <vector>
+
+namespace ds::rt::parallel {
+
+enum class Axis { kTp, kDp, kPp };
+const char* axis_name(Axis a);  // "tp", "dp", "pp"
+
+struct Coord {
+  int pp = 0, dp = 0, tp = 0;
+  bool operator==(const Coord&) const = default;
+};
+
+class Topology {
+ public:
+  // Throws ds::invalid_argument when a size is < 1 or tp * dp * pp != world_size, naming the
+  // numbers.
+  Topology(int world_size, int tp, int dp, int pp);
+
+  int world_size() const { return tp_ * dp_ * pp_; }
+  int tp() const { return tp_; }
+  int dp() const { return dp_; }
+  int pp() const { return pp_; }
+  int size(Axis a) const;
+
+  // invalid_argument for a rank or coordinate outside the grid.
+  int rank_of(const Coord& c) const;
+  Coord coord_of(int rank) const;
+
+  // The world ranks of `rank`'s group along `a`, ordered by that axis' coordinate (so the
+  // group-local rank of a member is its index here). `rank` is one of them.
+  std::vector<int> group_of(int rank, Axis a) const;
+  // Every group along `a`, each as group_of returns it, ordered by the lowest member.
+  std::vector<std::vector<int>> groups(Axis a) const;
+  // A stable name for rank's group along `a`: "dp" + index of the group among groups(a), e.g.
+  // "dp0", "tp3" (used as the Comm subgroup name).
+  int group_index(int rank, Axis a) const;
+
+ private:
+  int tp_, dp_, pp_;
+};
+
+}  // namespace ds::rt::parallel

@@ -1,0 +1,500 @@
+// ZeRO stages 0-3 over the model's hooks. The algorithm per stage is in zero.h; here are the
+// mechanics and the why.
+//
+// Gradient buckets. The model reports units ready in reverse layout order (final LayerNorm, the
+// last layer ... the first layer, position embedding, token embedding), so consecutive ready units
+// are adjacent in the flat layout and a bucket is always ONE contiguous global range [lo, hi):
+// stage 0/1 all-reduce it in place in the model's gradient buffer; stage 2/3 fill a bucket
+// buffer from its end towards its start (the units arrive highest offset first), so the buffer's
+// used tail is exactly the range's gradients in layout order and reduce_scatter_v over the
+// range's per-rank shares (Partition::counts_in) delivers each owner its slice.
+//
+// Stage 3 prefetch. The order in which the model asks for units is fixed by the piece it runs
+// (embedding, layers, head, layers backwards), so the engine lays out that order at
+// begin_micro_batch and, whenever the model asks for a unit, issues the gathers of the next
+// units of that order (async, in order) within the prefetch and live budgets. If the model ever
+// asks out of order, prefetching stops for the micro-batch (correct, only slower) -- on every
+// rank alike, since all ranks run the same pieces.
+#include "parallel/zero.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/check.h"
+#include "common/error.h"
+
+namespace ds::rt::parallel {
+
+namespace ms = ds::model_spec;
+using comm::DataType;
+using comm::ReduceOp;
+
+ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::ParamLayout& layout,
+                       Allocator& alloc)
+    : opt_(options), comm_(std::move(dp)), layout_(layout), alloc_(alloc),
+      part_(layout.total, comm_ ? comm_->size() : 1) {
+  if (opt_.stage < 0 || opt_.stage > 3) {
+    throw invalid_argument("zero_optimization.stage {} is not one of 0, 1, 2, 3", opt_.stage);
+  }
+  if (opt_.reduce_bucket_size < 1 || opt_.allgather_bucket_size < 1 ||
+      opt_.prefetch_bucket_size < 0 || opt_.max_live_parameters < 0) {
+    throw invalid_argument("zero_optimization: bucket sizes must be positive (reduce {}, allgather "
+                           "{}, prefetch {}, max live {})",
+                           opt_.reduce_bucket_size, opt_.allgather_bucket_size,
+                           opt_.prefetch_bucket_size, opt_.max_live_parameters);
+  }
+  if (comm_) {
+    rank_ = comm_->rank();
+    size_ = comm_->size();
+  }
+  const size_t nu = layout_.units.size();
+  placed_.assign(nu, nullptr);
+  const int64_t mine = part_.count(rank_);
+  for (size_t i = 0; i < nu; ++i) {
+    if (layout_.units[i].kind == ms::UnitKind::kTokenEmbedding) wte_idx_ = static_cast<int>(i);
+  }
+
+  if (opt_.stage >= 2) {
+    grad_part_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kGrads,
+                                 "zero gradient partition");
+    fp_.grad_partition = mine;
+    int64_t max_unit = 0, rest = 0, wte_n = 0;
+    for (size_t i = 0; i < nu; ++i) {
+      if (static_cast<int>(i) == wte_idx_) {
+        wte_n = layout_.units[i].numel;
+        continue;
+      }
+      max_unit = std::max(max_unit, layout_.units[i].numel);
+      rest += layout_.units[i].numel;
+    }
+    cap_ = std::max(max_unit, std::min(opt_.reduce_bucket_size, rest));
+    const int nb = opt_.overlap_comm ? 2 : 1;
+    for (int b = 0; b < nb; ++b) {
+      buckets_[b] = alloc_.allocate(static_cast<size_t>(cap_) * sizeof(float), MemTag::kGrads,
+                                    "zero gradient bucket");
+      pend_[b].out = alloc_.allocate(static_cast<size_t>(std::min(cap_, mine)) * sizeof(float),
+                                     MemTag::kComm, "zero reduce-scatter receive");
+      fp_.grad_buckets += cap_;
+      fp_.comm += std::min(cap_, mine);
+    }
+    if (wte_n > 0) {
+      wte_buf_ = alloc_.allocate(static_cast<size_t>(wte_n) * sizeof(float), MemTag::kGrads,
+                                 "zero token-embedding gradient");
+      pend_[2].out = alloc_.allocate(static_cast<size_t>(std::min(wte_n, mine)) * sizeof(float),
+                                     MemTag::kComm, "zero reduce-scatter receive");
+      fp_.grad_buckets += wte_n;
+      fp_.comm += std::min(wte_n, mine);
+    }
+  }
+  if (opt_.stage == 3) {
+    shard_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kParams,
+                             "zero parameter shard");
+    fp_.param_partition = mine;
+    persistent_.resize(nu);
+    gathered_.resize(nu);
+    prefetched_.assign(nu, false);
+    for (size_t i = 0; i < nu; ++i) {
+      const int64_t n = layout_.units[i].numel;
+      if (n <= opt_.param_persistence_threshold) {
+        persistent_[i] = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
+                                         "zero persistent unit");
+        fp_.persistent += n;
+      }
+    }
+  }
+  if ((opt_.stage == 1 || opt_.stage == 2) && comm_ && opt_.allgather_bucket_size < part_.stride()) {
+    const int64_t n = opt_.allgather_bucket_size * size_;
+    stage_buf_ = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kComm,
+                                 "zero all-gather staging");
+    fp_.comm += n;
+  }
+}
+
+ZeroEngine::~ZeroEngine() {
+  // Never free a buffer the communication thread may still read or write.
+  auto quiet = [](const comm::WorkPtr& w) {
+    if (!w) return;
+    try {
+      w->wait();
+    } catch (...) {
+    }
+  };
+  for (auto& w : ar_works_) quiet(w);
+  for (auto& p : pend_) quiet(p.work);
+  for (auto& g : gathered_) quiet(g.work);
+}
+
+void ZeroEngine::attach(float* model_params, float* model_grads) {
+  if (model_owns_params() && model_params == nullptr) {
+    throw invalid_usage("ZeRO stage {}: the model must own its parameters", opt_.stage);
+  }
+  if (model_owns_grads() && model_grads == nullptr) {
+    throw invalid_usage("ZeRO stage {}: the model must own its gradients", opt_.stage);
+  }
+  model_params_ = model_params;
+  model_grads_ = model_grads;
+}
+
+float* ZeroEngine::opt_params() {
+  return opt_.stage == 3 ? shard_.as<float>() : model_params_ + opt_begin();
+}
+
+float* ZeroEngine::opt_grads() {
+  return opt_.stage >= 2 ? grad_part_.as<float>() : model_grads_ + opt_begin();
+}
+
+int ZeroEngine::unit_index(const Unit& u) const {
+  const auto* s = layout_.find_unit(u.kind, u.layer);
+  DS_CHECK(s != nullptr, "unit not in the layout");
+  return static_cast<int>(s - layout_.units.data());
+}
+
+// ---- collectives (with the size-1 fallback) ---------------------------------------------------
+
+comm::WorkPtr ZeroEngine::all_reduce(float* buf, int64_t n, bool async) {
+  if (!comm_) return nullptr;
+  if (async) return comm_->all_reduce_async(buf, static_cast<size_t>(n), DataType::kFloat32, ReduceOp::kSum);
+  comm_->all_reduce(buf, static_cast<size_t>(n), DataType::kFloat32, ReduceOp::kSum);
+  return nullptr;
+}
+
+comm::WorkPtr ZeroEngine::reduce_scatter_range(const float* in, int64_t lo, int64_t hi, float* out,
+                                               bool async) {
+  auto counts = part_.counts_in(lo, hi);
+  if (!comm_) {
+    std::memcpy(out, in, counts[0] * sizeof(float));
+    return nullptr;
+  }
+  if (async) {
+    return comm_->reduce_scatter_v_async(in, out, counts, DataType::kFloat32, ReduceOp::kSum);
+  }
+  comm_->reduce_scatter_v(in, out, counts, DataType::kFloat32, ReduceOp::kSum);
+  return nullptr;
+}
+
+comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* shard, float* out,
+                                           bool async) {
+  const int64_t b = part_.begin(rank_);
+  Range r = intersect(lo, hi, b, part_.end(rank_));
+  const float* in = shard + (r.lo - b);
+  if (!comm_) {
+    if (out + (r.lo - lo) != in) std::memcpy(out + (r.lo - lo), in, r.size() * sizeof(float));
+    return nullptr;
+  }
+  auto counts = part_.counts_in(lo, hi);
+  if (async) return comm_->all_gather_v_async(in, out, counts, DataType::kFloat32);
+  comm_->all_gather_v(in, out, counts, DataType::kFloat32);
+  return nullptr;
+}
+
+// ---- steps -------------------------------------------------------------------------------------
+
+void ZeroEngine::begin_step() {
+  if (opt_.stage >= 2) {
+    if (!grad_part_.empty()) std::memset(grad_part_.data(), 0, grad_part_.bytes());
+  } else {
+    std::memset(model_grads_, 0, static_cast<size_t>(part_.total()) * sizeof(float));
+  }
+}
+
+void ZeroEngine::begin_micro_batch(bool last, bool backward) {
+  reducing_ = opt_.stage < 2 && last && backward;
+  ar_lo_ = ar_hi_ = 0;
+  std::fill(placed_.begin(), placed_.end(), nullptr);
+  wte_fresh_ = false;
+  fill_ = bucket_ready_ = 0;
+  if (opt_.stage == 3) {
+    // The order Gpt2::forward / forward_backward ask for units (whole model).
+    seq_.clear();
+    std::vector<int> layers;
+    int wpe = -1, lnf = -1;
+    for (size_t i = 0; i < layout_.units.size(); ++i) {
+      switch (layout_.units[i].kind) {
+        case ms::UnitKind::kPositionEmbedding: wpe = static_cast<int>(i); break;
+        case ms::UnitKind::kFinalNorm: lnf = static_cast<int>(i); break;
+        case ms::UnitKind::kLayer: layers.push_back(static_cast<int>(i)); break;
+        default: break;
+      }
+    }
+    if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
+    if (wpe >= 0) seq_.push_back(wpe);
+    seq_.insert(seq_.end(), layers.begin(), layers.end());
+    if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
+    if (lnf >= 0) seq_.push_back(lnf);
+    if (backward) seq_.insert(seq_.end(), layers.rbegin(), layers.rend());
+    cursor_ = pf_ = 0;
+    seq_ok_ = true;
+    inflight_prefetch_ = 0;
+    std::fill(prefetched_.begin(), prefetched_.end(), false);
+    prefetch();
+  }
+}
+
+void ZeroEngine::end_micro_batch() {
+  if (opt_.stage < 2) {
+    if (reducing_) {
+      flush_allreduce();
+      for (auto& w : ar_works_) w->wait();
+      ar_works_.clear();
+    }
+    reducing_ = false;
+  } else {
+    flush_bucket();
+    for (auto& p : pend_) complete(p);
+  }
+  if (opt_.stage == 3) {
+    // Prefetched units the model did not ask for (out-of-order use): wait and release.
+    for (size_t i = 0; i < gathered_.size(); ++i) {
+      auto& g = gathered_[i];
+      if (g.buf.empty()) continue;
+      if (g.work) g.work->wait();
+      g.work.reset();
+      live_ -= layout_.units[i].numel;
+      pool_[layout_.units[i].numel].push_back(std::move(g.buf));
+    }
+  }
+}
+
+void ZeroEngine::gather_params() {
+  if (opt_.stage == 0) return;
+  if (opt_.stage == 3) {
+    for (size_t i = 0; i < persistent_.size(); ++i) {
+      if (persistent_[i].empty()) continue;
+      const auto& s = layout_.units[i];
+      all_gather_range(s.offset, s.offset + s.numel, shard_.as<float>(), persistent_[i].as<float>(),
+                       false);
+    }
+    return;
+  }
+  if (!comm_) return;  // one rank: the parameters were updated in place
+  const int64_t k = opt_.allgather_bucket_size;
+  if (k >= part_.stride()) {
+    all_gather_range(0, part_.total(), model_params_ + part_.begin(rank_), model_params_, false);
+    return;
+  }
+  // Chunked: chunk j carries elements [j*k, (j+1)*k) of every rank's partition through the
+  // staging buffer, then each rank's piece is copied to its place.
+  const int64_t chunks = (part_.stride() + k - 1) / k;
+  std::vector<size_t> counts(static_cast<size_t>(size_));
+  for (int64_t j = 0; j < chunks; ++j) {
+    for (int q = 0; q < size_; ++q) {
+      counts[static_cast<size_t>(q)] =
+          static_cast<size_t>(std::clamp<int64_t>(part_.count(q) - j * k, 0, k));
+    }
+    const float* in = model_params_ + part_.begin(rank_) + std::min(j * k, part_.count(rank_));
+    comm_->all_gather_v(in, stage_buf_.data(), counts, DataType::kFloat32);
+    size_t off = 0;
+    for (int q = 0; q < size_; ++q) {
+      const size_t c = counts[static_cast<size_t>(q)];
+      if (q != rank_ && c > 0) {
+        std::memcpy(model_params_ + part_.begin(q) + j * k, stage_buf_.as<float>() + off,
+                    c * sizeof(float));
+      }
+      off += c;
+    }
+  }
+}
+
+void ZeroEngine::all_gather_partitions(float* full) {
+  all_gather_range(0, part_.total(), full + part_.begin(rank_), full, false);
+}
+
+std::vector<double> ZeroEngine::sum_over_ranks(const std::vector<double>& mine) {
+  if (!comm_) return mine;
+  const size_t k = mine.size();
+  std::vector<double> all(k * static_cast<size_t>(size_));
+  comm_->all_gather(mine.data(), all.data(), k * sizeof(double), DataType::kUInt8);
+  std::vector<double> sum(k, 0.0);
+  for (int q = 0; q < size_; ++q) {
+    for (size_t i = 0; i < k; ++i) sum[i] += all[static_cast<size_t>(q) * k + i];
+  }
+  return sum;
+}
+
+std::vector<int64_t> ZeroEngine::gather_int64(const std::vector<int64_t>& mine) {
+  if (!comm_) return mine;
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(size_));
+  comm_->all_gather(mine.data(), all.data(), mine.size(), DataType::kInt64);
+  return all;
+}
+
+void ZeroEngine::barrier() {
+  if (comm_) comm_->barrier();
+}
+
+// ---- gradients ---------------------------------------------------------------------------------
+
+void ZeroEngine::flush_allreduce() {
+  if (ar_hi_ <= ar_lo_) return;
+  auto w = all_reduce(model_grads_ + ar_lo_, ar_hi_ - ar_lo_, opt_.overlap_comm);
+  if (w) ar_works_.push_back(std::move(w));
+  ar_lo_ = ar_hi_ = 0;
+}
+
+void ZeroEngine::complete(Pending& p) {
+  if (p.work) {
+    p.work->wait();
+    p.work.reset();
+  }
+  if (p.count > 0) {
+    float* dst = grad_part_.as<float>() + p.dst;
+    const float* src = p.out.as<float>();
+    for (int64_t i = 0; i < p.count; ++i) dst[i] += src[i];
+  }
+  p.count = 0;
+}
+
+void ZeroEngine::flush_bucket() {
+  if (fill_ == 0) return;
+  DS_CHECK(bucket_ready_ == fill_, "a gradient bucket was flushed before all its units were ready");
+  const int64_t lo = bucket_lo_, hi = lo + fill_;
+  const float* in = buckets_[cur_].as<float>() + (cap_ - fill_);
+  Pending& p = pend_[cur_];
+  const int64_t b = part_.begin(rank_);
+  Range r = intersect(lo, hi, b, part_.end(rank_));
+  p.dst = r.lo - b;
+  p.count = r.size();
+  p.work = reduce_scatter_range(in, lo, hi, p.out.as<float>(), opt_.overlap_comm);
+  if (!opt_.overlap_comm) complete(p);
+  fill_ = bucket_ready_ = 0;
+  if (opt_.overlap_comm) {
+    cur_ = 1 - cur_;
+    complete(pend_[cur_]);  // the buffer we fill next must be free
+  }
+}
+
+float* ZeroEngine::grads_needed(Unit unit, float* resident) {
+  if (opt_.stage < 2) return resident;
+  const int idx = unit_index(unit);
+  if (idx == wte_idx_) {
+    if (!wte_fresh_) {
+      std::memset(wte_buf_.data(), 0, wte_buf_.bytes());
+      wte_fresh_ = true;
+    }
+    return wte_buf_.as<float>();
+  }
+  if (placed_[static_cast<size_t>(idx)] != nullptr) return placed_[static_cast<size_t>(idx)];
+  const auto& s = layout_.units[static_cast<size_t>(idx)];
+  if (fill_ > 0 && (fill_ + s.numel > cap_ || s.offset + s.numel != bucket_lo_)) flush_bucket();
+  float* p = buckets_[cur_].as<float>() + (cap_ - fill_ - s.numel);
+  std::memset(p, 0, static_cast<size_t>(s.numel) * sizeof(float));
+  placed_[static_cast<size_t>(idx)] = p;
+  fill_ += s.numel;
+  bucket_lo_ = s.offset;
+  return p;
+}
+
+void ZeroEngine::grads_ready(Unit unit) {
+  const int idx = unit_index(unit);
+  const auto& s = layout_.units[static_cast<size_t>(idx)];
+  if (opt_.stage < 2) {
+    if (!reducing_) return;
+    if (ar_hi_ > ar_lo_ && s.offset + s.numel != ar_lo_) flush_allreduce();
+    if (ar_hi_ <= ar_lo_) ar_hi_ = s.offset + s.numel;
+    ar_lo_ = s.offset;
+    if (ar_hi_ - ar_lo_ >= opt_.reduce_bucket_size) flush_allreduce();
+    return;
+  }
+  if (idx == wte_idx_) {
+    DS_CHECK(wte_fresh_, "token-embedding gradient reported ready before it was requested");
+    flush_bucket();
+    Pending& p = pend_[2];
+    complete(p);
+    const int64_t b = part_.begin(rank_);
+    Range r = intersect(s.offset, s.offset + s.numel, b, part_.end(rank_));
+    p.dst = r.lo - b;
+    p.count = r.size();
+    p.work = reduce_scatter_range(wte_buf_.as<float>(), s.offset, s.offset + s.numel,
+                                  p.out.as<float>(), opt_.overlap_comm);
+    if (!opt_.overlap_comm) complete(p);
+    return;
+  }
+  DS_CHECK(placed_[static_cast<size_t>(idx)] != nullptr, "unit reported ready without a gradient buffer");
+  bucket_ready_ += s.numel;
+  if (bucket_ready_ >= opt_.reduce_bucket_size) flush_bucket();
+}
+
+// ---- stage 3 parameters ------------------------------------------------------------------------
+
+Buffer ZeroEngine::take_buffer(int64_t n) {
+  auto& free = pool_[n];
+  if (!free.empty()) {
+    Buffer b = std::move(free.back());
+    free.pop_back();
+    return b;
+  }
+  return alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
+                         "zero gathered unit");
+}
+
+void ZeroEngine::issue_gather(int idx) {
+  const auto& s = layout_.units[static_cast<size_t>(idx)];
+  Gathered& g = gathered_[static_cast<size_t>(idx)];
+  g.buf = take_buffer(s.numel);
+  live_ += s.numel;
+  g.work = all_gather_range(s.offset, s.offset + s.numel, shard_.as<float>(), g.buf.as<float>(),
+                            comm_ != nullptr);
+}
+
+void ZeroEngine::prefetch() {
+  if (!seq_ok_) return;
+  pf_ = std::max(pf_, cursor_);
+  while (pf_ < seq_.size()) {
+    const int idx = seq_[pf_];
+    const auto i = static_cast<size_t>(idx);
+    if (!persistent_[i].empty()) {
+      ++pf_;
+      continue;
+    }
+    const int64_t n = layout_.units[i].numel;
+    if (!gathered_[i].buf.empty()) break;  // still live from an earlier use: wait for its release
+    if (inflight_prefetch_ + n > opt_.prefetch_bucket_size) break;
+    if (live_ + n > opt_.max_live_parameters) break;
+    issue_gather(idx);
+    prefetched_[i] = true;
+    inflight_prefetch_ += n;
+    ++pf_;
+  }
+}
+
+const float* ZeroEngine::params_needed(Unit unit, const float* resident) {
+  if (opt_.stage < 3) return resident;
+  const int idx = unit_index(unit);
+  const auto i = static_cast<size_t>(idx);
+  if (seq_ok_ && cursor_ < seq_.size() && seq_[cursor_] == idx) {
+    ++cursor_;
+  } else {
+    seq_ok_ = false;
+  }
+  if (!persistent_[i].empty()) {
+    prefetch();
+    return persistent_[i].as<float>();
+  }
+  Gathered& g = gathered_[i];
+  if (g.buf.empty()) issue_gather(idx);
+  if (prefetched_[i]) {
+    prefetched_[i] = false;
+    inflight_prefetch_ -= layout_.units[i].numel;
+  }
+  if (g.work) {
+    g.work->wait();
+    g.work.reset();
+  }
+  prefetch();
+  return g.buf.as<float>();
+}
+
+void ZeroEngine::params_done(Unit unit) {
+  if (opt_.stage < 3) return;
+  const int idx = unit_index(unit);
+  const auto i = static_cast<size_t>(idx);
+  if (!persistent_[i].empty()) return;
+  Gathered& g = gathered_[i];
+  DS_CHECK(!g.buf.empty(), "params_done for a unit that was not gathered");
+  DS_CHECK(!g.work, "params_done before the unit's gather completed");
+  live_ -= layout_.units[i].numel;
+  pool_[layout_.units[i].numel].push_back(std::move(g.buf));
+  prefetch();
+}
+
+}  // namespace ds::rt::parallel
