@@ -129,7 +129,7 @@ TEST(Loader, LlmcFormulaInFirstEpoch) {
 
 TEST(Loader, ShufflePermutationMatchesDocumentedRecipe) {
   // Values from an independent Python implementation of the recipe in loader.cpp
-  // (SplitMix64, Fisher-Yates from the top), run once with /usr/bin/python3.
+  // (SplitMix64, Fisher-Yates from the top): /usr/bin/python3 tests/unit/data/shuffle_reference.py
   std::vector<int32_t> p;
   shuffle_permutation(1337, 0, 10, p);
   EXPECT_EQ(p, (std::vector<int32_t>{9, 8, 4, 0, 3, 7, 6, 5, 2, 1}));

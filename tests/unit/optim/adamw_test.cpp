@@ -63,7 +63,7 @@ TEST(AdamW, HandComputedTwoSteps) {
 }
 
 // Reference values from PyTorch 1.13 (Debian's python3-torch), computed once with
-// /usr/bin/python3: torch.optim.AdamW (and torch.optim.Adam for adam_w_mode = false, whose
+// /usr/bin/python3 tests/unit/optim/make_reference_values.py: torch.optim.AdamW (and torch.optim.Adam for adam_w_mode = false, whose
 // weight_decay is L2 on the gradient) on a float32 parameter p0, betas (0.9, 0.95), eps 1e-8,
 // three steps with the gradients below and lr set per step to 1e-2, 6e-3, 3e-3.
 const std::vector<float> kP0 = {0.5f, -1.25f, 2.0f, 0.0f, -0.03125f, 3.5f};

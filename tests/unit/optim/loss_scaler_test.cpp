@@ -1,6 +1,7 @@
 // Dynamic loss scaling: the sequence of scales for a scripted overflow pattern, against
-// DeepSpeed's DynamicLossScaler.update_scale (transcribed into Python and run once with
-// /usr/bin/python3 on the same pattern; the (scale, remaining hysteresis) pairs are below).
+// DeepSpeed's DynamicLossScaler.update_scale (restated in Python and run once on the same pattern:
+// /usr/bin/python3 tests/unit/optim/make_reference_values.py; the (scale, remaining hysteresis)
+// pairs are below).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -1,7 +1,7 @@
 // LR schedules against DeepSpeed's formulas: the values below come from
 // deepspeed/runtime/lr_schedules.py's WarmupLR/WarmupDecayLR._get_gamma and
-// WarmupCosineLR.get_lr_ratio, transcribed into Python and run once with /usr/bin/python3 at
-// last_batch_iteration = -1, 0, 1, 5, 9, 10, 11, 30, 49, 50, 59, 100.
+// WarmupCosineLR.get_lr_ratio, restated in Python and run once
+// (/usr/bin/python3 tests/unit/optim/make_reference_values.py) at last_batch_iteration = -1, 0, 1, 5, 9, 10, 11, 30, 49, 50, 59, 100.
 #include <gtest/gtest.h>
 
 #include <vector>
