@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -50,7 +51,7 @@ struct PlanOptions {
   std::string config;
   std::string hostfile;
   std::string gpu_mem;  // "80GiB"
-  int threads = 1;
+  int threads = 0;  // 0: OMP_NUM_THREADS, else 1
   // layout search
   bool recommend = false;
   int top = 10;
@@ -483,6 +484,12 @@ int run_model(const PlanOptions& o) {
   auto cfg = config::load_job_config(o.config, w.world_size);
   auto in = plan::plan_input_from_config(cfg);
   in.layout.num_threads = o.threads;
+  if (o.threads == 0) {
+    // The runtime sizes its attention scratch by omp_get_max_threads(), i.e. OMP_NUM_THREADS.
+    const char* omp = std::getenv("OMP_NUM_THREADS");
+    auto n = omp ? parse_int(omp) : std::nullopt;
+    in.layout.num_threads = n && *n > 0 ? static_cast<int>(*n) : 1;
+  }
 
   if (o.formula == "paper") {
     if (o.recommend) throw invalid_argument("--recommend uses dstrain's own model; drop --formula paper");
@@ -588,7 +595,7 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--config,-c", o.config, "model mode: job config (DeepSpeed-style JSON with a model section)");
   sub.add_option("--hostfile,-H", o.hostfile, "model mode: hostfile giving the ranks and GPUs per node");
   sub.add_option("--gpu-mem", o.gpu_mem, "device memory per GPU for the verdict, e.g. 80GiB (default: the GPUs found)");
-  sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default 1)");
+  sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default OMP_NUM_THREADS or 1)");
   sub.add_flag("--recommend", o.recommend, "enumerate the layouts that fit, fastest first (needs --config, --gpu-mem)");
   sub.add_option("--top", o.top, "--recommend: how many layouts to print (default 10)");
   sub.add_option("--gpu-tflops", o.gpu_tflops, "--recommend: achieved TFLOP/s per GPU (default 125)");

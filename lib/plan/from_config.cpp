@@ -49,6 +49,9 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
                            c.path, c.pipeline.partition);
   }
   l.precision = c.bf16.enabled ? Precision::kBf16 : c.fp16.enabled ? Precision::kFp16 : Precision::kFp32;
+  l.device = c.training.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
+  l.overlap_comm = c.zero.overlap_comm;
+  l.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
   l.reduce_bucket_size = c.zero.reduce_bucket_size;
   l.allgather_bucket_size = c.zero.allgather_bucket_size;
   l.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;

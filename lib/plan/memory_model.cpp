@@ -151,15 +151,32 @@ const RankMemory& MemoryPlan::peak_rank() const {
   return *best;
 }
 
+int64_t ZeroPartition::begin(int r) const { return std::min(total, stride * r); }
+int64_t ZeroPartition::count(int r) const { return std::min(stride, total - begin(r)); }
+
+ZeroPartition zero_partition(int64_t total, int dp) {
+  ZeroPartition p;
+  p.total = total;
+  p.size = dp;
+  const int64_t per = ceil_div(total, dp);
+  p.stride = ceil_div(per, kPartitionAlignElements) * kPartitionAlignElements;
+  return p;
+}
+
+int storage_bytes(const Layout& l) {
+  return l.device == DeviceKind::kCpu ? 4 : param_bytes(l.precision);
+}
+
 MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   validate_layout(s, l);
   MemoryPlan plan;
   plan.layout = l;
   plan.shape = s;
   plan.bounds = stage_bounds(s, l.pp, l.partition, l.tp);
-  const int64_t pb = param_bytes(l.precision);
-  const int64_t dp = l.dp;
-  const bool dp_comm = l.dp > 1;
+  const int64_t sb = storage_bytes(l);
+  // On a CPU run host memory is the device memory: offloading moves nothing.
+  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
+  const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
 
   ms::ActConfig act;
   act.B = l.micro_batch;
@@ -167,60 +184,72 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   act.recompute = l.checkpointing;
   act.num_threads = l.num_threads;
 
-  // Every (stage, tp_rank) part is computed once; dp ranks of a part hold equal shards (the
-  // flat buffer is padded to a multiple of dp).
-  std::vector<RankMemory> parts;  // index stage * tp + tp_rank
+  // What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
+  struct Part {
+    RankMemory base;           // the tags that do not depend on the dp rank
+    ZeroPartition zp;
+    int64_t persistent = 0;    // ZeRO-3 units kept whole
+    int64_t gathered = 0;      // ZeRO-3 pooled gather buffers at their peak
+    int64_t bucket = 0;        // ZeRO-2/3 bucket capacity (elements)
+    int64_t wte = 0;           // ZeRO-2/3 token-embedding gradient buffer (elements)
+  };
+  std::vector<Part> parts;  // index stage * tp + tp_rank
   for (int stage = 0; stage < l.pp; ++stage) {
     for (int t = 0; t < l.tp; ++t) {
-      ms::ModelPart part = part_for(s, plan.bounds, stage, l.tp, t);
-      ms::ParamLayout layout = ms::param_layout(s, part);
-      const int64_t n = layout.total;
-      const int64_t shard = ceil_div(n, dp);
-      RankMemory r;
+      ms::ModelPart mp = part_for(s, plan.bounds, stage, l.tp, t);
+      ms::ParamLayout layout = ms::param_layout(s, mp);
+      Part part;
+      RankMemory& r = part.base;
       r.stage = stage;
       r.tp_rank = t;
-      r.layer_begin = part.layer_begin;
-      r.layer_end = part.layer_end;
-      r.local_params = n;
+      r.layer_begin = mp.layer_begin;
+      r.layer_end = mp.layer_end;
+      r.local_params = layout.total;
       r.in_flight = in_flight_micro_batches(l, stage);
+      part.zp = zero_partition(layout.total, l.dp);
 
-      // params
-      const int64_t param_elems = l.zero_stage >= 3 ? shard : n;
-      if (l.offload_param) {
-        r.cpu += param_elems * pb;
-      } else {
-        r.params = param_elems * pb;
-      }
-      // grads
-      r.grads = (l.zero_stage >= 2 ? shard : n) * pb;
-      // optimizer: Adam m and v, plus the fp32 master copy beside 16-bit params
-      const int64_t opt_elems = l.zero_stage >= 1 ? shard : n;
-      const int64_t opt_bytes = opt_elems * (kAdamStateBytes + master_bytes(l.precision));
-      if (l.offload_optimizer) {
-        r.cpu += opt_bytes;
-      } else {
-        r.optimizer = opt_bytes;
-      }
-      // activations and workspace, from the model spec's buffer list
-      ms::ActTotals at = ms::activation_totals(s, part, act);
+      ms::ActTotals at = ms::activation_totals(s, mp, act);
       r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
-      r.workspace = at.shared_workspace * kActivationBytes;
-      // comm: ZeRO-2/3 reduce bucket; ZeRO-3 gathered units
-      if (dp_comm && l.zero_stage >= 2) {
-        r.comm += std::min(l.reduce_bucket_size, n) * pb;
-      }
-      if (dp_comm && l.zero_stage >= 3) {
-        int64_t largest = 0, gathered = 0;
-        for (size_t i = 0; i < layout.units.size(); ++i) {
-          const int64_t cur = layout.units[i].numel;
-          const int64_t next = i + 1 < layout.units.size() ? layout.units[i + 1].numel : 0;
-          largest = std::max(largest, cur);
-          gathered = std::max(gathered, cur + std::min(next, l.stage3_prefetch_bucket_size));
+      r.workspace = at.shared_workspace * kActivationBytes +
+                    kTokenBufferBytes * l.micro_batch * s.seq_len;
+
+      // ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
+      // reduce_bucket_size elements of the others; the token embedding has its own buffer.
+      int64_t max_unit = 0, rest = 0;
+      for (const auto& u : layout.units) {
+        if (u.kind == ms::UnitKind::kTokenEmbedding) {
+          part.wte = u.numel;
+          continue;
         }
-        gathered = std::max(largest, std::min(gathered, l.stage3_max_live_parameters));
-        r.comm += gathered * pb;
+        max_unit = std::max(max_unit, u.numel);
+        rest += u.numel;
       }
-      parts.push_back(r);
+      part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
+      if (l.zero_stage < 2) part.wte = 0;
+
+      // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into
+      // pooled buffers (one pool per size, never shrunk): the unit in use plus the layers
+      // prefetched within stage3_prefetch_bucket_size, at most stage3_max_live_parameters.
+      if (l.zero_stage == 3) {
+        int64_t layer_n = 0;
+        int nl = 0;
+        for (const auto& u : layout.units) {
+          if (u.numel <= l.stage3_param_persistence_threshold) {
+            part.persistent += u.numel;
+          } else if (u.kind == ms::UnitKind::kLayer) {
+            layer_n = u.numel;
+            ++nl;
+          } else {
+            part.gathered += u.numel;
+          }
+        }
+        if (nl > 0) {
+          int64_t live = 1 + l.stage3_prefetch_bucket_size / layer_n;
+          live = std::min(live, std::max<int64_t>(1, l.stage3_max_live_parameters / layer_n));
+          part.gathered += std::min<int64_t>(live, nl) * layer_n;
+        }
+      }
+      parts.push_back(part);
     }
   }
 
@@ -229,9 +258,32 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
     const int t = rank % l.tp;
     const int d = (rank / l.tp) % l.dp;
     const int stage = rank / (l.tp * l.dp);
-    RankMemory r = parts[static_cast<size_t>(stage * l.tp + t)];
+    const Part& part = parts[static_cast<size_t>(stage * l.tp + t)];
+    RankMemory r = part.base;
     r.rank = rank;
     r.dp_rank = d;
+    const int64_t n = part.zp.total;
+    const int64_t mine = part.zp.count(d);
+
+    // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
+    const int64_t param_elems = l.zero_stage == 3 ? mine + part.persistent + part.gathered : n;
+    (offload_par ? r.cpu : r.params) += param_elems * sb;
+    // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
+    const int nb = l.overlap_comm ? 2 : 1;
+    r.grads = (l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) * sb;
+    // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
+    // part (stage 0) or this rank's partition
+    const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
+    (offload_opt ? r.cpu : r.optimizer) += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+    // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
+    // allgather_bucket_size is smaller than a partition)
+    if (l.zero_stage >= 2) {
+      r.comm += nb * std::min(part.bucket, mine) * sb;
+      if (part.wte > 0) r.comm += std::min(part.wte, mine) * sb;
+    }
+    if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride) {
+      r.comm += l.allgather_bucket_size * l.dp * sb;
+    }
     plan.ranks.push_back(r);
   }
 
@@ -239,21 +291,25 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   const RankMemory& p = plan.peak_rank();
   ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
   ms::ActTotals at = ms::activation_totals(s, part, act);
+  const int64_t pb = sb;
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
                                  part.has_embedding ? " + wte, wpe" : "",
                                  part.has_head ? (part.has_embedding ? " + lnf" : " + lnf, wte (tied)") : "");
-  plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}", p.local_params, what,
+  plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, precision_name(l.precision),
-                                              z(3) ? fmt::format(", ZeRO-3 shard 1/{}", l.dp) : "")});
-  if (l.offload_param) plan.notes.back().text += ", offloaded to CPU";
+                                              l.device == DeviceKind::kCpu && l.precision != Precision::kFp32
+                                                  ? " values in fp32 buffers (CPU)" : "",
+                                              l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", l.dp) : "")});
+  if (offload_par) plan.notes.back().text += ", offloaded to CPU";
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", pb,
-                                             z(2) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "")});
+                                             l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
+                                                                             l.zero_stage, l.dp, l.overlap_comm ? 2 : 1) : "")});
   plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
-                                                 l.offload_optimizer ? ", offloaded to CPU" : "")});
+                                                 offload_opt ? ", offloaded to CPU" : "")});
   plan.notes.push_back({"activations",
                         fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
                                     p.in_flight, l.pp > 1 ? schedule_name(l.schedule) : "no pipeline",
@@ -264,11 +320,14 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
                                                           " to recompute one layer"
                                                     : std::string())});
   std::string comm;
-  if (z(2)) comm = fmt::format("reduce bucket min(reduce_bucket_size, n) x {} B", pb);
-  if (z(3)) comm += "; gathered ZeRO-3 units (largest + prefetched next)";
+  if (l.zero_stage >= 2) comm = "reduce-scatter receive buffers";
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && p.comm > 0 && l.dp > 1) {
+    comm += std::string(comm.empty() ? "" : "; ") + "all-gather staging (allgather_bucket_size x dp)";
+  }
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
-  plan.notes.push_back({"workspace", "backward scratch, attention scratch per thread, logits chunk"});
+  plan.notes.push_back({"workspace", fmt::format("backward scratch, attention scratch for {} thread(s), "
+                                                 "logits chunk, token ids", l.num_threads)});
   return plan;
 }
 

@@ -25,6 +25,9 @@ namespace ds::plan {
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Schedule { k1F1B, kGPipe };
 enum class StagePartition { kUniform, kParameters };
+// Where the job runs (training.device): on CPU the runtime stores 16-bit parameter and gradient
+// values in fp32 buffers and host memory is the device memory (offload moves nothing).
+enum class DeviceKind { kCpu, kCuda };
 
 const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
 const char* schedule_name(Schedule s);    // "1f1b", "gpipe"
@@ -44,10 +47,13 @@ struct Layout {
   Schedule schedule = Schedule::k1F1B;
   StagePartition partition = StagePartition::kParameters;
   Precision precision = Precision::kFp32;
+  DeviceKind device = DeviceKind::kCpu;
+  bool overlap_comm = false;  // zero_optimization.overlap_comm (resolved): two gradient buckets
   int64_t reduce_bucket_size = 500000000;
   int64_t allgather_bucket_size = 500000000;
   int64_t stage3_prefetch_bucket_size = 50000000;
   int64_t stage3_max_live_parameters = 1000000000;
+  int64_t stage3_param_persistence_threshold = 100000;
   int num_threads = 1;  // CPU threads per rank (attention scratch is per thread)
 
   int world_size() const { return tp * pp * dp; }
@@ -58,6 +64,22 @@ int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp
 int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kActivationBytes = 4; // model_spec counts activation buffers in fp32 elements
+constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
+// Bytes per stored parameter/gradient element: 4 on CPU whatever the precision, else param_bytes.
+int storage_bytes(const Layout& l);
+
+// How ZeRO splits a flat buffer of `total` elements over dp ranks, as the runtime does
+// (runtime/parallel/partition.h; lib/ cannot link it, so the arithmetic is restated here and the
+// plan tests pin it): stride = ceil(total / dp) rounded up to 16 elements; rank r owns
+// [min(total, r * stride), + min(stride, total - begin)), so the last ranks may own less.
+inline constexpr int64_t kPartitionAlignElements = 16;
+struct ZeroPartition {
+  int64_t total = 0, stride = 0;
+  int size = 1;
+  int64_t begin(int r) const;
+  int64_t count(int r) const;
+};
+ZeroPartition zero_partition(int64_t total, int dp);
 
 // Layers [begin, end) of every pipeline stage (pp + 1 bounds, bounds[0] = 0, bounds[pp] = L).
 //   uniform:    L / pp layers each, the first L % pp stages one more;
@@ -107,20 +129,26 @@ struct MemoryPlan {
 void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 
 // The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
-// Counting rules (elements n = the rank's part of the model, padded to dp shards for ZeRO):
-//   params      n * param_bytes, or ceil(n / dp) * param_bytes with ZeRO-3 (0 with offload_param)
-//   grads       n * param_bytes, or ceil(n / dp) * param_bytes with ZeRO-2/3
-//   optimizer   (8 + master_bytes) per element of n, or of ceil(n / dp) with ZeRO >= 1;
-//               0 with offload_optimizer (counted in cpu instead)
+// Counting rules, as the runtime allocates (runtime/model/gpt2.cpp, runtime/parallel/zero.cpp,
+// runtime/train/trainer.cpp). n = elements of the rank's part (param_layout), mine = its ZeRO
+// partition count, sb = storage_bytes, units = the layout's units (wte, wpe, layers, lnf):
+//   params      stages 0-2: n * sb (the model's flat buffer)
+//               stage 3: (mine + persistent + gathered) * sb, where persistent = units of at most
+//               stage3_param_persistence_threshold elements, gathered = the other non-layer
+//               units once each + min(layers, 1 + prefetch / layer, max_live / layer) layer
+//               buffers (pooled by size, never shrunk); into cpu instead with offload_param on CUDA
+//   grads       stages 0-1: n * sb; stages 2-3: (mine + buckets x cap + wte) * sb, with
+//               buckets = 2 when overlap_comm else 1, cap = max(largest unit but wte,
+//               min(reduce_bucket_size, elements of the units but wte)), wte = the token
+//               embedding's own gradient buffer when the part holds it
+//   optimizer   (8 + master_bytes) per element of n (stage 0) or of mine (stages 1-3); into cpu
+//               instead with offload_optimizer on CUDA
 //   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers)
 //               x 4 bytes, from model_spec::activation_totals
-//   comm        ZeRO-2/3: one reduce bucket, min(reduce_bucket_size, n) grad elements;
-//               ZeRO-3: the gathered units, the largest unit of the part plus its prefetched
-//               successor (the prefetch capped by stage3_prefetch_bucket_size, the sum by
-//               stage3_max_live_parameters), in param bytes. ZeRO-0/1 reduce and all-gather in
-//               place on the flat buffers: no comm buffer.
-//   workspace   model_spec's shared workspace buffers (backward scratch, attention scratch per
-//               thread, the head's logits chunk) x 4 bytes.
+//   comm        stages 2-3: buckets x min(cap, mine) + min(wte, mine) reduce-scatter receive
+//               buffers; stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
+//               all-gather staging buffer of allgather_bucket_size x dp; all x sb
+//   workspace   model_spec's shared workspace buffers x 4 bytes + the token ids (8 B per token)
 // Throws what validate_layout throws.
 MemoryPlan plan_memory(const model_spec::Gpt2Shape& s, const Layout& l);
 

@@ -124,6 +124,7 @@ SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int w
       for (int zero = 0; zero <= 3; ++zero) {
         for (int offload = 0; offload <= 2; ++offload) {  // none, optimizer, params + optimizer
           if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
+          if (offload > 0 && base.device == DeviceKind::kCpu) continue;  // nothing to offload to
           for (int ckpt = 0; ckpt <= 1; ++ckpt) {
             Layout l = base;
             l.tp = tp;

@@ -8,7 +8,8 @@
 //              ln2_mean 8, ln2_rstd 8, fch 256, fch_gelu 256, out 64 = 1072
 //   per micro-batch: input 64; head: lnf 64, lnf_mean 8, lnf_rstd 8, losses 8
 //   workspace: logits 8 x 16 = 128, dres 64, dln 64, dqkv 192, datty 64, dfch 256,
-//              att_scratch 1 thread x 2 x 4 x 4 = 32; total 800
+//              att_scratch 1 thread x 2 x 4 x 4 = 32; total 800; plus the trainer's token ids
+//              2 x BT int32 = 64 bytes
 #include <gtest/gtest.h>
 
 #include "common/error.h"
@@ -41,31 +42,79 @@ TEST(MemoryModel, TinyZero1DataParallelByHand) {
   EXPECT_EQ(r.grads, 1920 * 4);
   EXPECT_EQ(r.optimizer, 960 * 8);  // fp32: Adam m, v only, half the elements
   EXPECT_EQ(r.activations, (64 + 2 * 1072 + 64 + 8 + 8 + 8) * 4);
-  EXPECT_EQ(r.workspace, 800 * 4);
+  EXPECT_EQ(r.workspace, 800 * 4 + 64);
   EXPECT_EQ(r.comm, 0);
-  EXPECT_EQ(r.total(), 7680 + 7680 + 7680 + 9184 + 3200);
+  EXPECT_EQ(r.total(), 7680 + 7680 + 7680 + 9184 + 3264);
   EXPECT_EQ(distinct_ranks(p).size(), 1u);
   EXPECT_EQ(distinct_ranks(p)[0].ranks_text, "0-1");
 }
 
-TEST(MemoryModel, TinyZero3Bf16ByHand) {
+TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   Layout l;
   l.dp = 2;
   l.zero_stage = 3;
   l.micro_batch = 2;
   l.precision = Precision::kBf16;
+  l.device = DeviceKind::kCuda;  // 2-byte storage
   auto r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, 960 * 2);
-  EXPECT_EQ(r.grads, 960 * 2);
+  // partition: stride = ceil(1920 / 2) = 960 (a multiple of 16); every unit is below the
+  // persistence threshold (1e5), so all 1920 elements stay resident besides the shard
+  EXPECT_EQ(r.params, (960 + 1920) * 2);
+  // grads: partition 960 + one bucket of max(872, min(5e8, 32 + 872 + 872 + 16 = 1792)) + wte 128
+  EXPECT_EQ(r.grads, (960 + 1792 + 128) * 2);
   EXPECT_EQ(r.optimizer, 960 * 12);  // m, v and the fp32 master copy
-  // reduce bucket: min(5e8, 1920) x 2 B; gathered: two consecutive layers 872 + 872, x 2 B
-  EXPECT_EQ(r.comm, 1920 * 2 + 1744 * 2);
+  // receive buffers: min(1792, 960) + min(128, 960)
+  EXPECT_EQ(r.comm, (960 + 128) * 2);
+  // no persistence, no prefetch: wte + wpe + lnf gathered once each, one layer buffer
+  l.stage3_param_persistence_threshold = 0;
+  l.stage3_prefetch_bucket_size = 0;
+  r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 2);
+  // prefetch room for one layer: two layer buffers
+  l.stage3_prefetch_bucket_size = 872;
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, (960 + 176 + 2 * 872) * 2);
+  // overlap_comm: two buckets and two receive buffers
+  l.overlap_comm = true;
+  r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.grads, (960 + 2 * 1792 + 128) * 2);
+  EXPECT_EQ(r.comm, (2 * 960 + 128) * 2);
+  l.overlap_comm = false;
+  l.stage3_prefetch_bucket_size = 0;
   l.offload_optimizer = true;
   l.offload_param = true;
   r = plan_memory(tiny(), l).ranks[0];
   EXPECT_EQ(r.params, 0);
   EXPECT_EQ(r.optimizer, 0);
-  EXPECT_EQ(r.cpu, 960 * 2 + 960 * 12);
+  EXPECT_EQ(r.cpu, (960 + 1048) * 2 + 960 * 12);
+}
+
+TEST(MemoryModel, CpuKeepsSixteenBitValuesInFp32Buffers) {
+  Layout l;
+  l.precision = Precision::kBf16;
+  l.micro_batch = 2;
+  auto r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.params, 1920 * 4);
+  EXPECT_EQ(r.grads, 1920 * 4);
+  EXPECT_EQ(r.optimizer, 1920 * 12);
+  l.zero_stage = 1;
+  l.offload_optimizer = true;  // host memory is the device memory: nothing moves
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].optimizer, 1920 * 12);
+}
+
+TEST(MemoryModel, UnevenPartitionsGiveTheLastRankLess) {
+  Layout l;
+  l.dp = 7;
+  l.zero_stage = 1;
+  auto p = plan_memory(tiny(), l);
+  // ceil(1920 / 7) = 275, rounded up to 288; ranks 0-5 own 288, rank 6 the last 192
+  EXPECT_EQ(p.ranks[0].optimizer, 288 * 8);
+  EXPECT_EQ(p.ranks[6].optimizer, 192 * 8);
+  auto groups = distinct_ranks(p);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0].ranks_text, "0-5");
+  EXPECT_EQ(groups[1].ranks_text, "6");
+  EXPECT_EQ(zero_partition(1920, 7).stride, 288);
+  EXPECT_EQ(zero_partition(10, 4).count(3), 0);  // stride 16: rank 0 owns all 10
 }
 
 TEST(MemoryModel, PipelineStagesAndInFlightMicroBatches) {
