@@ -17,6 +17,7 @@ struct Command {
 
 void add_report_command(CLI::App& app, std::vector<Command>& out);
 void add_launch_command(CLI::App& app, std::vector<Command>& out);
+void add_train_command(CLI::App& app, std::vector<Command>& out);
 void add_agent_command(CLI::App& app, std::vector<Command>& out);
 void add_check_command(CLI::App& app, std::vector<Command>& out);
 void add_plan_command(CLI::App& app, std::vector<Command>& out);

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
 
   std::vector<ds::cli::Command> commands;
   ds::cli::add_launch_command(app, commands);
+  ds::cli::add_train_command(app, commands);
   ds::cli::add_agent_command(app, commands);
   ds::cli::add_check_command(app, commands);
   ds::cli::add_report_command(app, commands);
