@@ -242,8 +242,8 @@ class Comm {
   // lie in registered memory on every rank reads the peers' data in place: no staging copies and
   // three synchronisations per call whatever its size (all_reduce: its buffer; reduce_scatter:
   // the input; all_gather: input and output). Either every rank passes registered buffers to a
-  // call or none does (a mix is an invalid_usage error naming both ranks). Other backends return
-  // ordinary memory. Collective: every rank calls it with the same size, while no operation of
+  // call or none does (a mix is an invalid_usage error naming both ranks). gloo returns
+  // ordinary host memory, nccl device memory. Collective: every rank calls it with the same size, while no operation of
   // this Comm is in flight; blocks until every rank mapped every region (the timeout).
   void* alloc_buffer(size_t bytes, const CallOptions& call = {});
 

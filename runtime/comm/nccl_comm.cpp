@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <vector>
 
 #include "comm/host_comm.h"
 #include "common/check.h"
@@ -188,6 +189,7 @@ class NcclComm : public Comm {
         ncclCommDestroy(st_->comm);
       }
     }
+    for (void* p : buffers_) cudaFree(p);
     if (scratch_ != nullptr) cudaFree(scratch_);
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
@@ -217,6 +219,19 @@ class NcclComm : public Comm {
       st_->fail(e);
       throw;
     }
+  }
+
+  // Device memory on this rank's device (NCCL needs no registration; ncclMemAlloc would be the
+  // place for NVLS/user-buffer registration later).
+  void* allocate_registered(size_t bytes, Millis) override {
+    cuda_check(cudaSetDevice(device_), fmt::format("alloc_buffer on group '{}'", name()));
+    void* p = nullptr;
+    cuda_check(cudaMalloc(&p, bytes), fmt::format("alloc_buffer on group '{}': cudaMalloc of {} "
+                                                  "bytes", name(), bytes));
+    cuda_check(cudaMemset(p, 0, bytes), fmt::format("alloc_buffer on group '{}'", name()));
+    std::lock_guard<std::mutex> lock(st_->mu);
+    buffers_.push_back(p);
+    return p;
   }
 
  private:
@@ -270,6 +285,7 @@ class NcclComm : public Comm {
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   void* scratch_ = nullptr;
+  std::vector<void*> buffers_;
 };
 
 }  // namespace

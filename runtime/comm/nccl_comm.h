@@ -16,6 +16,7 @@
 // - reduce_scatter_v and all_gather_v are grouped ncclReduce / ncclBroadcast calls (NCCL has no
 //   per-rank-count collectives); the even variants are ncclReduceScatter / ncclAllGather.
 // - Reductions of bf16/fp16 are NCCL's (accumulating in the storage type).
+// - alloc_buffer returns device memory (cudaMalloc, zeroed), freed with the Comm.
 //
 // Deliberately not: CUDA-graph capture, several streams per Comm, or a CPU fallback.
 #pragma once

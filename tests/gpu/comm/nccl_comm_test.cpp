@@ -87,6 +87,13 @@ TEST(NcclComm, CollectivesOnEveryVisibleGpu) {
           }
           off += counts[static_cast<size_t>(q)];
         }
+        // alloc_buffer gives device memory on this backend.
+        auto* reg = static_cast<int32_t*>(c.alloc_buffer(64 * sizeof(int32_t)));
+        std::vector<int32_t> ones(64, 1), back(64);
+        cudaMemcpy(reg, ones.data(), 64 * sizeof(int32_t), cudaMemcpyHostToDevice);
+        c.all_reduce(reg, 64, DataType::kInt32, ReduceOp::kSum);
+        cudaMemcpy(back.data(), reg, 64 * sizeof(int32_t), cudaMemcpyDeviceToHost);
+        for (auto x : back) ASSERT_EQ(x, n);
         c.reduce_scatter(d2, d, 1, DataType::kFloat32, ReduceOp::kMax);
         c.broadcast(d, 1, DataType::kFloat32, 0);
         c.barrier();
