@@ -139,33 +139,51 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
     }
   };
 
-  // Spawn every worker of this node.
+  // Spawn every worker of this node: fork them all, then confirm each exec (so N workers start
+  // in parallel rather than one exec after another).
   size_t running = 0;
-  for (auto& r : workers) {
-    if (tearing_down) break;
+  auto spawn_failed = [&](Running& r, const std::string& why) {
+    r.reaped = true;
+    listener_.on_output(r.spec->rank, 2, fmt::format("dstrain agent on {}: {}", node.host, why));
+    ExitStatus st;
+    st.code = 127;
+    listener_.on_exit(r.spec->rank, st);
+    result.exits.push_back({r.spec->rank, st});
+    if (!result.first_failure) result.first_failure = WorkerExit{r.spec->rank, st};
+    begin_teardown();
+  };
+  std::vector<Spawned> started(workers.size());
+  for (size_t i = 0; i < workers.size() && !tearing_down; ++i) {
+    Running& r = workers[i];
     SpawnRequest req;
     req.argv = config_.command;
     req.env = build_worker_env(cfg, *r.spec, job, static_cast<int>(cpus.size()));
     req.cwd = config_.cwd;
+    req.defer_exec_check = true;
     if (config_.bind_cores) {
       req.cpus = cpus_for_local_rank(cpus, r.spec->local_rank, static_cast<int>(workers.size()));
     }
     try {
-      Spawned s = spawn(req);
-      r.pid = s.pid;
-      r.fds[0] = s.stdout_fd;
-      r.fds[1] = s.stderr_fd;
+      started[i] = spawn(req);
+      r.pid = started[i].pid;
+      r.fds[0] = started[i].stdout_fd;
+      r.fds[1] = started[i].stderr_fd;
       ++running;
+    } catch (const Error& e) {
+      spawn_failed(r, e.what());
+    }
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    Running& r = workers[i];
+    if (r.pid <= 0) continue;
+    try {
+      confirm_exec(started[i]);
       listener_.on_started(r.spec->rank, r.pid);
     } catch (const Error& e) {
-      r.reaped = true;
-      listener_.on_output(r.spec->rank, 2, fmt::format("dstrain agent on {}: {}", node.host, e.what()));
-      ExitStatus st;
-      st.code = 127;
-      listener_.on_exit(r.spec->rank, st);
-      result.exits.push_back({r.spec->rank, st});
-      if (!result.first_failure) result.first_failure = WorkerExit{r.spec->rank, st};
-      begin_teardown();
+      r.pid = -1;
+      r.fds[0] = r.fds[1] = -1;  // closed by confirm_exec
+      --running;
+      spawn_failed(r, e.what());
     }
   }
 
@@ -251,6 +269,13 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
       if (pfds[0].revents != 0) {
         for (int sig : signals_.drain()) {
           if (sig == SIGCHLD) continue;
+          if (tearing_down && result.stop_signal != 0 && !killed) {
+            // A second Ctrl-C: do not wait for the kill timeout.
+            killed = true;
+            for (auto& r : workers) {
+              if (r.pid > 0 && !r.reaped) signal_group(r.pid, SIGKILL);
+            }
+          }
           if (!tearing_down) result.stop_signal = sig;
           begin_teardown();
         }

@@ -267,7 +267,6 @@ class SshJob {
       send_all(proto::msg_start(store_addr_, master_port_, restart_));
     } else if (verb == "fatal") {
       std::string msg = proto::unescape(line.size() > 6 ? line.substr(6) : "");
-      mux_.note(fmt::format("dstrain: {}", msg));
       node_failed(n, fmt::format("the agent on {} failed: {}", n.spec->host, msg));
     } else {
       spdlog::warn("agent on {} sent an unknown message", n.spec->host);

@@ -76,7 +76,12 @@ std::string lookup_path(const EnvList& env) {
 
 Spawned spawn(const SpawnRequest& req) {
   if (req.argv.empty()) throw invalid_argument("no command to run");
-  auto path = find_program(req.argv[0], lookup_path(req.env));
+  std::string program = req.argv[0];
+  // A relative path with a '/' means relative to the worker's directory, not the agent's.
+  if (!req.cwd.empty() && program.find('/') != std::string::npos && program[0] != '/') {
+    program = req.cwd + "/" + program;
+  }
+  auto path = find_program(program, lookup_path(req.env));
   if (!path) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("command '{}' not found (not an executable file{})", req.argv[0],
@@ -157,25 +162,34 @@ Spawned spawn(const SpawnRequest& req) {
   close_quietly(out_pipe[1]);
   close_quietly(err_pipe[1]);
   close_quietly(exec_pipe[1]);
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(exec_pipe[0], &child_errno, sizeof child_errno);
-  } while (n < 0 && errno == EINTR);
-  close_quietly(exec_pipe[0]);
-  if (n > 0) {
-    int st = 0;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    close_quietly(out_pipe[0]);
-    close_quietly(err_pipe[0]);
-    throw system_error("could not start '{}': {}", *path, errno_string(child_errno));
-  }
   for (int fd : {out_pipe[0], err_pipe[0]}) {
     int fl = ::fcntl(fd, F_GETFL);
     ::fcntl(fd, F_SETFL, fl | O_NONBLOCK);
   }
-  return Spawned{pid, out_pipe[0], err_pipe[0]};
+  Spawned s{pid, out_pipe[0], err_pipe[0], exec_pipe[0], *path};
+  if (!req.defer_exec_check) confirm_exec(s);
+  return s;
+}
+
+void confirm_exec(Spawned& s) {
+  if (s.exec_fd < 0) return;
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(s.exec_fd, &child_errno, sizeof child_errno);
+  } while (n < 0 && errno == EINTR);
+  close_quietly(s.exec_fd);
+  s.exec_fd = -1;
+  if (n > 0) {
+    int st = 0;
+    while (::waitpid(s.pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    close_quietly(s.stdout_fd);
+    close_quietly(s.stderr_fd);
+    s.stdout_fd = s.stderr_fd = -1;
+    s.pid = -1;
+    throw system_error("could not start '{}': {}", s.program, errno_string(child_errno));
+  }
 }
 
 void signal_group(pid_t pgid, int sig) {

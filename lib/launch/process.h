@@ -41,12 +41,15 @@ struct SpawnRequest {
   std::vector<int> cpus;          // CPU affinity; empty: inherit
   std::string cwd;                // empty: inherit
   bool kill_with_parent = true;   // PR_SET_PDEATHSIG(SIGKILL): a SIGKILL'd parent leaves no orphan
+  bool defer_exec_check = false;  // true: the caller calls confirm_exec() later (spawn many at once)
 };
 
 struct Spawned {
   pid_t pid = -1;      // also the process group id
   int stdout_fd = -1;  // read ends, non-blocking, close-on-exec; owned by the caller
   int stderr_fd = -1;
+  int exec_fd = -1;     // until confirm_exec(): reports an exec failure in the child
+  std::string program;  // the resolved path
 };
 
 // Finds `program` on `path_env` (colon-separated) unless it contains '/'. Returns the path of an
@@ -55,9 +58,13 @@ std::optional<std::string> find_program(const std::string& program, const std::s
 
 // Starts the child in its own process group (pgid == pid). Safe to call from a multi-threaded
 // process: everything is prepared before fork, the child only makes async-signal-safe calls.
-// Throws system_error when fork fails or exec fails in the child (naming the program and errno),
-// invalid_argument when the program is not found.
+// Throws system_error when fork fails or exec fails in the child (naming the program and errno;
+// see defer_exec_check), invalid_argument when the program is not found.
 Spawned spawn(const SpawnRequest& request);
+
+// Waits until the child has exec'd (or failed to). On failure reaps the child, closes its pipes
+// and throws system_error naming the program and errno. No-op when already confirmed.
+void confirm_exec(Spawned& spawned);
 
 // Sends `sig` to the process group `pgid`; ESRCH (already gone) is not an error.
 void signal_group(pid_t pgid, int sig);

@@ -11,6 +11,8 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <pwd.h>
+#include <signal.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -389,8 +391,13 @@ int SshConnection::exit_status() {
   size_t siglen = 0;
   libssh2_channel_get_exit_signal(impl_->channel, &sig, &siglen, nullptr, nullptr, nullptr, nullptr);
   if (sig != nullptr) {
+    std::string name(sig, siglen);
     libssh2_free(impl_->session, sig);
-    return 128 + 15;
+    for (int s = 1; s < 65; ++s) {
+      const char* abbrev = sigabbrev_np(s);
+      if (abbrev != nullptr && name == abbrev) return 128 + s;
+    }
+    return 128 + SIGTERM;
   }
   return libssh2_channel_get_exit_status(impl_->channel);
 }
