@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs="$(nproc)"
+# Tests run two at a time on 2 cores: OpenMP threads that spin while waiting would steal the
+# cores other tests need (10-30x slowdowns seen). Training speed is measured in bench/, not here.
+export OMP_WAIT_POLICY=PASSIVE
 
 echo "== build (RelWithDebInfo, CUDA auto)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
