@@ -174,8 +174,7 @@ int run_agent_process(const AgentProcessOptions& o) {
       server->start();
       write_stdout(proto::msg_store(server->port(), master_port));
     } catch (const Error& e) {
-      return fatal(fmt::format("agent on {}: {}{}", host, e.what(),
-                               e.hint().empty() ? "" : " (hint: " + e.hint() + ")"));
+      return fatal(fmt::format("{}{}", e.what(), e.hint().empty() ? "" : " (hint: " + e.hint() + ")"));
     }
   }
 

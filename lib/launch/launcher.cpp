@@ -77,9 +77,14 @@ std::string describe_failure(const Failure& f) {
 int finish(OutputMux& mux, const std::optional<Failure>& failure, int stop_signal, int world_size,
            int restarts, SteadyClock::time_point t0) {
   std::string after = restarts > 0 ? fmt::format(" after {} restart(s)", restarts) : "";
+  if (failure && failure->rank < 0) {
+    mux.note(fmt::format("dstrain: job failed{}: {}; every rank was stopped; exit status 1", after,
+                         failure->what));
+    return 1;
+  }
   if (failure) {
-    int status = failure->rank >= 0 ? failure->status.shell_status() : 1;
-    if (failure->rank >= 0 && status == 0) status = 1;
+    int status = failure->status.shell_status();
+    if (status == 0) status = 1;
     mux.note(fmt::format("dstrain: job failed{}: {} (the first failure; every other rank was "
                          "stopped); exit status {}",
                          after, describe_failure(*failure), status));
@@ -267,9 +272,10 @@ class SshJob {
       send_all(proto::msg_start(store_addr_, master_port_, restart_));
     } else if (verb == "fatal") {
       std::string msg = proto::unescape(line.size() > 6 ? line.substr(6) : "");
-      node_failed(n, fmt::format("the agent on {} failed: {}", n.spec->host, msg));
+      node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, msg));
     } else {
-      spdlog::warn("agent on {} sent an unknown message", n.spec->host);
+      // Not the protocol: a login shell's or a missing program's words. Show them as they are.
+      mux_.note(fmt::format("[agent {}] {}", n.spec->host, line));
     }
   }
 
@@ -297,8 +303,12 @@ class SshJob {
         flush_lines(n);
         if (!n.quitting) {
           int st = n.conn->exit_status();
-          node_failed(n, fmt::format("the agent on {} ended unexpectedly (exit status {})",
-                                     n.spec->host, st));
+          node_failed(n, fmt::format("the agent on {} ended unexpectedly (exit status {}{})",
+                                     n.spec->host, st,
+                                     st == 127 ? fmt::format(": is dstrain installed at {} there? "
+                                                             "try `dstrain check`",
+                                                             spec_.remote_dstrain)
+                                               : std::string()));
         }
       }
     } catch (const Error& e) {

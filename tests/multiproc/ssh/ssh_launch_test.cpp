@@ -272,6 +272,28 @@ TEST_F(SshLaunch, AClosedPortIsAClearError) {
   EXPECT_NE(job.err().find("127.0.0.2:" + std::to_string(closed)), std::string::npos) << job.err();
 }
 
+TEST_F(SshLaunch, AMasterPortInUseOnNodeZeroIsReportedWithItsAddress) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  int port = ntohs(a.sin_port);
+  auto args = launch({}, {});
+  for (size_t i = 0; i + 1 < args.size(); ++i) {
+    if (args[i] == "--master-port") args[i + 1] = std::to_string(port);
+  }
+  JobProcess job(args, {}, {}, no_agent());
+  int status = job.wait(30s);
+  ::close(fd);
+  EXPECT_EQ(status, 1) << job.err();
+  EXPECT_NE(job.err().find("MASTER_PORT " + std::to_string(port) + " is in use on 127.0.0.2"),
+            std::string::npos)
+      << job.err();
+}
+
 TEST_F(SshLaunch, CheckReportsEveryHost) {
   std::vector<std::string> args = {DS_DSTRAIN_BIN, "check", "-H", g_nodes->path("hostfile"),
                                    "--master-port", "0"};
