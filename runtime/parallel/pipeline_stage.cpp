@@ -1,0 +1,241 @@
+// Stage partitioning and the schedule driver (see pipeline_stage.h).
+//
+// Partition by parameters: contiguous ranges, so the best split is a small dynamic programme over
+// (stages placed, layers covered) minimising the largest stage's count, O(pp * L^2) additions.
+//
+// The driver walks the event list. Sends are posted asynchronously and waited for only when their
+// buffer is about to change: an activation send before that micro-batch's backward (the model's
+// recompute may rewrite layer outputs), the gradient send (it reads d_stream()) before the next
+// write of d_stream(). Receives block. With this rule 1F1B between neighbours cannot deadlock:
+// a stage never waits for a receive that its neighbour would only post after a send of ours that
+// we are waiting on.
+#include "parallel/pipeline_stage.h"
+
+#include <algorithm>
+#include <cctype>
+#include <limits>
+#include <string>
+
+#include "common/error.h"
+
+namespace ds::rt::parallel {
+
+namespace ms = ds::model_spec;
+
+const char* partition_method_name(PartitionMethod m) {
+  return m == PartitionMethod::kUniform ? "uniform" : "parameters";
+}
+
+PartitionMethod parse_partition_method(std::string_view text, std::string_view what) {
+  std::string lower(text);
+  std::transform(lower.begin(), lower.end(), lower.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  if (lower == "uniform") return PartitionMethod::kUniform;
+  if (lower == "parameters") return PartitionMethod::kParameters;
+  throw invalid_argument(
+      "{}: unknown pipeline partition method '{}' (expected \"uniform\" or \"parameters\")", what,
+      text);
+}
+
+std::vector<ms::ModelPart> partition_stages(const ms::Gpt2Shape& s, int pp, PartitionMethod method,
+                                            int tp, int tp_rank) {
+  s.validate();
+  const int L = s.n_layer;
+  if (pp < 1) throw invalid_argument("pipeline: {} stages (need at least 1)", pp);
+  if (pp > L) {
+    throw invalid_argument(
+        "pipeline: {} stages but the model has {} layers; every stage needs at least one layer "
+        "(hint: use at most {} pipeline stages, or a deeper model)",
+        pp, L, L);
+  }
+  std::vector<int> begin(static_cast<size_t>(pp) + 1, 0);  // stage i: [begin[i], begin[i+1])
+  if (method == PartitionMethod::kUniform) {
+    for (int i = 0; i < pp; ++i) begin[i + 1] = begin[i] + L / pp + (i < L % pp ? 1 : 0);
+  } else {
+    const auto all = ms::gpt2_params(s);
+    auto local = [&](ms::ParamId id) { return ms::local_numel(ms::find_param(all, id), tp); };
+    const int64_t layer = ms::layer_param_count(s, tp);
+    const int64_t first_extra = local(ms::ParamId::kWte) + local(ms::ParamId::kWpe);
+    const int64_t last_extra =
+        local(ms::ParamId::kWte) + local(ms::ParamId::kLnfw) + local(ms::ParamId::kLnfb);
+    auto cost = [&](int stage, int a, int b) {
+      int64_t c = layer * (b - a);
+      if (stage == 0) c += first_extra;
+      if (stage == pp - 1) c += last_extra;
+      return c;
+    };
+    constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+    // best[i][b]: the smallest largest-stage count placing stages 0..i-1 over layers [0, b).
+    std::vector<std::vector<int64_t>> best(pp + 1, std::vector<int64_t>(L + 1, kInf));
+    std::vector<std::vector<int>> from(pp + 1, std::vector<int>(L + 1, -1));
+    best[0][0] = 0;
+    for (int i = 1; i <= pp; ++i) {
+      for (int b = i; b <= L - (pp - i); ++b) {
+        for (int a = i - 1; a < b; ++a) {
+          if (best[i - 1][a] == kInf) continue;
+          const int64_t v = std::max(best[i - 1][a], cost(i - 1, a, b));
+          if (v < best[i][b]) {
+            best[i][b] = v;
+            from[i][b] = a;
+          }
+        }
+      }
+    }
+    begin[pp] = L;
+    for (int i = pp; i > 0; --i) begin[i - 1] = from[i][begin[i]];
+  }
+  std::vector<ms::ModelPart> parts;
+  for (int i = 0; i < pp; ++i) {
+    ms::ModelPart p{begin[i], begin[i + 1], i == 0, i == pp - 1, tp, tp_rank};
+    p.validate(s);
+    parts.push_back(p);
+  }
+  return parts;
+}
+
+PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied)
+    : model_(model), pp_(std::move(pp)), tied_(std::move(tied)) {
+  if (!pp_) throw invalid_argument("PipelineStage: the pipeline group's Comm is null");
+  const auto& part = model_.part();
+  if (part.has_embedding != is_first() || part.has_head != is_last()) {
+    throw invalid_argument(
+        "PipelineStage: stage {} of {} holds a part with embedding={} head={} (layers [{}, {})); "
+        "the embedding belongs to stage 0 and the head to stage {} (hint: build the parts with "
+        "partition_stages)",
+        stage(), stages(), part.has_embedding, part.has_head, part.layer_begin, part.layer_end,
+        stages() - 1);
+  }
+  const bool needs_tied = stages() > 1 && (is_first() || is_last());
+  if (needs_tied != (tied_ != nullptr)) {
+    throw invalid_argument(
+        "PipelineStage: stage {} of {} {} a tied-embedding group (it is needed exactly on the "
+        "first and last stage of a pipeline with more than one stage)",
+        stage(), stages(), needs_tied ? "needs" : "must not have");
+  }
+  if (tied_ && (tied_->size() != 2 || tied_->rank() != (is_first() ? 0 : 1))) {
+    throw invalid_argument(
+        "PipelineStage: the tied-embedding group '{}' must be {{first stage, last stage}}; stage "
+        "{} is its rank {} of {}",
+        tied_->name(), stage(), tied_->rank(), tied_->size());
+  }
+  btc_ = int64_t{model_.options().B} * model_.options().T * model_.shape().n_embd;
+}
+
+void PipelineStage::reduce_tied_grads(float* wte_grad) {
+  if (!tied_) return;
+  float* g = wte_grad != nullptr ? wte_grad : model_.grad(ms::ParamId::kWte);
+  const auto all = ms::gpt2_params(model_.shape());
+  const int64_t n = ms::local_numel(ms::find_param(all, ms::ParamId::kWte), model_.part().tp);
+  tied_->all_reduce(g, static_cast<size_t>(n), comm::DataType::kFloat32, comm::ReduceOp::kSum);
+}
+
+RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
+                                      std::span<const MicroBatch> mbs, const RunOptions& opt) {
+  const int m = static_cast<int>(mbs.size());
+  const int st = stage();
+  for (const auto& e : events) {
+    if (e.mb < 0 || e.mb >= m) {
+      throw invalid_argument("run_schedule (stage {}): event {} of micro-batch {} but {} given", st,
+                             event_name(e.kind), e.mb, m);
+    }
+    const bool needs_prev = e.kind == EventKind::kRecvActivation || e.kind == EventKind::kSendGrad;
+    const bool needs_next = e.kind == EventKind::kSendActivation || e.kind == EventKind::kRecvGrad;
+    if ((needs_prev && is_first()) || (needs_next && is_last())) {
+      throw invalid_argument("run_schedule: event {} on stage {} of {} has no peer",
+                             event_name(e.kind), st, stages());
+    }
+    if (is_first() && e.kind != EventKind::kSendActivation && e.kind != EventKind::kRecvGrad &&
+        mbs[e.mb].tokens == nullptr) {
+      throw invalid_argument("run_schedule: micro-batch {} has no tokens on the first stage", e.mb);
+    }
+    if (is_last() && e.kind == EventKind::kBackward && mbs[e.mb].targets == nullptr) {
+      throw invalid_argument("run_schedule: micro-batch {} has no targets on the last stage", e.mb);
+    }
+  }
+
+  const int need = peak_in_flight(events);
+  while (static_cast<int>(acts_.size()) < need) acts_.push_back(model_.make_activations());
+  std::vector<int> free_slots;
+  for (int i = static_cast<int>(acts_.size()) - 1; i >= 0; --i) free_slots.push_back(i);
+  std::vector<int> slot(static_cast<size_t>(m), -1);
+  auto acts_of = [&](int mb) -> Gpt2Activations& {
+    if (slot[mb] < 0) {
+      if (free_slots.empty()) {
+        throw invalid_usage("run_schedule (stage {}): more micro-batches in flight than {}", st,
+                            acts_.size());
+      }
+      slot[mb] = free_slots.back();
+      free_slots.pop_back();
+    }
+    return acts_[slot[mb]];
+  };
+
+  const auto f32 = comm::DataType::kFloat32;
+  const auto n = static_cast<size_t>(btc_);
+  std::vector<comm::WorkPtr> act_sends(static_cast<size_t>(m));
+  comm::WorkPtr grad_send;
+  auto wait = [](comm::WorkPtr& w) {
+    if (w) {
+      w->wait();
+      w.reset();
+    }
+  };
+  const auto& part = model_.part();
+  RunResult res;
+  if (is_last()) res.losses.assign(static_cast<size_t>(m), 0.0f);
+  res.activations_allocated = static_cast<int>(acts_.size());
+
+  for (const auto& e : events) {
+    const MicroBatch& mb = mbs[e.mb];
+    switch (e.kind) {
+      case EventKind::kRecvActivation:
+        pp_->recv(acts_of(e.mb).input, n, f32, st - 1, kActivationTag);
+        break;
+      case EventKind::kForward: {
+        Gpt2Activations& a = acts_of(e.mb);
+        if (opt.before_event) opt.before_event(e);
+        if (is_first()) model_.embed_forward(a, mb.tokens);
+        model_.blocks_forward(a, part.layer_begin, part.layer_end);
+        if (opt.after_event) opt.after_event(e);
+        break;
+      }
+      case EventKind::kSendActivation:
+        act_sends[e.mb] =
+            pp_->send_async(model_.output(acts_of(e.mb)), n, f32, st + 1, kActivationTag);
+        break;
+      case EventKind::kRecvGrad:
+        wait(grad_send);
+        pp_->recv(model_.d_stream(), n, f32, st + 1, kGradTag);
+        break;
+      case EventKind::kBackward: {
+        if (slot[e.mb] < 0) {
+          throw invalid_argument(
+              "run_schedule (stage {}): backward of micro-batch {} before its "
+              "forward",
+              st, e.mb);
+        }
+        Gpt2Activations& a = acts_of(e.mb);
+        wait(grad_send);
+        wait(act_sends[e.mb]);
+        if (opt.before_event) opt.before_event(e);
+        if (is_last())
+          res.losses[e.mb] = model_.head_forward_backward(a, mb.targets, opt.grad_scale);
+        model_.blocks_backward(a, part.layer_begin, part.layer_end);
+        if (is_first()) model_.embed_backward(a, mb.tokens);
+        if (opt.after_event) opt.after_event(e);
+        free_slots.push_back(slot[e.mb]);
+        slot[e.mb] = -1;
+        break;
+      }
+      case EventKind::kSendGrad:
+        grad_send = pp_->send_async(model_.d_stream(), n, f32, st - 1, kGradTag);
+        break;
+    }
+  }
+  wait(grad_send);
+  for (auto& w : act_sends) wait(w);
+  if (opt.reduce_tied_grads) reduce_tied_grads(opt.wte_grad);
+  return res;
+}
+
+}  // namespace ds::rt::parallel

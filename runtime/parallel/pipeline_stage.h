@@ -1,0 +1,122 @@
+// Pipeline parallelism's stage side: which layers a stage holds (partition_stages), and the driver
+// that runs one step's schedule (pipeline_schedule.h) on a stage's Gpt2, passing activations
+// (B,T,C) forward and their gradients (B,T,C) backward with the pipeline group's send/recv, and
+// summing the tied token-embedding gradient between the first and the last stage.
+//
+// Layout of a stage's work (the model's pieces, gpt2.h):
+//   forward(mb)   first stage: embed_forward + blocks_forward; others: recv into acts.input, then
+//                 blocks_forward. The last stage stops before the head.
+//   backward(mb)  last stage: head_forward_backward (the loss and the head's gradients, so the
+//                 head's logits never wait in memory between forward and backward) then
+//                 blocks_backward; others: recv into d_stream(), blocks_backward; first stage also
+//                 embed_backward.
+// Activation checkpointing (Gpt2Options::recompute) works unchanged inside a stage: the model
+// recomputes each layer in its backward from the layer outputs the micro-batch's activations keep.
+//
+// Deliberately not: the data-parallel / ZeRO reduction (the trainer runs it after run_schedule,
+// or through `before_event`/`after_event`), interleaved stages, the optimizer.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/allocator.h"
+#include "model/gpt2.h"
+#include "model_spec/gpt2_spec.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace ds::rt::parallel {
+
+// How layers are split into stages (the config's pipeline.partition).
+enum class PartitionMethod {
+  kUniform,     // equal numbers of layers; the first L % pp stages get one more
+  kParameters,  // contiguous ranges minimising the largest stage's parameter count, counting the
+                // embedding (wte + wpe) on the first stage and lnf + the tied wte on the last
+};
+const char* partition_method_name(PartitionMethod m);  // "uniform", "parameters"
+// "uniform" | "parameters" (case-insensitive); else invalid_argument naming `what`.
+PartitionMethod parse_partition_method(std::string_view text, std::string_view what);
+
+// The ModelPart of every stage (index = pipeline rank): contiguous layer ranges covering
+// [0, n_layer), at least one layer each, embedding on stage 0, head on stage pp-1, each with the
+// given tp size and rank. invalid_argument when pp < 1 or pp > n_layer ("more stages than
+// layers"), naming both numbers and a hint.
+std::vector<model_spec::ModelPart> partition_stages(const model_spec::Gpt2Shape& s, int pp,
+                                                    PartitionMethod method, int tp = 1,
+                                                    int tp_rank = 0);
+
+// One micro-batch's tokens, (B,T) int32 each. `tokens` is read on the first stage (forward and
+// backward), `targets` on the last; either may be null where not read. Caller-owned, valid for
+// the run.
+struct MicroBatch {
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+};
+
+struct RunOptions {
+  // Gradient of grad_scale * (each micro-batch's mean loss) accumulates (gpt2.h): pass 1/m (times
+  // an fp16 loss scale) for the mean over the step's micro-batches.
+  float grad_scale = 1.0f;
+  // Sum the tied wte gradient over the first and last stage at the end of the run (pp > 1).
+  // Off only for callers that reduce it themselves (after accumulating several runs).
+  bool reduce_tied_grads = true;
+  // Where the tied wte gradient lives (this tp rank's (Vp/tp, C) part); null: model.grad(kWte).
+  // Needed when the model was built without its own gradients (own_grads = false).
+  float* wte_grad = nullptr;
+  // Called around every compute event (kForward / kBackward) of the list, e.g. for ZeRO's
+  // begin_micro_batch / end_micro_batch around each backward. May be empty.
+  std::function<void(const Event&)> before_event;
+  std::function<void(const Event&)> after_event;
+};
+
+struct RunResult {
+  // Last stage: the mean loss of each micro-batch, indexed by mb; other stages: empty.
+  std::vector<float> losses;
+  int activations_allocated = 0;  // Gpt2Activations held (the schedule's peak in flight)
+};
+
+class PipelineStage {
+ public:
+  // `model` is this stage's part (its ModelPart says first/last stage and the layers); `pp` the
+  // pipeline group of this (dp, tp) position, whose rank is the stage index (size 1: no
+  // pipeline); `tied` the two-rank group {first stage, last stage} of the same position for the
+  // tied wte gradient, required exactly when pp->size() > 1 and this stage has the embedding or
+  // the head (null otherwise). The model must outlive this object. invalid_argument when the
+  // part does not fit the stage index (embedding iff stage 0, head iff last stage).
+  PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied);
+
+  int stage() const { return pp_->rank(); }
+  int stages() const { return pp_->size(); }
+  bool is_first() const { return stage() == 0; }
+  bool is_last() const { return stage() == stages() - 1; }
+
+  // Runs this stage's `events` (stage_events(kind, stages(), stage(), mbs.size())) over the
+  // micro-batches: compute, sends and receives in list order, sends posted asynchronously (a
+  // stage never waits for its neighbour to receive before it computes on), every transfer waited
+  // for before run_schedule returns. Holds one Gpt2Activations per micro-batch in flight
+  // (allocated on first use, kept for later runs). Gradients accumulate into the model's (or the
+  // hooks') gradient buffers; zeroing them is the caller's. Blocking calls are bounded by the
+  // groups' Comm timeouts; a failure (a peer died, a timeout, bad tokens) throws ds::Error and
+  // leaves the groups broken.
+  RunResult run_schedule(const std::vector<Event>& events, std::span<const MicroBatch> mbs,
+                         const RunOptions& options = {});
+
+  // The tied wte gradient sum over the first and last stage, in place (no-op for pp == 1 or a
+  // middle stage). run_schedule calls it unless options.reduce_tied_grads is false.
+  void reduce_tied_grads(float* wte_grad = nullptr);
+
+  static constexpr int kActivationTag = 11;
+  static constexpr int kGradTag = 12;
+
+ private:
+  Gpt2& model_;
+  comm::CommPtr pp_, tied_;
+  std::vector<Gpt2Activations> acts_;
+  int64_t btc_;
+};
+
+}  // namespace ds::rt::parallel
