@@ -1,8 +1,11 @@
-// Pipeline parallelism end to end with ranks as threads: pp = 2 and pp = 4 (and tp = 2 x pp = 2)
-// stages run m micro-batches through PipelineStage::run_schedule (1F1B and GPipe) and give the
-// same per-micro-batch losses and the same gradients (every tensor of every stage, wte after the
-// tied all-reduce) as one process running the whole model over the same micro-batches, within
-// 1e-5 relative. Activation checkpointing inside the stages gives bit-identical results.
+// Pipeline parallelism end to end with ranks as threads: pp = 2 and pp = 4, tp = 2 x pp = 2, and
+// with a data-parallel axis (pp = 2 x dp = 2, tp = 2 x pp = 2 x dp = 2: the grid of topology.h,
+// each dp rank running its own micro-batches, gradients summed over the dp group after the
+// schedule as ZeRO stage 0 does) run m micro-batches through PipelineStage::run_schedule (1F1B and
+// GPipe) and give the same per-micro-batch losses and the same gradients (every tensor of every
+// stage, wte after the tied all-reduce) as one process running the whole model over the same
+// dp x m micro-batches, within 1e-5 relative. Activation checkpointing inside the stages gives
+// bit-identical results.
 #include "parallel/pipeline_stage.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +56,7 @@ Reference reference(int m) {
 }
 
 struct RankOut {
+  int dp_rank = 0;
   std::vector<float> losses;
   std::vector<float> grads;
   ms::ParamLayout layout;
@@ -60,12 +64,14 @@ struct RankOut {
   int activations = 0;
 };
 
-std::vector<RankOut> run_pipeline(int tp, int pp, int m, ScheduleKind kind, bool recompute) {
-  const int world_size = tp * pp;
-  const Topology topo(world_size, tp, 1, pp);
+std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, ScheduleKind kind,
+                                  bool recompute) {
+  const int world_size = tp * pp * dp;
+  const Topology topo(world_size, tp, dp, pp);
   std::vector<RankOut> out(static_cast<size_t>(world_size));
-  std::vector<std::vector<int32_t>> in(m), tg(m);
-  for (int i = 0; i < m; ++i) {
+  // Data-parallel rank d runs global micro-batches d * m .. d * m + m - 1.
+  std::vector<std::vector<int32_t>> in(dp * m), tg(dp * m);
+  for (int i = 0; i < dp * m; ++i) {
     in[i] = tokens(i, 1);
     tg[i] = tokens(i, 2);
   }
@@ -76,6 +82,8 @@ std::vector<RankOut> run_pipeline(int tp, int pp, int m, ScheduleKind kind, bool
     const auto pp_ranks = topo.group_of(r, Axis::kPp);
     auto pp_group =
         world->new_group(pp_ranks, "pp" + std::to_string(topo.group_index(r, Axis::kPp)));
+    auto dp_group = world->new_group(topo.group_of(r, Axis::kDp),
+                                     "dp" + std::to_string(topo.group_index(r, Axis::kDp)));
     comm::CommPtr tied;
     if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) {
       tied = world->new_group({pp_ranks.front(), pp_ranks.back()},
@@ -91,16 +99,19 @@ std::vector<RankOut> run_pipeline(int tp, int pp, int m, ScheduleKind kind, bool
     model.zero_grads();
     PipelineStage stage(model, pp_group, tied);
     std::vector<MicroBatch> mbs;
-    for (int i = 0; i < m; ++i) mbs.push_back({in[i].data(), tg[i].data()});
+    for (int i = c.dp * m; i < (c.dp + 1) * m; ++i) mbs.push_back({in[i].data(), tg[i].data()});
     RunOptions ro;
-    ro.grad_scale = 1.0f / m;
+    ro.grad_scale = 1.0f / static_cast<float>(dp * m);
     const auto res = stage.run_schedule(stage_events(kind, pp, c.pp, m), mbs, ro);
+    dp_group->all_reduce(model.grads(), static_cast<size_t>(model.num_params()),
+                         comm::DataType::kFloat32, comm::ReduceOp::kSum);
     auto& o = out[static_cast<size_t>(r)];
     o.losses = res.losses;
     o.activations = res.activations_allocated;
     o.grads.assign(model.grads(), model.grads() + model.num_params());
     o.layout = model.layout();
     o.part = part;
+    o.dp_rank = c.dp;
   });
   return out;
 }
@@ -109,12 +120,14 @@ void expect_matches(const Reference& ref, const std::vector<RankOut>& out, int p
   const auto all = ms::gpt2_params(kShape);
   for (size_t r = 0; r < out.size(); ++r) {
     const auto& o = out[r];
-    SCOPED_TRACE(::testing::Message() << "rank " << r << " layers [" << o.part.layer_begin << ", "
-                                      << o.part.layer_end << ") tp_rank " << o.part.tp_rank);
+    SCOPED_TRACE(::testing::Message()
+                 << "rank " << r << " dp " << o.dp_rank << " layers [" << o.part.layer_begin << ", "
+                 << o.part.layer_end << ") tp_rank " << o.part.tp_rank);
     if (o.part.has_head) {
       ASSERT_EQ(static_cast<int>(o.losses.size()), m);
       for (int i = 0; i < m; ++i) {
-        EXPECT_NEAR(o.losses[i], ref.losses[i], 1e-5 * std::fabs(ref.losses[i])) << "mb " << i;
+        const float want = ref.losses[static_cast<size_t>(o.dp_rank * m + i)];
+        EXPECT_NEAR(o.losses[i], want, 1e-5 * std::fabs(want)) << "mb " << i;
       }
     } else {
       EXPECT_TRUE(o.losses.empty());
@@ -136,7 +149,7 @@ void expect_matches(const Reference& ref, const std::vector<RankOut>& out, int p
 }
 
 struct Case {
-  int tp, pp, m;
+  int tp, pp, dp, m;
   ScheduleKind kind;
 };
 
@@ -144,8 +157,8 @@ class PipelineRun : public ::testing::TestWithParam<Case> {};
 
 TEST_P(PipelineRun, MatchesTheSingleProcessModel) {
   const Case c = GetParam();
-  const auto ref = reference(c.m);
-  const auto out = run_pipeline(c.tp, c.pp, c.m, c.kind, false);
+  const auto ref = reference(c.dp * c.m);
+  const auto out = run_pipeline(c.tp, c.pp, c.dp, c.m, c.kind, false);
   expect_matches(ref, out, c.pp, c.m);
   for (const auto& o : out) {
     const int stage = o.part.layer_begin / (kShape.n_layer / c.pp);
@@ -153,7 +166,7 @@ TEST_P(PipelineRun, MatchesTheSingleProcessModel) {
     EXPECT_EQ(o.activations, peak) << "stage " << stage;
   }
   // Activation checkpointing inside the stages: bit-identical losses and gradients.
-  const auto ck = run_pipeline(c.tp, c.pp, c.m, c.kind, true);
+  const auto ck = run_pipeline(c.tp, c.pp, c.dp, c.m, c.kind, true);
   for (size_t r = 0; r < out.size(); ++r) {
     EXPECT_EQ(ck[r].losses, out[r].losses) << "rank " << r;
     EXPECT_EQ(ck[r].grads, out[r].grads) << "rank " << r;
@@ -162,12 +175,15 @@ TEST_P(PipelineRun, MatchesTheSingleProcessModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineRun,
-    ::testing::Values(Case{1, 2, 4, ScheduleKind::k1F1B}, Case{1, 2, 3, ScheduleKind::kGPipe},
-                      Case{1, 4, 5, ScheduleKind::k1F1B}, Case{1, 4, 2, ScheduleKind::k1F1B},
-                      Case{2, 2, 3, ScheduleKind::k1F1B}, Case{1, 1, 2, ScheduleKind::k1F1B}),
+    ::testing::Values(Case{1, 2, 1, 4, ScheduleKind::k1F1B}, Case{1, 2, 1, 3, ScheduleKind::kGPipe},
+                      Case{1, 4, 1, 5, ScheduleKind::k1F1B}, Case{1, 4, 1, 2, ScheduleKind::k1F1B},
+                      Case{2, 2, 1, 3, ScheduleKind::k1F1B}, Case{1, 1, 1, 2, ScheduleKind::k1F1B},
+                      Case{1, 2, 2, 3, ScheduleKind::k1F1B}, Case{2, 2, 2, 2, ScheduleKind::k1F1B},
+                      Case{2, 1, 2, 2, ScheduleKind::kGPipe}),
     [](const ::testing::TestParamInfo<Case>& i) {
-      return "tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) + "_m" +
-             std::to_string(i.param.m) + "_" + schedule_name(i.param.kind);
+      return "tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) + "_dp" +
+             std::to_string(i.param.dp) + "_m" + std::to_string(i.param.m) + "_" +
+             schedule_name(i.param.kind);
     });
 
 TEST(PipelineStage, WrongPartOrTiedGroupIsAnError) {
