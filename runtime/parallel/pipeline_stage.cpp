@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -236,6 +237,62 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   for (auto& w : act_sends) wait(w);
   if (opt.reduce_tied_grads) reduce_tied_grads(opt.wte_grad);
   return res;
+}
+
+TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc)
+    : inner_(inner != nullptr ? inner : &default_),
+      buf_(alloc.allocate(static_cast<size_t>(wte_numel) * sizeof(float), MemTag::kGrads,
+                          "pipeline tied wte grad")),
+      n_(wte_numel) {}
+
+void TiedEmbeddingHooks::zero() {
+  std::memset(buf_.data(), 0, buf_.bytes());
+}
+
+void TiedEmbeddingHooks::hand_over() {
+  if (!seen_) {
+    throw invalid_usage(
+        "TiedEmbeddingHooks::hand_over before any backward asked for the token "
+        "embedding's gradient (call it after run_schedule)");
+  }
+  const Unit wte{ms::UnitKind::kTokenEmbedding};
+  float* g = inner_->grads_needed(wte, resident_);
+  if (g == nullptr) {
+    throw invalid_usage(
+        "TiedEmbeddingHooks::hand_over: the inner hooks serve no gradient for "
+        "the token embedding and the model has none");
+  }
+  const float* src = buf_.as<float>();
+  for (int64_t i = 0; i < n_; ++i) g[i] += src[i];
+  inner_->grads_ready(wte);
+}
+
+const float* TiedEmbeddingHooks::params_needed(Unit unit, const float* resident) {
+  return inner_->params_needed(unit, resident);
+}
+void TiedEmbeddingHooks::params_done(Unit unit) {
+  inner_->params_done(unit);
+}
+float* TiedEmbeddingHooks::grads_needed(Unit unit, float* resident) {
+  if (unit.kind != ms::UnitKind::kTokenEmbedding) return inner_->grads_needed(unit, resident);
+  resident_ = resident;
+  seen_ = true;
+  return buf_.as<float>();
+}
+void TiedEmbeddingHooks::grads_ready(Unit unit) {
+  if (unit.kind != ms::UnitKind::kTokenEmbedding) inner_->grads_ready(unit);
+}
+void TiedEmbeddingHooks::tp_reduce_forward(float* buf, int64_t n) {
+  inner_->tp_reduce_forward(buf, n);
+}
+void TiedEmbeddingHooks::tp_reduce_backward(float* buf, int64_t n) {
+  inner_->tp_reduce_backward(buf, n);
+}
+void TiedEmbeddingHooks::tp_loss_reduce_max(float* buf, int64_t n) {
+  inner_->tp_loss_reduce_max(buf, n);
+}
+void TiedEmbeddingHooks::tp_loss_reduce_sum(float* buf, int64_t n) {
+  inner_->tp_loss_reduce_sum(buf, n);
 }
 
 }  // namespace ds::rt::parallel

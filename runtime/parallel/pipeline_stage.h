@@ -119,4 +119,49 @@ class PipelineStage {
   int64_t btc_;
 };
 
+// Hooks for the first and last stage of a pipeline, between the model (or TensorParallelHooks)
+// and the data-parallel hooks (ZeroEngine): they keep the tied token embedding's gradient out of
+// the data-parallel reduction until the pipeline has summed it over the two stages.
+//   grads_needed(wte)  returns this object's own buffer (this tp rank's (Vp/tp, C) part), which
+//                      accumulates over every micro-batch of the step; inner never sees it.
+//   grads_ready(wte)   swallowed (inner would reduce a half-sum).
+//   everything else    forwarded to `inner` (null: the defaults).
+// The step: zero() once; run_schedule with RunOptions::wte_grad = wte_grad() (sums it over the
+// two stages at the end); then, inside one inner micro-batch (ZeroEngine::begin_micro_batch(true,
+// true) ... end_micro_batch()), hand_over() adds the sum into inner's wte gradient
+// (inner->grads_needed(wte, the model's own slot)) and reports it ready, so ZeRO 0-2 reduce it
+// over dp like any other unit. Reduction is linear, so this equals summing over the tied stages
+// after the dp reduction. Costs one wte-sized buffer (tag grads) on the first and last stage.
+// Thread safety: the model's thread.
+class TiedEmbeddingHooks final : public ParallelHooks {
+ public:
+  // `wte_numel`: this tp rank's wte elements (model_spec::local_numel of wte). `inner` may be
+  // null and must outlive this object.
+  TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc);
+
+  float* wte_grad() { return buf_.as<float>(); }
+  void zero();  // before the step's first micro-batch
+  // After run_schedule: wte gradient += the tied sum, through inner; see above. Before any
+  // micro-batch asked for wte's gradient (hence before run_schedule) there is no model slot to
+  // pass on: invalid_usage.
+  void hand_over();
+
+  const float* params_needed(Unit unit, const float* resident) override;
+  void params_done(Unit unit) override;
+  float* grads_needed(Unit unit, float* resident) override;
+  void grads_ready(Unit unit) override;
+  void tp_reduce_forward(float* buf, int64_t n) override;
+  void tp_reduce_backward(float* buf, int64_t n) override;
+  void tp_loss_reduce_max(float* buf, int64_t n) override;
+  void tp_loss_reduce_sum(float* buf, int64_t n) override;
+
+ private:
+  ParallelHooks* inner_;
+  ParallelHooks default_;
+  Buffer buf_;
+  int64_t n_;
+  float* resident_ = nullptr;  // the model's own wte gradient slot (null without own_grads)
+  bool seen_ = false;
+};
+
 }  // namespace ds::rt::parallel
