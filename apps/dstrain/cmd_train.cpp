@@ -36,13 +36,17 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
   sub->add_option("--init-from", o->train.init_from, "start from this llm.c GPT-2 checkpoint");
   sub->add_option("--metrics", o->train.metrics_path,
-                  "append one JSON object per step to this file (rank 0 writes it)");
+                  "append one JSON object per step to this file (rank 0 writes it; every rank "
+                  "may be given the same path)");
   sub->add_flag("--metrics-all-ranks", o->train.metrics_all_ranks,
-                "every rank reports (use a per-rank --metrics path)");
+                "rank 0's metrics also carry every rank's peak bytes (peak_bytes_<tag>_rank<r>)");
   sub->add_flag("--resume", o->train.resume,
                 "continue from the latest checkpoint in training.checkpoint_dir, if any");
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
+  // Test hooks (hidden): a rank SIGKILLs itself mid-step.
+  sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
+  sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");
   out.push_back({sub, [o] { return run_train(*o); }});
 }
 

@@ -1,17 +1,20 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "comm/comm.h"
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/shard_file.h"
 #include "common/env.h"
@@ -22,10 +25,14 @@
 #include "data/token_file.h"
 #include "kernels/cpu/kernels.h"
 #include "model/gpt2.h"
+#include "model/init.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/zero.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store_client.h"
 #include "train/metrics.h"
 
 namespace ds::rt::train {
@@ -91,12 +98,17 @@ struct Trainer::Impl {
   ms::Gpt2Shape shape;
   Precision precision = Precision::kFp32;
   int B = 0, T = 0, G = 1;
-  int rank = 0;
+  int rank = 0, world = 1;  // world rank / size; dp rank / size are the same (tp = pp = 1)
 
   Allocator& alloc = Allocator::process();
+  std::shared_ptr<store::Store> store;
+  comm::CommPtr world_comm;
   std::unique_ptr<Gpt2> model;
+  std::unique_ptr<parallel::ZeroEngine> zero;  // after the model: destroyed first (waits its work)
   Gpt2Activations acts;
-  Buffer master, exp_avg, exp_avg_sq;  // optimizer state (fp32), master only with bf16/fp16
+  // Optimizer state (fp32) over the engine's range [opt_begin, opt_begin + opt_count): the whole
+  // model at stage 0, this rank's partition from stage 1. master only with bf16/fp16.
+  Buffer master, exp_avg, exp_avg_sq;
   Buffer tokens;                       // inputs and targets (B*T int32 each), workspace
   std::vector<optim::DecayRange> decay;
 
@@ -108,7 +120,14 @@ struct Trainer::Impl {
   int64_t adam_steps = 0;  // applied optimizer updates (AdamW's t)
   int64_t next_step = 1;   // the step the next run() executes
 
-  float* master_params() { return precision == Precision::kFp32 ? model->params() : master.as<float>(); }
+  int dp() const { return world; }
+  int64_t n_params() const { return model->num_params(); }
+  int64_t opt_begin() const { return zero->opt_begin(); }
+  int64_t opt_count() const { return zero->opt_count(); }
+  float* master_params() { return precision == Precision::kFp32 ? zero->opt_params() : master.as<float>(); }
+  // This rank's checkpoint partition [part_begin, part_begin + part_count).
+  int64_t part_begin() const { return zero->partition().begin(rank); }
+  int64_t part_count() const { return zero->partition().count(rank); }
 
   // Rounds the model's parameters (or gradients) to the storage precision, in place.
   void round_to_precision(float* x, int64_t n) {
@@ -122,11 +141,22 @@ struct Trainer::Impl {
     }
   }
 
+  // After an update of the master weights: the model's copy of the optimizer range (rounded),
+  // then the engine's gathers (stage 1/2 parameters, stage 3 persistent units).
   void sync_model_from_master() {
-    if (precision == Precision::kFp32) return;
-    std::copy_n(master.as<float>(), model->num_params(), model->params());
-    round_to_precision(model->params(), model->num_params());
+    if (precision != Precision::kFp32) {
+      std::copy_n(master.as<float>(), opt_count(), zero->opt_params());
+      round_to_precision(zero->opt_params(), opt_count());
+    }
+    zero->gather_params();
   }
+
+  // The fp32 view of this rank's parameter partition (what a checkpoint stores as "params").
+  float* partition_params() {
+    return zero->stage() == 3 ? zero->opt_params() : model->params() + part_begin();
+  }
+  // An optimizer-range buffer's slice for this rank's partition.
+  float* partition_of(const Buffer& b) { return b.as<float>() + (part_begin() - opt_begin()); }
 
   nlohmann::json manifest(int64_t step) const {
     nlohmann::json m;
@@ -134,12 +164,15 @@ struct Trainer::Impl {
     m["step"] = step;
     m["adam_steps"] = adam_steps;
     m["config"] = cfg.to_json();
+    nlohmann::json parts = nlohmann::json::array();
+    for (int q = 0; q < world; ++q) parts.push_back({zero->partition().begin(q), zero->partition().count(q)});
     m["layout"] = {{"world_size", cfg.world_size},
                    {"data_parallel_size", cfg.data_parallel_size},
                    {"tensor_parallel_size", cfg.tensor_parallel.size},
                    {"pipeline_stages", cfg.pipeline.stages},
                    {"zero_stage", cfg.zero.stage},
-                   {"num_params", model->num_params()}};
+                   {"num_params", model->num_params()},
+                   {"partitions", parts}};
     m["data"] = loader->state().to_json();
     m["lr_schedule"] = schedule->state();
     m["loss_scaler"] = scaler->state();
@@ -147,43 +180,98 @@ struct Trainer::Impl {
     return m;
   }
 
+  // Every rank writes its partition into the temporary step directory rank 0 created; rank 0
+  // commits after everyone wrote.
   void save_checkpoint(int64_t step) {
     const auto& root = cfg.training.checkpoint_dir;
-    std::string tmp = ckpt::begin_checkpoint(root, step);
+    if (rank == 0) ckpt::begin_checkpoint(root, step);
+    zero->barrier();
+    std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
-    int64_t n = model->num_params();
-    size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    w.add("params", "f32", {n}, model->params(), bytes);
-    if (precision != Precision::kFp32) w.add("master", "f32", {n}, master.data(), bytes);
-    w.add("exp_avg", "f32", {n}, exp_avg.data(), bytes);
-    w.add("exp_avg_sq", "f32", {n}, exp_avg_sq.data(), bytes);
+    const int64_t n = part_count();
+    const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+    w.add("params", "f32", {n}, partition_params(), bytes);
+    if (precision != Precision::kFp32) w.add("master", "f32", {n}, partition_of(master), bytes);
+    w.add("exp_avg", "f32", {n}, partition_of(exp_avg), bytes);
+    w.add("exp_avg_sq", "f32", {n}, partition_of(exp_avg_sq), bytes);
     w.write(tmp + "/" + ckpt::shard_file_name(rank));
-    std::string dir = ckpt::commit_checkpoint(root, step, manifest(step), cfg.training.keep_last);
-    spdlog::info("saved checkpoint {}", dir);
+    zero->barrier();
+    if (rank == 0) {
+      std::string dir = ckpt::commit_checkpoint(root, step, manifest(step), cfg.training.keep_last);
+      spdlog::info("saved checkpoint {}", dir);
+    }
+    zero->barrier();
   }
+
+  // Reads global elements [lo, hi) of tensor `name` from the shards of a checkpoint written with
+  // partitions `parts` (one [begin, count] per writing rank) into dst.
+  struct ShardSet {
+    std::string dir, where;
+    std::vector<std::pair<int64_t, int64_t>> parts;
+    std::map<int, std::unique_ptr<ckpt::ShardReader>> readers;
+    void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+      for (size_t q = 0; q < parts.size(); ++q) {
+        auto [b, c] = parts[q];
+        auto r = parallel::intersect(lo, hi, b, b + c);
+        if (r.size() <= 0) continue;
+        auto& rd = readers[static_cast<int>(q)];
+        if (!rd) rd = std::make_unique<ckpt::ShardReader>(dir + "/" + ckpt::shard_file_name(static_cast<int>(q)));
+        if (!rd->has(name)) {
+          throw invalid_argument("{}: shard {} has no tensor '{}'", where,
+                                 ckpt::shard_file_name(static_cast<int>(q)), name);
+        }
+        std::vector<float> tmp(static_cast<size_t>(c));
+        rd->read(name, "f32", {c}, tmp.data(), tmp.size() * sizeof(float));
+        std::copy_n(tmp.data() + (r.lo - b), r.size(), dst + (r.lo - lo));
+      }
+    }
+  };
 
   void load_checkpoint(const std::string& dir) {
     auto m = ckpt::read_manifest(dir);
     std::string where = dir + "/manifest.json";
     try {
-      int64_t n = model->num_params();
-      if (m.at("layout").at("num_params").get<int64_t>() != n) {
-        throw invalid_argument("{}: the checkpoint holds {} parameters per rank but the config's "
-                               "model has {}",
-                               where, m["layout"]["num_params"].get<int64_t>(), n);
+      const int64_t n = model->num_params();
+      const auto& lay = m.at("layout");
+      if (lay.at("num_params").get<int64_t>() != n) {
+        throw invalid_argument("{}: the checkpoint holds {} parameters per rank but the config's model has {}",
+                               where, lay["num_params"].get<int64_t>(), n);
       }
-      ckpt::ShardReader r(dir + "/" + ckpt::shard_file_name(rank));
-      size_t bytes = static_cast<size_t>(n) * sizeof(float);
-      r.read("params", "f32", {n}, model->params(), bytes);
+      ShardSet set;
+      set.dir = dir;
+      set.where = where;
+      if (lay.contains("partitions")) {
+        for (const auto& p : lay["partitions"]) set.parts.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
+      } else {
+        set.parts.emplace_back(0, n);
+      }
+      int64_t covered = 0;
+      for (auto [b, c] : set.parts) covered += c;
+      if (covered != n) throw invalid_argument("{}: layout.partitions cover {} of {} parameters", where, covered, n);
+      const int old_dp = lay.value("data_parallel_size", 1);
+      if (old_dp != dp() || lay.value("zero_stage", 0) != zero->stage()) {
+        spdlog::info("re-partitioning checkpoint {} (data-parallel {}, ZeRO stage {}) for data-parallel {}, "
+                     "ZeRO stage {}",
+                     dir, old_dp, lay.value("zero_stage", 0), dp(), zero->stage());
+      }
+      if (zero->stage() == 3) {
+        set.read("params", part_begin(), part_begin() + part_count(), zero->opt_params());
+      } else {
+        set.read("params", 0, n, model->params());
+      }
+      const int64_t ob = opt_begin(), oe = opt_begin() + opt_count();
       if (precision != Precision::kFp32) {
-        if (!r.has("master")) {
-          throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; "
-                                 "resume it with the same precision settings", where);
+        if (!set.parts.empty() && set.parts[0].second > 0) {
+          ckpt::ShardReader r0(dir + "/" + ckpt::shard_file_name(0));
+          if (!r0.has("master")) {
+            throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; "
+                                   "resume it with the same precision settings", where);
+          }
         }
-        r.read("master", "f32", {n}, master.data(), bytes);
+        set.read("master", ob, oe, master.as<float>());
       }
-      r.read("exp_avg", "f32", {n}, exp_avg.data(), bytes);
-      r.read("exp_avg_sq", "f32", {n}, exp_avg_sq.data(), bytes);
+      set.read("exp_avg", ob, oe, exp_avg.as<float>());
+      set.read("exp_avg_sq", ob, oe, exp_avg_sq.as<float>());
       adam_steps = m.at("adam_steps").get<int64_t>();
       next_step = m.at("step").get<int64_t>() + 1;
       loader->restore(data::LoaderState::from_json(m.at("data"), where + ": data"));
@@ -192,6 +280,7 @@ struct Trainer::Impl {
     } catch (const nlohmann::json::exception& e) {
       throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
     }
+    zero->gather_params();  // stage 3: the persistent units from the loaded shard
     spdlog::info("resumed from {} (continuing at step {})", dir, next_step);
   }
 
@@ -202,9 +291,23 @@ struct Trainer::Impl {
     double sum = 0;
     for (int64_t i = 0; i < val_loader->eval_steps(); ++i) {
       val_loader->next(in, tg);
+      zero->begin_micro_batch(false, false);
       sum += model->forward(acts, in, tg);
+      zero->end_micro_batch();
     }
-    return sum / static_cast<double>(val_loader->eval_steps());
+    double total = zero->sum_over_ranks({sum})[0];
+    return total / static_cast<double>(val_loader->eval_steps() * dp());
+  }
+
+  // Initial weights of global elements [begin, begin + count) of the flat layout into dst.
+  void init_values(float* dst, int64_t begin, int64_t count) {
+    auto all = ms::gpt2_params(shape);
+    for (const auto& t : model->layout().tensors) {
+      auto r = parallel::intersect(begin, begin + count, t.offset, t.offset + t.numel);
+      if (r.size() <= 0) continue;
+      init_tensor_values(dst + (r.lo - begin), ms::find_param(all, t.id), t.layer, shape.n_layer, 1, 0,
+                         cfg.training.seed, r.lo - t.offset, r.size());
+    }
   }
 };
 
@@ -220,15 +323,21 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
                             s.cfg.path, s.cfg.training.device),
                 "set training.device to \"cpu\"");
   }
-  if (s.cfg.data_parallel_size != 1 || s.cfg.tensor_parallel.size != 1 || s.cfg.pipeline.stages != 1) {
+  if (s.cfg.tensor_parallel.size != 1 || s.cfg.pipeline.stages != 1) {
     throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: this trainer runs one process, but the config resolves to "
-                            "data-parallel {} x tensor-parallel {} x pipeline {}",
-                            s.cfg.path, s.cfg.data_parallel_size, s.cfg.tensor_parallel.size,
-                            s.cfg.pipeline.stages),
-                "run it with world size 1 (no launcher or --nproc-per-node 1)");
+                fmt::format("{}: the trainer runs data parallelism only, but the config asks for "
+                            "tensor-parallel {} x pipeline {} (over data-parallel {})",
+                            s.cfg.path, s.cfg.tensor_parallel.size, s.cfg.pipeline.stages,
+                            s.cfg.data_parallel_size),
+                "set tensor_parallel.size and pipeline.stages to 1 (tensor and pipeline parallel "
+                "training come with issue 6)");
   }
+  s.world = s.cfg.world_size;
   s.rank = static_cast<int>(env::get_int("RANK"));
+  if (s.rank < 0 || s.rank >= s.world) {
+    throw invalid_argument("RANK={} is outside the config's world of {} rank(s) ({})", s.rank, s.world,
+                           s.cfg.path);
+  }
   s.shape = shape_of(s.cfg.model);
   s.B = static_cast<int>(s.cfg.train_micro_batch_size_per_gpu);
   s.T = s.cfg.model.seq_len;
@@ -236,13 +345,13 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   if (s.cfg.bf16.enabled) s.precision = Precision::kBf16;
   if (s.cfg.fp16.enabled) s.precision = Precision::kFp16;
 
-  // Data first: a bad corpus should fail before we allocate the model.
+  // Data first: a bad corpus should fail before we connect or allocate the model.
   s.train_file = std::make_unique<data::TokenFile>(s.cfg.data.train, s.cfg.model.vocab_size);
   data::LoaderOptions lo;
   lo.batch_size = s.B;
   lo.seq_len = s.T;
   lo.data_parallel_size = s.cfg.data_parallel_size;
-  lo.data_parallel_rank = 0;
+  lo.data_parallel_rank = s.rank;
   lo.grad_accum_steps = s.G;
   lo.shuffle = s.cfg.data.shuffle;
   lo.seed = s.cfg.training.seed;
@@ -250,17 +359,42 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   if (!s.cfg.data.val.empty() && s.cfg.training.eval_interval > 0) {
     s.val_file = std::make_unique<data::TokenFile>(s.cfg.data.val, s.cfg.model.vocab_size);
     s.val_loader = std::make_unique<data::ValidationLoader>(
-        *s.val_file, s.B, s.T, s.cfg.data_parallel_size, 0, s.cfg.training.eval_steps);
+        *s.val_file, s.B, s.T, s.cfg.data_parallel_size, s.rank, s.cfg.training.eval_steps);
   }
 
+  if (s.world > 1) {
+    // One store generation per launcher restart, so a restarted job never meets stale keys.
+    auto client = store::connect_from_env();
+    s.store = std::make_shared<store::PrefixStore>(
+        fmt::format("train/gen{}/", env::get_int("DSTRAIN_RESTART_COUNT")), client);
+    comm::CommOptions co;
+    co.name = "world";
+    s.world_comm = comm::make_world_comm(s.store, s.rank, s.world, co);
+  }
+  parallel::ZeroOptions zo;
+  zo.stage = s.cfg.zero.stage;
+  zo.overlap_comm = s.cfg.zero.overlap_comm;
+  zo.reduce_bucket_size = s.cfg.zero.reduce_bucket_size;
+  zo.allgather_bucket_size = s.cfg.zero.allgather_bucket_size;
+  zo.prefetch_bucket_size = s.cfg.zero.stage3_prefetch_bucket_size;
+  zo.param_persistence_threshold = s.cfg.zero.stage3_param_persistence_threshold;
+  zo.max_live_parameters = s.cfg.zero.stage3_max_live_parameters;
+  auto layout = ms::param_layout(s.shape, ms::ModelPart::whole(s.shape));
+
+  s.zero = std::make_unique<parallel::ZeroEngine>(zo, s.world_comm, layout, s.alloc);
   Gpt2Options mo;
   mo.B = s.B;
   mo.T = s.T;
   mo.recompute = s.cfg.activation_checkpointing.enabled;
-  s.model = std::make_unique<Gpt2>(s.shape, ms::ModelPart::whole(s.shape), mo, s.alloc);
+  mo.own_params = s.zero->model_owns_params();
+  mo.own_grads = s.zero->model_owns_grads();
+  s.model = std::make_unique<Gpt2>(s.shape, ms::ModelPart::whole(s.shape), mo, s.alloc, s.zero.get());
+  s.zero->attach(s.model->params(), s.model->grads());
   s.acts = s.model->make_activations();
-  int64_t n = s.model->num_params();
-  size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  const int64_t n = s.model->num_params();
+  const size_t bytes = static_cast<size_t>(s.opt_count()) * sizeof(float);
+  // offload_optimizer device "cpu": the optimizer state lives in host memory, which on a CPU run
+  // is where it lives anyway (the accounting is the same tag).
   if (s.precision != Precision::kFp32) s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights");
   s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg");
   s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq");
@@ -291,14 +425,26 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   std::string init_from = !s.opt.init_from.empty() ? s.opt.init_from : s.cfg.model.init_from;
   if (resume_dir) {
     s.load_checkpoint(*resume_dir);
-  } else if (!init_from.empty()) {
-    ckpt::load_llmc(init_from, s.shape, s.model->part(), s.model->params());
-    spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
   } else {
-    s.model->init_weights(s.cfg.training.seed);
-  }
-  if (s.precision != Precision::kFp32 && !resume_dir) {
-    std::copy_n(s.model->params(), n, s.master.as<float>());
+    if (!init_from.empty()) {
+      if (s.zero->stage() == 3) {
+        Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace,
+                                       "llm.c import");
+        ckpt::load_llmc(init_from, s.shape, s.model->part(), full.as<float>());
+        std::copy_n(full.as<float>() + s.opt_begin(), s.opt_count(), s.zero->opt_params());
+      } else {
+        ckpt::load_llmc(init_from, s.shape, s.model->part(), s.model->params());
+      }
+      spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
+    } else if (s.zero->stage() == 3) {
+      s.init_values(s.zero->opt_params(), s.opt_begin(), s.opt_count());
+    } else {
+      s.model->init_weights(s.cfg.training.seed);
+    }
+    if (s.precision != Precision::kFp32) {
+      std::copy_n(s.zero->opt_params(), s.opt_count(), s.master.as<float>());
+      if (s.zero->stage() < 3) s.round_to_precision(s.model->params(), n);
+    }
     s.sync_model_from_master();
   }
 }
@@ -312,20 +458,20 @@ TrainResult Trainer::run() {
   const int64_t total = s.cfg.training.steps;
   int64_t stop = total;
   if (s.opt.max_steps >= 0) stop = std::min(stop, s.opt.max_steps);
-  bool reporter_on = s.rank == 0 || s.opt.metrics_all_ranks;
-  MetricsReporter reporter(reporter_on, s.opt.metrics_path, s.next_step > 1, s.cfg.training.log_interval);
+  MetricsReporter reporter(s.rank == 0, s.opt.metrics_path, s.next_step > 1, s.cfg.training.log_interval);
   if (s.next_step == 1) {
     reporter.note(fmt::format(
         "training GPT-2 (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
-        "{} accumulation step(s), {} steps, {} threads",
+        "{} accumulation step(s), data-parallel {} (ZeRO stage {}), {} steps, {} threads",
         s.shape.n_layer, s.shape.n_head, s.shape.n_embd, s.shape.vocab_size, s.shape.seq_len,
-        s.model->num_params(), s.B, s.T, s.G, total, omp_get_max_threads()));
+        s.model->num_params(), s.B, s.T, s.G, s.dp(), s.zero->stage(), total, omp_get_max_threads()));
   }
 
-  const int64_t n = s.model->num_params();
+  const int64_t oc = s.opt_count();
   int32_t* in = s.tokens.as<int32_t>();
   int32_t* tg = in + static_cast<size_t>(s.B) * s.T;
-  const double tokens_per_step = static_cast<double>(s.B) * s.T * s.G * s.cfg.data_parallel_size;
+  const double micro_batches = static_cast<double>(s.G) * s.dp();  // in the global batch
+  const double tokens_per_step = static_cast<double>(s.B) * s.T * micro_batches;
   optim::AdamWConfig ac;
   ac.lr = s.cfg.optimizer.lr;
   ac.beta1 = s.cfg.optimizer.beta1;
@@ -337,20 +483,29 @@ TrainResult Trainer::run() {
 
   for (int64_t step = s.next_step; step <= stop; ++step) {
     auto t0 = Clock::now();
-    s.model->zero_grads();
+    s.zero->begin_step();
     const double loss_scale = s.scaler->scale();
-    const float grad_scale = static_cast<float>(loss_scale / s.G);
+    const float grad_scale = static_cast<float>(loss_scale / micro_batches);
     double loss_sum = 0;
     for (int g = 0; g < s.G; ++g) {
       s.loader->next(in, tg);
+      s.zero->begin_micro_batch(g == s.G - 1, true);
       loss_sum += s.model->forward_backward(s.acts, in, tg, grad_scale);
+      if (step == s.opt.kill_at_step && s.rank == s.opt.kill_rank && g == 0) ::raise(SIGKILL);
+      s.zero->end_micro_batch();
     }
-    const double loss = loss_sum / s.G;
-    float* grads = s.model->grads();
-    if (step == s.opt.inject_inf_at_step) grads[0] = std::numeric_limits<float>::infinity();
-    if (s.precision == Precision::kFp16) s.round_to_precision(grads, n);
+    float* grads = s.zero->opt_grads();
+    if (step == s.opt.inject_inf_at_step && s.opt_begin() == 0 && oc > 0) {
+      grads[0] = std::numeric_limits<float>::infinity();
+    }
+    if (s.precision == Precision::kFp16) s.round_to_precision(grads, oc);
 
-    const double sumsq = optim::sum_of_squares(grads, n);
+    // The global batch's loss and the global gradient norm: this rank's partition's share,
+    // summed over the ranks (the same bits everywhere, so every rank agrees on an overflow).
+    const double part_sumsq = optim::sum_of_squares(grads + (s.part_begin() - s.opt_begin()), s.part_count());
+    const auto sums = s.zero->sum_over_ranks({loss_sum, part_sumsq});
+    const double loss = sums[0] / micro_batches;
+    const double sumsq = sums[1];
     const bool overflow = !std::isfinite(sumsq);
     const double norm = std::sqrt(sumsq) / loss_scale;
     const double lr = s.schedule->lr();
@@ -365,7 +520,7 @@ TrainResult Trainer::run() {
       ++s.adam_steps;
       auto st = optim::adamw_step_scalars(ac, s.adam_steps, lr, coef / loss_scale);
       optim::adamw_update_partition(st, s.master_params(), grads, s.exp_avg.as<float>(),
-                                    s.exp_avg_sq.as<float>(), 0, n, s.decay);
+                                    s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
       s.sync_model_from_master();
       s.schedule->step();
     }
@@ -383,8 +538,23 @@ TrainResult Trainer::run() {
     r.ms_per_step = ms_step;
     r.tokens_per_s = tokens_per_step / (ms_step / 1000.0);
     auto stats = s.alloc.stats();
-    for (int t = 0; t < kNumMemTags; ++t) r.peak_bytes[mem_tag_name(static_cast<MemTag>(t))] = stats.peak[t];
+    std::vector<int64_t> mine;
+    for (int t = 0; t < kNumMemTags; ++t) {
+      r.peak_bytes[mem_tag_name(static_cast<MemTag>(t))] = stats.peak[t];
+      mine.push_back(stats.peak[t]);
+    }
     r.peak_bytes["total"] = stats.peak_total;
+    mine.push_back(stats.peak_total);
+    if (s.opt.metrics_all_ranks) {
+      auto all = s.zero->gather_int64(mine);
+      for (int q = 0; q < s.world; ++q) {
+        for (int t = 0; t <= kNumMemTags; ++t) {
+          std::string tag = t < kNumMemTags ? mem_tag_name(static_cast<MemTag>(t)) : "total";
+          r.extra[fmt::format("peak_bytes_{}_rank{}", tag, q)] =
+              all[static_cast<size_t>(q) * (kNumMemTags + 1) + static_cast<size_t>(t)];
+        }
+      }
+    }
     if (s.val_loader && (step % s.cfg.training.eval_interval == 0 || step == total)) {
       r.val_loss = s.evaluate();
       result.last_val_loss = r.val_loss;
@@ -401,9 +571,20 @@ TrainResult Trainer::run() {
   return result;
 }
 
-void Trainer::export_llmc(const std::string& path) const {
-  const Impl& s = *impl_;
-  ckpt::save_llmc(path, s.shape, s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>());
+void Trainer::export_llmc(const std::string& path) {
+  Impl& s = *impl_;
+  const int64_t n = s.model->num_params();
+  const bool full_on_rank = s.zero->stage() == 0 || (s.zero->stage() < 3 && s.precision == Precision::kFp32);
+  if (full_on_rank && s.dp() == 1) {
+    ckpt::save_llmc(path, s.shape, s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>());
+    return;
+  }
+  // Assemble the fp32 weights from every rank's partition (master when mixed precision).
+  Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export");
+  float* src = s.precision == Precision::kFp32 ? s.partition_params() : s.partition_of(s.master);
+  std::copy_n(src, s.part_count(), full.as<float>() + s.part_begin());
+  s.zero->all_gather_partitions(full.as<float>());
+  if (s.rank == 0) ckpt::save_llmc(path, s.shape, full.as<float>());
 }
 
 }  // namespace ds::rt::train

@@ -13,8 +13,15 @@
 // optimizer), and fp16 gradients are rounded to fp16 after accumulation, so an overflow shows as
 // inf exactly as in a 16-bit buffer; the dynamic loss scaler then skips the step.
 //
-// Not here: collectives. Data parallelism plugs in through GradientSync (the parallel layer owns
-// it); without one the process trains alone.
+// Data parallelism (world size > 1 under `dstrain launch`): the trainer connects to the job's store
+// (DSTRAIN_STORE), builds the world Comm and hands it to the ZeRO engine (runtime/parallel/zero.h),
+// which owns every collective: gradient buckets, parameter gathers, the partitioned optimizer
+// range. Each rank reads its own windows of the global batch (data/loader.h), scales its
+// gradients by 1/(G x N), and the logged loss and grad norm are those of the whole global batch.
+// Tensor and pipeline parallelism are refused until issue 6.
+// Checkpoints: every rank writes its partition of params/master/exp_avg/exp_avg_sq; the manifest
+// records dp size, stage and the partition boundaries; loading re-partitions for any dp size.
+// Not here: collectives themselves (the engine calls them; the trainer calls none).
 #pragma once
 
 #include <cstdint>
@@ -30,11 +37,16 @@ namespace ds::rt::train {
 struct TrainOptions {
   std::string init_from;        // llm.c checkpoint; overrides model.init_from
   std::string metrics_path;     // one JSON object per step ("" = none)
+  // Rank 0's metrics also carry every rank's peak bytes per tag: peak_bytes_<tag>_rank<r>.
   bool metrics_all_ranks = false;
   bool resume = false;          // continue from training.checkpoint_dir/latest when present
   int64_t max_steps = -1;       // stop after this step (e.g. to simulate an interruption); -1 = no
   // Test hook: after this step's backward, one gradient is set to +inf (checks overflow skips).
   int64_t inject_inf_at_step = -1;
+  // Test hook: rank kill_rank SIGKILLs itself in step kill_at_step, after its first micro-batch's
+  // backward (checks that a dead rank is named and nothing hangs).
+  int64_t kill_at_step = -1;
+  int kill_rank = -1;
 };
 
 struct TrainResult {
@@ -58,8 +70,9 @@ class Trainer {
   // Runs the remaining steps. Returns what happened; throws ds::Error on failure.
   TrainResult run();
 
-  // Writes the model's weights as an llm.c checkpoint (dstrain export).
-  void export_llmc(const std::string& path) const;
+  // Writes the model's weights as an llm.c checkpoint (dstrain export). Collective with data
+  // parallelism (every rank calls it; rank 0 writes).
+  void export_llmc(const std::string& path);
 
  private:
   struct Impl;

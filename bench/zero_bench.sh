@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Step time and peak memory per rank for each ZeRO stage at N ranks (default 4), on the GPT-2
+# small config (configs/gpt2-small-zero3.json: L=6, H=6, C=384, T=256, V=256), under the real
+# launcher with one OpenMP thread per rank. Prints one table row per (stage, rank).
+#
+#   bench/zero_bench.sh [config] [build-dir]      env: NPROC=4 STEPS=6 THREADS=1
+#
+# The step time is the median ms_per_step of the steps after the first (rank 0's clock: every
+# rank waits for the others in the collectives). Peak bytes are each rank's allocator peaks per
+# tag over the run (params, grads, optimizer, comm, total). Not part of the test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${1:-configs/gpt2-small-zero3.json}
+BUILD=${2:-build}
+BIN="$BUILD/apps/dstrain/dstrain"
+NPROC=${NPROC:-4}
+STEPS=${STEPS:-6}
+THREADS=${THREADS:-1}
+[ -x "$BIN" ] || { echo "zero_bench: no $BIN (build dstrain first, or pass the build dir)" >&2; exit 2; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+train=$(jq -r '.data.train' "$CONFIG")
+case "$train" in /*) ;; *) train="$(dirname "$CONFIG")/$train" ;; esac
+if [ ! -f "$train" ]; then
+  # No corpus yet: tokenize this repository's docs (bytes, vocab 256) as a stand-in.
+  cat docs/*.md docs/*.md docs/*.md docs/*.md > "$tmp/corpus.txt"
+  "$BIN" data prepare --input "$tmp/corpus.txt" --output "$tmp/data" >/dev/null
+  train="$tmp/data/train.bin"
+fi
+
+printf "%-6s %-5s %10s %12s %12s %12s %12s %12s\n" stage rank ms/step params grads optimizer comm total
+for stage in 0 1 2 3; do
+  jq --arg train "$(realpath "$train")" --argjson stage "$stage" --argjson steps "$STEPS" '
+      .zero_optimization.stage = $stage | .data = {train: $train} |
+      .training.steps = $steps | .training.eval_interval = 0 | del(.training.checkpoint_dir) |
+      .training.checkpoint_interval = 0 | .scheduler = null | del(.scheduler)' "$CONFIG" > "$tmp/cfg$stage.json"
+  "$BIN" launch --nproc-per-node "$NPROC" --env "OMP_NUM_THREADS=$THREADS" -- \
+    "$BIN" train --config "$tmp/cfg$stage.json" --metrics "$tmp/m$stage.jsonl" --metrics-all-ranks \
+    > "$tmp/log$stage.txt" 2>&1 || { cat "$tmp/log$stage.txt" >&2; exit 1; }
+  ms=$(jq -s '[.[1:][] | .ms_per_step] | sort | .[length/2|floor]' "$tmp/m$stage.jsonl")
+  for ((r = 0; r < NPROC; r++)); do
+    jq -r -s --argjson r "$r" --arg stage "$stage" --arg ms "$ms" '
+        .[-1] as $m | def mib(t): ($m["peak_bytes_\(t)_rank\($r)"] / 1048576 * 100 | round / 100 | tostring) + " MiB";
+        "\($stage)\t\($r)\t\($ms | tonumber | . * 10 | round / 10)\t\(mib("params"))\t\(mib("grads"))\t\(mib("optimizer"))\t\(mib("comm"))\t\(mib("total"))"' \
+        "$tmp/m$stage.jsonl" | awk -F'\t' '{printf "%-6s %-5s %10s %12s %12s %12s %12s %12s\n", $1, $2, $3, $4, $5, $6, $7, $8}'
+  done
+done
