@@ -102,32 +102,28 @@ std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StagePartition par
     return (stage == 0 ? first_extra : 0) + (stage == pp - 1 ? last_extra : 0);
   };
   const int64_t kInf = std::numeric_limits<int64_t>::max();
-  // best[i][j]: the smallest max-cost covering layers [j, L) with stages i..pp-1.
-  std::vector<std::vector<int64_t>> best(static_cast<size_t>(pp) + 1,
-                                         std::vector<int64_t>(static_cast<size_t>(L) + 1, kInf));
-  std::vector<std::vector<int>> choice(static_cast<size_t>(pp) + 1,
-                                       std::vector<int>(static_cast<size_t>(L) + 1, 0));
-  best[static_cast<size_t>(pp)][static_cast<size_t>(L)] = 0;
-  for (int i = pp - 1; i >= 0; --i) {
-    const int stages_after = pp - 1 - i;
-    for (int j = 0; j + (pp - i) <= L; ++j) {
-      // k layers for stage i, leaving at least one per later stage; larger k first wins ties.
-      for (int k = L - j - stages_after; k >= 1; --k) {
-        int64_t rest = best[static_cast<size_t>(i) + 1][static_cast<size_t>(j + k)];
-        if (rest == kInf) continue;
-        int64_t cost = std::max(rest, static_cast<int64_t>(k) * w + extra(i));
-        if (cost < best[static_cast<size_t>(i)][static_cast<size_t>(j)]) {
-          best[static_cast<size_t>(i)][static_cast<size_t>(j)] = cost;
-          choice[static_cast<size_t>(i)][static_cast<size_t>(j)] = k;
+  // best[i][b]: the smallest largest-stage cost placing stages 0..i-1 over layers [0, b); the
+  // earliest boundary wins ties (the runtime's partition_stages decides ties the same way, and
+  // the plan must pick the very same layers).
+  const size_t P = static_cast<size_t>(pp), N = static_cast<size_t>(L);
+  std::vector<std::vector<int64_t>> best(P + 1, std::vector<int64_t>(N + 1, kInf));
+  std::vector<std::vector<int>> from(P + 1, std::vector<int>(N + 1, -1));
+  best[0][0] = 0;
+  for (int i = 1; i <= pp; ++i) {
+    for (int b = i; b <= L - (pp - i); ++b) {
+      for (int a = i - 1; a < b; ++a) {
+        const int64_t prev = best[static_cast<size_t>(i - 1)][static_cast<size_t>(a)];
+        if (prev == kInf) continue;
+        const int64_t v = std::max(prev, static_cast<int64_t>(b - a) * w + extra(i - 1));
+        if (v < best[static_cast<size_t>(i)][static_cast<size_t>(b)]) {
+          best[static_cast<size_t>(i)][static_cast<size_t>(b)] = v;
+          from[static_cast<size_t>(i)][static_cast<size_t>(b)] = a;
         }
       }
     }
   }
-  int j = 0;
-  for (int i = 0; i < pp; ++i) {
-    j += choice[static_cast<size_t>(i)][static_cast<size_t>(j)];
-    bounds[static_cast<size_t>(i) + 1] = j;
-  }
+  bounds[P] = L;
+  for (size_t i = P; i > 0; --i) bounds[i - 1] = from[i][static_cast<size_t>(bounds[i])];
   return bounds;
 }
 
@@ -192,6 +188,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
     int64_t gathered = 0;      // ZeRO-3 pooled gather buffers at their peak
     int64_t bucket = 0;        // ZeRO-2/3 bucket capacity (elements)
     int64_t wte = 0;           // ZeRO-2/3 token-embedding gradient buffer (elements)
+    int64_t tied = 0;          // pipeline: the tied wte gradient buffer (elements)
   };
   std::vector<Part> parts;  // index stage * tp + tp_rank
   for (int stage = 0; stage < l.pp; ++stage) {
@@ -226,6 +223,13 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
       }
       part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
       if (l.zero_stage < 2) part.wte = 0;
+      // Pipelines keep the tied token embedding's gradient in a buffer of their own on the first
+      // and the last stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks).
+      if (l.pp > 1 && (mp.has_embedding || mp.has_head)) {
+        for (const auto& u : layout.units) {
+          if (u.kind == ms::UnitKind::kTokenEmbedding) part.tied = u.numel;
+        }
+      }
 
       // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into
       // pooled buffers (one pool per size, never shrunk): the unit in use plus the layers
@@ -270,7 +274,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
     (offload_par ? r.cpu : r.params) += param_elems * sb;
     // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
     const int nb = l.overlap_comm ? 2 : 1;
-    r.grads = (l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) * sb;
+    r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * sb;
     // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
     // part (stage 0) or this rank's partition
     const int64_t opt_elems = l.zero_stage == 0 ? n : mine;

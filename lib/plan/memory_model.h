@@ -85,7 +85,9 @@ ZeroPartition zero_partition(int64_t total, int dp);
 //   uniform:    L / pp layers each, the first L % pp stages one more;
 //   parameters: contiguous split minimizing the largest stage's parameter count, where the first
 //               stage also holds wte + wpe and the last lnf + the tied wte (as the runtime's
-//               model parts do); ties go to the split with more layers early.
+//               model parts do); ties go to the earliest boundary. The same rule as the
+//               runtime's partition_stages (runtime/parallel/pipeline_stage.h), restated because
+//               lib/ cannot link runtime/; the tests pin both.
 // Every stage gets at least one layer. Throws ds::Error naming the rule when pp > L.
 std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StagePartition partition,
                               int tp = 1);
@@ -140,7 +142,8 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 //   grads       stages 0-1: n * sb; stages 2-3: (mine + buckets x cap + wte) * sb, with
 //               buckets = 2 when overlap_comm else 1, cap = max(largest unit but wte,
 //               min(reduce_bucket_size, elements of the units but wte)), wte = the token
-//               embedding's own gradient buffer when the part holds it
+//               embedding's own gradient buffer when the part holds it; with pp > 1 the first
+//               and last stages add the pipeline's tied-wte gradient buffer (wte elements)
 //   optimizer   (8 + master_bytes) per element of n (stage 0) or of mine (stages 1-3); into cpu
 //               instead with offload_optimizer on CUDA
 //   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers)

@@ -130,6 +130,9 @@ TEST(MemoryModel, PipelineStagesAndInFlightMicroBatches) {
   EXPECT_EQ(s1.stage, 1);
   EXPECT_EQ(s0.local_params, 128 + 32 + 872);
   EXPECT_EQ(s1.local_params, 872 + 16 + 128);  // the tied wte lives on the last stage too
+  // both ends keep the pipeline's tied-wte gradient buffer besides the model's gradients
+  EXPECT_EQ(s0.grads, (1032 + 128) * 4);
+  EXPECT_EQ(s1.grads, (1016 + 128) * 4);
   EXPECT_EQ(s0.in_flight, 2);  // 1F1B: pp - stage
   EXPECT_EQ(s1.in_flight, 1);
   EXPECT_EQ(s0.activations, 2 * (64 + 1072) * 4);
