@@ -310,6 +310,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", pb,
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
                                                                              l.zero_stage, l.dp, l.overlap_comm ? 2 : 1) : "")});
+  if (l.pp > 1 && (part.has_embedding || part.has_head)) plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";
   plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
