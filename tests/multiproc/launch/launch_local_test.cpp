@@ -187,7 +187,10 @@ TEST(LaunchLocal, MaxRestartsRunsANewGeneration) {
   for (int g = 0; g <= 2; ++g) {
     EXPECT_NE(out.find("[rank 1] show DSTRAIN_RESTART_COUNT=" + std::to_string(g)), std::string::npos) << out;
   }
-  EXPECT_EQ(test::count_lines_containing(out, "barrier passed"), 6u) << out;
+  // Rank 0 passes the barrier in every generation (then fails in the first two); rank 1 may be
+  // stopped before it prints in those, but passes in the last.
+  EXPECT_EQ(test::count_lines_containing(out, "[rank 0] barrier passed"), 3u) << out;
+  EXPECT_GE(test::count_lines_containing(out, "[rank 1] barrier passed"), 1u) << out;
   EXPECT_EQ(test::count_lines_containing(job.err(), "restarting every rank"), 2u) << job.err();
 
   JobProcess out_of_restarts(launch_args(2, {"--max-restarts", "1"}, {"--barrier", "--fail-until-restart", "5"}));
