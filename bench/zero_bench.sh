@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${1:-configs/gpt2-small-zero3.json}
 BUILD=${2:-build}
-BIN="$BUILD/apps/dstrain/dstrain"
+BIN="$BUILD/bin/dstrain"
 NPROC=${NPROC:-4}
 STEPS=${STEPS:-6}
 THREADS=${THREADS:-1}

@@ -47,6 +47,8 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");
+  // Test hook (hidden): one gradient element (global element 0, on rank 0) becomes +inf.
+  sub->add_option("--test-inject-inf-at-step", o->train.inject_inf_at_step)->group("");
   out.push_back({sub, [o] { return run_train(*o); }});
 }
 

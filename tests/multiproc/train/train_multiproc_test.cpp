@@ -238,6 +238,41 @@ TEST_F(TrainMultiproc, ACheckpointFromDp2ResumesAtDp4) {
   expect_curve(second.metrics, 11, "dp 2 stage 1 -> dp 4 stage 3");
 }
 
+// 16-bit training with data parallelism: bf16 at stage 3 follows the single-process bf16 curve
+// (within bf16's resolution); an
+// fp16 overflow on rank 0's partition alone skips the step on every rank (otherwise the ranks'
+// weights would part and the curve would leave the single-process one).
+TEST_F(TrainMultiproc, SixteenBitPrecisionAndAnOverflowOnOneRankSkipEverywhere) {
+  auto bf = config(3);
+  bf["bf16"] = {{"enabled", true}};
+  auto one = run(1, bf, {});
+  auto two = run(2, bf, {});
+  ASSERT_EQ(one.rc, 0) << one.err;
+  ASSERT_EQ(two.rc, 0) << two.err;
+  ASSERT_EQ(two.metrics.size(), one.metrics.size());
+  for (size_t i = 0; i < one.metrics.size(); ++i) {
+    double want = one.metrics[i]["loss"].get<double>();
+    // bf16 parameters: a last-bit difference of the fp32 sums (another summation order) can flip
+    // a bf16 rounding (2^-8 relative), so the curves agree to 1e-3 here, not 1e-5.
+    EXPECT_LE(std::abs(two.metrics[i]["loss"].get<double>() - want), 1e-3 * want) << "bf16 step " << i + 1;
+  }
+  auto fp = config(2);
+  fp["fp16"] = {{"enabled", true}, {"initial_scale_power", 8}};
+  auto f1 = run(1, fp, {"--test-inject-inf-at-step", "3"});
+  auto f2 = run(2, fp, {"--test-inject-inf-at-step", "3"});
+  ASSERT_EQ(f1.rc, 0) << f1.err;
+  ASSERT_EQ(f2.rc, 0) << f2.err;
+  ASSERT_EQ(f2.metrics.size(), static_cast<size_t>(kSteps));
+  EXPECT_TRUE(f2.metrics[2]["skipped"].get<bool>());
+  EXPECT_FALSE(f2.metrics[3]["skipped"].get<bool>());
+  for (size_t i = 0; i < f1.metrics.size(); ++i) {
+    double want = f1.metrics[i]["loss"].get<double>();
+    EXPECT_EQ(f2.metrics[i]["skipped"], f1.metrics[i]["skipped"]) << "fp16 step " << i + 1;
+    EXPECT_EQ(f2.metrics[i]["loss_scale"], f1.metrics[i]["loss_scale"]) << "fp16 step " << i + 1;
+    EXPECT_LE(std::abs(f2.metrics[i]["loss"].get<double>() - want), 1e-5 * want) << "fp16 step " << i + 1;
+  }
+}
+
 TEST_F(TrainMultiproc, AKilledRankFailsTheJobNamingIt) {
   auto r = run(2, config(2), {"--test-kill-rank", "1", "--test-kill-at-step", "3"}, 90s);
   ASSERT_NE(r.rc, -1) << "the job hung\n" << r.err;
