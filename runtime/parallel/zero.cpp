@@ -176,8 +176,10 @@ comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* 
                                            bool async) {
   const int64_t b = part_.begin(rank_);
   Range r = intersect(lo, hi, b, part_.end(rank_));
-  const float* in = shard + (r.lo - b);
+  // An empty share may sit past a null shard: no pointer arithmetic on it.
+  const float* in = r.size() > 0 ? shard + (r.lo - b) : shard;
   if (!comm_) {
+    if (r.size() == 0) return nullptr;
     if (out + (r.lo - lo) != in) std::memcpy(out + (r.lo - lo), in, r.size() * sizeof(float));
     return nullptr;
   }

@@ -398,6 +398,13 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   if (s.precision != Precision::kFp32) s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights");
   s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg");
   s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq");
+  for (const auto* off : {&s.cfg.zero.offload_optimizer, &s.cfg.zero.offload_param}) {
+    if (off->device == "cpu" && s.rank == 0) {
+      spdlog::info("ZeRO {}: device cpu: {} already live in host memory on a CPU run (same tags)",
+                   off == &s.cfg.zero.offload_optimizer ? "offload_optimizer" : "offload_param",
+                   off == &s.cfg.zero.offload_optimizer ? "the optimizer states" : "the parameter partitions");
+    }
+  }
   s.tokens = s.alloc.allocate(2 * static_cast<size_t>(s.B) * s.T * sizeof(int32_t), MemTag::kWorkspace,
                               "tokens");
   s.decay = decay_ranges(s.shape, s.model->layout());
