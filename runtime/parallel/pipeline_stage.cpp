@@ -239,6 +239,38 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   return res;
 }
 
+RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
+  const int m = static_cast<int>(mbs.size());
+  for (int i = 0; i < m; ++i) {
+    if (is_first() && mbs[i].tokens == nullptr) {
+      throw invalid_argument("evaluate: micro-batch {} has no tokens on the first stage", i);
+    }
+    if (is_last() && mbs[i].targets == nullptr) {
+      throw invalid_argument("evaluate: micro-batch {} has no targets on the last stage", i);
+    }
+  }
+  if (acts_.empty()) acts_.push_back(model_.make_activations());
+  Gpt2Activations& a = acts_.front();
+  const auto& part = model_.part();
+  const auto n = static_cast<size_t>(btc_);
+  RunResult res;
+  res.activations_allocated = static_cast<int>(acts_.size());
+  for (int i = 0; i < m; ++i) {
+    if (is_first()) {
+      model_.embed_forward(a, mbs[i].tokens);
+    } else {
+      pp_->recv(a.input, n, comm::DataType::kFloat32, stage() - 1, kActivationTag);
+    }
+    model_.blocks_forward(a, part.layer_begin, part.layer_end);
+    if (is_last()) {
+      res.losses.push_back(model_.head_forward(a, mbs[i].targets));
+    } else {
+      pp_->send(model_.output(a), n, comm::DataType::kFloat32, stage() + 1, kActivationTag);
+    }
+  }
+  return res;
+}
+
 TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc)
     : inner_(inner != nullptr ? inner : &default_),
       buf_(alloc.allocate(static_cast<size_t>(wte_numel) * sizeof(float), MemTag::kGrads,

@@ -105,6 +105,12 @@ class PipelineStage {
   RunResult run_schedule(const std::vector<Event>& events, std::span<const MicroBatch> mbs,
                          const RunOptions& options = {});
 
+  // Forward only (evaluation): every micro-batch in order through the pipeline (recv, forward,
+  // send; the last stage runs head_forward), one Gpt2Activations, no gradients. Returns the mean
+  // loss of each micro-batch on the last stage (empty elsewhere). Same failure behaviour as
+  // run_schedule.
+  RunResult evaluate(std::span<const MicroBatch> mbs);
+
   // The tied wte gradient sum over the first and last stage, in place (no-op for pp == 1 or a
   // middle stage). run_schedule calls it unless options.reduce_tied_grads is false.
   void reduce_tied_grads(float* wte_grad = nullptr);

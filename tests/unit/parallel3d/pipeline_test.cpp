@@ -5,7 +5,7 @@
 // GPipe) and give the same per-micro-batch losses and the same gradients (every tensor of every
 // stage, wte after the tied all-reduce) as one process running the whole model over the same
 // dp x m micro-batches, within 1e-5 relative. Activation checkpointing inside the stages gives
-// bit-identical results.
+// bit-identical results. PipelineStage::evaluate (forward only) gives the same losses.
 #include "parallel/pipeline_stage.h"
 
 #include <gtest/gtest.h>
@@ -58,6 +58,7 @@ Reference reference(int m) {
 struct RankOut {
   int dp_rank = 0;
   std::vector<float> losses;
+  std::vector<float> eval_losses;  // PipelineStage::evaluate over the same micro-batches
   std::vector<float> grads;
   ms::ParamLayout layout;
   ms::ModelPart part;
@@ -107,6 +108,7 @@ std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, ScheduleKind ki
                          comm::DataType::kFloat32, comm::ReduceOp::kSum);
     auto& o = out[static_cast<size_t>(r)];
     o.losses = res.losses;
+    o.eval_losses = stage.evaluate(mbs).losses;
     o.activations = res.activations_allocated;
     o.grads.assign(model.grads(), model.grads() + model.num_params());
     o.layout = model.layout();
@@ -129,8 +131,12 @@ void expect_matches(const Reference& ref, const std::vector<RankOut>& out, int p
         const float want = ref.losses[static_cast<size_t>(o.dp_rank * m + i)];
         EXPECT_NEAR(o.losses[i], want, 1e-5 * std::fabs(want)) << "mb " << i;
       }
+      // Forward-only evaluation after the step (weights unchanged): the same losses.
+      ASSERT_EQ(static_cast<int>(o.eval_losses.size()), m);
+      for (int i = 0; i < m; ++i) EXPECT_EQ(o.eval_losses[i], o.losses[i]) << "eval mb " << i;
     } else {
       EXPECT_TRUE(o.losses.empty());
+      EXPECT_TRUE(o.eval_losses.empty());
     }
     int64_t checked = 0;
     for (const auto& ts : o.layout.tensors) {
