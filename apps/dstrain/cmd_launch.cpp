@@ -17,6 +17,7 @@
 #include "commands.h"
 #include "common/error.h"
 #include "config/hostfile.h"
+#include "config/job_config.h"
 #include "core/device.h"
 #include "launch/env_file.h"
 #include "launch/launcher.h"
@@ -147,6 +148,14 @@ std::vector<std::string> worker_command(const LaunchOptions& o) {
   return {self_exe(), "train", "--config", cfg};
 }
 
+// Without a command every rank runs `dstrain train --config C`: validate C once here, against the
+// job's world size, so a bad config fails before any rank starts (with every fault listed).
+void check_trainer_config(const LaunchOptions& o, int world_size) {
+  if (!o.command.empty() || o.config.empty()) return;
+  auto cfg = config::load_job_config(o.config, world_size);
+  config::require_training_sections(cfg);
+}
+
 launch::EnvList user_env(const LaunchOptions& o) {
   launch::EnvList env;
   for (const auto& e : o.env) env.push_back(launch::parse_env_assignment(e, "--env"));
@@ -159,6 +168,7 @@ launch::EnvList env_file_vars() { return launch::load_env_file(launch::kEnvFileN
 int print_dry_run(const LaunchOptions& o) {
   auto world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
   auto cmd = worker_command(o);
+  check_trainer_config(o, world.world_size());
   launch::JobEnv job;
   job.store_addr = fmt::format("{}:<free port chosen at launch>", world.nodes.front().host);
   job.job_id = "<assigned at launch>";
@@ -210,6 +220,7 @@ int run_launch(const LaunchOptions& o) {
   launch::JobSpec spec;
   spec.world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
   spec.command = worker_command(o);
+  check_trainer_config(o, spec.world.world_size());
   spec.user_env = env_file_vars();
   for (auto& kv : user_env(o)) spec.user_env.push_back(kv);
   // OMP_NUM_THREADS set where the launcher runs counts as the user's choice on every node.

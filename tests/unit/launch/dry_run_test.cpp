@@ -65,6 +65,16 @@ TEST(DryRun, BadInputsExitWithClearErrors) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--env: expected KEY=VALUE, got 'BAD'"), std::string::npos) << r.err;
 
+  // Without a command the trainer's config is validated once, against the job's world size.
+  r = run_command(dstrain() + " launch --dry-run --nproc-per-node 3 --config " +
+                  source_path("configs/gpt2-tiny-cpu.json"));
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  r = run_command(dstrain() + " launch --nproc-per-node 3 --config " +
+                  source_path("configs/gpt2-small-fp16-deepspeed.json") + " --env FOO=1");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("$.train_batch_size: 32 is not divisible"), std::string::npos) << r.err;
+  EXPECT_EQ(r.out.find("[rank"), std::string::npos) << "no rank may start: " << r.out;
+
   r = run_command(dstrain() + " launch --dry-run --nproc-per-node 2");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("nothing to run: no --config and no command"), std::string::npos) << r.err;
