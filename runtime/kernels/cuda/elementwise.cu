@@ -1,0 +1,319 @@
+// Element-wise CUDA kernels: embeddings, GELU, residual, bias, type conversions and the fused
+// AdamW step. Grid-stride loops over flat buffers, fp32 arithmetic, bf16 through ld/st.
+// Deliberately simple (one element per thread per iteration, no vectorised loads): they are
+// memory-bound and correct first; tune with a profiler on a real GPU.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace ds::rt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+
+// ---- encoder ----
+
+template <typename T>
+__global__ void encoder_forward_kernel(T* out, const int32_t* inp, const T* wte, const T* wpe,
+                                       int T_, int C, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / C;
+    const int c = static_cast<int>(i % C);
+    const int t = static_cast<int>(bt % T_);
+    st(out + i, ld(wte + int64_t{inp[bt]} * C + c) + ld(wpe + int64_t{t} * C + c));
+  }
+}
+
+// dwte[inp[bt], c] += dout[bt, c] (atomic: the same token may repeat in the batch).
+template <typename T>
+__global__ void encoder_backward_wte_kernel(float* dwte, const T* dout, const int32_t* inp, int C,
+                                            int64_t n, int v0, int Vl) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / C;
+    const int c = static_cast<int>(i % C);
+    const int v = inp[bt] - v0;
+    if (v < 0 || v >= Vl) continue;
+    atomicAdd(dwte + int64_t{v} * C + c, ld(dout + i));
+  }
+}
+
+// dwpe[t, c] += sum over b of dout[b, t, c]: one thread per (t, c), no race, fixed order.
+template <typename T>
+__global__ void encoder_backward_wpe_kernel(float* dwpe, const T* dout, int B, int T_, int C) {
+  const int64_t n = int64_t{T_} * C;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += ld(dout + int64_t{b} * n + i);
+    dwpe[i] += s;
+  }
+}
+
+__global__ void encoder_forward_vocab_kernel(float* out, const int32_t* inp, const float* wte,
+                                             int C, int64_t n, int v0, int Vl) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t bt = i / C;
+    const int c = static_cast<int>(i % C);
+    const int v = inp[bt] - v0;
+    out[i] = (v < 0 || v >= Vl) ? 0.0f : wte[int64_t{v} * C + c];
+  }
+}
+
+__global__ void add_position_kernel(float* out, const float* wpe, int T_, int C, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t tc = i % (int64_t{T_} * C);
+    out[i] += wpe[tc];
+  }
+}
+
+// ---- GELU, residual, bias ----
+
+template <typename T>
+__global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = ld(inp + i);
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    st(out + i, 0.5f * x * (1.0f + tanhf(u)));
+  }
+}
+
+template <typename T>
+__global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float x = ld(inp + i);
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    const float th = tanhf(u);
+    const float sech2 = 1.0f - th * th;
+    const float grad =
+        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    st(dinp + i, grad * ld(dout + i));
+  }
+}
+
+template <typename T>
+__global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    st(out + i, ld(a + i) + ld(b + i));
+  }
+}
+
+template <typename T>
+__global__ void residual_backward_kernel(T* d1, T* d2, const T* dout, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = ld(dout + i);
+    st(d1 + i, ld(d1 + i) + g);
+    st(d2 + i, ld(d2 + i) + g);
+  }
+}
+
+__global__ void add_bias_kernel(float* out, const float* bias, int OC, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] += bias[i % OC];
+  }
+}
+
+// ---- conversions ----
+
+__global__ void f32_to_bf16_kernel(Bf16* out, const float* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    st(out + i, inp[i]);
+  }
+}
+__global__ void bf16_to_f32_kernel(float* out, const Bf16* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = ld(inp + i);
+  }
+}
+__global__ void f32_to_f16_kernel(uint16_t* out, const float* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __half_as_ushort(__float2half_rn(inp[i]));
+  }
+}
+__global__ void f16_to_f32_kernel(float* out, const uint16_t* inp, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = __half2float(__ushort_as_half(inp[i]));
+  }
+}
+
+// ---- AdamW: the formula of optim/adamw.cpp, element for element ----
+
+template <typename G>
+__global__ void adamw_kernel(AdamWScalars s, float* params, const G* grads, float* m_, float* v_,
+                             int64_t n, bool decoupled, bool l2, Bf16* params_bf16) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float p = params[i];
+    float g = ld(grads + i) * s.grad_scale;
+    if (l2) g += s.weight_decay * p;
+    if (decoupled) p *= s.decay_factor;
+    const float m = s.beta1 * m_[i] + s.one_minus_beta1 * g;
+    const float v = s.beta2 * v_[i] + s.one_minus_beta2 * (g * g);
+    m_[i] = m;
+    v_[i] = v;
+    const float denom = sqrtf(v) / s.bc2_sqrt + s.eps;
+    p = p - s.step_size * (m / denom);
+    params[i] = p;
+    if (params_bf16 != nullptr) st(params_bf16 + i, p);
+  }
+}
+
+template <typename G>
+void adamw_launch(const AdamWScalars& s, float* params, const G* grads, float* m, float* v,
+                  int64_t n, bool decay, Bf16* params_bf16, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool decoupled = decay && s.adam_w_mode && s.weight_decay != 0.0f;
+  const bool l2 = decay && !s.adam_w_mode && s.weight_decay != 0.0f;
+  adamw_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+      s, params, grads, m, v, n, decoupled, l2, params_bf16);
+  DS_CUDA_CHECK_LAUNCH("adamw_kernel");
+}
+
+}  // namespace
+
+// Every launcher returns early on empty work: a grid of 0 blocks is a launch error.
+#define DS_ELEMENTWISE(kernel, n, ...)                                              \
+  do {                                                                              \
+    if ((n) <= 0) return;                                                           \
+    kernel<<<elementwise_blocks((n), kThreads), kThreads, 0, stream>>>(__VA_ARGS__); \
+    DS_CUDA_CHECK_LAUNCH(#kernel);                                                  \
+  } while (0)
+
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                     int T, int C, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(encoder_forward_kernel<float>, n, out, inp, wte, wpe, T, C, n);
+}
+
+void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
+                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(encoder_forward_kernel<Bf16>, n, as_bf16(out), inp, as_bf16(wte), as_bf16(wpe),
+                 T, C, n);
+}
+
+namespace {
+template <typename T>
+void encoder_backward_impl(float* dwte, float* dwpe, const T* dout, const int32_t* inp, int B,
+                           int T_, int C, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T_ * C;
+  if (n <= 0) return;
+  if (dwte != nullptr) {
+    encoder_backward_wte_kernel<T><<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+        dwte, dout, inp, C, n, 0, 0x7fffffff);
+    DS_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
+  }
+  if (dwpe != nullptr) {
+    const int64_t tc = int64_t{T_} * C;
+    encoder_backward_wpe_kernel<T><<<elementwise_blocks(tc, kThreads), kThreads, 0, stream>>>(
+        dwpe, dout, B, T_, C);
+    DS_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
+  }
+}
+}  // namespace
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                      int T, int C, cudaStream_t stream) {
+  encoder_backward_impl(dwte, dwpe, dout, inp, B, T, C, stream);
+}
+
+void encoder_backward_bf16(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* inp,
+                           int B, int T, int C, cudaStream_t stream) {
+  encoder_backward_impl(dwte, dwpe, as_bf16(dout), inp, B, T, C, stream);
+}
+
+void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
+                           int v0, int Vl, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(encoder_forward_vocab_kernel, n, out, inp, wte, C, n, v0, Vl);
+}
+
+void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
+                            int C, int v0, int Vl, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(encoder_backward_wte_kernel<float>, n, dwte, dout, inp, C, n, v0, Vl);
+}
+
+void add_position(float* out, const float* wpe, int B, int T, int C, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(add_position_kernel, n, out, wpe, T, C, n);
+}
+
+void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_forward_kernel<float>, N, out, inp, N);
+}
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
+                   cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_backward_kernel<float>, N, dinp, inp, dout, N);
+}
+void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_forward_kernel<Bf16>, N, as_bf16(out), as_bf16(inp), N);
+}
+void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t N,
+                        cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_backward_kernel<Bf16>, N, as_bf16(dinp), as_bf16(inp), as_bf16(dout), N);
+}
+void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N,
+                      cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_forward_kernel<float>, N, out, inp1, inp2, N);
+}
+void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N,
+                       cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_backward_kernel<float>, N, dinp1, dinp2, dout, N);
+}
+void residual_forward_bf16(uint16_t* out, const uint16_t* inp1, const uint16_t* inp2, int64_t N,
+                           cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_forward_kernel<Bf16>, N, as_bf16(out), as_bf16(inp1), as_bf16(inp2), N);
+}
+void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* dout, int64_t N,
+                            cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_backward_kernel<Bf16>, N, as_bf16(dinp1), as_bf16(dinp2),
+                 as_bf16(dout), N);
+}
+void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
+  const int64_t n = int64_t{N} * OC;
+  DS_ELEMENTWISE(add_bias_kernel, n, out, bias, OC, n);
+}
+
+void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(f32_to_bf16_kernel, N, as_bf16(out), inp, N);
+}
+void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(bf16_to_f32_kernel, N, out, as_bf16(inp), N);
+}
+void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(f32_to_f16_kernel, N, out, inp, N);
+}
+void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(f16_to_f32_kernel, N, out, inp, N);
+}
+
+void adamw_update(const AdamWScalars& s, float* params, const float* grads, float* exp_avg,
+                  float* exp_avg_sq, int64_t n, bool decay, uint16_t* params_bf16,
+                  cudaStream_t stream) {
+  adamw_launch(s, params, grads, exp_avg, exp_avg_sq, n, decay, as_bf16(params_bf16), stream);
+}
+void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_t* grads,
+                             float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
+                             uint16_t* params_bf16, cudaStream_t stream) {
+  adamw_launch(s, params, as_bf16(grads), exp_avg, exp_avg_sq, n, decay, as_bf16(params_bf16),
+               stream);
+}
+
+}  // namespace ds::rt::cuda

@@ -1,0 +1,185 @@
+// CUDA kernels of the GPT-2 model: the twins of runtime/kernels/cpu/kernels.h with the same
+// arguments plus a trailing cudaStream_t, over DEVICE pointers. runtime/kernels/dispatch.h is the
+// only place meant to pick between the two sets.
+//
+// This header compiles without nvcc and without the CUDA headers (host code of the runtime includes
+// it): cudaStream_t is declared here exactly as CUDA declares it. It is C++17 (nvcc compiles the
+// .cu files that include it as C++17).
+//
+// Deliberately not here: anything that allocates (scratch and workspaces come from the caller or,
+// for cuBLAS, from a per-device workspace created once), OpenMP threading knobs (CPU only).
+//
+// Conventions (as on the CPU, see cpu/kernels.h for the legend and every shape):
+// - Every pointer is device memory on the CURRENT device (cudaSetDevice) unless said otherwise.
+// - Every call is asynchronous on `stream` (0 = the legacy default stream): it enqueues work and
+//   returns; results are visible after the stream is synchronised or through events.
+// - Backward: parameter gradients ACCUMULATE (+=), input gradients are OVERWRITTEN unless the
+//   function says "accumulates", exactly as on the CPU.
+// - Arithmetic is fp32 everywhere (bf16 variants read and write bf16, compute in fp32). cuBLAS runs
+//   in its default (pedantic fp32) math mode: no TF32 unless NVIDIA_TF32_OVERRIDE says otherwise.
+// - Sums run in a different order than on the CPU: results agree with the CPU kernels to ~1e-5
+//   relative (fp32) and ~1e-2 (bf16), not bit for bit. encoder_backward and add-to-embedding
+//   gradients use atomicAdd, so their float sums are not deterministic run to run.
+// - Failure: a CUDA or cuBLAS error (launch or the call itself) throws ds::Error naming the call,
+//   the file:line and the CUDA error string. Errors inside a kernel surface on a later call (CUDA's
+//   sticky errors). Bad shapes the CPU twin would accept are accepted here too; limits specific to
+//   these kernels (attention's head size) throw ds::Error up front.
+//
+// bf16: buffers named *_bf16 hold bfloat16 bit patterns (uint16_t), rounded to nearest even exactly
+// as core/dtype.h's f32_to_bf16. In every bf16 variant the PARAMETER GRADIENTS stay fp32 (they
+// accumulate across micro-batches); activations, their gradients and parameters are bf16.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+struct CUstream_st;
+typedef struct CUstream_st* cudaStream_t;  // as CUDA's driver_types.h declares it
+
+namespace ds::rt::cuda {
+
+// ---- gemm (cuBLAS) ------------------------------------------------------------------------------
+
+// Row-major C(M,N) = alpha * op(A) op(B) + beta * C as cpu::gemm, through cublasSgemm on `stream`.
+void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
+          const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream);
+// The same over bf16 A, B, C with fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F).
+void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
+               int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc,
+               cudaStream_t stream);
+
+// ---- encoder ------------------------------------------------------------------------------------
+
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                     int T, int C, cudaStream_t stream);
+// dwte, dwpe accumulate; either may be null. dwte through atomicAdd (order not deterministic).
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
+                      int T, int C, cudaStream_t stream);
+void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
+                           int v0, int Vl, cudaStream_t stream);
+void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
+                            int C, int v0, int Vl, cudaStream_t stream);
+void add_position(float* out, const float* wpe, int B, int T, int C, cudaStream_t stream);
+
+// bf16: out, wte, wpe, dout bf16; dwte, dwpe fp32 (accumulate).
+void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
+                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream);
+void encoder_backward_bf16(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* inp,
+                           int B, int T, int C, cudaStream_t stream);
+
+// ---- layernorm (eps 1e-5) -------------------------------------------------------------------------
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C, cudaStream_t stream);
+// dinp ACCUMULATES; dweight, dbias accumulate.
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C, cudaStream_t stream);
+// bf16: out, inp, weight, bias, dinp, dout bf16; mean, rstd, dweight, dbias fp32.
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
+                            const uint16_t* weight, const uint16_t* bias, int B, int T, int C,
+                            cudaStream_t stream);
+void layernorm_backward_bf16(uint16_t* dinp, float* dweight, float* dbias, const uint16_t* dout,
+                             const uint16_t* inp, const uint16_t* weight, const float* mean,
+                             const float* rstd, int B, int T, int C, cudaStream_t stream);
+
+// ---- matmul with bias (cuBLASLt bias epilogue for the forward) ----------------------------------
+
+// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC); bias may be null. With a bias the
+// product and the bias are one cublasLtMatmul (CUBLASLT_EPILOGUE_BIAS); where cuBLASLt offers no
+// algorithm it falls back to cublasSgemm + add_bias.
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
+                    int T, int C, int OC, cudaStream_t stream);
+// dinp overwritten (skipped when null); dweight += dout^T inp; dbias += column sums (skipped when
+// null).
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int B, int T, int C, int OC, cudaStream_t stream);
+void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream);
+
+// ---- causal multi-head self-attention ------------------------------------------------------------
+
+// Same layout and saved buffers as the CPU: qkv (B,T,3C), out (B,T,C), lse (B,NH,T) = the
+// log-sum-exp of each (scaled) score row; backward recomputes the probabilities from q, k, lse.
+// One warp per query row (forward, dq) or key row (dk, dv) with an online softmax: nothing of
+// size T x T is stored, so no scratch is needed (attention_scratch_floats is 0; `scratch` may be
+// null and is ignored). Head size hs = C / NH must be at most kMaxHeadSize (throws otherwise).
+inline constexpr int kMaxHeadSize = 256;
+size_t attention_scratch_floats(int T);  // 0
+void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
+                       int C, int NH, cudaStream_t stream);
+// dqkv (B,T,3C) overwritten.
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, float* scratch, int B, int T, int C, int NH,
+                        cudaStream_t stream);
+
+// ---- GELU (tanh approximation) and residual -------------------------------------------------------
+
+void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
+void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
+                   cudaStream_t stream);  // dinp may alias dout
+void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N,
+                      cudaStream_t stream);  // out may alias either input
+void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N,
+                       cudaStream_t stream);  // both accumulate
+void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
+void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t N,
+                        cudaStream_t stream);
+void residual_forward_bf16(uint16_t* out, const uint16_t* inp1, const uint16_t* inp2, int64_t N,
+                           cudaStream_t stream);
+void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* dout, int64_t N,
+                            cudaStream_t stream);
+
+// ---- fused softmax + cross-entropy -----------------------------------------------------------------
+
+// As the CPU twins, except for the count of invalid targets: the CPU returns it, here it is ADDED
+// to *bad_targets (device memory, may be null) so nothing synchronises. Invalid targets get a NaN
+// loss (and, in backward, their row of dlogits is left unchanged, as on the CPU).
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          int Vp, int* bad_targets, cudaStream_t stream);
+void crossentropy_softmax_backward(float* losses, float* logits_to_dlogits, const int32_t* targets,
+                                   float dloss, int N, int V, int Vp, int* bad_targets,
+                                   cudaStream_t stream);
+// bf16 logits (and dlogits), fp32 losses.
+void crossentropy_forward_bf16(float* losses, const uint16_t* logits, const int32_t* targets, int N,
+                               int V, int Vp, int* bad_targets, cudaStream_t stream);
+void crossentropy_softmax_backward_bf16(float* losses, uint16_t* logits_to_dlogits,
+                                        const int32_t* targets, float dloss, int N, int V, int Vp,
+                                        int* bad_targets, cudaStream_t stream);
+// Vocabulary-parallel phases, as the CPU's (the caller reduces mx, then sumexp/tlogit, between).
+void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V,
+                  cudaStream_t stream);
+void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
+                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream);
+void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx, const float* sumexp,
+                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
+                     int v0, int V, cudaStream_t stream);
+
+// ---- element type conversion (round to nearest even) -----------------------------------------------
+
+void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream);
+void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
+void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream);
+void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
+
+// ---- fused AdamW ------------------------------------------------------------------------------------
+
+// The per-step scalars of optim::AdamWStep (optim/adamw.h), field for field; this header stays
+// free of that C++20 header so nvcc can compile it. Build it with adamw_scalars() in
+// kernels/cuda/adamw_args.h (host code).
+struct AdamWScalars {
+  float decay_factor = 1, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  float one_minus_beta1 = 1, one_minus_beta2 = 1, step_size = 0, bc2_sqrt = 1, grad_scale = 1;
+  bool adam_w_mode = true;
+};
+// optim::adamw_update on the device, element for element the same formula (fp32). params (fp32
+// master), exp_avg, exp_avg_sq read and written; grads read. When params_bf16 is not null the
+// updated parameters are also written there as bf16 (the model's working copy), in the same pass.
+void adamw_update(const AdamWScalars& s, float* params, const float* grads, float* exp_avg,
+                  float* exp_avg_sq, int64_t n, bool decay, uint16_t* params_bf16,
+                  cudaStream_t stream);
+// The same with bf16 gradients (read and converted to fp32 first).
+void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_t* grads,
+                             float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
+                             uint16_t* params_bf16, cudaStream_t stream);
+
+}  // namespace ds::rt::cuda

@@ -1,0 +1,295 @@
+// Row-wise CUDA kernels: LayerNorm forward/backward and the fused softmax + cross-entropy (full
+// and vocabulary-parallel). LayerNorm rows get one warp each; cross-entropy rows (a vocabulary
+// of ~50k) one block each. Parameter gradients of LayerNorm are column sums done by one thread
+// column per channel over every row, in a fixed order (deterministic, no atomics).
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace ds::rt::cuda {
+
+namespace {
+
+constexpr int kRowThreads = 256;   // 8 warps = 8 rows per block (layernorm)
+constexpr int kLossThreads = 512;  // threads per row (cross-entropy)
+
+// ---- layernorm ----
+
+template <typename T>
+__global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
+                                         const T* weight, const T* bias, int64_t rows, int C) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const T* x = inp + r * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += 32) s += ld(x + c);
+  const float m = warp_sum(s) / static_cast<float>(C);
+  float v = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float d = ld(x + c) - m;
+    v += d * d;
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(C) + 1e-5f);
+  T* o = out + r * C;
+  for (int c = lane; c < C; c += 32) {
+    st(o + c, (ld(x + c) - m) * rs * ld(weight + c) + ld(bias + c));
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = rs;
+  }
+}
+
+// dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight.
+template <typename T>
+__global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp,
+                                               const T* weight, const float* mean,
+                                               const float* rstd, int64_t rows, int C) {
+  const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (r >= rows) return;
+  const T* dy = dout + r * C;
+  const T* x = inp + r * C;
+  const float m = mean[r], s = rstd[r];
+  float a = 0.0f, b = 0.0f;
+  for (int c = lane; c < C; c += 32) {
+    const float dn = ld(dy + c) * ld(weight + c);
+    a += dn;
+    b += dn * (ld(x + c) - m) * s;
+  }
+  a = warp_sum(a) / static_cast<float>(C);
+  b = warp_sum(b) / static_cast<float>(C);
+  T* dx = dinp + r * C;
+  for (int c = lane; c < C; c += 32) {
+    const float n = (ld(x + c) - m) * s;
+    st(dx + c, ld(dx + c) + s * (ld(dy + c) * ld(weight + c) - a - n * b));
+  }
+}
+
+// Block (32, 8): threadIdx.x picks the channel in a group of 32, threadIdx.y strides the rows.
+template <typename T>
+__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const T* dout,
+                                                 const T* inp, const float* mean,
+                                                 const float* rstd, int64_t rows, int C) {
+  __shared__ float sw[8][32];
+  __shared__ float sb[8][32];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  float dw = 0.0f, db = 0.0f;
+  if (c < C) {
+    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) {
+      const float dy = ld(dout + r * C + c);
+      dw += dy * (ld(inp + r * C + c) - mean[r]) * rstd[r];
+      db += dy;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < 8; y++) {
+      dw += sw[y][threadIdx.x];
+      db += sb[y][threadIdx.x];
+    }
+    dweight[c] += dw;
+    dbias[c] += db;
+  }
+}
+
+template <typename T>
+void layernorm_forward_impl(T* out, float* mean, float* rstd, const T* inp, const T* weight,
+                            const T* bias, int B, int T_, int C, cudaStream_t stream) {
+  const int64_t rows = int64_t{B} * T_;
+  if (rows <= 0) return;
+  layernorm_forward_kernel<T><<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+      out, mean, rstd, inp, weight, bias, rows, C);
+  DS_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
+}
+
+template <typename T>
+void layernorm_backward_impl(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+                             const T* weight, const float* mean, const float* rstd, int B, int T_,
+                             int C, cudaStream_t stream) {
+  const int64_t rows = int64_t{B} * T_;
+  if (rows <= 0 || C <= 0) return;
+  layernorm_backward_dinp_kernel<T>
+      <<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp, weight,
+                                                                       mean, rstd, rows, C);
+  DS_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
+  layernorm_backward_params_kernel<T><<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(
+      dweight, dbias, dout, inp, mean, rstd, rows, C);
+  DS_CUDA_CHECK_LAUNCH("layernorm_backward_params_kernel");
+}
+
+// ---- fused softmax + cross-entropy: one block per row ----
+
+template <typename T, bool kBackward>
+__global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss,
+                                    int V, int Vp, int* bad) {
+  __shared__ float red[32];
+  const int64_t n = blockIdx.x;
+  T* x = logits + n * Vp;
+  const int32_t tgt = targets[n];
+  if (tgt < 0 || tgt >= V) {  // uniform across the block: nobody reaches a barrier
+    if (threadIdx.x == 0) {
+      losses[n] = __int_as_float(0x7fc00000);  // NaN
+      if (bad != nullptr) atomicAdd(bad, 1);
+    }
+    return;
+  }
+  const float xt = ld(x + tgt);
+  float mx = -INFINITY;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(x + v));
+  mx = block_max(mx, red);
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(ld(x + v) - mx);
+  s = block_sum(s, red);  // its barriers also order every read of x before the writes below
+  if (threadIdx.x == 0) losses[n] = mx + logf(s) - xt;
+  if constexpr (kBackward) {
+    const float scale = dloss / s;
+    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
+      float d = 0.0f;
+      if (v < V) {
+        d = expf(ld(x + v) - mx) * scale;
+        if (v == tgt) d -= dloss;
+      }
+      st(x + v, d);
+    }
+  }
+}
+
+template <typename T, bool kBackward>
+void crossentropy_impl(float* losses, T* logits, const int32_t* targets, float dloss, int N, int V,
+                       int Vp, int* bad, cudaStream_t stream) {
+  if (N <= 0) return;
+  crossentropy_kernel<T, kBackward><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      losses, logits, targets, dloss, V, Vp, bad);
+  DS_CUDA_CHECK_LAUNCH("crossentropy_kernel");
+}
+
+// ---- vocabulary-parallel cross-entropy ----
+
+__global__ void vocab_ce_max_kernel(float* mx, const float* logits, int Vl, int nv) {
+  __shared__ float red[32];
+  const float* x = logits + int64_t{blockIdx.x} * Vl;
+  float m = -INFINITY;
+  for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, x[v]);
+  m = block_max(m, red);
+  if (threadIdx.x == 0) mx[blockIdx.x] = m;
+}
+
+__global__ void vocab_ce_sums_kernel(float* sumexp, float* tlogit, const float* logits,
+                                     const float* mx, const int32_t* targets, int Vl, int v0,
+                                     int nv) {
+  __shared__ float red[32];
+  const float* x = logits + int64_t{blockIdx.x} * Vl;
+  const float m = mx[blockIdx.x];
+  float s = 0.0f;
+  for (int v = threadIdx.x; v < nv; v += blockDim.x) s += expf(x[v] - m);
+  s = block_sum(s, red);
+  if (threadIdx.x == 0) {
+    sumexp[blockIdx.x] = s;
+    const int t = targets[blockIdx.x] - v0;
+    tlogit[blockIdx.x] = (t >= 0 && t < nv) ? x[t] : 0.0f;
+  }
+}
+
+__global__ void vocab_ce_finish_kernel(float* losses, float* logits, const float* mx,
+                                       const float* sumexp, const float* tlogit,
+                                       const int32_t* targets, float dloss, int Vl, int v0,
+                                       int nv) {
+  const int64_t n = blockIdx.x;
+  const float m = mx[n], s = sumexp[n];
+  if (threadIdx.x == 0) losses[n] = m + logf(s) - tlogit[n];
+  if (logits == nullptr) return;
+  float* x = logits + n * Vl;
+  const float scale = dloss / s;
+  const int t = targets[n] - v0;
+  for (int v = threadIdx.x; v < Vl; v += blockDim.x) {
+    float d = 0.0f;
+    if (v < nv) {
+      d = expf(x[v] - m) * scale;
+      if (v == t) d -= dloss;
+    }
+    x[v] = d;
+  }
+}
+
+int valid_columns(int Vl, int v0, int V) {
+  const int n = V - v0 < Vl ? V - v0 : Vl;
+  return n > 0 ? n : 0;
+}
+
+}  // namespace
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C, cudaStream_t stream) {
+  layernorm_forward_impl(out, mean, rstd, inp, weight, bias, B, T, C, stream);
+}
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C, cudaStream_t stream) {
+  layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, stream);
+}
+void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
+                            const uint16_t* weight, const uint16_t* bias, int B, int T, int C,
+                            cudaStream_t stream) {
+  layernorm_forward_impl(as_bf16(out), mean, rstd, as_bf16(inp), as_bf16(weight), as_bf16(bias),
+                         B, T, C, stream);
+}
+void layernorm_backward_bf16(uint16_t* dinp, float* dweight, float* dbias, const uint16_t* dout,
+                             const uint16_t* inp, const uint16_t* weight, const float* mean,
+                             const float* rstd, int B, int T, int C, cudaStream_t stream) {
+  layernorm_backward_impl(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
+                          as_bf16(weight), mean, rstd, B, T, C, stream);
+}
+
+void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+                          int Vp, int* bad_targets, cudaStream_t stream) {
+  crossentropy_impl<float, false>(losses, const_cast<float*>(logits), targets, 0.0f, N, V, Vp,
+                                  bad_targets, stream);
+}
+void crossentropy_softmax_backward(float* losses, float* logits_to_dlogits, const int32_t* targets,
+                                   float dloss, int N, int V, int Vp, int* bad_targets,
+                                   cudaStream_t stream) {
+  crossentropy_impl<float, true>(losses, logits_to_dlogits, targets, dloss, N, V, Vp, bad_targets,
+                                 stream);
+}
+void crossentropy_forward_bf16(float* losses, const uint16_t* logits, const int32_t* targets, int N,
+                               int V, int Vp, int* bad_targets, cudaStream_t stream) {
+  crossentropy_impl<Bf16, false>(losses, const_cast<Bf16*>(as_bf16(logits)), targets, 0.0f, N, V,
+                                 Vp, bad_targets, stream);
+}
+void crossentropy_softmax_backward_bf16(float* losses, uint16_t* logits_to_dlogits,
+                                        const int32_t* targets, float dloss, int N, int V, int Vp,
+                                        int* bad_targets, cudaStream_t stream) {
+  crossentropy_impl<Bf16, true>(losses, as_bf16(logits_to_dlogits), targets, dloss, N, V, Vp,
+                                bad_targets, stream);
+}
+
+void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V,
+                  cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_max_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      mx, logits, Vl, valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_max_kernel");
+}
+void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
+                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_sums_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      sumexp, tlogit, logits, mx, targets, Vl, v0, valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_sums_kernel");
+}
+void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx, const float* sumexp,
+                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
+                     int v0, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_finish_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, Vl, v0,
+      valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_finish_kernel");
+}
+
+}  // namespace ds::rt::cuda
