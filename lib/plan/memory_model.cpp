@@ -62,6 +62,13 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
   if (l.zero_stage < 0 || l.zero_stage > 3) {
     throw invalid_argument("zero_optimization.stage must be 0, 1, 2 or 3, got {}", l.zero_stage);
   }
+  if (l.zero_stage == 3 && l.pp > 1) {
+    // The config refuses it (lib/config/job_config.cpp), so the runtime never allocates it.
+    throw invalid_argument("ZeRO stage 3 cannot be combined with pipeline parallelism "
+                           "(pipeline.stages = {}), as in DeepSpeed; use stage 0-2 or "
+                           "pipeline.stages 1",
+                           l.pp);
+  }
   if (l.offload_param && l.zero_stage != 3) {
     throw invalid_argument("zero_optimization.offload_param needs ZeRO stage 3 (parameters are "
                            "partitioned only there), got stage {}",
@@ -132,6 +139,8 @@ int in_flight_micro_batches(const Layout& l, int stage) {
   if (l.schedule == Schedule::kGPipe) return l.grad_accum;
   return std::min(l.pp - stage, l.grad_accum);
 }
+
+int token_micro_batches(const Layout& l) { return l.pp > 1 ? l.grad_accum : 1; }
 
 bool RankMemory::same_bytes(const RankMemory& o) const {
   return params == o.params && grads == o.grads && optimizer == o.optimizer &&
@@ -207,8 +216,11 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
 
       ms::ActTotals at = ms::activation_totals(s, mp, act);
       r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
+      // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without
+      // a pipeline; with one, every micro-batch of the step is loaded before the schedule runs
+      // (G of them, on every stage).
       r.workspace = at.shared_workspace * kActivationBytes +
-                    kTokenBufferBytes * l.micro_batch * s.seq_len;
+                    kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l);
 
       // ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
       // reduce_bucket_size elements of the others; the token embedding has its own buffer.
@@ -332,7 +344,9 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
   plan.notes.push_back({"workspace", fmt::format("backward scratch, attention scratch for {} thread(s), "
-                                                 "logits chunk, token ids", l.num_threads)});
+                                                 "logits chunk, token ids{}", l.num_threads,
+                                                 l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
+                                                          : std::string())});
   return plan;
 }
 

@@ -95,6 +95,10 @@ std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StageParti
 // Micro-batches whose activations a stage keeps at its peak: 1F1B keeps min(pp - stage, m) on
 // stage `stage` (0-based), GPipe keeps all m; a single stage keeps 1.
 int in_flight_micro_batches(const Layout& l, int stage);
+// Micro-batches of token ids (inputs and targets) the trainer holds: 1 without a pipeline (it
+// loads one micro-batch at a time); with pp > 1 all m of the step, on every stage (the schedule
+// runs over all of them at once).
+int token_micro_batches(const Layout& l);
 
 // One rank's planned peak, per allocator tag, in bytes on the device.
 struct RankMemory {
@@ -126,14 +130,19 @@ struct MemoryPlan {
   int64_t peak_total() const { return peak_rank().total(); }
 };
 
-// Checks the layout (tp divides heads, 4C and Vp; pp <= layers; stage in 0..3; offload_param
-// only with stage 3; positive sizes) and throws ds::Error (invalid argument) naming the rule.
+// Checks the layout (tp divides heads, 4C and Vp; pp <= layers; stage in 0..3; no stage 3 with
+// pp > 1, as the job config refuses it; offload_param only with stage 3; positive sizes) and
+// throws ds::Error (invalid argument) naming the rule.
 void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 
 // The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
 // Counting rules, as the runtime allocates (runtime/model/gpt2.cpp, runtime/parallel/zero.cpp,
-// runtime/train/trainer.cpp). n = elements of the rank's part (param_layout), mine = its ZeRO
-// partition count, sb = storage_bytes, units = the layout's units (wte, wpe, layers, lnf):
+// runtime/parallel/pipeline_stage.cpp, runtime/train/trainer.cpp). Each rank builds one Gpt2 of
+// its (stage, tp_rank) part, hooked model -> TensorParallelHooks (allocate nothing) ->
+// TiedEmbeddingHooks (pp > 1, first and last stage) -> ZeroEngine over its dp group with the
+// part's param_layout; Adam's state over the engine's range. n = elements of the rank's part
+// (param_layout), mine = its ZeRO partition count, sb = storage_bytes, units = the layout's
+// units (wte, wpe, layers, lnf), m = gradient_accumulation_steps:
 //   params      stages 0-2: n * sb (the model's flat buffer)
 //               stage 3: (mine + persistent + gathered) * sb, where persistent = units of at most
 //               stage3_param_persistence_threshold elements, gathered = the other non-layer
@@ -147,11 +156,14 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 //   optimizer   (8 + master_bytes) per element of n (stage 0) or of mine (stages 1-3); into cpu
 //               instead with offload_optimizer on CUDA
 //   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers)
-//               x 4 bytes, from model_spec::activation_totals
+//               x 4 bytes, from model_spec::activation_totals. In flight: pp == 1 the trainer's
+//               one Gpt2Activations; pp > 1 no trainer-level one, the PipelineStage's one per
+//               micro-batch at the schedule's peak (in_flight_micro_batches)
 //   comm        stages 2-3: buckets x min(cap, mine) + min(wte, mine) reduce-scatter receive
 //               buffers; stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
 //               all-gather staging buffer of allgather_bucket_size x dp; all x sb
-//   workspace   model_spec's shared workspace buffers x 4 bytes + the token ids (8 B per token)
+//   workspace   model_spec's shared workspace buffers x 4 bytes + the token ids: 8 B per token
+//               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
 // Throws what validate_layout throws.
 MemoryPlan plan_memory(const model_spec::Gpt2Shape& s, const Layout& l);
 

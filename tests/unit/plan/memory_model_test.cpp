@@ -137,6 +137,11 @@ TEST(MemoryModel, PipelineStagesAndInFlightMicroBatches) {
   EXPECT_EQ(s1.in_flight, 1);
   EXPECT_EQ(s0.activations, 2 * (64 + 1072) * 4);
   EXPECT_EQ(s1.activations, 1 * (64 + 1072 + 88) * 4);
+  // workspace: the backward's scratch (no logits on stage 0) and the token ids of all 4
+  // micro-batches of the step (the pipeline loads them before the schedule), 8 B per token
+  EXPECT_EQ(token_micro_batches(l), 4);
+  EXPECT_EQ(s0.workspace, (800 - 128) * 4 + 4 * 64);
+  EXPECT_EQ(s1.workspace, 800 * 4 + 4 * 64);
   EXPECT_EQ(distinct_ranks(p).size(), 2u);
   l.schedule = Schedule::kGPipe;
   EXPECT_EQ(plan_memory(tiny(), l).ranks[1].in_flight, 4);
@@ -179,6 +184,17 @@ TEST(MemoryModel, ImpossibleLayoutsNameTheRule) {
   l = Layout{};
   l.pp = 3;
   EXPECT_THROW(plan_memory(tiny(), l), Error);
+  // ZeRO-3 with a pipeline: the config refuses it, so the plan does too (and --recommend never
+  // offers it)
+  l = Layout{};
+  l.pp = 2;
+  l.zero_stage = 3;
+  try {
+    plan_memory(tiny(), l);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pipeline"), std::string::npos) << e.what();
+  }
 }
 
 TEST(MemoryModel, VerdictSuggestsFixes) {

@@ -54,6 +54,7 @@ TEST(Recommend, EveryRecommendationFitsAndImpossibleOnesAreAbsent) {
     EXPECT_EQ(c.layout.world_size(), 4);
     EXPECT_EQ(c.layout.micro_batch * c.layout.grad_accum * c.layout.dp, 16);
     EXPECT_NE(c.layout.tp, 4);
+    EXPECT_FALSE(c.layout.zero_stage == 3 && c.layout.pp > 1);  // the config refuses it
     EXPECT_FALSE(c.reason.empty());
     bool same_as_big = c.layout.tp == 1 && c.layout.pp == 1 && c.layout.zero_stage == 0 &&
                        c.layout.micro_batch == 4 && !c.layout.checkpointing;
