@@ -2,7 +2,6 @@
 #include "plan/memory_model.h"
 
 #include <algorithm>
-#include <limits>
 
 #include <fmt/format.h>
 
@@ -28,8 +27,6 @@ int param_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
 
 namespace {
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 ms::ModelPart part_for(const ms::Gpt2Shape& s, const std::vector<int>& bounds, int stage, int tp,
                        int tp_rank) {
@@ -88,50 +85,8 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
 }
 
 std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StagePartition partition, int tp) {
-  const int L = s.n_layer;
-  if (pp < 1 || pp > L) {
-    throw invalid_argument("pipeline.stages ({}) must lie in [1, model.n_layer = {}]: every stage "
-                           "needs at least one layer",
-                           pp, L);
-  }
-  std::vector<int> bounds(static_cast<size_t>(pp) + 1, 0);
-  if (partition == StagePartition::kUniform || pp == 1) {
-    for (int i = 0; i < pp; ++i) {
-      bounds[static_cast<size_t>(i) + 1] = bounds[static_cast<size_t>(i)] + L / pp + (i < L % pp ? 1 : 0);
-    }
-    return bounds;
-  }
-  // Balance parameters: stage i with k layers costs k * w + extra_i.
-  const int64_t w = ms::layer_param_count(s, tp);
-  const int64_t first_extra = ms::part_param_count(s, ms::ModelPart{0, 0, true, false, tp, 0});
-  const int64_t last_extra = ms::part_param_count(s, ms::ModelPart{L, L, false, true, tp, 0});
-  auto extra = [&](int stage) {
-    return (stage == 0 ? first_extra : 0) + (stage == pp - 1 ? last_extra : 0);
-  };
-  const int64_t kInf = std::numeric_limits<int64_t>::max();
-  // best[i][b]: the smallest largest-stage cost placing stages 0..i-1 over layers [0, b); the
-  // earliest boundary wins ties (the runtime's partition_stages decides ties the same way, and
-  // the plan must pick the very same layers).
-  const size_t P = static_cast<size_t>(pp), N = static_cast<size_t>(L);
-  std::vector<std::vector<int64_t>> best(P + 1, std::vector<int64_t>(N + 1, kInf));
-  std::vector<std::vector<int>> from(P + 1, std::vector<int>(N + 1, -1));
-  best[0][0] = 0;
-  for (int i = 1; i <= pp; ++i) {
-    for (int b = i; b <= L - (pp - i); ++b) {
-      for (int a = i - 1; a < b; ++a) {
-        const int64_t prev = best[static_cast<size_t>(i - 1)][static_cast<size_t>(a)];
-        if (prev == kInf) continue;
-        const int64_t v = std::max(prev, static_cast<int64_t>(b - a) * w + extra(i - 1));
-        if (v < best[static_cast<size_t>(i)][static_cast<size_t>(b)]) {
-          best[static_cast<size_t>(i)][static_cast<size_t>(b)] = v;
-          from[static_cast<size_t>(i)][static_cast<size_t>(b)] = a;
-        }
-      }
-    }
-  }
-  bounds[P] = L;
-  for (size_t i = P; i > 0; --i) bounds[i - 1] = from[i][static_cast<size_t>(bounds[i])];
-  return bounds;
+  return ms::stage_layer_bounds(
+      s, pp, partition == StagePartition::kUniform ? ms::StageSplit::kUniform : ms::StageSplit::kParameters, tp);
 }
 
 int in_flight_micro_batches(const Layout& l, int stage) {
@@ -154,18 +109,6 @@ const RankMemory& MemoryPlan::peak_rank() const {
     if (r.total() > best->total()) best = &r;
   }
   return *best;
-}
-
-int64_t ZeroPartition::begin(int r) const { return std::min(total, stride * r); }
-int64_t ZeroPartition::count(int r) const { return std::min(stride, total - begin(r)); }
-
-ZeroPartition zero_partition(int64_t total, int dp) {
-  ZeroPartition p;
-  p.total = total;
-  p.size = dp;
-  const int64_t per = ceil_div(total, dp);
-  p.stride = ceil_div(per, kPartitionAlignElements) * kPartitionAlignElements;
-  return p;
 }
 
 int storage_bytes(const Layout& l) {

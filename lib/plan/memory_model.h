@@ -2,7 +2,7 @@
 // pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
 // (lib/model_spec/gpt2_spec.h), the single source of truth the runtime allocates from. This file
 // never restates a shape: parameter counts come from param_layout(), activation buffers from
-// gpt2_activations().
+// gpt2_activations(), ZeRO partitions and pipeline stage bounds from model_spec/partition.h.
 //
 // Tags match the runtime's allocator (runtime/core/allocator.h, MemTag): params, grads,
 // optimizer, activations, comm, workspace. The runtime's measured per-tag peaks are held to
@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "model_spec/gpt2_spec.h"
+#include "model_spec/partition.h"
 
 namespace ds::plan {
 
@@ -68,26 +69,20 @@ constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32,
 // Bytes per stored parameter/gradient element: 4 on CPU whatever the precision, else param_bytes.
 int storage_bytes(const Layout& l);
 
-// How ZeRO splits a flat buffer of `total` elements over dp ranks, as the runtime does
-// (runtime/parallel/partition.h; lib/ cannot link it, so the arithmetic is restated here and the
-// plan tests pin it): stride = ceil(total / dp) rounded up to 16 elements; rank r owns
-// [min(total, r * stride), + min(stride, total - begin)), so the last ranks may own less.
-inline constexpr int64_t kPartitionAlignElements = 16;
-struct ZeroPartition {
-  int64_t total = 0, stride = 0;
-  int size = 1;
-  int64_t begin(int r) const;
-  int64_t count(int r) const;
-};
-ZeroPartition zero_partition(int64_t total, int dp);
+// How ZeRO splits a flat buffer of `total` elements over dp ranks: model_spec::flat_partition
+// (lib/model_spec/partition.h), the very function the runtime's ZeRO partition calls. stride =
+// ceil(total / dp) rounded up to 16 elements; rank r owns [min(total, r * stride),
+// + min(stride, total - begin)), so the last ranks may own less.
+using ZeroPartition = model_spec::FlatPartition;
+inline constexpr int64_t kPartitionAlignElements = model_spec::kPartitionAlignElements;
+inline ZeroPartition zero_partition(int64_t total, int dp) { return model_spec::flat_partition(total, dp); }
 
-// Layers [begin, end) of every pipeline stage (pp + 1 bounds, bounds[0] = 0, bounds[pp] = L).
+// Layers [begin, end) of every pipeline stage (pp + 1 bounds, bounds[0] = 0, bounds[pp] = L):
+// model_spec::stage_layer_bounds, the function the runtime's partition_stages calls.
 //   uniform:    L / pp layers each, the first L % pp stages one more;
 //   parameters: contiguous split minimizing the largest stage's parameter count, where the first
 //               stage also holds wte + wpe and the last lnf + the tied wte (as the runtime's
-//               model parts do); ties go to the earliest boundary. The same rule as the
-//               runtime's partition_stages (runtime/parallel/pipeline_stage.h), restated because
-//               lib/ cannot link runtime/; the tests pin both.
+//               model parts do); ties go to the earliest boundary.
 // Every stage gets at least one layer. Throws ds::Error naming the rule when pp > L.
 std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StagePartition partition,
                               int tp = 1);

@@ -1,7 +1,6 @@
 // Stage partitioning and the schedule driver (see pipeline_stage.h).
 //
-// Partition by parameters: contiguous ranges, so the best split is a small dynamic programme over
-// (stages placed, layers covered) minimising the largest stage's count, O(pp * L^2) additions.
+// Partition: the layer bounds come from model_spec::stage_layer_bounds (lib/model_spec/partition.h).
 //
 // The driver walks the event list. Sends are posted asynchronously and waited for only when their
 // buffer is about to change: an activation send before that micro-batch's backward (the model's
@@ -18,6 +17,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "model_spec/partition.h"
 
 namespace ds::rt::parallel {
 
@@ -40,54 +40,13 @@ PartitionMethod parse_partition_method(std::string_view text, std::string_view w
 
 std::vector<ms::ModelPart> partition_stages(const ms::Gpt2Shape& s, int pp, PartitionMethod method,
                                             int tp, int tp_rank) {
-  s.validate();
-  const int L = s.n_layer;
-  if (pp < 1) throw invalid_argument("pipeline: {} stages (need at least 1)", pp);
-  if (pp > L) {
-    throw invalid_argument(
-        "pipeline: {} stages but the model has {} layers; every stage needs at least one layer "
-        "(hint: use at most {} pipeline stages, or a deeper model)",
-        pp, L, L);
-  }
-  std::vector<int> begin(static_cast<size_t>(pp) + 1, 0);  // stage i: [begin[i], begin[i+1])
-  if (method == PartitionMethod::kUniform) {
-    for (int i = 0; i < pp; ++i) begin[i + 1] = begin[i] + L / pp + (i < L % pp ? 1 : 0);
-  } else {
-    const auto all = ms::gpt2_params(s);
-    auto local = [&](ms::ParamId id) { return ms::local_numel(ms::find_param(all, id), tp); };
-    const int64_t layer = ms::layer_param_count(s, tp);
-    const int64_t first_extra = local(ms::ParamId::kWte) + local(ms::ParamId::kWpe);
-    const int64_t last_extra =
-        local(ms::ParamId::kWte) + local(ms::ParamId::kLnfw) + local(ms::ParamId::kLnfb);
-    auto cost = [&](int stage, int a, int b) {
-      int64_t c = layer * (b - a);
-      if (stage == 0) c += first_extra;
-      if (stage == pp - 1) c += last_extra;
-      return c;
-    };
-    constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
-    // best[i][b]: the smallest largest-stage count placing stages 0..i-1 over layers [0, b).
-    std::vector<std::vector<int64_t>> best(pp + 1, std::vector<int64_t>(L + 1, kInf));
-    std::vector<std::vector<int>> from(pp + 1, std::vector<int>(L + 1, -1));
-    best[0][0] = 0;
-    for (int i = 1; i <= pp; ++i) {
-      for (int b = i; b <= L - (pp - i); ++b) {
-        for (int a = i - 1; a < b; ++a) {
-          if (best[i - 1][a] == kInf) continue;
-          const int64_t v = std::max(best[i - 1][a], cost(i - 1, a, b));
-          if (v < best[i][b]) {
-            best[i][b] = v;
-            from[i][b] = a;
-          }
-        }
-      }
-    }
-    begin[pp] = L;
-    for (int i = pp; i > 0; --i) begin[i - 1] = from[i][begin[i]];
-  }
+  // The layer bounds are model_spec's (the planner calls the same function).
+  const auto bounds = ms::stage_layer_bounds(
+      s, pp, method == PartitionMethod::kUniform ? ms::StageSplit::kUniform : ms::StageSplit::kParameters, tp);
   std::vector<ms::ModelPart> parts;
   for (int i = 0; i < pp; ++i) {
-    ms::ModelPart p{begin[i], begin[i + 1], i == 0, i == pp - 1, tp, tp_rank};
+    const auto I = static_cast<size_t>(i);
+    ms::ModelPart p{bounds[I], bounds[I + 1], i == 0, i == pp - 1, tp, tp_rank};
     p.validate(s);
     parts.push_back(p);
   }

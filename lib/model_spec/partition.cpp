@@ -1,0 +1,90 @@
+// ZeRO flat partitions and pipeline stage bounds (see partition.h).
+//
+// Stage bounds by parameters: contiguous ranges, so the best split is a small dynamic programme
+// over (stages placed, layers covered) minimising the largest stage's count, O(pp * L^2).
+#include "model_spec/partition.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "common/error.h"
+
+namespace ds::model_spec {
+
+FlatPartition flat_partition(int64_t total, int size) {
+  if (total < 0 || size < 1) {
+    throw invalid_argument("partition: need total >= 0 and size >= 1, got total {} size {}", total,
+                           size);
+  }
+  FlatPartition p;
+  p.total = total;
+  p.size = size;
+  const int64_t per = (total + size - 1) / size;
+  p.stride = (per + kPartitionAlignElements - 1) / kPartitionAlignElements * kPartitionAlignElements;
+  return p;
+}
+
+int64_t FlatPartition::begin(int r) const {
+  if (r < 0 || r >= size) throw invalid_argument("partition: rank {} outside [0, {})", r, size);
+  return std::min(total, stride * r);
+}
+
+int64_t FlatPartition::count(int r) const { return std::min(stride, total - begin(r)); }
+
+std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split, int tp) {
+  s.validate();
+  const int L = s.n_layer;
+  if (pp < 1) throw invalid_argument("pipeline: {} stages (need at least 1)", pp);
+  if (pp > L) {
+    throw invalid_argument(
+        "pipeline: {} stages but the model has {} layers; every stage needs at least one layer "
+        "(hint: use at most {} pipeline stages, or a deeper model)",
+        pp, L, L);
+  }
+  const auto P = static_cast<size_t>(pp);
+  std::vector<int> bounds(P + 1, 0);
+  if (split == StageSplit::kUniform || pp == 1) {
+    for (size_t i = 0; i < P; ++i) {
+      bounds[i + 1] = bounds[i] + L / pp + (static_cast<int>(i) < L % pp ? 1 : 0);
+    }
+    return bounds;
+  }
+  const auto all = gpt2_params(s);
+  auto local = [&](ParamId id) { return local_numel(find_param(all, id), tp); };
+  const int64_t layer = layer_param_count(s, tp);
+  const int64_t first_extra = local(ParamId::kWte) + local(ParamId::kWpe);
+  const int64_t last_extra = local(ParamId::kWte) + local(ParamId::kLnfw) + local(ParamId::kLnfb);
+  auto cost = [&](int stage, int a, int b) {
+    int64_t c = layer * (b - a);
+    if (stage == 0) c += first_extra;
+    if (stage == pp - 1) c += last_extra;
+    return c;
+  };
+  constexpr int64_t kInf = std::numeric_limits<int64_t>::max();
+  const auto N = static_cast<size_t>(L);
+  // best[i][b]: the smallest largest-stage count placing stages 0..i-1 over layers [0, b); a
+  // strictly smaller value replaces, so the earliest boundary wins ties.
+  std::vector<std::vector<int64_t>> best(P + 1, std::vector<int64_t>(N + 1, kInf));
+  std::vector<std::vector<int>> from(P + 1, std::vector<int>(N + 1, -1));
+  best[0][0] = 0;
+  for (int i = 1; i <= pp; ++i) {
+    const auto I = static_cast<size_t>(i);
+    for (int b = i; b <= L - (pp - i); ++b) {
+      const auto Bb = static_cast<size_t>(b);
+      for (int a = i - 1; a < b; ++a) {
+        const int64_t prev = best[I - 1][static_cast<size_t>(a)];
+        if (prev == kInf) continue;
+        const int64_t v = std::max(prev, cost(i - 1, a, b));
+        if (v < best[I][Bb]) {
+          best[I][Bb] = v;
+          from[I][Bb] = a;
+        }
+      }
+    }
+  }
+  bounds[P] = L;
+  for (size_t i = P; i > 0; --i) bounds[i - 1] = from[i][static_cast<size_t>(bounds[i])];
+  return bounds;
+}
+
+}  // namespace ds::model_spec
