@@ -10,6 +10,9 @@
 #include <cstring>
 
 #include "common/error.h"
+#ifdef DSTRAIN_HAVE_CUDA
+#include "kernels/cuda/memory.h"
+#endif
 
 namespace ds::rt {
 
@@ -72,10 +75,16 @@ Allocator& Allocator::process() {
 Buffer Allocator::allocate(size_t bytes, MemTag tag, std::string_view name, Device device) {
   Buffer b;
   if (bytes == 0) return b;
-  if (device == Device::kCuda) {
-    throw invalid_usage("allocating {} ({} bytes, tag {}) on a CUDA device: the CUDA allocator "
-                        "is not built yet",
+  if (device != Device::kCpu) {
+#ifdef DSTRAIN_HAVE_CUDA
+    void* dp = device == Device::kCuda ? cuda::device_alloc(bytes, name)
+                                       : cuda::pinned_alloc(bytes, name);
+    return account(dp, bytes, tag, device);
+#else
+    throw invalid_usage("allocating {} ({} bytes, tag {}) on a CUDA device: this dstrain was "
+                        "built without CUDA (DSTRAIN_CUDA=OFF or nvcc not found)",
                         name, bytes, mem_tag_name(tag));
+#endif
   }
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   const size_t align = rounded >= kHugePage ? kHugePage : kAlign;
@@ -87,6 +96,11 @@ Buffer Allocator::allocate(size_t bytes, MemTag tag, std::string_view name, Devi
   }
   if (align == kHugePage) madvise(p, rounded, MADV_HUGEPAGE);  // a hint; failure is harmless
   touch(p, rounded);
+  return account(p, bytes, tag, device);
+}
+
+Buffer Allocator::account(void* p, size_t bytes, MemTag tag, Device device) {
+  Buffer b;
   b.owner_ = this;
   b.data_ = p;
   b.bytes_ = bytes;
@@ -102,7 +116,17 @@ Buffer Allocator::allocate(size_t bytes, MemTag tag, std::string_view name, Devi
 }
 
 void Allocator::release(Buffer& b) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (b.device_ == Device::kCuda) {
+    cuda::device_free(b.data_);
+  } else if (b.device_ == Device::kCudaHost) {
+    cuda::pinned_free(b.data_);
+  } else {
+    std::free(b.data_);
+  }
+#else
   std::free(b.data_);
+#endif
   std::lock_guard<std::mutex> lock(mu_);
   const auto i = static_cast<size_t>(b.tag_);
   stats_.current[i] -= static_cast<int64_t>(b.bytes_);

@@ -9,9 +9,9 @@
 // - Buffer is a move-only owner; destroying it returns the memory and lowers the tag's current.
 //   A Buffer must not outlive its Allocator.
 // - Thread safety: allocate/release and the statistics may be called from any thread.
-// - Device: only kCpu is implemented here; kCuda is the seam for the CUDA backend (allocating
-//   it without CUDA compiled in throws invalid_usage). Bytes are counted per tag whatever the
-//   device.
+// - Device: kCpu here; kCuda (device memory on the current device, through the caching allocator
+//   of kernels/cuda/memory.h) and kCudaHost (pinned host memory) in builds with CUDA; without CUDA
+//   compiled in they throw invalid_usage. Bytes are counted per tag whatever the device.
 // - Failure: out of memory throws ds::Error (system) naming the tag, the name and the size.
 #pragma once
 
@@ -28,7 +28,7 @@ enum class MemTag { kParams, kGrads, kOptimizer, kActivations, kComm, kWorkspace
 inline constexpr int kNumMemTags = 6;
 const char* mem_tag_name(MemTag t);  // "params", "grads", "optimizer", "activations", ...
 
-enum class Device { kCpu, kCuda };
+enum class Device { kCpu, kCuda, kCudaHost };  // kCudaHost: pinned (page-locked) host memory
 
 class Allocator;
 
@@ -89,6 +89,7 @@ class Allocator {
  private:
   friend class Buffer;
   void release(Buffer& b);
+  Buffer account(void* p, size_t bytes, MemTag tag, Device device);  // counts p, wraps it
   mutable std::mutex mu_;
   MemStats stats_;
 };

@@ -1,0 +1,40 @@
+// Device memory for the tagged allocator (core/allocator.h): a caching allocator over cudaMalloc
+// per device (core/block_cache.h's policy; never managed memory) and pinned host buffers
+// (cudaHostAlloc) for CPU offload and fast host<->device copies. Host-only header; the functions
+// exist only in builds with CUDA (DSTRAIN_HAVE_CUDA).
+//
+// Most code never calls these directly: Allocator::allocate(bytes, tag, name, Device::kCuda or
+// Device::kCudaHost) does, and counts the bytes per tag exactly as for CPU buffers (the requested
+// bytes, not the cache's rounded block sizes; the cache's own figures are device_cache_stats()).
+//
+// Contract:
+// - device_alloc allocates on the CURRENT device (cudaSetDevice) and returns zero-filled memory
+//   (the fill is complete when it returns). device_free returns the block to that device's cache
+//   (any current device); the memory must no longer be used by queued kernels (free after the
+//   stream that used it is synchronised, or keep the buffer alive across steps, as the runtime
+//   does: allocate once, reuse).
+// - pinned_alloc returns zero-filled page-locked host memory (not cached); pinned_free frees it.
+// - Thread safety: every function may be called from any thread.
+// - Failure: out of device memory (even after emptying the cache) throws ds::Error (system)
+//   naming `what`, the size, the device and its free/total memory; other CUDA errors throw
+//   through DS_CUDA_CHECK. device_free/pinned_free never throw (errors are logged to stderr).
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "core/block_cache.h"
+
+namespace ds::rt::cuda {
+
+void* device_alloc(size_t bytes, std::string_view what);
+void device_free(void* p) noexcept;
+void* pinned_alloc(size_t bytes, std::string_view what);
+void pinned_free(void* p) noexcept;
+
+// The cache of one device (zeros for a device never allocated on).
+BlockCacheStats device_cache_stats(int device);
+// Returns the cached (free) blocks of every device to CUDA.
+void device_empty_cache();
+
+}  // namespace ds::rt::cuda

@@ -1,0 +1,436 @@
+// Every CUDA kernel against its CPU twin on random data: fp32 within ~1e-5 relative (1e-4 where
+// the GPU sums in another order over hundreds of terms), bf16 variants against the CPU run on the
+// same bf16-rounded inputs within ~1e-2. Skips itself (reported as skipped) without a GPU.
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <vector>
+
+#include "common/error.h"
+#include "core/dtype.h"
+#include "gpu/cuda_test_util.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cuda/adamw_args.h"
+#include "kernels/cuda/kernels.h"
+#include "optim/adamw.h"
+
+namespace ds::rt {
+namespace {
+
+using test::close;
+using test::DeviceArray;
+using test::random_floats;
+using test::random_tokens;
+
+constexpr double kTight = 1e-5;   // element-wise fp32
+constexpr double kSum = 1e-4;     // fp32 reductions in another order
+constexpr double kBf16 = 2e-2;    // bf16 storage
+
+class CudaKernels : public test::CudaTest {
+ protected:
+  void SetUp() override {
+    test::CudaTest::SetUp();
+    if (IsSkipped()) return;
+    DS_ASSERT_CUDA(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
+}
+std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
+}
+// The value a bf16 buffer would hold: round through bf16.
+std::vector<float> rounded(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
+
+TEST_F(CudaKernels, GemmEveryTranspose) {
+  const int M = 37, N = 53, K = 71;
+  for (int ta = 0; ta < 2; ta++) {
+    for (int tb = 0; tb < 2; tb++) {
+      auto A = random_floats(size_t{M} * K, 1), B = random_floats(size_t{K} * N, 2);
+      auto C = random_floats(size_t{M} * N, 3);
+      const int lda = ta ? M : K, ldb = tb ? K : N;
+      DeviceArray<float> dA(A), dB(B), dC(C);
+      cuda::gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC.get(), N, stream_);
+      cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), N);
+      EXPECT_TRUE(close(dC.download(), C, kSum, 1e-5)) << "trans_a " << ta << " trans_b " << tb;
+    }
+  }
+}
+
+TEST_F(CudaKernels, GemmBf16) {
+  const int M = 64, N = 48, K = 96;
+  auto A = rounded(random_floats(size_t{M} * K, 1)), B = rounded(random_floats(size_t{K} * N, 2));
+  std::vector<float> C(size_t{M} * N, 0.0f);
+  DeviceArray<uint16_t> dA(to_bf16(A)), dB(to_bf16(B)), dC(size_t{M} * N);
+  cuda::gemm_bf16(false, true, M, N, K, 1.0f, dA.get(), K, dB.get(), K, 0.0f, dC.get(), N,
+                  stream_);
+  // B read as (N, K) transposed: reuse the data with that shape on the CPU too.
+  cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
+  EXPECT_TRUE(close(from_bf16(dC.download()), C, kBf16, 5e-2));
+}
+
+TEST_F(CudaKernels, EncoderForwardBackward) {
+  const int B = 3, T = 17, C = 40, V = 11;  // small V: tokens repeat, dwte sums collide
+  auto inp = random_tokens(size_t{B} * T, 1, V);
+  auto wte = random_floats(size_t{V} * C, 2), wpe = random_floats(size_t{T} * C, 3);
+  auto dout = random_floats(size_t{B} * T * C, 4);
+  auto dwte = random_floats(size_t{V} * C, 5), dwpe = random_floats(size_t{T} * C, 6);
+  DeviceArray<int32_t> dinp(inp);
+  DeviceArray<float> dwte_p(wte), dwpe_p(wpe), dout_d(dout), out(size_t{B} * T * C);
+  DeviceArray<float> gwte(dwte), gwpe(dwpe);
+  cuda::encoder_forward(out.get(), dinp.get(), dwte_p.get(), dwpe_p.get(), B, T, C, stream_);
+  std::vector<float> ref(size_t{B} * T * C);
+  cpu::encoder_forward(ref.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  EXPECT_TRUE(close(out.download(), ref, kTight, 0));
+  cuda::encoder_backward(gwte.get(), gwpe.get(), dout_d.get(), dinp.get(), B, T, C, stream_);
+  cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
+  EXPECT_TRUE(close(gwte.download(), dwte, kSum, 1e-5));
+  EXPECT_TRUE(close(gwpe.download(), dwpe, kSum, 1e-5));
+  // add_position on top of the token embedding.
+  cuda::add_position(out.get(), dwpe_p.get(), B, T, C, stream_);
+  cpu::add_position(ref.data(), wpe.data(), B, T, C);
+  EXPECT_TRUE(close(out.download(), ref, kTight, 0));
+}
+
+TEST_F(CudaKernels, EncoderVocabParallel) {
+  const int B = 2, T = 9, C = 24, V = 30, v0 = 10, Vl = 12;
+  auto inp = random_tokens(size_t{B} * T, 7, V);
+  auto wte = random_floats(size_t{Vl} * C, 8), dout = random_floats(size_t{B} * T * C, 9);
+  auto dwte = random_floats(size_t{Vl} * C, 10);
+  DeviceArray<int32_t> dinp(inp);
+  DeviceArray<float> dw(wte), ddout(dout), gw(dwte), out(size_t{B} * T * C);
+  cuda::encoder_forward_vocab(out.get(), dinp.get(), dw.get(), B, T, C, v0, Vl, stream_);
+  std::vector<float> ref(size_t{B} * T * C);
+  cpu::encoder_forward_vocab(ref.data(), inp.data(), wte.data(), B, T, C, v0, Vl);
+  EXPECT_TRUE(close(out.download(), ref, 0, 0));
+  cuda::encoder_backward_vocab(gw.get(), ddout.get(), dinp.get(), B, T, C, v0, Vl, stream_);
+  cpu::encoder_backward_vocab(dwte.data(), dout.data(), inp.data(), B, T, C, v0, Vl);
+  EXPECT_TRUE(close(gw.download(), dwte, kSum, 1e-5));
+}
+
+TEST_F(CudaKernels, LayernormForwardBackward) {
+  const int B = 2, T = 13, C = 200;  // C not a multiple of 32
+  auto x = random_floats(size_t{B} * T * C, 1, 2.0f), w = random_floats(C, 2),
+       b = random_floats(C, 3), dout = random_floats(size_t{B} * T * C, 4);
+  auto dinp = random_floats(size_t{B} * T * C, 5);  // accumulates onto this
+  auto dw = random_floats(C, 6), db = random_floats(C, 7);
+  DeviceArray<float> dx(x), dwt(w), dbs(b), ddout(dout), out(x.size()), mean(size_t{B} * T),
+      rstd(size_t{B} * T), gdinp(dinp), gdw(dw), gdb(db);
+  cuda::layernorm_forward(out.get(), mean.get(), rstd.get(), dx.get(), dwt.get(), dbs.get(), B, T,
+                          C, stream_);
+  std::vector<float> ref(x.size()), rm(size_t{B} * T), rr(size_t{B} * T);
+  cpu::layernorm_forward(ref.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
+  EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5));
+  EXPECT_TRUE(close(mean.download(), rm, kSum, 1e-6));
+  EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
+  cuda::layernorm_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), dx.get(), dwt.get(),
+                           mean.get(), rstd.get(), B, T, C, stream_);
+  cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
+                          rm.data(), rr.data(), B, T, C);
+  EXPECT_TRUE(close(gdinp.download(), dinp, kSum, 1e-5));
+  EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-5));
+  EXPECT_TRUE(close(gdb.download(), db, kSum, 1e-5));
+}
+
+TEST_F(CudaKernels, MatmulForwardBackwardWithAndWithoutBias) {
+  const int B = 2, T = 33, C = 96, OC = 150;
+  auto inp = random_floats(size_t{B} * T * C, 1), w = random_floats(size_t{OC} * C, 2),
+       bias = random_floats(OC, 3), dout = random_floats(size_t{B} * T * OC, 4);
+  for (bool with_bias : {true, false}) {
+    auto dw = random_floats(size_t{OC} * C, 5), db = random_floats(OC, 6);
+    DeviceArray<float> di(inp), dwt(w), dbias(bias), ddout(dout), out(size_t{B} * T * OC),
+        gdinp(inp.size()), gdw(dw), gdb(db);
+    const float* bp = with_bias ? dbias.get() : nullptr;
+    cuda::matmul_forward(out.get(), di.get(), dwt.get(), bp, B, T, C, OC, stream_);
+    std::vector<float> ref(size_t{B} * T * OC);
+    cpu::matmul_forward(ref.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, B, T,
+                        C, OC);
+    EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5)) << "bias " << with_bias;
+    cuda::matmul_backward(gdinp.get(), gdw.get(), with_bias ? gdb.get() : nullptr, ddout.get(),
+                          di.get(), dwt.get(), B, T, C, OC, stream_);
+    std::vector<float> rdinp(inp.size());
+    cpu::matmul_backward(rdinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
+                         inp.data(), w.data(), B, T, C, OC);
+    EXPECT_TRUE(close(gdinp.download(), rdinp, kSum, 1e-5));
+    EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-5));
+    EXPECT_TRUE(close(gdb.download(), db, kSum, 1e-5));
+  }
+}
+
+TEST_F(CudaKernels, AddBias) {
+  const int N = 45, OC = 70;
+  auto out = random_floats(size_t{N} * OC, 1), bias = random_floats(OC, 2);
+  DeviceArray<float> d(out), db(bias);
+  cuda::add_bias(d.get(), db.get(), N, OC, stream_);
+  cpu::add_bias(out.data(), bias.data(), N, OC);
+  EXPECT_TRUE(close(d.download(), out, kTight, 0));
+}
+
+// Several shapes: head sizes below, at and not a multiple of the warp; T not a multiple of 64.
+TEST_F(CudaKernels, AttentionForwardBackward) {
+  struct Case {
+    int B, T, C, NH;
+  };
+  for (const Case& c : {Case{2, 67, 48, 3}, Case{1, 130, 128, 2}, Case{2, 40, 160, 2},
+                        Case{1, 64, 768, 12}}) {
+    const int C3 = 3 * c.C;
+    auto qkv = random_floats(size_t(c.B) * c.T * C3, 1), dout = random_floats(size_t(c.B) * c.T * c.C, 2);
+    std::vector<float> out(size_t(c.B) * c.T * c.C), lse(size_t(c.B) * c.NH * c.T),
+        dqkv(qkv.size()), scratch(cpu::attention_scratch_floats(c.T));
+    cpu::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), c.B, c.T, c.C, c.NH);
+    cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                            scratch.data(), c.B, c.T, c.C, c.NH);
+    EXPECT_EQ(cuda::attention_scratch_floats(c.T), 0u);
+    DeviceArray<float> dq(qkv), ddout(dout), gout(out.size()), glse(lse.size()),
+        gdqkv(qkv.size());
+    cuda::attention_forward(gout.get(), glse.get(), dq.get(), nullptr, c.B, c.T, c.C, c.NH,
+                            stream_);
+    const std::string what = "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " C " +
+                             std::to_string(c.C) + " NH " + std::to_string(c.NH);
+    EXPECT_TRUE(close(gout.download(), out, kSum, 1e-5)) << what;
+    EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << what;
+    // Backward from the CPU's saved out and lse, so only the backward is compared.
+    DeviceArray<float> cout(out), clse(lse);
+    cuda::attention_backward(gdqkv.get(), ddout.get(), dq.get(), cout.get(), clse.get(), nullptr,
+                             c.B, c.T, c.C, c.NH, stream_);
+    EXPECT_TRUE(close(gdqkv.download(), dqkv, 1e-3, 1e-4)) << what;
+  }
+}
+
+TEST_F(CudaKernels, AttentionRejectsHugeHeads) {
+  DeviceArray<float> buf(16);
+  EXPECT_THROW(cuda::attention_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 512, 1,
+                                       stream_),
+               ds::Error);
+}
+
+TEST_F(CudaKernels, GeluResidual) {
+  const int64_t N = 100003;
+  auto x = random_floats(N, 1, 3.0f), y = random_floats(N, 2), d = random_floats(N, 3);
+  auto a1 = random_floats(N, 4), a2 = random_floats(N, 5);
+  DeviceArray<float> dx(x), dy(y), dd(d), out(N), g1(a1), g2(a2);
+  std::vector<float> ref(N);
+  cuda::gelu_forward(out.get(), dx.get(), N, stream_);
+  cpu::gelu_forward(ref.data(), x.data(), N);
+  EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
+  cuda::gelu_backward(out.get(), dx.get(), dd.get(), N, stream_);
+  cpu::gelu_backward(ref.data(), x.data(), d.data(), N);
+  EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
+  cuda::residual_forward(out.get(), dx.get(), dy.get(), N, stream_);
+  cpu::residual_forward(ref.data(), x.data(), y.data(), N);
+  EXPECT_TRUE(close(out.download(), ref, 0, 0));
+  cuda::residual_backward(g1.get(), g2.get(), dd.get(), N, stream_);
+  cpu::residual_backward(a1.data(), a2.data(), d.data(), N);
+  EXPECT_TRUE(close(g1.download(), a1, 0, 0));
+  EXPECT_TRUE(close(g2.download(), a2, 0, 0));
+}
+
+TEST_F(CudaKernels, CrossEntropyForwardBackwardWithABadTarget) {
+  const int N = 7, V = 1000, Vp = 1024;
+  auto logits = random_floats(size_t{N} * Vp, 1, 3.0f);
+  auto targets = random_tokens(N, 2, V);
+  targets[3] = V;  // invalid: NaN loss, counted
+  DeviceArray<float> dl(logits), losses(N);
+  DeviceArray<int32_t> dt(targets), bad(1);
+  std::vector<float> rl(N);
+  cuda::crossentropy_forward(losses.get(), dl.get(), dt.get(), N, V, Vp, bad.get(), stream_);
+  EXPECT_EQ(cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp), 1);
+  EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
+  EXPECT_EQ(bad.download()[0], 1);
+  cuda::crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
+                                      stream_);
+  cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 0.25f, N, V, Vp);
+  EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
+  EXPECT_TRUE(close(dl.download(), logits, kSum, 1e-7));
+  EXPECT_EQ(bad.download()[0], 2);
+}
+
+TEST_F(CudaKernels, VocabParallelCrossEntropyPhases) {
+  // One shard of a vocabulary of 100 split in 64-column shards: this rank holds [64, 128), of
+  // which only [64, 100) are real.
+  const int N = 5, V = 100, v0 = 64, Vl = 64;
+  auto logits = random_floats(size_t{N} * Vl, 1, 2.0f);
+  auto targets = random_tokens(N, 2, V);
+  targets[0] = 70;  // at least one target on this shard
+  DeviceArray<float> dl(logits), mx(N), se(N), tl(N), losses(N);
+  DeviceArray<int32_t> dt(targets);
+  std::vector<float> rmx(N), rse(N), rtl(N), rl(N);
+  cuda::vocab_ce_max(mx.get(), dl.get(), N, Vl, v0, V, stream_);
+  cpu::vocab_ce_max(rmx.data(), logits.data(), N, Vl, v0, V);
+  EXPECT_TRUE(close(mx.download(), rmx, 0, 0));
+  cuda::vocab_ce_sums(se.get(), tl.get(), dl.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
+  cpu::vocab_ce_sums(rse.data(), rtl.data(), logits.data(), rmx.data(), targets.data(), N, Vl, v0,
+                     V);
+  EXPECT_TRUE(close(se.download(), rse, kSum, 0));
+  EXPECT_TRUE(close(tl.download(), rtl, 0, 0));
+  cuda::vocab_ce_finish(losses.get(), nullptr, mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl,
+                        v0, V, stream_);
+  cuda::vocab_ce_finish(losses.get(), dl.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N,
+                        Vl, v0, V, stream_);
+  cpu::vocab_ce_finish(rl.data(), logits.data(), rmx.data(), rse.data(), rtl.data(),
+                       targets.data(), 0.5f, N, Vl, v0, V);
+  EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
+  EXPECT_TRUE(close(dl.download(), logits, kSum, 1e-7));
+}
+
+TEST_F(CudaKernels, ConversionsBitExact) {
+  auto x = random_floats(70001, 1, 100.0f);
+  x[0] = 0.0f;
+  x[1] = -0.0f;
+  x[2] = INFINITY;
+  x[3] = 1e-40f;  // denormal
+  x[4] = 65504.0f;
+  x[5] = 1e6f;  // fp16 overflow -> inf
+  const auto n = static_cast<int64_t>(x.size());
+  DeviceArray<float> dx(x), back(x.size());
+  DeviceArray<uint16_t> h(x.size());
+  std::vector<uint16_t> rh(x.size());
+  std::vector<float> rback(x.size());
+  cuda::convert_f32_to_bf16(h.get(), dx.get(), n, stream_);
+  cpu::convert_f32_to_bf16(rh.data(), x.data(), n);
+  EXPECT_EQ(h.download(), rh);
+  cuda::convert_bf16_to_f32(back.get(), h.get(), n, stream_);
+  cpu::convert_bf16_to_f32(rback.data(), rh.data(), n);
+  EXPECT_TRUE(close(back.download(), rback, 0, 0));
+  cuda::convert_f32_to_f16(h.get(), dx.get(), n, stream_);
+  cpu::convert_f32_to_f16(rh.data(), x.data(), n);
+  EXPECT_EQ(h.download(), rh);
+  cuda::convert_f16_to_f32(back.get(), h.get(), n, stream_);
+  cpu::convert_f16_to_f32(rback.data(), rh.data(), n);
+  EXPECT_TRUE(close(back.download(), rback, 0, 0));
+}
+
+TEST_F(CudaKernels, AdamWMatchesTheCpuOptimizer) {
+  const int64_t n = 50000;
+  for (bool adam_w_mode : {true, false}) {
+    for (bool decay : {true, false}) {
+      optim::AdamWConfig cfg;
+      cfg.weight_decay = 0.1;
+      cfg.adam_w_mode = adam_w_mode;
+      auto p = random_floats(n, 1), g = random_floats(n, 2), m = random_floats(n, 3, 0.1f);
+      auto v = random_floats(n, 4, 0.1f);
+      for (auto& e : v) e = e * e;
+      DeviceArray<float> dp(p), dg(g), dm(m), dv(v);
+      DeviceArray<uint16_t> pb(n);
+      for (int64_t step = 1; step <= 3; step++) {
+        const auto s = optim::adamw_step_scalars(cfg, step, 3e-3, 0.5);
+        const cuda::AdamWScalars cs = cuda::adamw_scalars(s);
+        cuda::adamw_update(cs, dp.get(), dg.get(), dm.get(), dv.get(), n, decay, pb.get(), stream_);
+        optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, decay);
+      }
+      EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7)) << adam_w_mode << decay;
+      EXPECT_TRUE(close(dm.download(), m, kTight, 1e-8));
+      EXPECT_TRUE(close(dv.download(), v, kTight, 1e-10));
+      EXPECT_TRUE(close(from_bf16(pb.download()), rounded(p), 1e-2, 1e-6));
+    }
+  }
+}
+
+// ---- bf16 storage variants: CPU fp32 kernels on the same bf16-rounded inputs ----
+
+TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
+  const int B = 2, T = 11, C = 96, V = 20;
+  auto inp = random_tokens(size_t{B} * T, 1, V);
+  auto wte = rounded(random_floats(size_t{V} * C, 2)), wpe = rounded(random_floats(size_t{T} * C, 3));
+  DeviceArray<int32_t> dinp(inp);
+  DeviceArray<uint16_t> bwte(to_bf16(wte)), bwpe(to_bf16(wpe)), bout(size_t{B} * T * C);
+  cuda::encoder_forward_bf16(bout.get(), dinp.get(), bwte.get(), bwpe.get(), B, T, C, stream_);
+  std::vector<float> enc(size_t{B} * T * C);
+  cpu::encoder_forward(enc.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
+  EXPECT_TRUE(close(from_bf16(bout.download()), enc, kBf16, 1e-2));
+
+  auto dout = rounded(random_floats(size_t{B} * T * C, 4));
+  DeviceArray<uint16_t> bdout(to_bf16(dout));
+  DeviceArray<float> gwte(size_t{V} * C), gwpe(size_t{T} * C);
+  std::vector<float> rwte(size_t{V} * C), rwpe(size_t{T} * C);
+  cuda::encoder_backward_bf16(gwte.get(), gwpe.get(), bdout.get(), dinp.get(), B, T, C, stream_);
+  cpu::encoder_backward(rwte.data(), rwpe.data(), dout.data(), inp.data(), B, T, C);
+  EXPECT_TRUE(close(gwte.download(), rwte, kSum, 1e-5));
+  EXPECT_TRUE(close(gwpe.download(), rwpe, kSum, 1e-5));
+
+  auto x = rounded(random_floats(size_t{B} * T * C, 5, 2.0f)), w = rounded(random_floats(C, 6)),
+       b = rounded(random_floats(C, 7));
+  DeviceArray<uint16_t> bx(to_bf16(x)), bw(to_bf16(w)), bb(to_bf16(b)), bln(x.size()),
+      bdx(x.size());
+  DeviceArray<float> mean(size_t{B} * T), rstd(size_t{B} * T), gw(C), gb(C);
+  cuda::layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B,
+                               T, C, stream_);
+  std::vector<float> ln(x.size()), rm(size_t{B} * T), rr(size_t{B} * T), rdx(x.size()), rw(C),
+      rb(C);
+  cpu::layernorm_forward(ln.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
+  EXPECT_TRUE(close(from_bf16(bln.download()), ln, kBf16, 2e-2));
+  EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
+  cuda::layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(),
+                                mean.get(), rstd.get(), B, T, C, stream_);
+  cpu::layernorm_backward(rdx.data(), rw.data(), rb.data(), dout.data(), x.data(), w.data(),
+                          rm.data(), rr.data(), B, T, C);
+  EXPECT_TRUE(close(from_bf16(bdx.download()), rdx, kBf16, 2e-2));
+  EXPECT_TRUE(close(gw.download(), rw, 1e-3, 1e-4));
+  EXPECT_TRUE(close(gb.download(), rb, 1e-3, 1e-4));
+
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<float> ref(x.size());
+  cuda::gelu_forward_bf16(bln.get(), bx.get(), n, stream_);
+  cpu::gelu_forward(ref.data(), x.data(), n);
+  EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
+  cuda::gelu_backward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cpu::gelu_backward(ref.data(), x.data(), dout.data(), n);
+  EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
+  cuda::residual_forward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cpu::residual_forward(ref.data(), x.data(), dout.data(), n);
+  EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
+  auto a1 = x, a2 = dout;
+  DeviceArray<uint16_t> r1(to_bf16(a1)), r2(to_bf16(a2));
+  cuda::residual_backward_bf16(r1.get(), r2.get(), bdout.get(), 0, stream_);  // N = 0: no-op
+  cuda::residual_backward_bf16(r1.get(), r2.get(), bdout.get(), n, stream_);
+  cpu::residual_backward(a1.data(), a2.data(), dout.data(), n);
+  EXPECT_TRUE(close(from_bf16(r1.download()), a1, kBf16, 1e-2));
+  EXPECT_TRUE(close(from_bf16(r2.download()), a2, kBf16, 1e-2));
+}
+
+TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
+  const int N = 6, V = 500, Vp = 512;
+  auto logits = rounded(random_floats(size_t{N} * Vp, 1, 3.0f));
+  auto targets = random_tokens(N, 2, V);
+  DeviceArray<uint16_t> bl(to_bf16(logits));
+  DeviceArray<int32_t> dt(targets);
+  DeviceArray<float> losses(N);
+  std::vector<float> rl(N);
+  cuda::crossentropy_forward_bf16(losses.get(), bl.get(), dt.get(), N, V, Vp, nullptr, stream_);
+  cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp);
+  EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
+  cuda::crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp,
+                                           nullptr, stream_);
+  cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
+  EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
+  EXPECT_TRUE(close(from_bf16(bl.download()), logits, kBf16, 1e-4));
+
+  const int64_t n = 4099;
+  auto p = random_floats(n, 3), g = rounded(random_floats(n, 4));
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  DeviceArray<float> dp(p), dm(m), dv(v);
+  DeviceArray<uint16_t> bg(to_bf16(g)), pb(n);
+  optim::AdamWConfig cfg;
+  const auto s = optim::adamw_step_scalars(cfg, 1, 1e-3);
+  const cuda::AdamWScalars cs = cuda::adamw_scalars(s);
+  cuda::adamw_update_bf16_grads(cs, dp.get(), bg.get(), dm.get(), dv.get(), n, true, pb.get(),
+                                stream_);
+  optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
+  EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7));
+  EXPECT_TRUE(close(from_bf16(pb.download()), rounded(p), 1e-2, 1e-6));
+}
+
+}  // namespace
+}  // namespace ds::rt
