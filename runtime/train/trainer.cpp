@@ -30,6 +30,10 @@
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stage.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/topology.h"
 #include "parallel/zero.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store_client.h"
@@ -98,14 +102,30 @@ struct Trainer::Impl {
   ms::Gpt2Shape shape;
   Precision precision = Precision::kFp32;
   int B = 0, T = 0, G = 1;
-  int rank = 0, world = 1;  // world rank / size; dp rank / size are the same (tp = pp = 1)
+  int rank = 0, world = 1;  // world rank / size
+  int tp = 1, pp = 1, dp_size = 1;
+  parallel::Coord coord;    // this rank's (pp, dp, tp) in the grid (parallel/topology.h)
 
   Allocator& alloc = Allocator::process();
   std::shared_ptr<store::Store> store;
-  comm::CommPtr world_comm;
+  // The world and this rank's groups along each axis (null where the axis has size 1; dp_comm is
+  // the world itself without tensor and pipeline parallelism), and the {first, last} stage group
+  // for the tied token embedding (first and last stage of a pipeline only).
+  comm::CommPtr world_comm, tp_comm, dp_comm, pp_comm, tied_comm;
+  // Declaration order is destruction order reversed: the stage (which uses the model) goes first,
+  // then the engine (waits its work), the hooks, and the model last.
   std::unique_ptr<Gpt2> model;
-  std::unique_ptr<parallel::ZeroEngine> zero;  // after the model: destroyed first (waits its work)
-  Gpt2Activations acts;
+  std::unique_ptr<parallel::TiedEmbeddingHooks> tied_hooks;  // pp > 1, first and last stage
+  std::unique_ptr<parallel::TensorParallelHooks> tp_hooks;   // tp > 1
+  std::unique_ptr<parallel::ZeroEngine> zero;
+  std::unique_ptr<parallel::PipelineStage> stage;  // pp > 1
+  std::vector<parallel::Event> events;             // pp > 1: this stage's schedule for one step
+  Gpt2Activations acts;                            // pp == 1 (the stage holds its own)
+  // Ranges of opt_grads() (offsets from opt_begin) that count in the global gradient norm: this
+  // rank's partition, less what another rank already counts (replicated tensors on tp ranks > 0,
+  // the last stage's tied copy of wte).
+  // uncounted_ranges: the rest of the partition (checked for inf/nan only).
+  std::vector<std::pair<int64_t, int64_t>> norm_ranges, uncounted_ranges;
   // Optimizer state (fp32) over the engine's range [opt_begin, opt_begin + opt_count): the whole
   // model at stage 0, this rank's partition from stage 1. master only with bf16/fp16.
   Buffer master, exp_avg, exp_avg_sq;
@@ -120,14 +140,43 @@ struct Trainer::Impl {
   int64_t adam_steps = 0;  // applied optimizer updates (AdamW's t)
   int64_t next_step = 1;   // the step the next run() executes
 
-  int dp() const { return world; }
+  int dp() const { return dp_size; }
+  int micro_tokens() const { return B * T; }
+  // Micro-batch g's inputs and targets in the token workspace (g < G with pipelines, else 0).
+  int32_t* mb_inputs(int g) { return tokens.as<int32_t>() + static_cast<size_t>(g) * 2 * micro_tokens(); }
+  int32_t* mb_targets(int g) { return mb_inputs(g) + micro_tokens(); }
+  // The rank that holds this (dp, tp) position's loss: tp rank 0 of the last stage.
+  bool loss_owner() const { return coord.tp == 0 && coord.pp == pp - 1; }
+
+  // Sums over every rank of the world, added in rank order (the same bits on every rank).
+  std::vector<double> world_sum(const std::vector<double>& mine) {
+    if (!world_comm) return mine;
+    const size_t k = mine.size();
+    std::vector<double> all(k * static_cast<size_t>(world));
+    world_comm->all_gather(mine.data(), all.data(), k * sizeof(double), comm::DataType::kUInt8);
+    std::vector<double> sum(k, 0.0);
+    for (int q = 0; q < world; ++q) {
+      for (size_t i = 0; i < k; ++i) sum[i] += all[static_cast<size_t>(q) * k + i];
+    }
+    return sum;
+  }
+  // Every rank's values, rank-major.
+  std::vector<int64_t> world_gather(const std::vector<int64_t>& mine) {
+    if (!world_comm) return mine;
+    std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
+    world_comm->all_gather(mine.data(), all.data(), mine.size(), comm::DataType::kInt64);
+    return all;
+  }
+  void world_barrier() {
+    if (world_comm) world_comm->barrier();
+  }
   int64_t n_params() const { return model->num_params(); }
   int64_t opt_begin() const { return zero->opt_begin(); }
   int64_t opt_count() const { return zero->opt_count(); }
   float* master_params() { return precision == Precision::kFp32 ? zero->opt_params() : master.as<float>(); }
   // This rank's checkpoint partition [part_begin, part_begin + part_count).
-  int64_t part_begin() const { return zero->partition().begin(rank); }
-  int64_t part_count() const { return zero->partition().count(rank); }
+  int64_t part_begin() const { return zero->partition().begin(zero->dp_rank()); }
+  int64_t part_count() const { return zero->partition().count(zero->dp_rank()); }
 
   // Rounds the model's parameters (or gradients) to the storage precision, in place.
   void round_to_precision(float* x, int64_t n) {
@@ -158,20 +207,31 @@ struct Trainer::Impl {
   // An optimizer-range buffer's slice for this rank's partition.
   float* partition_of(const Buffer& b) { return b.as<float>() + (part_begin() - opt_begin()); }
 
-  nlohmann::json manifest(int64_t step) const {
+  // `ranks`: every world rank's {partition begin, partition count, elements of its part}, rank-major
+  // (world_gather of rank_record()).
+  std::vector<int64_t> rank_record() const { return {part_begin(), part_count(), model->num_params()}; }
+  nlohmann::json manifest(int64_t step, const std::vector<int64_t>& ranks) const {
     nlohmann::json m;
     m["format"] = "dstrain-checkpoint-1";
     m["step"] = step;
     m["adam_steps"] = adam_steps;
     m["config"] = cfg.to_json();
-    nlohmann::json parts = nlohmann::json::array();
-    for (int q = 0; q < world; ++q) parts.push_back({zero->partition().begin(q), zero->partition().count(q)});
+    // Shard q (world rank q) holds elements [begin, begin + count) of the flat layout of rank q's
+    // part (its pipeline stage's layers, its tensor-parallel shard), which has part_num_params[q]
+    // elements; rank q's grid position follows from the sizes (parallel/topology.h).
+    nlohmann::json parts = nlohmann::json::array(), part_numel = nlohmann::json::array();
+    for (int q = 0; q < world; ++q) {
+      parts.push_back({ranks[3 * static_cast<size_t>(q)], ranks[3 * static_cast<size_t>(q) + 1]});
+      part_numel.push_back(ranks[3 * static_cast<size_t>(q) + 2]);
+    }
     m["layout"] = {{"world_size", cfg.world_size},
                    {"data_parallel_size", cfg.data_parallel_size},
                    {"tensor_parallel_size", cfg.tensor_parallel.size},
                    {"pipeline_stages", cfg.pipeline.stages},
+                   {"pipeline_partition", cfg.pipeline.partition},
                    {"zero_stage", cfg.zero.stage},
-                   {"num_params", model->num_params()},
+                   {"num_params", ms::param_count(shape)},
+                   {"part_num_params", part_numel},
                    {"partitions", parts}};
     m["data"] = loader->state().to_json();
     m["lr_schedule"] = schedule->state();
@@ -184,8 +244,9 @@ struct Trainer::Impl {
   // commits after everyone wrote.
   void save_checkpoint(int64_t step) {
     const auto& root = cfg.training.checkpoint_dir;
+    const auto ranks = world_gather(rank_record());
     if (rank == 0) ckpt::begin_checkpoint(root, step);
-    zero->barrier();
+    world_barrier();
     std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
     const int64_t n = part_count();
@@ -195,30 +256,33 @@ struct Trainer::Impl {
     w.add("exp_avg", "f32", {n}, partition_of(exp_avg), bytes);
     w.add("exp_avg_sq", "f32", {n}, partition_of(exp_avg_sq), bytes);
     w.write(tmp + "/" + ckpt::shard_file_name(rank));
-    zero->barrier();
+    world_barrier();
     if (rank == 0) {
-      std::string dir = ckpt::commit_checkpoint(root, step, manifest(step), cfg.training.keep_last);
+      std::string dir = ckpt::commit_checkpoint(root, step, manifest(step, ranks), cfg.training.keep_last);
       spdlog::info("saved checkpoint {}", dir);
     }
-    zero->barrier();
+    world_barrier();
   }
 
-  // Reads global elements [lo, hi) of tensor `name` from the shards of a checkpoint written with
-  // partitions `parts` (one [begin, count] per writing rank) into dst.
+  // Reads elements [lo, hi) of this rank's part's tensor `name` from the shards of a checkpoint
+  // that hold this part (the writing ranks at the same pipeline stage and tensor-parallel rank):
+  // one {shard (writing rank), begin, count} each, together covering the part.
+  struct ShardPart {
+    int shard;
+    int64_t begin, count;
+  };
   struct ShardSet {
     std::string dir, where;
-    std::vector<std::pair<int64_t, int64_t>> parts;
+    std::vector<ShardPart> parts;
     std::map<int, std::unique_ptr<ckpt::ShardReader>> readers;
     void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
-      for (size_t q = 0; q < parts.size(); ++q) {
-        auto [b, c] = parts[q];
+      for (const auto& [q, b, c] : parts) {
         auto r = parallel::intersect(lo, hi, b, b + c);
         if (r.size() <= 0) continue;
-        auto& rd = readers[static_cast<int>(q)];
-        if (!rd) rd = std::make_unique<ckpt::ShardReader>(dir + "/" + ckpt::shard_file_name(static_cast<int>(q)));
+        auto& rd = readers[q];
+        if (!rd) rd = std::make_unique<ckpt::ShardReader>(dir + "/" + ckpt::shard_file_name(q));
         if (!rd->has(name)) {
-          throw invalid_argument("{}: shard {} has no tensor '{}'", where,
-                                 ckpt::shard_file_name(static_cast<int>(q)), name);
+          throw invalid_argument("{}: shard {} has no tensor '{}'", where, ckpt::shard_file_name(q), name);
         }
         std::vector<float> tmp(static_cast<size_t>(c));
         rd->read(name, "f32", {c}, tmp.data(), tmp.size() * sizeof(float));
@@ -233,20 +297,44 @@ struct Trainer::Impl {
     try {
       const int64_t n = model->num_params();
       const auto& lay = m.at("layout");
-      if (lay.at("num_params").get<int64_t>() != n) {
-        throw invalid_argument("{}: the checkpoint holds {} parameters per rank but the config's model has {}",
-                               where, lay["num_params"].get<int64_t>(), n);
+      if (lay.at("num_params").get<int64_t>() != ms::param_count(shape)) {
+        throw invalid_argument("{}: the checkpoint holds a model of {} parameters but the config's model has {}",
+                               where, lay["num_params"].get<int64_t>(), ms::param_count(shape));
       }
+      // Tensor and pipeline layouts must match (each shard holds one stage's tp shard); the
+      // data-parallel size and the ZeRO stage may change (the parts are re-partitioned).
+      const int old_tp = lay.value("tensor_parallel_size", 1), old_pp = lay.value("pipeline_stages", 1);
+      const std::string old_method = lay.value("pipeline_partition", cfg.pipeline.partition);
+      if (old_tp != tp || old_pp != pp || (pp > 1 && old_method != cfg.pipeline.partition)) {
+        throw Error(ErrorKind::kInvalidArgument,
+                    fmt::format("{}: the checkpoint was written with tensor_parallel.size {} and pipeline.stages "
+                                "{} (partition '{}'), but {} asks for {} and {} (partition '{}')",
+                                where, old_tp, old_pp, old_method, cfg.path, tp, pp, cfg.pipeline.partition),
+                    "resume with the same tensor and pipeline layout; the data-parallel size and the ZeRO "
+                    "stage may differ");
+      }
+      const auto& parts = lay.at("partitions");
+      const int old_world = static_cast<int>(parts.size());
+      if (old_world % (old_tp * old_pp) != 0) {
+        throw invalid_argument("{}: layout.partitions has {} entries, not a multiple of tp x pp = {}", where,
+                               old_world, old_tp * old_pp);
+      }
+      const parallel::Topology old_topo(old_world, old_tp, old_world / (old_tp * old_pp), old_pp);
       ShardSet set;
       set.dir = dir;
       set.where = where;
-      if (lay.contains("partitions")) {
-        for (const auto& p : lay["partitions"]) set.parts.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
-      } else {
-        set.parts.emplace_back(0, n);
+      for (int q = 0; q < old_world; ++q) {
+        const auto c = old_topo.coord_of(q);
+        if (c.pp != coord.pp || c.tp != coord.tp) continue;
+        const auto& p = parts.at(static_cast<size_t>(q));
+        if (lay.contains("part_num_params") && lay["part_num_params"].at(static_cast<size_t>(q)).get<int64_t>() != n) {
+          throw invalid_argument("{}: shard {} holds a part of {} parameters but this rank's part has {}", where,
+                                 ckpt::shard_file_name(q), lay["part_num_params"][static_cast<size_t>(q)].get<int64_t>(), n);
+        }
+        set.parts.push_back({q, p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
       }
       int64_t covered = 0;
-      for (auto [b, c] : set.parts) covered += c;
+      for (const auto& sp : set.parts) covered += sp.count;
       if (covered != n) throw invalid_argument("{}: layout.partitions cover {} of {} parameters", where, covered, n);
       const int old_dp = lay.value("data_parallel_size", 1);
       if (old_dp != dp() || lay.value("zero_stage", 0) != zero->stage()) {
@@ -261,8 +349,8 @@ struct Trainer::Impl {
       }
       const int64_t ob = opt_begin(), oe = opt_begin() + opt_count();
       if (precision != Precision::kFp32) {
-        if (!set.parts.empty() && set.parts[0].second > 0) {
-          ckpt::ShardReader r0(dir + "/" + ckpt::shard_file_name(0));
+        if (!set.parts.empty() && set.parts[0].count > 0) {
+          ckpt::ShardReader r0(dir + "/" + ckpt::shard_file_name(set.parts[0].shard));
           if (!r0.has("master")) {
             throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; "
                                    "resume it with the same precision settings", where);
@@ -284,19 +372,34 @@ struct Trainer::Impl {
     spdlog::info("resumed from {} (continuing at step {})", dir, next_step);
   }
 
+  // The mean validation loss over every data-parallel rank's eval_steps micro-batches. With a
+  // pipeline the micro-batches go through the stages G at a time (the token workspace's room).
   double evaluate() {
     val_loader->begin();
-    int32_t* in = tokens.as<int32_t>();
-    int32_t* tg = in + static_cast<size_t>(B) * T;
+    const int64_t steps = val_loader->eval_steps();
     double sum = 0;
-    for (int64_t i = 0; i < val_loader->eval_steps(); ++i) {
-      val_loader->next(in, tg);
-      zero->begin_micro_batch(false, false);
-      sum += model->forward(acts, in, tg);
-      zero->end_micro_batch();
+    if (pp == 1) {
+      for (int64_t i = 0; i < steps; ++i) {
+        val_loader->next(mb_inputs(0), mb_targets(0));
+        zero->begin_micro_batch(false, false);
+        sum += model->forward(acts, mb_inputs(0), mb_targets(0));
+        zero->end_micro_batch();
+      }
+    } else {
+      for (int64_t i = 0; i < steps; i += G) {
+        const int k = static_cast<int>(std::min<int64_t>(G, steps - i));
+        std::vector<parallel::MicroBatch> mbs;
+        for (int g = 0; g < k; ++g) {
+          val_loader->next(mb_inputs(g), mb_targets(g));
+          mbs.push_back({mb_inputs(g), mb_targets(g)});
+        }
+        zero->begin_micro_batch(false, false);
+        for (float l : stage->evaluate(mbs).losses) sum += l;
+        zero->end_micro_batch();
+      }
     }
-    double total = zero->sum_over_ranks({sum})[0];
-    return total / static_cast<double>(val_loader->eval_steps() * dp());
+    const double total = world_sum({loss_owner() ? sum : 0.0})[0];
+    return total / static_cast<double>(steps * dp());
   }
 
   // Initial weights of global elements [begin, begin + count) of the flat layout into dst.
@@ -305,8 +408,29 @@ struct Trainer::Impl {
     for (const auto& t : model->layout().tensors) {
       auto r = parallel::intersect(begin, begin + count, t.offset, t.offset + t.numel);
       if (r.size() <= 0) continue;
-      init_tensor_values(dst + (r.lo - begin), ms::find_param(all, t.id), t.layer, shape.n_layer, 1, 0,
-                         cfg.training.seed, r.lo - t.offset, r.size());
+      init_tensor_values(dst + (r.lo - begin), ms::find_param(all, t.id), t.layer, shape.n_layer,
+                         model->part().tp, model->part().tp_rank, cfg.training.seed, r.lo - t.offset,
+                         r.size());
+    }
+  }
+
+  // norm_ranges: every element of the model counts once in the global norm. Replicated tensors
+  // (LayerNorms, row-parallel biases, wpe) hold the same gradient on every tp rank, so tp rank 0
+  // counts them; the tied wte is on the first and the last stage, so the first stage counts it.
+  void compute_norm_ranges() {
+    const auto all = ms::gpt2_params(shape);
+    const int64_t lo = part_begin(), hi = lo + part_count(), ob = opt_begin();
+    for (const auto& t : model->layout().tensors) {
+      const bool counted = !(ms::find_param(all, t.id).split == ms::TpSplit::kReplicated && coord.tp != 0) &&
+                           !(t.id == ms::ParamId::kWte && pp > 1 && !model->part().has_embedding);
+      auto r = parallel::intersect(lo, hi, t.offset, t.offset + t.numel);
+      if (r.size() <= 0) continue;
+      auto& ranges = counted ? norm_ranges : uncounted_ranges;
+      if (!ranges.empty() && ranges.back().first + ranges.back().second == r.lo - ob) {
+        ranges.back().second += r.size();
+      } else {
+        ranges.emplace_back(r.lo - ob, r.size());
+      }
     }
   }
 };
@@ -323,16 +447,10 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
                             s.cfg.path, s.cfg.training.device),
                 "set training.device to \"cpu\"");
   }
-  if (s.cfg.tensor_parallel.size != 1 || s.cfg.pipeline.stages != 1) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: the trainer runs data parallelism only, but the config asks for "
-                            "tensor-parallel {} x pipeline {} (over data-parallel {})",
-                            s.cfg.path, s.cfg.tensor_parallel.size, s.cfg.pipeline.stages,
-                            s.cfg.data_parallel_size),
-                "set tensor_parallel.size and pipeline.stages to 1 (tensor and pipeline parallel "
-                "training come with issue 6)");
-  }
   s.world = s.cfg.world_size;
+  s.tp = s.cfg.tensor_parallel.size;
+  s.pp = s.cfg.pipeline.stages;
+  s.dp_size = s.cfg.data_parallel_size;
   s.rank = static_cast<int>(env::get_int("RANK"));
   if (s.rank < 0 || s.rank >= s.world) {
     throw invalid_argument("RANK={} is outside the config's world of {} rank(s) ({})", s.rank, s.world,
@@ -344,6 +462,12 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
   if (s.cfg.bf16.enabled) s.precision = Precision::kBf16;
   if (s.cfg.fp16.enabled) s.precision = Precision::kFp16;
+  // The grid (the config check guarantees tp x pp x dp = world and the model's divisibility).
+  const parallel::Topology topo(s.world, s.tp, s.dp_size, s.pp);
+  s.coord = topo.coord_of(s.rank);
+  const auto partition_method = parallel::parse_partition_method(s.cfg.pipeline.partition, "$.pipeline.partition");
+  const auto part = parallel::partition_stages(s.shape, s.pp, partition_method, s.tp, s.coord.tp)
+      [static_cast<size_t>(s.coord.pp)];
 
   // Data first: a bad corpus should fail before we connect or allocate the model.
   s.train_file = std::make_unique<data::TokenFile>(s.cfg.data.train, s.cfg.model.vocab_size);
@@ -351,7 +475,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   lo.batch_size = s.B;
   lo.seq_len = s.T;
   lo.data_parallel_size = s.cfg.data_parallel_size;
-  lo.data_parallel_rank = s.rank;
+  lo.data_parallel_rank = s.coord.dp;
   lo.grad_accum_steps = s.G;
   lo.shuffle = s.cfg.data.shuffle;
   lo.seed = s.cfg.training.seed;
@@ -359,7 +483,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   if (!s.cfg.data.val.empty() && s.cfg.training.eval_interval > 0) {
     s.val_file = std::make_unique<data::TokenFile>(s.cfg.data.val, s.cfg.model.vocab_size);
     s.val_loader = std::make_unique<data::ValidationLoader>(
-        *s.val_file, s.B, s.T, s.cfg.data_parallel_size, s.rank, s.cfg.training.eval_steps);
+        *s.val_file, s.B, s.T, s.cfg.data_parallel_size, s.coord.dp, s.cfg.training.eval_steps);
   }
 
   if (s.world > 1) {
@@ -370,6 +494,24 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
     comm::CommOptions co;
     co.name = "world";
     s.world_comm = comm::make_world_comm(s.store, s.rank, s.world, co);
+    if (s.tp == 1 && s.pp == 1) {
+      s.dp_comm = s.world_comm;
+    } else {
+      // Every member creates its groups in the same order: tp, dp, pp, then the tied pair.
+      auto group = [&](parallel::Axis a) -> comm::CommPtr {
+        if (topo.size(a) == 1) return nullptr;
+        return s.world_comm->new_group(topo.group_of(s.rank, a),
+                                       fmt::format("{}{}", parallel::axis_name(a), topo.group_index(s.rank, a)));
+      };
+      s.tp_comm = group(parallel::Axis::kTp);
+      s.dp_comm = group(parallel::Axis::kDp);
+      s.pp_comm = group(parallel::Axis::kPp);
+      if (s.pp > 1 && (part.has_embedding || part.has_head)) {
+        const auto pp_ranks = topo.group_of(s.rank, parallel::Axis::kPp);
+        s.tied_comm = s.world_comm->new_group({pp_ranks.front(), pp_ranks.back()},
+                                              fmt::format("tied{}", topo.group_index(s.rank, parallel::Axis::kPp)));
+      }
+    }
   }
   parallel::ZeroOptions zo;
   zo.stage = s.cfg.zero.stage;
@@ -379,18 +521,36 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   zo.prefetch_bucket_size = s.cfg.zero.stage3_prefetch_bucket_size;
   zo.param_persistence_threshold = s.cfg.zero.stage3_param_persistence_threshold;
   zo.max_live_parameters = s.cfg.zero.stage3_max_live_parameters;
-  auto layout = ms::param_layout(s.shape, ms::ModelPart::whole(s.shape));
+  auto layout = ms::param_layout(s.shape, part);
 
-  s.zero = std::make_unique<parallel::ZeroEngine>(zo, s.world_comm, layout, s.alloc);
+  // The hook stack: model -> tensor-parallel regions -> the pipeline's tied-wte buffer -> ZeRO.
+  s.zero = std::make_unique<parallel::ZeroEngine>(zo, s.dp_comm, layout, s.alloc);
+  ParallelHooks* below_tp = s.zero.get();
+  if (s.tied_comm) {
+    const auto wte = ms::find_param(ms::gpt2_params(s.shape), ms::ParamId::kWte);
+    s.tied_hooks = std::make_unique<parallel::TiedEmbeddingHooks>(s.zero.get(), ms::local_numel(wte, s.tp), s.alloc);
+    below_tp = s.tied_hooks.get();
+  }
+  ParallelHooks* hooks = below_tp;
+  if (s.tp_comm) {
+    s.tp_hooks = std::make_unique<parallel::TensorParallelHooks>(s.tp_comm, below_tp);
+    hooks = s.tp_hooks.get();
+  }
   Gpt2Options mo;
   mo.B = s.B;
   mo.T = s.T;
   mo.recompute = s.cfg.activation_checkpointing.enabled;
   mo.own_params = s.zero->model_owns_params();
   mo.own_grads = s.zero->model_owns_grads();
-  s.model = std::make_unique<Gpt2>(s.shape, ms::ModelPart::whole(s.shape), mo, s.alloc, s.zero.get());
+  s.model = std::make_unique<Gpt2>(s.shape, part, mo, s.alloc, hooks);
   s.zero->attach(s.model->params(), s.model->grads());
-  s.acts = s.model->make_activations();
+  if (s.pp > 1) {
+    s.stage = std::make_unique<parallel::PipelineStage>(*s.model, s.pp_comm, s.tied_comm);
+    s.events = parallel::stage_events(parallel::parse_schedule(s.cfg.pipeline.schedule, "$.pipeline.schedule"),
+                                      s.pp, s.coord.pp, s.G);
+  } else {
+    s.acts = s.model->make_activations();
+  }
   const int64_t n = s.model->num_params();
   const size_t bytes = static_cast<size_t>(s.opt_count()) * sizeof(float);
   // offload_optimizer device "cpu": the optimizer state lives in host memory, which on a CPU run
@@ -405,9 +565,12 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
                    off == &s.cfg.zero.offload_optimizer ? "the optimizer states" : "the parameter partitions");
     }
   }
-  s.tokens = s.alloc.allocate(2 * static_cast<size_t>(s.B) * s.T * sizeof(int32_t), MemTag::kWorkspace,
-                              "tokens");
+  // Inputs and targets of one micro-batch, or of all G with a pipeline (its schedule runs them
+  // together: the first stage reads the inputs, the last the targets).
+  s.tokens = s.alloc.allocate(2 * static_cast<size_t>(s.B) * s.T * (s.pp > 1 ? s.G : 1) * sizeof(int32_t),
+                              MemTag::kWorkspace, "tokens");
   s.decay = decay_ranges(s.shape, s.model->layout());
+  s.compute_norm_ranges();
 
   s.schedule = std::make_unique<optim::LrScheduler>(schedule_of(s.cfg));
   optim::LossScalerConfig lsc;
@@ -469,14 +632,16 @@ TrainResult Trainer::run() {
   if (s.next_step == 1) {
     reporter.note(fmt::format(
         "training GPT-2 (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
-        "{} accumulation step(s), data-parallel {} (ZeRO stage {}), {} steps, {} threads",
+        "{} accumulation step(s), data-parallel {} (ZeRO stage {}){}, {} steps, {} threads",
         s.shape.n_layer, s.shape.n_head, s.shape.n_embd, s.shape.vocab_size, s.shape.seq_len,
-        s.model->num_params(), s.B, s.T, s.G, s.dp(), s.zero->stage(), total, omp_get_max_threads()));
+        ms::param_count(s.shape), s.B, s.T, s.G, s.dp(), s.zero->stage(),
+        s.tp * s.pp == 1 ? std::string()
+                         : fmt::format(" x tensor-parallel {} x pipeline {} ({}, {} partition)", s.tp, s.pp,
+                                       s.cfg.pipeline.schedule, s.cfg.pipeline.partition),
+        total, omp_get_max_threads()));
   }
 
   const int64_t oc = s.opt_count();
-  int32_t* in = s.tokens.as<int32_t>();
-  int32_t* tg = in + static_cast<size_t>(s.B) * s.T;
   const double micro_batches = static_cast<double>(s.G) * s.dp();  // in the global batch
   const double tokens_per_step = static_cast<double>(s.B) * s.T * micro_batches;
   optim::AdamWConfig ac;
@@ -491,15 +656,44 @@ TrainResult Trainer::run() {
   for (int64_t step = s.next_step; step <= stop; ++step) {
     auto t0 = Clock::now();
     s.zero->begin_step();
+    if (s.tied_hooks) s.tied_hooks->zero();
     const double loss_scale = s.scaler->scale();
     const float grad_scale = static_cast<float>(loss_scale / micro_batches);
-    double loss_sum = 0;
-    for (int g = 0; g < s.G; ++g) {
-      s.loader->next(in, tg);
-      s.zero->begin_micro_batch(g == s.G - 1, true);
-      loss_sum += s.model->forward_backward(s.acts, in, tg, grad_scale);
-      if (step == s.opt.kill_at_step && s.rank == s.opt.kill_rank && g == 0) ::raise(SIGKILL);
-      s.zero->end_micro_batch();
+    const bool kill_here = step == s.opt.kill_at_step && s.rank == s.opt.kill_rank;
+    double loss_sum = 0;  // this rank's micro-batch losses (the last stage's, with a pipeline)
+    if (s.pp == 1) {
+      for (int g = 0; g < s.G; ++g) {
+        s.loader->next(s.mb_inputs(0), s.mb_targets(0));
+        s.zero->begin_micro_batch(g == s.G - 1, true);
+        loss_sum += s.model->forward_backward(s.acts, s.mb_inputs(0), s.mb_targets(0), grad_scale);
+        if (kill_here && g == 0) ::raise(SIGKILL);
+        s.zero->end_micro_batch();
+      }
+    } else {
+      // Every stage reads the step's G micro-batches (the first uses the inputs, the last the
+      // targets); ZeRO sees each backward event as a micro-batch.
+      std::vector<parallel::MicroBatch> mbs;
+      for (int g = 0; g < s.G; ++g) {
+        s.loader->next(s.mb_inputs(g), s.mb_targets(g));
+        mbs.push_back({s.mb_inputs(g), s.mb_targets(g)});
+      }
+      parallel::RunOptions ro;
+      ro.grad_scale = grad_scale;
+      if (s.tied_hooks) ro.wte_grad = s.tied_hooks->wte_grad();
+      ro.before_event = [&](const parallel::Event& e) {
+        if (e.kind == parallel::EventKind::kBackward) s.zero->begin_micro_batch(e.mb == s.G - 1, true);
+      };
+      ro.after_event = [&](const parallel::Event& e) {
+        if (e.kind != parallel::EventKind::kBackward) return;
+        if (kill_here && e.mb == 0) ::raise(SIGKILL);
+        s.zero->end_micro_batch();
+      };
+      for (float l : s.stage->run_schedule(s.events, mbs, ro).losses) loss_sum += l;
+      if (s.tied_hooks) {  // the tied wte gradient, summed over both stages, joins ZeRO's reduction
+        s.zero->begin_micro_batch(true, true);
+        s.tied_hooks->hand_over();
+        s.zero->end_micro_batch();
+      }
     }
     float* grads = s.zero->opt_grads();
     if (step == s.opt.inject_inf_at_step && s.opt_begin() == 0 && oc > 0) {
@@ -507,13 +701,17 @@ TrainResult Trainer::run() {
     }
     if (s.precision == Precision::kFp16) s.round_to_precision(grads, oc);
 
-    // The global batch's loss and the global gradient norm: this rank's partition's share,
-    // summed over the ranks (the same bits everywhere, so every rank agrees on an overflow).
-    const double part_sumsq = optim::sum_of_squares(grads + (s.part_begin() - s.opt_begin()), s.part_count());
-    const auto sums = s.zero->sum_over_ranks({loss_sum, part_sumsq});
+    // The global batch's loss and the global gradient norm: each loss once (from its owner),
+    // each gradient element once (norm_ranges), summed over the world in rank order (the same
+    // bits everywhere, so every rank agrees on an overflow, which any rank's partition may hold).
+    double part_sumsq = 0, uncounted_sumsq = 0;
+    for (const auto& [off, cnt] : s.norm_ranges) part_sumsq += optim::sum_of_squares(grads + off, cnt);
+    for (const auto& [off, cnt] : s.uncounted_ranges) uncounted_sumsq += optim::sum_of_squares(grads + off, cnt);
+    const double part_bad = std::isfinite(uncounted_sumsq) ? 0.0 : 1.0;
+    const auto sums = s.world_sum({s.loss_owner() ? loss_sum : 0.0, part_sumsq, part_bad});
     const double loss = sums[0] / micro_batches;
     const double sumsq = sums[1];
-    const bool overflow = !std::isfinite(sumsq);
+    const bool overflow = !std::isfinite(sumsq) || sums[2] > 0;
     const double norm = std::sqrt(sumsq) / loss_scale;
     const double lr = s.schedule->lr();
     const bool skip = s.scaler->update(overflow);
@@ -553,7 +751,7 @@ TrainResult Trainer::run() {
     r.peak_bytes["total"] = stats.peak_total;
     mine.push_back(stats.peak_total);
     if (s.opt.metrics_all_ranks) {
-      auto all = s.zero->gather_int64(mine);
+      auto all = s.world_gather(mine);
       for (int q = 0; q < s.world; ++q) {
         for (int t = 0; t <= kNumMemTags; ++t) {
           std::string tag = t < kNumMemTags ? mem_tag_name(static_cast<MemTag>(t)) : "total";
@@ -580,6 +778,13 @@ TrainResult Trainer::run() {
 
 void Trainer::export_llmc(const std::string& path) {
   Impl& s = *impl_;
+  if (s.tp * s.pp > 1) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("export to {}: the llm.c format holds the whole model, but this run holds it as "
+                            "tensor-parallel {} x pipeline {} parts",
+                            path, s.tp, s.pp),
+                "load the checkpoint into a tensor_parallel.size 1, pipeline.stages 1 run to export it");
+  }
   const int64_t n = s.model->num_params();
   const bool full_on_rank = s.zero->stage() == 0 || (s.zero->stage() < 3 && s.precision == Precision::kFp32);
   if (full_on_rank && s.dp() == 1) {

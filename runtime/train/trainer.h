@@ -18,9 +18,18 @@
 // which owns every collective: gradient buckets, parameter gathers, the partitioned optimizer
 // range. Each rank reads its own windows of the global batch (data/loader.h), scales its
 // gradients by 1/(G x N), and the logged loss and grad norm are those of the whole global batch.
-// Tensor and pipeline parallelism are refused until issue 6.
-// Checkpoints: every rank writes its partition of params/master/exp_avg/exp_avg_sq; the manifest
-// records dp size, stage and the partition boundaries; loading re-partitions for any dp size.
+// Tensor and pipeline parallelism (tensor_parallel.size, pipeline.stages): the world is the grid
+// of parallel/topology.h; each rank builds its tp, dp and pp groups (and the {first, last} stage
+// group for the tied token embedding), holds its stage's layers as its tp shard
+// (partition_stages), and stacks the hooks model -> TensorParallelHooks -> TiedEmbeddingHooks ->
+// ZeroEngine over its dp group. With a pipeline a step is one run of the stage's schedule (1F1B
+// or GPipe) over the G micro-batches, ZeRO seeing each backward event as a micro-batch; every
+// rank reads the step's micro-batches (the first stage uses the inputs, the last the targets).
+// The loss comes from tp rank 0 of the last stage; the gradient norm counts every element once
+// (replicated tensors on tp rank 0, the tied wte on the first stage), summed over the world.
+// Checkpoints: every rank writes its partition of params/master/exp_avg/exp_avg_sq of its part;
+// the manifest records tp, pp, dp, the ZeRO stage and every rank's partition; loading re-
+// partitions for any dp size and stage, with the same tp and pp (else a clear error).
 // Not here: collectives themselves (the engine calls them; the trainer calls none).
 #pragma once
 
