@@ -1,7 +1,13 @@
 // Job config -> plan input. Field by field; the config already validated ranges and the batch triad.
 #include "plan/from_config.h"
 
+#include <cmath>
+#include <limits>
+
+#include <fmt/format.h>
+
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace ds::plan {
 
@@ -57,6 +63,51 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   l.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
   return in;
+}
+
+RankMemory predicted_rank_memory(const config::JobConfig& c, int world_rank, int num_threads) {
+  PlanInput in = plan_input_from_config(c);
+  if (world_rank < 0 || world_rank >= in.layout.world_size()) {
+    throw invalid_argument("{}: rank {} lies outside the job's {} rank(s) (tensor-parallel {} x "
+                           "pipeline {} x data-parallel {})",
+                           c.path.empty() ? "config" : c.path, world_rank, in.layout.world_size(),
+                           in.layout.tp, in.layout.pp, in.layout.dp);
+  }
+  if (num_threads < 1) throw invalid_argument("threads per rank must be at least 1, got {}", num_threads);
+  in.layout.num_threads = num_threads;
+  MemoryPlan p = plan_memory(in.shape, in.layout);
+  return p.ranks.at(static_cast<size_t>(world_rank));
+}
+
+std::map<std::string, int64_t> tag_bytes(const RankMemory& r) {
+  return {{"params", r.params},          {"grads", r.grads}, {"optimizer", r.optimizer},
+          {"activations", r.activations}, {"comm", r.comm},   {"workspace", r.workspace},
+          {"total", r.total()}};
+}
+
+double relative_difference(int64_t planned, int64_t measured) {
+  if (planned == 0) return measured == 0 ? 0.0 : std::numeric_limits<double>::infinity();
+  return static_cast<double>(measured - planned) / static_cast<double>(planned);
+}
+
+std::string describe_prediction(const RankMemory& planned, const std::map<std::string, int64_t>& measured) {
+  std::string out = fmt::format("memory of rank {} (stage {}, layers {}-{}, tp rank {}, dp rank {}): plan vs "
+                                "measured peak\n",
+                                planned.rank, planned.stage, planned.layer_begin, planned.layer_end - 1,
+                                planned.tp_rank, planned.dp_rank);
+  const auto plan = tag_bytes(planned);
+  for (const char* tag : kTagNames) {
+    const int64_t p = plan.at(tag);
+    auto it = measured.find(tag);
+    std::string m = "?", diff;
+    if (it != measured.end()) {
+      m = format_bytes(static_cast<double>(it->second));
+      const double d = relative_difference(p, it->second);
+      diff = std::isinf(d) ? "(not planned)" : fmt::format("{:+.2f}%", 100.0 * d);
+    }
+    out += fmt::format("  {:<12} {:>12} {:>12} {:>9}\n", tag, format_bytes(static_cast<double>(p)), m, diff);
+  }
+  return out;
 }
 
 }  // namespace ds::plan
