@@ -25,6 +25,7 @@ struct AgentOptions {
   int node_rank = 0;
   std::string world_json;
   int64_t kill_timeout_ms = launch::kDefaultKillTimeout.count();
+  int64_t failure_grace_ms = launch::kDefaultFailureGrace.count();
   bool bind_cores = false;
   std::string cwd;
   bool serve_store = false;
@@ -39,6 +40,8 @@ void setup_agent(CLI::App& sub, AgentOptions& o) {
   sub.add_option("--node-rank", o.node_rank, "this node's index in the world");
   sub.add_option("--world", o.world_json, "the world as JSON (nodes, slots, master address/port)");
   sub.add_option("--kill-timeout-ms", o.kill_timeout_ms, "SIGTERM -> SIGKILL grace in ms");
+  sub.add_option("--failure-grace-ms", o.failure_grace_ms,
+                 "after a worker fails: ms the others may take to exit before SIGTERM");
   sub.add_flag("--bind-cores-to-rank", o.bind_cores, "pin each local rank to its block of CPUs");
   sub.add_option("--cwd", o.cwd, "the workers' working directory");
   sub.add_flag("--serve-store", o.serve_store, "host the job's store (node 0)");
@@ -81,6 +84,7 @@ int run_agent(const AgentOptions& o) {
   p.command = o.command;
   p.job_id = o.job_id;
   p.kill_timeout = Millis(o.kill_timeout_ms);
+  p.failure_grace = Millis(o.failure_grace_ms);
   p.bind_cores = o.bind_cores;
   p.cwd = o.cwd;
   p.serve_store = o.serve_store;

@@ -41,6 +41,7 @@ struct LaunchOptions {
   std::vector<std::string> command;  // after --
   // Running the job.
   double kill_timeout_s = 10.0;
+  double failure_grace_s = 5.0;
   std::string log_dir;
   std::string ranks_filter;
   bool bind_cores = false;
@@ -77,6 +78,11 @@ void setup_launch(CLI::App& sub, LaunchOptions& o) {
   sub.add_flag("--json", o.json, "with --dry-run: print a JSON array of ranks");
   sub.add_option("--kill-timeout", o.kill_timeout_s,
                  "seconds between SIGTERM and SIGKILL when tearing a job down (default 10)")
+      ->check(CLI::Range(0.0, 86400.0));
+  sub.add_option("--failure-grace", o.failure_grace_s,
+                 "when a rank fails, seconds the other ranks may take to exit on their own (and "
+                 "report, e.g., which peer died) before they are sent SIGTERM (default 5; Ctrl-C "
+                 "does not wait)")
       ->check(CLI::Range(0.0, 86400.0));
   sub.add_option("--log-dir", o.log_dir, "also write each rank's output to DIR/rank_<N>.log");
   sub.add_option("--ranks-filter", o.ranks_filter,
@@ -230,6 +236,7 @@ int run_launch(const LaunchOptions& o) {
     if (!given) spec.user_env.emplace_back("OMP_NUM_THREADS", omp);
   }
   spec.kill_timeout = Millis(static_cast<int64_t>(o.kill_timeout_s * 1000.0));
+  spec.failure_grace = Millis(static_cast<int64_t>(o.failure_grace_s * 1000.0));
   spec.bind_cores = o.bind_cores;
   spec.max_restarts = o.max_restarts;
   spec.store_port = o.store_port;

@@ -1,6 +1,9 @@
 // The agent's supervision loop. One poll() over: the signal pipe (SIGCHLD reaps, SIGINT/TERM/HUP
 // tear down), the controller's fd, and every worker's stdout and stderr pipe.
 //
+// After the first worker failure: a grace period (failure_grace) in which the others may exit on
+// their own, e.g. after reporting the dead peer from a collective; then teardown. A signal or a
+// controller stop skips the grace period.
 // Teardown: SIGTERM to the process group of every worker still running, then SIGKILL to those
 // left when the kill timeout passes. A worker reaped during teardown gets its group SIGKILLed
 // right away, so children it left in its group do not outlive it.
@@ -129,7 +132,9 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
 
   bool tearing_down = false;
   std::optional<Deadline> kill_at;
+  std::optional<Deadline> grace_until;  // set by the first failure when a grace period applies
   bool killed = false;
+  bool interrupted = false;  // a signal reached the agent: the next one SIGKILLs at once
   auto begin_teardown = [&] {
     if (tearing_down) return;
     tearing_down = true;
@@ -217,15 +222,21 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
       if (p != r.pid) continue;
       r.reaped = true;
       --running;
-      if (tearing_down) signal_group(r.pid, SIGKILL);  // leftovers in its group
+      ExitStatus es = ExitStatus::from_wait(st);
+      if (tearing_down || !es.ok()) signal_group(r.pid, SIGKILL);  // leftovers in its group
       pump(r, 0, true);
       pump(r, 1, true);
-      ExitStatus es = ExitStatus::from_wait(st);
       listener_.on_exit(r.spec->rank, es);
       result.exits.push_back({r.spec->rank, es});
-      if (!es.ok() && !tearing_down) {
+      if (!es.ok() && !tearing_down && !result.first_failure) {
         result.first_failure = WorkerExit{r.spec->rank, es};
-        begin_teardown();
+        if (config_.failure_grace.count() > 0 && running > 0) {
+          spdlog::debug("rank {} failed: the other {} local rank(s) get {} ms to exit on their own",
+                        r.spec->rank, running, config_.failure_grace.count());
+          grace_until = Deadline::after(config_.failure_grace);
+        } else {
+          begin_teardown();
+        }
       }
     }
   };
@@ -250,6 +261,7 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
     }
     int timeout = 1000;  // a safety net: reap even if a SIGCHLD byte was lost
     if (kill_at && !killed) timeout = std::min(timeout, kill_at->remaining_ms());
+    if (grace_until && !tearing_down) timeout = std::min(timeout, grace_until->remaining_ms());
     int n = ::poll(pfds.data(), pfds.size(), timeout);
     if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
     size_t base = control_open ? 2 : 1;
@@ -269,19 +281,26 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
       if (pfds[0].revents != 0) {
         for (int sig : signals_.drain()) {
           if (sig == SIGCHLD) continue;
-          if (tearing_down && result.stop_signal != 0 && !killed) {
+          if (tearing_down && interrupted && !killed) {
             // A second Ctrl-C: do not wait for the kill timeout.
             killed = true;
             for (auto& r : workers) {
               if (r.pid > 0 && !r.reaped) signal_group(r.pid, SIGKILL);
             }
           }
-          if (!tearing_down) result.stop_signal = sig;
+          interrupted = true;
+          // In the grace period after a failure, the failure stays the job's outcome.
+          if (!tearing_down && !result.first_failure) result.stop_signal = sig;
           begin_teardown();
         }
       }
     }
     reap();
+    if (grace_until && !tearing_down && running > 0 && grace_until->expired()) {
+      spdlog::debug("failure grace of {} ms over: stopping the {} local rank(s) still running",
+                    config_.failure_grace.count(), running);
+      begin_teardown();
+    }
     if (kill_at && !killed && kill_at->expired()) {
       killed = true;
       for (auto& r : workers) {

@@ -1,6 +1,8 @@
 // The per-node agent: spawns one worker per local slot with the environment contract, forwards
 // their output line by line, reaps them, and tears the node down on the first failure, on
-// SIGINT/SIGTERM/SIGHUP, or when its controller asks (a "stop" line or end of stdin).
+// SIGINT/SIGTERM/SIGHUP, or when its controller asks (a "stop" line or end of stdin). After a
+// worker failure the others get a grace period (AgentConfig::failure_grace) to exit on their own
+// first; signals and controller stops tear down at once.
 //
 // It runs in-process in `dstrain launch` for a single local node, and as `dstrain agent` (started
 // over SSH) on every node otherwise; the listener decides where events go (the console, or the
@@ -26,6 +28,7 @@
 namespace ds::launch {
 
 inline constexpr Millis kDefaultKillTimeout{10000};
+inline constexpr Millis kDefaultFailureGrace{5000};
 
 struct AgentConfig {
   World world;
@@ -35,6 +38,10 @@ struct AgentConfig {
   std::string token;                 // secret: only ever placed in the workers' environment
   EnvList user_env;                  // --env and .dstrain_env, applied last
   Millis kill_timeout = kDefaultKillTimeout;  // SIGTERM -> SIGKILL grace
+  // After the first worker fails: how long the others may take to exit on their own (so a
+  // survivor can report, say, which peer died in a collective) before SIGTERM. A signal to the
+  // agent or a controller stop ends the wait at once. 0: SIGTERM right away.
+  Millis failure_grace = kDefaultFailureGrace;
   bool bind_cores = false;           // pin local rank i to the i-th contiguous block of CPUs
   std::string cwd;                   // workers' working directory; empty: the agent's
 };
@@ -56,7 +63,8 @@ struct WorkerExit {
 
 struct GenerationResult {
   std::vector<WorkerExit> exits;            // every local worker, in the order they ended
-  std::optional<WorkerExit> first_failure;  // the first to fail before teardown began
+  std::optional<WorkerExit> first_failure;  // the first to fail (later failures, in the grace
+                                            // period or teardown, never replace it)
   int stop_signal = 0;                      // SIGINT/SIGTERM/SIGHUP that stopped the node, or 0
   bool stopped_by_controller = false;       // the controller asked to stop (or went away)
   bool ok() const { return !first_failure && stop_signal == 0 && !stopped_by_controller; }

@@ -152,6 +152,7 @@ int run_agent_process(const AgentProcessOptions& o) {
   cfg.job_id = o.job_id;
   cfg.token = line.substr(6);
   cfg.kill_timeout = o.kill_timeout;
+  cfg.failure_grace = o.failure_grace;
   cfg.bind_cores = o.bind_cores;
   if (!o.cwd.empty()) {
     std::error_code ec;

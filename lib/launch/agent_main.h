@@ -20,6 +20,7 @@ struct AgentProcessOptions {
   std::vector<std::string> command;
   std::string job_id;
   Millis kill_timeout = kDefaultKillTimeout;
+  Millis failure_grace = kDefaultFailureGrace;
   bool bind_cores = false;
   std::string cwd;           // workers' directory; when it does not exist here: a warning
   bool serve_store = false;  // node 0: host the store, report "store <port> <master_port>"

@@ -128,6 +128,7 @@ int run_local(const JobSpec& spec, OutputMux& mux) {
   cfg.token = make_job_token();
   cfg.user_env = spec.user_env;
   cfg.kill_timeout = spec.kill_timeout;
+  cfg.failure_grace = spec.failure_grace;
   cfg.bind_cores = spec.bind_cores;
   cfg.cwd = spec.cwd;
 
@@ -255,7 +256,13 @@ class SshJob {
       spdlog::debug("rank {} on {} ended: {}", *rank, n.spec->host, st.describe());
       if (!st.ok() && !failure_ && !stopping_) {
         failure_ = Failure{static_cast<int>(*rank), n.spec->host, st, {}};
-        stop_all();
+        // The other ranks get the failure grace to exit on their own (the failing node's agent
+        // waits the same time before its own teardown); then every node is stopped.
+        if (spec_.failure_grace.count() > 0) {
+          grace_until_ = Deadline::after(spec_.failure_grace);
+        } else {
+          stop_all();
+        }
       }
     } else if (verb == "started") {
       spdlog::debug("rank {} on {}: pid {}", f.size() > 1 ? f[1] : "?", n.spec->host,
@@ -359,6 +366,7 @@ class SshJob {
           mux_.restart_marker(restart_);
           failure_.reset();
           stopping_ = false;
+          grace_until_ = Deadline::never();
           for (auto& n : nodes_) n.gen_done = false;
           send_all(proto::msg_start(store_addr_, master_port_, restart_));
           continue;
@@ -373,6 +381,7 @@ class SshJob {
         quit_sent = true;
         quit_deadline = Deadline::after(Millis(3000));
       }
+      if (failure_ && !stopping_ && !quit_sent && grace_until_.expired()) stop_all();
       if (stopping_ && !quit_sent && stop_deadline_.expired()) {
         mux_.note("dstrain: some agents did not report within the kill timeout; closing their "
                   "connections (their nodes tear down on end of input)");
@@ -443,6 +452,7 @@ class SshJob {
   int restart_ = 0;
   bool stopping_ = false;
   Deadline stop_deadline_ = Deadline::never();
+  Deadline grace_until_ = Deadline::never();  // after a rank failure: when to stop every node
   bool interrupted_ = false;
   int interrupt_signal_ = 0;
   std::optional<Failure> failure_;
@@ -471,7 +481,8 @@ std::vector<std::string> agent_command(const JobSpec& spec, const std::string& j
   }
   cmd.insert(cmd.end(), {"agent", "--job-id", job_id, "--node-rank", std::to_string(node_rank),
                          "--world", proto::world_to_json(spec.world), "--kill-timeout-ms",
-                         std::to_string(spec.kill_timeout.count())});
+                         std::to_string(spec.kill_timeout.count()), "--failure-grace-ms",
+                         std::to_string(spec.failure_grace.count())});
   if (spec.bind_cores) cmd.push_back("--bind-cores-to-rank");
   if (!spec.cwd.empty()) {
     cmd.push_back("--cwd");

@@ -1,6 +1,7 @@
 // The launcher's side of a job: start one agent per node (in-process for a single local node,
 // over SSH otherwise), host or locate the store, relay output, tear every node down on the first
-// failure or a signal, restart under --max-restarts, and sum up.
+// failure (after the failure grace period, in which the other ranks may exit on their own) or at
+// once on a signal, restart under --max-restarts, and sum up.
 //
 // Exit status of a job: 0 when every rank exited 0; otherwise the first failing rank's exit code,
 // or 128+signal when it died by a signal; 128+signal when the launcher itself was interrupted;
@@ -29,6 +30,7 @@ struct JobSpec {
   std::vector<std::string> command;
   EnvList user_env;                      // --env and .dstrain_env (values are never printed)
   Millis kill_timeout = kDefaultKillTimeout;
+  Millis failure_grace = kDefaultFailureGrace;  // see AgentConfig::failure_grace
   bool bind_cores = false;
   int max_restarts = 0;
   int store_port = 0;                    // 0: a free port on node 0
