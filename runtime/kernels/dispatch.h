@@ -1,43 +1,202 @@
 // Kernel dispatch: the only place that knows whether a buffer's kernels run on the CPU or on a
-// CUDA device. Today every entry forwards to the CPU kernels (runtime/kernels/cpu/kernels.h);
-// the CUDA build will add `if (device == Device::kCuda) return cuda::name(..., stream);` here and
-// nowhere else. The model calls kernels through this header.
+// CUDA device. The model calls kernels through this header (kern::name(...) with the CPU
+// signatures of runtime/kernels/cpu/kernels.h); each call goes to cpu::name, or, in builds with
+// CUDA while the calling thread is inside a kern::DeviceScope for Device::kCuda, to
+// cuda::name(..., stream) (runtime/kernels/cuda/kernels.h) on the scope's stream.
+//
+// Contract of the CUDA side (only inside a DeviceScope(kCuda)):
+// - Every pointer passed must be device memory of the current device (Allocator with
+//   Device::kCuda); calls are asynchronous on the scope's stream.
+// - crossentropy_forward / crossentropy_softmax_backward return 0: invalid targets are not
+//   counted on the device (the caller validates targets on the host, as Gpt2::head does, before
+//   uploading them); their losses are still NaN.
+// - attention_scratch_floats(T) is 0 (the CUDA attention needs no scratch).
+// - gemm threading knobs (set_gemm_threading, ...) are CPU-only and not forwarded.
+// Without a scope (the default, and always in builds without CUDA) everything is the CPU kernel,
+// exactly as before.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
+#include "common/error.h"
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
+#ifdef DSTRAIN_HAVE_CUDA
+#include "kernels/cuda/kernels.h"
+#endif
 
 namespace ds::rt::kern {
 
-// The device the model's buffers live on. CPU only for now.
+// The default device of the model's buffers (no DeviceScope): the CPU.
 inline constexpr Device kDevice = Device::kCpu;
 
-using cpu::add_bias;
-using cpu::add_position;
-using cpu::encoder_backward_vocab;
-using cpu::encoder_forward_vocab;
-using cpu::vocab_ce_finish;
-using cpu::vocab_ce_max;
-using cpu::vocab_ce_sums;
-using cpu::attention_backward;
-using cpu::attention_forward;
-using cpu::attention_scratch_floats;
-using cpu::convert_bf16_to_f32;
-using cpu::convert_f16_to_f32;
-using cpu::convert_f32_to_bf16;
-using cpu::convert_f32_to_f16;
-using cpu::crossentropy_forward;
-using cpu::crossentropy_softmax_backward;
-using cpu::encoder_backward;
-using cpu::encoder_forward;
-using cpu::gelu_backward;
-using cpu::gelu_forward;
-using cpu::gemm;
-using cpu::layernorm_backward;
-using cpu::layernorm_forward;
-using cpu::matmul_backward;
-using cpu::matmul_forward;
-using cpu::residual_backward;
-using cpu::residual_forward;
+// Where this thread's kern:: calls run. stream is a cudaStream_t (nullptr = legacy default).
+struct KernelContext {
+  Device device = Device::kCpu;
+  void* stream = nullptr;
+};
+inline KernelContext& kernel_context() {
+  thread_local KernelContext c;
+  return c;
+}
+
+// RAII: kern:: calls of this thread run on `device` (and `stream`) until the scope ends; scopes
+// nest. Device::kCuda in a build without CUDA throws invalid_usage.
+class DeviceScope {
+ public:
+  explicit DeviceScope(Device device, void* stream = nullptr) : saved_(kernel_context()) {
+#ifndef DSTRAIN_HAVE_CUDA
+    if (device == Device::kCuda) {
+      throw Error(ErrorKind::kInvalidUsage,
+                  "kern::DeviceScope(Device::kCuda): this dstrain was built without CUDA");
+    }
+#endif
+    kernel_context() = KernelContext{device, stream};
+  }
+  ~DeviceScope() { kernel_context() = saved_; }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  KernelContext saved_;
+};
+
+inline bool on_cuda() {
+#ifdef DSTRAIN_HAVE_CUDA
+  return kernel_context().device == Device::kCuda;
+#else
+  return false;
+#endif
+}
+
+#ifdef DSTRAIN_HAVE_CUDA
+inline cudaStream_t cuda_stream() { return static_cast<cudaStream_t>(kernel_context().stream); }
+// DS_KERN(name, args...): the CUDA twin on this thread's stream inside a CUDA scope, else the CPU.
+#define DS_KERN(name, ...)                                        \
+  do {                                                            \
+    if (on_cuda()) return cuda::name(__VA_ARGS__, cuda_stream()); \
+    return cpu::name(__VA_ARGS__);                                \
+  } while (0)
+#else
+#define DS_KERN(name, ...) return cpu::name(__VA_ARGS__)
+#endif
+
+inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                 int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+  DS_KERN(gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+inline void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe,
+                            int B, int T, int C) {
+  DS_KERN(encoder_forward, out, inp, wte, wpe, B, T, C);
+}
+inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
+                             int B, int T, int C) {
+  DS_KERN(encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+}
+inline void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T,
+                                  int C, int v0, int Vl) {
+  DS_KERN(encoder_forward_vocab, out, inp, wte, B, T, C, v0, Vl);
+}
+inline void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B,
+                                   int T, int C, int v0, int Vl) {
+  DS_KERN(encoder_backward_vocab, dwte, dout, inp, B, T, C, v0, Vl);
+}
+inline void add_position(float* out, const float* wpe, int B, int T, int C) {
+  DS_KERN(add_position, out, wpe, B, T, C);
+}
+inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
+                              const float* weight, const float* bias, int B, int T, int C) {
+  DS_KERN(layernorm_forward, out, mean, rstd, inp, weight, bias, B, T, C);
+}
+inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                               const float* inp, const float* weight, const float* mean,
+                               const float* rstd, int B, int T, int C) {
+  DS_KERN(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+}
+inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
+                           int B, int T, int C, int OC) {
+  DS_KERN(matmul_forward, out, inp, weight, bias, B, T, C, OC);
+}
+inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                            const float* inp, const float* weight, int B, int T, int C, int OC) {
+  DS_KERN(matmul_backward, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
+}
+inline void add_bias(float* out, const float* bias, int N, int OC) {
+  DS_KERN(add_bias, out, bias, N, OC);
+}
+inline size_t attention_scratch_floats(int T) {
+  if (on_cuda()) return 0;
+  return cpu::attention_scratch_floats(T);
+}
+inline void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B,
+                              int T, int C, int NH) {
+  DS_KERN(attention_forward, out, lse, qkv, scratch, B, T, C, NH);
+}
+inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                               const float* lse, float* scratch, int B, int T, int C, int NH) {
+  DS_KERN(attention_backward, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH);
+}
+inline void gelu_forward(float* out, const float* inp, int64_t N) {
+  DS_KERN(gelu_forward, out, inp, N);
+}
+inline void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
+  DS_KERN(gelu_backward, dinp, inp, dout, N);
+}
+inline void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
+  DS_KERN(residual_forward, out, inp1, inp2, N);
+}
+inline void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N) {
+  DS_KERN(residual_backward, dinp1, dinp2, dout, N);
+}
+inline int64_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
+                                    int N, int V, int Vp) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) {
+    cuda::crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
+    return 0;
+  }
+#endif
+  return cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
+}
+inline int64_t crossentropy_softmax_backward(float* losses, float* logits_to_dlogits,
+                                             const int32_t* targets, float dloss, int N, int V,
+                                             int Vp) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) {
+    cuda::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp,
+                                        nullptr, cuda_stream());
+    return 0;
+  }
+#endif
+  return cpu::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp);
+}
+inline void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V) {
+  DS_KERN(vocab_ce_max, mx, logits, N, Vl, v0, V);
+}
+inline void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
+                          const int32_t* targets, int N, int Vl, int v0, int V) {
+  DS_KERN(vocab_ce_sums, sumexp, tlogit, logits, mx, targets, N, Vl, v0, V);
+}
+inline void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx,
+                            const float* sumexp, const float* tlogit, const int32_t* targets,
+                            float dloss, int N, int Vl, int v0, int V) {
+  DS_KERN(vocab_ce_finish, losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl,
+          v0, V);
+}
+inline void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N) {
+  DS_KERN(convert_f32_to_bf16, out, inp, N);
+}
+inline void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N) {
+  DS_KERN(convert_bf16_to_f32, out, inp, N);
+}
+inline void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N) {
+  DS_KERN(convert_f32_to_f16, out, inp, N);
+}
+inline void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N) {
+  DS_KERN(convert_f16_to_f32, out, inp, N);
+}
+
+#undef DS_KERN
 
 }  // namespace ds::rt::kern

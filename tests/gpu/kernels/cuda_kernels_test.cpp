@@ -14,6 +14,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cuda/adamw_args.h"
 #include "kernels/cuda/kernels.h"
+#include "kernels/dispatch.h"
 #include "optim/adamw.h"
 
 namespace ds::rt {
@@ -430,6 +431,21 @@ TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
   EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7));
   EXPECT_TRUE(close(from_bf16(pb.download()), rounded(p), 1e-2, 1e-6));
+}
+
+TEST_F(CudaKernels, DispatchRoutesToCudaInsideADeviceScope) {
+  const int64_t N = 1000;
+  auto a = random_floats(N, 1), b = random_floats(N, 2);
+  std::vector<float> ref(N);
+  kern::residual_forward(ref.data(), a.data(), b.data(), N);  // no scope: the CPU kernel
+  DeviceArray<float> da(a), db(b), out(N);
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    EXPECT_EQ(kern::attention_scratch_floats(64), 0u);
+    kern::residual_forward(out.get(), da.get(), db.get(), N);
+  }
+  EXPECT_TRUE(close(out.download(), ref, 0, 0));
+  EXPECT_EQ(kern::kernel_context().device, Device::kCpu);  // restored
 }
 
 }  // namespace
