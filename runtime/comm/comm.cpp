@@ -225,6 +225,17 @@ WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
   return submit(std::move(op), async);
 }
 
+CountLayout count_layout(std::span<const size_t> counts) {
+  CountLayout l;
+  l.offsets.reserve(counts.size());
+  for (size_t c : counts) {
+    l.offsets.push_back(l.total);
+    l.total += c;
+    l.largest = std::max(l.largest, c);
+  }
+  return l;
+}
+
 namespace {
 
 Comm::Op make_op(Comm::OpKind kind, const void* in, void* out, size_t count, DataType dtype) {

@@ -308,6 +308,17 @@ class Comm {
 };
 using CommPtr = std::shared_ptr<Comm>;
 
+// The per-rank layout of a reduce_scatter / all_gather (Comm::Op::counts), for the backends:
+// rank q's part starts at offsets[q] = counts[0] + ... + counts[q-1]; `total` is the sum of the
+// counts and `largest` the largest one (a chunked algorithm runs ceil(largest / piece) rounds).
+// Elements, not bytes. The counts were checked for overflow before a backend sees them.
+struct CountLayout {
+  std::vector<size_t> offsets;
+  size_t total = 0;
+  size_t largest = 0;
+};
+CountLayout count_layout(std::span<const size_t> counts);
+
 // ---------------------------------------------------------------------------------------------
 // Factories
 // ---------------------------------------------------------------------------------------------

@@ -285,13 +285,7 @@ void GlooComm::ring_all_reduce(const Op& op, Deadline dl) {
 void GlooComm::ring_reduce_scatter(const Op& op, Deadline dl) {
   const int n = size(), r = rank();
   const size_t es = dtype_size(op.dtype);
-  std::vector<size_t> off(static_cast<size_t>(n));
-  size_t total = 0, maxc = 0;
-  for (int q = 0; q < n; ++q) {
-    off[static_cast<size_t>(q)] = total;
-    total += op.counts[static_cast<size_t>(q)];
-    maxc = std::max(maxc, op.counts[static_cast<size_t>(q)]);
-  }
+  const auto [off, total, maxc] = count_layout(op.counts);
   const auto* in = static_cast<const uint8_t*>(op.in);
   auto* out = static_cast<uint8_t*>(op.out);
   const size_t mine = op.counts[static_cast<size_t>(r)];
@@ -330,12 +324,7 @@ void GlooComm::ring_reduce_scatter(const Op& op, Deadline dl) {
 void GlooComm::ring_all_gather(const Op& op, Deadline dl) {
   const int n = size(), r = rank();
   const size_t es = dtype_size(op.dtype);
-  std::vector<size_t> off(static_cast<size_t>(n));
-  size_t total = 0;
-  for (int q = 0; q < n; ++q) {
-    off[static_cast<size_t>(q)] = total;
-    total += op.counts[static_cast<size_t>(q)];
-  }
+  const auto [off, total, largest] = count_layout(op.counts);
   auto* out = static_cast<uint8_t*>(op.out);
   const size_t mine = op.counts[static_cast<size_t>(r)];
   if (mine && op.in != out + off[static_cast<size_t>(r)] * es) {

@@ -256,27 +256,26 @@ class NcclComm : public Comm {
                                   [&](size_t x) { return x == op.counts[0]; });
     const auto* in = static_cast<const uint8_t*>(op.in);
     auto* out = static_cast<uint8_t*>(op.out);
+    const std::vector<size_t> off = count_layout(op.counts).offsets;
     if (op.kind == OpKind::kReduceScatter) {
       if (even) {
         return call(ncclReduceScatter(in, out, op.counts[0], t, nccl_op(op.reduce), c, stream_));
       }
       call(ncclGroupStart());
-      size_t off = 0;
       for (int q = 0; q < size(); ++q) {
         const size_t n = op.counts[static_cast<size_t>(q)];
-        call(ncclReduce(in + off * es, out, n, t, nccl_op(op.reduce), q, c, stream_));
-        off += n;
+        call(ncclReduce(in + off[static_cast<size_t>(q)] * es, out, n, t, nccl_op(op.reduce), q,
+                        c, stream_));
       }
       return call(ncclGroupEnd());
     }
     if (even) return call(ncclAllGather(in, out, op.counts[0], t, c, stream_));
     call(ncclGroupStart());
-    size_t off = 0;
     for (int q = 0; q < size(); ++q) {
       const size_t n = op.counts[static_cast<size_t>(q)];
-      const void* src = q == rank() ? static_cast<const void*>(in) : out + off * es;
-      call(ncclBroadcast(src, out + off * es, n, t, q, c, stream_));
-      off += n;
+      uint8_t* dst = out + off[static_cast<size_t>(q)] * es;
+      const void* src = q == rank() ? static_cast<const void*>(in) : dst;
+      call(ncclBroadcast(src, dst, n, t, q, c, stream_));
     }
     call(ncclGroupEnd());
   }

@@ -537,13 +537,7 @@ class ShmComm : public GlooComm {
     const size_t es = dtype_size(op.dtype);
     const size_t sub = chunk_ / static_cast<size_t>(n) / 64 * 64;
     const size_t per = std::max<size_t>(1, sub / es);
-    std::vector<size_t> off(static_cast<size_t>(n));
-    size_t total = 0, maxc = 0;
-    for (int q = 0; q < n; ++q) {
-      off[static_cast<size_t>(q)] = total;
-      total += op.counts[static_cast<size_t>(q)];
-      maxc = std::max(maxc, op.counts[static_cast<size_t>(q)]);
-    }
+    const auto [off, total, maxc] = count_layout(op.counts);
     const auto* in = static_cast<const uint8_t*>(op.in);
     auto* out = static_cast<uint8_t*>(op.out);
     std::vector<const void*> srcs(static_cast<size_t>(n));
@@ -574,13 +568,7 @@ class ShmComm : public GlooComm {
     const int n = size(), r = rank();
     const size_t es = dtype_size(op.dtype);
     const size_t per = std::max<size_t>(1, chunk_ / es);
-    std::vector<size_t> off(static_cast<size_t>(n));
-    size_t total = 0, maxc = 0;
-    for (int q = 0; q < n; ++q) {
-      off[static_cast<size_t>(q)] = total;
-      total += op.counts[static_cast<size_t>(q)];
-      maxc = std::max(maxc, op.counts[static_cast<size_t>(q)]);
-    }
+    const auto [off, total, maxc] = count_layout(op.counts);
     const auto* in = static_cast<const uint8_t*>(op.in);
     auto* out = static_cast<uint8_t*>(op.out);
     const size_t mine = op.counts[static_cast<size_t>(r)];
@@ -647,8 +635,7 @@ class ShmComm : public GlooComm {
     const size_t es = dtype_size(op.dtype);
     const void* p = nullptr;
     size_t bytes = 0;
-    size_t total = 0;
-    for (size_t c : op.counts) total += c;
+    const size_t total = count_layout(op.counts).total;
     switch (op.kind) {
       case OpKind::kAllReduce:
         p = op.out;
@@ -723,8 +710,7 @@ class ShmComm : public GlooComm {
   void zc_reduce_scatter(const Op& op, Deadline dl) {
     const int n = size(), r = rank();
     const size_t es = dtype_size(op.dtype);
-    size_t off = 0;
-    for (int q = 0; q < r; ++q) off += op.counts[static_cast<size_t>(q)];
+    const size_t off = count_layout(op.counts).offsets[static_cast<size_t>(r)];
     arrive();
     wait_peers(op, dl);
     const size_t mine = op.counts[static_cast<size_t>(r)];
@@ -746,13 +732,12 @@ class ShmComm : public GlooComm {
     auto* out = static_cast<uint8_t*>(op.out);
     arrive();
     wait_peers(op, dl);
-    size_t off = 0, my_off = 0;
+    const std::vector<size_t> off = count_layout(op.counts).offsets;
+    const size_t my_off = off[static_cast<size_t>(r)];
     for (int q = 0; q < n; ++q) {
       const size_t c = op.counts[static_cast<size_t>(q)];
-      if (q == r) my_off = off;
       // A peer with an empty piece published its output's location: nothing to read there.
-      if (q != r && c) std::memcpy(out + off * es, peer_buffer(q), c * es);
-      off += c;
+      if (q != r && c) std::memcpy(out + off[static_cast<size_t>(q)] * es, peer_buffer(q), c * es);
     }
     const size_t mine = op.counts[static_cast<size_t>(r)];
     if (mine && op.in != out + my_off * es) std::memmove(out + my_off * es, op.in, mine * es);

@@ -446,6 +446,18 @@ TEST(CommBackend, ParseAndNames) {
   EXPECT_EQ(dtype_size(DataType::kInt64), 8u);
 }
 
+TEST(CommBackend, CountLayoutGivesOffsetsTotalAndLargest) {
+  const std::vector<size_t> counts = {3, 0, 5, 2};
+  CountLayout l = count_layout(counts);
+  EXPECT_EQ(l.offsets, (std::vector<size_t>{0, 3, 3, 8}));
+  EXPECT_EQ(l.total, 10u);
+  EXPECT_EQ(l.largest, 5u);
+  CountLayout empty = count_layout(std::vector<size_t>{0, 0});
+  EXPECT_EQ(empty.offsets, (std::vector<size_t>{0, 0}));
+  EXPECT_EQ(empty.total, 0u);
+  EXPECT_EQ(empty.largest, 0u);
+}
+
 TEST(CommBackend, AutoPicksShmOnOneHost) {
   CommOptions o;
   o.timeout = Millis(20000);
