@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -144,6 +145,9 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   RunResult res;
   if (is_last()) res.losses.assign(static_cast<size_t>(m), 0.0f);
   res.activations_allocated = static_cast<int>(acts_.size());
+  using Clock = std::chrono::steady_clock;
+  const auto t_start = Clock::now();
+  auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
 
   for (const auto& e : events) {
     const MicroBatch& mb = mbs[e.mb];
@@ -154,8 +158,10 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
       case EventKind::kForward: {
         Gpt2Activations& a = acts_of(e.mb);
         if (opt.before_event) opt.before_event(e);
+        const auto t0 = Clock::now();
         if (is_first()) model_.embed_forward(a, mb.tokens);
         model_.blocks_forward(a, part.layer_begin, part.layer_end);
+        res.compute_seconds += since(t0);
         if (opt.after_event) opt.after_event(e);
         break;
       }
@@ -178,10 +184,12 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         wait(grad_send);
         wait(act_sends[e.mb]);
         if (opt.before_event) opt.before_event(e);
+        const auto t0 = Clock::now();
         if (is_last())
           res.losses[e.mb] = model_.head_forward_backward(a, mb.targets, opt.grad_scale);
         model_.blocks_backward(a, part.layer_begin, part.layer_end);
         if (is_first()) model_.embed_backward(a, mb.tokens);
+        res.compute_seconds += since(t0);
         if (opt.after_event) opt.after_event(e);
         free_slots.push_back(slot[e.mb]);
         slot[e.mb] = -1;
@@ -194,6 +202,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   }
   wait(grad_send);
   for (auto& w : act_sends) wait(w);
+  res.seconds = since(t_start);
   if (opt.reduce_tied_grads) reduce_tied_grads(opt.wte_grad);
   return res;
 }

@@ -77,6 +77,11 @@ struct RunResult {
   // Last stage: the mean loss of each micro-batch, indexed by mb; other stages: empty.
   std::vector<float> losses;
   int activations_allocated = 0;  // Gpt2Activations held (the schedule's peak in flight)
+  // Wall time of the schedule (its events and the final waits, before the tied-gradient sum) and
+  // the part of it spent in the model's forward and backward (without the hooks' before/after
+  // calls). 1 - compute_seconds / seconds is the stage's measured bubble (idle, waiting for its
+  // neighbours), comparable with the (pp - 1) / (m + pp - 1) of a balanced pipeline.
+  double seconds = 0, compute_seconds = 0;
 };
 
 class PipelineStage {

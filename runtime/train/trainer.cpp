@@ -661,6 +661,7 @@ TrainResult Trainer::run() {
     const float grad_scale = static_cast<float>(loss_scale / micro_batches);
     const bool kill_here = step == s.opt.kill_at_step && s.rank == s.opt.kill_rank;
     double loss_sum = 0;  // this rank's micro-batch losses (the last stage's, with a pipeline)
+    double bubble = -1;   // with a pipeline: the share of the schedule's time this stage idled
     if (s.pp == 1) {
       for (int g = 0; g < s.G; ++g) {
         s.loader->next(s.mb_inputs(0), s.mb_targets(0));
@@ -688,7 +689,9 @@ TrainResult Trainer::run() {
         if (kill_here && e.mb == 0) ::raise(SIGKILL);
         s.zero->end_micro_batch();
       };
-      for (float l : s.stage->run_schedule(s.events, mbs, ro).losses) loss_sum += l;
+      const auto res = s.stage->run_schedule(s.events, mbs, ro);
+      for (float l : res.losses) loss_sum += l;
+      bubble = res.seconds > 0 ? 1.0 - res.compute_seconds / res.seconds : 0.0;
       if (s.tied_hooks) {  // the tied wte gradient, summed over both stages, joins ZeRO's reduction
         s.zero->begin_micro_batch(true, true);
         s.tied_hooks->hand_over();
@@ -742,6 +745,7 @@ TrainResult Trainer::run() {
     r.skipped = skip;
     r.ms_per_step = ms_step;
     r.tokens_per_s = tokens_per_step / (ms_step / 1000.0);
+    if (bubble >= 0) r.extra["pipeline_bubble"] = bubble;  // rank 0's: the first stage's
     auto stats = s.alloc.stats();
     std::vector<int64_t> mine;
     for (int t = 0; t < kNumMemTags; ++t) {
