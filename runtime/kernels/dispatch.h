@@ -18,12 +18,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "common/error.h"
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
 #ifdef DSTRAIN_HAVE_CUDA
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/memory.h"
 #endif
 
 namespace ds::rt::kern {
@@ -68,6 +70,28 @@ inline bool on_cuda() {
 #else
   return false;
 #endif
+}
+
+// Memory moves of the model's buffers, routed like the kernels: on the CPU plain memset/memcpy;
+// inside a CUDA scope stream-ordered CUDA copies (copy_to_host returns when the data is there,
+// copy_from_host when the host source may be reused).
+inline void fill_zero(void* p, size_t bytes) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) return cuda::memset_zero_async(p, bytes, kernel_context().stream);
+#endif
+  if (bytes > 0) std::memset(p, 0, bytes);
+}
+inline void copy_to_host(void* dst, const void* src, size_t bytes) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) return cuda::copy_to_host(dst, src, bytes, kernel_context().stream);
+#endif
+  if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+inline void copy_from_host(void* dst, const void* src, size_t bytes) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) return cuda::copy_to_device(dst, src, bytes, kernel_context().stream);
+#endif
+  if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
 #ifdef DSTRAIN_HAVE_CUDA

@@ -47,9 +47,18 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
   NHl_ = shape_.n_head / part_.tp;
   Vp_l_ = shape_.padded_vocab_size / part_.tp;
   layout_ = ms::param_layout(shape_, part_);
+  if (opt_.device == Device::kCudaHost) {
+    throw invalid_argument("Gpt2Options::device: pinned host memory (kCudaHost) is for offload "
+                           "buffers; the model runs on kCpu or kCuda");
+  }
+  const Device dev = opt_.device;
   const size_t pbytes = static_cast<size_t>(layout_.total) * sizeof(float);
-  if (opt_.own_params) params_ = alloc_.allocate(pbytes, MemTag::kParams, "gpt2 parameters");
-  if (opt_.own_grads) grads_ = alloc_.allocate(pbytes, MemTag::kGrads, "gpt2 gradients");
+  if (opt_.own_params) params_ = alloc_.allocate(pbytes, MemTag::kParams, "gpt2 parameters", dev);
+  if (opt_.own_grads) grads_ = alloc_.allocate(pbytes, MemTag::kGrads, "gpt2 gradients", dev);
+  if (dev == Device::kCuda) {
+    dev_ids_ = alloc_.allocate(2 * static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t),
+                               MemTag::kWorkspace, "gpt2 device token ids", dev);
+  }
 
   threads_ = omp_get_max_threads();
   ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, threads_, opt_.head_chunk_rows};
@@ -66,9 +75,9 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
     (b.tag == ms::ActTag::kActivations ? n_act : n_ws) += b.numel;
   }
   shared_act_ = alloc_.allocate(static_cast<size_t>(n_act) * 4, MemTag::kActivations,
-                                "gpt2 shared activations");
+                                "gpt2 shared activations", dev);
   shared_ws_ = alloc_.allocate(static_cast<size_t>(n_ws) * 4, MemTag::kWorkspace,
-                               "gpt2 workspace");
+                               "gpt2 workspace", dev);
   float* pa = shared_act_.as<float>();
   float* pw = shared_ws_.as<float>();
   for (const auto& b : act_list_) {
@@ -111,7 +120,7 @@ Gpt2Activations Gpt2::make_activations() {
     if (b.scope == ms::ActScope::kPerMicroBatch) total += b.numel;
   }
   a.buf_ = alloc_.allocate(static_cast<size_t>(total) * 4, MemTag::kActivations,
-                           "gpt2 micro-batch activations");
+                           "gpt2 micro-batch activations", opt_.device);
   a.layers.assign(static_cast<size_t>(nl), recompute_);
   float* cursor = a.buf_.as<float>();
   for (const auto& b : act_list_) {
@@ -170,7 +179,16 @@ float* Gpt2::grad(ParamId id, int layer) {
 }
 
 void Gpt2::zero_grads() {
-  if (!grads_.empty()) std::memset(grads_.data(), 0, grads_.bytes());
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  if (!grads_.empty()) kern::fill_zero(grads_.data(), grads_.bytes());
+}
+
+const int32_t* Gpt2::ids_for_kernels(const int32_t* host, int slot) {
+  if (opt_.device != Device::kCuda) return host;
+  const size_t n = static_cast<size_t>(opt_.B) * opt_.T;
+  int32_t* dst = dev_ids_.as<int32_t>() + static_cast<size_t>(slot) * n;
+  kern::copy_from_host(dst, host, n * sizeof(int32_t));
+  return dst;
 }
 
 LayerWeights Gpt2::layer_weights(float* base) const {
@@ -240,6 +258,8 @@ void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
                              tokens[i], i, i / opt_.T, i % opt_.T, shape_.vocab_size);
     }
   }
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   const float* pte = unit_params(wte);
   const float* ppe = unit_params(wpe);
@@ -259,6 +279,8 @@ void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
 
 void Gpt2::embed_backward(Gpt2Activations& a, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   if (part_.tp == 1) {
     kern::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
@@ -296,6 +318,7 @@ void Gpt2::layer_forward(LayerActs& a, const float* x, const LayerWeights& w, bo
 
 void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_forward");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
     const Unit u{UnitKind::kLayer, l};
     const LayerWeights w = layer_weights(const_cast<float*>(unit_params(u)));
@@ -306,6 +329,7 @@ void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
 
 void Gpt2::blocks_backward(Gpt2Activations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_backward");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int B = opt_.B, T = opt_.T, C = C_;
   const int64_t BTC = static_cast<int64_t>(B) * T * C;
   for (int l = l1 - 1; l >= l0; l--) {
@@ -355,6 +379,8 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
                              targets[i], i, i / T, i % T, V);
     }
   }
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  targets = ids_for_kernels(targets, 1);
   const float* x = output(a);
   kern::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnfw, lnfb, B, T, C);
   float* gte = backward ? unit_grads(wte) : nullptr;
@@ -393,7 +419,7 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
   DS_CHECK(bad == 0, "targets were validated");
   if (backward) {
     float* gf = unit_grads(lnf);
-    std::memset(dres_, 0, static_cast<size_t>(BT) * C * sizeof(float));
+    kern::fill_zero(dres_, static_cast<size_t>(BT) * C * sizeof(float));
     kern::layernorm_backward(dres_, gf + layout_.offset_in_unit(ParamId::kLnfw),
                              gf + layout_.offset_in_unit(ParamId::kLnfb), dln_, x, lnfw,
                              a.lnf_mean, a.lnf_rstd, B, T, C);
@@ -402,8 +428,15 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
   }
   hooks_->params_done(wte);
   hooks_->params_done(lnf);
+  const float* losses = a.losses;
+  std::vector<float> host_losses;
+  if (opt_.device == Device::kCuda) {
+    host_losses.resize(static_cast<size_t>(BT));
+    kern::copy_to_host(host_losses.data(), a.losses, host_losses.size() * sizeof(float));
+    losses = host_losses.data();
+  }
   double sum = 0.0;
-  for (int i = 0; i < BT; i++) sum += a.losses[i];
+  for (int i = 0; i < BT; i++) sum += losses[i];
   return static_cast<float>(sum / BT);
 }
 

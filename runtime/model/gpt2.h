@@ -45,6 +45,14 @@ struct Gpt2Options {
   int head_chunk_rows = 0;   // rows of logits at once; 0: model_spec::head_chunk_rows_default
   bool own_params = true;    // allocate the flat parameter buffer (false: hooks serve parameters)
   bool own_grads = true;     // allocate the flat gradient buffer (false: hooks serve them)
+  // Where the model's buffers live and its kernels run. Device::kCuda (builds with CUDA): every
+  // buffer is device memory of the current device, kernels run on `cuda_stream` (a cudaStream_t;
+  // nullptr = the legacy default stream) through kern::DeviceScope; params()/grads()/param()/
+  // grad() and the activations are then DEVICE pointers. Token ids are still passed as HOST
+  // pointers (validated on the host, uploaded into a small device buffer, tag workspace, 2*B*T
+  // int32). The mean loss returned by head_* is copied back (synchronising the stream).
+  Device device = Device::kCpu;
+  void* cuda_stream = nullptr;
 };
 
 // Views of one layer's tensors (this tp rank's part), shapes with Cl = C/tp etc.
@@ -149,6 +157,9 @@ class Gpt2 {
   float head(Gpt2Activations& a, const int32_t* targets, bool backward, float grad_scale);
   void check_layers(int l0, int l1, const char* what) const;
   const float* layer_input(Gpt2Activations& a, int l);
+  // Host token ids as the kernels need them: the host pointer on the CPU; on a CUDA device the
+  // ids uploaded into slot 0 (tokens) or 1 (targets) of dev_ids_.
+  const int32_t* ids_for_kernels(const int32_t* host, int slot);
 
   model_spec::Gpt2Shape shape_;
   model_spec::ModelPart part_;
@@ -162,6 +173,7 @@ class Gpt2 {
   int C_, Cl_, NHl_, Vp_l_;
   Buffer params_, grads_;
   Buffer shared_act_, shared_ws_;
+  Buffer dev_ids_;  // (2, B, T) int32 on a CUDA device; empty on the CPU
   LayerActs recompute_{};  // shared recompute buffers (recompute only)
   float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datty_ = nullptr, *dfch_ = nullptr;
   float *att_scratch_ = nullptr, *logits_ = nullptr, *ce_stats_ = nullptr;

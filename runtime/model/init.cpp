@@ -5,8 +5,10 @@
 #include <omp.h>
 
 #include <cmath>
+#include <vector>
 
 #include "common/error.h"
+#include "kernels/dispatch.h"
 #include "model/gpt2.h"
 #include "model/init.h"
 
@@ -63,11 +65,22 @@ void Gpt2::init_weights(uint64_t seed) {
     throw invalid_usage("init_weights on a model built without its own parameters: generate "
                         "each shard with init_tensor_values");
   }
+  // On a CUDA device: generate into a host copy (transient, outside the allocator), upload once.
+  std::vector<float> host;
+  float* dst = params_.as<float>();
+  if (opt_.device == Device::kCuda) {
+    host.resize(static_cast<size_t>(layout_.total));
+    dst = host.data();
+  }
   const auto all = ms::gpt2_params(shape_);
   for (const auto& ts : layout_.tensors) {
     const auto& t = all[static_cast<size_t>(ts.id)];
-    init_tensor_values(params_.as<float>() + ts.offset, t, ts.layer, shape_.n_layer, part_.tp,
+    init_tensor_values(dst + ts.offset, t, ts.layer, shape_.n_layer, part_.tp,
                        part_.tp_rank, seed, 0, ts.numel);
+  }
+  if (opt_.device == Device::kCuda) {
+    kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+    kern::copy_from_host(params_.data(), host.data(), host.size() * sizeof(float));
   }
 }
 

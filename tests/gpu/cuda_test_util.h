@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "common/error.h"
 #include "core/device.h"
 
 namespace ds::test {

@@ -168,6 +168,28 @@ void pinned_free(void* p) noexcept {
   }
 }
 
+void memset_zero_async(void* p, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  DS_CUDA_CHECK(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream)));
+}
+
+void copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  cudaPointerAttributes attr{};
+  DS_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
+  // A pinned source is read by the DMA later: wait so the caller may reuse it at once.
+  if (attr.type == cudaMemoryTypeHost) DS_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  auto s = static_cast<cudaStream_t>(stream);
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  DS_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
 BlockCacheStats device_cache_stats(int device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

@@ -32,6 +32,17 @@ void device_free(void* p) noexcept;
 void* pinned_alloc(size_t bytes, std::string_view what);
 void pinned_free(void* p) noexcept;
 
+// Stream-ordered helpers for host code that must not include CUDA headers; `stream` is a
+// cudaStream_t (nullptr = the legacy default stream). Errors throw through DS_CUDA_CHECK.
+// memset_zero_async: bytes of device memory at p set to 0, in stream order.
+void memset_zero_async(void* p, size_t bytes, void* stream);
+// copy_to_device_async: host -> device in stream order; the host source may be reused as soon as
+// the call returns (pageable sources are staged by CUDA; pinned ones are copied synchronously
+// here to keep that promise).
+void copy_to_device(void* dst, const void* src, size_t bytes, void* stream);
+// copy_to_host: device -> host after the work queued on `stream`; returns when the data is there.
+void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+
 // The cache of one device (zeros for a device never allocated on).
 BlockCacheStats device_cache_stats(int device);
 // Returns the cached (free) blocks of every device to CUDA.
