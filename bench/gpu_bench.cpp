@@ -1,0 +1,168 @@
+// gpu_bench: tokens/s and MFU of GPT-2 training steps (forward + backward + fused AdamW) on ONE
+// GPU, through the model's device path (Gpt2Options::device = kCuda, runtime/kernels/cuda).
+//
+//   gpu_bench [--model 124m|350m|all] [--batch B] [--seq T] [--steps N] [--warmup N]
+//             [--recompute] [--peak-tflops P] [--fp32-peak-tflops P] [--device D]
+//
+// What it measures, honestly: the model computes in fp32 (there is no bf16 model path yet, see
+// docs/gpu.md), with cuBLAS in pedantic fp32 and a simple warp-per-row attention. MFU is
+//   (6 x params + 12 x n_layer x n_embd x T) x tokens/s / peak
+// (PaLM's appendix B count: weights and attention, forward + backward) against the bf16
+// dense peak (790 TFLOP/s for an H200, --peak-tflops) and, for reference, against the fp32 peak
+// (--fp32-peak-tflops, 67 for an H100/H200 SXM). Without a GPU it says so and exits 0.
+// Not a test: it prints figures and never fails on them.
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "kernels/cuda/adamw_args.h"
+#include "kernels/cuda/kernels.h"
+#include "kernels/cuda/memory.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+
+using namespace ds::rt;
+namespace ms = ds::model_spec;
+
+namespace {
+
+struct Options {
+  std::string model = "124m";
+  int B = 8, T = 1024, steps = 10, warmup = 2, device = 0;
+  bool recompute = false;
+  double peak_tflops = 790, fp32_peak_tflops = 67;
+};
+
+ms::Gpt2Shape shape_of(const std::string& name) {
+  if (name == "124m") return ms::Gpt2Shape::gpt2_124m();
+  if (name == "350m") return ms::Gpt2Shape{24, 16, 1024, 50257, 50304, 1024};
+  std::fprintf(stderr, "gpu_bench: --model must be 124m, 350m or all, got '%s'\n", name.c_str());
+  std::exit(2);
+}
+
+std::vector<int32_t> random_ids(uint32_t seed, size_t n, int V) {
+  std::vector<int32_t> v(n);
+  uint32_t x = seed;
+  for (auto& t : v) {
+    x = x * 1664525u + 1013904223u;
+    t = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(V));
+  }
+  return v;
+}
+
+void run(const Options& o, const std::string& name) {
+  const auto s = shape_of(name);
+  Allocator alloc;
+  Gpt2Options go{o.B, o.T};
+  go.recompute = o.recompute;
+  go.device = Device::kCuda;
+  Gpt2 model(s, ms::ModelPart::whole(s), go, alloc);
+  model.init_weights(1);
+  auto acts = model.make_activations();
+  const int64_t n = model.num_params();
+  Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m", Device::kCuda);
+  Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v", Device::kCuda);
+  optim::AdamWConfig cfg;
+  cfg.weight_decay = 0.1;
+  const size_t bt = static_cast<size_t>(o.B) * o.T;
+  double seconds = 0;
+  float loss = 0;
+  for (int step = 1; step <= o.warmup + o.steps; step++) {
+    const auto tok = random_ids(2u * static_cast<uint32_t>(step), bt, s.vocab_size);
+    const auto tgt = random_ids(2u * static_cast<uint32_t>(step) + 1u, bt, s.vocab_size);
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grads();
+    loss = model.forward_backward(acts, tok.data(), tgt.data(), 1.0f);
+    const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
+    cuda::adamw_update(cuda::adamw_scalars(st), model.params(), model.grads(), m.as<float>(),
+                       v.as<float>(), n, true, nullptr, nullptr);
+    if (cudaDeviceSynchronize() != cudaSuccess) {
+      std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
+      std::exit(1);
+    }
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (step > o.warmup) seconds += dt;
+    std::printf("  %s step %2d  loss %.4f  %.1f ms%s\n", name.c_str(), step, loss, dt * 1e3,
+                step <= o.warmup ? "  (warm-up)" : "");
+  }
+  const double tok_s = static_cast<double>(bt) * o.steps / seconds;
+  const double flops_per_token =
+      6.0 * static_cast<double>(n) + 12.0 * s.n_layer * s.n_embd * static_cast<double>(o.T);
+  const double achieved = flops_per_token * tok_s;
+  const auto cache = cuda::device_cache_stats(o.device);
+  std::printf(
+      "gpt2-%s fp32 B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, MFU %.2f%% of %.0f "
+      "TFLOP/s bf16 (%.1f%% of %.0f fp32); params %.1fM; allocator peak %.2f GiB, device cache "
+      "reserved %.2f GiB\n",
+      name.c_str(), o.B, o.T, o.recompute ? " recompute" : "", seconds / o.steps * 1e3, tok_s,
+      achieved / 1e12, 100.0 * achieved / (o.peak_tflops * 1e12), o.peak_tflops,
+      100.0 * achieved / (o.fp32_peak_tflops * 1e12), o.fp32_peak_tflops,
+      static_cast<double>(n) / 1e6, static_cast<double>(alloc.peak_total()) / (1 << 30),
+      static_cast<double>(cache.peak_reserved_bytes) / (1 << 30));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; i++) {
+    const std::string a = argv[i];
+    auto next = [&]() -> const char* {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "gpu_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") o.model = next();
+    else if (a == "--batch") o.B = std::atoi(next());
+    else if (a == "--seq") o.T = std::atoi(next());
+    else if (a == "--steps") o.steps = std::atoi(next());
+    else if (a == "--warmup") o.warmup = std::atoi(next());
+    else if (a == "--device") o.device = std::atoi(next());
+    else if (a == "--recompute") o.recompute = true;
+    else if (a == "--peak-tflops") o.peak_tflops = std::atof(next());
+    else if (a == "--fp32-peak-tflops") o.fp32_peak_tflops = std::atof(next());
+    else {
+      std::fprintf(stderr, "gpu_bench: unknown option %s (see the header of bench/gpu_bench.cpp)\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  if (o.B < 1 || o.T < 1 || o.T > 1024 || o.steps < 1 || o.warmup < 0) {
+    std::fprintf(stderr, "gpu_bench: need --batch >= 1, 1 <= --seq <= 1024, --steps >= 1\n");
+    return 2;
+  }
+  const auto acc = query_accelerators();
+  if (acc.gpus.empty()) {
+    std::printf("gpu_bench: no CUDA device visible (%s); nothing to measure\n", acc.status.c_str());
+    return 0;
+  }
+  if (cudaSetDevice(o.device) != cudaSuccess) {
+    std::fprintf(stderr, "gpu_bench: cannot use device %d\n", o.device);
+    return 2;
+  }
+  const auto& g = acc.gpus[static_cast<size_t>(o.device)];
+  std::printf("gpu_bench on [%d] %s, %.0f GiB, sm_%d%d, CUDA runtime %s, driver %s\n", o.device,
+              g.name.c_str(), static_cast<double>(g.total_bytes) / (1 << 30), g.sm_major,
+              g.sm_minor, acc.cuda_runtime.c_str(), acc.cuda_driver.c_str());
+  try {
+    if (o.model == "all") {
+      run(o, "124m");
+      run(o, "350m");
+    } else {
+      run(o, o.model);
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
