@@ -185,7 +185,65 @@ void adamw_launch(const AdamWScalars& s, float* params, const G* grads, float* m
   DS_CUDA_CHECK_LAUNCH("adamw_kernel");
 }
 
+// ---- sum of squares: per-block partials, then one block, both in a fixed order ----
+
+__device__ inline double warp_sum_d(double v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Block of kThreads threads; returns the block's sum to every thread.
+__device__ inline double block_sum_d(double v) {
+  __shared__ double part[kThreads / 32];
+  v = warp_sum_d(v);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  double t = 0.0;
+  for (int w = 0; w < kThreads / 32; w++) t += part[w];
+  return t;
+}
+
+__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+  double s = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+__global__ void sum_squares_final_kernel(double* out, const double* partial, int nparts) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < nparts; i += blockDim.x) s += partial[i];
+  s = block_sum_d(s);
+  if (threadIdx.x == 0) *out = s;
+}
+
+__global__ void scale_kernel(float* x, int64_t n, float coef) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] *= coef;
+  }
+}
+
 }  // namespace
+
+void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
+                    cudaStream_t stream) {
+  sum_squares_partial_kernel<<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
+                                                                         n > 0 ? n : 0);
+  DS_CUDA_CHECK_LAUNCH("sum_squares_partial_kernel");
+  sum_squares_final_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kSumSquaresBlocks);
+  DS_CUDA_CHECK_LAUNCH("sum_squares_final_kernel");
+}
+
+void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
+  if (n <= 0 || coef == 1.0f) return;
+  scale_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, coef);
+  DS_CUDA_CHECK_LAUNCH("scale_kernel");
+}
 
 // Every launcher returns early on empty work: a grid of 0 blocks is a launch error.
 #define DS_ELEMENTWISE(kernel, n, ...)                                              \

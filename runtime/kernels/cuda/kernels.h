@@ -182,4 +182,14 @@ void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_
                              float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
                              uint16_t* params_bf16, cudaStream_t stream);
 
+// ---- gradient norm and scaling (optim/clip.h on the device) -------------------------------------
+
+// *out (device, one double) = sum of x[i]^2 over n floats, accumulated in double, in a fixed
+// order (deterministic): kSumSquaresBlocks partial sums into `scratch` (device, that many
+// doubles), then one block adds them. inf/nan inputs make it non-finite, as on the CPU.
+inline constexpr int kSumSquaresBlocks = 256;
+void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cudaStream_t stream);
+// x[i] *= coef; nothing is launched when coef == 1.
+void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
+
 }  // namespace ds::rt::cuda

@@ -16,6 +16,7 @@
 #include "kernels/cuda/kernels.h"
 #include "kernels/dispatch.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 
 namespace ds::rt {
 namespace {
@@ -431,6 +432,29 @@ TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
   EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7));
   EXPECT_TRUE(close(from_bf16(pb.download()), rounded(p), 1e-2, 1e-6));
+}
+
+TEST_F(CudaKernels, SumOfSquaresAndScaleMatchTheCpu) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, int64_t{3000001}}) {
+    auto x = random_floats(static_cast<size_t>(n), 5, 3.0f);
+    DeviceArray<float> dx(x);
+    DeviceArray<double> out(1), scratch(cuda::kSumSquaresBlocks);
+    cuda::sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
+    const double ref = optim::sum_of_squares(x.data(), n);
+    EXPECT_NEAR(out.download()[0], ref, 1e-12 * (ref + 1)) << "n " << n;
+    // Deterministic: the same bits again.
+    const double first = out.download()[0];
+    cuda::sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
+    EXPECT_EQ(out.download()[0], first);
+    cuda::scale_in_place(dx.get(), n, 0.5f, stream_);
+    optim::scale_in_place(x.data(), n, 0.5f);
+    EXPECT_TRUE(close(dx.download(), x, 0, 0));
+  }
+  std::vector<float> bad = {1.0f, INFINITY, 2.0f};
+  DeviceArray<float> db(bad);
+  DeviceArray<double> out(1), scratch(cuda::kSumSquaresBlocks);
+  cuda::sum_of_squares(out.get(), scratch.get(), db.get(), 3, stream_);
+  EXPECT_FALSE(std::isfinite(out.download()[0]));
 }
 
 TEST_F(CudaKernels, DispatchRoutesToCudaInsideADeviceScope) {
