@@ -35,6 +35,7 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/topology.h"
 #include "parallel/zero.h"
+#include "plan/from_config.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store_client.h"
 #include "train/metrics.h"
@@ -767,6 +768,19 @@ TrainResult Trainer::run() {
     if (s.val_loader && (step % s.cfg.training.eval_interval == 0 || step == total)) {
       r.val_loss = s.evaluate();
       result.last_val_loss = r.val_loss;
+    }
+    if (step == result.first_step) {
+      // The plan's prediction for this rank beside what the allocator measured over the first
+      // step (rank 0 prints it, as Megatron-LM reports memory after its first iteration).
+      try {
+        const auto planned = plan::predicted_rank_memory(s.cfg, s.rank, omp_get_max_threads());
+        for (const auto& [tag, bytes] : plan::tag_bytes(planned)) r.extra["planned_bytes_" + tag] = bytes;
+        std::string text = plan::describe_prediction(planned, r.peak_bytes);
+        while (!text.empty() && text.back() == '\n') text.pop_back();
+        reporter.note(text);
+      } catch (const Error& e) {
+        reporter.note(fmt::format("dstrain plan could not plan this run: {}", e.what()));
+      }
     }
     reporter.report(r);
     result.losses.push_back(loss);

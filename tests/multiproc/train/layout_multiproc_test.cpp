@@ -168,6 +168,16 @@ TEST_P(LayoutMultiproc, TwentyStepsMatchTheSingleProcess) {
   auto r = run(l, config(l), {});
   ASSERT_EQ(r.rc, 0) << l.name() << "\n" << r.err;
   expect_curve(r.metrics, 1, l.name());
+  // The trainer logs `dstrain plan`'s prediction for rank 0 beside its measured peak after the
+  // first step; they agree within 5% per tag.
+  ASSERT_FALSE(r.metrics.empty());
+  for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"}) {
+    const auto planned = r.metrics[0].at(std::string("planned_bytes_") + tag).get<int64_t>();
+    const auto measured = r.metrics[0].at(std::string("peak_bytes_") + tag).get<int64_t>();
+    EXPECT_LE(std::abs(static_cast<double>(measured - planned)), 0.05 * static_cast<double>(planned))
+        << l.name() << " " << tag << ": plan " << planned << " B, measured " << measured << " B";
+  }
+  EXPECT_NE(r.out.find("plan vs measured peak"), std::string::npos) << r.out;
 }
 
 INSTANTIATE_TEST_SUITE_P(
