@@ -14,6 +14,7 @@ namespace {
 struct TrainCmdOptions {
   std::string config;
   rt::train::TrainOptions train;
+  std::string export_llmc;  // after training: the weights as an llm.c checkpoint
 };
 
 int run_train(const TrainCmdOptions& o) {
@@ -24,6 +25,10 @@ int run_train(const TrainCmdOptions& o) {
   }
   rt::train::Trainer trainer(cfg, o.train);
   trainer.run();
+  if (!o.export_llmc.empty()) {
+    trainer.export_llmc(o.export_llmc);
+    if (env::get_int("RANK") == 0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
+  }
   return 0;
 }
 
@@ -44,6 +49,10 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                 "continue from the latest checkpoint in training.checkpoint_dir, if any");
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
+  sub->add_option("--export-llmc", o->export_llmc,
+                  "after training, write the fp32 weights as an llm.c GPT-2 checkpoint (rank 0 "
+                  "writes; with --resume --max-steps N it exports checkpoint N without training); "
+                  "not with tensor or pipeline parallelism");
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");

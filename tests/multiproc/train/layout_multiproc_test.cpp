@@ -204,6 +204,18 @@ TEST_F(LayoutCheckpoint, APipelineCheckpointResumesAtAnotherDataParallelSize) {
   ASSERT_EQ(b.rc, 0) << b.err;
   expect_curve(b.metrics, 11, "pp2 x dp2 resumed at pp2 x dp1");
 
+  // The pp 2 run's weights cannot be exported as one llm.c file (the parts are not reassembled);
+  // the single process's can.
+  auto e = run(half, config(half, ckpt), {"--resume", "--export-llmc", *dir_ / "pp2.llmc"});
+  EXPECT_NE(e.rc, 0);
+  EXPECT_NE(e.err.find("the llm.c format holds the whole model, but this run holds it as tensor-parallel 1 x "
+                       "pipeline 2 parts"),
+            std::string::npos)
+      << e.err;
+  auto s = run(Layout{}, config(Layout{}), {"--max-steps", "1", "--export-llmc", *dir_ / "single.llmc"});
+  ASSERT_EQ(s.rc, 0) << s.err;
+  EXPECT_GT(std::filesystem::file_size(*dir_ / "single.llmc"), 256u * 4u);
+
   Layout other{2, 1, 1, 0};
   auto c = run(other, config(other, ckpt), {"--resume"});
   EXPECT_NE(c.rc, 0);
