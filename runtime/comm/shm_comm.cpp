@@ -8,10 +8,10 @@
 //
 // Synchronisation is a counter per rank: after writing its part of a chunk a rank bumps its own
 // `seq` (release) and waits until every peer's `seq` reached the same value (acquire): an
-// all-to-all barrier without a shared counter. Waits spin briefly, then yield, then sleep on the
-// futex with a short timeout, checking on the way the deadline, the peers' states (closed,
-// failed with a reason), whether a waited-for peer's process still exists, and the job-wide
-// abort note.
+// all-to-all barrier without a shared counter. Waits spin briefly, then yield (for about the time
+// a peer needs to copy one step's data), then sleep on the futex with a short timeout, checking
+// on the way the deadline, the peers' states (closed, failed with a reason), whether a waited-for
+// peer's process still exists, and the job-wide abort note.
 //
 // Algorithms, per chunk (every rank runs the same chunk sequence; slot parity alternates with a
 // per-group chunk counter):
@@ -26,6 +26,11 @@
 // Why double buffering is enough: a slot is written again two chunks later, and between the two
 // writes lies the next chunk's first barrier, which every peer reaches only after it finished
 // reading the earlier chunk.
+//
+// Large outputs (all_gather and broadcast from 4 MiB, all_reduce from 64 MiB) are written with
+// streaming stores (copy_streaming in reduce.h): no read-for-ownership of lines that will not
+// stay in cache anyway, about half the CPU time of a 4-rank 256 MiB all_gather here. The
+// staging slots are written normally: a peer reads them next, from this core's cache.
 //
 // Send/recv stay on the Gloo pairs of the base class (pipeline traffic is point-to-point and
 // latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots).
@@ -67,6 +72,12 @@ constexpr size_t kHeaderBytes = 256;
 constexpr size_t kCtlBytes = 512;
 constexpr size_t kAlign = 4096;
 constexpr size_t kZeroCopyMinBytes = size_t{256} << 10;
+// Outputs from this size up are written with streaming stores (copy_streaming): twice the L2 of
+// a core here, so such an output would not stay in cache anyway.
+// all_reduce writes its output only in the last third of its traffic, and below 64 MiB streaming
+// measured no better (worse at 4 MiB), so it streams from 64 MiB.
+constexpr size_t kStreamMinBytes = size_t{4} << 20;
+constexpr size_t kStreamMinAllReduceBytes = size_t{64} << 20;
 
 struct Header {
   uint64_t magic;
@@ -205,12 +216,21 @@ class ShmComm : public GlooComm {
     };
     try {
       reg.peer[static_cast<size_t>(rank())] = map_named(mine_name, true);
-      store()->set(fmt::format("reg/{}/{}", k, rank()), store::to_bytes(mine_name));
+      // "<size> <name>": every rank checks the sizes agree before mapping anything.
+      store()->set(fmt::format("reg/{}/{}", k, rank()),
+                   store::to_bytes(fmt::format("{} {}", bytes, mine_name)));
       for (int q = 0; q < size(); ++q) {
         if (q == rank()) continue;
-        const std::string nm = store::to_string(store()->get(
+        const std::string v = store::to_string(store()->get(
             fmt::format("reg/{}/{}", k, q), Millis(std::max(1, dl.remaining_ms()))));
-        reg.peer[static_cast<size_t>(q)] = map_named(nm, false);
+        const size_t sp = v.find(' ');
+        const std::string theirs = v.substr(0, sp);
+        if (sp == std::string::npos || theirs != std::to_string(bytes)) {
+          throw invalid_usage("alloc_buffer #{} on group '{}': this rank ({}) asked for {} bytes, {} "
+                              "for {}; every rank must pass the same size",
+                              k, name(), rank(), bytes, describe_rank(q), theirs);
+        }
+        reg.peer[static_cast<size_t>(q)] = map_named(v.substr(sp + 1), false);
       }
       store::barrier(*store(), fmt::format("reg/{}/mapped", k), size(),
                      Millis(std::max(1, dl.remaining_ms())));
@@ -228,6 +248,7 @@ class ShmComm : public GlooComm {
   void run(const Op& op, Deadline dl) override {
     if (size() == 1) return run_single(op);
     set_fingerprint(op);
+    set_wait_budget(op);
     if (choose_registered(op)) {
       switch (op.kind) {
         case OpKind::kAllReduce: return zc_all_reduce(op, dl);
@@ -367,8 +388,21 @@ class ShmComm : public GlooComm {
     return -1;
   }
 
-  // Spin (only when every rank can have its own CPU), then yield for a while (hands the CPU to
-  // the rank we wait for when they share one), then sleep on the futex in short slices.
+  // How long a wait spins and yields before it sleeps on the futex: about the time a peer needs
+  // to copy one step's data at 1 GB/s (a chunk, or the whole op when smaller), 60 us to 1 ms.
+  // Waking a sleeper costs a futex call and, on an idle VM, a halted vCPU's wake-up (hundreds of
+  // us), which a fixed 60 us budget paid at every step from about 1 MiB up (a 2-rank 1 MiB
+  // all_gather ran at a fifth of 256 KiB's bus bandwidth on an idle machine).
+  void set_wait_budget(const Op& op) {
+    const size_t es = dtype_size(op.dtype);
+    const size_t elems = op.counts.empty() ? op.count : count_layout(op.counts).total;
+    const size_t step = std::min(elems * es, chunk_ * static_cast<size_t>(size()));
+    yield_budget_ = std::chrono::microseconds(std::clamp<size_t>(step / 1000, 60, 1000));
+  }
+
+  // Spin (only when every rank can have its own CPU), then yield until the wait budget is spent
+  // (hands the CPU to the rank we wait for when they share one), then sleep on the futex in
+  // short slices.
   void wait_peers(const Op& op, Deadline dl) {
     wait_arrivals(op, dl);
     for (int q = 0; q < size(); ++q) {
@@ -439,7 +473,7 @@ class ShmComm : public GlooComm {
     do {
       ::sched_yield();
       if (laggard() < 0) return;
-    } while (Clock::now() - t0 < std::chrono::microseconds(60));
+    } while (Clock::now() - t0 < yield_budget_);
     auto next_liveness = Clock::now();
     for (;;) {
       const int q = laggard();
@@ -498,12 +532,23 @@ class ShmComm : public GlooComm {
 
   int next_buffer() { return static_cast<int>(chunk_counter_++ & 1); }
 
+  // Into a collective's output: streaming stores for large outputs (see kStreamMinBytes).
+  // Source and destination never overlap (in place is never copied).
+  static void copy_out(void* dst, const void* src, size_t bytes, bool stream) {
+    if (stream) {
+      copy_streaming(dst, src, bytes);
+    } else {
+      std::memcpy(dst, src, bytes);
+    }
+  }
+
   void all_reduce(const Op& op, Deadline dl) {
     const int n = size(), r = rank();
     const size_t es = dtype_size(op.dtype);
     const size_t per_chunk = chunk_ / es;
     const size_t unit = std::max<size_t>(1, 64 / es);
     auto* buf = static_cast<uint8_t*>(op.out);
+    const bool stream = op.count * es >= kStreamMinAllReduceBytes;
     std::vector<const void*> srcs(static_cast<size_t>(n));
     std::vector<size_t> cut(static_cast<size_t>(n) + 1);
     for (size_t off = 0; off < op.count; off += per_chunk) {
@@ -527,7 +572,7 @@ class ShmComm : public GlooComm {
       wait_peers(op, dl);
       for (int q = 0; q < n; ++q) {
         const size_t qlo = cut[static_cast<size_t>(q)], qhi = cut[static_cast<size_t>(q) + 1];
-        if (qhi > qlo) std::memcpy(buf + (off + qlo) * es, slot(q, b) + qlo * es, (qhi - qlo) * es);
+        if (qhi > qlo) copy_out(buf + (off + qlo) * es, slot(q, b) + qlo * es, (qhi - qlo) * es, stream);
       }
     }
   }
@@ -572,6 +617,7 @@ class ShmComm : public GlooComm {
     const auto* in = static_cast<const uint8_t*>(op.in);
     auto* out = static_cast<uint8_t*>(op.out);
     const size_t mine = op.counts[static_cast<size_t>(r)];
+    const bool stream = total * es >= kStreamMinBytes;
     for (size_t p0 = 0; p0 < maxc; p0 += per) {
       const int b = next_buffer();
       auto len = [&](int q) {
@@ -583,12 +629,12 @@ class ShmComm : public GlooComm {
       wait_peers(op, dl);
       for (int q = 0; q < n; ++q) {
         if (q != r && len(q)) {
-          std::memcpy(out + (off[static_cast<size_t>(q)] + p0) * es, slot(q, b), len(q) * es);
+          copy_out(out + (off[static_cast<size_t>(q)] + p0) * es, slot(q, b), len(q) * es, stream);
         }
       }
     }
     uint8_t* my_out = out + off[static_cast<size_t>(r)] * es;
-    if (mine && in != my_out) std::memmove(my_out, in, mine * es);
+    if (mine && in != my_out) copy_out(my_out, in, mine * es, stream);  // no overlap unless in place
   }
 
   void broadcast(const Op& op, Deadline dl) {
@@ -601,7 +647,7 @@ class ShmComm : public GlooComm {
       if (r == root) std::memcpy(slot(root, b), buf + off, m);
       arrive();
       wait_peers(op, dl);
-      if (r != root) std::memcpy(buf + off, slot(root, b), m);
+      if (r != root) copy_out(buf + off, slot(root, b), m, bytes >= kStreamMinBytes);
     }
   }
 
@@ -700,7 +746,8 @@ class ShmComm : public GlooComm {
     for (int q = 0; q < n; ++q) {
       const size_t qlo = cut[static_cast<size_t>(q)], qhi = cut[static_cast<size_t>(q) + 1];
       if (q != r && qhi > qlo) {
-        std::memcpy(buf + qlo * es, peer[static_cast<size_t>(q)] + qlo * es, (qhi - qlo) * es);
+        copy_out(buf + qlo * es, peer[static_cast<size_t>(q)] + qlo * es, (qhi - qlo) * es,
+                 op.count * es >= kStreamMinAllReduceBytes);
       }
     }
     arrive();
@@ -732,15 +779,16 @@ class ShmComm : public GlooComm {
     auto* out = static_cast<uint8_t*>(op.out);
     arrive();
     wait_peers(op, dl);
-    const std::vector<size_t> off = count_layout(op.counts).offsets;
+    const auto [off, total, largest] = count_layout(op.counts);
     const size_t my_off = off[static_cast<size_t>(r)];
+    const bool stream = total * es >= kStreamMinBytes;
     for (int q = 0; q < n; ++q) {
       const size_t c = op.counts[static_cast<size_t>(q)];
       // A peer with an empty piece published its output's location: nothing to read there.
-      if (q != r && c) std::memcpy(out + off[static_cast<size_t>(q)] * es, peer_buffer(q), c * es);
+      if (q != r && c) copy_out(out + off[static_cast<size_t>(q)] * es, peer_buffer(q), c * es, stream);
     }
     const size_t mine = op.counts[static_cast<size_t>(r)];
-    if (mine && op.in != out + my_off * es) std::memmove(out + my_off * es, op.in, mine * es);
+    if (mine && op.in != out + my_off * es) copy_out(out + my_off * es, op.in, mine * es, stream);
     arrive();
     wait_peers(op, dl);
   }
@@ -771,6 +819,7 @@ class ShmComm : public GlooComm {
   uint64_t reg_offset_ = 0;
   std::string job_;
   bool spin_ = false;
+  std::chrono::microseconds yield_budget_{60};  // see set_wait_budget
 };
 
 }  // namespace

@@ -437,6 +437,40 @@ TEST_P(CommTest, RegisteredBuffersGiveTheSameResults) {
 INSTANTIATE_TEST_SUITE_P(Backends, CommTest, ::testing::Values(Backend::kShm, Backend::kGloo),
                          backend_label);
 
+TEST_P(CommTest, LargeGathersAndBroadcastsAreExact) {
+  // Outputs over 4 MiB: the shm backend writes them with streaming stores, staged and zero-copy.
+  const int n = 3;
+  auto cs = comms(n);
+  run_on_threads(cs, [&](Comm& c) {
+    const std::vector<size_t> counts = {400001, 350003, 400007};
+    const size_t total = 400001 + 350003 + 400007;
+    const size_t mine = counts[static_cast<size_t>(c.rank())];
+    auto check = [&](const float* all, const char* what) {
+      size_t off = 0;
+      for (int q = 0; q < n; ++q) {
+        for (size_t i = 0; i < counts[static_cast<size_t>(q)]; ++i) {
+          ASSERT_EQ(all[off + i], static_cast<float>(value(q, i)))
+              << what << " on rank " << c.rank() << ": rank " << q << "'s element " << i;
+        }
+        off += counts[static_cast<size_t>(q)];
+      }
+    };
+    std::vector<float> in(mine), out(total, -1.0f);
+    for (size_t i = 0; i < mine; ++i) in[i] = static_cast<float>(value(c.rank(), i));
+    c.all_gather_v(in.data(), out.data(), counts, DataType::kFloat32);
+    check(out.data(), "staged all_gather_v");
+    auto* rin = static_cast<float*>(c.alloc_buffer(400007 * sizeof(float)));  // same on every rank
+    auto* rout = static_cast<float*>(c.alloc_buffer(total * sizeof(float)));
+    std::copy(in.begin(), in.end(), rin);
+    c.all_gather_v(rin, rout, counts, DataType::kFloat32);
+    check(rout, "registered all_gather_v");
+    std::vector<float> b(total, static_cast<float>(c.rank()));
+    if (c.rank() == 1) std::copy(out.begin(), out.end(), b.begin());
+    c.broadcast(b.data(), total, DataType::kFloat32, 1);
+    check(b.data(), "broadcast");
+  });
+}
+
 TEST(CommBackend, ParseAndNames) {
   EXPECT_EQ(parse_backend("shm", "x"), Backend::kShm);
   EXPECT_EQ(parse_backend("gloo", "x"), Backend::kGloo);
@@ -512,6 +546,41 @@ TEST(CommShm, RegisteredOnSomeRanksOnlyIsAnError) {
   for (const auto& e : errors) {
     EXPECT_NE(e.find("registered buffer"), std::string::npos) << e;
     EXPECT_NE(e.find("different collective"), std::string::npos) << e;
+  }
+}
+
+TEST(CommShm, RegisteredBuffersOfDifferentSizesAreAnError) {
+  CommOptions o;
+  o.backend = Backend::kShm;
+  o.timeout = Millis(20000);
+  auto cs = make_thread_comms(2, o);
+  std::vector<std::string> errors(2);
+  run_on_threads(cs, [&](Comm& c) {
+    try {
+      c.alloc_buffer(c.rank() == 0 ? 100000 : 50000);
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (const auto& e : errors) EXPECT_NE(e.find("every rank must pass the same size"), std::string::npos) << e;
+}
+
+TEST(CommReduce, StreamingCopyEqualsMemcpyAtEveryAlignmentAndSize) {
+  std::vector<uint8_t> src(70000), dst(70100);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<uint8_t>(i * 7 + i / 251);
+  for (size_t bytes : {size_t{0}, size_t{1}, size_t{63}, size_t{64}, size_t{65}, size_t{4095},
+                       size_t{16384}, size_t{16384 + 77}, size_t{65536 + 100}}) {
+    for (size_t so : {0, 1, 13}) {
+      for (size_t dof : {0, 5, 64}) {
+        std::fill(dst.begin(), dst.end(), uint8_t{0xee});
+        copy_streaming(dst.data() + dof, src.data() + so, bytes);
+        for (size_t i = 0; i < dst.size(); ++i) {
+          const bool inside = i >= dof && i < dof + bytes;
+          ASSERT_EQ(dst[i], inside ? src[i - dof + so] : uint8_t{0xee})
+              << "bytes " << bytes << " src+" << so << " dst+" << dof << " at " << i;
+        }
+      }
+    }
   }
 }
 
