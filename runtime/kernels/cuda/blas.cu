@@ -12,6 +12,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <map>
 
 #include "kernels/cuda/device_util.cuh"
@@ -79,6 +80,14 @@ __global__ void column_sum_kernel(float* dbias, const float* dout, int64_t rows,
   }
 }
 
+// The largest power of two (at most 256) dividing the address.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t al = 256;
+  while (al > 1 && a % al != 0) al /= 2;
+  return al;
+}
+
 // out^T (OC, BT) = W^T-as-stored ... see the file comment: cublasLtMatmul with A = weight
 // (stored column-major as (C, OC), transposed), B = inp (stored (C, BT)), D = out (stored (OC, BT)),
 // and the bias (OC) added to every column of D. Returns false when cuBLASLt has no algorithm.
@@ -108,6 +117,17 @@ bool lt_matmul_bias(float* out, const float* inp, const float* weight, const flo
     const uint64_t ws = kLtWorkspaceBytes;
     DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
         pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)));
+    // The heuristic assumes 256-byte aligned matrices unless told: our views into flat buffers
+    // may be aligned to 4 bytes only, so state each pointer's real alignment.
+    const uint32_t al_a = alignment_of(weight), al_b = alignment_of(inp), al_d = alignment_of(out);
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof(al_a)));
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_b, sizeof(al_b)));
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)));
+    DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
+        pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)));
     cublasLtMatmulHeuristicResult_t heur{};
     int found = 0;
     const cublasStatus_t hs =
@@ -156,7 +176,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
                     int T, int C, int OC, cudaStream_t stream) {
   const int BT = B * T;
   if (BT <= 0 || OC <= 0) return;
-  if (bias != nullptr && C > 0 && lt_matmul_bias(out, inp, weight, bias, BT, C, OC, stream)) return;
+  // cuBLASLt's bias epilogue only with a 16-byte aligned bias (no preference describes the bias
+  // alignment; llm.c requires the same); otherwise the plain product and add_bias.
+  if (bias != nullptr && C > 0 && alignment_of(bias) >= 16 &&
+      lt_matmul_bias(out, inp, weight, bias, BT, C, OC, stream)) {
+    return;
+  }
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, stream);
   if (bias != nullptr) add_bias(out, bias, BT, OC, stream);
 }

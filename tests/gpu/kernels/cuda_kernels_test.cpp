@@ -171,6 +171,28 @@ TEST_F(CudaKernels, MatmulForwardBackwardWithAndWithoutBias) {
   }
 }
 
+// Views into flat buffers are not 256-byte aligned: a 4-byte aligned bias takes the fallback
+// (sgemm + add_bias), 4-byte aligned matrices take cuBLASLt with the alignment stated.
+TEST_F(CudaKernels, MatmulForwardOnMisalignedViews) {
+  const int B = 1, T = 19, C = 72, OC = 40;
+  auto inp = random_floats(size_t{B} * T * C + 1, 1), w = random_floats(size_t{OC} * C + 1, 2),
+       bias = random_floats(OC + 1, 3);
+  std::vector<float> ref(size_t{B} * T * OC);
+  cpu::matmul_forward(ref.data(), inp.data() + 1, w.data() + 1, bias.data() + 1, B, T, C, OC);
+  DeviceArray<float> di(inp), dw(w), db(bias), out(ref.size() + 1);
+  for (int shift_bias = 0; shift_bias < 2; shift_bias++) {
+    std::vector<float> b2(bias.begin() + 1, bias.end());
+    b2.insert(b2.begin(), shift_bias ? 1 : 0, 0.0f);  // the bias at offset 0 or 1
+    b2.resize(bias.size());
+    DeviceArray<float> dbias(b2);
+    cuda::matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + shift_bias, B,
+                         T, C, OC, stream_);
+    auto got = out.download();
+    EXPECT_TRUE(close(std::vector<float>(got.begin() + 1, got.end()), ref, kSum, 1e-5))
+        << "bias offset " << shift_bias;
+  }
+}
+
 TEST_F(CudaKernels, AddBias) {
   const int N = 45, OC = 70;
   auto out = random_floats(size_t{N} * OC, 1), bias = random_floats(OC, 2);
