@@ -8,10 +8,10 @@
 //
 // Synchronisation is a counter per rank: after writing its part of a chunk a rank bumps its own
 // `seq` (release) and waits until every peer's `seq` reached the same value (acquire): an
-// all-to-all barrier without a shared counter. Waits spin briefly, then yield (for about the time
-// a peer needs to copy one step's data), then sleep on the futex with a short timeout, checking
-// on the way the deadline, the peers' states (closed, failed with a reason), whether a waited-for
-// peer's process still exists, and the job-wide abort note.
+// all-to-all barrier without a shared counter. Waits spin briefly, then yield, then sleep on the
+// futex with a short timeout, checking on the way the deadline, the peers' states (closed,
+// failed with a reason), whether a waited-for peer's process still exists, and the job-wide
+// abort note.
 //
 // Algorithms, per chunk (every rank runs the same chunk sequence; slot parity alternates with a
 // per-group chunk counter):
@@ -248,7 +248,6 @@ class ShmComm : public GlooComm {
   void run(const Op& op, Deadline dl) override {
     if (size() == 1) return run_single(op);
     set_fingerprint(op);
-    set_wait_budget(op);
     if (choose_registered(op)) {
       switch (op.kind) {
         case OpKind::kAllReduce: return zc_all_reduce(op, dl);
@@ -388,21 +387,8 @@ class ShmComm : public GlooComm {
     return -1;
   }
 
-  // How long a wait spins and yields before it sleeps on the futex: about the time a peer needs
-  // to copy one step's data at 1 GB/s (a chunk, or the whole op when smaller), 60 us to 1 ms.
-  // Waking a sleeper costs a futex call and, on an idle VM, a halted vCPU's wake-up (hundreds of
-  // us), which a fixed 60 us budget paid at every step from about 1 MiB up (a 2-rank 1 MiB
-  // all_gather ran at a fifth of 256 KiB's bus bandwidth on an idle machine).
-  void set_wait_budget(const Op& op) {
-    const size_t es = dtype_size(op.dtype);
-    const size_t elems = op.counts.empty() ? op.count : count_layout(op.counts).total;
-    const size_t step = std::min(elems * es, chunk_ * static_cast<size_t>(size()));
-    yield_budget_ = std::chrono::microseconds(std::clamp<size_t>(step / 1000, 60, 1000));
-  }
-
-  // Spin (only when every rank can have its own CPU), then yield until the wait budget is spent
-  // (hands the CPU to the rank we wait for when they share one), then sleep on the futex in
-  // short slices.
+  // Spin (only when every rank can have its own CPU), then yield for a while (hands the CPU to
+  // the rank we wait for when they share one), then sleep on the futex in short slices.
   void wait_peers(const Op& op, Deadline dl) {
     wait_arrivals(op, dl);
     for (int q = 0; q < size(); ++q) {
@@ -473,7 +459,7 @@ class ShmComm : public GlooComm {
     do {
       ::sched_yield();
       if (laggard() < 0) return;
-    } while (Clock::now() - t0 < yield_budget_);
+    } while (Clock::now() - t0 < std::chrono::microseconds(60));
     auto next_liveness = Clock::now();
     for (;;) {
       const int q = laggard();
@@ -819,7 +805,6 @@ class ShmComm : public GlooComm {
   uint64_t reg_offset_ = 0;
   std::string job_;
   bool spin_ = false;
-  std::chrono::microseconds yield_budget_{60};  // see set_wait_budget
 };
 
 }  // namespace
