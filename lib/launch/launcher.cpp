@@ -85,8 +85,8 @@ int finish(OutputMux& mux, const std::optional<Failure>& failure, int stop_signa
   if (failure) {
     int status = failure->status.shell_status();
     if (status == 0) status = 1;
-    mux.note(fmt::format("dstrain: job failed{}: {} (the first failure; every other rank was "
-                         "stopped); exit status {}",
+    mux.note(fmt::format("dstrain: job failed{}: {} (the first failure; every other rank has "
+                         "ended, on its own within the failure grace or stopped); exit status {}",
                          after, describe_failure(*failure), status));
     return status;
   }
