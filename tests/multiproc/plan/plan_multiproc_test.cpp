@@ -23,6 +23,7 @@
 
 #include "config/job_config.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/train_job.h"
 #include "plan/from_config.h"
 
 namespace ds {
@@ -30,7 +31,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using test::JobProcess;
 using test::TempDir;
 
 constexpr double kTolerance = 0.05;
@@ -85,24 +85,12 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
 
 TEST_P(PlanMultiproc, EveryRanksPeakPerTagMatchesThePlan) {
   const Layout l = GetParam();
-  const std::string cfg_path = *dir_ / (l.name + ".json");
-  const std::string metrics = *dir_ / (l.name + ".jsonl");
-  std::ofstream(cfg_path) << config(l).dump(2);
-  std::vector<std::string> argv = {DS_DSTRAIN_BIN, "launch", "--nproc-per-node", std::to_string(l.world()),
-                                   "--config", cfg_path, "--env", "OMP_NUM_THREADS=1", "--kill-timeout", "5",
-                                   "--", DS_DSTRAIN_BIN, "train", "--config", cfg_path, "--metrics", metrics,
-                                   "--metrics-all-ranks"};
-  JobProcess job(argv, {}, {"OMP_NUM_THREADS=1"}, {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
-  const int rc = job.wait(120s);
-  ASSERT_EQ(rc, 0) << l.name << "\n" << job.err();
-
-  std::ifstream in(metrics);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  ASSERT_FALSE(last.empty()) << "no metrics in " << metrics;
-  const json real = json::parse(last);
+  const std::string cfg_path = *dir_ / (l.name + ".json");  // run_train_job writes it there
+  const auto r = test::run_train_job(dir_->path(), l.name, l.world(), config(l), {"--metrics-all-ranks"}, 120s);
+  ASSERT_EQ(r.rc, 0) << l.name << "\n" << r.err;
+  ASSERT_FALSE(r.metrics.empty()) << l.name << ": no metrics";
+  const json& real = r.metrics.back();
+  const std::string last = real.dump();
   ASSERT_EQ(real.at("step").get<int>(), 2);
 
   const config::JobConfig cfg = config::load_job_config(cfg_path, l.world());

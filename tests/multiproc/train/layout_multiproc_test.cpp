@@ -19,13 +19,13 @@
 
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/train_job.h"
 
 namespace ds {
 namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using test::JobProcess;
 using test::TempDir;
 
 constexpr int kSteps = 20;
@@ -94,38 +94,11 @@ class LayoutMultiproc : public ::testing::TestWithParam<Layout> {
     };
   }
 
-  struct Result {
-    int rc = -1;
-    std::string out, err;
-    std::vector<json> metrics;
-  };
+  using Result = test::TrainJobResult;
 
   static Result run(const Layout& l, const json& cfg, std::vector<std::string> extra) {
     static int counter = 0;
-    const std::string tag = std::to_string(counter++);
-    const std::string cfg_path = *dir_ / ("cfg" + tag + ".json");
-    const std::string metrics = *dir_ / ("metrics" + tag + ".jsonl");
-    std::ofstream(cfg_path) << cfg.dump(2);
-    std::vector<std::string> argv;
-    if (l.world() > 1) {
-      argv = {DS_DSTRAIN_BIN, "launch", "--nproc-per-node", std::to_string(l.world()), "--env",
-              "OMP_NUM_THREADS=1", "--kill-timeout", "5", "--", DS_DSTRAIN_BIN};
-    } else {
-      argv = {DS_DSTRAIN_BIN};
-    }
-    for (std::string a : {"train", "--config", cfg_path.c_str(), "--metrics", metrics.c_str()}) argv.push_back(a);
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    JobProcess job(argv, {}, {"OMP_NUM_THREADS=1"}, {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
-    Result r;
-    r.rc = job.wait(240s);
-    r.out = job.out();
-    r.err = job.err();
-    std::ifstream in(metrics);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty()) r.metrics.push_back(json::parse(line));
-    }
-    return r;
+    return test::run_train_job(dir_->path(), "run" + std::to_string(counter++), l.world(), cfg, extra, 240s);
   }
 
   // Loss and validation loss of every step from `first_step` equal the single process's within

@@ -21,6 +21,7 @@
 #include "data/token_file.h"
 #include "model_spec/gpt2_spec.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/train_job.h"
 #include "parallel/partition.h"
 
 namespace ds {
@@ -28,7 +29,6 @@ namespace {
 
 using namespace std::chrono_literals;
 using nlohmann::json;
-using test::JobProcess;
 using test::TempDir;
 
 constexpr int kSteps = 20;
@@ -88,42 +88,12 @@ class TrainMultiproc : public ::testing::Test {
     };
   }
 
-  struct Result {
-    int rc = -1;
-    std::string out, err;
-    std::vector<json> metrics;
-    double seconds = 0;
-  };
+  using Result = test::TrainJobResult;
 
   static Result run(int nproc, const json& cfg, std::vector<std::string> extra,
                     std::chrono::seconds timeout = 120s) {
     static int counter = 0;
-    std::string tag = std::to_string(counter++);
-    std::string cfg_path = *dir_ / ("cfg" + tag + ".json");
-    std::string metrics = *dir_ / ("metrics" + tag + ".jsonl");
-    std::ofstream(cfg_path) << cfg.dump(2);
-    std::vector<std::string> argv;
-    if (nproc > 1) {
-      argv = {DS_DSTRAIN_BIN, "launch", "--nproc-per-node", std::to_string(nproc), "--env",
-              "OMP_NUM_THREADS=1", "--kill-timeout", "5", "--", DS_DSTRAIN_BIN};
-    } else {
-      argv = {DS_DSTRAIN_BIN};
-    }
-    for (std::string a : {"train", "--config", cfg_path.c_str(), "--metrics", metrics.c_str()}) argv.push_back(a);
-    argv.insert(argv.end(), extra.begin(), extra.end());
-    auto t0 = std::chrono::steady_clock::now();
-    JobProcess job(argv, {}, {"OMP_NUM_THREADS=1"}, {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
-    Result r;
-    r.rc = job.wait(timeout);
-    r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    r.out = job.out();
-    r.err = job.err();
-    std::ifstream in(metrics);
-    std::string line;
-    while (std::getline(in, line)) {
-      if (!line.empty()) r.metrics.push_back(json::parse(line));
-    }
-    return r;
+    return test::run_train_job(dir_->path(), "run" + std::to_string(counter++), nproc, cfg, extra, timeout);
   }
 
   static std::vector<double> losses(const std::vector<json>& m) {
