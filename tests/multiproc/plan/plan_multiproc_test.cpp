@@ -120,8 +120,8 @@ TEST_P(PlanMultiproc, EveryRanksPeakPerTagMatchesThePlan) {
                            l.world(), 100.0 * worst, worst == 0 ? "every tag exact" : worst_at);
 }
 
-Layout dp2(int stage) {
-  Layout l{"dp2_zero" + std::to_string(stage), 1, 1, 2};
+Layout data_parallel(int dp, int stage) {
+  Layout l{"dp" + std::to_string(dp) + "_zero" + std::to_string(stage), 1, 1, dp};
   // Small buckets so every ZeRO buffer exists: ZeRO-1/2 all-gather staging (2000 elements per rank
   // < a partition), ZeRO-2/3 two overlapped reduce buckets, ZeRO-3 prefetch and persistent units.
   l.zero = {{"stage", stage},
@@ -136,9 +136,13 @@ Layout dp2(int stage) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PlanMultiproc,
-    ::testing::Values(dp2(0), dp2(1), dp2(2), dp2(3),
+    ::testing::Values(data_parallel(2, 0), data_parallel(2, 1), data_parallel(2, 2), data_parallel(2, 3),
+                      data_parallel(4, 0), data_parallel(4, 1), data_parallel(4, 2), data_parallel(4, 3),
                       Layout{"tp2", 2, 1, 1},
                       Layout{"pp2_1f1b", 1, 2, 1},
+                      Layout{"pp4_zero2_checkpointing", 1, 4, 1, json{{"stage", 2}, {"reduce_bucket_size", 3000}},
+                             "1f1b", "uniform", true},
+                      Layout{"tp2_pp2_dp2_zero2", 2, 2, 2, json{{"stage", 2}, {"reduce_bucket_size", 3000}}},
                       Layout{"tp2_pp2_gpipe_parameters", 2, 2, 1, json{{"stage", 0}}, "gpipe", "parameters"},
                       Layout{"pp2_dp2_zero1", 1, 2, 2, json{{"stage", 1}, {"allgather_bucket_size", 2000}}},
                       Layout{"pp2_dp2_zero1_checkpointing", 1, 2, 2, json{{"stage", 1}}, "1f1b", "uniform", true},
