@@ -236,6 +236,25 @@ CountLayout count_layout(std::span<const size_t> counts) {
   return l;
 }
 
+std::vector<double> sum_in_rank_order(Comm* comm, const std::vector<double>& mine) {
+  if (comm == nullptr) return mine;
+  const size_t k = mine.size(), n = static_cast<size_t>(comm->size());
+  std::vector<double> all(k * n);
+  comm->all_gather(mine.data(), all.data(), k * sizeof(double), DataType::kUInt8);
+  std::vector<double> sum(k, 0.0);
+  for (size_t q = 0; q < n; ++q) {
+    for (size_t i = 0; i < k; ++i) sum[i] += all[q * k + i];
+  }
+  return sum;
+}
+
+std::vector<int64_t> gather_int64(Comm* comm, const std::vector<int64_t>& mine) {
+  if (comm == nullptr) return mine;
+  std::vector<int64_t> all(mine.size() * static_cast<size_t>(comm->size()));
+  comm->all_gather(mine.data(), all.data(), mine.size(), DataType::kInt64);
+  return all;
+}
+
 namespace {
 
 Comm::Op make_op(Comm::OpKind kind, const void* in, void* out, size_t count, DataType dtype) {

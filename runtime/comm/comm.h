@@ -319,6 +319,14 @@ struct CountLayout {
 };
 CountLayout count_layout(std::span<const size_t> counts);
 
+// Small host-side reductions for bookkeeping (losses, norms, per-rank counters), collective over
+// `comm` (every rank calls them with vectors of the same length; null comm: a group of one, the
+// input comes back). sum_in_rank_order gathers every rank's values and adds them in rank order,
+// so every rank gets the same bits (an overflow verdict or a loss agrees everywhere);
+// gather_int64 returns every rank's values, rank-major. Blocking, bounded by the Comm's timeout.
+std::vector<double> sum_in_rank_order(Comm* comm, const std::vector<double>& mine);
+std::vector<int64_t> gather_int64(Comm* comm, const std::vector<int64_t>& mine);
+
 // ---------------------------------------------------------------------------------------------
 // Factories
 // ---------------------------------------------------------------------------------------------

@@ -302,22 +302,11 @@ void ZeroEngine::all_gather_partitions(float* full) {
 }
 
 std::vector<double> ZeroEngine::sum_over_ranks(const std::vector<double>& mine) {
-  if (!comm_) return mine;
-  const size_t k = mine.size();
-  std::vector<double> all(k * static_cast<size_t>(size_));
-  comm_->all_gather(mine.data(), all.data(), k * sizeof(double), DataType::kUInt8);
-  std::vector<double> sum(k, 0.0);
-  for (int q = 0; q < size_; ++q) {
-    for (size_t i = 0; i < k; ++i) sum[i] += all[static_cast<size_t>(q) * k + i];
-  }
-  return sum;
+  return comm::sum_in_rank_order(comm_.get(), mine);
 }
 
 std::vector<int64_t> ZeroEngine::gather_int64(const std::vector<int64_t>& mine) {
-  if (!comm_) return mine;
-  std::vector<int64_t> all(mine.size() * static_cast<size_t>(size_));
-  comm_->all_gather(mine.data(), all.data(), mine.size(), DataType::kInt64);
-  return all;
+  return comm::gather_int64(comm_.get(), mine);
 }
 
 void ZeroEngine::barrier() {

@@ -149,24 +149,12 @@ struct Trainer::Impl {
   // The rank that holds this (dp, tp) position's loss: tp rank 0 of the last stage.
   bool loss_owner() const { return coord.tp == 0 && coord.pp == pp - 1; }
 
-  // Sums over every rank of the world, added in rank order (the same bits on every rank).
+  // Over the whole world (comm.h): sums added in rank order, every rank's values rank-major.
   std::vector<double> world_sum(const std::vector<double>& mine) {
-    if (!world_comm) return mine;
-    const size_t k = mine.size();
-    std::vector<double> all(k * static_cast<size_t>(world));
-    world_comm->all_gather(mine.data(), all.data(), k * sizeof(double), comm::DataType::kUInt8);
-    std::vector<double> sum(k, 0.0);
-    for (int q = 0; q < world; ++q) {
-      for (size_t i = 0; i < k; ++i) sum[i] += all[static_cast<size_t>(q) * k + i];
-    }
-    return sum;
+    return comm::sum_in_rank_order(world_comm.get(), mine);
   }
-  // Every rank's values, rank-major.
   std::vector<int64_t> world_gather(const std::vector<int64_t>& mine) {
-    if (!world_comm) return mine;
-    std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
-    world_comm->all_gather(mine.data(), all.data(), mine.size(), comm::DataType::kInt64);
-    return all;
+    return comm::gather_int64(world_comm.get(), mine);
   }
   void world_barrier() {
     if (world_comm) world_comm->barrier();
