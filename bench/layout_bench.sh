@@ -24,19 +24,13 @@ SWEEP=${SWEEP:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-train=$(jq -r '.data.train' "$CONFIG")
-case "$train" in /*) ;; *) train="$(dirname "$CONFIG")/$train" ;; esac
-if [ ! -f "$train" ]; then
-  # No corpus yet (scripts/prepare-kjv.sh makes it): this repository's docs as a stand-in.
-  cat docs/*.md docs/*.md docs/*.md docs/*.md > "$tmp/corpus.txt"
-  "$BIN" data prepare --input "$tmp/corpus.txt" --output "$tmp/data" >/dev/null
-  train="$tmp/data/train.bin"
-fi
+. bench/corpus.sh
+train=$(bench_corpus "$CONFIG" "$BIN" "$tmp")
 
 # run NAME TP PP DP BATCH: one training run; leaves $tmp/NAME.jsonl.
 run() {
   local name=$1 tp=$2 pp=$3 dp=$4 batch=$5
-  jq --arg train "$(realpath "$train")" --argjson tp "$tp" --argjson pp "$pp" --argjson batch "$batch" \
+  jq --arg train "$train" --argjson tp "$tp" --argjson pp "$pp" --argjson batch "$batch" \
      --argjson steps "$STEPS" '
       .zero_optimization.stage = 1 | .zero_optimization.reduce_bucket_size = 1e6 |
       .tensor_parallel = {size: $tp} | .pipeline = {stages: $pp} |

@@ -20,18 +20,12 @@ THREADS=${THREADS:-1}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-train=$(jq -r '.data.train' "$CONFIG")
-case "$train" in /*) ;; *) train="$(dirname "$CONFIG")/$train" ;; esac
-if [ ! -f "$train" ]; then
-  # No corpus yet: tokenize this repository's docs (bytes, vocab 256) as a stand-in.
-  cat docs/*.md docs/*.md docs/*.md docs/*.md > "$tmp/corpus.txt"
-  "$BIN" data prepare --input "$tmp/corpus.txt" --output "$tmp/data" >/dev/null
-  train="$tmp/data/train.bin"
-fi
+. bench/corpus.sh
+train=$(bench_corpus "$CONFIG" "$BIN" "$tmp")
 
 printf "%-6s %-5s %10s %12s %12s %12s %12s %12s\n" stage rank ms/step params grads optimizer comm total
 for stage in 0 1 2 3; do
-  jq --arg train "$(realpath "$train")" --argjson stage "$stage" --argjson steps "$STEPS" '
+  jq --arg train "$train" --argjson stage "$stage" --argjson steps "$STEPS" '
       .zero_optimization.stage = $stage | .data = {train: $train} |
       .training.steps = $steps | .training.eval_interval = 0 | del(.training.checkpoint_dir) |
       .training.checkpoint_interval = 0 | .scheduler = null | del(.scheduler)' "$CONFIG" > "$tmp/cfg$stage.json"
