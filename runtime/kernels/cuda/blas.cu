@@ -8,6 +8,11 @@
 // Handles: one cuBLAS and one cuBLASLt handle per (host thread, device), created on first use and
 // kept for the thread's life (a handle must not be used by two threads at once), plus a 32 MiB
 // cuBLASLt workspace per (thread, device) from cudaMalloc, outside the tagged allocator.
+//
+// Math: the fp32 products (gemm, matmul_forward, matmul_backward) compute in the calling thread's
+// MatmulMath (kernels.h): cuBLAS's default fp32 math (cublasSgemm; cuBLASLt CUBLAS_COMPUTE_32F)
+// or CUBLAS_COMPUTE_32F_FAST_16BF (cublasGemmEx and cuBLASLt over fp32 storage: bf16 tensor-core
+// multiplies, fp32 accumulation).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -23,6 +28,13 @@ namespace ds::rt::cuda {
 namespace {
 
 constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+
+thread_local MatmulMath t_matmul_math = MatmulMath::kFp32;
+
+// cuBLAS's compute type for fp32 storage under this thread's math.
+cublasComputeType_t fp32_compute_type() {
+  return t_matmul_math == MatmulMath::kBf16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F;
+}
 
 struct Handles {
   cublasHandle_t blas = nullptr;
@@ -99,7 +111,7 @@ bool lt_matmul_bias(float* out, const float* inp, const float* weight, const flo
   cublasLtMatmulPreference_t pref = nullptr;
   bool ok = false;
   try {
-    DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, fp32_compute_type(), CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     DS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -156,11 +168,22 @@ bool lt_matmul_bias(float* out, const float* inp, const float* weight, const flo
 
 }  // namespace
 
+void set_matmul_math(MatmulMath m) { t_matmul_math = m; }
+MatmulMath matmul_math() { return t_matmul_math; }
+
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc, cudaStream_t stream) {
   if (M <= 0 || N <= 0) return;
-  DS_CUBLAS_CHECK(cublasSgemm(blas_on(stream), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb,
-                              A, lda, &beta, C, ldc));
+  if (t_matmul_math == MatmulMath::kFp32) {
+    DS_CUBLAS_CHECK(cublasSgemm(blas_on(stream), op(trans_b), op(trans_a), N, M, K, &alpha, B, ldb,
+                                A, lda, &beta, C, ldc));
+    return;
+  }
+  // fp32 A, B, C in memory; cuBLAS converts A and B to bf16 for the tensor cores, accumulates and
+  // applies alpha, beta in fp32 (the scale type of every CUBLAS_COMPUTE_32F_* compute type).
+  DS_CUBLAS_CHECK(cublasGemmEx(blas_on(stream), op(trans_b), op(trans_a), N, M, K, &alpha, B,
+                               CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc,
+                               fp32_compute_type(), CUBLAS_GEMM_DEFAULT));
 }
 
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,

@@ -192,4 +192,32 @@ void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cud
 // x[i] *= coef; nothing is launched when coef == 1.
 void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 
+// ---- matmul precision (per host thread) ----------------------------------------------------------
+
+// How THIS host thread's fp32 matrix products compute: gemm, matmul_forward (the cuBLASLt bias
+// epilogue and its sgemm fallback) and matmul_backward. Storage is fp32 either way (inputs,
+// outputs, accumulated parameter gradients, beta * C); only the multiply changes:
+// - kFp32 (every thread's default): cuBLAS's pedantic fp32 math, as the conventions above say.
+// - kBf16: CUBLAS_COMPUTE_32F_FAST_16BF: cuBLAS may round A and B to bf16 on the fly and multiply
+//   on tensor cores with fp32 accumulation. Results then agree with the fp32 product to about
+//   1e-2 of the output's scale (sqrt(K) x |a| x |b| for random data), not 1e-5; on inputs that are
+//   already bf16-representable they agree to fp32 accumulation error. cuBLAS is allowed, not
+//   obliged, to use bf16 (small or misaligned shapes may run in fp32).
+// gemm_bf16 (bf16 storage) is unaffected. The setting is host state read when a call is made (not
+// enqueued): it applies to the calls this thread makes afterwards, on any stream and device.
+enum class MatmulMath { kFp32, kBf16 };
+void set_matmul_math(MatmulMath m);
+MatmulMath matmul_math();
+// Sets the math for a scope and restores the previous one at its end (same thread).
+class ScopedMatmulMath {
+ public:
+  explicit ScopedMatmulMath(MatmulMath m) : prev_(matmul_math()) { set_matmul_math(m); }
+  ~ScopedMatmulMath() { set_matmul_math(prev_); }
+  ScopedMatmulMath(const ScopedMatmulMath&) = delete;
+  ScopedMatmulMath& operator=(const ScopedMatmulMath&) = delete;
+
+ private:
+  MatmulMath prev_;
+};
+
 }  // namespace ds::rt::cuda
