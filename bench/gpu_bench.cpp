@@ -8,8 +8,8 @@
 // What it measures, honestly: parameters, activations, gradients and optimizer state are fp32 in
 // memory. --math bf16 (the default) runs the matrix products (cuBLAS/cuBLASLt, every weight
 // matmul) as bf16 tensor-core multiplies with fp32 accumulation (cuda::MatmulMath::kBf16, the
-// math meant for bf16.enabled on the GPU); --math fp32 keeps cuBLAS's fp32 math. Either way the rest
-// (LayerNorm, GELU, a simple warp-per-row attention, AdamW) runs in fp32 on CUDA cores. MFU is
+// math meant for bf16.enabled on the GPU); --math fp32 keeps cuBLAS's fp32 math. Either way the
+// rest (LayerNorm, GELU, a simple warp-per-row attention, AdamW) runs in fp32 on CUDA cores. MFU is
 //   (6 x params + 12 x n_layer x n_embd x T) x tokens/s / peak
 // (PaLM's appendix B count: weights and attention, forward + backward) against the peak of the
 // math that ran: the bf16 dense peak (790 TFLOP/s for an H200, --peak-tflops) with bf16,
