@@ -159,5 +159,35 @@ TEST_F(CudaBf16Math, MatmulForwardBackwardAgainstTheCpu) {
   EXPECT_TRUE(close(gdb.download(), db_ref, 1e-4, 1e-5));  // the column sum has no matmul
 }
 
+// Views into flat parameter/activation buffers are only 4-byte aligned: the bf16 math must give
+// the same answer there (cuBLASLt told the real alignment, or the GemmEx fallback).
+TEST_F(CudaBf16Math, MatmulOnMisalignedViews) {
+  const int B = 1, T = 19, C = 72, OC = 40;
+  const auto inp = random_floats(size_t{B} * T * C + 1, 21);
+  const auto w = random_floats(size_t{OC} * C + 1, 22), bias = random_floats(OC + 4, 23);
+  const auto dout = random_floats(size_t{B} * T * OC + 1, 24);
+  std::vector<float> ref(size_t{B} * T * OC);
+  cpu::matmul_forward(ref.data(), inp.data() + 1, w.data() + 1, bias.data() + 4, B, T, C, OC);
+  auto dw_ref = random_floats(size_t{OC} * C + 1, 25);
+  std::vector<float> dinp_ref(size_t{B} * T * C);
+  DeviceArray<float> di(inp), dw(w), dbias(bias), ddout(dout), out(ref.size() + 1),
+      gdinp(dinp_ref.size() + 1), gdw(dw_ref);
+  cpu::matmul_backward(dinp_ref.data(), dw_ref.data() + 1, nullptr, dout.data() + 1, inp.data() + 1,
+                       w.data() + 1, B, T, C, OC);
+  cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
+  // The bias at a 16-byte offset: the cuBLASLt epilogue with 4-byte aligned matrices.
+  cuda::matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + 4, B, T, C, OC,
+                       stream_);
+  auto got = out.download();
+  EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), ref, kBf16Math));
+  cuda::matmul_backward(gdinp.get() + 1, gdw.get() + 1, nullptr, ddout.get() + 1, di.get() + 1,
+                        dw.get() + 1, B, T, C, OC, stream_);
+  got = gdinp.download();
+  EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), dinp_ref, kBf16Math));
+  got = gdw.download();
+  EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()),
+                             std::vector<float>(dw_ref.begin() + 1, dw_ref.end()), kBf16Math));
+}
+
 }  // namespace
 }  // namespace ds::rt
