@@ -16,6 +16,7 @@
 
 #include "comm/host_comm.h"
 #include "common/check.h"
+#include "common/cuda_stream.h"
 #include "common/env.h"
 #include "common/socket.h"
 #include "store/store.h"
@@ -208,6 +209,7 @@ class NcclComm : public Comm {
     const Deadline dl = Deadline::after(op.timeout);
     try {
       cuda_check(cudaSetDevice(device_), what + ": cudaSetDevice");
+      order_after_producer(what);
       enqueue(op, dl, what);
       cudaEvent_t ev = nullptr;
       cuda_check(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), what + ": event");
@@ -235,6 +237,20 @@ class NcclComm : public Comm {
   }
 
  private:
+  // The communication stream waits (on the device, not the host) for everything the calling
+  // thread queued on its current CUDA stream (common/cuda_stream.h; the model's): the buffers
+  // this operation reads are written by kernels that may not have run yet, and the buffers it
+  // writes may still be read by them.
+  void order_after_producer(const std::string& what) {
+    auto producer = static_cast<cudaStream_t>(current_cuda_stream());
+    cudaEvent_t ready = nullptr;
+    cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what + ": event");
+    const cudaError_t rec = cudaEventRecord(ready, producer);
+    const cudaError_t wait = rec == cudaSuccess ? cudaStreamWaitEvent(stream_, ready, 0) : rec;
+    cudaEventDestroy(ready);  // released by CUDA once the wait is satisfied
+    cuda_check(wait, what + ": ordering after the compute stream");
+  }
+
   void enqueue(const Op& op, Deadline dl, const std::string& what) {
     const ncclDataType_t t = nccl_type(op.dtype);
     const size_t es = dtype_size(op.dtype);

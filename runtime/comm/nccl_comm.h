@@ -7,6 +7,11 @@
 // - Setup: rank 0 creates the NCCL unique id and publishes it under "nccl/id" in the group's
 //   store; the others read it (bounded by the timeout); ncclCommInitRankConfig runs non-blocking
 //   and is polled against the deadline, so a rank that never joins is a timeout, not a hang.
+// - Ordering: before each operation the NCCL stream waits, on the device, for the work the
+//   calling thread queued on its current CUDA stream (common/cuda_stream.h: the stream of an
+//   open kern::DeviceScope, else the legacy default stream), so a collective never reads a
+//   buffer the model is still writing. The other direction is the host's: Work::wait returns
+//   once the collective finished, and only then does the caller queue kernels that use it.
 // - Asynchronous calls enqueue on the stream and return a Work backed by a CUDA event; wait()
 //   polls the event and ncclCommGetAsyncError. When the operation's deadline passes the
 //   communicator is aborted (ncclCommAbort) and the error says so. NCCL cannot tell which rank

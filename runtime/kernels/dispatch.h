@@ -20,10 +20,16 @@
 #include <cstdint>
 #include <cstring>
 
+#include <span>
+
+#include "common/cuda_stream.h"
 #include "common/error.h"
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
 #ifdef DSTRAIN_HAVE_CUDA
+#include "kernels/cuda/adamw_args.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/cuda/memory.h"
 #endif
@@ -44,10 +50,13 @@ inline KernelContext& kernel_context() {
 }
 
 // RAII: kern:: calls of this thread run on `device` (and `stream`) until the scope ends; scopes
-// nest. Device::kCuda in a build without CUDA throws invalid_usage.
+// nest. Device::kCuda in a build without CUDA throws invalid_usage. A CUDA scope also makes
+// `stream` the thread's current CUDA stream (common/cuda_stream.h), which the NCCL backend
+// orders its collectives after.
 class DeviceScope {
  public:
-  explicit DeviceScope(Device device, void* stream = nullptr) : saved_(kernel_context()) {
+  explicit DeviceScope(Device device, void* stream = nullptr)
+      : saved_(kernel_context()), saved_stream_(current_cuda_stream()) {
 #ifndef DSTRAIN_HAVE_CUDA
     if (device == Device::kCuda) {
       throw Error(ErrorKind::kInvalidUsage,
@@ -55,13 +64,18 @@ class DeviceScope {
     }
 #endif
     kernel_context() = KernelContext{device, stream};
+    if (device == Device::kCuda) current_cuda_stream() = stream;
   }
-  ~DeviceScope() { kernel_context() = saved_; }
+  ~DeviceScope() {
+    kernel_context() = saved_;
+    current_cuda_stream() = saved_stream_;
+  }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
   KernelContext saved_;
+  void* saved_stream_;
 };
 
 inline bool on_cuda() {
@@ -92,6 +106,14 @@ inline void copy_from_host(void* dst, const void* src, size_t bytes) {
   if (on_cuda()) return cuda::copy_to_device(dst, src, bytes, kernel_context().stream);
 #endif
   if (bytes > 0) std::memcpy(dst, src, bytes);
+}
+
+// Device to device (the same device), non-overlapping; in stream order inside a CUDA scope.
+inline void copy(void* dst, const void* src, size_t bytes) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) return cuda::copy_on_device(dst, src, bytes, kernel_context().stream);
+#endif
+  if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
 #ifdef DSTRAIN_HAVE_CUDA
@@ -219,6 +241,39 @@ inline void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N) {
 }
 inline void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N) {
   DS_KERN(convert_f16_to_f32, out, inp, N);
+}
+
+inline void add_in_place(float* dst, const float* src, int64_t N) {
+  DS_KERN(add_in_place, dst, src, N);
+}
+inline void round_to_bf16_in_place(float* x, int64_t N) { DS_KERN(round_to_bf16_in_place, x, N); }
+inline void round_to_f16_in_place(float* x, int64_t N) { DS_KERN(round_to_f16_in_place, x, N); }
+
+// ---- the optimizer's passes over flat buffers (optim/adamw.h, optim/clip.h) ----------------------
+
+// Sum of squares in double, on the host either way (inside a CUDA scope: deterministic device
+// reduction, then a synchronising copy of the one double).
+inline double sum_of_squares(const float* x, int64_t n) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) return cuda::sum_of_squares_to_host(x, n, cuda_stream());
+#endif
+  return optim::sum_of_squares(x, n);
+}
+// optim::adamw_update_partition; inside a CUDA scope one fused kernel per run of equal decay.
+inline void adamw_update_partition(const optim::AdamWStep& s, float* params, const float* grads,
+                                   float* exp_avg, float* exp_avg_sq, int64_t begin,
+                                   int64_t count, std::span<const optim::DecayRange> decay) {
+#ifdef DSTRAIN_HAVE_CUDA
+  if (on_cuda()) {
+    const cuda::AdamWScalars c = cuda::adamw_scalars(s);
+    optim::for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
+      cuda::adamw_update(c, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d, nullptr,
+                         cuda_stream());
+    });
+    return;
+  }
+#endif
+  optim::adamw_update_partition(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay);
 }
 
 #undef DS_KERN

@@ -51,12 +51,6 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
     throw invalid_argument("Gpt2Options::device: pinned host memory (kCudaHost) is for offload "
                            "buffers; the model runs on kCpu or kCuda");
   }
-  if (opt_.device == Device::kCuda && (hooks != nullptr || part_.tp > 1 || !opt_.own_params ||
-                                       !opt_.own_grads)) {
-    throw invalid_argument("Gpt2Options::device = cuda: only a whole single-process model with its "
-                           "own parameters and gradients runs on a GPU today (no parallel hooks, "
-                           "tp = 1); the hooks move host memory (docs/gpu.md)");
-  }
   const Device dev = opt_.device;
   const size_t pbytes = static_cast<size_t>(layout_.total) * sizeof(float);
   if (opt_.own_params) params_ = alloc_.allocate(pbytes, MemTag::kParams, "gpt2 parameters", dev);

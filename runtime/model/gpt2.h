@@ -51,8 +51,9 @@ struct Gpt2Options {
   // grad() and the activations are then DEVICE pointers. Token ids are still passed as HOST
   // pointers (validated on the host, uploaded into a small device buffer, tag workspace, 2*B*T
   // int32). The mean loss returned by head_* is copied back (synchronising the stream).
-  // Today kCuda requires a single-process part (hooks == nullptr, tp == 1, own_params and
-  // own_grads): the parallel hooks move host memory (invalid_argument otherwise).
+  // With kCuda the hooks are handed device pointers and must work on the device (the runtime's
+  // do when built for it: ZeroEngine / TiedEmbeddingHooks with the same device and stream, and
+  // tensor-parallel regions over an NCCL Comm).
   Device device = Device::kCpu;
   void* cuda_stream = nullptr;
 };

@@ -72,18 +72,15 @@ void adamw_update(const AdamWStep& s, float* __restrict params, const float* __r
   }
 }
 
-void adamw_update_partition(const AdamWStep& s, float* params, const float* grads,
-                            float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t count,
-                            std::span<const DecayRange> decay) {
+void for_each_decay_run(int64_t begin, int64_t count, std::span<const DecayRange> decay,
+                        const std::function<void(int64_t, int64_t, bool)>& run) {
   if (begin < 0 || count < 0) {
     throw invalid_argument("AdamW: partition [{}, {}+{}) is invalid", begin, begin, count);
   }
   const int64_t end = begin + count;
   int64_t cursor = begin;  // global offset of the next element to update
-  auto run = [&](int64_t from, int64_t to, bool d) {
-    if (to <= from) return;
-    const int64_t o = from - begin;
-    adamw_update(s, params + o, grads + o, exp_avg + o, exp_avg_sq + o, to - from, d);
+  auto emit = [&](int64_t from, int64_t to, bool d) {
+    if (to > from) run(from - begin, to - from, d);
   };
   int64_t prev_end = 0;
   for (size_t i = 0; i < decay.size(); ++i) {
@@ -97,11 +94,19 @@ void adamw_update_partition(const AdamWStep& s, float* params, const float* grad
     if (cursor >= end) continue;  // keep validating the rest of the table
     const int64_t lo = std::max(r.offset, cursor), hi = std::min(prev_end, end);
     if (hi <= lo) continue;
-    run(cursor, lo, false);  // a gap before this range: no decay
-    run(lo, hi, r.decay);
+    emit(cursor, lo, false);  // a gap before this range: no decay
+    emit(lo, hi, r.decay);
     cursor = hi;
   }
-  run(cursor, end, false);
+  emit(cursor, end, false);
+}
+
+void adamw_update_partition(const AdamWStep& s, float* params, const float* grads,
+                            float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t count,
+                            std::span<const DecayRange> decay) {
+  for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
+    adamw_update(s, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d);
+  });
 }
 
 }  // namespace ds::rt::optim

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 
 namespace ds::rt::optim {
@@ -71,6 +72,12 @@ AdamWStep adamw_step_scalars(const AdamWConfig& config, int64_t step, double lr,
 // applies to these n elements.
 void adamw_update(const AdamWStep& s, float* params, const float* grads, float* exp_avg,
                   float* exp_avg_sq, int64_t n, bool decay);
+
+// The runs of the partition [begin, begin + count) that decay alike, in order and covering it:
+// run(offset from begin, n, decay) for each. Validates the table as adamw_update_partition does.
+// What adamw_update_partition and its device twin (kern::adamw_update_partition) share.
+void for_each_decay_run(int64_t begin, int64_t count, std::span<const DecayRange> decay,
+                        const std::function<void(int64_t, int64_t, bool)>& run);
 
 // Updates the partition [begin, begin + count) of the flat buffers; the pointers point at the
 // partition's first element (shard-local). Each element decays as the DecayRange covering its

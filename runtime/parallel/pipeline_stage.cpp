@@ -18,6 +18,7 @@
 #include <string>
 
 #include "common/error.h"
+#include "kernels/dispatch.h"
 #include "model_spec/partition.h"
 
 namespace ds::rt::parallel {
@@ -239,14 +240,16 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
   return res;
 }
 
-TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc)
+TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc,
+                                       Device device, void* cuda_stream)
     : inner_(inner != nullptr ? inner : &default_),
       buf_(alloc.allocate(static_cast<size_t>(wte_numel) * sizeof(float), MemTag::kGrads,
-                          "pipeline tied wte grad")),
-      n_(wte_numel) {}
+                          "pipeline tied wte grad", device)),
+      n_(wte_numel), device_(device), stream_(cuda_stream) {}
 
 void TiedEmbeddingHooks::zero() {
-  std::memset(buf_.data(), 0, buf_.bytes());
+  const kern::DeviceScope scope(device_, stream_);
+  kern::fill_zero(buf_.data(), buf_.bytes());
 }
 
 void TiedEmbeddingHooks::hand_over() {
@@ -262,8 +265,10 @@ void TiedEmbeddingHooks::hand_over() {
         "TiedEmbeddingHooks::hand_over: the inner hooks serve no gradient for "
         "the token embedding and the model has none");
   }
-  const float* src = buf_.as<float>();
-  for (int64_t i = 0; i < n_; ++i) g[i] += src[i];
+  {
+    const kern::DeviceScope scope(device_, stream_);
+    kern::add_in_place(g, buf_.as<float>(), n_);
+  }
   inner_->grads_ready(wte);
 }
 

@@ -147,8 +147,10 @@ class PipelineStage {
 class TiedEmbeddingHooks final : public ParallelHooks {
  public:
   // `wte_numel`: this tp rank's wte elements (model_spec::local_numel of wte). `inner` may be
-  // null and must outlive this object.
-  TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc);
+  // null and must outlive this object. `device` (and `cuda_stream`): the model's, where the
+  // buffer lives and the zeroing and adding run (kernels/dispatch.h).
+  TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc,
+                     Device device = Device::kCpu, void* cuda_stream = nullptr);
 
   float* wte_grad() { return buf_.as<float>(); }
   void zero();  // before the step's first micro-batch
@@ -171,6 +173,8 @@ class TiedEmbeddingHooks final : public ParallelHooks {
   ParallelHooks default_;
   Buffer buf_;
   int64_t n_;
+  Device device_;
+  void* stream_;
   float* resident_ = nullptr;  // the model's own wte gradient slot (null without own_grads)
   bool seen_ = false;
 };

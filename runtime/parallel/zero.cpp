@@ -22,6 +22,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "kernels/dispatch.h"
 
 namespace ds::rt::parallel {
 
@@ -56,7 +57,7 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
 
   if (opt_.stage >= 2) {
     grad_part_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kGrads,
-                                 "zero gradient partition");
+                                 "zero gradient partition", opt_.device);
     fp_.grad_partition = mine;
     int64_t max_unit = 0, rest = 0, wte_n = 0;
     for (size_t i = 0; i < nu; ++i) {
@@ -71,24 +72,24 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
     const int nb = opt_.overlap_comm ? 2 : 1;
     for (int b = 0; b < nb; ++b) {
       buckets_[b] = alloc_.allocate(static_cast<size_t>(cap_) * sizeof(float), MemTag::kGrads,
-                                    "zero gradient bucket");
+                                    "zero gradient bucket", opt_.device);
       pend_[b].out = alloc_.allocate(static_cast<size_t>(std::min(cap_, mine)) * sizeof(float),
-                                     MemTag::kComm, "zero reduce-scatter receive");
+                                     MemTag::kComm, "zero reduce-scatter receive", opt_.device);
       fp_.grad_buckets += cap_;
       fp_.comm += std::min(cap_, mine);
     }
     if (wte_n > 0) {
       wte_buf_ = alloc_.allocate(static_cast<size_t>(wte_n) * sizeof(float), MemTag::kGrads,
-                                 "zero token-embedding gradient");
+                                 "zero token-embedding gradient", opt_.device);
       pend_[2].out = alloc_.allocate(static_cast<size_t>(std::min(wte_n, mine)) * sizeof(float),
-                                     MemTag::kComm, "zero reduce-scatter receive");
+                                     MemTag::kComm, "zero reduce-scatter receive", opt_.device);
       fp_.grad_buckets += wte_n;
       fp_.comm += std::min(wte_n, mine);
     }
   }
   if (opt_.stage == 3) {
     shard_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kParams,
-                             "zero parameter shard");
+                             "zero parameter shard", opt_.device);
     fp_.param_partition = mine;
     persistent_.resize(nu);
     gathered_.resize(nu);
@@ -97,7 +98,7 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
       const int64_t n = layout_.units[i].numel;
       if (n <= opt_.param_persistence_threshold) {
         persistent_[i] = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
-                                         "zero persistent unit");
+                                         "zero persistent unit", opt_.device);
         fp_.persistent += n;
       }
     }
@@ -105,7 +106,7 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
   if ((opt_.stage == 1 || opt_.stage == 2) && comm_ && opt_.allgather_bucket_size < part_.stride()) {
     const int64_t n = opt_.allgather_bucket_size * size_;
     stage_buf_ = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kComm,
-                                 "zero all-gather staging");
+                                 "zero all-gather staging", opt_.device);
     fp_.comm += n;
   }
 }
@@ -162,7 +163,7 @@ comm::WorkPtr ZeroEngine::reduce_scatter_range(const float* in, int64_t lo, int6
                                                bool async) {
   auto counts = part_.counts_in(lo, hi);
   if (!comm_) {
-    std::memcpy(out, in, counts[0] * sizeof(float));
+    kern::copy(out, in, counts[0] * sizeof(float));
     return nullptr;
   }
   if (async) {
@@ -180,7 +181,7 @@ comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* 
   const float* in = r.size() > 0 ? shard + (r.lo - b) : shard;
   if (!comm_) {
     if (r.size() == 0) return nullptr;
-    if (out + (r.lo - lo) != in) std::memcpy(out + (r.lo - lo), in, r.size() * sizeof(float));
+    kern::copy(out + (r.lo - lo), in, static_cast<size_t>(r.size()) * sizeof(float));
     return nullptr;
   }
   auto counts = part_.counts_in(lo, hi);
@@ -192,14 +193,16 @@ comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* 
 // ---- steps -------------------------------------------------------------------------------------
 
 void ZeroEngine::begin_step() {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   if (opt_.stage >= 2) {
-    if (!grad_part_.empty()) std::memset(grad_part_.data(), 0, grad_part_.bytes());
+    if (!grad_part_.empty()) kern::fill_zero(grad_part_.data(), grad_part_.bytes());
   } else {
-    std::memset(model_grads_, 0, static_cast<size_t>(part_.total()) * sizeof(float));
+    kern::fill_zero(model_grads_, static_cast<size_t>(part_.total()) * sizeof(float));
   }
 }
 
 void ZeroEngine::begin_micro_batch(bool last, bool backward) {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   reducing_ = opt_.stage < 2 && last && backward;
   ar_lo_ = ar_hi_ = 0;
   std::fill(placed_.begin(), placed_.end(), nullptr);
@@ -233,6 +236,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
 }
 
 void ZeroEngine::end_micro_batch() {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   if (opt_.stage < 2) {
     if (reducing_) {
       flush_allreduce();
@@ -258,6 +262,7 @@ void ZeroEngine::end_micro_batch() {
 }
 
 void ZeroEngine::gather_params() {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   if (opt_.stage == 0) return;
   if (opt_.stage == 3) {
     for (size_t i = 0; i < persistent_.size(); ++i) {
@@ -289,8 +294,8 @@ void ZeroEngine::gather_params() {
     for (int q = 0; q < size_; ++q) {
       const size_t c = counts[static_cast<size_t>(q)];
       if (q != rank_ && c > 0) {
-        std::memcpy(model_params_ + part_.begin(q) + j * k, stage_buf_.as<float>() + off,
-                    c * sizeof(float));
+        kern::copy(model_params_ + part_.begin(q) + j * k, stage_buf_.as<float>() + off,
+                   c * sizeof(float));
       }
       off += c;
     }
@@ -298,6 +303,7 @@ void ZeroEngine::gather_params() {
 }
 
 void ZeroEngine::all_gather_partitions(float* full) {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   all_gather_range(0, part_.total(), full + part_.begin(rank_), full, false);
 }
 
@@ -327,11 +333,7 @@ void ZeroEngine::complete(Pending& p) {
     p.work->wait();
     p.work.reset();
   }
-  if (p.count > 0) {
-    float* dst = grad_part_.as<float>() + p.dst;
-    const float* src = p.out.as<float>();
-    for (int64_t i = 0; i < p.count; ++i) dst[i] += src[i];
-  }
+  if (p.count > 0) kern::add_in_place(grad_part_.as<float>() + p.dst, p.out.as<float>(), p.count);
   p.count = 0;
 }
 
@@ -356,10 +358,11 @@ void ZeroEngine::flush_bucket() {
 
 float* ZeroEngine::grads_needed(Unit unit, float* resident) {
   if (opt_.stage < 2) return resident;
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int idx = unit_index(unit);
   if (idx == wte_idx_) {
     if (!wte_fresh_) {
-      std::memset(wte_buf_.data(), 0, wte_buf_.bytes());
+      kern::fill_zero(wte_buf_.data(), wte_buf_.bytes());
       wte_fresh_ = true;
     }
     return wte_buf_.as<float>();
@@ -368,7 +371,7 @@ float* ZeroEngine::grads_needed(Unit unit, float* resident) {
   const auto& s = layout_.units[static_cast<size_t>(idx)];
   if (fill_ > 0 && (fill_ + s.numel > cap_ || s.offset + s.numel != bucket_lo_)) flush_bucket();
   float* p = buckets_[cur_].as<float>() + (cap_ - fill_ - s.numel);
-  std::memset(p, 0, static_cast<size_t>(s.numel) * sizeof(float));
+  kern::fill_zero(p, static_cast<size_t>(s.numel) * sizeof(float));
   placed_[static_cast<size_t>(idx)] = p;
   fill_ += s.numel;
   bucket_lo_ = s.offset;
@@ -376,6 +379,7 @@ float* ZeroEngine::grads_needed(Unit unit, float* resident) {
 }
 
 void ZeroEngine::grads_ready(Unit unit) {
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int idx = unit_index(unit);
   const auto& s = layout_.units[static_cast<size_t>(idx)];
   if (opt_.stage < 2) {
@@ -415,7 +419,7 @@ Buffer ZeroEngine::take_buffer(int64_t n) {
     return b;
   }
   return alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
-                         "zero gathered unit");
+                         "zero gathered unit", opt_.device);
 }
 
 void ZeroEngine::issue_gather(int idx) {
@@ -450,6 +454,7 @@ void ZeroEngine::prefetch() {
 
 const float* ZeroEngine::params_needed(Unit unit, const float* resident) {
   if (opt_.stage < 3) return resident;
+  const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int idx = unit_index(unit);
   const auto i = static_cast<size_t>(idx);
   if (seq_ok_ && cursor_ < seq_.size() && seq_[cursor_] == idx) {

@@ -29,6 +29,10 @@
 // Failures: collectives throw ds::Error naming the dead or late rank (comm.h); the engine lets
 // them propagate (the Comm is then broken and the job must restart).
 // dp size 1 (no Comm): the same code with local copies in place of collectives.
+// Device: every buffer is on ZeroOptions::device; element work goes through kern:: on that
+// device. On a GPU the Comm must be NCCL (it orders its stream after the model's, and Work::wait
+// returns once the collective finished on the device), and opt_params()/opt_grads() are device
+// pointers.
 // Thread safety: one thread (the model's) drives the engine.
 #pragma once
 
@@ -54,6 +58,13 @@ struct ZeroOptions {
   int64_t prefetch_bucket_size = 50000000;    // stage 3
   int64_t param_persistence_threshold = 100000;
   int64_t max_live_parameters = 1000000000;
+  // Where the model's parameters and gradients live, and so every buffer of the engine: kCpu, or
+  // kCuda (the current device) with the Comm's backend taking device pointers (NCCL). The
+  // engine's own element work (zeroing, copies, adding received partitions) runs through the
+  // kernel dispatch (kernels/dispatch.h) on that device, in the order of `cuda_stream` (a
+  // cudaStream_t; nullptr = the legacy default stream), the model's stream.
+  Device device = Device::kCpu;
+  void* cuda_stream = nullptr;
 };
 
 // What the engine allocated, in elements (for docs, logs and the memory tests).

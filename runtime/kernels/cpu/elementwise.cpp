@@ -1,7 +1,9 @@
-// GELU (tanh approximation) and residual add, forward and backward.
+// GELU (tanh approximation) and residual add, forward and backward; the in-place add and
+// storage-precision rounding the parallel engines and the trainer use.
 #include <algorithm>
 #include <cmath>
 
+#include "core/dtype.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vmath.h"
 
@@ -62,6 +64,21 @@ void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N)
     dinp1[i] += dout[i];
     dinp2[i] += dout[i];
   }
+}
+
+void add_in_place(float* dst, const float* src, int64_t N) {
+#pragma omp parallel for schedule(static) if (N >= kParallelWork)
+  for (int64_t i = 0; i < N; i++) dst[i] += src[i];
+}
+
+void round_to_bf16_in_place(float* x, int64_t N) {
+#pragma omp parallel for schedule(static) if (N >= kParallelWork)
+  for (int64_t i = 0; i < N; i++) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+}
+
+void round_to_f16_in_place(float* x, int64_t N) {
+#pragma omp parallel for schedule(static) if (N >= kParallelWork)
+  for (int64_t i = 0; i < N; i++) x[i] = f16_to_f32(f32_to_f16(x[i]));
 }
 
 }  // namespace ds::rt::cpu

@@ -114,6 +114,12 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N);
 // dinp1 += dout, dinp2 += dout (both accumulate).
 void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N);
+// dst += src (gradient accumulation of the parallel engines); must not overlap.
+void add_in_place(float* dst, const float* src, int64_t N);
+// x = the nearest bf16 (fp16) value of x, in place, rounding as core/dtype.h: the storage
+// precision of mixed-precision parameters kept in fp32 buffers.
+void round_to_bf16_in_place(float* x, int64_t N);
+void round_to_f16_in_place(float* x, int64_t N);
 
 // ---- fused softmax + cross-entropy ----------------------------------------------------------------
 

@@ -118,6 +118,27 @@ __global__ void residual_backward_kernel(T* d1, T* d2, const T* dout, int64_t n)
   }
 }
 
+__global__ void add_in_place_kernel(float* dst, const float* src, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    dst[i] += src[i];
+  }
+}
+
+__global__ void round_to_bf16_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = bf16_bits_to_f32(f32_to_bf16_bits(x[i]));
+  }
+}
+
+__global__ void round_to_f16_kernel(float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = __half2float(__float2half_rn(x[i]));
+  }
+}
+
 __global__ void add_bias_kernel(float* out, const float* bias, int OC, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -239,6 +260,32 @@ void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
   DS_CUDA_CHECK_LAUNCH("sum_squares_final_kernel");
 }
 
+double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream) {
+  // One scratch of 1 + kSumSquaresBlocks doubles per (thread, device), kept for the thread's
+  // life (a few KiB, outside the tagged accounting like the cuBLAS workspace).
+  struct Scratch {
+    int device = -1;
+    double* mem = nullptr;
+    ~Scratch() {
+      if (mem != nullptr) cudaFree(mem);
+    }
+  };
+  thread_local Scratch scratch;
+  int device = 0;
+  DS_CUDA_CHECK(cudaGetDevice(&device));
+  if (scratch.device != device) {
+    if (scratch.mem != nullptr) DS_CUDA_CHECK(cudaFree(scratch.mem));
+    scratch.mem = nullptr;
+    DS_CUDA_CHECK(cudaMalloc(&scratch.mem, (1 + kSumSquaresBlocks) * sizeof(double)));
+    scratch.device = device;
+  }
+  sum_of_squares(scratch.mem, scratch.mem + 1, x, n, stream);
+  double out = 0.0;
+  DS_CUDA_CHECK(cudaMemcpyAsync(&out, scratch.mem, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
 void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
   if (n <= 0 || coef == 1.0f) return;
   scale_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, coef);
@@ -343,6 +390,15 @@ void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* do
                             cudaStream_t stream) {
   DS_ELEMENTWISE(residual_backward_kernel<Bf16>, N, as_bf16(dinp1), as_bf16(dinp2),
                  as_bf16(dout), N);
+}
+void add_in_place(float* dst, const float* src, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(add_in_place_kernel, N, dst, src, N);
+}
+void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(round_to_bf16_kernel, N, x, N);
+}
+void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(round_to_f16_kernel, N, x, N);
 }
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
   const int64_t n = int64_t{N} * OC;

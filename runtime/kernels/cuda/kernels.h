@@ -16,7 +16,9 @@
 // - Backward: parameter gradients ACCUMULATE (+=), input gradients are OVERWRITTEN unless the
 //   function says "accumulates", exactly as on the CPU.
 // - Arithmetic is fp32 everywhere (bf16 variants read and write bf16, compute in fp32). cuBLAS runs
-//   in its default (pedantic fp32) math mode: no TF32 unless NVIDIA_TF32_OVERRIDE says otherwise.
+//   in its default (pedantic fp32) math mode (no TF32 unless NVIDIA_TF32_OVERRIDE says otherwise),
+//   unless the calling thread chose MatmulMath::kBf16 (end of this header): then the matmuls
+//   multiply in bf16 on tensor cores with fp32 storage and accumulation.
 // - Sums run in a different order than on the CPU: results agree with the CPU kernels to ~1e-5
 //   relative (fp32) and ~1e-2 (bf16), not bit for bit. encoder_backward and add-to-embedding
 //   gradients use atomicAdd, so their float sums are not deterministic run to run.
@@ -95,6 +97,11 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int B, int T, int C, int OC, cudaStream_t stream);
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream);
+// cpu::add_in_place, round_to_bf16_in_place, round_to_f16_in_place on the device (rounding
+// bit-identical to core/dtype.h).
+void add_in_place(float* dst, const float* src, int64_t N, cudaStream_t stream);
+void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream);
+void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream);
 
 // ---- causal multi-head self-attention ------------------------------------------------------------
 
@@ -189,6 +196,9 @@ void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_
 // doubles), then one block adds them. inf/nan inputs make it non-finite, as on the CPU.
 inline constexpr int kSumSquaresBlocks = 256;
 void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cudaStream_t stream);
+// The same, returned to the host (synchronises the stream); the scratch is the calling thread's
+// own, per device.
+double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream);
 // x[i] *= coef; nothing is launched when coef == 1.
 void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 

@@ -190,6 +190,28 @@ void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
   DS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
+void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) {
+  if (bytes == 0 || dst == src) return;
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                static_cast<cudaStream_t>(stream)));
+}
+
+void set_device(int device, std::string_view who) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    throw system_error("{}: no CUDA device is usable: {}", who, cudaGetErrorString(e));
+  }
+  if (device < 0 || device >= count) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: CUDA device {} does not exist; {} GPU(s) are visible", who, device,
+                            count),
+                "start at most as many ranks per node as the node has GPUs (the hostfile's "
+                "slots), or check CUDA_VISIBLE_DEVICES");
+  }
+  DS_CUDA_CHECK(cudaSetDevice(device));
+}
+
 BlockCacheStats device_cache_stats(int device) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

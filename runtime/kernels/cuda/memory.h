@@ -42,6 +42,11 @@ void memset_zero_async(void* p, size_t bytes, void* stream);
 void copy_to_device(void* dst, const void* src, size_t bytes, void* stream);
 // copy_to_host: device -> host after the work queued on `stream`; returns when the data is there.
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
+// copy_on_device: device -> device (same device), in stream order; the ranges must not overlap.
+void copy_on_device(void* dst, const void* src, size_t bytes, void* stream);
+// Makes `device` current on the calling thread (cudaSetDevice), naming `who` in the error (e.g. a
+// LOCAL_RANK beyond the visible GPUs).
+void set_device(int device, std::string_view who);
 
 // The cache of one device (zeros for a device never allocated on).
 BlockCacheStats device_cache_stats(int device);
