@@ -111,9 +111,7 @@ const RankMemory& MemoryPlan::peak_rank() const {
   return *best;
 }
 
-int storage_bytes(const Layout& l) {
-  return l.device == DeviceKind::kCpu ? 4 : param_bytes(l.precision);
-}
+int storage_bytes(const Layout&) { return 4; }
 
 MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   validate_layout(s, l);
@@ -162,8 +160,11 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
       // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without
       // a pipeline; with one, every micro-batch of the step is loaded before the schedule runs
       // (G of them, on every stage).
+      // On a GPU the model also keeps one micro-batch of token ids on the device (Gpt2's upload
+      // buffer, inputs and targets).
       r.workspace = at.shared_workspace * kActivationBytes +
-                    kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l);
+                    kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
+                    (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
 
       // ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
       // reduce_bucket_size elements of the others; the token embedding has its own buffer.
@@ -258,8 +259,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, precision_name(l.precision),
-                                              l.device == DeviceKind::kCpu && l.precision != Precision::kFp32
-                                                  ? " values in fp32 buffers (CPU)" : "",
+                                              l.precision != Precision::kFp32 ? " values in fp32 buffers" : "",
                                               l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", l.dp) : "")});
   if (offload_par) plan.notes.back().text += ", offloaded to CPU";
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", pb,

@@ -26,8 +26,8 @@ namespace ds::plan {
 enum class Precision { kFp32, kBf16, kFp16 };
 enum class Schedule { k1F1B, kGPipe };
 enum class StagePartition { kUniform, kParameters };
-// Where the job runs (training.device): on CPU the runtime stores 16-bit parameter and gradient
-// values in fp32 buffers and host memory is the device memory (offload moves nothing).
+// Where the job runs (training.device): on CPU host memory is the device memory (offload moves
+// nothing). On both the runtime stores 16-bit parameter and gradient values in fp32 buffers.
 enum class DeviceKind { kCpu, kCuda };
 
 const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
@@ -66,7 +66,9 @@ int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4,
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kActivationBytes = 4; // model_spec counts activation buffers in fp32 elements
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
-// Bytes per stored parameter/gradient element: 4 on CPU whatever the precision, else param_bytes.
+// Bytes per stored parameter/gradient element: 4 whatever the precision and device, because the
+// runtime keeps 16-bit values in fp32 buffers (bf16/fp16 round the values; on a GPU bf16 also
+// runs the matmuls on bf16 tensor cores). param_bytes is what a 16-bit store would need.
 int storage_bytes(const Layout& l);
 
 // How ZeRO splits a flat buffer of `total` elements over dp ranks: model_spec::flat_partition

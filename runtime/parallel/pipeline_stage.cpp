@@ -55,9 +55,14 @@ std::vector<ms::ModelPart> partition_stages(const ms::Gpt2Shape& s, int pp, Part
   return parts;
 }
 
-PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied)
-    : model_(model), pp_(std::move(pp)), tied_(std::move(tied)) {
+PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads)
+    : model_(model), pp_(std::move(pp)), tied_(std::move(tied)), grads_(pp_grads ? std::move(pp_grads) : pp_) {
   if (!pp_) throw invalid_argument("PipelineStage: the pipeline group's Comm is null");
+  if (grads_->size() != pp_->size() || grads_->rank() != pp_->rank()) {
+    throw invalid_argument("PipelineStage: the gradient group (rank {} of {}) is not over the pipeline "
+                           "group's ranks (rank {} of {})",
+                           grads_->rank(), grads_->size(), pp_->rank(), pp_->size());
+  }
   const auto& part = model_.part();
   if (part.has_embedding != is_first() || part.has_head != is_last()) {
     throw invalid_argument(
@@ -172,7 +177,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         break;
       case EventKind::kRecvGrad:
         wait(grad_send);
-        pp_->recv(model_.d_stream(), n, f32, st + 1, kGradTag);
+        grads_->recv(model_.d_stream(), n, f32, st + 1, kGradTag);
         break;
       case EventKind::kBackward: {
         if (slot[e.mb] < 0) {
@@ -197,7 +202,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         break;
       }
       case EventKind::kSendGrad:
-        grad_send = pp_->send_async(model_.d_stream(), n, f32, st - 1, kGradTag);
+        grad_send = grads_->send_async(model_.d_stream(), n, f32, st - 1, kGradTag);
         break;
     }
   }

@@ -92,7 +92,13 @@ class PipelineStage {
   // tied wte gradient, required exactly when pp->size() > 1 and this stage has the embedding or
   // the head (null otherwise). The model must outlive this object. invalid_argument when the
   // part does not fit the stage index (embedding iff stage 0, head iff last stage).
-  PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied);
+  // `pp_grads`: optionally a second group over the same ranks for the gradients flowing
+  // backwards (null: `pp` carries both directions). Stream-ordered backends need it: NCCL runs a
+  // group's operations in issue order on one stream, so a gradient receive queued behind an
+  // activation send would wait for the neighbour's matching receive, which that neighbour queues
+  // behind its own gradient send; with one group per direction each stream's operations match the
+  // neighbour's in order (Megatron batches the pair instead).
+  PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads = nullptr);
 
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
@@ -126,6 +132,7 @@ class PipelineStage {
  private:
   Gpt2& model_;
   comm::CommPtr pp_, tied_;
+  comm::CommPtr grads_;  // the backward direction's group: pp_grads, else pp_
   std::vector<Gpt2Activations> acts_;
   int64_t btc_;
 };

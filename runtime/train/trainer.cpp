@@ -23,7 +23,10 @@
 #include "core/dtype.h"
 #include "data/loader.h"
 #include "data/token_file.h"
-#include "kernels/cpu/kernels.h"
+#include "kernels/dispatch.h"
+#ifdef DSTRAIN_HAVE_CUDA
+#include "kernels/cuda/memory.h"
+#endif
 #include "model/gpt2.h"
 #include "model/init.h"
 #include "optim/adamw.h"
@@ -102,6 +105,9 @@ struct Trainer::Impl {
   TrainOptions opt;
   ms::Gpt2Shape shape;
   Precision precision = Precision::kFp32;
+  // Where the model, the engines' buffers and the optimizer state live: kCpu, or kCuda (device
+  // LOCAL_RANK; kernels on the legacy default stream, which the NCCL groups order after).
+  Device device = Device::kCpu;
   int B = 0, T = 0, G = 1;
   int rank = 0, world = 1;  // world rank / size
   int tp = 1, pp = 1, dp_size = 1;
@@ -111,8 +117,11 @@ struct Trainer::Impl {
   std::shared_ptr<store::Store> store;
   // The world and this rank's groups along each axis (null where the axis has size 1; dp_comm is
   // the world itself without tensor and pipeline parallelism), and the {first, last} stage group
-  // for the tied token embedding (first and last stage of a pipeline only).
-  comm::CommPtr world_comm, tp_comm, dp_comm, pp_comm, tied_comm;
+  // for the tied token embedding (first and last stage of a pipeline only). On a GPU the axis
+  // groups are NCCL groups of a second, NCCL world (data_world); world_comm stays a host group
+  // (shm or Gloo) for the host bookkeeping (loss, norm, overflow, peaks, barriers).
+  comm::CommPtr world_comm, data_world, tp_comm, dp_comm, pp_comm, tied_comm;
+  comm::CommPtr pp_grad_comm;  // GPU pipelines: the backward direction's group (pipeline_stage.h)
   // Declaration order is destruction order reversed: the stage (which uses the model) goes first,
   // then the engine (waits its work), the hooks, and the model last.
   std::unique_ptr<Gpt2> model;
@@ -167,26 +176,33 @@ struct Trainer::Impl {
   int64_t part_begin() const { return zero->partition().begin(zero->dp_rank()); }
   int64_t part_count() const { return zero->partition().count(zero->dp_rank()); }
 
-  // Rounds the model's parameters (or gradients) to the storage precision, in place.
+  // Rounds the model's parameters (or gradients) to the storage precision, in place, on the
+  // model's device (every kern:: call of the trainer runs inside its DeviceScope).
   void round_to_precision(float* x, int64_t n) {
-    if (precision == Precision::kFp32) return;
-    if (precision == Precision::kBf16) {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
-    } else {
-#pragma omp parallel for schedule(static)
-      for (int64_t i = 0; i < n; ++i) x[i] = f16_to_f32(f32_to_f16(x[i]));
-    }
+    if (precision == Precision::kBf16) kern::round_to_bf16_in_place(x, n);
+    if (precision == Precision::kFp16) kern::round_to_f16_in_place(x, n);
   }
 
   // After an update of the master weights: the model's copy of the optimizer range (rounded),
   // then the engine's gathers (stage 1/2 parameters, stage 3 persistent units).
   void sync_model_from_master() {
     if (precision != Precision::kFp32) {
-      std::copy_n(master.as<float>(), opt_count(), zero->opt_params());
+      kern::copy(zero->opt_params(), master.as<float>(), static_cast<size_t>(opt_count()) * sizeof(float));
       round_to_precision(zero->opt_params(), opt_count());
     }
     zero->gather_params();
+  }
+
+  // Host <-> model-device transfers of whole ranges (checkpoints, initial values, exports). On
+  // the CPU they go through a host copy too, which keeps one code path; the cost is a memcpy of
+  // a partition per checkpoint.
+  std::vector<float> to_host(const float* src, int64_t n) {
+    std::vector<float> h(static_cast<size_t>(n));
+    kern::copy_to_host(h.data(), src, h.size() * sizeof(float));
+    return h;
+  }
+  void from_host(float* dst, const std::vector<float>& h) {
+    kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
   }
 
   // The fp32 view of this rank's parameter partition (what a checkpoint stores as "params").
@@ -240,10 +256,17 @@ struct Trainer::Impl {
     ckpt::ShardWriter w;
     const int64_t n = part_count();
     const size_t bytes = static_cast<size_t>(n) * sizeof(float);
-    w.add("params", "f32", {n}, partition_params(), bytes);
-    if (precision != Precision::kFp32) w.add("master", "f32", {n}, partition_of(master), bytes);
-    w.add("exp_avg", "f32", {n}, partition_of(exp_avg), bytes);
-    w.add("exp_avg_sq", "f32", {n}, partition_of(exp_avg_sq), bytes);
+    // Host copies of the partition's tensors (they are device memory on a GPU).
+    std::vector<std::vector<float>> host;
+    auto add = [&](const char* name, const float* src) {
+      host.push_back(to_host(src, n));
+      w.add(name, "f32", {n}, host.back().data(), bytes);
+    };
+    host.reserve(4);
+    add("params", partition_params());
+    if (precision != Precision::kFp32) add("master", partition_of(master));
+    add("exp_avg", partition_of(exp_avg));
+    add("exp_avg_sq", partition_of(exp_avg_sq));
     w.write(tmp + "/" + ckpt::shard_file_name(rank));
     world_barrier();
     if (rank == 0) {
@@ -264,7 +287,13 @@ struct Trainer::Impl {
     std::string dir, where;
     std::vector<ShardPart> parts;
     std::map<int, std::unique_ptr<ckpt::ShardReader>> readers;
+    // Elements [lo, hi) into dst on the model's device (a host buffer, then one upload).
     void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+      std::vector<float> h(static_cast<size_t>(hi - lo));
+      read_host(name, lo, hi, h.data());
+      kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
+    }
+    void read_host(const std::string& name, int64_t lo, int64_t hi, float* dst) {
       for (const auto& [q, b, c] : parts) {
         auto r = parallel::intersect(lo, hi, b, b + c);
         if (r.size() <= 0) continue;
@@ -430,12 +459,6 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   s.cfg = config;
   s.opt = options;
   config::require_training_sections(s.cfg);
-  if (s.cfg.training.device != "cpu") {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: $.training.device: '{}' training is not available in this build",
-                            s.cfg.path, s.cfg.training.device),
-                "set training.device to \"cpu\"");
-  }
   s.world = s.cfg.world_size;
   s.tp = s.cfg.tensor_parallel.size;
   s.pp = s.cfg.pipeline.stages;
@@ -445,6 +468,27 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
     throw invalid_argument("RANK={} is outside the config's world of {} rank(s) ({})", s.rank, s.world,
                            s.cfg.path);
   }
+  const int local_rank = static_cast<int>(env::get_int("LOCAL_RANK"));
+  if (s.cfg.training.device == "cuda") {
+#ifdef DSTRAIN_HAVE_CUDA
+    // One GPU per rank, the launcher's LOCAL_RANK (torchrun's and DeepSpeed's contract); made
+    // current before anything allocates on it or an NCCL group binds to it.
+    cuda::set_device(local_rank, fmt::format("{}: $.training.device \"cuda\" on rank {} (LOCAL_RANK {})",
+                                             s.cfg.path, s.rank, local_rank));
+    s.device = Device::kCuda;
+#else
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: $.training.device: \"cuda\", but this dstrain was built without CUDA",
+                            s.cfg.path),
+                "build with -DDSTRAIN_CUDA=ON on a machine with the CUDA toolkit and NCCL, or set "
+                "training.device to \"cpu\"");
+#endif
+  } else if (s.cfg.training.device != "cpu") {
+    throw invalid_argument("{}: $.training.device: '{}' is not one of \"cpu\", \"cuda\"", s.cfg.path,
+                           s.cfg.training.device);
+  }
+  // Every kern:: call of the constructor (initial values, master copies) runs on that device.
+  const kern::DeviceScope device_scope(s.device);
   s.shape = shape_of(s.cfg.model);
   s.B = static_cast<int>(s.cfg.train_micro_batch_size_per_gpu);
   s.T = s.cfg.model.seq_len;
@@ -483,21 +527,37 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
     comm::CommOptions co;
     co.name = "world";
     s.world_comm = comm::make_world_comm(s.store, s.rank, s.world, co);
+    // The groups that move the model's buffers: on a GPU an NCCL world (device pointers) beside
+    // the host world, on the CPU the host world itself.
+    s.data_world = s.world_comm;
+    if (s.device == Device::kCuda) {
+      comm::CommOptions no;
+      no.name = "world_nccl";
+      no.backend = comm::Backend::kNccl;
+      no.cuda_device = local_rank;
+      s.data_world = comm::make_world_comm(s.store, s.rank, s.world, no);
+    }
     if (s.tp == 1 && s.pp == 1) {
-      s.dp_comm = s.world_comm;
+      s.dp_comm = s.data_world;
     } else {
       // Every member creates its groups in the same order: tp, dp, pp, then the tied pair.
       auto group = [&](parallel::Axis a) -> comm::CommPtr {
         if (topo.size(a) == 1) return nullptr;
-        return s.world_comm->new_group(topo.group_of(s.rank, a),
+        return s.data_world->new_group(topo.group_of(s.rank, a),
                                        fmt::format("{}{}", parallel::axis_name(a), topo.group_index(s.rank, a)));
       };
       s.tp_comm = group(parallel::Axis::kTp);
       s.dp_comm = group(parallel::Axis::kDp);
       s.pp_comm = group(parallel::Axis::kPp);
+      if (s.pp > 1 && s.device == Device::kCuda) {
+        // NCCL: the gradients flowing back get a group (a stream) of their own (pipeline_stage.h).
+        s.pp_grad_comm = s.data_world->new_group(
+            topo.group_of(s.rank, parallel::Axis::kPp),
+            fmt::format("ppgrad{}", topo.group_index(s.rank, parallel::Axis::kPp)));
+      }
       if (s.pp > 1 && (part.has_embedding || part.has_head)) {
         const auto pp_ranks = topo.group_of(s.rank, parallel::Axis::kPp);
-        s.tied_comm = s.world_comm->new_group({pp_ranks.front(), pp_ranks.back()},
+        s.tied_comm = s.data_world->new_group({pp_ranks.front(), pp_ranks.back()},
                                               fmt::format("tied{}", topo.group_index(s.rank, parallel::Axis::kPp)));
       }
     }
@@ -510,6 +570,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   zo.prefetch_bucket_size = s.cfg.zero.stage3_prefetch_bucket_size;
   zo.param_persistence_threshold = s.cfg.zero.stage3_param_persistence_threshold;
   zo.max_live_parameters = s.cfg.zero.stage3_max_live_parameters;
+  zo.device = s.device;
   auto layout = ms::param_layout(s.shape, part);
 
   // The hook stack: model -> tensor-parallel regions -> the pipeline's tied-wte buffer -> ZeRO.
@@ -517,7 +578,8 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   ParallelHooks* below_tp = s.zero.get();
   if (s.tied_comm) {
     const auto wte = ms::find_param(ms::gpt2_params(s.shape), ms::ParamId::kWte);
-    s.tied_hooks = std::make_unique<parallel::TiedEmbeddingHooks>(s.zero.get(), ms::local_numel(wte, s.tp), s.alloc);
+    s.tied_hooks = std::make_unique<parallel::TiedEmbeddingHooks>(s.zero.get(), ms::local_numel(wte, s.tp), s.alloc,
+                                                                   s.device);
     below_tp = s.tied_hooks.get();
   }
   ParallelHooks* hooks = below_tp;
@@ -531,10 +593,11 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   mo.recompute = s.cfg.activation_checkpointing.enabled;
   mo.own_params = s.zero->model_owns_params();
   mo.own_grads = s.zero->model_owns_grads();
+  mo.device = s.device;
   s.model = std::make_unique<Gpt2>(s.shape, part, mo, s.alloc, hooks);
   s.zero->attach(s.model->params(), s.model->grads());
   if (s.pp > 1) {
-    s.stage = std::make_unique<parallel::PipelineStage>(*s.model, s.pp_comm, s.tied_comm);
+    s.stage = std::make_unique<parallel::PipelineStage>(*s.model, s.pp_comm, s.tied_comm, s.pp_grad_comm);
     s.events = parallel::stage_events(parallel::parse_schedule(s.cfg.pipeline.schedule, "$.pipeline.schedule"),
                                       s.pp, s.coord.pp, s.G);
   } else {
@@ -544,10 +607,22 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   const size_t bytes = static_cast<size_t>(s.opt_count()) * sizeof(float);
   // offload_optimizer device "cpu": the optimizer state lives in host memory, which on a CPU run
   // is where it lives anyway (the accounting is the same tag).
-  if (s.precision != Precision::kFp32) s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights");
-  s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg");
-  s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq");
+  if (s.precision != Precision::kFp32) {
+    s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights", s.device);
+  }
+  s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg", s.device);
+  s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq", s.device);
   for (const auto* off : {&s.cfg.zero.offload_optimizer, &s.cfg.zero.offload_param}) {
+    const char* key = off == &s.cfg.zero.offload_optimizer ? "offload_optimizer" : "offload_param";
+    if (off->device == "cpu" && s.device == Device::kCuda) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  fmt::format("{}: $.zero_optimization.{}.device \"cpu\" with training.device \"cuda\": "
+                              "offloading to the host is not built for GPU runs yet (the optimizer "
+                              "runs on the GPU)",
+                              s.cfg.path, key),
+                  "remove the offload section, or use a larger ZeRO stage / more ranks "
+                  "(dstrain plan --recommend lists layouts that fit)");
+    }
     if (off->device == "cpu" && s.rank == 0) {
       spdlog::info("ZeRO {}: device cpu: {} already live in host memory on a CPU run (same tags)",
                    off == &s.cfg.zero.offload_optimizer ? "offload_optimizer" : "offload_param",
@@ -590,18 +665,23 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
         Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace,
                                        "llm.c import");
         ckpt::load_llmc(init_from, s.shape, s.model->part(), full.as<float>());
-        std::copy_n(full.as<float>() + s.opt_begin(), s.opt_count(), s.zero->opt_params());
+        kern::copy_from_host(s.zero->opt_params(), full.as<float>() + s.opt_begin(),
+                             static_cast<size_t>(s.opt_count()) * sizeof(float));
       } else {
-        ckpt::load_llmc(init_from, s.shape, s.model->part(), s.model->params());
+        std::vector<float> h(static_cast<size_t>(n));
+        ckpt::load_llmc(init_from, s.shape, s.model->part(), h.data());
+        s.from_host(s.model->params(), h);
       }
       spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
     } else if (s.zero->stage() == 3) {
-      s.init_values(s.zero->opt_params(), s.opt_begin(), s.opt_count());
+      std::vector<float> h(static_cast<size_t>(s.opt_count()));
+      s.init_values(h.data(), s.opt_begin(), s.opt_count());
+      s.from_host(s.zero->opt_params(), h);
     } else {
       s.model->init_weights(s.cfg.training.seed);
     }
     if (s.precision != Precision::kFp32) {
-      std::copy_n(s.zero->opt_params(), s.opt_count(), s.master.as<float>());
+      kern::copy(s.master.as<float>(), s.zero->opt_params(), static_cast<size_t>(s.opt_count()) * sizeof(float));
       if (s.zero->stage() < 3) s.round_to_precision(s.model->params(), n);
     }
     s.sync_model_from_master();
@@ -641,6 +721,13 @@ TrainResult Trainer::run() {
   ac.weight_decay = s.cfg.optimizer.weight_decay;
   ac.adam_w_mode = s.cfg.optimizer.adam_w_mode;
   s.alloc.reset_peaks();
+  const kern::DeviceScope device_scope(s.device);
+#ifdef DSTRAIN_HAVE_CUDA
+  // bf16 on a GPU: the matmuls multiply in bf16 on tensor cores (fp32 accumulate and storage).
+  const cuda::ScopedMatmulMath math(s.device == Device::kCuda && s.precision == Precision::kBf16
+                                        ? cuda::MatmulMath::kBf16
+                                        : cuda::MatmulMath::kFp32);
+#endif
 
   for (int64_t step = s.next_step; step <= stop; ++step) {
     auto t0 = Clock::now();
@@ -689,7 +776,8 @@ TrainResult Trainer::run() {
     }
     float* grads = s.zero->opt_grads();
     if (step == s.opt.inject_inf_at_step && s.opt_begin() == 0 && oc > 0) {
-      grads[0] = std::numeric_limits<float>::infinity();
+      const float inf = std::numeric_limits<float>::infinity();
+      kern::copy_from_host(grads, &inf, sizeof(float));
     }
     if (s.precision == Precision::kFp16) s.round_to_precision(grads, oc);
 
@@ -697,8 +785,8 @@ TrainResult Trainer::run() {
     // each gradient element once (norm_ranges), summed over the world in rank order (the same
     // bits everywhere, so every rank agrees on an overflow, which any rank's partition may hold).
     double part_sumsq = 0, uncounted_sumsq = 0;
-    for (const auto& [off, cnt] : s.norm_ranges) part_sumsq += optim::sum_of_squares(grads + off, cnt);
-    for (const auto& [off, cnt] : s.uncounted_ranges) uncounted_sumsq += optim::sum_of_squares(grads + off, cnt);
+    for (const auto& [off, cnt] : s.norm_ranges) part_sumsq += kern::sum_of_squares(grads + off, cnt);
+    for (const auto& [off, cnt] : s.uncounted_ranges) uncounted_sumsq += kern::sum_of_squares(grads + off, cnt);
     const double part_bad = std::isfinite(uncounted_sumsq) ? 0.0 : 1.0;
     const auto sums = s.world_sum({s.loss_owner() ? loss_sum : 0.0, part_sumsq, part_bad});
     const double loss = sums[0] / micro_batches;
@@ -716,8 +804,8 @@ TrainResult Trainer::run() {
       const double coef = optim::clip_coefficient(norm, s.cfg.gradient_clipping);
       ++s.adam_steps;
       auto st = optim::adamw_step_scalars(ac, s.adam_steps, lr, coef / loss_scale);
-      optim::adamw_update_partition(st, s.master_params(), grads, s.exp_avg.as<float>(),
-                                    s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
+      kern::adamw_update_partition(st, s.master_params(), grads, s.exp_avg.as<float>(),
+                                   s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
       s.sync_model_from_master();
       s.schedule->step();
     }
@@ -793,16 +881,18 @@ void Trainer::export_llmc(const std::string& path) {
   }
   const int64_t n = s.model->num_params();
   const bool full_on_rank = s.zero->stage() == 0 || (s.zero->stage() < 3 && s.precision == Precision::kFp32);
+  const kern::DeviceScope scope(s.device);
   if (full_on_rank && s.dp() == 1) {
-    ckpt::save_llmc(path, s.shape, s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>());
+    ckpt::save_llmc(path, s.shape,
+                    s.to_host(s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>(), n).data());
     return;
   }
   // Assemble the fp32 weights from every rank's partition (master when mixed precision).
-  Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export");
+  Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", s.device);
   float* src = s.precision == Precision::kFp32 ? s.partition_params() : s.partition_of(s.master);
-  std::copy_n(src, s.part_count(), full.as<float>() + s.part_begin());
+  kern::copy(full.as<float>() + s.part_begin(), src, static_cast<size_t>(s.part_count()) * sizeof(float));
   s.zero->all_gather_partitions(full.as<float>());
-  if (s.rank == 0) ckpt::save_llmc(path, s.shape, full.as<float>());
+  if (s.rank == 0) ckpt::save_llmc(path, s.shape, s.to_host(full.as<float>(), n).data());
 }
 
 }  // namespace ds::rt::train

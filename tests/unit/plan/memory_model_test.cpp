@@ -55,29 +55,29 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   l.zero_stage = 3;
   l.micro_batch = 2;
   l.precision = Precision::kBf16;
-  l.device = DeviceKind::kCuda;  // 2-byte storage
+  l.device = DeviceKind::kCuda;  // bf16 values in fp32 buffers, as on the CPU
   auto r = plan_memory(tiny(), l).ranks[0];
   // partition: stride = ceil(1920 / 2) = 960 (a multiple of 16); every unit is below the
   // persistence threshold (1e5), so all 1920 elements stay resident besides the shard
-  EXPECT_EQ(r.params, (960 + 1920) * 2);
+  EXPECT_EQ(r.params, (960 + 1920) * 4);
   // grads: partition 960 + one bucket of max(872, min(5e8, 32 + 872 + 872 + 16 = 1792)) + wte 128
-  EXPECT_EQ(r.grads, (960 + 1792 + 128) * 2);
+  EXPECT_EQ(r.grads, (960 + 1792 + 128) * 4);
   EXPECT_EQ(r.optimizer, 960 * 12);  // m, v and the fp32 master copy
   // receive buffers: min(1792, 960) + min(128, 960)
-  EXPECT_EQ(r.comm, (960 + 128) * 2);
+  EXPECT_EQ(r.comm, (960 + 128) * 4);
   // no persistence, no prefetch: wte + wpe + lnf gathered once each, one layer buffer
   l.stage3_param_persistence_threshold = 0;
   l.stage3_prefetch_bucket_size = 0;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 2);
+  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 4);
   // prefetch room for one layer: two layer buffers
   l.stage3_prefetch_bucket_size = 872;
-  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, (960 + 176 + 2 * 872) * 2);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, (960 + 176 + 2 * 872) * 4);
   // overlap_comm: two buckets and two receive buffers
   l.overlap_comm = true;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.grads, (960 + 2 * 1792 + 128) * 2);
-  EXPECT_EQ(r.comm, (2 * 960 + 128) * 2);
+  EXPECT_EQ(r.grads, (960 + 2 * 1792 + 128) * 4);
+  EXPECT_EQ(r.comm, (2 * 960 + 128) * 4);
   l.overlap_comm = false;
   l.stage3_prefetch_bucket_size = 0;
   l.offload_optimizer = true;
@@ -85,7 +85,7 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   r = plan_memory(tiny(), l).ranks[0];
   EXPECT_EQ(r.params, 0);
   EXPECT_EQ(r.optimizer, 0);
-  EXPECT_EQ(r.cpu, (960 + 1048) * 2 + 960 * 12);
+  EXPECT_EQ(r.cpu, (960 + 1048) * 4 + 960 * 12);
 }
 
 TEST(MemoryModel, CpuKeepsSixteenBitValuesInFp32Buffers) {

@@ -1,6 +1,6 @@
 // The training loop end to end on a tiny model and a synthetic corpus: the loss falls, resume
 // continues bit for bit, checkpoints and llm.c export round-trip, fp16 overflow skips a step,
-// bf16 trains, and bad inputs are named.
+// bf16 trains, and bad inputs (and a GPU config without a GPU) are named.
 #include "train/trainer.h"
 
 #include <unistd.h>
@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/llmc_format.h"
 #include "common/error.h"
+#include "core/device.h"
 #include "data/token_file.h"
 
 namespace ds::rt::train {
@@ -204,6 +205,26 @@ TEST_F(TrainerTest, BadInputsAreNamed) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("the checkpoint holds a model of 30080 parameters but the config's model has"), std::string::npos)
         << e.what();
+  }
+}
+
+// training.device "cuda" where it cannot run is an error naming the config key and why, before
+// anything is allocated (with a GPU the cuda-labelled tests and tests/gpu/smoke.sh cover it).
+TEST_F(TrainerTest, CudaWithoutAGpuIsNamed) {
+  if (gpu_count() > 0) GTEST_SKIP() << "a GPU is visible: the cuda tests cover this";
+  auto j = base_config();
+  j["training"]["device"] = "cuda";
+  try {
+    Trainer t(config(j), {});
+    FAIL() << "a cuda trainer was built without a GPU";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("$.training.device"), std::string::npos) << what;
+#ifdef DSTRAIN_HAVE_CUDA
+    EXPECT_NE(what.find("no CUDA device is usable"), std::string::npos) << what;
+#else
+    EXPECT_NE(what.find("built without CUDA"), std::string::npos) << what;
+#endif
   }
 }
 
