@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <limits>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -82,7 +83,7 @@ RankMemory predicted_rank_memory(const config::JobConfig& c, int world_rank, int
 std::map<std::string, int64_t> tag_bytes(const RankMemory& r) {
   return {{"params", r.params},          {"grads", r.grads}, {"optimizer", r.optimizer},
           {"activations", r.activations}, {"comm", r.comm},   {"workspace", r.workspace},
-          {"total", r.total()}};
+          {"total", r.total()},           {"pinned_host", r.cpu}};
 }
 
 double relative_difference(int64_t planned, int64_t measured) {
@@ -99,6 +100,8 @@ std::string describe_prediction(const RankMemory& planned, const std::map<std::s
   for (const char* tag : kTagNames) {
     const int64_t p = plan.at(tag);
     auto it = measured.find(tag);
+    // Pinned host memory only matters where something is offloaded (GPU runs).
+    if (std::string_view(tag) == "pinned_host" && p == 0 && (it == measured.end() || it->second == 0)) continue;
     std::string m = "?", diff;
     if (it != measured.end()) {
       m = format_bytes(static_cast<double>(it->second));

@@ -66,6 +66,11 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
                            "pipeline.stages 1",
                            l.pp);
   }
+  if (l.offload_param && l.device == DeviceKind::kCuda) {
+    // The runtime refuses it (runtime/train/trainer.cpp), so the plan never counts it.
+    throw invalid_argument("zero_optimization.offload_param on a GPU run: dstrain offloads the "
+                           "optimizer (offload_optimizer) but not the ZeRO-3 parameter partitions");
+  }
   if (l.offload_param && l.zero_stage != 3) {
     throw invalid_argument("zero_optimization.offload_param needs ZeRO stage 3 (parameters are "
                            "partitioned only there), got stage {}",
@@ -232,9 +237,14 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
     const int nb = l.overlap_comm ? 2 : 1;
     r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * sb;
     // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
-    // part (stage 0) or this rank's partition
+    // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
+    // whatever the precision and the gradients AdamW reads on the CPU, all in pinned host memory.
     const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
-    (offload_opt ? r.cpu : r.optimizer) += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+    if (offload_opt) {
+      r.cpu += opt_elems * (kAdamStateBytes + 4 + 4);
+    } else {
+      r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+    }
     // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
     // allgather_bucket_size is smaller than a partition)
     if (l.zero_stage >= 2) {

@@ -125,6 +125,7 @@ SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int w
         for (int offload = 0; offload <= 2; ++offload) {  // none, optimizer, params + optimizer
           if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
           if (offload > 0 && base.device == DeviceKind::kCpu) continue;  // nothing to offload to
+          if (offload == 2) continue;  // the runtime offloads the optimizer, not ZeRO-3 params
           for (int ckpt = 0; ckpt <= 1; ++ckpt) {
             Layout l = base;
             l.tp = tp;

@@ -107,6 +107,11 @@ Buffer Allocator::account(void* p, size_t bytes, MemTag tag, Device device) {
   b.tag_ = tag;
   b.device_ = device;
   std::lock_guard<std::mutex> lock(mu_);
+  if (device == Device::kCudaHost) {
+    stats_.pinned_current += static_cast<int64_t>(bytes);
+    stats_.pinned_peak = std::max(stats_.pinned_peak, stats_.pinned_current);
+    return b;
+  }
   const auto i = static_cast<size_t>(tag);
   stats_.current[i] += static_cast<int64_t>(bytes);
   stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
@@ -128,6 +133,10 @@ void Allocator::release(Buffer& b) {
   std::free(b.data_);
 #endif
   std::lock_guard<std::mutex> lock(mu_);
+  if (b.device_ == Device::kCudaHost) {
+    stats_.pinned_current -= static_cast<int64_t>(b.bytes_);
+    return;
+  }
   const auto i = static_cast<size_t>(b.tag_);
   stats_.current[i] -= static_cast<int64_t>(b.bytes_);
   stats_.current_total -= static_cast<int64_t>(b.bytes_);
@@ -145,6 +154,7 @@ void Allocator::reset_peaks() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak = stats_.current;
   stats_.peak_total = stats_.current_total;
+  stats_.pinned_peak = stats_.pinned_current;
 }
 
 }  // namespace ds::rt

@@ -11,7 +11,9 @@
 // - Thread safety: allocate/release and the statistics may be called from any thread.
 // - Device: kCpu here; kCuda (device memory on the current device, through the caching allocator
 //   of kernels/cuda/memory.h) and kCudaHost (pinned host memory) in builds with CUDA; without CUDA
-//   compiled in they throw invalid_usage. Bytes are counted per tag whatever the device.
+//   compiled in they throw invalid_usage. Bytes of kCpu and kCuda buffers are counted per tag;
+//   pinned host buffers (kCudaHost: what a GPU run offloads to the host) are counted apart, as
+//   MemStats::pinned_*, so the per-tag figures of a GPU run stay the GPU's.
 // - Failure: out of memory throws ds::Error (system) naming the tag, the name and the size.
 #pragma once
 
@@ -64,6 +66,9 @@ struct MemStats {
   std::array<int64_t, kNumMemTags> peak{};
   int64_t current_total = 0;
   int64_t peak_total = 0;  // peak of the sum (not the sum of the peaks)
+  // Pinned host memory (Device::kCudaHost), whatever its tag; not in the figures above.
+  int64_t pinned_current = 0;
+  int64_t pinned_peak = 0;
 };
 
 class Allocator {

@@ -137,8 +137,16 @@ struct Trainer::Impl {
   // uncounted_ranges: the rest of the partition (checked for inf/nan only).
   std::vector<std::pair<int64_t, int64_t>> norm_ranges, uncounted_ranges;
   // Optimizer state (fp32) over the engine's range [opt_begin, opt_begin + opt_count): the whole
-  // model at stage 0, this rank's partition from stage 1. master only with bf16/fp16.
+  // model at stage 0, this rank's partition from stage 1. master only with bf16/fp16, or when
+  // the state is offloaded.
   Buffer master, exp_avg, exp_avg_sq;
+  // ZeRO-Offload of the optimizer on a GPU run (zero_optimization.offload_optimizer.device
+  // "cpu"): master, exp_avg and exp_avg_sq live in pinned host memory and AdamW runs on the CPU;
+  // each step the reduced gradients of the range come down into host_grads (pinned) and the
+  // updated master weights go back up into the model. On a CPU run the state is host memory
+  // anyway and nothing moves.
+  bool offload = false;
+  Buffer host_grads;
   Buffer tokens;                       // inputs and targets (B*T int32 each), workspace
   std::vector<optim::DecayRange> decay;
 
@@ -171,7 +179,8 @@ struct Trainer::Impl {
   int64_t n_params() const { return model->num_params(); }
   int64_t opt_begin() const { return zero->opt_begin(); }
   int64_t opt_count() const { return zero->opt_count(); }
-  float* master_params() { return precision == Precision::kFp32 ? zero->opt_params() : master.as<float>(); }
+  bool has_master() const { return precision != Precision::kFp32 || offload; }
+  float* master_params() { return has_master() ? master.as<float>() : zero->opt_params(); }
   // This rank's checkpoint partition [part_begin, part_begin + part_count).
   int64_t part_begin() const { return zero->partition().begin(zero->dp_rank()); }
   int64_t part_count() const { return zero->partition().count(zero->dp_rank()); }
@@ -186,7 +195,7 @@ struct Trainer::Impl {
   // After an update of the master weights: the model's copy of the optimizer range (rounded),
   // then the engine's gathers (stage 1/2 parameters, stage 3 persistent units).
   void sync_model_from_master() {
-    if (precision != Precision::kFp32) {
+    if (has_master()) {
       kern::copy(zero->opt_params(), master.as<float>(), static_cast<size_t>(opt_count()) * sizeof(float));
       round_to_precision(zero->opt_params(), opt_count());
     }
@@ -378,6 +387,9 @@ struct Trainer::Impl {
       }
       set.read("exp_avg", ob, oe, exp_avg.as<float>());
       set.read("exp_avg_sq", ob, oe, exp_avg_sq.as<float>());
+      if (precision == Precision::kFp32 && offload) {  // the offloaded fp32 master is the params
+        kern::copy(master.as<float>(), zero->opt_params(), static_cast<size_t>(opt_count()) * sizeof(float));
+      }
       adam_steps = m.at("adam_steps").get<int64_t>();
       next_step = m.at("step").get<int64_t>() + 1;
       loader->restore(data::LoaderState::from_json(m.at("data"), where + ": data"));
@@ -605,25 +617,25 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   }
   const int64_t n = s.model->num_params();
   const size_t bytes = static_cast<size_t>(s.opt_count()) * sizeof(float);
-  // offload_optimizer device "cpu": the optimizer state lives in host memory, which on a CPU run
-  // is where it lives anyway (the accounting is the same tag).
-  if (s.precision != Precision::kFp32) {
-    s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights", s.device);
+  // offload_optimizer device "cpu": on a GPU run the optimizer state moves to pinned host memory
+  // (counted apart from the GPU's tags); on a CPU run it lives in host memory anyway.
+  if (s.cfg.zero.offload_param.device == "cpu" && s.device == Device::kCuda) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: $.zero_optimization.offload_param.device \"cpu\" with training.device "
+                            "\"cuda\": offloading the ZeRO-3 parameter partitions is not built for GPU "
+                            "runs (offload_optimizer is)",
+                            s.cfg.path),
+                "remove offload_param (keep offload_optimizer), or use more ranks (dstrain plan "
+                "--recommend lists layouts that fit)");
   }
-  s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg", s.device);
-  s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq", s.device);
+  s.offload = s.cfg.zero.offload_optimizer.device == "cpu" && s.device == Device::kCuda;
+  const Device opt_device = s.offload ? Device::kCudaHost : s.device;
+  if (s.has_master()) s.master = s.alloc.allocate(bytes, MemTag::kOptimizer, "master weights", opt_device);
+  s.exp_avg = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg", opt_device);
+  s.exp_avg_sq = s.alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq", opt_device);
+  if (s.offload) s.host_grads = s.alloc.allocate(bytes, MemTag::kGrads, "offloaded gradients", opt_device);
   for (const auto* off : {&s.cfg.zero.offload_optimizer, &s.cfg.zero.offload_param}) {
-    const char* key = off == &s.cfg.zero.offload_optimizer ? "offload_optimizer" : "offload_param";
-    if (off->device == "cpu" && s.device == Device::kCuda) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  fmt::format("{}: $.zero_optimization.{}.device \"cpu\" with training.device \"cuda\": "
-                              "offloading to the host is not built for GPU runs yet (the optimizer "
-                              "runs on the GPU)",
-                              s.cfg.path, key),
-                  "remove the offload section, or use a larger ZeRO stage / more ranks "
-                  "(dstrain plan --recommend lists layouts that fit)");
-    }
-    if (off->device == "cpu" && s.rank == 0) {
+    if (off->device == "cpu" && s.device == Device::kCpu && s.rank == 0) {
       spdlog::info("ZeRO {}: device cpu: {} already live in host memory on a CPU run (same tags)",
                    off == &s.cfg.zero.offload_optimizer ? "offload_optimizer" : "offload_param",
                    off == &s.cfg.zero.offload_optimizer ? "the optimizer states" : "the parameter partitions");
@@ -680,7 +692,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
     } else {
       s.model->init_weights(s.cfg.training.seed);
     }
-    if (s.precision != Precision::kFp32) {
+    if (s.has_master()) {
       kern::copy(s.master.as<float>(), s.zero->opt_params(), static_cast<size_t>(s.opt_count()) * sizeof(float));
       if (s.zero->stage() < 3) s.round_to_precision(s.model->params(), n);
     }
@@ -804,8 +816,17 @@ TrainResult Trainer::run() {
       const double coef = optim::clip_coefficient(norm, s.cfg.gradient_clipping);
       ++s.adam_steps;
       auto st = optim::adamw_step_scalars(ac, s.adam_steps, lr, coef / loss_scale);
-      kern::adamw_update_partition(st, s.master_params(), grads, s.exp_avg.as<float>(),
-                                   s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
+      if (s.offload) {
+        // ZeRO-Offload: the gradients down (synchronous), AdamW on the CPU, the master weights
+        // back up in sync_model_from_master.
+        kern::copy_to_host(s.host_grads.data(), grads, static_cast<size_t>(oc) * sizeof(float));
+        const kern::DeviceScope on_cpu(Device::kCpu);
+        kern::adamw_update_partition(st, s.master_params(), s.host_grads.as<float>(), s.exp_avg.as<float>(),
+                                     s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
+      } else {
+        kern::adamw_update_partition(st, s.master_params(), grads, s.exp_avg.as<float>(),
+                                     s.exp_avg_sq.as<float>(), s.opt_begin(), oc, s.decay);
+      }
       s.sync_model_from_master();
       s.schedule->step();
     }
@@ -831,13 +852,16 @@ TrainResult Trainer::run() {
     }
     r.peak_bytes["total"] = stats.peak_total;
     mine.push_back(stats.peak_total);
+    r.peak_bytes["pinned_host"] = stats.pinned_peak;  // offloaded state (GPU runs); not in total
+    mine.push_back(stats.pinned_peak);
     if (s.opt.metrics_all_ranks) {
+      constexpr int kFigures = kNumMemTags + 2;  // the tags, total, pinned_host
       auto all = s.world_gather(mine);
       for (int q = 0; q < s.world; ++q) {
-        for (int t = 0; t <= kNumMemTags; ++t) {
-          std::string tag = t < kNumMemTags ? mem_tag_name(static_cast<MemTag>(t)) : "total";
+        for (int t = 0; t < kFigures; ++t) {
+          std::string tag = t < kNumMemTags ? mem_tag_name(static_cast<MemTag>(t)) : t == kNumMemTags ? "total" : "pinned_host";
           r.extra[fmt::format("peak_bytes_{}_rank{}", tag, q)] =
-              all[static_cast<size_t>(q) * (kNumMemTags + 1) + static_cast<size_t>(t)];
+              all[static_cast<size_t>(q) * kFigures + static_cast<size_t>(t)];
         }
       }
     }

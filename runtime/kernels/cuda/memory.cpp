@@ -176,7 +176,7 @@ void memset_zero_async(void* p, size_t bytes, void* stream) {
 void copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s));
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   cudaPointerAttributes attr{};
   DS_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
   // A pinned source is read by the DMA later: wait so the caller may reuse it at once.
@@ -186,14 +186,13 @@ void copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0) return;
   auto s = static_cast<cudaStream_t>(stream);
-  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s));
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   DS_CUDA_CHECK(cudaStreamSynchronize(s));
 }
 
 void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) {
   if (bytes == 0 || dst == src) return;
-  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
-                                static_cast<cudaStream_t>(stream)));
+  DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 }
 
 void set_device(int device, std::string_view who) {

@@ -33,7 +33,9 @@ void* pinned_alloc(size_t bytes, std::string_view what);
 void pinned_free(void* p) noexcept;
 
 // Stream-ordered helpers for host code that must not include CUDA headers; `stream` is a
-// cudaStream_t (nullptr = the legacy default stream). Errors throw through DS_CUDA_CHECK.
+// cudaStream_t (nullptr = the legacy default stream). Errors throw through DS_CUDA_CHECK. The
+// copies infer the direction from the pointers (cudaMemcpyDefault, unified addressing), so pinned
+// host buffers (offloaded optimizer state) may stand on either side of any of them.
 // memset_zero_async: bytes of device memory at p set to 0, in stream order.
 void memset_zero_async(void* p, size_t bytes, void* stream);
 // copy_to_device_async: host -> device in stream order; the host source may be reused as soon as

@@ -80,12 +80,21 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   EXPECT_EQ(r.comm, (2 * 960 + 128) * 4);
   l.overlap_comm = false;
   l.stage3_prefetch_bucket_size = 0;
+  // offload_optimizer: m, v, an fp32 master and the gradients for the CPU's AdamW in pinned host
+  // memory (16 B per partition element), nothing of the optimizer on the GPU
   l.offload_optimizer = true;
-  l.offload_param = true;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, 0);
+  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 4);
   EXPECT_EQ(r.optimizer, 0);
-  EXPECT_EQ(r.cpu, (960 + 1048) * 4 + 960 * 12);
+  EXPECT_EQ(r.cpu, 960 * 16);
+  // offload_param: the runtime does not offload ZeRO-3 partitions on a GPU, so the plan refuses
+  l.offload_param = true;
+  try {
+    plan_memory(tiny(), l);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("offload_param on a GPU run"), std::string::npos) << e.what();
+  }
 }
 
 TEST(MemoryModel, CpuKeepsSixteenBitValuesInFp32Buffers) {
