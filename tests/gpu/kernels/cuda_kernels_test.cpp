@@ -8,7 +8,9 @@
 #include <cmath>
 #include <vector>
 
+#include "common/cuda_stream.h"
 #include "common/error.h"
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "gpu/cuda_test_util.h"
 #include "kernels/cpu/kernels.h"
@@ -492,6 +494,76 @@ TEST_F(CudaKernels, DispatchRoutesToCudaInsideADeviceScope) {
   }
   EXPECT_TRUE(close(out.download(), ref, 0, 0));
   EXPECT_EQ(kern::kernel_context().device, Device::kCpu);  // restored
+}
+
+// What ZeRO, the pipeline's hooks and the trainer do to flat buffers, through the dispatch inside
+// a CUDA scope, against the same calls on the CPU: in-place add, storage rounding (bit-exact),
+// device copies (also to and from pinned host memory), the sum of squares returned to the host,
+// AdamW over decay runs, and the current CUDA stream the NCCL backend orders after.
+TEST_F(CudaKernels, EngineAndTrainerOpsMatchTheCpu) {
+  const int64_t n = 70001;
+  auto a = random_floats(n, 11, 3.0f), b = random_floats(n, 12);
+  a[0] = INFINITY;
+  a[1] = 1e-40f;
+  auto ra = a;
+  cpu::add_in_place(ra.data(), b.data(), n);
+  auto rbf = ra, rf16 = ra;
+  cpu::round_to_bf16_in_place(rbf.data(), n);
+  cpu::round_to_f16_in_place(rf16.data(), n);
+  DeviceArray<float> da(a), db(b), dc(static_cast<size_t>(n));
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    EXPECT_EQ(current_cuda_stream(), static_cast<void*>(stream_));
+    kern::add_in_place(da.get(), db.get(), n);
+    kern::copy(dc.get(), da.get(), static_cast<size_t>(n) * sizeof(float));
+  }
+  EXPECT_EQ(current_cuda_stream(), nullptr);  // restored with the scope
+  EXPECT_TRUE(close(da.download(), ra, 0, 0));
+  EXPECT_TRUE(close(dc.download(), ra, 0, 0));
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    kern::round_to_bf16_in_place(da.get(), n);
+    kern::round_to_f16_in_place(dc.get(), n);
+  }
+  EXPECT_TRUE(close(da.download(), rbf, 0, 0));
+  EXPECT_TRUE(close(dc.download(), rf16, 0, 0));
+
+  // Pinned host memory on either side of kern::copy (ZeRO-Offload's master weights).
+  Allocator alloc;
+  Buffer pinned = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kOptimizer,
+                                 "test pinned", Device::kCudaHost);
+  EXPECT_EQ(alloc.stats().pinned_current, n * 4);
+  EXPECT_EQ(alloc.current(MemTag::kOptimizer), 0);  // counted apart from the tags
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    kern::copy(pinned.data(), db.get(), static_cast<size_t>(n) * sizeof(float));
+    kern::copy_to_host(pinned.data(), db.get(), static_cast<size_t>(n) * sizeof(float));
+  }
+  EXPECT_TRUE(close(std::vector<float>(pinned.as<float>(), pinned.as<float>() + n), b, 0, 0));
+
+  // The sum of squares back on the host, deterministic; AdamW over decay runs.
+  auto g = random_floats(n, 13), p = random_floats(n, 14), m = random_floats(n, 15, 0.1f);
+  std::vector<float> v(static_cast<size_t>(n), 0.01f);
+  const double ref_ss = optim::sum_of_squares(g.data(), n);
+  const std::vector<optim::DecayRange> decay = {{100, 30000, true}, {40000, 20000, true}};
+  optim::AdamWConfig ac;
+  ac.weight_decay = 0.1;
+  const auto st = optim::adamw_step_scalars(ac, 3, 1e-3, 0.5);
+  auto rp = p, rm = m, rv = v;
+  optim::adamw_update_partition(st, rp.data(), g.data(), rm.data(), rv.data(), 50, n, decay);
+  DeviceArray<float> dg(g), dp(p), dm(m), dv(v);
+  double ss = 0, ss2 = 0;
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    ss = kern::sum_of_squares(dg.get(), n);
+    ss2 = kern::sum_of_squares(dg.get(), n);
+    kern::adamw_update_partition(st, dp.get(), dg.get(), dm.get(), dv.get(), 50, n, decay);
+  }
+  EXPECT_NEAR(ss, ref_ss, 1e-12 * ref_ss);
+  EXPECT_EQ(ss, ss2);
+  EXPECT_TRUE(close(dp.download(), rp, kTight, 1e-7));
+  EXPECT_TRUE(close(dm.download(), rm, kTight, 1e-7));
+  EXPECT_TRUE(close(dv.download(), rv, kTight, 1e-9));
 }
 
 }  // namespace
