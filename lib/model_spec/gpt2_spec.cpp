@@ -275,7 +275,7 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
     v.push_back({"datty", BT * Cl, ActScope::kShared, ws});
     v.push_back({"dfch", BT * C4l, ActScope::kShared, ws});
     v.push_back({"att_scratch",
-                 static_cast<int64_t>(std::max(1, cfg.num_threads)) * 2 * cfg.T * cfg.T,
+                 static_cast<int64_t>(std::max(0, cfg.num_threads)) * 2 * cfg.T * cfg.T,
                  ActScope::kShared, ws});
   }
   return v;

@@ -161,7 +161,7 @@ struct ActConfig {
   int B = 1;
   int T = 1;
   bool recompute = false;     // activation checkpointing: keep only each layer's output
-  int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread
+  int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread (0: none, CUDA)
   int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
 };
 // Rows of (rows, Vp/tp) logits the head computes at once by default: B*T split into equal chunks

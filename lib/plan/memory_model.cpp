@@ -133,7 +133,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   act.B = l.micro_batch;
   act.T = s.seq_len;
   act.recompute = l.checkpointing;
-  act.num_threads = l.num_threads;
+  act.num_threads = l.device == DeviceKind::kCuda ? 0 : l.num_threads;  // CUDA attention: no scratch
 
   // What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
   struct Part {
@@ -296,8 +296,11 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   }
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
-  plan.notes.push_back({"workspace", fmt::format("backward scratch, attention scratch for {} thread(s), "
-                                                 "logits chunk, token ids{}", l.num_threads,
+  plan.notes.push_back({"workspace", fmt::format("backward scratch, {}, "
+                                                 "logits chunk, token ids{}",
+                                                 l.device == DeviceKind::kCuda
+                                                     ? std::string("no attention scratch (CUDA)")
+                                                     : fmt::format("attention scratch for {} thread(s)", l.num_threads),
                                                  l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                           : std::string())});
   return plan;

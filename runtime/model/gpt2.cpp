@@ -61,7 +61,9 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
   }
 
   threads_ = omp_get_max_threads();
-  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, threads_, opt_.head_chunk_rows};
+  // The CUDA attention needs no scratch (kern::attention_scratch_floats is 0 there).
+  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda ? 0 : threads_,
+                    opt_.head_chunk_rows};
   head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
   head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
@@ -230,7 +232,7 @@ void Gpt2::check_layers(int l0, int l1, const char* what) const {
     throw invalid_argument("{}: layers [{}, {}) are not within this part's [{}, {})", what, l0, l1,
                            part_.layer_begin, part_.layer_end);
   }
-  if (omp_get_max_threads() > threads_) {
+  if (opt_.device != Device::kCuda && omp_get_max_threads() > threads_) {
     throw invalid_usage("{}: OpenMP now has {} threads but the model was built for {}: build the "
                         "model after setting the thread count",
                         what, omp_get_max_threads(), threads_);
