@@ -33,6 +33,20 @@ class CudaTest : public ::testing::Test {
 
 #define DS_ASSERT_CUDA(call) ASSERT_EQ((call), cudaSuccess) << #call
 
+// CudaTest with a stream of its own (stream_) for the kernels under test.
+class CudaStreamTest : public CudaTest {
+ protected:
+  void SetUp() override {
+    CudaTest::SetUp();
+    if (IsSkipped()) return;
+    DS_ASSERT_CUDA(cudaStreamCreate(&stream_));
+  }
+  void TearDown() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  cudaStream_t stream_ = nullptr;
+};
+
 // A device copy of a host vector (or n zero elements); freed on destruction.
 template <typename T>
 class DeviceArray {

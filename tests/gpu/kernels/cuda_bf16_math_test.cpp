@@ -78,18 +78,7 @@ TEST(MatmulMath, DefaultIsFp32PerThreadAndScopedRestores) {
   EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kFp32);
 }
 
-class CudaBf16Math : public test::CudaTest {
- protected:
-  void SetUp() override {
-    test::CudaTest::SetUp();
-    if (IsSkipped()) return;
-    DS_ASSERT_CUDA(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class CudaBf16Math : public test::CudaStreamTest {};
 
 TEST_F(CudaBf16Math, GemmEveryTransposeAgainstTheCpu) {
   const int M = 64, N = 96, K = 768;

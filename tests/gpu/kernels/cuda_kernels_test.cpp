@@ -32,18 +32,7 @@ constexpr double kTight = 1e-5;   // element-wise fp32
 constexpr double kSum = 1e-4;     // fp32 reductions in another order
 constexpr double kBf16 = 2e-2;    // bf16 storage
 
-class CudaKernels : public test::CudaTest {
- protected:
-  void SetUp() override {
-    test::CudaTest::SetUp();
-    if (IsSkipped()) return;
-    DS_ASSERT_CUDA(cudaStreamCreate(&stream_));
-  }
-  void TearDown() override {
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-  }
-  cudaStream_t stream_ = nullptr;
-};
+class CudaKernels : public test::CudaStreamTest {};
 
 std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
   std::vector<uint16_t> o(v.size());
