@@ -538,6 +538,14 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
         fmt::format("train/gen{}/", env::get_int("DSTRAIN_RESTART_COUNT")), client);
     comm::CommOptions co;
     co.name = "world";
+    // The world carries host vectors (loss, norm, peaks): it must be a host backend.
+    if (auto b = env::get("DSTRAIN_COMM_BACKEND"); b && *b == "nccl") {
+      throw Error(ErrorKind::kInvalidArgument,
+                  "DSTRAIN_COMM_BACKEND=nccl: dstrain train keeps its bookkeeping group on the host "
+                  "(shm or Gloo) and puts the model's groups on NCCL itself when training.device is "
+                  "\"cuda\"",
+                  "unset DSTRAIN_COMM_BACKEND (or set auto, shm or gloo)");
+    }
     s.world_comm = comm::make_world_comm(s.store, s.rank, s.world, co);
     // The groups that move the model's buffers: on a GPU an NCCL world (device pointers) beside
     // the host world, on the CPU the host world itself.
