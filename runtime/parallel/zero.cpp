@@ -307,11 +307,21 @@ void ZeroEngine::all_gather_partitions(float* full) {
   all_gather_range(0, part_.total(), full + part_.begin(rank_), full, false);
 }
 
+void ZeroEngine::require_host_comm(const char* what) const {
+  if (comm_ && comm_->backend() == comm::Backend::kNccl) {
+    throw invalid_usage("ZeroEngine::{}: the dp group is NCCL (device buffers only); sum host values "
+                        "over a host group (the trainer uses its world group)",
+                        what);
+  }
+}
+
 std::vector<double> ZeroEngine::sum_over_ranks(const std::vector<double>& mine) {
+  require_host_comm("sum_over_ranks");
   return comm::sum_in_rank_order(comm_.get(), mine);
 }
 
 std::vector<int64_t> ZeroEngine::gather_int64(const std::vector<int64_t>& mine) {
+  require_host_comm("gather_int64");
   return comm::gather_int64(comm_.get(), mine);
 }
 

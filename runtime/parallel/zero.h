@@ -127,7 +127,8 @@ class ZeroEngine final : public ParallelHooks {
   // (in place, collective). For exports and tests.
   void all_gather_partitions(float* full);
 
-  // Sums of per-rank values, identical bits on every rank (gathered, summed in rank order).
+  // Sums of per-rank values, identical bits on every rank (gathered, summed in rank order). Host
+  // values: invalid_usage when the dp group is NCCL (a GPU run sums over a host group instead).
   std::vector<double> sum_over_ranks(const std::vector<double>& mine);
   // Every rank's values (int64), rank-major.
   std::vector<int64_t> gather_int64(const std::vector<int64_t>& mine);
@@ -154,6 +155,7 @@ class ZeroEngine final : public ParallelHooks {
   };
 
   int unit_index(const Unit& u) const;
+  void require_host_comm(const char* what) const;
   // Collectives with the dp-size-1 fallback.
   comm::WorkPtr all_reduce(float* buf, int64_t n, bool async);
   comm::WorkPtr reduce_scatter_range(const float* in, int64_t lo, int64_t hi, float* out, bool async);
