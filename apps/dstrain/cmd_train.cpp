@@ -52,7 +52,7 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_option("--export-llmc", o->export_llmc,
                   "after training, write the fp32 weights as an llm.c GPT-2 checkpoint (rank 0 "
                   "writes; with --resume --max-steps N it exports checkpoint N without training); "
-                  "not with tensor or pipeline parallelism");
+                  "tensor-parallel and pipeline parts are reassembled into the whole model");
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");

@@ -17,6 +17,7 @@
 #include "comm/comm.h"
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/shard_file.h"
+#include "common/check.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "core/allocator.h"
@@ -904,27 +905,69 @@ TrainResult Trainer::run() {
 
 void Trainer::export_llmc(const std::string& path) {
   Impl& s = *impl_;
-  if (s.tp * s.pp > 1) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("export to {}: the llm.c format holds the whole model, but this run holds it as "
-                            "tensor-parallel {} x pipeline {} parts",
-                            path, s.tp, s.pp),
-                "load the checkpoint into a tensor_parallel.size 1, pipeline.stages 1 run to export it");
-  }
   const int64_t n = s.model->num_params();
   const bool full_on_rank = s.zero->stage() == 0 || (s.zero->stage() < 3 && s.precision == Precision::kFp32);
   const kern::DeviceScope scope(s.device);
+  // 1. This rank's part (its stage's layers, its tp shard) as fp32 weights on the host: the
+  // master weights with mixed precision, assembled from the dp group's partitions where ZeRO
+  // splits them (collective over the dp group).
+  std::vector<float> part;
   if (full_on_rank && s.dp() == 1) {
-    ckpt::save_llmc(path, s.shape,
-                    s.to_host(s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>(), n).data());
+    part = s.to_host(s.precision == Precision::kFp32 ? s.model->params() : s.master.as<float>(), n);
+  } else {
+    Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", s.device);
+    float* src = s.precision == Precision::kFp32 ? s.partition_params() : s.partition_of(s.master);
+    kern::copy(full.as<float>() + s.part_begin(), src, static_cast<size_t>(s.part_count()) * sizeof(float));
+    s.zero->all_gather_partitions(full.as<float>());
+    part = s.to_host(full.as<float>(), n);
+  }
+  if (s.tp * s.pp == 1) {
+    if (s.rank == 0) ckpt::save_llmc(path, s.shape, part.data());
     return;
   }
-  // Assemble the fp32 weights from every rank's partition (master when mixed precision).
-  Buffer full = s.alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", s.device);
-  float* src = s.precision == Precision::kFp32 ? s.partition_params() : s.partition_of(s.master);
-  kern::copy(full.as<float>() + s.part_begin(), src, static_cast<size_t>(s.part_count()) * sizeof(float));
-  s.zero->all_gather_partitions(full.as<float>());
-  if (s.rank == 0) ckpt::save_llmc(path, s.shape, s.to_host(full.as<float>(), n).data());
+  // 2. Tensor and pipeline parts: dp rank 0 of every (stage, tp rank) sends its part to world rank
+  // 0 over the host world, which places every tensor element at its index in the whole model's
+  // layout (model_spec::full_index undoes the tp split) and writes the file. The tied wte comes
+  // from both the first and the last stage, which hold the same values.
+  const parallel::Topology topo(s.world, s.tp, s.dp_size, s.pp);
+  const auto sizes = s.world_gather({n});
+  constexpr int kExportTag = 21;
+  if (s.rank != 0) {
+    if (s.coord.dp == 0) {
+      s.world_comm->send(part.data(), static_cast<size_t>(n), comm::DataType::kFloat32, 0, kExportTag);
+    }
+    s.world_barrier();  // the file exists when every rank returns
+    return;
+  }
+  const auto method = parallel::parse_partition_method(s.cfg.pipeline.partition, "$.pipeline.partition");
+  const auto all = ms::gpt2_params(s.shape);
+  const ms::ParamLayout whole = ms::param_layout(s.shape, ms::ModelPart::whole(s.shape));
+  std::vector<float> model(static_cast<size_t>(whole.total));
+  std::vector<float> buf;
+  for (int q = 0; q < s.world; ++q) {
+    const parallel::Coord c = topo.coord_of(q);
+    if (c.dp != 0) continue;
+    const int64_t nq = sizes[static_cast<size_t>(q)];
+    const float* src = part.data();
+    if (q != 0) {
+      buf.resize(static_cast<size_t>(nq));
+      s.world_comm->recv(buf.data(), static_cast<size_t>(nq), comm::DataType::kFloat32, q, kExportTag);
+      src = buf.data();
+    }
+    const auto mp = parallel::partition_stages(s.shape, s.pp, method, s.tp, c.tp)[static_cast<size_t>(c.pp)];
+    const ms::ParamLayout layout = ms::param_layout(s.shape, mp);
+    DS_CHECK(layout.total == nq, "export: a part's size differs from its layout");
+    for (const auto& ts : layout.tensors) {
+      const ms::ParamTensor& t = ms::find_param(all, ts.id);
+      const ms::TensorSlice* dst = whole.find_tensor(ts.id, ts.layer);
+      DS_CHECK(dst != nullptr, "export: a part's tensor is not in the whole model");
+      for (int64_t i = 0; i < ts.numel; ++i) {
+        model[static_cast<size_t>(dst->offset + ms::full_index(t, s.tp, c.tp, i))] = src[ts.offset + i];
+      }
+    }
+  }
+  ckpt::save_llmc(path, s.shape, model.data());
+  s.world_barrier();
 }
 
 }  // namespace ds::rt::train

@@ -79,8 +79,8 @@ class Trainer {
   // Runs the remaining steps. Returns what happened; throws ds::Error on failure.
   TrainResult run();
 
-  // Writes the model's weights as an llm.c checkpoint (dstrain export). Collective with data
-  // parallelism (every rank calls it; rank 0 writes).
+  // Writes the model's weights as an llm.c checkpoint (dstrain train --export-llmc). Collective
+  // (every rank calls it; rank 0 reassembles tensor/pipeline parts and writes).
   void export_llmc(const std::string& path);
 
  private:
