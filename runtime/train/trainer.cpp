@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -286,9 +287,9 @@ struct Trainer::Impl {
     world_barrier();
   }
 
-  // Reads elements [lo, hi) of this rank's part's tensor `name` from the shards of a checkpoint
-  // that hold this part (the writing ranks at the same pipeline stage and tensor-parallel rank):
-  // one {shard (writing rank), begin, count} each, together covering the part.
+  // Reads elements [lo, hi) of one (stage, tp rank) part's tensor `name` from the shards of a
+  // checkpoint that hold that part (the writing ranks at that pipeline stage and tensor-parallel
+  // rank): one {shard (writing rank), begin, count} each, together covering the part.
   struct ShardPart {
     int shard;
     int64_t begin, count;
@@ -297,12 +298,6 @@ struct Trainer::Impl {
     std::string dir, where;
     std::vector<ShardPart> parts;
     std::map<int, std::unique_ptr<ckpt::ShardReader>> readers;
-    // Elements [lo, hi) into dst on the model's device (a host buffer, then one upload).
-    void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
-      std::vector<float> h(static_cast<size_t>(hi - lo));
-      read_host(name, lo, hi, h.data());
-      kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
-    }
     void read_host(const std::string& name, int64_t lo, int64_t hi, float* dst) {
       for (const auto& [q, b, c] : parts) {
         auto r = parallel::intersect(lo, hi, b, b + c);
@@ -319,6 +314,69 @@ struct Trainer::Impl {
     }
   };
 
+  // Elements [lo, hi) of THIS rank's part's tensor `name` from a checkpoint written with another
+  // tensor-parallel size, pipeline split or partition method (a "universal" resume): each of this
+  // part's tensors is rebuilt whole from the old parts that held it (every old tp rank's shard of
+  // the old stage holding its layer; replicated tensors from tp rank 0; wte and wpe from the
+  // first stage, lnf from the last), and this rank's shard cut out of it (model_spec::full_index
+  // on both sides). Old parts are read whole once per tensor name and kept while that name is read.
+  struct Reshard {
+    ms::Gpt2Shape shape;
+    ms::ModelPart part;                  // this rank's
+    ms::ParamLayout layout;              // this rank's part's layout
+    int old_tp = 1, old_pp = 1;
+    std::vector<ms::ModelPart> old_parts;      // [stage * old_tp + tp_rank]
+    std::vector<ShardSet> old_sets;            // the shards holding each old part
+    std::string cached_name;
+    std::map<int, std::vector<float>> cache;   // old part index -> its values of cached_name
+
+    const std::vector<float>& old_values(const std::string& name, int idx) {
+      if (name != cached_name) {
+        cache.clear();
+        cached_name = name;
+      }
+      auto it = cache.find(idx);
+      if (it != cache.end()) return it->second;
+      const int64_t n = ms::param_layout(shape, old_parts[static_cast<size_t>(idx)]).total;
+      std::vector<float> v(static_cast<size_t>(n));
+      old_sets[static_cast<size_t>(idx)].read_host(name, 0, n, v.data());
+      return cache.emplace(idx, std::move(v)).first->second;
+    }
+    int old_stage_of(const ms::TensorSlice& ts) const {
+      if (ts.layer < 0) {
+        return ts.id == ms::ParamId::kLnfw || ts.id == ms::ParamId::kLnfb ? old_pp - 1 : 0;
+      }
+      for (int st = 0; st < old_pp; ++st) {
+        const auto& op = old_parts[static_cast<size_t>(st * old_tp)];
+        if (ts.layer >= op.layer_begin && ts.layer < op.layer_end) return st;
+      }
+      throw Error(ErrorKind::kInternal, fmt::format("resharding: layer {} is in no old pipeline stage", ts.layer));
+    }
+    void read_host(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+      const auto all = ms::gpt2_params(shape);
+      std::vector<float> full;
+      for (const auto& ts : layout.tensors) {
+        const auto r = parallel::intersect(lo, hi, ts.offset, ts.offset + ts.numel);
+        if (r.size() <= 0) continue;
+        const ms::ParamTensor& t = ms::find_param(all, ts.id);
+        full.assign(static_cast<size_t>(t.numel()), 0.0f);
+        const int st = old_stage_of(ts);
+        const int ranks = t.split == ms::TpSplit::kReplicated ? 1 : old_tp;
+        for (int otp = 0; otp < ranks; ++otp) {
+          const int idx = st * old_tp + otp;
+          const ms::ParamLayout ol = ms::param_layout(shape, old_parts[static_cast<size_t>(idx)]);
+          const ms::TensorSlice* os = ol.find_tensor(ts.id, ts.layer);
+          DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
+          const float* v = old_values(name, idx).data() + os->offset;
+          for (int64_t j = 0; j < os->numel; ++j) full[static_cast<size_t>(ms::full_index(t, old_tp, otp, j))] = v[j];
+        }
+        for (int64_t i = r.lo; i < r.hi; ++i) {
+          dst[i - lo] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset))];
+        }
+      }
+    }
+  };
+
   void load_checkpoint(const std::string& dir) {
     auto m = ckpt::read_manifest(dir);
     std::string where = dir + "/manifest.json";
@@ -329,18 +387,13 @@ struct Trainer::Impl {
         throw invalid_argument("{}: the checkpoint holds a model of {} parameters but the config's model has {}",
                                where, lay["num_params"].get<int64_t>(), ms::param_count(shape));
       }
-      // Tensor and pipeline layouts must match (each shard holds one stage's tp shard); the
-      // data-parallel size and the ZeRO stage may change (the parts are re-partitioned).
+      // Each shard holds its writer's [begin, count) of its (stage, tp rank) part. With the same
+      // tensor and pipeline layout this rank's part is the union of the old shards at its
+      // (stage, tp rank), re-partitioned for the new data-parallel size and ZeRO stage; with
+      // another layout every tensor is resharded from the old parts (Reshard).
       const int old_tp = lay.value("tensor_parallel_size", 1), old_pp = lay.value("pipeline_stages", 1);
       const std::string old_method = lay.value("pipeline_partition", cfg.pipeline.partition);
-      if (old_tp != tp || old_pp != pp || (pp > 1 && old_method != cfg.pipeline.partition)) {
-        throw Error(ErrorKind::kInvalidArgument,
-                    fmt::format("{}: the checkpoint was written with tensor_parallel.size {} and pipeline.stages "
-                                "{} (partition '{}'), but {} asks for {} and {} (partition '{}')",
-                                where, old_tp, old_pp, old_method, cfg.path, tp, pp, cfg.pipeline.partition),
-                    "resume with the same tensor and pipeline layout; the data-parallel size and the ZeRO "
-                    "stage may differ");
-      }
+      const bool same_layout = old_tp == tp && old_pp == pp && (pp == 1 || old_method == cfg.pipeline.partition);
       const auto& parts = lay.at("partitions");
       const int old_world = static_cast<int>(parts.size());
       if (old_world % (old_tp * old_pp) != 0) {
@@ -348,22 +401,61 @@ struct Trainer::Impl {
                                old_world, old_tp * old_pp);
       }
       const parallel::Topology old_topo(old_world, old_tp, old_world / (old_tp * old_pp), old_pp);
-      ShardSet set;
-      set.dir = dir;
-      set.where = where;
-      for (int q = 0; q < old_world; ++q) {
-        const auto c = old_topo.coord_of(q);
-        if (c.pp != coord.pp || c.tp != coord.tp) continue;
-        const auto& p = parts.at(static_cast<size_t>(q));
-        if (lay.contains("part_num_params") && lay["part_num_params"].at(static_cast<size_t>(q)).get<int64_t>() != n) {
-          throw invalid_argument("{}: shard {} holds a part of {} parameters but this rank's part has {}", where,
-                                 ckpt::shard_file_name(q), lay["part_num_params"][static_cast<size_t>(q)].get<int64_t>(), n);
+      const auto old_split = parallel::parse_partition_method(old_method, where + ": layout.pipeline_partition");
+      // The shards of the old (stage, tp rank) part `stage * old_tp + otp`, checked to cover it.
+      auto shard_set = [&](int stage, int otp, int64_t part_numel) {
+        ShardSet set;
+        set.dir = dir;
+        set.where = where;
+        for (int q = 0; q < old_world; ++q) {
+          const auto c = old_topo.coord_of(q);
+          if (c.pp != stage || c.tp != otp) continue;
+          const auto& p = parts.at(static_cast<size_t>(q));
+          if (lay.contains("part_num_params") &&
+              lay["part_num_params"].at(static_cast<size_t>(q)).get<int64_t>() != part_numel) {
+            throw invalid_argument("{}: shard {} holds a part of {} parameters but the layout gives that part {}",
+                                   where, ckpt::shard_file_name(q),
+                                   lay["part_num_params"][static_cast<size_t>(q)].get<int64_t>(), part_numel);
+          }
+          set.parts.push_back({q, p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
         }
-        set.parts.push_back({q, p.at(0).get<int64_t>(), p.at(1).get<int64_t>()});
+        int64_t covered = 0;
+        for (const auto& sp : set.parts) covered += sp.count;
+        if (covered != part_numel) {
+          throw invalid_argument("{}: layout.partitions cover {} of the {} parameters of stage {}, tp rank {}", where,
+                                 covered, part_numel, stage, otp);
+        }
+        return set;
+      };
+      std::optional<ShardSet> same;
+      std::optional<Reshard> reshard;
+      if (same_layout) {
+        same = shard_set(coord.pp, coord.tp, n);
+      } else {
+        reshard.emplace();
+        reshard->shape = shape;
+        reshard->part = model->part();
+        reshard->layout = model->layout();
+        reshard->old_tp = old_tp;
+        reshard->old_pp = old_pp;
+        for (int st = 0; st < old_pp; ++st) {
+          for (int otp = 0; otp < old_tp; ++otp) {
+            const auto op = parallel::partition_stages(shape, old_pp, old_split, old_tp, otp)[static_cast<size_t>(st)];
+            reshard->old_parts.push_back(op);
+            reshard->old_sets.push_back(shard_set(st, otp, ms::param_layout(shape, op).total));
+          }
+        }
+        spdlog::info("resharding checkpoint {} (tensor-parallel {} x pipeline {}, partition '{}') for "
+                     "tensor-parallel {} x pipeline {} (partition '{}')",
+                     dir, old_tp, old_pp, old_method, tp, pp, cfg.pipeline.partition);
       }
-      int64_t covered = 0;
-      for (const auto& sp : set.parts) covered += sp.count;
-      if (covered != n) throw invalid_argument("{}: layout.partitions cover {} of {} parameters", where, covered, n);
+      // Elements [lo, hi) of this part's tensor `name` into dst on the model's device.
+      auto read = [&](const std::string& name, int64_t lo, int64_t hi, float* dst) {
+        std::vector<float> h(static_cast<size_t>(hi - lo));
+        if (same) same->read_host(name, lo, hi, h.data());
+        else reshard->read_host(name, lo, hi, h.data());
+        kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
+      };
       const int old_dp = lay.value("data_parallel_size", 1);
       if (old_dp != dp() || lay.value("zero_stage", 0) != zero->stage()) {
         spdlog::info("re-partitioning checkpoint {} (data-parallel {}, ZeRO stage {}) for data-parallel {}, "
@@ -371,23 +463,24 @@ struct Trainer::Impl {
                      dir, old_dp, lay.value("zero_stage", 0), dp(), zero->stage());
       }
       if (zero->stage() == 3) {
-        set.read("params", part_begin(), part_begin() + part_count(), zero->opt_params());
+        read("params", part_begin(), part_begin() + part_count(), zero->opt_params());
       } else {
-        set.read("params", 0, n, model->params());
+        read("params", 0, n, model->params());
       }
       const int64_t ob = opt_begin(), oe = opt_begin() + opt_count();
       if (precision != Precision::kFp32) {
-        if (!set.parts.empty() && set.parts[0].count > 0) {
-          ckpt::ShardReader r0(dir + "/" + ckpt::shard_file_name(set.parts[0].shard));
+        const ShardSet& any = same ? *same : reshard->old_sets.front();
+        if (!any.parts.empty() && any.parts[0].count > 0) {
+          ckpt::ShardReader r0(dir + "/" + ckpt::shard_file_name(any.parts[0].shard));
           if (!r0.has("master")) {
             throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; "
                                    "resume it with the same precision settings", where);
           }
         }
-        set.read("master", ob, oe, master.as<float>());
+        read("master", ob, oe, master.as<float>());
       }
-      set.read("exp_avg", ob, oe, exp_avg.as<float>());
-      set.read("exp_avg_sq", ob, oe, exp_avg_sq.as<float>());
+      read("exp_avg", ob, oe, exp_avg.as<float>());
+      read("exp_avg_sq", ob, oe, exp_avg_sq.as<float>());
       if (precision == Precision::kFp32 && offload) {  // the offloaded fp32 master is the params
         kern::copy(master.as<float>(), zero->opt_params(), static_cast<size_t>(opt_count()) * sizeof(float));
       }

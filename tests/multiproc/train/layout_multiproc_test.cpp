@@ -3,8 +3,8 @@
 // (tp 2, pp 2, tp 2 x dp 2, pp 2 x dp 2, tp 2 x pp 2, pp 4, tp 2 x pp 2 x dp 2), 20 steps of losses
 // and gradient norms equal the single-process run on the same global batch within 1e-5 relative,
 // across ZeRO stages 0-3, both schedules and activation checkpointing; a pp 2 x dp 2 checkpoint
-// resumes at pp 2 x dp 1 on the same curve; a checkpoint resumed with another tensor/pipeline
-// layout is refused with an error naming both; tp 2 x pp 2 x dp 2 exports the whole model as one
+// resumes at pp 2 x dp 1, at tp 2 and at tp 2 x pp 2 x dp 2 on the same curve; tp 2 x pp 2 x dp 2
+// exports the whole model as one
 // llm.c file equal to the single process's.
 #include <cmath>
 #include <cstring>
@@ -164,28 +164,36 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 // A pp 2 x dp 2 run checkpoints at step 10; resumed at pp 2 x dp 1 (ZeRO stage 1 -> 0, the
-// partitions re-read per stage) it continues the single-process curve. Resuming it with tp 2
-// instead is refused, naming both layouts.
+// partitions re-read per stage) it continues the single-process curve, and so it does resumed at
+// tp 2 or at tp 2 x pp 2 x dp 2 with ZeRO 2 and the other stage split (every tensor resharded).
 class LayoutCheckpoint : public LayoutMultiproc {};
 
-TEST_F(LayoutCheckpoint, APipelineCheckpointResumesAtAnotherDataParallelSize) {
+TEST_F(LayoutCheckpoint, APipelineCheckpointResumesAtAnotherDataParallelSizeAndLayout) {
   const std::string ckpt = *dir_ / "ckpt-pp2";
   Layout l{1, 2, 2, 1};
   auto a = run(l, config(l, ckpt), {"--max-steps", "10"});
   ASSERT_EQ(a.rc, 0) << a.err;
   ASSERT_TRUE(std::filesystem::exists(std::filesystem::path(ckpt) / "latest"));
+  // Copies of the step-10 checkpoint for the resumes below (each resume writes step 20).
+  for (const char* copy : {"ckpt-tp2", "ckpt-tp2pp2"}) {
+    std::filesystem::copy(ckpt, *dir_ / copy, std::filesystem::copy_options::recursive);
+  }
 
   Layout half{1, 2, 1, 0};
   auto b = run(half, config(half, ckpt), {"--resume"});
   ASSERT_EQ(b.rc, 0) << b.err;
   expect_curve(b.metrics, 11, "pp2 x dp2 resumed at pp2 x dp1");
 
-
-  Layout other{2, 1, 1, 0};
-  auto c = run(other, config(other, ckpt), {"--resume"});
-  EXPECT_NE(c.rc, 0);
-  EXPECT_NE(c.err.find("written with tensor_parallel.size 1 and pipeline.stages 2"), std::string::npos) << c.err;
-  EXPECT_NE(c.err.find("asks for 2 and 1"), std::string::npos) << c.err;
+  // Another tensor/pipeline layout: every tensor is resharded from the old parts.
+  Layout tp2{2, 1, 1, 0};
+  auto c = run(tp2, config(tp2, *dir_ / "ckpt-tp2"), {"--resume"});
+  ASSERT_EQ(c.rc, 0) << c.err;
+  EXPECT_NE((c.out + c.err).find("resharding checkpoint"), std::string::npos) << c.out << c.err;
+  expect_curve(c.metrics, 11, "pp2 x dp2 resumed at tp2");
+  Layout tp2pp2{2, 2, 2, 2, "gpipe", "parameters"};
+  auto d = run(tp2pp2, config(tp2pp2, *dir_ / "ckpt-tp2pp2"), {"--resume"});
+  ASSERT_EQ(d.rc, 0) << d.err;
+  expect_curve(d.metrics, 11, "pp2 x dp2 resumed at tp2 x pp2 x dp2, ZeRO 2, parameter-balanced");
 }
 
 // --export-llmc from tensor and pipeline parts: rank 0 reassembles the whole model. Before
