@@ -108,7 +108,8 @@ inline void copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
-// Device to device (the same device), non-overlapping; in stream order inside a CUDA scope.
+// Buffer to buffer, non-overlapping: on the CPU a memcpy; inside a CUDA scope a copy in stream
+// order whose direction CUDA infers (device memory, or pinned host memory on either side).
 inline void copy(void* dst, const void* src, size_t bytes) {
 #ifdef DSTRAIN_HAVE_CUDA
   if (on_cuda()) return cuda::copy_on_device(dst, src, bytes, kernel_context().stream);
