@@ -326,6 +326,7 @@ struct Trainer::Impl {
     ms::ParamLayout layout;              // this rank's part's layout
     int old_tp = 1, old_pp = 1;
     std::vector<ms::ModelPart> old_parts;      // [stage * old_tp + tp_rank]
+    std::vector<ms::ParamLayout> old_layouts;  // their layouts
     std::vector<ShardSet> old_sets;            // the shards holding each old part
     std::string cached_name;
     std::map<int, std::vector<float>> cache;   // old part index -> its values of cached_name
@@ -337,7 +338,7 @@ struct Trainer::Impl {
       }
       auto it = cache.find(idx);
       if (it != cache.end()) return it->second;
-      const int64_t n = ms::param_layout(shape, old_parts[static_cast<size_t>(idx)]).total;
+      const int64_t n = old_layouts[static_cast<size_t>(idx)].total;
       std::vector<float> v(static_cast<size_t>(n));
       old_sets[static_cast<size_t>(idx)].read_host(name, 0, n, v.data());
       return cache.emplace(idx, std::move(v)).first->second;
@@ -364,8 +365,7 @@ struct Trainer::Impl {
         const int ranks = t.split == ms::TpSplit::kReplicated ? 1 : old_tp;
         for (int otp = 0; otp < ranks; ++otp) {
           const int idx = st * old_tp + otp;
-          const ms::ParamLayout ol = ms::param_layout(shape, old_parts[static_cast<size_t>(idx)]);
-          const ms::TensorSlice* os = ol.find_tensor(ts.id, ts.layer);
+          const ms::TensorSlice* os = old_layouts[static_cast<size_t>(idx)].find_tensor(ts.id, ts.layer);
           DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
           const float* v = old_values(name, idx).data() + os->offset;
           for (int64_t j = 0; j < os->numel; ++j) full[static_cast<size_t>(ms::full_index(t, old_tp, otp, j))] = v[j];
@@ -442,7 +442,8 @@ struct Trainer::Impl {
           for (int otp = 0; otp < old_tp; ++otp) {
             const auto op = parallel::partition_stages(shape, old_pp, old_split, old_tp, otp)[static_cast<size_t>(st)];
             reshard->old_parts.push_back(op);
-            reshard->old_sets.push_back(shard_set(st, otp, ms::param_layout(shape, op).total));
+            reshard->old_layouts.push_back(ms::param_layout(shape, op));
+            reshard->old_sets.push_back(shard_set(st, otp, reshard->old_layouts.back().total));
           }
         }
         spdlog::info("resharding checkpoint {} (tensor-parallel {} x pipeline {}, partition '{}') for "
