@@ -13,7 +13,6 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
-#include <cstring>
 #include <limits>
 #include <string>
 

@@ -18,7 +18,6 @@
 #include "parallel/zero.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "common/check.h"
 #include "common/error.h"

@@ -22,7 +22,6 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "core/allocator.h"
-#include "core/dtype.h"
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "kernels/dispatch.h"
