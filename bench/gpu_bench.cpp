@@ -27,9 +27,8 @@
 
 #include "core/allocator.h"
 #include "core/device.h"
-#include "kernels/cuda/adamw_args.h"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/memory.h"
+#include "core/cuda_memory_table.h"
+#include "kernels/cuda_kernel_table.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 
@@ -37,6 +36,9 @@ using namespace ds::rt;
 namespace ms = ds::model_spec;
 
 namespace {
+
+// The CUDA module's kernels: the same copy dstrain runs (kernels/cuda_kernel_table.h).
+const kern::CudaKernelTable& cu() { return kern::cuda_kernels("gpu_bench"); }
 
 struct Options {
   std::string model = "124m";
@@ -65,7 +67,7 @@ std::vector<int32_t> random_ids(uint32_t seed, size_t n, int V) {
 
 void run(const Options& o, const std::string& name) {
   const auto s = shape_of(name);
-  const cuda::ScopedMatmulMath math(o.bf16_math ? cuda::MatmulMath::kBf16
+  const kern::ScopedCudaMatmulMath math(o.bf16_math ? cuda::MatmulMath::kBf16
                                                 : cuda::MatmulMath::kFp32);
   Allocator alloc;
   Gpt2Options go{o.B, o.T};
@@ -89,7 +91,7 @@ void run(const Options& o, const std::string& name) {
     model.zero_grads();
     loss = model.forward_backward(acts, tok.data(), tgt.data(), 1.0f);
     const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
-    cuda::adamw_update(cuda::adamw_scalars(st), model.params(), model.grads(), m.as<float>(),
+    cu().adamw_update(st, model.params(), model.grads(), m.as<float>(),
                        v.as<float>(), n, true, nullptr, nullptr);
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
@@ -104,7 +106,7 @@ void run(const Options& o, const std::string& name) {
   const double flops_per_token =
       6.0 * static_cast<double>(n) + 12.0 * s.n_layer * s.n_embd * static_cast<double>(o.T);
   const double achieved = flops_per_token * tok_s;
-  const auto cache = cuda::device_cache_stats(o.device);
+  const auto cache = cuda_memory().device_cache_stats(o.device);
   const double mfu_bf16 = 100.0 * achieved / (o.peak_tflops * 1e12);
   const double mfu_fp32 = 100.0 * achieved / (o.fp32_peak_tflops * 1e12);
   // The headline MFU is against the peak of the math that ran; the other one follows.

@@ -312,7 +312,7 @@ int64_t device_memory(const PlanOptions& o, std::string* source) {
     *source = "--gpu-mem";
     return static_cast<int64_t>(*v);
   }
-  auto acc = rt::query_accelerators();
+  auto acc = rt::query_accelerators(rt::ModuleUse::kIfGpuPresent);
   int64_t smallest = 0;
   for (const auto& g : acc.gpus) {
     const auto b = static_cast<int64_t>(g.total_bytes);

@@ -10,6 +10,7 @@
 #include "commands.h"
 #include "common/env.h"
 #include "common/strings.h"
+#include "core/cuda_module.h"
 #include "core/device.h"
 #include "dstrain/build_info.h"
 
@@ -43,14 +44,17 @@ int run_report(const ReportOptions& o) {
 
   auto acc = rt::query_accelerators();
   std::cout << "\naccelerators\n";
-  if (acc.cuda_compiled) {
+  if (!rt::cuda_module_built()) {
+    row("CUDA", "not compiled in");
+    row("NCCL", "not compiled in");
+  } else if (!rt::cuda_module_loaded()) {
+    row("CUDA module", fmt::format("{}: {}", rt::cuda_module_path(), acc.status));
+  } else {
+    row("CUDA module", fmt::format("{} (loaded on demand)", rt::cuda_module_path()));
     row("CUDA", fmt::format("compiled (nvcc {}, sm {}), runtime {}, driver {}",
                             DSTRAIN_CUDA_COMPILER, DSTRAIN_CUDA_ARCHS, acc.cuda_runtime,
                             acc.cuda_driver.empty() ? "not loaded" : acc.cuda_driver));
     row("NCCL", acc.nccl_version.empty() ? "not found" : acc.nccl_version);
-  } else {
-    row("CUDA", "not compiled in");
-    row("NCCL", "not compiled in");
   }
   row("GPUs", fmt::format("{}{}", acc.gpus.size(),
                           acc.gpus.empty() ? " (" + acc.status + ")" : std::string()));

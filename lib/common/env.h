@@ -18,6 +18,7 @@ namespace ds::env {
   X("DSTRAIN_JOB_ID", "", "job identifier (set by the launcher)")                              \
   X("DSTRAIN_JOB_TOKEN", "", "secret that authenticates the job's store clients (launcher)")   \
   X("DSTRAIN_COMM_BACKEND", "auto", "collectives backend: auto (shm on one host, else gloo), shm, gloo, nccl") \
+  X("DSTRAIN_CUDA_MODULE", "", "path of libdstrain_cuda.so (default: beside the executable)")  \
   X("DSTRAIN_RESTART_COUNT", "0", "how many times the job was restarted (set by the launcher)") \
   X("RANK", "0", "global rank of this worker (set by the launcher)")                          \
   X("LOCAL_RANK", "0", "rank of this worker on its node (set by the launcher)")               \

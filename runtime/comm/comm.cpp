@@ -14,11 +14,13 @@
 #include <fmt/ranges.h>
 
 #include "comm/host_comm.h"
+#include "comm/nccl_comm.h"
 #include "common/check.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "common/socket.h"
 #include "common/strings.h"
+#include "core/cuda_module.h"
 #include "store/hash_store.h"
 #include "store/prefix_store.h"
 #include "store/store.h"
@@ -503,15 +505,13 @@ CommPtr make_comm_impl(std::shared_ptr<store::Store> st, std::shared_ptr<store::
   switch (chosen) {
     case Backend::kShm: return make_shm_comm(std::move(args));
     case Backend::kGloo: return make_gloo_comm(std::move(args));
-    case Backend::kNccl:
-#ifdef DSTRAIN_HAVE_CUDA
-      return make_nccl_comm(std::move(args));
-#else
-      throw Error(ErrorKind::kInvalidUsage,
-                  fmt::format("group '{}': the nccl backend is not built into this dstrain",
-                              args.options.name),
-                  "rebuild with -DDSTRAIN_CUDA=ON on a machine with CUDA and NCCL");
-#endif
+    case Backend::kNccl: {
+      // The NCCL backend lives in the CUDA module (core/cuda_module.h), loaded here on first use.
+      using MakeNccl = decltype(&ds_cuda_make_nccl_comm);
+      const std::string purpose = fmt::format("group '{}' (the nccl backend)", args.options.name);
+      auto make = reinterpret_cast<MakeNccl>(cuda_module_symbol("ds_cuda_make_nccl_comm", purpose));
+      return make(std::move(args));
+    }
     case Backend::kAuto: break;
   }
   DS_CHECK(false, "backend not resolved");

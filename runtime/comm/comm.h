@@ -7,7 +7,7 @@
 //   shm   ranks on one host: a POSIX shared-memory segment per group; collectives reduce
 //         straight out of the peers' slots (several times Gloo's bandwidth on one host).
 //   gloo  ranks on several hosts: Gloo's TCP pairs, our own ring algorithms on top.
-//   nccl  GPU buffers (only when built with DSTRAIN_HAVE_CUDA): NCCL on a CUDA stream.
+//   nccl  GPU buffers (in the CUDA module, loaded on first use): NCCL on a CUDA stream.
 //
 // Deliberately not: a tensor library. Buffers are raw pointers with an element count and a
 // DataType; the caller owns them. No autograd, no streams in the interface, no all-to-all.

@@ -107,8 +107,5 @@ class HostComm : public Comm {
 
 CommPtr make_gloo_comm(BackendArgs args);
 CommPtr make_shm_comm(BackendArgs args);
-#ifdef DSTRAIN_HAVE_CUDA
-CommPtr make_nccl_comm(BackendArgs args);
-#endif
 
 }  // namespace ds::rt::comm

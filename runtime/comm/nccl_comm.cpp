@@ -16,7 +16,7 @@
 
 #include "comm/host_comm.h"
 #include "common/check.h"
-#include "common/cuda_stream.h"
+#include "kernels/cuda/kernels.h"
 #include "common/env.h"
 #include "common/socket.h"
 #include "store/store.h"
@@ -238,11 +238,11 @@ class NcclComm : public Comm {
 
  private:
   // The communication stream waits (on the device, not the host) for everything the calling
-  // thread queued on its current CUDA stream (common/cuda_stream.h; the model's): the buffers
+  // thread queued on its current CUDA stream (cuda::current_stream; the model's): the buffers
   // this operation reads are written by kernels that may not have run yet, and the buffers it
   // writes may still be read by them.
   void order_after_producer(const std::string& what) {
-    auto producer = static_cast<cudaStream_t>(current_cuda_stream());
+    auto producer = static_cast<cudaStream_t>(cuda::current_stream());
     cudaEvent_t ready = nullptr;
     cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what + ": event");
     const cudaError_t rec = cudaEventRecord(ready, producer);
@@ -305,6 +305,9 @@ class NcclComm : public Comm {
 
 }  // namespace
 
-CommPtr make_nccl_comm(BackendArgs args) { return std::make_shared<NcclComm>(args); }
-
 }  // namespace ds::rt::comm
+
+extern "C" __attribute__((visibility("default"))) ds::rt::comm::CommPtr ds_cuda_make_nccl_comm(
+    ds::rt::comm::BackendArgs args) {
+  return std::make_shared<ds::rt::comm::NcclComm>(args);
+}

@@ -1,4 +1,5 @@
-// The NCCL backend (built only with DSTRAIN_HAVE_CUDA): make_world_comm / new_group with
+// The NCCL backend (built into the CUDA module, core/cuda_module.h, and loaded with it on first
+// use): make_world_comm / new_group with
 // CommOptions::backend = Backend::kNccl (or DSTRAIN_COMM_BACKEND=nccl) return a Comm whose
 // operations run on one CUDA stream of the rank's device. What differs from comm.h's contract:
 //
@@ -8,7 +9,7 @@
 //   store; the others read it (bounded by the timeout); ncclCommInitRankConfig runs non-blocking
 //   and is polled against the deadline, so a rank that never joins is a timeout, not a hang.
 // - Ordering: before each operation the NCCL stream waits, on the device, for the work the
-//   calling thread queued on its current CUDA stream (common/cuda_stream.h: the stream of an
+//   calling thread queued on its current CUDA stream (cuda::current_stream: the stream of an
 //   open kern::DeviceScope, else the legacy default stream), so a collective never reads a
 //   buffer the model is still writing. The other direction is the host's: Work::wait returns
 //   once the collective finished, and only then does the caller queue kernels that use it.
@@ -27,3 +28,8 @@
 #pragma once
 
 #include "comm/comm.h"
+
+#include "comm/host_comm.h"
+
+// The module's entry point: a Comm over NCCL for the group BackendArgs describes.
+extern "C" ds::rt::comm::CommPtr ds_cuda_make_nccl_comm(ds::rt::comm::BackendArgs args);

@@ -14,21 +14,11 @@
 #endif
 
 #include "common/check.h"
+#include "common/half.h"
 
 namespace ds::rt::comm {
 
 namespace {
-
-uint32_t float_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-float bits_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
 
 // Storage type S, accumulator type A, and the conversions between them.
 template <typename T>
@@ -42,13 +32,13 @@ struct Bf16 {
   using S = uint16_t;
   using A = float;
   static A load(S v) { return bits_float(uint32_t{v} << 16); }
-  static S store(A a) { return float_to_bf16(a); }
+  static S store(A a) { return f32_to_bf16(a); }
 };
 struct Fp16 {
   using S = uint16_t;
   using A = float;
-  static A load(S v) { return fp16_to_float(v); }
-  static S store(A a) { return float_to_fp16(a); }
+  static A load(S v) { return f16_to_f32(v); }
+  static S store(A a) { return f32_to_f16(a); }
 };
 
 struct OpSum {
@@ -169,45 +159,6 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
 void reduce_into(DataType dtype, ReduceOp op, void* inout, const void* in, size_t count) {
   const void* srcs[2] = {inout, in};
   reduce_n(dtype, op, inout, srcs, 2, count);
-}
-
-float bf16_to_float(uint16_t v) { return bits_float(uint32_t{v} << 16); }
-
-uint16_t float_to_bf16(float f) {
-  uint32_t u = float_bits(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
-float fp16_to_float(uint16_t h) {
-  const uint32_t sign = (uint32_t{h} & 0x8000u) << 16;
-  const uint32_t e = (h >> 10) & 0x1fu;
-  const uint32_t m = h & 0x3ffu;
-  if (e == 0) {  // zero or subnormal: m * 2^-24, exact in fp32
-    float v = static_cast<float>(m) * (1.0f / 16777216.0f);
-    return bits_float(float_bits(v) | sign);
-  }
-  if (e == 31) return bits_float(sign | 0x7f800000u | (m << 13));
-  return bits_float(sign | ((e - 15 + 127) << 23) | (m << 13));
-}
-
-uint16_t float_to_fp16(float f) {
-  const uint32_t x = float_bits(f);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
-  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to inf
-  if (ax < 0x38800000u) {  // below the smallest normal: a multiple of 2^-24, round to even
-    const float scaled = bits_float(ax) * 16777216.0f;  // exact (power-of-two scaling)
-    return static_cast<uint16_t>(sign | static_cast<uint32_t>(std::nearbyint(scaled)));
-  }
-  const uint32_t e = (ax >> 23) - 127 + 15;
-  const uint32_t mant = ax & 0x7fffffu;
-  uint32_t h = (e << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry rounds into the exponent
-  return static_cast<uint16_t>(sign | h);
 }
 
 }  // namespace ds::rt::comm

@@ -30,10 +30,4 @@ void reduce_into(DataType dtype, ReduceOp op, void* inout, const void* in, size_
 // VM that reports the host's 260 MiB L3), so it cannot be left to decide. Must not overlap.
 void copy_streaming(void* dst, const void* src, size_t bytes);
 
-// IEEE binary16 and bfloat16 conversions, round to nearest even; NaN stays NaN.
-float bf16_to_float(uint16_t v);
-uint16_t float_to_bf16(float f);
-float fp16_to_float(uint16_t v);
-uint16_t float_to_fp16(float f);
-
 }  // namespace ds::rt::comm

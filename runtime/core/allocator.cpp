@@ -10,9 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
-#ifdef DSTRAIN_HAVE_CUDA
-#include "kernels/cuda/memory.h"
-#endif
+#include "core/cuda_memory_table.h"
 
 namespace ds::rt {
 
@@ -76,15 +74,11 @@ Buffer Allocator::allocate(size_t bytes, MemTag tag, std::string_view name, Devi
   Buffer b;
   if (bytes == 0) return b;
   if (device != Device::kCpu) {
-#ifdef DSTRAIN_HAVE_CUDA
-    void* dp = device == Device::kCuda ? cuda::device_alloc(bytes, name)
-                                       : cuda::pinned_alloc(bytes, name);
+    const CudaMemoryTable& cuda = cuda_memory(
+        fmt::format("allocating {} ({} bytes, tag {}) on {}", name, bytes, mem_tag_name(tag),
+                    device == Device::kCuda ? "a CUDA device" : "pinned host memory"));
+    void* dp = device == Device::kCuda ? cuda.device_alloc(bytes, name) : cuda.pinned_alloc(bytes, name);
     return account(dp, bytes, tag, device);
-#else
-    throw invalid_usage("allocating {} ({} bytes, tag {}) on a CUDA device: this dstrain was "
-                        "built without CUDA (DSTRAIN_CUDA=OFF or nvcc not found)",
-                        name, bytes, mem_tag_name(tag));
-#endif
   }
   const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   const size_t align = rounded >= kHugePage ? kHugePage : kAlign;
@@ -121,17 +115,13 @@ Buffer Allocator::account(void* p, size_t bytes, MemTag tag, Device device) {
 }
 
 void Allocator::release(Buffer& b) {
-#ifdef DSTRAIN_HAVE_CUDA
   if (b.device_ == Device::kCuda) {
-    cuda::device_free(b.data_);
+    cuda_memory().device_free(b.data_);  // loaded: the buffer came from it
   } else if (b.device_ == Device::kCudaHost) {
-    cuda::pinned_free(b.data_);
+    cuda_memory().pinned_free(b.data_);
   } else {
     std::free(b.data_);
   }
-#else
-  std::free(b.data_);
-#endif
   std::lock_guard<std::mutex> lock(mu_);
   if (b.device_ == Device::kCudaHost) {
     stats_.pinned_current -= static_cast<int64_t>(b.bytes_);

@@ -10,8 +10,8 @@
 //   A Buffer must not outlive its Allocator.
 // - Thread safety: allocate/release and the statistics may be called from any thread.
 // - Device: kCpu here; kCuda (device memory on the current device, through the caching allocator
-//   of kernels/cuda/memory.h) and kCudaHost (pinned host memory) in builds with CUDA; without CUDA
-//   compiled in they throw invalid_usage. Bytes of kCpu and kCuda buffers are counted per tag;
+//   of kernels/cuda/memory.h) and kCudaHost (pinned host memory) through the CUDA module, loaded
+//   on the first such allocation (core/cuda_module.h); without the module they throw its error. Bytes of kCpu and kCuda buffers are counted per tag;
 //   pinned host buffers (kCudaHost: what a GPU run offloads to the host) are counted apart, as
 //   MemStats::pinned_*, so the per-tag figures of a GPU run stay the GPU's.
 // - Failure: out of memory throws ds::Error (system) naming the tag, the name and the size.

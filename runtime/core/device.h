@@ -1,5 +1,6 @@
-// What accelerators this process can see. The only place outside runtime/kernels/cuda that knows
-// whether CUDA was compiled in: with DSTRAIN_CUDA=OFF every query answers "none".
+// What accelerators this process can see. The full query goes through the CUDA module (loaded
+// on demand, core/cuda_module.h); the GPU count does not: it reads what the NVIDIA driver lists,
+// so the launcher and the agent never load CUDA to choose a default slot count.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +25,15 @@ struct AcceleratorInfo {
   std::vector<GpuInfo> gpus;      // GPUs CUDA sees (respects CUDA_VISIBLE_DEVICES)
 };
 
-// Queries the CUDA runtime once; never throws (a machine without a driver reports no GPUs).
-AcceleratorInfo query_accelerators();
-// Number of GPUs CUDA sees; 0 without CUDA, driver or devices.
+enum class ModuleUse {
+  kAlways,        // load the CUDA module to ask CUDA (dstrain report: versions even without a GPU)
+  kIfGpuPresent,  // only when the NVIDIA driver lists a GPU (the plan reading GPU memory)
+};
+// Queries CUDA; never throws: a build without CUDA, a missing module or library, or a machine
+// without a driver reports no GPUs and says why in `status`.
+AcceleratorInfo query_accelerators(ModuleUse use = ModuleUse::kAlways);
+// GPUs the NVIDIA driver lists, narrowed by CUDA_VISIBLE_DEVICES; 0 without a driver. Never
+// loads the CUDA module.
 int gpu_count();
 
 }  // namespace ds::rt

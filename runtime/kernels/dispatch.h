@@ -1,8 +1,9 @@
 // Kernel dispatch: the only place that knows whether a buffer's kernels run on the CPU or on a
 // CUDA device. The model calls kernels through this header (kern::name(...) with the CPU
-// signatures of runtime/kernels/cpu/kernels.h); each call goes to cpu::name, or, in builds with
-// CUDA while the calling thread is inside a kern::DeviceScope for Device::kCuda, to
-// cuda::name(..., stream) (runtime/kernels/cuda/kernels.h) on the scope's stream.
+// signatures of runtime/kernels/cpu/kernels.h); each call goes to cpu::name, or, while the calling
+// thread is inside a kern::DeviceScope for Device::kCuda, to the CUDA module's twin
+// (kernels/cuda_kernel_table.h, the signatures of kernels/cuda/kernels.h) on the scope's stream.
+// The module is loaded by the first CUDA scope (core/cuda_module.h); a CPU run never loads it.
 //
 // Contract of the CUDA side (only inside a DeviceScope(kCuda)):
 // - Every pointer passed must be device memory of the current device (Allocator with
@@ -12,8 +13,7 @@
 //   uploading them); their losses are still NaN.
 // - attention_scratch_floats(T) is 0 (the CUDA attention needs no scratch).
 // - gemm threading knobs (set_gemm_threading, ...) are CPU-only and not forwarded.
-// Without a scope (the default, and always in builds without CUDA) everything is the CPU kernel,
-// exactly as before.
+// Without a scope (the default) everything is the CPU kernel.
 #pragma once
 
 #include <cstddef>
@@ -22,17 +22,12 @@
 
 #include <span>
 
-#include "common/cuda_stream.h"
 #include "common/error.h"
 #include "core/allocator.h"
+#include "core/cuda_memory_table.h"
+#include "kernels/adamw_step.h"
 #include "kernels/cpu/kernels.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
-#ifdef DSTRAIN_HAVE_CUDA
-#include "kernels/cuda/adamw_args.h"
-#include "kernels/cuda/kernels.h"
-#include "kernels/cuda/memory.h"
-#endif
+#include "kernels/cuda_kernel_table.h"
 
 namespace ds::rt::kern {
 
@@ -50,84 +45,65 @@ inline KernelContext& kernel_context() {
 }
 
 // RAII: kern:: calls of this thread run on `device` (and `stream`) until the scope ends; scopes
-// nest. Device::kCuda in a build without CUDA throws invalid_usage. A CUDA scope also makes
-// `stream` the thread's current CUDA stream (common/cuda_stream.h), which the NCCL backend
-// orders its collectives after.
+// nest. A CUDA scope loads the CUDA module (throwing its error where it cannot be loaded) and
+// makes `stream` the thread's current CUDA stream (cuda::current_stream), which the NCCL backend
+// orders its collectives after; a CPU scope touches neither.
 class DeviceScope {
  public:
-  explicit DeviceScope(Device device, void* stream = nullptr)
-      : saved_(kernel_context()), saved_stream_(current_cuda_stream()) {
-#ifndef DSTRAIN_HAVE_CUDA
+  explicit DeviceScope(Device device, void* stream = nullptr) : saved_(kernel_context()) {
     if (device == Device::kCuda) {
-      throw Error(ErrorKind::kInvalidUsage,
-                  "kern::DeviceScope(Device::kCuda): this dstrain was built without CUDA");
+      void*& current = cuda_kernels("kern::DeviceScope(Device::kCuda)").current_stream();
+      cuda_stream_ = &current;
+      saved_stream_ = current;
+      current = stream;
     }
-#endif
     kernel_context() = KernelContext{device, stream};
-    if (device == Device::kCuda) current_cuda_stream() = stream;
   }
   ~DeviceScope() {
     kernel_context() = saved_;
-    current_cuda_stream() = saved_stream_;
+    if (cuda_stream_ != nullptr) *cuda_stream_ = saved_stream_;
   }
   DeviceScope(const DeviceScope&) = delete;
   DeviceScope& operator=(const DeviceScope&) = delete;
 
  private:
   KernelContext saved_;
-  void* saved_stream_;
+  void** cuda_stream_ = nullptr;  // the module's current stream of this thread (CUDA scopes)
+  void* saved_stream_ = nullptr;
 };
 
-inline bool on_cuda() {
-#ifdef DSTRAIN_HAVE_CUDA
-  return kernel_context().device == Device::kCuda;
-#else
-  return false;
-#endif
-}
+inline bool on_cuda() { return kernel_context().device == Device::kCuda; }
 
 // Memory moves of the model's buffers, routed like the kernels: on the CPU plain memset/memcpy;
 // inside a CUDA scope stream-ordered CUDA copies (copy_to_host returns when the data is there,
 // copy_from_host when the host source may be reused).
 inline void fill_zero(void* p, size_t bytes) {
-#ifdef DSTRAIN_HAVE_CUDA
-  if (on_cuda()) return cuda::memset_zero_async(p, bytes, kernel_context().stream);
-#endif
+  if (on_cuda()) return cuda_memory().memset_zero_async(p, bytes, kernel_context().stream);
   if (bytes > 0) std::memset(p, 0, bytes);
 }
 inline void copy_to_host(void* dst, const void* src, size_t bytes) {
-#ifdef DSTRAIN_HAVE_CUDA
-  if (on_cuda()) return cuda::copy_to_host(dst, src, bytes, kernel_context().stream);
-#endif
+  if (on_cuda()) return cuda_memory().copy_to_host(dst, src, bytes, kernel_context().stream);
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 inline void copy_from_host(void* dst, const void* src, size_t bytes) {
-#ifdef DSTRAIN_HAVE_CUDA
-  if (on_cuda()) return cuda::copy_to_device(dst, src, bytes, kernel_context().stream);
-#endif
+  if (on_cuda()) return cuda_memory().copy_to_device(dst, src, bytes, kernel_context().stream);
   if (bytes > 0) std::memcpy(dst, src, bytes);
 }
 
 // Buffer to buffer, non-overlapping: on the CPU a memcpy; inside a CUDA scope a copy in stream
 // order whose direction CUDA infers (device memory, or pinned host memory on either side).
 inline void copy(void* dst, const void* src, size_t bytes) {
-#ifdef DSTRAIN_HAVE_CUDA
-  if (on_cuda()) return cuda::copy_on_device(dst, src, bytes, kernel_context().stream);
-#endif
+  if (on_cuda()) return cuda_memory().copy_on_device(dst, src, bytes, kernel_context().stream);
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
-#ifdef DSTRAIN_HAVE_CUDA
 inline cudaStream_t cuda_stream() { return static_cast<cudaStream_t>(kernel_context().stream); }
 // DS_KERN(name, args...): the CUDA twin on this thread's stream inside a CUDA scope, else the CPU.
-#define DS_KERN(name, ...)                                        \
-  do {                                                            \
-    if (on_cuda()) return cuda::name(__VA_ARGS__, cuda_stream()); \
-    return cpu::name(__VA_ARGS__);                                \
+#define DS_KERN(name, ...)                                                \
+  do {                                                                    \
+    if (on_cuda()) return cuda_kernels().name(__VA_ARGS__, cuda_stream()); \
+    return cpu::name(__VA_ARGS__);                                        \
   } while (0)
-#else
-#define DS_KERN(name, ...) return cpu::name(__VA_ARGS__)
-#endif
 
 inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
@@ -198,24 +174,20 @@ inline void residual_backward(float* dinp1, float* dinp2, const float* dout, int
 }
 inline int64_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
                                     int N, int V, int Vp) {
-#ifdef DSTRAIN_HAVE_CUDA
   if (on_cuda()) {
-    cuda::crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
+    cuda_kernels().crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
     return 0;
   }
-#endif
   return cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
 }
 inline int64_t crossentropy_softmax_backward(float* losses, float* logits_to_dlogits,
                                              const int32_t* targets, float dloss, int N, int V,
                                              int Vp) {
-#ifdef DSTRAIN_HAVE_CUDA
   if (on_cuda()) {
-    cuda::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp,
-                                        nullptr, cuda_stream());
+    cuda_kernels().crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V,
+                                                 Vp, nullptr, cuda_stream());
     return 0;
   }
-#endif
   return cpu::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp);
 }
 inline void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V) {
@@ -250,31 +222,27 @@ inline void add_in_place(float* dst, const float* src, int64_t N) {
 inline void round_to_bf16_in_place(float* x, int64_t N) { DS_KERN(round_to_bf16_in_place, x, N); }
 inline void round_to_f16_in_place(float* x, int64_t N) { DS_KERN(round_to_f16_in_place, x, N); }
 
-// ---- the optimizer's passes over flat buffers (optim/adamw.h, optim/clip.h) ----------------------
+// ---- the optimizer's passes over flat buffers (kernels/adamw_step.h) -----------------------------
 
 // Sum of squares in double, on the host either way (inside a CUDA scope: deterministic device
 // reduction, then a synchronising copy of the one double).
 inline double sum_of_squares(const float* x, int64_t n) {
-#ifdef DSTRAIN_HAVE_CUDA
-  if (on_cuda()) return cuda::sum_of_squares_to_host(x, n, cuda_stream());
-#endif
-  return optim::sum_of_squares(x, n);
+  if (on_cuda()) return cuda_kernels().sum_of_squares_to_host(x, n, cuda_stream());
+  return cpu::sum_of_squares(x, n);
 }
-// optim::adamw_update_partition; inside a CUDA scope one fused kernel per run of equal decay.
-inline void adamw_update_partition(const optim::AdamWStep& s, float* params, const float* grads,
+// cpu::adamw_update_partition; inside a CUDA scope one fused kernel per run of equal decay.
+inline void adamw_update_partition(const AdamWStep& s, float* params, const float* grads,
                                    float* exp_avg, float* exp_avg_sq, int64_t begin,
-                                   int64_t count, std::span<const optim::DecayRange> decay) {
-#ifdef DSTRAIN_HAVE_CUDA
+                                   int64_t count, std::span<const DecayRange> decay) {
   if (on_cuda()) {
-    const cuda::AdamWScalars c = cuda::adamw_scalars(s);
-    optim::for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
-      cuda::adamw_update(c, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d, nullptr,
-                         cuda_stream());
+    const CudaKernelTable& k = cuda_kernels();
+    cpu::for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
+      k.adamw_update(s, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d, nullptr,
+                     cuda_stream());
     });
     return;
   }
-#endif
-  optim::adamw_update_partition(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay);
+  cpu::adamw_update_partition(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay);
 }
 
 #undef DS_KERN

@@ -24,10 +24,8 @@
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "data/token_file.h"
+#include "core/cuda_memory_table.h"
 #include "kernels/dispatch.h"
-#ifdef DSTRAIN_HAVE_CUDA
-#include "kernels/cuda/memory.h"
-#endif
 #include "model/gpt2.h"
 #include "model/init.h"
 #include "optim/adamw.h"
@@ -576,19 +574,13 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   }
   const int local_rank = static_cast<int>(env::get_int("LOCAL_RANK"));
   if (s.cfg.training.device == "cuda") {
-#ifdef DSTRAIN_HAVE_CUDA
     // One GPU per rank, the launcher's LOCAL_RANK (torchrun's and DeepSpeed's contract); made
-    // current before anything allocates on it or an NCCL group binds to it.
-    cuda::set_device(local_rank, fmt::format("{}: $.training.device \"cuda\" on rank {} (LOCAL_RANK {})",
-                                             s.cfg.path, s.rank, local_rank));
+    // current before anything allocates on it or an NCCL group binds to it. The CUDA module is
+    // loaded here, its errors naming the config key.
+    const std::string who = fmt::format("{}: $.training.device \"cuda\" on rank {} (LOCAL_RANK {})",
+                                        s.cfg.path, s.rank, local_rank);
+    cuda_memory(who).set_device(local_rank, who);
     s.device = Device::kCuda;
-#else
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: $.training.device: \"cuda\", but this dstrain was built without CUDA",
-                            s.cfg.path),
-                "build with -DDSTRAIN_CUDA=ON on a machine with the CUDA toolkit and NCCL, or set "
-                "training.device to \"cpu\"");
-#endif
   } else if (s.cfg.training.device != "cpu") {
     throw invalid_argument("{}: $.training.device: '{}' is not one of \"cpu\", \"cuda\"", s.cfg.path,
                            s.cfg.training.device);
@@ -836,12 +828,11 @@ TrainResult Trainer::run() {
   ac.adam_w_mode = s.cfg.optimizer.adam_w_mode;
   s.alloc.reset_peaks();
   const kern::DeviceScope device_scope(s.device);
-#ifdef DSTRAIN_HAVE_CUDA
   // bf16 on a GPU: the matmuls multiply in bf16 on tensor cores (fp32 accumulate and storage).
-  const cuda::ScopedMatmulMath math(s.device == Device::kCuda && s.precision == Precision::kBf16
-                                        ? cuda::MatmulMath::kBf16
-                                        : cuda::MatmulMath::kFp32);
-#endif
+  std::optional<kern::ScopedCudaMatmulMath> math;
+  if (s.device == Device::kCuda) {
+    math.emplace(s.precision == Precision::kBf16 ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
+  }
 
   for (int64_t step = s.next_step; step <= stop; ++step) {
     auto t0 = Clock::now();

@@ -1,6 +1,7 @@
 // Helpers for the CUDA tests: skip without a GPU, device arrays, random data, closeness checks.
 // Every CUDA test fixture derives from CudaTest, whose SetUp skips (reported as skipped by ctest)
-// when no device is visible, so `ctest -L cuda` passes on machines without a GPU.
+// when no device is visible, so `ctest -L cuda` passes on machines without a GPU. The kernels under
+// test are the CUDA module's (cu(), kernels/cuda_kernel_table.h): the same copy dstrain runs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -16,9 +17,15 @@
 #include <vector>
 
 #include "common/error.h"
+#include "core/cuda_memory_table.h"
 #include "core/device.h"
+#include "kernels/cuda_kernel_table.h"
 
 namespace ds::test {
+
+// The CUDA module's kernels (loaded on first use).
+inline const ds::rt::kern::CudaKernelTable& cu() { return ds::rt::kern::cuda_kernels("the cuda tests"); }
+using ds::rt::cuda_memory;
 
 class CudaTest : public ::testing::Test {
  protected:

@@ -21,6 +21,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <span>
+
+#include "kernels/adamw_step.h"
 
 namespace ds::rt::cpu {
 
@@ -154,5 +158,32 @@ void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N);
 void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N);
 void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N);
 void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N);
+
+// ---- the optimizer's passes over flat fp32 buffers (kernels/adamw_step.h) --------------------------
+
+// AdamW over n elements in place, as kernels/adamw_step.h writes it: params, exp_avg (m) and
+// exp_avg_sq (v) read and written, grads only read; buffers must not overlap. `decay` says
+// whether weight decay applies to these n elements. Results do not depend on the thread count.
+void adamw_update(const kern::AdamWStep& s, float* params, const float* grads, float* exp_avg,
+                  float* exp_avg_sq, int64_t n, bool decay);
+// The runs of the partition [begin, begin + count) that decay alike, in order and covering it:
+// run(offset from begin, n, decay) for each. Throws ds::Error (invalid argument) for a negative
+// partition or a table not sorted by offset or overlapping. Shared with the CUDA dispatch.
+void for_each_decay_run(int64_t begin, int64_t count, std::span<const kern::DecayRange> decay,
+                        const std::function<void(int64_t, int64_t, bool)>& run);
+// AdamW over the partition [begin, begin + count) of the flat buffers (pointers at the
+// partition's first element, shard-local; `decay` in global offsets, so one table serves every
+// rank and partitioning).
+void adamw_update_partition(const kern::AdamWStep& s, float* params, const float* grads,
+                            float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t count,
+                            std::span<const kern::DecayRange> decay);
+
+// Sum of x[i]^2 accumulated in double; inf/nan inputs make it non-finite. Deterministic for a
+// given thread count (each thread sums one contiguous block; blocks are added in thread order).
+double sum_of_squares(const float* x, int64_t n);
+// x[i] *= coef; nothing to do when coef == 1.
+void scale_in_place(float* x, int64_t n, float coef);
+// True when every element is finite (no inf, no nan).
+bool all_finite(const float* x, int64_t n);
 
 }  // namespace ds::rt::cpu

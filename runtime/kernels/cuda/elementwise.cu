@@ -176,7 +176,7 @@ __global__ void f16_to_f32_kernel(float* out, const uint16_t* inp, int64_t n) {
 // ---- AdamW: the formula of optim/adamw.cpp, element for element ----
 
 template <typename G>
-__global__ void adamw_kernel(AdamWScalars s, float* params, const G* grads, float* m_, float* v_,
+__global__ void adamw_kernel(kern::AdamWStep s, float* params, const G* grads, float* m_, float* v_,
                              int64_t n, bool decoupled, bool l2, Bf16* params_bf16) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -196,7 +196,7 @@ __global__ void adamw_kernel(AdamWScalars s, float* params, const G* grads, floa
 }
 
 template <typename G>
-void adamw_launch(const AdamWScalars& s, float* params, const G* grads, float* m, float* v,
+void adamw_launch(const kern::AdamWStep& s, float* params, const G* grads, float* m, float* v,
                   int64_t n, bool decay, Bf16* params_bf16, cudaStream_t stream) {
   if (n <= 0) return;
   const bool decoupled = decay && s.adam_w_mode && s.weight_decay != 0.0f;
@@ -418,12 +418,12 @@ void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t
   DS_ELEMENTWISE(f16_to_f32_kernel, N, out, inp, N);
 }
 
-void adamw_update(const AdamWScalars& s, float* params, const float* grads, float* exp_avg,
+void adamw_update(const kern::AdamWStep& s, float* params, const float* grads, float* exp_avg,
                   float* exp_avg_sq, int64_t n, bool decay, uint16_t* params_bf16,
                   cudaStream_t stream) {
   adamw_launch(s, params, grads, exp_avg, exp_avg_sq, n, decay, as_bf16(params_bf16), stream);
 }
-void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_t* grads,
+void adamw_update_bf16_grads(const kern::AdamWStep& s, float* params, const uint16_t* grads,
                              float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
                              uint16_t* params_bf16, cudaStream_t stream) {
   adamw_launch(s, params, as_bf16(grads), exp_avg, exp_avg_sq, n, decay, as_bf16(params_bf16),

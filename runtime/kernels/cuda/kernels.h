@@ -35,6 +35,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/adamw_step.h"
+
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;  // as CUDA's driver_types.h declares it
 
@@ -170,22 +172,14 @@ void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t
 
 // ---- fused AdamW ------------------------------------------------------------------------------------
 
-// The per-step scalars of optim::AdamWStep (optim/adamw.h), field for field; this header stays
-// free of that C++20 header so nvcc can compile it. Build it with adamw_scalars() in
-// kernels/cuda/adamw_args.h (host code).
-struct AdamWScalars {
-  float decay_factor = 1, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
-  float one_minus_beta1 = 1, one_minus_beta2 = 1, step_size = 0, bc2_sqrt = 1, grad_scale = 1;
-  bool adam_w_mode = true;
-};
-// optim::adamw_update on the device, element for element the same formula (fp32). params (fp32
+// cpu::adamw_update on the device, element for element the same formula (fp32). params (fp32
 // master), exp_avg, exp_avg_sq read and written; grads read. When params_bf16 is not null the
 // updated parameters are also written there as bf16 (the model's working copy), in the same pass.
-void adamw_update(const AdamWScalars& s, float* params, const float* grads, float* exp_avg,
+void adamw_update(const kern::AdamWStep& s, float* params, const float* grads, float* exp_avg,
                   float* exp_avg_sq, int64_t n, bool decay, uint16_t* params_bf16,
                   cudaStream_t stream);
 // The same with bf16 gradients (read and converted to fp32 first).
-void adamw_update_bf16_grads(const AdamWScalars& s, float* params, const uint16_t* grads,
+void adamw_update_bf16_grads(const kern::AdamWStep& s, float* params, const uint16_t* grads,
                              float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
                              uint16_t* params_bf16, cudaStream_t stream);
 
@@ -218,16 +212,12 @@ void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 enum class MatmulMath { kFp32, kBf16 };
 void set_matmul_math(MatmulMath m);
 MatmulMath matmul_math();
-// Sets the math for a scope and restores the previous one at its end (same thread).
-class ScopedMatmulMath {
- public:
-  explicit ScopedMatmulMath(MatmulMath m) : prev_(matmul_math()) { set_matmul_math(m); }
-  ~ScopedMatmulMath() { set_matmul_math(prev_); }
-  ScopedMatmulMath(const ScopedMatmulMath&) = delete;
-  ScopedMatmulMath& operator=(const ScopedMatmulMath&) = delete;
 
- private:
-  MatmulMath prev_;
-};
+// The calling thread's current CUDA stream (nullptr = the legacy default stream), as an opaque
+// pointer: kern::DeviceScope sets it (through the module's kernel table) while a CUDA scope is
+// open, and the NCCL backend makes its own stream wait for this one before every collective (as
+// PyTorch's c10d does with getCurrentCUDAStream), so a collective never reads a buffer the
+// model is still writing. One per thread, owned by the module.
+void*& current_stream();
 
 }  // namespace ds::rt::cuda

@@ -1,7 +1,8 @@
 // Device memory for the tagged allocator (core/allocator.h): a caching allocator over cudaMalloc
 // per device (core/block_cache.h's policy; never managed memory) and pinned host buffers
 // (cudaHostAlloc) for CPU offload and fast host<->device copies. Host-only header; the functions
-// exist only in builds with CUDA (DSTRAIN_HAVE_CUDA).
+// exist only inside the CUDA module (core/cuda_module.h); the rest of dstrain reaches them
+// through core/cuda_memory_table.h.
 //
 // Most code never calls these directly: Allocator::allocate(bytes, tag, name, Device::kCuda or
 // Device::kCudaHost) does, and counts the bytes per tag exactly as for CPU buffers (the requested
@@ -24,6 +25,7 @@
 #include <string_view>
 
 #include "core/block_cache.h"
+#include "core/device.h"
 
 namespace ds::rt::cuda {
 
@@ -56,3 +58,8 @@ BlockCacheStats device_cache_stats(int device);
 void device_empty_cache();
 
 }  // namespace ds::rt::cuda
+
+namespace ds::rt {
+// CUDA and NCCL facts (kernels/cuda/device_query.cu); never throws.
+AcceleratorInfo cuda_query_accelerators();
+}  // namespace ds::rt

@@ -25,6 +25,8 @@
 namespace ds::rt {
 namespace {
 
+using test::cu;
+
 using test::close;
 using test::DeviceArray;
 using test::random_floats;
@@ -62,20 +64,20 @@ std::vector<float> bf16_representable(std::vector<float> v) {
 }
 
 TEST(MatmulMath, DefaultIsFp32PerThreadAndScopedRestores) {
-  EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kFp32);
+  EXPECT_EQ(cu().matmul_math(), cuda::MatmulMath::kFp32);
   {
-    cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
-    EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kBf16);
+    kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
+    EXPECT_EQ(cu().matmul_math(), cuda::MatmulMath::kBf16);
     cuda::MatmulMath other = cuda::MatmulMath::kBf16;
-    std::thread([&] { other = cuda::matmul_math(); }).join();
+    std::thread([&] { other = cu().matmul_math(); }).join();
     EXPECT_EQ(other, cuda::MatmulMath::kFp32) << "another thread must keep its own default";
     {
-      cuda::ScopedMatmulMath fp32(cuda::MatmulMath::kFp32);
-      EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kFp32);
+      kern::ScopedCudaMatmulMath fp32(cuda::MatmulMath::kFp32);
+      EXPECT_EQ(cu().matmul_math(), cuda::MatmulMath::kFp32);
     }
-    EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kBf16);
+    EXPECT_EQ(cu().matmul_math(), cuda::MatmulMath::kBf16);
   }
-  EXPECT_EQ(cuda::matmul_math(), cuda::MatmulMath::kFp32);
+  EXPECT_EQ(cu().matmul_math(), cuda::MatmulMath::kFp32);
 }
 
 class CudaBf16Math : public test::CudaStreamTest {};
@@ -92,10 +94,10 @@ TEST_F(CudaBf16Math, GemmEveryTransposeAgainstTheCpu) {
       cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, ref.data(), N);
       DeviceArray<float> dA(A), dB(B), dC(C0), dC32(C0);
       {
-        cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
-        cuda::gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC.get(), N, stream_);
+        kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
+        cu().gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC.get(), N, stream_);
       }
-      cuda::gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC32.get(), N, stream_);
+      cu().gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC32.get(), N, stream_);
       const auto got = dC.download(), got32 = dC32.download();
       EXPECT_TRUE(close_to_scale(got, ref, kBf16Math));
       EXPECT_TRUE(close(got32, ref, 1e-4, 1e-5));  // the fp32 math is back after the scope
@@ -114,8 +116,8 @@ TEST_F(CudaBf16Math, GemmOnBf16RepresentableInputsIsExactUpToFp32Sums) {
   auto ref = C0;
   cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 1.0f, ref.data(), N);
   DeviceArray<float> dA(A), dB(B), dC(C0);
-  cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
-  cuda::gemm(false, true, M, N, K, 1.0f, dA.get(), K, dB.get(), K, 1.0f, dC.get(), N, stream_);
+  kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
+  cu().gemm(false, true, M, N, K, 1.0f, dA.get(), K, dB.get(), K, 1.0f, dC.get(), N, stream_);
   EXPECT_TRUE(close_to_scale(dC.download(), ref, kExact));
 }
 
@@ -125,7 +127,7 @@ TEST_F(CudaBf16Math, MatmulForwardBackwardAgainstTheCpu) {
   const int B = 2, T = 64, C = 768, OC = 256;
   const auto inp = random_floats(size_t{B} * T * C, 11), w = random_floats(size_t{OC} * C, 12);
   const auto bias = random_floats(OC + 1, 13), dout = random_floats(size_t{B} * T * OC, 14);
-  cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
+  kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
   for (int bias_case = 0; bias_case < 3; bias_case++) {  // 0 aligned, 1 misaligned, 2 none
     SCOPED_TRACE(testing::Message() << "bias case " << bias_case);
     const float* hb = bias_case == 2 ? nullptr : bias.data() + bias_case;
@@ -133,12 +135,12 @@ TEST_F(CudaBf16Math, MatmulForwardBackwardAgainstTheCpu) {
     cpu::matmul_forward(ref.data(), inp.data(), w.data(), hb, B, T, C, OC);
     DeviceArray<float> di(inp), dw(w), dbias(bias), out(ref.size());
     const float* db = bias_case == 2 ? nullptr : dbias.get() + bias_case;
-    cuda::matmul_forward(out.get(), di.get(), dw.get(), db, B, T, C, OC, stream_);
+    cu().matmul_forward(out.get(), di.get(), dw.get(), db, B, T, C, OC, stream_);
     EXPECT_TRUE(close_to_scale(out.download(), ref, kBf16Math));
   }
   auto dw_ref = random_floats(size_t{OC} * C, 15), db_ref = random_floats(OC, 16);
   DeviceArray<float> di(inp), dw(w), ddout(dout), gdinp(inp.size()), gdw(dw_ref), gdb(db_ref);
-  cuda::matmul_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), di.get(), dw.get(), B, T, C,
+  cu().matmul_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), di.get(), dw.get(), B, T, C,
                         OC, stream_);
   std::vector<float> dinp_ref(inp.size());
   cpu::matmul_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(),
@@ -163,13 +165,13 @@ TEST_F(CudaBf16Math, MatmulOnMisalignedViews) {
       gdinp(dinp_ref.size() + 1), gdw(dw_ref);
   cpu::matmul_backward(dinp_ref.data(), dw_ref.data() + 1, nullptr, dout.data() + 1, inp.data() + 1,
                        w.data() + 1, B, T, C, OC);
-  cuda::ScopedMatmulMath bf16(cuda::MatmulMath::kBf16);
+  kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
   // The bias at a 16-byte offset: the cuBLASLt epilogue with 4-byte aligned matrices.
-  cuda::matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + 4, B, T, C, OC,
+  cu().matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + 4, B, T, C, OC,
                        stream_);
   auto got = out.download();
   EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), ref, kBf16Math));
-  cuda::matmul_backward(gdinp.get() + 1, gdw.get() + 1, nullptr, ddout.get() + 1, di.get() + 1,
+  cu().matmul_backward(gdinp.get() + 1, gdw.get() + 1, nullptr, ddout.get() + 1, di.get() + 1,
                         dw.get() + 1, B, T, C, OC, stream_);
   got = gdinp.download();
   EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), dinp_ref, kBf16Math));

@@ -8,13 +8,11 @@
 #include <cmath>
 #include <vector>
 
-#include "common/cuda_stream.h"
 #include "common/error.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "gpu/cuda_test_util.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cuda/adamw_args.h"
 #include "kernels/cuda/kernels.h"
 #include "kernels/dispatch.h"
 #include "optim/adamw.h"
@@ -22,6 +20,8 @@
 
 namespace ds::rt {
 namespace {
+
+using test::cu;
 
 using test::close;
 using test::DeviceArray;
@@ -55,7 +55,7 @@ TEST_F(CudaKernels, GemmEveryTranspose) {
       auto C = random_floats(size_t{M} * N, 3);
       const int lda = ta ? M : K, ldb = tb ? K : N;
       DeviceArray<float> dA(A), dB(B), dC(C);
-      cuda::gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC.get(), N, stream_);
+      cu().gemm(ta, tb, M, N, K, 0.5f, dA.get(), lda, dB.get(), ldb, 2.0f, dC.get(), N, stream_);
       cpu::gemm(ta, tb, M, N, K, 0.5f, A.data(), lda, B.data(), ldb, 2.0f, C.data(), N);
       EXPECT_TRUE(close(dC.download(), C, kSum, 1e-5)) << "trans_a " << ta << " trans_b " << tb;
     }
@@ -67,7 +67,7 @@ TEST_F(CudaKernels, GemmBf16) {
   auto A = rounded(random_floats(size_t{M} * K, 1)), B = rounded(random_floats(size_t{K} * N, 2));
   std::vector<float> C(size_t{M} * N, 0.0f);
   DeviceArray<uint16_t> dA(to_bf16(A)), dB(to_bf16(B)), dC(size_t{M} * N);
-  cuda::gemm_bf16(false, true, M, N, K, 1.0f, dA.get(), K, dB.get(), K, 0.0f, dC.get(), N,
+  cu().gemm_bf16(false, true, M, N, K, 1.0f, dA.get(), K, dB.get(), K, 0.0f, dC.get(), N,
                   stream_);
   // B read as (N, K) transposed: reuse the data with that shape on the CPU too.
   cpu::gemm(false, true, M, N, K, 1.0f, A.data(), K, B.data(), K, 0.0f, C.data(), N);
@@ -83,16 +83,16 @@ TEST_F(CudaKernels, EncoderForwardBackward) {
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<float> dwte_p(wte), dwpe_p(wpe), dout_d(dout), out(size_t{B} * T * C);
   DeviceArray<float> gwte(dwte), gwpe(dwpe);
-  cuda::encoder_forward(out.get(), dinp.get(), dwte_p.get(), dwpe_p.get(), B, T, C, stream_);
+  cu().encoder_forward(out.get(), dinp.get(), dwte_p.get(), dwpe_p.get(), B, T, C, stream_);
   std::vector<float> ref(size_t{B} * T * C);
   cpu::encoder_forward(ref.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kTight, 0));
-  cuda::encoder_backward(gwte.get(), gwpe.get(), dout_d.get(), dinp.get(), B, T, C, stream_);
+  cu().encoder_backward(gwte.get(), gwpe.get(), dout_d.get(), dinp.get(), B, T, C, stream_);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
   EXPECT_TRUE(close(gwte.download(), dwte, kSum, 1e-5));
   EXPECT_TRUE(close(gwpe.download(), dwpe, kSum, 1e-5));
   // add_position on top of the token embedding.
-  cuda::add_position(out.get(), dwpe_p.get(), B, T, C, stream_);
+  cu().add_position(out.get(), dwpe_p.get(), B, T, C, stream_);
   cpu::add_position(ref.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kTight, 0));
 }
@@ -104,11 +104,11 @@ TEST_F(CudaKernels, EncoderVocabParallel) {
   auto dwte = random_floats(size_t{Vl} * C, 10);
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<float> dw(wte), ddout(dout), gw(dwte), out(size_t{B} * T * C);
-  cuda::encoder_forward_vocab(out.get(), dinp.get(), dw.get(), B, T, C, v0, Vl, stream_);
+  cu().encoder_forward_vocab(out.get(), dinp.get(), dw.get(), B, T, C, v0, Vl, stream_);
   std::vector<float> ref(size_t{B} * T * C);
   cpu::encoder_forward_vocab(ref.data(), inp.data(), wte.data(), B, T, C, v0, Vl);
   EXPECT_TRUE(close(out.download(), ref, 0, 0));
-  cuda::encoder_backward_vocab(gw.get(), ddout.get(), dinp.get(), B, T, C, v0, Vl, stream_);
+  cu().encoder_backward_vocab(gw.get(), ddout.get(), dinp.get(), B, T, C, v0, Vl, stream_);
   cpu::encoder_backward_vocab(dwte.data(), dout.data(), inp.data(), B, T, C, v0, Vl);
   EXPECT_TRUE(close(gw.download(), dwte, kSum, 1e-5));
 }
@@ -121,14 +121,14 @@ TEST_F(CudaKernels, LayernormForwardBackward) {
   auto dw = random_floats(C, 6), db = random_floats(C, 7);
   DeviceArray<float> dx(x), dwt(w), dbs(b), ddout(dout), out(x.size()), mean(size_t{B} * T),
       rstd(size_t{B} * T), gdinp(dinp), gdw(dw), gdb(db);
-  cuda::layernorm_forward(out.get(), mean.get(), rstd.get(), dx.get(), dwt.get(), dbs.get(), B, T,
+  cu().layernorm_forward(out.get(), mean.get(), rstd.get(), dx.get(), dwt.get(), dbs.get(), B, T,
                           C, stream_);
   std::vector<float> ref(x.size()), rm(size_t{B} * T), rr(size_t{B} * T);
   cpu::layernorm_forward(ref.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5));
   EXPECT_TRUE(close(mean.download(), rm, kSum, 1e-6));
   EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
-  cuda::layernorm_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), dx.get(), dwt.get(),
+  cu().layernorm_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), dx.get(), dwt.get(),
                            mean.get(), rstd.get(), B, T, C, stream_);
   cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                           rm.data(), rr.data(), B, T, C);
@@ -146,12 +146,12 @@ TEST_F(CudaKernels, MatmulForwardBackwardWithAndWithoutBias) {
     DeviceArray<float> di(inp), dwt(w), dbias(bias), ddout(dout), out(size_t{B} * T * OC),
         gdinp(inp.size()), gdw(dw), gdb(db);
     const float* bp = with_bias ? dbias.get() : nullptr;
-    cuda::matmul_forward(out.get(), di.get(), dwt.get(), bp, B, T, C, OC, stream_);
+    cu().matmul_forward(out.get(), di.get(), dwt.get(), bp, B, T, C, OC, stream_);
     std::vector<float> ref(size_t{B} * T * OC);
     cpu::matmul_forward(ref.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, B, T,
                         C, OC);
     EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5)) << "bias " << with_bias;
-    cuda::matmul_backward(gdinp.get(), gdw.get(), with_bias ? gdb.get() : nullptr, ddout.get(),
+    cu().matmul_backward(gdinp.get(), gdw.get(), with_bias ? gdb.get() : nullptr, ddout.get(),
                           di.get(), dwt.get(), B, T, C, OC, stream_);
     std::vector<float> rdinp(inp.size());
     cpu::matmul_backward(rdinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
@@ -176,7 +176,7 @@ TEST_F(CudaKernels, MatmulForwardOnMisalignedViews) {
     b2.insert(b2.begin(), shift_bias ? 1 : 0, 0.0f);  // the bias at offset 0 or 1
     b2.resize(bias.size());
     DeviceArray<float> dbias(b2);
-    cuda::matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + shift_bias, B,
+    cu().matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + shift_bias, B,
                          T, C, OC, stream_);
     auto got = out.download();
     EXPECT_TRUE(close(std::vector<float>(got.begin() + 1, got.end()), ref, kSum, 1e-5))
@@ -188,7 +188,7 @@ TEST_F(CudaKernels, AddBias) {
   const int N = 45, OC = 70;
   auto out = random_floats(size_t{N} * OC, 1), bias = random_floats(OC, 2);
   DeviceArray<float> d(out), db(bias);
-  cuda::add_bias(d.get(), db.get(), N, OC, stream_);
+  cu().add_bias(d.get(), db.get(), N, OC, stream_);
   cpu::add_bias(out.data(), bias.data(), N, OC);
   EXPECT_TRUE(close(d.download(), out, kTight, 0));
 }
@@ -207,10 +207,10 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), c.B, c.T, c.C, c.NH);
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                             scratch.data(), c.B, c.T, c.C, c.NH);
-    EXPECT_EQ(cuda::attention_scratch_floats(c.T), 0u);
+    EXPECT_EQ(cu().attention_scratch_floats(c.T), 0u);
     DeviceArray<float> dq(qkv), ddout(dout), gout(out.size()), glse(lse.size()),
         gdqkv(qkv.size());
-    cuda::attention_forward(gout.get(), glse.get(), dq.get(), nullptr, c.B, c.T, c.C, c.NH,
+    cu().attention_forward(gout.get(), glse.get(), dq.get(), nullptr, c.B, c.T, c.C, c.NH,
                             stream_);
     const std::string what = "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " C " +
                              std::to_string(c.C) + " NH " + std::to_string(c.NH);
@@ -218,7 +218,7 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
     EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << what;
     // Backward from the CPU's saved out and lse, so only the backward is compared.
     DeviceArray<float> cout(out), clse(lse);
-    cuda::attention_backward(gdqkv.get(), ddout.get(), dq.get(), cout.get(), clse.get(), nullptr,
+    cu().attention_backward(gdqkv.get(), ddout.get(), dq.get(), cout.get(), clse.get(), nullptr,
                              c.B, c.T, c.C, c.NH, stream_);
     EXPECT_TRUE(close(gdqkv.download(), dqkv, 1e-3, 1e-4)) << what;
   }
@@ -226,7 +226,7 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
 
 TEST_F(CudaKernels, AttentionRejectsHugeHeads) {
   DeviceArray<float> buf(16);
-  EXPECT_THROW(cuda::attention_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 512, 1,
+  EXPECT_THROW(cu().attention_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 512, 1,
                                        stream_),
                ds::Error);
 }
@@ -237,16 +237,16 @@ TEST_F(CudaKernels, GeluResidual) {
   auto a1 = random_floats(N, 4), a2 = random_floats(N, 5);
   DeviceArray<float> dx(x), dy(y), dd(d), out(N), g1(a1), g2(a2);
   std::vector<float> ref(N);
-  cuda::gelu_forward(out.get(), dx.get(), N, stream_);
+  cu().gelu_forward(out.get(), dx.get(), N, stream_);
   cpu::gelu_forward(ref.data(), x.data(), N);
   EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
-  cuda::gelu_backward(out.get(), dx.get(), dd.get(), N, stream_);
+  cu().gelu_backward(out.get(), dx.get(), dd.get(), N, stream_);
   cpu::gelu_backward(ref.data(), x.data(), d.data(), N);
   EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
-  cuda::residual_forward(out.get(), dx.get(), dy.get(), N, stream_);
+  cu().residual_forward(out.get(), dx.get(), dy.get(), N, stream_);
   cpu::residual_forward(ref.data(), x.data(), y.data(), N);
   EXPECT_TRUE(close(out.download(), ref, 0, 0));
-  cuda::residual_backward(g1.get(), g2.get(), dd.get(), N, stream_);
+  cu().residual_backward(g1.get(), g2.get(), dd.get(), N, stream_);
   cpu::residual_backward(a1.data(), a2.data(), d.data(), N);
   EXPECT_TRUE(close(g1.download(), a1, 0, 0));
   EXPECT_TRUE(close(g2.download(), a2, 0, 0));
@@ -260,11 +260,11 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardWithABadTarget) {
   DeviceArray<float> dl(logits), losses(N);
   DeviceArray<int32_t> dt(targets), bad(1);
   std::vector<float> rl(N);
-  cuda::crossentropy_forward(losses.get(), dl.get(), dt.get(), N, V, Vp, bad.get(), stream_);
+  cu().crossentropy_forward(losses.get(), dl.get(), dt.get(), N, V, Vp, bad.get(), stream_);
   EXPECT_EQ(cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp), 1);
   EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
   EXPECT_EQ(bad.download()[0], 1);
-  cuda::crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
+  cu().crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
                                       stream_);
   cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 0.25f, N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
@@ -282,17 +282,17 @@ TEST_F(CudaKernels, VocabParallelCrossEntropyPhases) {
   DeviceArray<float> dl(logits), mx(N), se(N), tl(N), losses(N);
   DeviceArray<int32_t> dt(targets);
   std::vector<float> rmx(N), rse(N), rtl(N), rl(N);
-  cuda::vocab_ce_max(mx.get(), dl.get(), N, Vl, v0, V, stream_);
+  cu().vocab_ce_max(mx.get(), dl.get(), N, Vl, v0, V, stream_);
   cpu::vocab_ce_max(rmx.data(), logits.data(), N, Vl, v0, V);
   EXPECT_TRUE(close(mx.download(), rmx, 0, 0));
-  cuda::vocab_ce_sums(se.get(), tl.get(), dl.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
+  cu().vocab_ce_sums(se.get(), tl.get(), dl.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
   cpu::vocab_ce_sums(rse.data(), rtl.data(), logits.data(), rmx.data(), targets.data(), N, Vl, v0,
                      V);
   EXPECT_TRUE(close(se.download(), rse, kSum, 0));
   EXPECT_TRUE(close(tl.download(), rtl, 0, 0));
-  cuda::vocab_ce_finish(losses.get(), nullptr, mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl,
+  cu().vocab_ce_finish(losses.get(), nullptr, mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl,
                         v0, V, stream_);
-  cuda::vocab_ce_finish(losses.get(), dl.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N,
+  cu().vocab_ce_finish(losses.get(), dl.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N,
                         Vl, v0, V, stream_);
   cpu::vocab_ce_finish(rl.data(), logits.data(), rmx.data(), rse.data(), rtl.data(),
                        targets.data(), 0.5f, N, Vl, v0, V);
@@ -313,16 +313,16 @@ TEST_F(CudaKernels, ConversionsBitExact) {
   DeviceArray<uint16_t> h(x.size());
   std::vector<uint16_t> rh(x.size());
   std::vector<float> rback(x.size());
-  cuda::convert_f32_to_bf16(h.get(), dx.get(), n, stream_);
+  cu().convert_f32_to_bf16(h.get(), dx.get(), n, stream_);
   cpu::convert_f32_to_bf16(rh.data(), x.data(), n);
   EXPECT_EQ(h.download(), rh);
-  cuda::convert_bf16_to_f32(back.get(), h.get(), n, stream_);
+  cu().convert_bf16_to_f32(back.get(), h.get(), n, stream_);
   cpu::convert_bf16_to_f32(rback.data(), rh.data(), n);
   EXPECT_TRUE(close(back.download(), rback, 0, 0));
-  cuda::convert_f32_to_f16(h.get(), dx.get(), n, stream_);
+  cu().convert_f32_to_f16(h.get(), dx.get(), n, stream_);
   cpu::convert_f32_to_f16(rh.data(), x.data(), n);
   EXPECT_EQ(h.download(), rh);
-  cuda::convert_f16_to_f32(back.get(), h.get(), n, stream_);
+  cu().convert_f16_to_f32(back.get(), h.get(), n, stream_);
   cpu::convert_f16_to_f32(rback.data(), rh.data(), n);
   EXPECT_TRUE(close(back.download(), rback, 0, 0));
 }
@@ -341,9 +341,9 @@ TEST_F(CudaKernels, AdamWMatchesTheCpuOptimizer) {
       DeviceArray<uint16_t> pb(n);
       for (int64_t step = 1; step <= 3; step++) {
         const auto s = optim::adamw_step_scalars(cfg, step, 3e-3, 0.5);
-        const cuda::AdamWScalars cs = cuda::adamw_scalars(s);
-        cuda::adamw_update(cs, dp.get(), dg.get(), dm.get(), dv.get(), n, decay, pb.get(), stream_);
-        optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, decay);
+        const kern::AdamWStep& cs = s;
+        cu().adamw_update(cs, dp.get(), dg.get(), dm.get(), dv.get(), n, decay, pb.get(), stream_);
+        cpu::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, decay);
       }
       EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7)) << adam_w_mode << decay;
       EXPECT_TRUE(close(dm.download(), m, kTight, 1e-8));
@@ -361,7 +361,7 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   auto wte = rounded(random_floats(size_t{V} * C, 2)), wpe = rounded(random_floats(size_t{T} * C, 3));
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<uint16_t> bwte(to_bf16(wte)), bwpe(to_bf16(wpe)), bout(size_t{B} * T * C);
-  cuda::encoder_forward_bf16(bout.get(), dinp.get(), bwte.get(), bwpe.get(), B, T, C, stream_);
+  cu().encoder_forward_bf16(bout.get(), dinp.get(), bwte.get(), bwpe.get(), B, T, C, stream_);
   std::vector<float> enc(size_t{B} * T * C);
   cpu::encoder_forward(enc.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(from_bf16(bout.download()), enc, kBf16, 1e-2));
@@ -370,7 +370,7 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   DeviceArray<uint16_t> bdout(to_bf16(dout));
   DeviceArray<float> gwte(size_t{V} * C), gwpe(size_t{T} * C);
   std::vector<float> rwte(size_t{V} * C), rwpe(size_t{T} * C);
-  cuda::encoder_backward_bf16(gwte.get(), gwpe.get(), bdout.get(), dinp.get(), B, T, C, stream_);
+  cu().encoder_backward_bf16(gwte.get(), gwpe.get(), bdout.get(), dinp.get(), B, T, C, stream_);
   cpu::encoder_backward(rwte.data(), rwpe.data(), dout.data(), inp.data(), B, T, C);
   EXPECT_TRUE(close(gwte.download(), rwte, kSum, 1e-5));
   EXPECT_TRUE(close(gwpe.download(), rwpe, kSum, 1e-5));
@@ -380,14 +380,14 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   DeviceArray<uint16_t> bx(to_bf16(x)), bw(to_bf16(w)), bb(to_bf16(b)), bln(x.size()),
       bdx(x.size());
   DeviceArray<float> mean(size_t{B} * T), rstd(size_t{B} * T), gw(C), gb(C);
-  cuda::layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B,
+  cu().layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B,
                                T, C, stream_);
   std::vector<float> ln(x.size()), rm(size_t{B} * T), rr(size_t{B} * T), rdx(x.size()), rw(C),
       rb(C);
   cpu::layernorm_forward(ln.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
   EXPECT_TRUE(close(from_bf16(bln.download()), ln, kBf16, 2e-2));
   EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
-  cuda::layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(),
+  cu().layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(),
                                 mean.get(), rstd.get(), B, T, C, stream_);
   cpu::layernorm_backward(rdx.data(), rw.data(), rb.data(), dout.data(), x.data(), w.data(),
                           rm.data(), rr.data(), B, T, C);
@@ -397,19 +397,19 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
 
   const auto n = static_cast<int64_t>(x.size());
   std::vector<float> ref(x.size());
-  cuda::gelu_forward_bf16(bln.get(), bx.get(), n, stream_);
+  cu().gelu_forward_bf16(bln.get(), bx.get(), n, stream_);
   cpu::gelu_forward(ref.data(), x.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
-  cuda::gelu_backward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cu().gelu_backward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
   cpu::gelu_backward(ref.data(), x.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
-  cuda::residual_forward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cu().residual_forward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
   cpu::residual_forward(ref.data(), x.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
   auto a1 = x, a2 = dout;
   DeviceArray<uint16_t> r1(to_bf16(a1)), r2(to_bf16(a2));
-  cuda::residual_backward_bf16(r1.get(), r2.get(), bdout.get(), 0, stream_);  // N = 0: no-op
-  cuda::residual_backward_bf16(r1.get(), r2.get(), bdout.get(), n, stream_);
+  cu().residual_backward_bf16(r1.get(), r2.get(), bdout.get(), 0, stream_);  // N = 0: no-op
+  cu().residual_backward_bf16(r1.get(), r2.get(), bdout.get(), n, stream_);
   cpu::residual_backward(a1.data(), a2.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(r1.download()), a1, kBf16, 1e-2));
   EXPECT_TRUE(close(from_bf16(r2.download()), a2, kBf16, 1e-2));
@@ -423,10 +423,10 @@ TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   DeviceArray<int32_t> dt(targets);
   DeviceArray<float> losses(N);
   std::vector<float> rl(N);
-  cuda::crossentropy_forward_bf16(losses.get(), bl.get(), dt.get(), N, V, Vp, nullptr, stream_);
+  cu().crossentropy_forward_bf16(losses.get(), bl.get(), dt.get(), N, V, Vp, nullptr, stream_);
   cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
-  cuda::crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp,
+  cu().crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp,
                                            nullptr, stream_);
   cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
@@ -439,10 +439,10 @@ TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   DeviceArray<uint16_t> bg(to_bf16(g)), pb(n);
   optim::AdamWConfig cfg;
   const auto s = optim::adamw_step_scalars(cfg, 1, 1e-3);
-  const cuda::AdamWScalars cs = cuda::adamw_scalars(s);
-  cuda::adamw_update_bf16_grads(cs, dp.get(), bg.get(), dm.get(), dv.get(), n, true, pb.get(),
+  const kern::AdamWStep& cs = s;
+  cu().adamw_update_bf16_grads(cs, dp.get(), bg.get(), dm.get(), dv.get(), n, true, pb.get(),
                                 stream_);
-  optim::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
+  cpu::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
   EXPECT_TRUE(close(dp.download(), p, kTight, 1e-7));
   EXPECT_TRUE(close(from_bf16(pb.download()), rounded(p), 1e-2, 1e-6));
 }
@@ -452,21 +452,21 @@ TEST_F(CudaKernels, SumOfSquaresAndScaleMatchTheCpu) {
     auto x = random_floats(static_cast<size_t>(n), 5, 3.0f);
     DeviceArray<float> dx(x);
     DeviceArray<double> out(1), scratch(cuda::kSumSquaresBlocks);
-    cuda::sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
-    const double ref = optim::sum_of_squares(x.data(), n);
+    cu().sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
+    const double ref = cpu::sum_of_squares(x.data(), n);
     EXPECT_NEAR(out.download()[0], ref, 1e-12 * (ref + 1)) << "n " << n;
     // Deterministic: the same bits again.
     const double first = out.download()[0];
-    cuda::sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
+    cu().sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
     EXPECT_EQ(out.download()[0], first);
-    cuda::scale_in_place(dx.get(), n, 0.5f, stream_);
-    optim::scale_in_place(x.data(), n, 0.5f);
+    cu().scale_in_place(dx.get(), n, 0.5f, stream_);
+    cpu::scale_in_place(x.data(), n, 0.5f);
     EXPECT_TRUE(close(dx.download(), x, 0, 0));
   }
   std::vector<float> bad = {1.0f, INFINITY, 2.0f};
   DeviceArray<float> db(bad);
   DeviceArray<double> out(1), scratch(cuda::kSumSquaresBlocks);
-  cuda::sum_of_squares(out.get(), scratch.get(), db.get(), 3, stream_);
+  cu().sum_of_squares(out.get(), scratch.get(), db.get(), 3, stream_);
   EXPECT_FALSE(std::isfinite(out.download()[0]));
 }
 
@@ -502,11 +502,11 @@ TEST_F(CudaKernels, EngineAndTrainerOpsMatchTheCpu) {
   DeviceArray<float> da(a), db(b), dc(static_cast<size_t>(n));
   {
     kern::DeviceScope scope(Device::kCuda, stream_);
-    EXPECT_EQ(current_cuda_stream(), static_cast<void*>(stream_));
+    EXPECT_EQ(cu().current_stream(), static_cast<void*>(stream_));
     kern::add_in_place(da.get(), db.get(), n);
     kern::copy(dc.get(), da.get(), static_cast<size_t>(n) * sizeof(float));
   }
-  EXPECT_EQ(current_cuda_stream(), nullptr);  // restored with the scope
+  EXPECT_EQ(cu().current_stream(), nullptr);  // restored with the scope
   EXPECT_TRUE(close(da.download(), ra, 0, 0));
   EXPECT_TRUE(close(dc.download(), ra, 0, 0));
   {
@@ -533,13 +533,13 @@ TEST_F(CudaKernels, EngineAndTrainerOpsMatchTheCpu) {
   // The sum of squares back on the host, deterministic; AdamW over decay runs.
   auto g = random_floats(n, 13), p = random_floats(n, 14), m = random_floats(n, 15, 0.1f);
   std::vector<float> v(static_cast<size_t>(n), 0.01f);
-  const double ref_ss = optim::sum_of_squares(g.data(), n);
+  const double ref_ss = cpu::sum_of_squares(g.data(), n);
   const std::vector<optim::DecayRange> decay = {{100, 30000, true}, {40000, 20000, true}};
   optim::AdamWConfig ac;
   ac.weight_decay = 0.1;
   const auto st = optim::adamw_step_scalars(ac, 3, 1e-3, 0.5);
   auto rp = p, rm = m, rv = v;
-  optim::adamw_update_partition(st, rp.data(), g.data(), rm.data(), rv.data(), 50, n, decay);
+  cpu::adamw_update_partition(st, rp.data(), g.data(), rm.data(), rv.data(), 50, n, decay);
   DeviceArray<float> dg(g), dp(p), dm(m), dv(v);
   double ss = 0, ss2 = 0;
   {

@@ -10,10 +10,12 @@
 #include "core/allocator.h"
 #include "gpu/cuda_test_util.h"
 #include "kernels/cuda/kernels.h"
-#include "kernels/cuda/memory.h"
+#include "core/cuda_memory_table.h"
 
 namespace ds::rt {
 namespace {
+
+using test::cu;
 
 class CudaAllocator : public test::CudaTest {};
 
@@ -21,7 +23,7 @@ TEST_F(CudaAllocator, DeviceBuffersAreZeroedAndCountedPerTag) {
   Allocator a;
   int dev = 0;
   DS_ASSERT_CUDA(cudaGetDevice(&dev));
-  const auto before = cuda::device_cache_stats(dev);
+  const auto before = cuda_memory().device_cache_stats(dev);
   {
     Buffer p = a.allocate(1000, MemTag::kParams, "gpu params", Device::kCuda);
     Buffer g = a.allocate(size_t{3} << 20, MemTag::kGrads, "gpu grads", Device::kCuda);
@@ -36,9 +38,9 @@ TEST_F(CudaAllocator, DeviceBuffersAreZeroedAndCountedPerTag) {
     DS_ASSERT_CUDA(cudaMemcpy(h.data(), g.data(), g.bytes(), cudaMemcpyDeviceToHost));
     for (float x : h) ASSERT_EQ(x, 0.0f);
     // A kernel writes into it.
-    cuda::residual_forward(g.as<float>(), g.as<float>(), g.as<float>(), 16, nullptr);
+    cu().residual_forward(g.as<float>(), g.as<float>(), g.as<float>(), 16, nullptr);
     DS_ASSERT_CUDA(cudaDeviceSynchronize());
-    const auto mid = cuda::device_cache_stats(dev);
+    const auto mid = cuda_memory().device_cache_stats(dev);
     EXPECT_GE(mid.in_use_bytes - before.in_use_bytes, 1000 + (int64_t{3} << 20));
   }
   EXPECT_EQ(a.current(MemTag::kParams), 0);
@@ -46,10 +48,10 @@ TEST_F(CudaAllocator, DeviceBuffersAreZeroedAndCountedPerTag) {
   EXPECT_EQ(a.peak(MemTag::kGrads), int64_t{3} << 20);
   EXPECT_EQ(a.peak_total(), 1000 + (int64_t{3} << 20));
   // Freed blocks stay cached and serve the next request of the same size.
-  const auto after = cuda::device_cache_stats(dev);
+  const auto after = cuda_memory().device_cache_stats(dev);
   EXPECT_EQ(after.in_use_bytes, before.in_use_bytes);
   Buffer again = a.allocate(size_t{3} << 20, MemTag::kActivations, "again", Device::kCuda);
-  EXPECT_EQ(cuda::device_cache_stats(dev).hits, after.hits + 1);
+  EXPECT_EQ(cuda_memory().device_cache_stats(dev).hits, after.hits + 1);
   // Reused blocks are zero-filled again.
   std::vector<float> h(again.bytes() / sizeof(float), 1.0f);
   DS_ASSERT_CUDA(cudaMemcpy(h.data(), again.data(), again.bytes(), cudaMemcpyDeviceToHost));

@@ -1,6 +1,6 @@
 // Single-GPU training against the CPU run: the same GPT-2 (same init seed, same tokens) built with
 // Gpt2Options::device = kCuda and kCpu; first losses, gradients and a few AdamW steps (CPU
-// optim::adamw_update vs cuda::adamw_update) agree within fp32 tolerances, with and without
+// cpu::adamw_update vs the module's CUDA twin) agree within fp32 tolerances, with and without
 // activation checkpointing; the allocator's per-tag bytes are the CPU model's. Skips itself
 // without a GPU.
 #include <gtest/gtest.h>
@@ -13,13 +13,15 @@
 
 #include "core/allocator.h"
 #include "gpu/cuda_test_util.h"
-#include "kernels/cuda/adamw_args.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda/kernels.h"
 #include "model/gpt2.h"
 #include "optim/adamw.h"
 
 namespace ds::rt {
 namespace {
+
+using test::cu;
 
 namespace ms = model_spec;
 
@@ -93,8 +95,8 @@ void train_and_compare(bool recompute) {
       EXPECT_NEAR(gpu.forward(ga, tok.data(), tgt.data()), lc, 1e-4 * std::fabs(lc));
     }
     const auto st = optim::adamw_step_scalars(cfg, step, 1e-3);
-    optim::adamw_update(st, cpu.params(), cpu.grads(), m.data(), v.data(), n, true);
-    cuda::adamw_update(cuda::adamw_scalars(st), gpu.params(), gpu.grads(), gm.as<float>(),
+    cpu::adamw_update(st, cpu.params(), cpu.grads(), m.data(), v.data(), n, true);
+    cu().adamw_update(st, gpu.params(), gpu.grads(), gm.as<float>(),
                        gv.as<float>(), n, true, nullptr, nullptr);
   }
   // Adam normalises each update, so an element whose gradient is ~0 up to rounding may move by

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "comm/comm.h"
+#include "common/half.h"
 #include "comm/reduce.h"
 #include "comm_test_util.h"
 #include "common/error.h"
@@ -585,28 +586,28 @@ TEST(CommReduce, StreamingCopyEqualsMemcpyAtEveryAlignmentAndSize) {
 }
 
 TEST(CommReduce, HalfConversionsRoundToNearestEven) {
-  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
-  EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
-  EXPECT_EQ(float_to_fp16(1.0f), 0x3c00);
-  EXPECT_EQ(fp16_to_float(0x3c00), 1.0f);
-  EXPECT_EQ(float_to_fp16(65504.0f), 0x7bff);
-  EXPECT_EQ(float_to_fp16(1e6f), 0x7c00);               // overflow -> inf
-  EXPECT_EQ(float_to_fp16(5.9604645e-08f), 0x0001);     // smallest subnormal
-  EXPECT_EQ(fp16_to_float(0x0001), 5.9604645e-08f);
-  EXPECT_EQ(float_to_fp16(-2.0f), 0xc000);
-  EXPECT_EQ(float_to_fp16(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
-  EXPECT_EQ(float_to_fp16(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
-  EXPECT_TRUE(std::isnan(fp16_to_float(float_to_fp16(NAN))));
-  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(NAN))));
+  EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
+  EXPECT_EQ(f32_to_f16(1.0f), 0x3c00);
+  EXPECT_EQ(f16_to_f32(0x3c00), 1.0f);
+  EXPECT_EQ(f32_to_f16(65504.0f), 0x7bff);
+  EXPECT_EQ(f32_to_f16(1e6f), 0x7c00);               // overflow -> inf
+  EXPECT_EQ(f32_to_f16(5.9604645e-08f), 0x0001);     // smallest subnormal
+  EXPECT_EQ(f16_to_f32(0x0001), 5.9604645e-08f);
+  EXPECT_EQ(f32_to_f16(-2.0f), 0xc000);
+  EXPECT_EQ(f32_to_f16(1.0f + 1.0f / 2048), 0x3c00);  // tie -> even
+  EXPECT_EQ(f32_to_f16(1.0f + 3.0f / 2048), 0x3c02);  // tie -> even (up)
+  EXPECT_TRUE(std::isnan(f16_to_f32(f32_to_f16(NAN))));
+  EXPECT_TRUE(std::isnan(bf16_to_f32(f32_to_bf16(NAN))));
   for (int i = -2048; i <= 2048; ++i) {
-    ASSERT_EQ(fp16_to_float(float_to_fp16(static_cast<float>(i))), static_cast<float>(i));
+    ASSERT_EQ(f16_to_f32(f32_to_f16(static_cast<float>(i))), static_cast<float>(i));
   }
   // bf16 of a sum rounds once: 256 + 1 + 1 accumulated in fp32 is 258 (bf16 has 8 bits).
-  uint16_t a[1] = {float_to_bf16(256.0f)}, b[1] = {float_to_bf16(1.0f)}, c[1] = {float_to_bf16(1.0f)};
+  uint16_t a[1] = {f32_to_bf16(256.0f)}, b[1] = {f32_to_bf16(1.0f)}, c[1] = {f32_to_bf16(1.0f)};
   const void* srcs[3] = {a, b, c};
   uint16_t out[1];
   reduce_n(DataType::kBFloat16, ReduceOp::kSum, out, srcs, 3, 1);
-  EXPECT_EQ(bf16_to_float(out[0]), 258.0f);
+  EXPECT_EQ(bf16_to_f32(out[0]), 258.0f);
 }
 
 }  // namespace

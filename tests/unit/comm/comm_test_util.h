@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/comm.h"
+#include "common/half.h"
 #include "comm/reduce.h"
 
 namespace ds::rt::comm::testing {
@@ -37,8 +38,8 @@ inline void run_on_threads(const std::vector<CommPtr>& comms,
 inline double get(DataType t, const void* p, size_t i) {
   switch (t) {
     case DataType::kFloat32: return static_cast<const float*>(p)[i];
-    case DataType::kBFloat16: return bf16_to_float(static_cast<const uint16_t*>(p)[i]);
-    case DataType::kFloat16: return fp16_to_float(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16: return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kFloat16: return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
     case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
     case DataType::kInt64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
     case DataType::kUInt8: return static_cast<const uint8_t*>(p)[i];
@@ -50,10 +51,10 @@ inline void set(DataType t, void* p, size_t i, double v) {
   switch (t) {
     case DataType::kFloat32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
     case DataType::kBFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_bf16(static_cast<float>(v));
+      static_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
       return;
     case DataType::kFloat16:
-      static_cast<uint16_t*>(p)[i] = float_to_fp16(static_cast<float>(v));
+      static_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
       return;
     case DataType::kInt32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
     case DataType::kInt64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;

@@ -8,10 +8,15 @@
 #include <vector>
 
 #include "common/error.h"
+#include "kernels/cpu/kernels.h"
 #include "optim/adamw.h"
 
 namespace ds::rt::optim {
 namespace {
+
+// The element pass is the CPU kernel; the step scalars are the optimizer's.
+using cpu::adamw_update;
+using cpu::adamw_update_partition;
 
 struct State {
   std::vector<float> p, m, v;

@@ -6,10 +6,16 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/cpu/kernels.h"
 #include "optim/clip.h"
 
 namespace ds::rt::optim {
 namespace {
+
+// The norms are CPU kernels; the clipping coefficient is the optimizer's.
+using cpu::all_finite;
+using cpu::scale_in_place;
+using cpu::sum_of_squares;
 
 TEST(Clip, NormOfSpansCombinesPartials) {
   // 3-4-12: the norm of {3, 4} is 5, with 12 it is 13.

@@ -1,0 +1,38 @@
+// The CUDA module's memory and device entry points (core/cuda_module.h), as one table of function
+// pointers: what the tagged allocator (core/allocator.h), the device query (core/device.h) and the
+// kernel dispatch's copies (kernels/dispatch.h) call on a CUDA device. The module fills it from
+// kernels/cuda/memory.h and kernels/cuda/device_query.cu; each entry keeps that contract.
+// CUDA-free: stream arguments are cudaStream_t passed as void* (nullptr = legacy default stream).
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+#include "core/block_cache.h"
+#include "core/device.h"
+
+namespace ds::rt {
+
+struct CudaMemoryTable {
+  void* (*device_alloc)(size_t bytes, std::string_view what);
+  void (*device_free)(void* p) noexcept;
+  void* (*pinned_alloc)(size_t bytes, std::string_view what);
+  void (*pinned_free)(void* p) noexcept;
+  void (*memset_zero_async)(void* p, size_t bytes, void* stream);
+  void (*copy_to_device)(void* dst, const void* src, size_t bytes, void* stream);
+  void (*copy_to_host)(void* dst, const void* src, size_t bytes, void* stream);
+  void (*copy_on_device)(void* dst, const void* src, size_t bytes, void* stream);
+  void (*set_device)(int device, std::string_view who);
+  BlockCacheStats (*device_cache_stats)(int device);
+  void (*device_empty_cache)();
+  AcceleratorInfo (*query_accelerators)();
+};
+
+// The module's table (loading it on first use); throws as cuda_module_symbol does, with
+// `purpose` naming what asked.
+const CudaMemoryTable& cuda_memory(std::string_view purpose = "a CUDA device");
+
+}  // namespace ds::rt
+
+// Exported by the module.
+extern "C" const ds::rt::CudaMemoryTable* ds_cuda_memory_table();

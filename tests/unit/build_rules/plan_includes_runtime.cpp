@@ -1,0 +1,2 @@
+// Forbidden: lib/ (the control plane) never reaches runtime/.
+#include "core/allocator.h"
