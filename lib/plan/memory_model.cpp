@@ -90,8 +90,8 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
 }
 
 std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StagePartition partition, int tp) {
-  return ms::stage_layer_bounds(
-      s, pp, partition == StagePartition::kUniform ? ms::StageSplit::kUniform : ms::StageSplit::kParameters, tp);
+  return layout::stage_layer_bounds(
+      s, pp, partition == StagePartition::kUniform ? layout::StageSplit::kUniform : layout::StageSplit::kParameters, tp);
 }
 
 int in_flight_micro_batches(const Layout& l, int stage) {
@@ -227,7 +227,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
     RankMemory r = part.base;
     r.rank = rank;
     r.dp_rank = d;
-    const int64_t n = part.zp.total;
+    const int64_t n = part.zp.total();
     const int64_t mine = part.zp.count(d);
 
     // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
@@ -251,7 +251,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
       r.comm += nb * std::min(part.bucket, mine) * sb;
       if (part.wte > 0) r.comm += std::min(part.wte, mine) * sb;
     }
-    if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride) {
+    if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride()) {
       r.comm += l.allgather_bucket_size * l.dp * sb;
     }
     plan.ranks.push_back(r);

@@ -2,7 +2,7 @@
 // pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
 // (lib/model_spec/gpt2_spec.h), the single source of truth the runtime allocates from. This file
 // never restates a shape: parameter counts come from param_layout(), activation buffers from
-// gpt2_activations(), ZeRO partitions and pipeline stage bounds from model_spec/partition.h.
+// gpt2_activations(), ZeRO partitions and pipeline stage bounds from layout/partition.h.
 //
 // Tags match the runtime's allocator (runtime/core/allocator.h, MemTag): params, grads,
 // optimizer, activations, comm, workspace. The runtime's measured per-tag peaks are held to
@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "model_spec/gpt2_spec.h"
-#include "model_spec/partition.h"
+#include "layout/partition.h"
 
 namespace ds::plan {
 
@@ -71,13 +71,13 @@ constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32,
 // runs the matmuls on bf16 tensor cores). param_bytes is what a 16-bit store would need.
 int storage_bytes(const Layout& l);
 
-// How ZeRO splits a flat buffer of `total` elements over dp ranks: model_spec::flat_partition
-// (lib/model_spec/partition.h), the very function the runtime's ZeRO partition calls. stride =
+// How ZeRO splits a flat buffer of `total` elements over dp ranks: layout::Partition
+// (lib/layout/partition.h), the very class the runtime's ZeRO engine uses. stride =
 // ceil(total / dp) rounded up to 16 elements; rank r owns [min(total, r * stride),
 // + min(stride, total - begin)), so the last ranks may own less.
-using ZeroPartition = model_spec::FlatPartition;
-inline constexpr int64_t kPartitionAlignElements = model_spec::kPartitionAlignElements;
-inline ZeroPartition zero_partition(int64_t total, int dp) { return model_spec::flat_partition(total, dp); }
+using ZeroPartition = layout::Partition;
+inline constexpr int64_t kPartitionAlignElements = layout::kAlignElements;
+inline ZeroPartition zero_partition(int64_t total, int dp) { return layout::Partition(total, dp); }
 
 // Layers [begin, end) of every pipeline stage (pp + 1 bounds, bounds[0] = 0, bounds[pp] = L):
 // model_spec::stage_layer_bounds, the function the runtime's partition_stages calls.

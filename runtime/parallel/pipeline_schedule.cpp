@@ -5,32 +5,11 @@
 #include "parallel/pipeline_schedule.h"
 
 #include <algorithm>
-#include <cctype>
 #include <string>
 
 #include "common/error.h"
 
 namespace ds::rt::parallel {
-
-const char* schedule_name(ScheduleKind k) {
-  switch (k) {
-    case ScheduleKind::k1F1B:
-      return "1f1b";
-    case ScheduleKind::kGPipe:
-      return "gpipe";
-  }
-  return "?";
-}
-
-ScheduleKind parse_schedule(std::string_view text, std::string_view what) {
-  std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower == "1f1b") return ScheduleKind::k1F1B;
-  if (lower == "gpipe") return ScheduleKind::kGPipe;
-  throw invalid_argument("{}: unknown pipeline schedule '{}' (expected \"1f1b\" or \"gpipe\")",
-                         what, text);
-}
 
 const char* event_name(EventKind k) {
   switch (k) {
@@ -79,10 +58,10 @@ struct Builder {
 
 }  // namespace
 
-std::vector<Event> stage_events(ScheduleKind kind, int stages, int stage, int m) {
+std::vector<Event> stage_events(PipelineSchedule kind, int stages, int stage, int m) {
   check_args(stages, stage, m);
   Builder b{stages, stage, {}};
-  if (kind == ScheduleKind::kGPipe) {
+  if (kind == PipelineSchedule::kGPipe) {
     for (int i = 0; i < m; ++i) b.forward(i);
     for (int i = 0; i < m; ++i) b.backward(i);
     return b.out;
@@ -99,7 +78,7 @@ std::vector<Event> stage_events(ScheduleKind kind, int stages, int stage, int m)
   return b.out;
 }
 
-std::vector<std::vector<Event>> schedule_events(ScheduleKind kind, int stages, int m) {
+std::vector<std::vector<Event>> schedule_events(PipelineSchedule kind, int stages, int m) {
   check_args(stages, 0, m);
   std::vector<std::vector<Event>> all;
   for (int s = 0; s < stages; ++s) all.push_back(stage_events(kind, stages, s, m));

@@ -22,13 +22,12 @@
 #include <string_view>
 #include <vector>
 
+#include "layout/choices.h"
+
 namespace ds::rt::parallel {
 
-enum class ScheduleKind { k1F1B, kGPipe };
-const char* schedule_name(ScheduleKind k);  // "1f1b", "gpipe"
-// "1f1b" | "gpipe" (case-insensitive); anything else is an invalid_argument naming `what` and
-// the accepted values.
-ScheduleKind parse_schedule(std::string_view text, std::string_view what);
+// The schedules (layout/choices.h: one enum for the config, the plan and the runtime).
+using layout::PipelineSchedule;
 
 enum class EventKind {
   kRecvActivation,  // receive micro-batch mb's input (B,T,C) from stage - 1
@@ -49,9 +48,9 @@ struct Event {
 
 // The events of `stage` (0 <= stage < stages) for m micro-batches. invalid_argument when
 // stages < 1, m < 1 or stage out of range.
-std::vector<Event> stage_events(ScheduleKind kind, int stages, int stage, int micro_batches);
+std::vector<Event> stage_events(PipelineSchedule kind, int stages, int stage, int micro_batches);
 // Every stage's list, indexed by stage.
-std::vector<std::vector<Event>> schedule_events(ScheduleKind kind, int stages, int micro_batches);
+std::vector<std::vector<Event>> schedule_events(PipelineSchedule kind, int stages, int micro_batches);
 
 // The most micro-batches whose activations a stage holds at once (a forward started, its backward
 // not yet finished) while running `events`: how many Gpt2Activations the driver allocates.

@@ -1,7 +1,5 @@
 // Stage partitioning and the schedule driver (see pipeline_stage.h).
 //
-// Partition: the layer bounds come from model_spec::stage_layer_bounds (lib/model_spec/partition.h).
-//
 // The driver walks the event list. Sends are posted asynchronously and waited for only when their
 // buffer is about to change: an activation send before that micro-batch's backward (the model's
 // recompute may rewrite layer outputs), the gradient send (it reads d_stream()) before the next
@@ -11,48 +9,16 @@
 #include "parallel/pipeline_stage.h"
 
 #include <algorithm>
-#include <cctype>
 #include <chrono>
 #include <limits>
 #include <string>
 
 #include "common/error.h"
 #include "kernels/dispatch.h"
-#include "model_spec/partition.h"
 
 namespace ds::rt::parallel {
 
 namespace ms = ds::model_spec;
-
-const char* partition_method_name(PartitionMethod m) {
-  return m == PartitionMethod::kUniform ? "uniform" : "parameters";
-}
-
-PartitionMethod parse_partition_method(std::string_view text, std::string_view what) {
-  std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  if (lower == "uniform") return PartitionMethod::kUniform;
-  if (lower == "parameters") return PartitionMethod::kParameters;
-  throw invalid_argument(
-      "{}: unknown pipeline partition method '{}' (expected \"uniform\" or \"parameters\")", what,
-      text);
-}
-
-std::vector<ms::ModelPart> partition_stages(const ms::Gpt2Shape& s, int pp, PartitionMethod method,
-                                            int tp, int tp_rank) {
-  // The layer bounds are model_spec's (the planner calls the same function).
-  const auto bounds = ms::stage_layer_bounds(
-      s, pp, method == PartitionMethod::kUniform ? ms::StageSplit::kUniform : ms::StageSplit::kParameters, tp);
-  std::vector<ms::ModelPart> parts;
-  for (int i = 0; i < pp; ++i) {
-    const auto I = static_cast<size_t>(i);
-    ms::ModelPart p{bounds[I], bounds[I + 1], i == 0, i == pp - 1, tp, tp_rank};
-    p.validate(s);
-    parts.push_back(p);
-  }
-  return parts;
-}
 
 PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads)
     : model_(model), pp_(std::move(pp)), tied_(std::move(tied)), grads_(pp_grads ? std::move(pp_grads) : pp_) {

@@ -1,7 +1,7 @@
-// Pipeline parallelism's stage side: which layers a stage holds (partition_stages), and the driver
-// that runs one step's schedule (pipeline_schedule.h) on a stage's Gpt2, passing activations
-// (B,T,C) forward and their gradients (B,T,C) backward with the pipeline group's send/recv, and
-// summing the tied token-embedding gradient between the first and the last stage.
+// Pipeline parallelism's stage side: the driver that runs one step's schedule (pipeline_schedule.h)
+// on a stage's Gpt2, passing activations (B,T,C) forward and their gradients (B,T,C) backward with
+// the pipeline group's send/recv, and summing the tied token-embedding gradient between the first
+// and the last stage. Which layers a stage holds is layout::partition_stages (layout/partition.h).
 //
 // Layout of a stage's work (the model's pieces, gpt2.h):
 //   forward(mb)   first stage: embed_forward + blocks_forward; others: recv into acts.input, then
@@ -30,24 +30,6 @@
 #include "parallel/pipeline_schedule.h"
 
 namespace ds::rt::parallel {
-
-// How layers are split into stages (the config's pipeline.partition).
-enum class PartitionMethod {
-  kUniform,     // equal numbers of layers; the first L % pp stages get one more
-  kParameters,  // contiguous ranges minimising the largest stage's parameter count, counting the
-                // embedding (wte + wpe) on the first stage and lnf + the tied wte on the last
-};
-const char* partition_method_name(PartitionMethod m);  // "uniform", "parameters"
-// "uniform" | "parameters" (case-insensitive); else invalid_argument naming `what`.
-PartitionMethod parse_partition_method(std::string_view text, std::string_view what);
-
-// The ModelPart of every stage (index = pipeline rank): contiguous layer ranges covering
-// [0, n_layer), at least one layer each, embedding on stage 0, head on stage pp-1, each with the
-// given tp size and rank. invalid_argument when pp < 1 or pp > n_layer ("more stages than
-// layers"), naming both numbers and a hint.
-std::vector<model_spec::ModelPart> partition_stages(const model_spec::Gpt2Shape& s, int pp,
-                                                    PartitionMethod method, int tp = 1,
-                                                    int tp_rank = 0);
 
 // One micro-batch's tokens, (B,T) int32 each. `tokens` is read on the first stage (forward and
 // backward), `targets` on the last; either may be null where not read. Caller-owned, valid for

@@ -175,7 +175,7 @@ comm::WorkPtr ZeroEngine::reduce_scatter_range(const float* in, int64_t lo, int6
 comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* shard, float* out,
                                            bool async) {
   const int64_t b = part_.begin(rank_);
-  Range r = intersect(lo, hi, b, part_.end(rank_));
+  layout::Range r = layout::intersect(lo, hi, b, part_.end(rank_));
   // An empty share may sit past a null shard: no pointer arithmetic on it.
   const float* in = r.size() > 0 ? shard + (r.lo - b) : shard;
   if (!comm_) {
@@ -353,7 +353,7 @@ void ZeroEngine::flush_bucket() {
   const float* in = buckets_[cur_].as<float>() + (cap_ - fill_);
   Pending& p = pend_[cur_];
   const int64_t b = part_.begin(rank_);
-  Range r = intersect(lo, hi, b, part_.end(rank_));
+  layout::Range r = layout::intersect(lo, hi, b, part_.end(rank_));
   p.dst = r.lo - b;
   p.count = r.size();
   p.work = reduce_scatter_range(in, lo, hi, p.out.as<float>(), opt_.overlap_comm);
@@ -405,7 +405,7 @@ void ZeroEngine::grads_ready(Unit unit) {
     Pending& p = pend_[2];
     complete(p);
     const int64_t b = part_.begin(rank_);
-    Range r = intersect(s.offset, s.offset + s.numel, b, part_.end(rank_));
+    layout::Range r = layout::intersect(s.offset, s.offset + s.numel, b, part_.end(rank_));
     p.dst = r.lo - b;
     p.count = r.size();
     p.work = reduce_scatter_range(wte_buf_.as<float>(), s.offset, s.offset + s.numel,

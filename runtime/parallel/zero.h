@@ -2,7 +2,7 @@
 // the trainer makes around a step. The engine owns every collective of data parallelism; the
 // trainer and the model call none.
 //
-// Buffers (N = data-parallel size, P = parameters, Partition: partition.h):
+// Buffers (N = data-parallel size, P = parameters, Partition: layout/partition.h):
 //   stage 0  model: full params + full grads. Grads all-reduced in buckets of reduce_bucket_size
 //            elements as the last micro-batch's backward reports units ready (grads_ready), async
 //            when overlap_comm. Optimizer over all P on every rank (the trainer's buffers).
@@ -46,7 +46,7 @@
 #include "core/allocator.h"
 #include "model/hooks.h"
 #include "model_spec/gpt2_spec.h"
-#include "parallel/partition.h"
+#include "layout/partition.h"
 
 namespace ds::rt::parallel {
 
@@ -88,7 +88,7 @@ class ZeroEngine final : public ParallelHooks {
   int stage() const { return opt_.stage; }
   int dp_rank() const { return rank_; }
   int dp_size() const { return size_; }
-  const Partition& partition() const { return part_; }
+  const layout::Partition& partition() const { return part_; }
   // The model must be built with these (Gpt2Options own_params / own_grads).
   bool model_owns_params() const { return opt_.stage < 3; }
   bool model_owns_grads() const { return opt_.stage < 2; }
@@ -173,7 +173,7 @@ class ZeroEngine final : public ParallelHooks {
   int rank_ = 0, size_ = 1;
   model_spec::ParamLayout layout_;
   Allocator& alloc_;
-  Partition part_;
+  layout::Partition part_;
   ZeroFootprint fp_;
   float* model_params_ = nullptr;
   float* model_grads_ = nullptr;

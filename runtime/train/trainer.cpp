@@ -35,7 +35,7 @@
 #include "parallel/pipeline_schedule.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/topology.h"
+#include "layout/topology.h"
 #include "parallel/zero.h"
 #include "plan/from_config.h"
 #include "store/prefix_store.h"
@@ -45,6 +45,7 @@
 namespace ds::rt::train {
 
 namespace ms = ds::model_spec;
+using layout::Precision;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -95,8 +96,6 @@ std::vector<optim::DecayRange> decay_ranges(const ms::Gpt2Shape& shape,
   return out;
 }
 
-enum class Precision { kFp32, kBf16, kFp16 };
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -110,7 +109,7 @@ struct Trainer::Impl {
   int B = 0, T = 0, G = 1;
   int rank = 0, world = 1;  // world rank / size
   int tp = 1, pp = 1, dp_size = 1;
-  parallel::Coord coord;    // this rank's (pp, dp, tp) in the grid (parallel/topology.h)
+  layout::Coord coord;    // this rank's (pp, dp, tp) in the grid (parallel/topology.h)
 
   Allocator& alloc = Allocator::process();
   std::shared_ptr<store::Store> store;
@@ -297,7 +296,7 @@ struct Trainer::Impl {
     std::map<int, std::unique_ptr<ckpt::ShardReader>> readers;
     void read_host(const std::string& name, int64_t lo, int64_t hi, float* dst) {
       for (const auto& [q, b, c] : parts) {
-        auto r = parallel::intersect(lo, hi, b, b + c);
+        auto r = layout::intersect(lo, hi, b, b + c);
         if (r.size() <= 0) continue;
         auto& rd = readers[q];
         if (!rd) rd = std::make_unique<ckpt::ShardReader>(dir + "/" + ckpt::shard_file_name(q));
@@ -354,7 +353,7 @@ struct Trainer::Impl {
       const auto all = ms::gpt2_params(shape);
       std::vector<float> full;
       for (const auto& ts : layout.tensors) {
-        const auto r = parallel::intersect(lo, hi, ts.offset, ts.offset + ts.numel);
+        const auto r = layout::intersect(lo, hi, ts.offset, ts.offset + ts.numel);
         if (r.size() <= 0) continue;
         const ms::ParamTensor& t = ms::find_param(all, ts.id);
         full.assign(static_cast<size_t>(t.numel()), 0.0f);
@@ -397,8 +396,8 @@ struct Trainer::Impl {
         throw invalid_argument("{}: layout.partitions has {} entries, not a multiple of tp x pp = {}", where,
                                old_world, old_tp * old_pp);
       }
-      const parallel::Topology old_topo(old_world, old_tp, old_world / (old_tp * old_pp), old_pp);
-      const auto old_split = parallel::parse_partition_method(old_method, where + ": layout.pipeline_partition");
+      const layout::Topology old_topo(old_world, old_tp, old_world / (old_tp * old_pp), old_pp);
+      const auto old_split = layout::parse_stage_split_or_throw(old_method, where + ": layout.pipeline_partition");
       // The shards of the old (stage, tp rank) part `stage * old_tp + otp`, checked to cover it.
       auto shard_set = [&](int stage, int otp, int64_t part_numel) {
         ShardSet set;
@@ -437,7 +436,7 @@ struct Trainer::Impl {
         reshard->old_pp = old_pp;
         for (int st = 0; st < old_pp; ++st) {
           for (int otp = 0; otp < old_tp; ++otp) {
-            const auto op = parallel::partition_stages(shape, old_pp, old_split, old_tp, otp)[static_cast<size_t>(st)];
+            const auto op = layout::partition_stages(shape, old_pp, old_split, old_tp, otp)[static_cast<size_t>(st)];
             reshard->old_parts.push_back(op);
             reshard->old_layouts.push_back(ms::param_layout(shape, op));
             reshard->old_sets.push_back(shard_set(st, otp, reshard->old_layouts.back().total));
@@ -528,7 +527,7 @@ struct Trainer::Impl {
   void init_values(float* dst, int64_t begin, int64_t count) {
     auto all = ms::gpt2_params(shape);
     for (const auto& t : model->layout().tensors) {
-      auto r = parallel::intersect(begin, begin + count, t.offset, t.offset + t.numel);
+      auto r = layout::intersect(begin, begin + count, t.offset, t.offset + t.numel);
       if (r.size() <= 0) continue;
       init_tensor_values(dst + (r.lo - begin), ms::find_param(all, t.id), t.layer, shape.n_layer,
                          model->part().tp, model->part().tp_rank, cfg.training.seed, r.lo - t.offset,
@@ -545,7 +544,7 @@ struct Trainer::Impl {
     for (const auto& t : model->layout().tensors) {
       const bool counted = !(ms::find_param(all, t.id).split == ms::TpSplit::kReplicated && coord.tp != 0) &&
                            !(t.id == ms::ParamId::kWte && pp > 1 && !model->part().has_embedding);
-      auto r = parallel::intersect(lo, hi, t.offset, t.offset + t.numel);
+      auto r = layout::intersect(lo, hi, t.offset, t.offset + t.numel);
       if (r.size() <= 0) continue;
       auto& ranges = counted ? norm_ranges : uncounted_ranges;
       if (!ranges.empty() && ranges.back().first + ranges.back().second == r.lo - ob) {
@@ -594,10 +593,10 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   if (s.cfg.bf16.enabled) s.precision = Precision::kBf16;
   if (s.cfg.fp16.enabled) s.precision = Precision::kFp16;
   // The grid (the config check guarantees tp x pp x dp = world and the model's divisibility).
-  const parallel::Topology topo(s.world, s.tp, s.dp_size, s.pp);
+  const layout::Topology topo(s.world, s.tp, s.dp_size, s.pp);
   s.coord = topo.coord_of(s.rank);
-  const auto partition_method = parallel::parse_partition_method(s.cfg.pipeline.partition, "$.pipeline.partition");
-  const auto part = parallel::partition_stages(s.shape, s.pp, partition_method, s.tp, s.coord.tp)
+  const auto partition_method = layout::parse_stage_split_or_throw(s.cfg.pipeline.partition, "$.pipeline.partition");
+  const auto part = layout::partition_stages(s.shape, s.pp, partition_method, s.tp, s.coord.tp)
       [static_cast<size_t>(s.coord.pp)];
 
   // Data first: a bad corpus should fail before we connect or allocate the model.
@@ -647,24 +646,24 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
       s.dp_comm = s.data_world;
     } else {
       // Every member creates its groups in the same order: tp, dp, pp, then the tied pair.
-      auto group = [&](parallel::Axis a) -> comm::CommPtr {
+      auto group = [&](layout::Axis a) -> comm::CommPtr {
         if (topo.size(a) == 1) return nullptr;
         return s.data_world->new_group(topo.group_of(s.rank, a),
-                                       fmt::format("{}{}", parallel::axis_name(a), topo.group_index(s.rank, a)));
+                                       fmt::format("{}{}", layout::axis_name(a), topo.group_index(s.rank, a)));
       };
-      s.tp_comm = group(parallel::Axis::kTp);
-      s.dp_comm = group(parallel::Axis::kDp);
-      s.pp_comm = group(parallel::Axis::kPp);
+      s.tp_comm = group(layout::Axis::kTp);
+      s.dp_comm = group(layout::Axis::kDp);
+      s.pp_comm = group(layout::Axis::kPp);
       if (s.pp > 1 && s.device == Device::kCuda) {
         // NCCL: the gradients flowing back get a group (a stream) of their own (pipeline_stage.h).
         s.pp_grad_comm = s.data_world->new_group(
-            topo.group_of(s.rank, parallel::Axis::kPp),
-            fmt::format("ppgrad{}", topo.group_index(s.rank, parallel::Axis::kPp)));
+            topo.group_of(s.rank, layout::Axis::kPp),
+            fmt::format("ppgrad{}", topo.group_index(s.rank, layout::Axis::kPp)));
       }
       if (s.pp > 1 && (part.has_embedding || part.has_head)) {
-        const auto pp_ranks = topo.group_of(s.rank, parallel::Axis::kPp);
+        const auto pp_ranks = topo.group_of(s.rank, layout::Axis::kPp);
         s.tied_comm = s.data_world->new_group({pp_ranks.front(), pp_ranks.back()},
-                                              fmt::format("tied{}", topo.group_index(s.rank, parallel::Axis::kPp)));
+                                              fmt::format("tied{}", topo.group_index(s.rank, layout::Axis::kPp)));
       }
     }
   }
@@ -704,7 +703,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options)
   s.zero->attach(s.model->params(), s.model->grads());
   if (s.pp > 1) {
     s.stage = std::make_unique<parallel::PipelineStage>(*s.model, s.pp_comm, s.tied_comm, s.pp_grad_comm);
-    s.events = parallel::stage_events(parallel::parse_schedule(s.cfg.pipeline.schedule, "$.pipeline.schedule"),
+    s.events = parallel::stage_events(layout::parse_schedule_or_throw(s.cfg.pipeline.schedule, "$.pipeline.schedule"),
                                       s.pp, s.coord.pp, s.G);
   } else {
     s.acts = s.model->make_activations();
@@ -1013,7 +1012,7 @@ void Trainer::export_llmc(const std::string& path) {
   // 0 over the host world, which places every tensor element at its index in the whole model's
   // layout (model_spec::full_index undoes the tp split) and writes the file. The tied wte comes
   // from both the first and the last stage, which hold the same values.
-  const parallel::Topology topo(s.world, s.tp, s.dp_size, s.pp);
+  const layout::Topology topo(s.world, s.tp, s.dp_size, s.pp);
   const auto sizes = s.world_gather({n});
   constexpr int kExportTag = 21;
   if (s.rank != 0) {
@@ -1023,13 +1022,13 @@ void Trainer::export_llmc(const std::string& path) {
     s.world_barrier();  // the file exists when every rank returns
     return;
   }
-  const auto method = parallel::parse_partition_method(s.cfg.pipeline.partition, "$.pipeline.partition");
+  const auto method = layout::parse_stage_split_or_throw(s.cfg.pipeline.partition, "$.pipeline.partition");
   const auto all = ms::gpt2_params(s.shape);
   const ms::ParamLayout whole = ms::param_layout(s.shape, ms::ModelPart::whole(s.shape));
   std::vector<float> model(static_cast<size_t>(whole.total));
   std::vector<float> buf;
   for (int q = 0; q < s.world; ++q) {
-    const parallel::Coord c = topo.coord_of(q);
+    const layout::Coord c = topo.coord_of(q);
     if (c.dp != 0) continue;
     const int64_t nq = sizes[static_cast<size_t>(q)];
     const float* src = part.data();
@@ -1038,7 +1037,7 @@ void Trainer::export_llmc(const std::string& path) {
       s.world_comm->recv(buf.data(), static_cast<size_t>(nq), comm::DataType::kFloat32, q, kExportTag);
       src = buf.data();
     }
-    const auto mp = parallel::partition_stages(s.shape, s.pp, method, s.tp, c.tp)[static_cast<size_t>(c.pp)];
+    const auto mp = layout::partition_stages(s.shape, s.pp, method, s.tp, c.tp)[static_cast<size_t>(c.pp)];
     const ms::ParamLayout layout = ms::param_layout(s.shape, mp);
     DS_CHECK(layout.total == nq, "export: a part's size differs from its layout");
     for (const auto& ts : layout.tensors) {

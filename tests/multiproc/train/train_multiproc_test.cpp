@@ -22,7 +22,7 @@
 #include "model_spec/gpt2_spec.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
-#include "parallel/partition.h"
+#include "layout/partition.h"
 
 namespace ds {
 namespace {
@@ -146,7 +146,7 @@ TEST_F(TrainMultiproc, EveryStageMatchesTheSingleProcessCurveAndShrinksMemoryAsP
       auto r = run(dp, config(stage), {"--metrics-all-ranks"});
       ASSERT_EQ(r.rc, 0) << what << "\n" << r.err;
       expect_curve(r.metrics, 1, what);
-      rt::parallel::Partition part(P, dp);
+      layout::Partition part(P, dp);
       for (int q = 0; q < dp; ++q) {
         auto pk = peaks(r.metrics.back(), q);
         by_stage[stage].push_back(pk);
@@ -169,7 +169,7 @@ TEST_F(TrainMultiproc, EveryStageMatchesTheSingleProcessCurveAndShrinksMemoryAsP
       }
     }
     for (int q = 0; q < dp; ++q) {
-      EXPECT_LE(by_stage[1][q]["optimizer"] * dp, by_stage[0][q]["optimizer"] + 2 * F * rt::parallel::kAlignElements * dp)
+      EXPECT_LE(by_stage[1][q]["optimizer"] * dp, by_stage[0][q]["optimizer"] + 2 * F * layout::kAlignElements * dp)
           << "rank " << q;
       EXPECT_LT(by_stage[2][q]["grads"], by_stage[1][q]["grads"]) << "rank " << q;
       EXPECT_LT(by_stage[3][q]["params"], by_stage[2][q]["params"]) << "rank " << q;

@@ -6,6 +6,7 @@
 // stage, wte after the tied all-reduce) as one process running the whole model over the same
 // dp x m micro-batches, within 1e-5 relative. Activation checkpointing inside the stages gives
 // bit-identical results. PipelineStage::evaluate (forward only) gives the same losses.
+#include "layout/partition.h"
 #include "parallel/pipeline_stage.h"
 
 #include <gtest/gtest.h>
@@ -16,7 +17,7 @@
 
 #include "common/error.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/topology.h"
+#include "layout/topology.h"
 #include "unit/parallel3d/rank_threads.h"
 
 namespace ds::rt::parallel {
@@ -66,10 +67,10 @@ struct RankOut {
 };
 
 // grad_group: the gradients flow back over a second group of the same ranks (as GPU runs do).
-std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, ScheduleKind kind,
+std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, PipelineSchedule kind,
                                   bool recompute, bool grad_group = false) {
   const int world_size = tp * pp * dp;
-  const Topology topo(world_size, tp, dp, pp);
+  const layout::Topology topo(world_size, tp, dp, pp);
   std::vector<RankOut> out(static_cast<size_t>(world_size));
   // Data-parallel rank d runs global micro-batches d * m .. d * m + m - 1.
   std::vector<std::vector<int32_t>> in(dp * m), tg(dp * m);
@@ -78,24 +79,24 @@ std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, ScheduleKind ki
     tg[i] = tokens(i, 2);
   }
   ds::test::run_ranks(world_size, [&](int r, comm::CommPtr world) {
-    const Coord c = topo.coord_of(r);
-    auto tp_group = world->new_group(topo.group_of(r, Axis::kTp),
-                                     "tp" + std::to_string(topo.group_index(r, Axis::kTp)));
-    const auto pp_ranks = topo.group_of(r, Axis::kPp);
+    const layout::Coord c = topo.coord_of(r);
+    auto tp_group = world->new_group(topo.group_of(r, layout::Axis::kTp),
+                                     "tp" + std::to_string(topo.group_index(r, layout::Axis::kTp)));
+    const auto pp_ranks = topo.group_of(r, layout::Axis::kPp);
     auto pp_group =
-        world->new_group(pp_ranks, "pp" + std::to_string(topo.group_index(r, Axis::kPp)));
-    auto dp_group = world->new_group(topo.group_of(r, Axis::kDp),
-                                     "dp" + std::to_string(topo.group_index(r, Axis::kDp)));
+        world->new_group(pp_ranks, "pp" + std::to_string(topo.group_index(r, layout::Axis::kPp)));
+    auto dp_group = world->new_group(topo.group_of(r, layout::Axis::kDp),
+                                     "dp" + std::to_string(topo.group_index(r, layout::Axis::kDp)));
     comm::CommPtr grads;
     if (grad_group) {
-      grads = world->new_group(pp_ranks, "ppgrad" + std::to_string(topo.group_index(r, Axis::kPp)));
+      grads = world->new_group(pp_ranks, "ppgrad" + std::to_string(topo.group_index(r, layout::Axis::kPp)));
     }
     comm::CommPtr tied;
     if (pp > 1 && (c.pp == 0 || c.pp == pp - 1)) {
       tied = world->new_group({pp_ranks.front(), pp_ranks.back()},
-                              "tied" + std::to_string(topo.group_index(r, Axis::kPp)));
+                              "tied" + std::to_string(topo.group_index(r, layout::Axis::kPp)));
     }
-    const auto part = partition_stages(kShape, pp, PartitionMethod::kUniform, tp, c.tp)[c.pp];
+    const auto part = layout::partition_stages(kShape, pp, layout::StageSplit::kUniform, tp, c.tp)[c.pp];
     TensorParallelHooks hooks(tp_group);
     Allocator alloc;
     Gpt2Options opt{kB, kT};
@@ -161,7 +162,7 @@ void expect_matches(const Reference& ref, const std::vector<RankOut>& out, int p
 
 struct Case {
   int tp, pp, dp, m;
-  ScheduleKind kind;
+  PipelineSchedule kind;
 };
 
 class PipelineRun : public ::testing::TestWithParam<Case> {};
@@ -173,7 +174,7 @@ TEST_P(PipelineRun, MatchesTheSingleProcessModel) {
   expect_matches(ref, out, c.pp, c.m);
   for (const auto& o : out) {
     const int stage = o.part.layer_begin / (kShape.n_layer / c.pp);
-    const int peak = c.kind == ScheduleKind::kGPipe ? c.m : std::min(c.pp - stage, c.m);
+    const int peak = c.kind == PipelineSchedule::kGPipe ? c.m : std::min(c.pp - stage, c.m);
     EXPECT_EQ(o.activations, peak) << "stage " << stage;
   }
   // Activation checkpointing inside the stages: bit-identical losses and gradients.
@@ -186,11 +187,11 @@ TEST_P(PipelineRun, MatchesTheSingleProcessModel) {
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PipelineRun,
-    ::testing::Values(Case{1, 2, 1, 4, ScheduleKind::k1F1B}, Case{1, 2, 1, 3, ScheduleKind::kGPipe},
-                      Case{1, 4, 1, 5, ScheduleKind::k1F1B}, Case{1, 4, 1, 2, ScheduleKind::k1F1B},
-                      Case{2, 2, 1, 3, ScheduleKind::k1F1B}, Case{1, 1, 1, 2, ScheduleKind::k1F1B},
-                      Case{1, 2, 2, 3, ScheduleKind::k1F1B}, Case{2, 2, 2, 2, ScheduleKind::k1F1B},
-                      Case{2, 1, 2, 2, ScheduleKind::kGPipe}),
+    ::testing::Values(Case{1, 2, 1, 4, PipelineSchedule::k1F1B}, Case{1, 2, 1, 3, PipelineSchedule::kGPipe},
+                      Case{1, 4, 1, 5, PipelineSchedule::k1F1B}, Case{1, 4, 1, 2, PipelineSchedule::k1F1B},
+                      Case{2, 2, 1, 3, PipelineSchedule::k1F1B}, Case{1, 1, 1, 2, PipelineSchedule::k1F1B},
+                      Case{1, 2, 2, 3, PipelineSchedule::k1F1B}, Case{2, 2, 2, 2, PipelineSchedule::k1F1B},
+                      Case{2, 1, 2, 2, PipelineSchedule::kGPipe}),
     [](const ::testing::TestParamInfo<Case>& i) {
       return "tp" + std::to_string(i.param.tp) + "_pp" + std::to_string(i.param.pp) + "_dp" +
              std::to_string(i.param.dp) + "_m" + std::to_string(i.param.m) + "_" +
@@ -200,7 +201,7 @@ INSTANTIATE_TEST_SUITE_P(
 // The backward direction over a group of its own (what GPU runs use, so NCCL's per-group stream
 // never queues a gradient receive behind an activation send): the same bits.
 TEST(PipelineStage, AGradientGroupOfItsOwnGivesTheSameBits) {
-  for (const auto kind : {ScheduleKind::k1F1B, ScheduleKind::kGPipe}) {
+  for (const auto kind : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
     const auto one = run_pipeline(1, 4, 1, 5, kind, false);
     const auto two = run_pipeline(1, 4, 1, 5, kind, false, true);
     for (size_t r = 0; r < one.size(); ++r) {
@@ -217,7 +218,7 @@ TEST(PipelineStage, WrongPartOrTiedGroupIsAnError) {
     Gpt2 whole(kShape, ms::ModelPart::whole(kShape), Gpt2Options{kB, kT}, alloc);
     EXPECT_THROW(PipelineStage(whole, world, nullptr), ds::Error);
     // The right part without the tied group it needs.
-    const auto part = partition_stages(kShape, 2, PartitionMethod::kUniform)[r];
+    const auto part = layout::partition_stages(kShape, 2, layout::StageSplit::kUniform)[r];
     Gpt2 m(kShape, part, Gpt2Options{kB, kT}, alloc);
     EXPECT_THROW(PipelineStage(m, world, nullptr), ds::Error);
   });

@@ -11,9 +11,10 @@
 #include <random>
 #include <vector>
 
+#include "layout/partition.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/topology.h"
+#include "layout/topology.h"
 #include "parallel/zero.h"
 #include "unit/parallel3d/rank_threads.h"
 
@@ -57,24 +58,24 @@ TEST_P(PipelineZero, ReducedGradientsMatchTheSingleModel) {
     ref_loss.push_back(ref.forward_backward(ra, in[i].data(), tg[i].data(), 1.0f / total));
   }
 
-  const Topology topo(world_size, c.tp, c.dp, c.pp);
+  const layout::Topology topo(world_size, c.tp, c.dp, c.pp);
   const auto all = ms::gpt2_params(kShape);
   ds::test::run_ranks(world_size, [&](int r, comm::CommPtr world) {
-    const Coord co = topo.coord_of(r);
-    auto group = [&](Axis a, const char* name) {
+    const layout::Coord co = topo.coord_of(r);
+    auto group = [&](layout::Axis a, const char* name) {
       return world->new_group(topo.group_of(r, a), name + std::to_string(topo.group_index(r, a)));
     };
-    auto tp_group = group(Axis::kTp, "tp");
-    auto dp_group = group(Axis::kDp, "dp");
-    auto pp_group = group(Axis::kPp, "pp");
-    const auto pp_ranks = topo.group_of(r, Axis::kPp);
+    auto tp_group = group(layout::Axis::kTp, "tp");
+    auto dp_group = group(layout::Axis::kDp, "dp");
+    auto pp_group = group(layout::Axis::kPp, "pp");
+    const auto pp_ranks = topo.group_of(r, layout::Axis::kPp);
     const bool tied_stage = c.pp > 1 && (co.pp == 0 || co.pp == c.pp - 1);
     comm::CommPtr tied;
     if (tied_stage) {
       tied = world->new_group({pp_ranks.front(), pp_ranks.back()},
-                              "tied" + std::to_string(topo.group_index(r, Axis::kPp)));
+                              "tied" + std::to_string(topo.group_index(r, layout::Axis::kPp)));
     }
-    const auto part = partition_stages(kShape, c.pp, PartitionMethod::kUniform, c.tp, co.tp)[co.pp];
+    const auto part = layout::partition_stages(kShape, c.pp, layout::StageSplit::kUniform, c.tp, co.tp)[co.pp];
     const auto layout = ms::param_layout(kShape, part);
     Allocator alloc;
     ZeroOptions zo;
@@ -109,7 +110,7 @@ TEST_P(PipelineZero, ReducedGradientsMatchTheSingleModel) {
     ro.after_event = [&](const Event& e) {
       if (e.kind == EventKind::kBackward) zero.end_micro_batch();
     };
-    const auto res = stage.run_schedule(stage_events(ScheduleKind::k1F1B, c.pp, co.pp, m), mbs, ro);
+    const auto res = stage.run_schedule(stage_events(PipelineSchedule::k1F1B, c.pp, co.pp, m), mbs, ro);
     if (tied_hooks) {
       zero.begin_micro_batch(true, true);
       tied_hooks->hand_over();

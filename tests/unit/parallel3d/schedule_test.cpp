@@ -16,7 +16,7 @@ namespace ds::rt::parallel {
 namespace {
 
 TEST(PipelineSchedule, OneF1BTwoStagesFourMicroBatches) {
-  const auto s = schedule_events(ScheduleKind::k1F1B, 2, 4);
+  const auto s = schedule_events(PipelineSchedule::k1F1B, 2, 4);
   EXPECT_EQ(events_to_string(s[0]), "F0 F1 B0 F2 B1 F3 B2 B3");
   EXPECT_EQ(events_to_string(s[1]), "F0 B0 F1 B1 F2 B2 F3 B3");
   EXPECT_EQ(events_to_string(s[0], true),
@@ -26,7 +26,7 @@ TEST(PipelineSchedule, OneF1BTwoStagesFourMicroBatches) {
 }
 
 TEST(PipelineSchedule, OneF1BFourStages) {
-  const auto s = schedule_events(ScheduleKind::k1F1B, 4, 6);
+  const auto s = schedule_events(PipelineSchedule::k1F1B, 4, 6);
   EXPECT_EQ(events_to_string(s[0]), "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5");
   EXPECT_EQ(events_to_string(s[1]), "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5");
   EXPECT_EQ(events_to_string(s[2]), "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5");
@@ -35,16 +35,16 @@ TEST(PipelineSchedule, OneF1BFourStages) {
             "<a0 F0 >a0 <a1 F1 >a1 <a2 F2 >a2 <g0 B0 >g0 <a3 F3 >a3 <g1 B1 >g1 <a4 F4 >a4 <g2 B2 "
             ">g2 <a5 F5 >a5 <g3 B3 >g3 <g4 B4 >g4 <g5 B5 >g5");
   // Fewer micro-batches than stages: the warm-up is capped by m.
-  const auto few = schedule_events(ScheduleKind::k1F1B, 4, 2);
+  const auto few = schedule_events(PipelineSchedule::k1F1B, 4, 2);
   EXPECT_EQ(events_to_string(few[0]), "F0 F1 B0 B1");
   EXPECT_EQ(events_to_string(few[3]), "F0 B0 F1 B1");
 }
 
 TEST(PipelineSchedule, GPipe) {
-  const auto s = schedule_events(ScheduleKind::kGPipe, 2, 3);
+  const auto s = schedule_events(PipelineSchedule::kGPipe, 2, 3);
   EXPECT_EQ(events_to_string(s[0], true), "F0 >a0 F1 >a1 F2 >a2 <g0 B0 <g1 B1 <g2 B2");
   EXPECT_EQ(events_to_string(s[1], true), "<a0 F0 <a1 F1 <a2 F2 B0 >g0 B1 >g1 B2 >g2");
-  EXPECT_EQ(events_to_string(schedule_events(ScheduleKind::kGPipe, 1, 2)[0], true), "F0 F1 B0 B1");
+  EXPECT_EQ(events_to_string(schedule_events(PipelineSchedule::kGPipe, 1, 2)[0], true), "F0 F1 B0 B1");
 }
 
 // Runs every stage's list with blocking receives and buffered sends; returns false on deadlock.
@@ -82,7 +82,7 @@ bool simulate(const std::vector<std::vector<Event>>& all) {
 }
 
 TEST(PipelineSchedule, EveryShapeIsCompleteOrderedAndDeadlockFree) {
-  for (auto kind : {ScheduleKind::k1F1B, ScheduleKind::kGPipe}) {
+  for (auto kind : {PipelineSchedule::k1F1B, PipelineSchedule::kGPipe}) {
     for (int pp = 1; pp <= 6; ++pp) {
       for (int m = 1; m <= 9; ++m) {
         SCOPED_TRACE(::testing::Message() << schedule_name(kind) << " pp " << pp << " m " << m);
@@ -105,7 +105,7 @@ TEST(PipelineSchedule, EveryShapeIsCompleteOrderedAndDeadlockFree) {
           for (int i = 0; i < m; ++i) want[i] = i;
           EXPECT_EQ(fwd, want) << "stage " << s;
           EXPECT_EQ(bwd, want) << "stage " << s;
-          const int expect_peak = kind == ScheduleKind::kGPipe ? m : std::min(pp - s, m);
+          const int expect_peak = kind == PipelineSchedule::kGPipe ? m : std::min(pp - s, m);
           EXPECT_EQ(peak_in_flight(all[s]), expect_peak) << "stage " << s;
         }
         EXPECT_TRUE(simulate(all)) << "deadlock";
@@ -115,13 +115,13 @@ TEST(PipelineSchedule, EveryShapeIsCompleteOrderedAndDeadlockFree) {
 }
 
 TEST(PipelineSchedule, BadArgumentsAreErrors) {
-  EXPECT_THROW(stage_events(ScheduleKind::k1F1B, 0, 0, 1), ds::Error);
-  EXPECT_THROW(stage_events(ScheduleKind::k1F1B, 2, 2, 1), ds::Error);
-  EXPECT_THROW(stage_events(ScheduleKind::kGPipe, 2, 0, 0), ds::Error);
-  EXPECT_EQ(parse_schedule("1F1B", "pipeline.schedule"), ScheduleKind::k1F1B);
-  EXPECT_EQ(parse_schedule("gpipe", "pipeline.schedule"), ScheduleKind::kGPipe);
+  EXPECT_THROW(stage_events(PipelineSchedule::k1F1B, 0, 0, 1), ds::Error);
+  EXPECT_THROW(stage_events(PipelineSchedule::k1F1B, 2, 2, 1), ds::Error);
+  EXPECT_THROW(stage_events(PipelineSchedule::kGPipe, 2, 0, 0), ds::Error);
+  EXPECT_EQ(layout::parse_schedule_or_throw("1F1B", "pipeline.schedule"), PipelineSchedule::k1F1B);
+  EXPECT_EQ(layout::parse_schedule_or_throw("gpipe", "pipeline.schedule"), PipelineSchedule::kGPipe);
   try {
-    parse_schedule("zigzag", "pipeline.schedule");
+    layout::parse_schedule_or_throw("zigzag", "pipeline.schedule");
     FAIL();
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("pipeline.schedule"), std::string::npos) << e.what();

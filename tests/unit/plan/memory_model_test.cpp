@@ -122,7 +122,7 @@ TEST(MemoryModel, UnevenPartitionsGiveTheLastRankLess) {
   ASSERT_EQ(groups.size(), 2u);
   EXPECT_EQ(groups[0].ranks_text, "0-5");
   EXPECT_EQ(groups[1].ranks_text, "6");
-  EXPECT_EQ(zero_partition(1920, 7).stride, 288);
+  EXPECT_EQ(zero_partition(1920, 7).stride(), 288);
   EXPECT_EQ(zero_partition(10, 4).count(3), 0);  // stride 16: rank 0 owns all 10
 }
 

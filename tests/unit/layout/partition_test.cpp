@@ -1,4 +1,4 @@
-// model_spec's partition arithmetic, the one copy the runtime (rt::parallel::Partition,
+// model_spec's partition arithmetic, the one copy the runtime (rt::layout::Partition,
 // partition_stages) and the planner (zero_partition, stage_bounds) both call: ZeRO's flat split
 // by hand, stage bounds uniform and by parameters (checked against every alternative split),
 // and the errors naming the numbers.
@@ -7,26 +7,28 @@
 #include <string>
 
 #include "common/error.h"
-#include "model_spec/partition.h"
+#include "layout/partition.h"
 
-namespace ds::model_spec {
+namespace ds::layout {
+
+using namespace ds::model_spec;
 namespace {
 
 TEST(FlatPartition, StrideAlignedLastRanksOwnLess) {
-  auto p = flat_partition(1920, 7);  // ceil(1920 / 7) = 275 -> 288
-  EXPECT_EQ(p.stride, 288);
+  auto p = Partition(1920, 7);  // ceil(1920 / 7) = 275 -> 288
+  EXPECT_EQ(p.stride(), 288);
   EXPECT_EQ(p.begin(6), 1728);
   EXPECT_EQ(p.count(6), 192);
   int64_t sum = 0;
   for (int r = 0; r < 7; ++r) sum += p.count(r);
   EXPECT_EQ(sum, 1920);
-  auto q = flat_partition(10, 4);  // stride 16: rank 0 owns all 10
+  auto q = Partition(10, 4);  // stride 16: rank 0 owns all 10
   EXPECT_EQ(q.count(0), 10);
   EXPECT_EQ(q.begin(3), 10);
   EXPECT_EQ(q.count(3), 0);
-  EXPECT_EQ(flat_partition(0, 3).count(2), 0);
-  EXPECT_THROW(flat_partition(-1, 2), Error);
-  EXPECT_THROW(flat_partition(10, 0), Error);
+  EXPECT_EQ(Partition(0, 3).count(2), 0);
+  EXPECT_THROW(Partition(-1, 2), Error);
+  EXPECT_THROW(Partition(10, 0), Error);
   EXPECT_THROW(p.begin(7), Error);
   EXPECT_THROW(p.count(-1), Error);
 }
@@ -75,4 +77,4 @@ TEST(StageLayerBounds, MoreStagesThanLayersNamesBothNumbers) {
 }
 
 }  // namespace
-}  // namespace ds::model_spec
+}  // namespace ds::layout

@@ -10,7 +10,7 @@
 
 #include <vector>
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 
 enum class Axis { kTp, kDp, kPp };
 const char* axis_name(Axis a);  // "tp", "dp", "pp"
@@ -49,4 +49,4 @@ class Topology {
   int tp_, dp_, pp_;
 };
 
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout

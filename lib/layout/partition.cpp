@@ -1,35 +1,56 @@
-// ZeRO flat partitions and pipeline stage bounds (see partition.h).
+// ZeRO flat partitions and pipeline stage bounds and parts (see partition.h).
 //
 // Stage bounds by parameters: contiguous ranges, so the best split is a small dynamic programme
 // over (stages placed, layers covered) minimising the largest stage's count, O(pp * L^2).
-#include "model_spec/partition.h"
+#include "layout/partition.h"
 
 #include <algorithm>
 #include <limits>
 
 #include "common/error.h"
 
-namespace ds::model_spec {
+namespace ds::layout {
 
-FlatPartition flat_partition(int64_t total, int size) {
+using namespace ds::model_spec;
+
+Partition::Partition(int64_t total, int size) : total_(total), size_(size) {
   if (total < 0 || size < 1) {
-    throw invalid_argument("partition: need total >= 0 and size >= 1, got total {} size {}", total,
-                           size);
+    throw invalid_argument("partition: need total >= 0 and size >= 1, got total {} size {}", total, size);
   }
-  FlatPartition p;
-  p.total = total;
-  p.size = size;
   const int64_t per = (total + size - 1) / size;
-  p.stride = (per + kPartitionAlignElements - 1) / kPartitionAlignElements * kPartitionAlignElements;
-  return p;
+  stride_ = (per + kAlignElements - 1) / kAlignElements * kAlignElements;
 }
 
-int64_t FlatPartition::begin(int r) const {
-  if (r < 0 || r >= size) throw invalid_argument("partition: rank {} outside [0, {})", r, size);
-  return std::min(total, stride * r);
+int64_t Partition::begin(int r) const {
+  if (r < 0 || r >= size_) throw invalid_argument("partition: rank {} outside [0, {})", r, size_);
+  return std::min(total_, stride_ * r);
 }
 
-int64_t FlatPartition::count(int r) const { return std::min(stride, total - begin(r)); }
+int64_t Partition::count(int r) const { return std::min(stride_, total_ - begin(r)); }
+
+std::vector<size_t> Partition::counts() const { return counts_in(0, total_); }
+
+std::vector<size_t> Partition::counts_in(int64_t lo, int64_t hi) const {
+  if (lo < 0 || hi > total_ || lo > hi) {
+    throw invalid_argument("partition: range [{}, {}) is not within [0, {})", lo, hi, total_);
+  }
+  std::vector<size_t> out(static_cast<size_t>(size_));
+  for (int r = 0; r < size_; ++r) {
+    out[static_cast<size_t>(r)] = static_cast<size_t>(intersect(lo, hi, begin(r), end(r)).size());
+  }
+  return out;
+}
+
+int Partition::owner(int64_t i) const {
+  if (i < 0 || i >= total_) throw invalid_argument("partition: element {} outside [0, {})", i, total_);
+  return static_cast<int>(i / stride_);
+}
+
+Range intersect(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+  Range r{std::max(a0, b0), std::min(a1, b1)};
+  if (r.hi < r.lo) r.hi = r.lo;
+  return r;
+}
 
 std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split, int tp) {
   s.validate();
@@ -87,4 +108,16 @@ std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split
   return bounds;
 }
 
-}  // namespace ds::model_spec
+std::vector<ModelPart> partition_stages(const Gpt2Shape& s, int pp, StageSplit split, int tp, int tp_rank) {
+  const auto bounds = stage_layer_bounds(s, pp, split, tp);
+  std::vector<ModelPart> parts;
+  for (int i = 0; i < pp; ++i) {
+    const auto I = static_cast<size_t>(i);
+    ModelPart p{bounds[I], bounds[I + 1], i == 0, i == pp - 1, tp, tp_rank};
+    p.validate(s);
+    parts.push_back(p);
+  }
+  return parts;
+}
+
+}  // namespace ds::layout

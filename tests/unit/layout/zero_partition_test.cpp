@@ -1,6 +1,6 @@
 // Partition arithmetic: every total and group size up to small bounds, aligned boundaries, the
 // last rank getting less (or nothing), range shares for the _v collectives.
-#include "parallel/partition.h"
+#include "layout/partition.h"
 
 #include <numeric>
 
@@ -8,7 +8,7 @@
 
 #include "common/error.h"
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 namespace {
 
 TEST(Partition, CoversEveryElementOnceWithAlignedBoundaries) {
@@ -56,4 +56,4 @@ TEST(Partition, RangeSharesAreContiguousInRankOrder) {
 }
 
 }  // namespace
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout

@@ -1,10 +1,10 @@
-#include "parallel/topology.h"
+#include "layout/topology.h"
 
 #include <algorithm>
 
 #include "common/error.h"
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 
 const char* axis_name(Axis a) {
   switch (a) {
@@ -85,4 +85,4 @@ int Topology::group_index(int rank, Axis a) const {
   return static_cast<int>(std::find(all.begin(), all.end(), g) - all.begin());
 }
 
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout

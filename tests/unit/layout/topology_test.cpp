@@ -1,6 +1,6 @@
 // The rank grid, exhaustively for small grids: rank = (pp * dp + dp_rank) * tp + tp_rank, groups
 // along each axis partition the world, and bad shapes are named.
-#include "parallel/topology.h"
+#include "layout/topology.h"
 
 #include <algorithm>
 #include <set>
@@ -9,7 +9,7 @@
 
 #include "common/error.h"
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 namespace {
 
 TEST(Topology, RankFormulaAndGroupsForEveryGridUpTo4x4x4) {
@@ -74,4 +74,4 @@ TEST(Topology, BadShapesAndRanksAreNamed) {
 }
 
 }  // namespace
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout
