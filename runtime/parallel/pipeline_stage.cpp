@@ -61,10 +61,12 @@ void PipelineStage::reduce_tied_grads(float* wte_grad) {
   tied_->all_reduce(g, static_cast<size_t>(n), comm::DataType::kFloat32, comm::ReduceOp::kSum);
 }
 
-RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
-                                      std::span<const MicroBatch> mbs, const RunOptions& opt) {
+namespace {
+
+// The events' micro-batches, peers and token pointers, checked before anything runs.
+void check_schedule(const std::vector<Event>& events, std::span<const MicroBatch> mbs, int st, int stages) {
   const int m = static_cast<int>(mbs.size());
-  const int st = stage();
+  const bool first = st == 0, last = st == stages - 1;
   for (const auto& e : events) {
     if (e.mb < 0 || e.mb >= m) {
       throw invalid_argument("run_schedule (stage {}): event {} of micro-batch {} but {} given", st,
@@ -72,35 +74,62 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
     }
     const bool needs_prev = e.kind == EventKind::kRecvActivation || e.kind == EventKind::kSendGrad;
     const bool needs_next = e.kind == EventKind::kSendActivation || e.kind == EventKind::kRecvGrad;
-    if ((needs_prev && is_first()) || (needs_next && is_last())) {
-      throw invalid_argument("run_schedule: event {} on stage {} of {} has no peer",
-                             event_name(e.kind), st, stages());
+    if ((needs_prev && first) || (needs_next && last)) {
+      throw invalid_argument("run_schedule: event {} on stage {} of {} has no peer", event_name(e.kind), st, stages);
     }
-    if (is_first() && e.kind != EventKind::kSendActivation && e.kind != EventKind::kRecvGrad &&
-        mbs[e.mb].tokens == nullptr) {
+    if (first && e.kind != EventKind::kSendActivation && e.kind != EventKind::kRecvGrad && mbs[e.mb].tokens == nullptr) {
       throw invalid_argument("run_schedule: micro-batch {} has no tokens on the first stage", e.mb);
     }
-    if (is_last() && e.kind == EventKind::kBackward && mbs[e.mb].targets == nullptr) {
+    if (last && e.kind == EventKind::kBackward && mbs[e.mb].targets == nullptr) {
       throw invalid_argument("run_schedule: micro-batch {} has no targets on the last stage", e.mb);
     }
   }
+}
+
+// Which of the stage's activation sets holds each micro-batch in flight: a set is taken at the
+// micro-batch's first event and given back after its backward.
+class ActivationSlots {
+ public:
+  ActivationSlots(std::vector<Gpt2Activations>& acts, int micro_batches, int stage)
+      : acts_(acts), slot_(static_cast<size_t>(micro_batches), -1), stage_(stage) {
+    for (int i = static_cast<int>(acts.size()) - 1; i >= 0; --i) free_.push_back(i);
+  }
+  bool holds(int mb) const { return slot_[static_cast<size_t>(mb)] >= 0; }
+  Gpt2Activations& of(int mb) {
+    int& s = slot_[static_cast<size_t>(mb)];
+    if (s < 0) {
+      if (free_.empty()) {
+        throw invalid_usage("run_schedule (stage {}): more micro-batches in flight than {}", stage_, acts_.size());
+      }
+      s = free_.back();
+      free_.pop_back();
+    }
+    return acts_[static_cast<size_t>(s)];
+  }
+  void release(int mb) {
+    free_.push_back(slot_[static_cast<size_t>(mb)]);
+    slot_[static_cast<size_t>(mb)] = -1;
+  }
+
+ private:
+  std::vector<Gpt2Activations>& acts_;
+  std::vector<int> slot_;
+  std::vector<int> free_;
+  int stage_;
+};
+
+}  // namespace
+
+RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
+                                      std::span<const MicroBatch> mbs, const RunOptions& opt) {
+  const int m = static_cast<int>(mbs.size());
+  const int st = stage();
+  check_schedule(events, mbs, st, stages());
 
   const int need = peak_in_flight(events);
   while (static_cast<int>(acts_.size()) < need) acts_.push_back(model_.make_activations());
-  std::vector<int> free_slots;
-  for (int i = static_cast<int>(acts_.size()) - 1; i >= 0; --i) free_slots.push_back(i);
-  std::vector<int> slot(static_cast<size_t>(m), -1);
-  auto acts_of = [&](int mb) -> Gpt2Activations& {
-    if (slot[mb] < 0) {
-      if (free_slots.empty()) {
-        throw invalid_usage("run_schedule (stage {}): more micro-batches in flight than {}", st,
-                            acts_.size());
-      }
-      slot[mb] = free_slots.back();
-      free_slots.pop_back();
-    }
-    return acts_[slot[mb]];
-  };
+  ActivationSlots slots(acts_, m, st);
+  auto acts_of = [&](int mb) -> Gpt2Activations& { return slots.of(mb); };
 
   const auto f32 = comm::DataType::kFloat32;
   const auto n = static_cast<size_t>(btc_);
@@ -145,11 +174,8 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         grads_->recv(model_.d_stream(), n, f32, st + 1, kGradTag);
         break;
       case EventKind::kBackward: {
-        if (slot[e.mb] < 0) {
-          throw invalid_argument(
-              "run_schedule (stage {}): backward of micro-batch {} before its "
-              "forward",
-              st, e.mb);
+        if (!slots.holds(e.mb)) {
+          throw invalid_argument("run_schedule (stage {}): backward of micro-batch {} before its forward", st, e.mb);
         }
         Gpt2Activations& a = acts_of(e.mb);
         wait(grad_send);
@@ -162,8 +188,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         if (is_first()) model_.embed_backward(a, mb.tokens);
         res.compute_seconds += since(t0);
         if (opt.after_event) opt.after_event(e);
-        free_slots.push_back(slot[e.mb]);
-        slot[e.mb] = -1;
+        slots.release(e.mb);
         break;
       }
       case EventKind::kSendGrad:

@@ -1,36 +1,30 @@
-// The training loop of one process: composes the model, the data loader, the optimizer (fp32
-// master weights, AdamW), the LR schedule, loss scaling, clipping, evaluation, checkpoints and
-// metrics. It is what `dstrain train` runs, alone or as one rank under `dstrain launch`.
+// The training loop of one process: what `dstrain train` runs, alone or as one rank under
+// `dstrain launch`. It composes pieces that each own one concern:
+//   parallel::Engine (parallel/engine.h)   this rank's groups and the model with its hook stack
+//                                          model -> tensor-parallel regions -> tied wte -> ZeRO
+//   OptimizerState (optimizer_state.h)     fp32 master weights, AdamW's moments, the update
+//   step math (step_math.h)                the global loss, norm and overflow; clip, skip, update
+//   checkpoints (checkpointing.h)          save, and resume for any layout (resharding)
+//   initial_weights.h, llmc_export.h       initial values; the llm.c export
+//   run_config.h                           the config translated into the pieces
+//   data::DataLoader, LrScheduler, LossScaler, MetricsReporter
 //
 // One optimizer step: zero the gradients; for each of the G accumulation micro-batches read this
-// rank's window, run forward + backward with grad_scale = loss_scale / G (so the gradients are
-// those of the mean loss over the global batch); then unscale, check for overflow (fp16), compute
-// the global norm, clip, update with AdamW, copy the master weights back into the model's
-// parameters (rounded to bf16/fp16 when enabled) and advance the LR schedule.
+// rank's window, run forward + backward with grad_scale = loss_scale / (G x dp) (so the gradients
+// are those of the mean loss over the global batch; with a pipeline the stage's 1F1B or GPipe
+// schedule runs the G micro-batches); then the step math: the loss and norm over the world,
+// fp16's overflow check, the clip coefficient, AdamW on this rank's range, the master weights back
+// into the model (rounded to bf16/fp16 when enabled), ZeRO's gathers, the LR schedule.
 //
 // Precision on CPU: kernels compute in fp32. With bf16 or fp16 the model's parameters hold values
 // rounded to that type (stored in fp32 buffers), the optimizer keeps fp32 master weights (tag
 // optimizer), and fp16 gradients are rounded to fp16 after accumulation, so an overflow shows as
 // inf exactly as in a 16-bit buffer; the dynamic loss scaler then skips the step.
 //
-// Data parallelism (world size > 1 under `dstrain launch`): the trainer connects to the job's store
-// (DSTRAIN_STORE), builds the world Comm and hands it to the ZeRO engine (runtime/parallel/zero.h),
-// which owns every collective: gradient buckets, parameter gathers, the partitioned optimizer
-// range. Each rank reads its own windows of the global batch (data/loader.h), scales its
-// gradients by 1/(G x N), and the logged loss and grad norm are those of the whole global batch.
-// Tensor and pipeline parallelism (tensor_parallel.size, pipeline.stages): the world is the grid
-// of parallel/topology.h; each rank builds its tp, dp and pp groups (and the {first, last} stage
-// group for the tied token embedding), holds its stage's layers as its tp shard
-// (partition_stages), and stacks the hooks model -> TensorParallelHooks -> TiedEmbeddingHooks ->
-// ZeroEngine over its dp group. With a pipeline a step is one run of the stage's schedule (1F1B
-// or GPipe) over the G micro-batches, ZeRO seeing each backward event as a micro-batch; every
-// rank reads the step's micro-batches (the first stage uses the inputs, the last the targets).
-// The loss comes from tp rank 0 of the last stage; the gradient norm counts every element once
-// (replicated tensors on tp rank 0, the tied wte on the first stage), summed over the world.
-// Checkpoints: every rank writes its partition of params/master/exp_avg/exp_avg_sq of its part;
-// the manifest records tp, pp, dp, the ZeRO stage and every rank's partition; loading re-
-// partitions for any dp size and stage, with the same tp and pp (else a clear error).
-// Not here: collectives themselves (the engine calls them; the trainer calls none).
+// Collectives: nothing in runtime/train calls a Comm. The engine's pieces (ZeRO, the pipeline
+// stage, the tensor-parallel regions) own the model's collectives; the bookkeeping ones (the
+// step's sums, the peaks, the order of a checkpoint's phases, the export's gather) are the host
+// world's named operations (parallel/host_world.h), which the trainer asks for.
 #pragma once
 
 #include <cstdint>

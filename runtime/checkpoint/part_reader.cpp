@@ -1,0 +1,182 @@
+// Reading a part of a checkpoint for any layout (part_reader.h).
+#include "checkpoint/part_reader.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "common/check.h"
+#include "common/error.h"
+#include "layout/partition.h"
+#include "layout/topology.h"
+
+namespace ds::rt::ckpt {
+
+namespace ms = ds::model_spec;
+
+struct PartReader::ShardSet {
+  struct Piece {
+    int shard;
+    int64_t begin, count;
+  };
+  std::string dir, where;
+  std::vector<Piece> pieces;
+  std::map<int, std::unique_ptr<ShardReader>> readers;
+
+  ShardReader& reader(int q) {
+    auto& rd = readers[q];
+    if (!rd) rd = std::make_unique<ShardReader>(dir + "/" + shard_file_name(q));
+    return *rd;
+  }
+  // Elements [lo, hi) of this old part's tensor `name` into dst.
+  void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+    for (const auto& [q, b, c] : pieces) {
+      const auto r = layout::intersect(lo, hi, b, b + c);
+      if (r.size() <= 0) continue;
+      ShardReader& rd = reader(q);
+      if (!rd.has(name)) throw invalid_argument("{}: shard {} has no tensor '{}'", where, shard_file_name(q), name);
+      std::vector<float> tmp(static_cast<size_t>(c));
+      rd.read(name, "f32", {c}, tmp.data(), tmp.size() * sizeof(float));
+      std::copy_n(tmp.data() + (r.lo - b), r.size(), dst + (r.lo - lo));
+    }
+  }
+  bool has(const std::string& name) {
+    for (const auto& p : pieces) {
+      if (p.count > 0) return reader(p.shard).has(name);
+    }
+    return true;  // nothing to read from
+  }
+};
+
+struct PartReader::Reshard {
+  PartTarget target;
+  ms::ParamLayout new_layout;              // the new part's
+  int old_tp = 1, old_pp = 1;
+  std::vector<ms::ModelPart> old_parts;    // [stage * old_tp + tp_rank]
+  std::vector<ms::ParamLayout> old_layouts;
+  std::vector<ShardSet> old_sets;
+  std::string cached_name;
+  std::map<int, std::vector<float>> cache;  // old part index -> its values of cached_name
+
+  const std::vector<float>& old_values(const std::string& name, int idx) {
+    if (name != cached_name) {
+      cache.clear();
+      cached_name = name;
+    }
+    auto it = cache.find(idx);
+    if (it != cache.end()) return it->second;
+    const int64_t n = old_layouts[static_cast<size_t>(idx)].total;
+    std::vector<float> v(static_cast<size_t>(n));
+    old_sets[static_cast<size_t>(idx)].read(name, 0, n, v.data());
+    return cache.emplace(idx, std::move(v)).first->second;
+  }
+  int old_stage_of(const ms::TensorSlice& ts) const {
+    if (ts.layer < 0) return ts.id == ms::ParamId::kLnfw || ts.id == ms::ParamId::kLnfb ? old_pp - 1 : 0;
+    for (int st = 0; st < old_pp; ++st) {
+      const auto& op = old_parts[static_cast<size_t>(st * old_tp)];
+      if (ts.layer >= op.layer_begin && ts.layer < op.layer_end) return st;
+    }
+    throw Error(ErrorKind::kInternal, fmt::format("resharding: layer {} is in no old pipeline stage", ts.layer));
+  }
+  // The whole tensor t (of slice ts) from the old parts that hold it.
+  void rebuild(const std::string& name, const ms::ParamTensor& t, const ms::TensorSlice& ts, std::vector<float>& full) {
+    full.assign(static_cast<size_t>(t.numel()), 0.0f);
+    const int st = old_stage_of(ts);
+    const int ranks = t.split == ms::TpSplit::kReplicated ? 1 : old_tp;
+    for (int otp = 0; otp < ranks; ++otp) {
+      const int idx = st * old_tp + otp;
+      const ms::TensorSlice* os = old_layouts[static_cast<size_t>(idx)].find_tensor(ts.id, ts.layer);
+      DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
+      const float* v = old_values(name, idx).data() + os->offset;
+      for (int64_t j = 0; j < os->numel; ++j) full[static_cast<size_t>(ms::full_index(t, old_tp, otp, j))] = v[j];
+    }
+  }
+  void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+    const auto all = ms::gpt2_params(target.shape);
+    const auto& part = target.part;
+    std::vector<float> full;
+    for (const auto& ts : new_layout.tensors) {
+      const auto r = layout::intersect(lo, hi, ts.offset, ts.offset + ts.numel);
+      if (r.size() <= 0) continue;
+      const ms::ParamTensor& t = ms::find_param(all, ts.id);
+      rebuild(name, t, ts, full);
+      for (int64_t i = r.lo; i < r.hi; ++i) {
+        dst[i - lo] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset))];
+      }
+    }
+  }
+};
+
+namespace {
+
+// The shards of the old (stage, tp rank) part, checked to cover it.
+PartReader::ShardSet shard_set(const std::string& dir, const std::string& where, const ShardLayout& old,
+                               int stage, int otp, int64_t part_numel) {
+  const layout::Topology topo(old.world_size, old.tensor_parallel_size,
+                              old.world_size / (old.tensor_parallel_size * old.pipeline_stages), old.pipeline_stages);
+  PartReader::ShardSet set;
+  set.dir = dir;
+  set.where = where;
+  int64_t covered = 0;
+  for (int q = 0; q < old.world_size; ++q) {
+    const auto c = topo.coord_of(q);
+    if (c.pp != stage || c.tp != otp) continue;
+    const auto Q = static_cast<size_t>(q);
+    if (!old.part_num_params.empty() && old.part_num_params[Q] != part_numel) {
+      throw invalid_argument("{}: shard {} holds a part of {} parameters but the layout gives that part {}", where,
+                             shard_file_name(q), old.part_num_params[Q], part_numel);
+    }
+    set.pieces.push_back({q, old.partitions[Q].first, old.partitions[Q].second});
+    covered += old.partitions[Q].second;
+  }
+  if (covered != part_numel) {
+    throw invalid_argument("{}: layout.partitions cover {} of the {} parameters of stage {}, tp rank {}", where,
+                           covered, part_numel, stage, otp);
+  }
+  return set;
+}
+
+}  // namespace
+
+PartReader::PartReader(std::string dir, const ShardLayout& old, const PartTarget& target)
+    : dir_(std::move(dir)), where_(dir_ + "/manifest.json") {
+  const int old_tp = old.tensor_parallel_size, old_pp = old.pipeline_stages;
+  const bool same_layout = old_tp == target.part.tp && old_pp == target.pp &&
+                           (target.pp == 1 || old.pipeline_partition == target.partition);
+  if (same_layout) {
+    same_ = std::make_unique<ShardSet>(shard_set(dir_, where_, old, target.stage, target.part.tp_rank,
+                                                 ms::param_layout(target.shape, target.part).total));
+    return;
+  }
+  reshard_ = std::make_unique<Reshard>();
+  reshard_->target = target;
+  reshard_->new_layout = ms::param_layout(target.shape, target.part);
+  reshard_->old_tp = old_tp;
+  reshard_->old_pp = old_pp;
+  const auto split = layout::parse_stage_split_or_throw(old.pipeline_partition, where_ + ": layout.pipeline_partition");
+  for (int st = 0; st < old_pp; ++st) {
+    for (int otp = 0; otp < old_tp; ++otp) {
+      const auto op = layout::partition_stages(target.shape, old_pp, split, old_tp, otp)[static_cast<size_t>(st)];
+      reshard_->old_parts.push_back(op);
+      reshard_->old_layouts.push_back(ms::param_layout(target.shape, op));
+      reshard_->old_sets.push_back(shard_set(dir_, where_, old, st, otp, reshard_->old_layouts.back().total));
+    }
+  }
+}
+
+PartReader::~PartReader() = default;
+
+bool PartReader::has(const std::string& name) {
+  return same_ ? same_->has(name) : reshard_->old_sets.front().has(name);
+}
+
+void PartReader::read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+  if (same_) {
+    same_->read(name, lo, hi, dst);
+  } else {
+    reshard_->read(name, lo, hi, dst);
+  }
+}
+
+}  // namespace ds::rt::ckpt

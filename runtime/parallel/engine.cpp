@@ -1,0 +1,114 @@
+// Building a rank's parallel engine (engine.h): its groups, then the hook stack and the model.
+//
+// Two worlds on a GPU: the host world carries host vectors (the step's statistics, peaks,
+// checkpoint barriers), which NCCL cannot; the model's buffers are device memory, which only
+// NCCL moves without a copy. On the CPU the host world serves both.
+#include "parallel/engine.h"
+
+#include <fmt/format.h>
+
+#include "common/env.h"
+#include "common/error.h"
+#include "layout/partition.h"
+
+namespace ds::rt::parallel {
+
+namespace ms = ds::model_spec;
+
+namespace {
+
+comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int world) {
+  // The world carries host vectors (loss, norm, peaks): it must be a host backend.
+  if (auto b = env::get("DSTRAIN_COMM_BACKEND"); b && *b == "nccl") {
+    throw Error(ErrorKind::kInvalidArgument,
+                "DSTRAIN_COMM_BACKEND=nccl: dstrain train keeps its bookkeeping group on the host "
+                "(shm or Gloo) and puts the model's groups on NCCL itself when training.device is "
+                "\"cuda\"",
+                "unset DSTRAIN_COMM_BACKEND (or set auto, shm or gloo)");
+  }
+  comm::CommOptions co;
+  co.name = "world";
+  return comm::make_world_comm(std::move(store), rank, world, co);
+}
+
+}  // namespace
+
+Engine::Engine(const ms::Gpt2Shape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
+               Allocator& alloc)
+    : spec_(spec), topo_(spec.world, spec.tp, spec.dp, spec.pp), coord_(topo_.coord_of(spec.rank)) {
+  part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
+  if (spec.world > 1) {
+    if (!store) throw invalid_usage("parallel engine: {} ranks but no store to meet through", spec.world);
+    build_groups(std::move(store), spec.pp > 1 && (part_.has_embedding || part_.has_head));
+  }
+  build_stack(shape, alloc);
+}
+
+Engine::~Engine() = default;
+
+void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
+  const int rank = spec_.rank;
+  host_world_ = HostWorld(make_host_world(store, rank, spec_.world));
+  // The groups that move the model's buffers: on a GPU an NCCL world (device pointers) beside
+  // the host world, on the CPU the host world itself.
+  data_world_ = host_world_.comm();
+  if (spec_.device == Device::kCuda) {
+    comm::CommOptions no;
+    no.name = "world_nccl";
+    no.backend = comm::Backend::kNccl;
+    no.cuda_device = spec_.cuda_device;
+    data_world_ = comm::make_world_comm(store, rank, spec_.world, no);
+  }
+  if (spec_.tp == 1 && spec_.pp == 1) {
+    dp_ = data_world_;
+    return;
+  }
+  // Every member creates its groups in the same order: tp, dp, pp, the gradients' pp, the tied pair.
+  auto group = [&](layout::Axis a) -> comm::CommPtr {
+    if (topo_.size(a) == 1) return nullptr;
+    return data_world_->new_group(topo_.group_of(rank, a),
+                                  fmt::format("{}{}", layout::axis_name(a), topo_.group_index(rank, a)));
+  };
+  tp_ = group(layout::Axis::kTp);
+  dp_ = group(layout::Axis::kDp);
+  pp_ = group(layout::Axis::kPp);
+  const auto pp_ranks = topo_.group_of(rank, layout::Axis::kPp);
+  const int pp_index = topo_.group_index(rank, layout::Axis::kPp);
+  if (spec_.pp > 1 && spec_.device == Device::kCuda) {
+    // NCCL: the gradients flowing back get a group (a stream) of their own (pipeline_stage.h).
+    pp_grads_ = data_world_->new_group(pp_ranks, fmt::format("ppgrad{}", pp_index));
+  }
+  if (tied) tied_ = data_world_->new_group({pp_ranks.front(), pp_ranks.back()}, fmt::format("tied{}", pp_index));
+}
+
+void Engine::build_stack(const ms::Gpt2Shape& shape, Allocator& alloc) {
+  ZeroOptions zo = spec_.zero;
+  zo.device = spec_.device;
+  zero_ = std::make_unique<ZeroEngine>(zo, dp_, ms::param_layout(shape, part_), alloc);
+  ParallelHooks* below_tp = zero_.get();
+  if (tied_) {
+    const auto wte = ms::find_param(ms::gpt2_params(shape), ms::ParamId::kWte);
+    tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(zero_.get(), ms::local_numel(wte, spec_.tp), alloc,
+                                                       spec_.device);
+    below_tp = tied_hooks_.get();
+  }
+  ParallelHooks* hooks = below_tp;
+  if (tp_) {
+    tp_hooks_ = std::make_unique<TensorParallelHooks>(tp_, below_tp);
+    hooks = tp_hooks_.get();
+  }
+  Gpt2Options mo = spec_.model;
+  mo.own_params = zero_->model_owns_params();
+  mo.own_grads = zero_->model_owns_grads();
+  mo.device = spec_.device;
+  model_ = std::make_unique<Gpt2>(shape, part_, mo, alloc, hooks);
+  zero_->attach(model_->params(), model_->grads());
+  if (spec_.pp > 1) {
+    stage_ = std::make_unique<PipelineStage>(*model_, pp_, tied_, pp_grads_);
+    events_ = stage_events(spec_.schedule, spec_.pp, coord_.pp, spec_.micro_batches);
+  } else {
+    acts_ = model_->make_activations();
+  }
+}
+
+}  // namespace ds::rt::parallel

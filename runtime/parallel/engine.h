@@ -1,0 +1,90 @@
+// The parallel engine of one rank: its process groups and the model with its hook stack, built
+// from the layout in one place. What it builds, in this order (every rank creates its groups in
+// the same order, so every member's new_group calls match):
+//   groups   the host world (shm or Gloo: the bookkeeping), on a GPU a second, NCCL world for the
+//            model's buffers; from the model's world the tp, dp and pp groups of this rank
+//            (layout::Topology), on a GPU pipeline a second pp group for the gradients flowing
+//            back (pipeline_stage.h), and the {first, last} stage group of the tied embedding.
+//   hooks    model -> TensorParallelHooks (tp > 1) -> TiedEmbeddingHooks (first and last stage
+//            of a pipeline) -> ZeroEngine over the dp group (always; stage 0 with dp 1 is plain
+//            local gradients).
+//   model    this rank's part (its pipeline stage's layers as its tp shard), attached to ZeRO.
+//   pipeline (pp > 1) the PipelineStage and this stage's event list for one step.
+//
+// Deliberately not here: the optimizer state, the data, the loop (runtime/train). Errors from
+// the group set-up (a rank that never joins, ...) propagate as the Comm throws them.
+// Destruction order is the reverse of construction: the stage, ZeRO (which waits its work), the
+// hooks, the model, the groups.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comm/comm.h"
+#include "core/allocator.h"
+#include "layout/choices.h"
+#include "layout/topology.h"
+#include "model/gpt2.h"
+#include "parallel/host_world.h"
+#include "parallel/pipeline_schedule.h"
+#include "parallel/pipeline_stage.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/zero.h"
+#include "store/store.h"
+
+namespace ds::rt::parallel {
+
+struct EngineSpec {
+  int rank = 0;
+  int world = 1;
+  int tp = 1, dp = 1, pp = 1;
+  layout::StageSplit split = layout::StageSplit::kParameters;
+  layout::PipelineSchedule schedule = layout::PipelineSchedule::k1F1B;
+  int micro_batches = 1;  // per step (the pipeline schedule's m)
+  Device device = Device::kCpu;
+  int cuda_device = 0;  // the rank's GPU (LOCAL_RANK) when device is kCuda
+  ZeroOptions zero;     // its device is set from `device`
+  Gpt2Options model;    // B, T, recompute; ownership and device are set here
+};
+
+class Engine {
+ public:
+  // `store`: the job's store (a generation prefix of it), or null for a single process.
+  Engine(const model_spec::Gpt2Shape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
+         Allocator& alloc);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const layout::Topology& topology() const { return topo_; }
+  const layout::Coord& coord() const { return coord_; }
+  HostWorld& host_world() { return host_world_; }
+  Gpt2& model() { return *model_; }
+  ZeroEngine& zero() { return *zero_; }
+  TiedEmbeddingHooks* tied_hooks() { return tied_hooks_.get(); }  // null unless first/last stage
+  PipelineStage* stage() { return stage_.get(); }                  // null without a pipeline
+  const std::vector<Event>& events() const { return events_; }     // this stage's, one step
+  Gpt2Activations& activations() { return acts_; }                 // without a pipeline only
+
+ private:
+  void build_groups(std::shared_ptr<store::Store> store, bool tied);
+  void build_stack(const model_spec::Gpt2Shape& shape, Allocator& alloc);
+
+  EngineSpec spec_;
+  layout::Topology topo_;
+  layout::Coord coord_;
+  model_spec::ModelPart part_;
+  HostWorld host_world_;
+  // The model's groups (null where the axis has size 1; dp is the model's world itself without
+  // tensor and pipeline parallelism).
+  comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_;
+  std::unique_ptr<Gpt2> model_;
+  std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
+  std::unique_ptr<TensorParallelHooks> tp_hooks_;
+  std::unique_ptr<ZeroEngine> zero_;
+  std::unique_ptr<PipelineStage> stage_;
+  std::vector<Event> events_;
+  Gpt2Activations acts_;
+};
+
+}  // namespace ds::rt::parallel

@@ -1,0 +1,159 @@
+// A run's checkpoints (checkpointing.h).
+#include "train/checkpointing.h"
+
+#include <filesystem>
+#include <vector>
+
+#include <spdlog/spdlog.h>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/part_reader.h"
+#include "checkpoint/shard_file.h"
+#include "common/error.h"
+#include "kernels/dispatch.h"
+
+namespace ds::rt::train {
+
+namespace ms = ds::model_spec;
+
+namespace {
+
+std::vector<float> to_host(const float* src, int64_t n) {
+  std::vector<float> h(static_cast<size_t>(n));
+  kern::copy_to_host(h.data(), src, h.size() * sizeof(float));
+  return h;
+}
+
+ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>& records) {
+  const auto& cfg = run.cfg;
+  ckpt::ShardLayout l;
+  l.world_size = cfg.world_size;
+  l.data_parallel_size = cfg.data_parallel_size;
+  l.tensor_parallel_size = cfg.tensor_parallel.size;
+  l.pipeline_stages = cfg.pipeline.stages;
+  l.pipeline_partition = cfg.pipeline.partition;
+  l.zero_stage = cfg.zero.stage;
+  l.num_params = ms::param_count(run.engine.model().shape());
+  for (size_t q = 0; q < static_cast<size_t>(cfg.world_size); ++q) {
+    l.partitions.emplace_back(records[3 * q], records[3 * q + 1]);
+    l.part_num_params.push_back(records[3 * q + 2]);
+  }
+  return l;
+}
+
+}  // namespace
+
+void save_checkpoint(CheckpointedRun& run, int64_t step) {
+  auto& world = run.engine.host_world();
+  OptimizerState& st = run.state;
+  const auto& root = run.cfg.training.checkpoint_dir;
+  const auto records = world.gather_int64({st.part_begin(), st.part_count(), run.engine.model().num_params()});
+  auto write_shard = [&] {
+    const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
+    ckpt::ShardWriter w;
+    const int64_t n = st.part_count();
+    std::vector<std::vector<float>> host;  // host copies of the partition's tensors (device memory on a GPU)
+    host.reserve(4);
+    auto add = [&](const char* name, const float* src) {
+      host.push_back(to_host(src, n));
+      w.add(name, "f32", {n}, host.back().data(), static_cast<size_t>(n) * sizeof(float));
+    };
+    add("params", st.partition_params());
+    if (st.precision() != layout::Precision::kFp32) add("master", st.partition_of(st.master()));
+    add("exp_avg", st.partition_of(st.exp_avg()));
+    add("exp_avg_sq", st.partition_of(st.exp_avg_sq()));
+    w.write(tmp + "/" + ckpt::shard_file_name(world.rank()));
+  };
+  auto commit = [&] {
+    ckpt::ManifestContent m;
+    m.step = step;
+    m.adam_steps = st.adam_steps();
+    m.seed = run.cfg.training.seed;
+    m.config = run.cfg.to_json();
+    m.layout = shard_layout(run, records);
+    m.data = run.loader.state().to_json();
+    m.lr_schedule = run.schedule.state();
+    m.loss_scaler = run.scaler.state();
+    const std::string dir = ckpt::commit_checkpoint(root, step, ckpt::manifest_json(m), run.cfg.training.keep_last);
+    spdlog::info("saved checkpoint {}", dir);
+  };
+  world.in_phases([&] { ckpt::begin_checkpoint(root, step); }, write_shard, commit);
+}
+
+namespace {
+
+// Every tensor of this rank's state from the reader, onto the model's device.
+void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::string& where) {
+  OptimizerState& st = run.state;
+  parallel::ZeroEngine& zero = run.engine.zero();
+  auto read = [&](const std::string& name, int64_t lo, int64_t hi, float* dst) {
+    std::vector<float> h(static_cast<size_t>(hi - lo));
+    reader.read(name, lo, hi, h.data());
+    kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
+  };
+  if (zero.stage() == 3) {
+    read("params", st.part_begin(), st.part_begin() + st.part_count(), zero.opt_params());
+  } else {
+    read("params", 0, run.engine.model().num_params(), run.engine.model().params());
+  }
+  const int64_t ob = st.opt_begin(), oe = ob + st.opt_count();
+  if (st.precision() != layout::Precision::kFp32) {
+    if (!reader.has("master")) {
+      throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; resume it with "
+                             "the same precision settings",
+                             where);
+    }
+    read("master", ob, oe, st.master());
+  }
+  read("exp_avg", ob, oe, st.exp_avg());
+  read("exp_avg_sq", ob, oe, st.exp_avg_sq());
+}
+
+void log_layout_change(const ckpt::ShardLayout& old, CheckpointedRun& run, const std::string& dir, bool reshard) {
+  const auto& cfg = run.cfg;
+  if (reshard) {
+    spdlog::info("resharding checkpoint {} (tensor-parallel {} x pipeline {}, partition '{}') for "
+                 "tensor-parallel {} x pipeline {} (partition '{}')",
+                 dir, old.tensor_parallel_size, old.pipeline_stages, old.pipeline_partition, cfg.tensor_parallel.size,
+                 cfg.pipeline.stages, cfg.pipeline.partition);
+  }
+  const int dp = cfg.data_parallel_size, stage = run.engine.zero().stage();
+  if (old.data_parallel_size != dp || old.zero_stage != stage) {
+    spdlog::info("re-partitioning checkpoint {} (data-parallel {}, ZeRO stage {}) for data-parallel {}, ZeRO stage {}",
+                 dir, old.data_parallel_size, old.zero_stage, dp, stage);
+  }
+}
+
+}  // namespace
+
+int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
+  const auto m = ckpt::read_manifest(dir);
+  const std::string where = dir + "/manifest.json";
+  const auto& model = run.engine.model();
+  const auto old = ckpt::read_shard_layout(m, where, run.cfg.pipeline.partition);
+  if (old.num_params != ms::param_count(model.shape())) {
+    throw invalid_argument("{}: the checkpoint holds a model of {} parameters but the config's model has {}", where,
+                           old.num_params, ms::param_count(model.shape()));
+  }
+  ckpt::PartTarget target{model.shape(), model.part(), run.cfg.pipeline.stages, run.engine.coord().pp,
+                          run.cfg.pipeline.partition};
+  ckpt::PartReader reader(dir, old, target);
+  log_layout_change(old, run, dir, reader.resharding());
+  int64_t next_step = 0;
+  try {
+    read_state(run, reader, where);
+    run.state.set_adam_steps(m.at("adam_steps").get<int64_t>());
+    next_step = m.at("step").get<int64_t>() + 1;
+    run.loader.restore(data::LoaderState::from_json(m.at("data"), where + ": data"));
+    run.schedule.restore(m.at("lr_schedule"), where + ": lr_schedule");
+    run.scaler.restore(m.at("loss_scaler"), where + ": loss_scaler");
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
+  }
+  run.state.after_load();
+  spdlog::info("resumed from {} (continuing at step {})", dir, next_step);
+  return next_step;
+}
+
+}  // namespace ds::rt::train

@@ -1,0 +1,42 @@
+// Saving and resuming a run's checkpoints (runtime/checkpoint has the files; this is the run's
+// side). A checkpoint is collective, in phases the host world orders (HostWorld::in_phases):
+//   1. every rank's partition record (begin, count, its part's size) is gathered;
+//   2. rank 0 creates the temporary step directory; barrier;
+//   3. every rank writes its shard: params, master (bf16/fp16), exp_avg, exp_avg_sq of its
+//      partition (host copies of device buffers); barrier;
+//   4. rank 0 writes the manifest and commits (rename, `latest`, pruning); barrier.
+// Resuming reads this rank's part through a PartReader (any data-parallel size and ZeRO stage,
+// and, by resharding, any tensor-parallel size, pipeline split or partition method), then
+// restores the optimizer step count, the data position, the LR schedule and the loss scaler.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/job_config.h"
+#include "data/loader.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "parallel/engine.h"
+#include "train/optimizer_state.h"
+
+namespace ds::rt::train {
+
+// What a checkpoint holds besides the files' layout.
+struct CheckpointedRun {
+  const config::JobConfig& cfg;
+  parallel::Engine& engine;
+  OptimizerState& state;
+  data::DataLoader& loader;
+  optim::LrScheduler& schedule;
+  optim::LossScaler& scaler;
+};
+
+// Collective: writes the checkpoint of `step` under training.checkpoint_dir.
+void save_checkpoint(CheckpointedRun& run, int64_t step);
+
+// Loads checkpoint directory `dir` into the run; returns the step to continue at. Throws
+// invalid_argument naming the manifest for a checkpoint of another model or precision.
+int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir);
+
+}  // namespace ds::rt::train

@@ -1,0 +1,80 @@
+// The llm.c export of a run (llmc_export.h).
+#include "train/llmc_export.h"
+
+#include <vector>
+
+#include "checkpoint/llmc_format.h"
+#include "common/check.h"
+#include "kernels/dispatch.h"
+#include "layout/partition.h"
+
+namespace ds::rt::train {
+
+namespace ms = ds::model_spec;
+
+namespace {
+
+// Step 1: this rank's whole part as fp32 host values.
+std::vector<float> part_on_host(parallel::Engine& engine, OptimizerState& state, Allocator& alloc, Device device) {
+  parallel::ZeroEngine& zero = engine.zero();
+  Gpt2& model = engine.model();
+  const int64_t n = model.num_params();
+  const bool fp32 = state.precision() == layout::Precision::kFp32;
+  const bool full_on_rank = zero.stage() == 0 || (zero.stage() < 3 && fp32);
+  std::vector<float> part(static_cast<size_t>(n));
+  if (full_on_rank && zero.dp_size() == 1) {
+    kern::copy_to_host(part.data(), fp32 ? model.params() : state.master(), part.size() * sizeof(float));
+    return part;
+  }
+  Buffer full = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", device);
+  const float* src = fp32 ? state.partition_params() : state.partition_of(state.master());
+  kern::copy(full.as<float>() + state.part_begin(), src, static_cast<size_t>(state.part_count()) * sizeof(float));
+  zero.all_gather_partitions(full.as<float>());
+  kern::copy_to_host(part.data(), full.as<float>(), part.size() * sizeof(float));
+  return part;
+}
+
+// Step 2 on rank 0: part q's values into the whole model's layout.
+void place_part(const ms::Gpt2Shape& shape, const ms::ModelPart& mp, const ms::ParamLayout& whole,
+                std::span<const float> values, std::vector<float>& model) {
+  const auto all = ms::gpt2_params(shape);
+  const ms::ParamLayout lay = ms::param_layout(shape, mp);
+  DS_CHECK(lay.total == static_cast<int64_t>(values.size()), "export: a part's size differs from its layout");
+  for (const auto& ts : lay.tensors) {
+    const ms::ParamTensor& t = ms::find_param(all, ts.id);
+    const ms::TensorSlice* dst = whole.find_tensor(ts.id, ts.layer);
+    DS_CHECK(dst != nullptr, "export: a part's tensor is not in the whole model");
+    for (int64_t i = 0; i < ts.numel; ++i) {
+      model[static_cast<size_t>(dst->offset + ms::full_index(t, mp.tp, mp.tp_rank, i))] =
+          values[static_cast<size_t>(ts.offset + i)];
+    }
+  }
+}
+
+}  // namespace
+
+void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
+                 layout::StageSplit split, Allocator& alloc, Device device) {
+  const kern::DeviceScope scope(device);
+  const std::vector<float> part = part_on_host(engine, state, alloc, device);
+  const ms::Gpt2Shape& shape = engine.model().shape();
+  const layout::Topology& topo = engine.topology();
+  auto& world = engine.host_world();
+  if (topo.tp() * topo.pp() == 1) {
+    if (world.rank() == 0) ckpt::save_llmc(path, shape, part.data());
+    return;
+  }
+  const ms::ParamLayout whole = ms::param_layout(shape, ms::ModelPart::whole(shape));
+  std::vector<float> model;
+  if (world.rank() == 0) model.resize(static_cast<size_t>(whole.total));
+  world.gather_to_root(
+      part, [&](int q) { return topo.coord_of(q).dp == 0; },
+      [&](int q, std::span<const float> values) {
+        const layout::Coord c = topo.coord_of(q);
+        const auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];
+        place_part(shape, mp, whole, values, model);
+      },
+      [&] { ckpt::save_llmc(path, shape, model.data()); });
+}
+
+}  // namespace ds::rt::train

@@ -1,0 +1,25 @@
+// Writing a run's weights as one llm.c GPT-2 checkpoint (dstrain train --export-llmc), from any
+// layout. Collective over the world:
+//   1. each rank's part (its stage's layers, its tp shard) as fp32 weights on the host: the
+//      master weights with mixed precision, assembled from the dp group's partitions where ZeRO
+//      splits them (collective over the dp group);
+//   2. without tensor or pipeline parallelism rank 0 writes it; otherwise dp rank 0 of every
+//      (stage, tp rank) part sends it to rank 0 over the host world, which places every element at
+//      its index in the whole model (model_spec::full_index undoes the tp split; the tied wte
+//      comes from the first and the last stage, which hold the same values) and writes the file.
+// Every rank returns once the file exists.
+#pragma once
+
+#include <string>
+
+#include "core/allocator.h"
+#include "layout/choices.h"
+#include "parallel/engine.h"
+#include "train/optimizer_state.h"
+
+namespace ds::rt::train {
+
+void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
+                 layout::StageSplit split, Allocator& alloc, Device device);
+
+}  // namespace ds::rt::train

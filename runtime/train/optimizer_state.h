@@ -1,0 +1,93 @@
+// The optimizer state of one rank and the step's update over it: fp32 master weights (with
+// bf16/fp16, or when offloaded), AdamW's exp_avg and exp_avg_sq, over the ZeRO engine's range
+// [opt_begin, opt_begin + opt_count) (the whole model at stage 0, this rank's partition from
+// stage 1); the decay table; which gradient elements this rank counts in the global norm.
+//
+// Precision: the model computes with parameters rounded to bf16/fp16 (held in fp32 buffers); the
+// master copy is fp32 and AdamW updates it; sync_model_from_master() rounds it back into the
+// model and lets ZeRO gather the result.
+// ZeRO-Offload (zero_optimization.offload_optimizer.device "cpu" on a GPU run): the state lives
+// in pinned host memory and AdamW runs on the CPU; each update brings the reduced gradients down
+// and sends the master weights back up. On a CPU run the state is host memory anyway.
+// Every element operation goes through the kernels on the model's device (kernels/dispatch.h):
+// callers run it inside that device's kern::DeviceScope.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "config/job_config.h"
+#include "core/allocator.h"
+#include "layout/choices.h"
+#include "model/gpt2.h"
+#include "optim/adamw.h"
+#include "parallel/zero.h"
+
+namespace ds::rt::train {
+
+// Offsets from opt_begin and counts of ranges of the optimizer range.
+using RangeList = std::vector<std::pair<int64_t, int64_t>>;
+
+class OptimizerState {
+ public:
+  // Allocates the state (tag optimizer; pinned host memory when offloaded) for `zero`'s range of
+  // `model`. `tp_rank` and `pp` decide which elements count in the norm. Throws invalid_argument
+  // naming the config key for offload_param on a GPU run.
+  OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Gpt2& model,
+                 parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc);
+
+  layout::Precision precision() const { return precision_; }
+  bool has_master() const { return precision_ != layout::Precision::kFp32 || offload_; }
+  int64_t opt_begin() const { return zero_.opt_begin(); }
+  int64_t opt_count() const { return zero_.opt_count(); }
+  // This rank's checkpoint partition [part_begin, part_begin + part_count).
+  int64_t part_begin() const { return zero_.partition().begin(zero_.dp_rank()); }
+  int64_t part_count() const { return zero_.partition().count(zero_.dp_rank()); }
+
+  // The fp32 weights AdamW updates: the master copy, or the model's (engine's) own parameters.
+  float* master_params() { return has_master() ? master_.as<float>() : zero_.opt_params(); }
+  float* master() { return master_.as<float>(); }  // null without a master copy
+  float* exp_avg() { return exp_avg_.as<float>(); }
+  float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }
+  // A range buffer's (master, exp_avg, exp_avg_sq) slice for this rank's partition.
+  float* partition_of(float* range_buffer) const { return range_buffer + (part_begin() - opt_begin()); }
+  // The model's fp32 values of this rank's partition (a checkpoint's "params").
+  float* partition_params();
+
+  // Ranges of the gradients (offsets from opt_begin) this rank counts in the global norm; the
+  // rest of its range is checked for inf/nan only (uncounted).
+  const RangeList& norm_ranges() const { return norm_ranges_; }
+  const RangeList& uncounted_ranges() const { return uncounted_ranges_; }
+
+  int64_t adam_steps() const { return adam_steps_; }
+  void set_adam_steps(int64_t n) { adam_steps_ = n; }
+
+  // x rounded in place to the storage precision (nothing at fp32).
+  void round_to_precision(float* x, int64_t n) const;
+  // After the model's parameters got their initial values: the master copy from them, the
+  // model's copy rounded, ZeRO's gathers.
+  void init_master_from_model();
+  // After a load of the master (or, at fp32 offload, of the parameters): as the end of an update.
+  void after_load();
+  // One AdamW update (the next of adam_steps()) of the range with the engine's reduced gradients
+  // `grads`, read times grad_scale, at learning rate `lr`; then sync_model_from_master().
+  void update(const optim::AdamWConfig& adamw, double lr, double grad_scale, float* grads);
+  // The model's copy of the range from the master (rounded), then ZeRO's gathers.
+  void sync_model_from_master();
+
+ private:
+  void compute_norm_ranges(const model_spec::Gpt2Shape& shape, int tp_rank, int pp);
+
+  layout::Precision precision_;
+  Device device_;
+  Gpt2& model_;
+  parallel::ZeroEngine& zero_;
+  bool offload_ = false;
+  Buffer master_, exp_avg_, exp_avg_sq_, host_grads_;
+  std::vector<optim::DecayRange> decay_;
+  RangeList norm_ranges_, uncounted_ranges_;
+  int64_t adam_steps_ = 0;
+};
+
+}  // namespace ds::rt::train

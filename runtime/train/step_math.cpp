@@ -1,0 +1,40 @@
+// The end of a training step (step_math.h).
+#include "train/step_math.h"
+
+#include <cmath>
+
+#include "common/error.h"
+#include "kernels/dispatch.h"
+#include "optim/clip.h"
+
+namespace ds::rt::train {
+
+StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const float* grads,
+                            const OptimizerState& state, double micro_batches, double loss_scale) {
+  double counted = 0, uncounted = 0;
+  for (const auto& [off, n] : state.norm_ranges()) counted += kern::sum_of_squares(grads + off, n);
+  for (const auto& [off, n] : state.uncounted_ranges()) uncounted += kern::sum_of_squares(grads + off, n);
+  const double bad = std::isfinite(uncounted) ? 0.0 : 1.0;
+  const auto sums = world.sum_in_rank_order({owned_loss_sum, counted, bad});
+  StepStats s;
+  s.loss = sums[0] / micro_batches;
+  s.overflow = !std::isfinite(sums[1]) || sums[2] > 0;
+  s.grad_norm = std::sqrt(sums[1]) / loss_scale;
+  return s;
+}
+
+bool apply_update(int64_t step, const StepStats& stats, double loss_scale, double lr, const UpdateSettings& settings,
+                  float* grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule) {
+  if (scaler.update(stats.overflow)) return true;
+  if (stats.overflow) {
+    throw remote_error("step {}: the gradients hold inf or nan (loss {}) and fp16 loss scaling is off: "
+                       "training diverged",
+                       step, stats.loss);
+  }
+  const double coef = optim::clip_coefficient(stats.grad_norm, settings.gradient_clipping);
+  state.update(settings.adamw, lr, coef / loss_scale, grads);
+  schedule.step();
+  return false;
+}
+
+}  // namespace ds::rt::train
