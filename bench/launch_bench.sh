@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Launch latency: wall time from starting the launcher until N ranks have joined the job's
-# rendezvous, passed one barrier and exited, for dstrain (workers: ds_test_worker --barrier, a
+# Start-up and launch latency. First the start-up figures: `dstrain --version` (the executable's
+# own start: it links no CUDA library, docs/building.md) and `dstrain launch --nproc-per-node 2 --
+# true` (launcher, store, two workers that do nothing) against torchrun's 2-rank gloo rendezvous
+# (bench/torchrun_barrier.py at N=2). Then the launch latency: wall time from starting the
+# launcher until N ranks have joined the job's rendezvous, passed one barrier and exited, for dstrain (workers: ds_test_worker --barrier, a
 # C++ program using the store through connect_from_env) and for torchrun (workers:
 # bench/torchrun_barrier.py, a gloo process group + barrier). N = 2, 8, 32 local ranks, and
 # 2 SSH nodes x 4 ranks (loopback sshd, scripts/ssh-test-nodes.sh; compared with torchrun at 8).
@@ -31,7 +34,7 @@ cleanup() {
 trap cleanup EXIT
 
 now() { date +%s%N; }
-# median of the arguments (seconds, as printed by %.3f)
+# median of the arguments (seconds, as printed by %.4f)
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
 
 # time_cmd REPS CMD...: prints the median wall time in seconds; fails if any run fails.
@@ -46,7 +49,7 @@ time_cmd() {
       return 1
     fi
     local t1; t1=$(now)
-    times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')")
+    times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", (b - a) / 1e9}')")
   done
   median "${times[@]}"
 }
@@ -62,6 +65,15 @@ row() {  # row NAME DSTRAIN_SECONDS TORCH_SECONDS
   if [[ "$3" != "-" ]]; then ratio=$(awk -v d="$2" -v t="$3" 'BEGIN {printf "%.0fx", t / d}'); fi
   printf '%-22s %12s %12s %10s\n' "$1" "$2" "$3" "$ratio"
 }
+
+# The start-ups: many short runs, the median.
+startup_reps=$((reps * 10))
+version=$(time_cmd "$startup_reps" "$dstrain" --version)
+launch_true=$(time_cmd "$startup_reps" "$dstrain" launch --nproc-per-node 2 --master-port 0 -- true)
+torch2="-"
+if [[ "${SKIP_TORCH:-0}" != 1 ]]; then torch2=$(time_cmd "$torch_reps" torchrun 2); fi
+printf '%-22s %12s\n' "dstrain --version" "$version"
+row "launch 2 -- true" "$launch_true" "$torch2"
 
 declare -A torch_at
 for n in 2 8 32; do
