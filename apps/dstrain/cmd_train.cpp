@@ -1,5 +1,6 @@
 // `dstrain train`: train in this process. Alone it is a single-process run; under `dstrain
 // launch` every worker runs it, reading its rank and world from the environment contract.
+#include <csignal>
 #include <iostream>
 
 #include "commands.h"
@@ -18,6 +19,9 @@ struct TrainCmdOptions {
 };
 
 int run_train(const TrainCmdOptions& o) {
+  // A write past a file-size limit (RLIMIT_FSIZE) fails with EFBIG, reported with the path and
+  // the bytes needed, instead of killing the rank with SIGXFSZ.
+  std::signal(SIGXFSZ, SIG_IGN);
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
   auto cfg = config::load_job_config(o.config, world);
   for (const auto& w : cfg.warnings) {
@@ -47,6 +51,9 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                 "rank 0's metrics also carry every rank's peak bytes (peak_bytes_<tag>_rank<r>)");
   sub->add_flag("--resume", o->train.resume,
                 "continue from the latest checkpoint in training.checkpoint_dir, if any");
+  sub->add_option("--resume-from", o->train.resume_from,
+                  "resume from this checkpoint directory (a step_* directory of training.checkpoint_dir) "
+                  "instead of the one `latest` names");
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
   sub->add_option("--export-llmc", o->export_llmc,

@@ -1,10 +1,13 @@
 #include "checkpoint/atomic_file.h"
 
 #include <fcntl.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+
+#include <fmt/format.h>
 
 #include "common/error.h"
 
@@ -16,6 +19,25 @@ void sync_dir(const std::string& dir) {
   ::fsync(fd);
   ::close(fd);
 }
+
+namespace {
+// The message of a failed write: with a full disk (or quota, or file size limit) it says how many
+// bytes the file needs and how many the filesystem has free.
+std::string write_failure(const char* verb, const std::string& tmp, const std::string& path, size_t bytes, int err) {
+  std::string msg = fmt::format("cannot {} {}: {}", verb, tmp, errno_string(err));
+  if (err == ENOSPC || err == EDQUOT || err == EFBIG) {
+    struct statvfs fs {};
+    const std::string dir = std::filesystem::path(path).parent_path().string();
+    if (::statvfs(dir.empty() ? "." : dir.c_str(), &fs) == 0) {
+      msg += fmt::format(" (the file needs {} bytes; {} bytes are free on the filesystem of {})", bytes,
+                         static_cast<unsigned long long>(fs.f_bavail) * fs.f_frsize, dir);
+    } else {
+      msg += fmt::format(" (the file needs {} bytes)", bytes);
+    }
+  }
+  return msg;
+}
+}  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view data) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -29,14 +51,16 @@ void write_file_atomic(const std::string& path, std::string_view data) {
       int err = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      throw system_error("cannot write {}: {}", tmp, errno_string(err));
+      throw Error(ErrorKind::kSystem, write_failure("write", tmp, path, data.size(), err),
+                  "free space there (or point training.checkpoint_dir elsewhere); the previous checkpoint and "
+                  "`latest` are untouched");
     }
     off += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw system_error("cannot flush {}: {}", tmp, errno_string(err));
+    throw Error(ErrorKind::kSystem, write_failure("flush", tmp, path, data.size(), err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -7,12 +7,27 @@
 #include <fmt/format.h>
 
 #include "checkpoint/atomic_file.h"
+#include "common/crc32c.h"
 #include "common/error.h"
 #include "common/strings.h"
 
 namespace ds::rt::ckpt {
 
 namespace fs = std::filesystem;
+
+namespace {
+// The manifest's CRC-32C: of its compact dump (sorted keys) without the "crc32c" key itself, so it
+// does not depend on the file's whitespace.
+uint32_t manifest_crc(nlohmann::json m) {
+  m.erase("crc32c");
+  return crc32c(m.dump());
+}
+nlohmann::json with_checksum(const nlohmann::json& manifest) {
+  nlohmann::json m = manifest;
+  m["crc32c"] = crc32c_hex(manifest_crc(m));
+  return m;
+}
+}  // namespace
 
 std::string step_dir_name(int64_t step) { return fmt::format("step_{:08d}", step); }
 std::string shard_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
@@ -32,7 +47,7 @@ std::string commit_checkpoint(const std::string& root, int64_t step, const nlohm
                               int keep_last) {
   fs::path tmp = fs::path(root) / (".tmp-" + step_dir_name(step));
   fs::path final_dir = fs::path(root) / step_dir_name(step);
-  write_file_atomic((tmp / "manifest.json").string(), manifest.dump(2) + "\n");
+  write_file_atomic((tmp / "manifest.json").string(), with_checksum(manifest).dump(2) + "\n");
   sync_dir(tmp.string());
   std::error_code ec;
   if (fs::exists(final_dir)) {
@@ -83,11 +98,22 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 nlohmann::json read_manifest(const std::string& dir) {
   std::string path = (fs::path(dir) / "manifest.json").string();
   std::string text = read_file(path, "checkpoint manifest");
+  nlohmann::json m;
   try {
-    return nlohmann::json::parse(text);
+    m = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", path, e.what());
   }
+  // Manifests written before checksums have no "crc32c"; they are read unchecked.
+  if (m.is_object() && m.contains("crc32c")) {
+    const std::string stored = m["crc32c"].is_string() ? m["crc32c"].get<std::string>() : std::string("?");
+    const std::string computed = crc32c_hex(manifest_crc(m));
+    if (stored != computed) {
+      throw invalid_argument("{}: the manifest fails its CRC-32C check (stored {}, computed {}): the file is corrupt",
+                             path, stored, computed);
+    }
+  }
+  return m;
 }
 
 }  // namespace ds::rt::ckpt

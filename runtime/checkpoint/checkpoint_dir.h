@@ -35,7 +35,8 @@ std::string commit_checkpoint(const std::string& root, int64_t step, const nlohm
 // A `latest` naming a missing directory is an invalid_argument naming both.
 std::optional<std::string> latest_checkpoint(const std::string& root);
 
-// Reads and parses <dir>/manifest.json; errors name the file.
+// Reads and parses <dir>/manifest.json and checks its CRC-32C (the "crc32c" key, over the compact
+// dump of the rest; commit_checkpoint writes it); errors name the file.
 nlohmann::json read_manifest(const std::string& dir);
 
 }  // namespace ds::rt::ckpt

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/atomic_file.h"
+#include "common/crc32c.h"
 #include "common/error.h"
 
 namespace ds::rt::ckpt {
@@ -138,6 +139,13 @@ void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float*
     std::memcpy(dst + base, params + ts.offset, static_cast<size_t>(ts.numel) * sizeof(float));
   }
   write_file_atomic(path, blob);
+  // llm.c's format has no room for a checksum: read the file back and compare.
+  const uint32_t written = crc32c(blob), read = crc32c(read_file(path, "llm.c checkpoint"));
+  if (written != read) {
+    throw system_error("{}: the llm.c file reads back differently from what was written (CRC-32C {} written, {} "
+                       "read): the disk or filesystem corrupted it",
+                       path, crc32c_hex(written), crc32c_hex(read));
+  }
 }
 
 }  // namespace ds::rt::ckpt

@@ -1,17 +1,26 @@
-// One rank's share of a checkpoint: named tensors in one self-describing file.
+// One rank's share of a checkpoint: named tensors in one self-describing file, checksummed.
 //
-//   bytes 0-7    magic "DSSHARD1"
+//   bytes 0-7    magic "DSSHARD2"
 //   bytes 8-15   uint64 little-endian: length N of the JSON index
-//   N bytes      JSON index: {"tensors": [{"name", "dtype", "shape", "offset", "bytes"}...]}
+//   bytes 16-19  uint32 little-endian: CRC-32C of the N index bytes
+//   bytes 20-23  uint32 little-endian: CRC-32C of bytes 0-19
+//   N bytes      JSON index: {"tensors": [{"name", "dtype", "shape", "offset", "bytes",
+//                "crc32c"}...]} (crc32c: 8 hex digits, of the tensor's bytes)
 //   data         each tensor's raw bytes at its offset (from the start of the data section,
 //                64-byte aligned)
+// Files of the first format ("DSSHARD1": no checksums, no bytes 16-23) are still read; they
+// cannot be verified.
 //
-// Not a general tensor format: it holds exactly what dstrain's runtime writes, and the reader
-// checks every tensor it is asked for against the shape the caller expects.
+// Every read is verified: the header and index when the file is opened, a tensor's CRC-32C when
+// it is read (or all of them by verify()). A mismatch is an invalid_argument naming the file,
+// the tensor and its byte range in the file, so a flipped bit is never a silently different
+// model. Not a general tensor format: it holds exactly what dstrain's runtime writes, and the
+// reader checks every tensor it is asked for against the shape the caller expects.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -47,14 +56,21 @@ class ShardReader {
   void read(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
             void* out, size_t bytes) const;
   const std::vector<int64_t>& shape_of(const std::string& name) const;
+  // Checks every tensor's CRC-32C (throws as read() does). False for a first-format file, which
+  // has no checksums to check.
+  bool verify() const;
+  bool checksummed() const { return checksummed_; }
 
  private:
   struct Entry {
     std::string dtype;
     std::vector<int64_t> shape;
     uint64_t offset, bytes;
+    std::optional<uint32_t> crc;
   };
+  void check_crc(const std::string& name, const Entry& e) const;
   std::string path_;
+  bool checksummed_ = false;
   std::string blob_;
   size_t data_start_ = 0;
   std::map<std::string, Entry> index_;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "common/error.h"
 
 namespace ds::store {
 class Store;
@@ -246,6 +247,12 @@ class Comm {
   // ordinary host memory, nccl device memory. Collective: every rank calls it with the same size, while no operation of
   // this Comm is in flight; blocks until every rank mapped every region (the timeout).
   void* alloc_buffer(size_t bytes, const CallOptions& call = {});
+
+  // Marks this rank failed with `e` before it leaves because of an error of its own (not one of
+  // this Comm's): the peers' waits on it end at once, naming this rank and e's message, instead of
+  // "closed its communicator" or a timeout; the job-wide abort note carries the message. Never
+  // throws. The Comm is unusable afterwards. NCCL: nothing (its peers see the abort).
+  virtual void fail(const Error& e) {}
 
   // One operation as the backends receive it (after argument checks). Public for the backends'
   // benefit; callers use the methods above.

@@ -54,6 +54,9 @@ struct Health {
 };
 
 class HostComm : public Comm {
+ public:
+  void fail(const Error& e) override { record_failure(e); }
+
  protected:
   HostComm(const BackendArgs& args, Backend backend);
   ~HostComm() override;

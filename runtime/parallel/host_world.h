@@ -33,6 +33,11 @@ class HostWorld {
   // Every rank's values, rank-major.
   std::vector<int64_t> gather_int64(const std::vector<int64_t>& mine);
   void barrier();
+  // This rank leaves because of `e` (not a collective's error): its peers learn it at once
+  // (Comm::fail). Not collective; never throws.
+  void fail(const Error& e) {
+    if (world_) world_->fail(e);
+  }
 
   // Rank 0 receives the values of every rank q for which contributes(q) holds (its own
   // included), in rank order, and calls consume(q, values) for each, then finish(); the other

@@ -15,6 +15,7 @@ MetricsReporter::MetricsReporter(bool enabled, const std::string& metrics_path, 
                                  int log_interval)
     : enabled_(enabled), log_interval_(log_interval > 0 ? log_interval : 1),
       tty_(::isatty(STDOUT_FILENO) == 1) {
+  path_ = metrics_path;
   if (enabled_ && !metrics_path.empty()) {
     file_ = std::fopen(metrics_path.c_str(), append ? "a" : "w");
     if (!file_) throw system_error("cannot open metrics file {}: {}", metrics_path, errno_string(errno));
@@ -51,8 +52,14 @@ void MetricsReporter::report(const StepRecord& r) {
     for (const auto& [tag, bytes] : r.peak_bytes) j["peak_bytes_" + tag] = bytes;
     if (r.val_loss) j["val_loss"] = *r.val_loss;
     for (const auto& [k, v] : r.extra.items()) j[k] = v;
-    std::fprintf(file_, "%s\n", j.dump().c_str());
-    std::fflush(file_);
+    const std::string line = j.dump() + "\n";
+    // A metrics file that cannot be written (a full disk) warns once; training goes on.
+    const bool written = std::fwrite(line.data(), 1, line.size(), file_) == line.size() && std::fflush(file_) == 0;
+    if (!written && !write_failed_) {
+      write_failed_ = true;
+      note(fmt::format("warning: cannot write the metrics file {}: {}; training continues without it", path_,
+                       errno_string(errno)));
+    }
   }
   bool line = r.step == 1 || r.step == r.total_steps || r.step % log_interval_ == 0 || r.val_loss;
   if (line) {

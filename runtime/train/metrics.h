@@ -1,6 +1,7 @@
 // What a training run reports: one record per step, printed as a console line (and a progress
 // bar with ETA when stdout is a terminal) and appended as one JSON object per line to --metrics.
-// Only the reporting rank (rank 0) writes; other ranks construct a silent reporter.
+// Only the reporting rank (rank 0) writes; other ranks construct a silent reporter. A metrics file
+// that stops accepting writes (a full disk) is warned about once; training continues.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +46,9 @@ class MetricsReporter {
 
  private:
   bool enabled_;
+  std::string path_;
   FILE* file_ = nullptr;
+  bool write_failed_ = false;  // warned once
   int log_interval_;
   bool tty_;
   bool bar_shown_ = false;

@@ -19,6 +19,7 @@
 #include <spdlog/spdlog.h>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/verify.h"
 #include "common/env.h"
 #include "common/error.h"
 #include "core/allocator.h"
@@ -81,6 +82,7 @@ struct Trainer::Impl {
   double evaluate();
   std::string describe_run() const;
   StepRecord train_step(int64_t step, const UpdateSettings& settings);
+  void run_steps(int64_t stop, const UpdateSettings& settings, MetricsReporter& reporter, TrainResult& result);
   void record_peaks(StepRecord& r);
   void note_planned_memory(StepRecord& r, MetricsReporter& reporter);
 };
@@ -126,20 +128,40 @@ void Trainer::Impl::build(int local_rank) {
 
 void Trainer::Impl::start_or_resume() {
   std::optional<std::string> resume_dir;
-  if (opt.resume) {
-    if (cfg.training.checkpoint_dir.empty()) {
+  const std::string& root = cfg.training.checkpoint_dir;
+  if (!opt.resume_from.empty()) {
+    resume_dir = opt.resume_from;
+  } else if (opt.resume) {
+    if (root.empty()) {
       throw Error(ErrorKind::kInvalidArgument, fmt::format("--resume needs training.checkpoint_dir in {}", cfg.path),
                   "set training.checkpoint_dir (and checkpoint_interval) in the config");
     }
-    resume_dir = ckpt::latest_checkpoint(cfg.training.checkpoint_dir);
-    if (!resume_dir) spdlog::info("--resume: no checkpoint in {} yet, starting fresh", cfg.training.checkpoint_dir);
+    resume_dir = ckpt::latest_checkpoint(root);
+    if (!resume_dir) spdlog::info("--resume: no checkpoint in {} yet, starting fresh", root);
   }
-  if (resume_dir) {
-    auto run = checkpointed();
-    next_step = load_checkpoint(run, *resume_dir);
-  } else {
+  if (!resume_dir) {
     const std::string& init_from = !opt.init_from.empty() ? opt.init_from : cfg.model.init_from;
     init_weights(*engine, *state, init_from, cfg.training.seed, alloc);
+    return;
+  }
+  try {
+    auto run = checkpointed();
+    next_step = load_checkpoint(run, *resume_dir);
+  } catch (const Error& e) {
+    // A corrupt `latest`: say which older checkpoint is intact and how to use it; never pick one.
+    if (!opt.resume_from.empty() || e.kind() != ErrorKind::kInvalidArgument || root.empty() ||
+        ckpt::verify_checkpoint_dir(*resume_dir).ok) {
+      throw;  // not corruption (another model, another precision, ...): the message says what
+    }
+    const auto intact = ckpt::newest_intact_checkpoint(root, *resume_dir);
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}; {}", e.what(),
+                            intact ? fmt::format("the newest intact checkpoint is {}", *intact)
+                                   : fmt::format("no other checkpoint in {} verifies", root)),
+                intact ? fmt::format("resume from it with --resume-from {} (dstrain checkpoint verify {} lists "
+                                     "what is corrupt)",
+                                     *intact, root)
+                       : fmt::format("dstrain checkpoint verify {} lists what is corrupt", root));
   }
 }
 
@@ -163,7 +185,12 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options) :
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
   s.precision = precision_of(s.cfg);
   s.build(local_rank);
-  s.start_or_resume();
+  try {
+    s.start_or_resume();
+  } catch (const Error& e) {
+    s.engine->host_world().fail(e);  // the peers' waits end naming this rank's error
+    throw;
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -345,6 +372,19 @@ TrainResult Trainer::run() {
   if (s.device == Device::kCuda) {
     math.emplace(s.precision == Precision::kBf16 ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
   }
+  try {
+    s.run_steps(stop, settings, reporter, result);
+  } catch (const Error& e) {
+    s.engine->host_world().fail(e);  // the peers' waits end naming this rank's error
+    throw;
+  }
+  return result;
+}
+
+void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, MetricsReporter& reporter,
+                              TrainResult& result) {
+  Impl& s = *this;
+  const auto& tc = s.cfg.training;
   for (int64_t step = s.next_step; step <= stop; ++step) {
     StepRecord r = s.train_step(step, settings);
     s.record_peaks(r);
@@ -363,7 +403,6 @@ TrainResult Trainer::run() {
       save_checkpoint(run, step);
     }
   }
-  return result;
 }
 
 void Trainer::export_llmc(const std::string& path) {

@@ -43,6 +43,7 @@ struct TrainOptions {
   // Rank 0's metrics also carry every rank's peak bytes per tag: peak_bytes_<tag>_rank<r>.
   bool metrics_all_ranks = false;
   bool resume = false;          // continue from training.checkpoint_dir/latest when present
+  std::string resume_from;      // continue from this checkpoint directory ("" = latest with resume)
   int64_t max_steps = -1;       // stop after this step (e.g. to simulate an interruption); -1 = no
   // Test hook: after this step's backward, one gradient is set to +inf (checks overflow skips).
   int64_t inject_inf_at_step = -1;

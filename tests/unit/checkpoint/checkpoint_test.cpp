@@ -13,6 +13,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/shard_file.h"
+#include "checkpoint/verify.h"
 #include "common/error.h"
 
 namespace ds::rt::ckpt {
@@ -85,7 +86,113 @@ TEST_F(ShardFile, CorruptFilesAreNamed) {
             "cannot read checkpoint shard " + path("missing.bin") + ": No such file or directory");
 }
 
+// Flips one bit at `offset` of the file.
+void flip_bit(const std::string& file, uint64_t offset) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  f.read(&c, 1);
+  c = static_cast<char>(c ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(&c, 1);
+}
+
+// Every byte of a shard is covered by a checksum: a flipped bit anywhere in the header, the index
+// or a tensor is an error naming the file (and the tensor with its byte range).
+TEST_F(ShardFile, AFlippedBitAnywhereIsNamed) {
+  std::vector<float> a(256, 0.25f), b(100, -1.0f);
+  ShardWriter w;
+  w.add("params", "f32", {256}, a.data(), a.size() * 4);
+  w.add("exp_avg", "f32", {100}, b.data(), b.size() * 4);
+  w.write(path("good.bin"));
+  const uint64_t size = fs::file_size(path("good.bin"));
+  {
+    ShardReader r(path("good.bin"));
+    EXPECT_TRUE(r.checksummed());
+    EXPECT_TRUE(r.verify());
+  }
+  int detected = 0, tested = 0;
+  for (uint64_t off = 0; off < size; off += 7) {
+    fs::copy_file(path("good.bin"), path("bad.bin"), fs::copy_options::overwrite_existing);
+    flip_bit(path("bad.bin"), off);
+    ++tested;
+    const std::string err = error_of([&] {
+      ShardReader r(path("bad.bin"));
+      r.verify();
+    });
+    if (err == "<no error>") {
+      // Only the zero padding between the index and the data, and after a tensor, is unchecked.
+      continue;
+    }
+    ++detected;
+    EXPECT_EQ(err.rfind(path("bad.bin") + ": ", 0), 0u) << err;
+  }
+  EXPECT_GT(detected, tested * 3 / 4);
+  // A flipped bit in a tensor names it and its bytes.
+  ShardReader good(path("good.bin"));
+  fs::copy_file(path("good.bin"), path("bad.bin"), fs::copy_options::overwrite_existing);
+  flip_bit(path("bad.bin"), size - 4);  // inside exp_avg, the last tensor
+  ShardReader bad(path("bad.bin"));
+  std::vector<float> out(100);
+  const std::string err = error_of([&] { bad.read("exp_avg", "f32", {100}, out.data(), 400); });
+  EXPECT_NE(err.find("tensor 'exp_avg' (bytes "), std::string::npos) << err;
+  EXPECT_NE(err.find("fails its CRC-32C check"), std::string::npos) << err;
+  std::vector<float> p(256);
+  bad.read("params", "f32", {256}, p.data(), 1024);  // the other tensor still reads
+  EXPECT_EQ(p[0], 0.25f);
+}
+
 using CheckpointDir = TempDir;
+
+// A checkpoint directory as the trainer writes it: one shard per rank and the manifest.
+void write_step(const std::string& root, int64_t step, float value) {
+  const std::string tmp = begin_checkpoint(root, step);
+  for (int q = 0; q < 2; ++q) {
+    std::vector<float> v(64, value + static_cast<float>(q));
+    ShardWriter w;
+    for (const char* name : {"params", "exp_avg", "exp_avg_sq"}) w.add(name, "f32", {64}, v.data(), 256);
+    w.write(tmp + "/" + shard_file_name(q));
+  }
+  nlohmann::json m = {{"step", step},
+                      {"adam_steps", step},
+                      {"config", {{"bf16", {{"enabled", false}}}}},
+                      {"layout", {{"num_params", 128}, {"partitions", {{0, 64}, {64, 64}}}}}};
+  commit_checkpoint(root, step, m, 0);
+}
+
+TEST_F(CheckpointDir, VerifyNamesEveryCorruptFileAndFindsTheNewestIntactOne) {
+  const std::string root = path("ck");
+  write_step(root, 1, 1.0f);
+  write_step(root, 2, 2.0f);
+  const std::string s1 = root + "/" + step_dir_name(1), s2 = root + "/" + step_dir_name(2);
+  EXPECT_TRUE(verify_checkpoint_root(root).ok);
+  EXPECT_EQ(read_manifest(s2).at("step"), 2);
+  // The manifest: a changed number keeps the JSON valid; its checksum still catches it.
+  std::string text = read_file(s2 + "/manifest.json", "manifest");
+  const auto at = text.find("\"adam_steps\": 2");
+  ASSERT_NE(at, std::string::npos) << text;
+  text[at + 14] = '3';
+  write_file_atomic(s2 + "/manifest.json", text);
+  EXPECT_NE(error_of([&] { read_manifest(s2); }).find("manifest.json: the manifest fails its CRC-32C check"),
+            std::string::npos);
+  auto r = verify_checkpoint_dir(s2);
+  EXPECT_FALSE(r.ok);
+  // A shard's tensor in the older checkpoint.
+  flip_bit(s1 + "/" + shard_file_name(1), fs::file_size(s1 + "/" + shard_file_name(1)) - 8);
+  r = verify_checkpoint_dir(s1);
+  ASSERT_FALSE(r.ok);
+  bool named = false;
+  for (const auto& l : r.lines) named |= l.find(shard_file_name(1) + ": tensor 'exp_avg_sq'") != std::string::npos;
+  EXPECT_TRUE(named) << ::testing::PrintToString(r.lines);
+  EXPECT_EQ(newest_intact_checkpoint(root, s2), std::nullopt);
+  write_step(root, 3, 3.0f);
+  EXPECT_EQ(newest_intact_checkpoint(root, ""), root + "/" + step_dir_name(3));
+  EXPECT_EQ(newest_intact_checkpoint(root, root + "/" + step_dir_name(3)), std::nullopt);
+  // A missing shard is named too.
+  fs::remove(root + "/" + step_dir_name(3) + "/" + shard_file_name(0));
+  r = verify_checkpoint_dir(root + "/" + step_dir_name(3));
+  EXPECT_FALSE(r.ok);
+}
 
 TEST_F(CheckpointDir, CommitUpdatesLatestAndPrunes) {
   std::string root = path("ckpt");
