@@ -1,9 +1,10 @@
-// Job config parsing and validation. One pass over the JSON with a `Section` walker per object:
-// each typed getter declares the key as known, checks type and range and records an error with
-// the key's JSON path and line; `ignored()` declares DeepSpeed keys accepted with a warning;
-// `finish()` turns every remaining key into an "unknown key" error with the closest known key
-// suggested. Cross-key rules (batch triad, precision, ZeRO/pipeline, model/TP shapes) run after
-// the walk, only on values that were themselves valid, so one mistake gives one message.
+// Job config parsing and validation. One pass over the JSON with a `Section` walker per object
+// (config_reader.h): each typed getter declares the key as known, checks type and range and
+// records an error with the key's JSON path and line; `ignored()` declares DeepSpeed keys
+// accepted with a warning; `finish()` turns every remaining key into an "unknown key" error with
+// the closest known key suggested. Cross-key rules (batch triad, precision, ZeRO/pipeline,
+// model/TP shapes) run after the walk, only on values that were themselves valid, so one mistake
+// gives one message.
 #include "config/job_config.h"
 
 #include <cctype>
@@ -17,17 +18,20 @@
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "config/config_reader.h"
 #include "config/json_reader.h"
 
 namespace ds::config {
 
 namespace {
 
-using Json = nlohmann::ordered_json;
-
-constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
-constexpr double kInf = std::numeric_limits<double>::infinity();
+using detail::Json;
+using detail::kI32Max;
+using detail::kI64Max;
+using detail::kInf;
+using detail::Section;
+using detail::show;
+using Ctx = detail::ReadContext;
 
 // DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
 // listed here is an unknown-key error.
@@ -79,289 +83,6 @@ const std::vector<std::string> kDsTensorParallelIgnored = {
     "replace_with_kernel_inject", "kernel_inject", "injection_policy_tuple", "tp_grain_size"};
 const std::vector<std::string> kDsCheckpointIgnored = {
     "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
-
-std::string show(const Json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
-}
-
-// Extra words for a common mistake: Hugging Face Trainer configs use "auto" placeholders.
-std::string auto_hint(const Json& v) {
-  if (v.is_string() && v.get<std::string>() == "auto") {
-    return " (\"auto\" is a placeholder the Hugging Face Trainer fills in; give a value)";
-  }
-  return {};
-}
-
-std::string int_range_text(int64_t lo, int64_t hi) {
-  if (hi >= kI32Max) return fmt::format("an integer >= {}", lo);
-  return fmt::format("an integer {}-{}", lo, hi);
-}
-
-std::string resolve_path(const std::string& config_path, const std::string& p) {
-  namespace fs = std::filesystem;
-  if (p.empty() || config_path.empty()) return p;
-  fs::path fp(p);
-  if (fp.is_absolute()) return p;
-  fs::path base = fs::path(config_path).parent_path();
-  if (base.empty()) return fp.lexically_normal().string();
-  return (base / fp).lexically_normal().string();
-}
-
-struct Ctx {
-  const JsonDocument& doc;
-  std::string source;
-  std::vector<std::string> errors;
-  std::vector<std::string> warnings;
-
-  // "file:line: $.path", with the line of the path or, for a key the file does not have (a
-  // rule about a resolved default), of its nearest enclosing object.
-  std::string where(const std::string& path) const {
-    std::string p = path;
-    int line = doc.line_of(p);
-    while (line == 0) {
-      size_t cut = p.find_last_of(".[");
-      if (cut == std::string::npos || cut <= 1) break;  // not "$": line 1 says nothing
-      p.resize(cut);
-      line = doc.line_of(p);
-    }
-    if (line > 0) return fmt::format("{}:{}: {}", source, line, path);
-    return fmt::format("{}: {}", source, path);
-  }
-  void error(const std::string& path, const std::string& msg) {
-    errors.push_back(where(path) + ": " + msg);
-  }
-  void warn(const std::string& path, const std::string& msg) {
-    warnings.push_back(where(path) + ": " + msg);
-  }
-};
-
-// One JSON object being read. Getters return true when the key is present and valid (and set
-// `out`); false when absent (out untouched) or invalid (an error is recorded).
-class Section {
- public:
-  Section(Ctx& ctx, const Json* obj, std::string path)
-      : ctx_(ctx), obj_(obj), path_(std::move(path)) {}
-
-  bool present() const { return obj_ != nullptr; }
-  const std::string& path() const { return path_; }
-  std::string child(std::string_view key) const { return json_path_child(path_, key); }
-  bool has(const std::string& key) const { return obj_ && obj_->contains(key); }
-
-  // Declares `key` known and returns its value, or null when absent.
-  const Json* raw(const std::string& key) {
-    known_.push_back(key);
-    if (!obj_) return nullptr;
-    auto it = obj_->find(key);
-    return it == obj_->end() ? nullptr : &*it;
-  }
-
-  bool get_int(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::optional<int64_t> n;
-    if (v->is_number_integer()) {
-      if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kI64Max)) {
-        n = std::nullopt;
-      } else {
-        n = v->get<int64_t>();
-      }
-    } else if (v->is_number_float()) {
-      // DeepSpeed configs write sizes as 5e8; accept floats that are whole numbers.
-      double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) {
-        n = static_cast<int64_t>(d);
-      }
-    }
-    if (!n) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}{}", int_range_text(lo, hi), show(*v),
-                                         auto_hint(*v)));
-      return false;
-    }
-    if (*n < lo || *n > hi) {
-      if (*n > hi && hi >= kI32Max) {
-        ctx_.error(child(key), fmt::format("expected an integer {}-{}, got {}", lo, hi, show(*v)));
-      } else {
-        ctx_.error(child(key), fmt::format("expected {}, got {}", int_range_text(lo, hi), show(*v)));
-      }
-      return false;
-    }
-    out = *n;
-    return true;
-  }
-  bool get_int(const std::string& key, int& out, int64_t lo, int64_t hi = kI32Max) {
-    int64_t v = 0;
-    if (!get_int(key, v, lo, std::min(hi, kI32Max))) return false;
-    out = static_cast<int>(v);
-    return true;
-  }
-  bool get_u64(const std::string& key, uint64_t& out) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (v->is_number_unsigned()) {
-      out = v->get<uint64_t>();
-      return true;
-    }
-    if (v->is_number_integer() && v->get<int64_t>() >= 0) {
-      out = static_cast<uint64_t>(v->get<int64_t>());
-      return true;
-    }
-    ctx_.error(child(key), fmt::format("expected an integer 0-{}, got {}{}",
-                                       std::numeric_limits<uint64_t>::max(), show(*v),
-                                       auto_hint(*v)));
-    return false;
-  }
-
-  // lo_open: lo itself is not allowed ("> lo").
-  bool get_number(const std::string& key, double& out, double lo, double hi = kInf,
-                  bool lo_open = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::string expect;
-    if (hi == kInf) {
-      expect = fmt::format("a number {} {}", lo_open ? ">" : ">=", lo);
-    } else {
-      expect = fmt::format("a number from {} to {}", lo, hi);
-    }
-    if (!v->is_number()) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}{}", expect, show(*v), auto_hint(*v)));
-      return false;
-    }
-    double d = v->get<double>();
-    if (!(lo_open ? d > lo : d >= lo) || d > hi) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}", expect, show(*v)));
-      return false;
-    }
-    out = d;
-    return true;
-  }
-
-  bool get_bool(const std::string& key, bool& out) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (!v->is_boolean()) {
-      ctx_.error(child(key), fmt::format("expected true or false, got {}{}", show(*v), auto_hint(*v)));
-      return false;
-    }
-    out = v->get<bool>();
-    return true;
-  }
-
-  // nullable: null is accepted and means "not set" (out becomes "").
-  bool get_string(const std::string& key, std::string& out, bool nullable = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (nullable && v->is_null()) {
-      out.clear();
-      return true;
-    }
-    if (!v->is_string()) {
-      ctx_.error(child(key), fmt::format("expected a string{}, got {}", nullable ? " or null" : "",
-                                         show(*v)));
-      return false;
-    }
-    out = v->get<std::string>();
-    return true;
-  }
-
-  // A path string: non-empty, resolved against the config file's directory.
-  bool get_path(const std::string& key, std::string& out, const std::string& config_path,
-                bool nullable) {
-    std::string s;
-    if (!get_string(key, s, nullable)) return false;
-    if (s.empty() && !(nullable && raw_is_null(key))) {
-      ctx_.error(child(key), "expected a non-empty path, got \"\"");
-      return false;
-    }
-    out = resolve_path(config_path, s);
-    return true;
-  }
-
-  // One of `choices`; case_insensitive matches are normalized to the listed spelling.
-  bool get_choice(const std::string& key, std::string& out, const std::vector<std::string>& choices,
-                  bool case_insensitive = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::string list;
-    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + Json(c).dump();
-    if (!v->is_string()) {
-      ctx_.error(child(key), fmt::format("expected one of {}, got {}", list, show(*v)));
-      return false;
-    }
-    std::string s = v->get<std::string>();
-    for (const auto& c : choices) {
-      if (s == c || (case_insensitive && lower(s) == lower(c))) {
-        out = c;
-        return true;
-      }
-    }
-    ctx_.error(child(key), fmt::format("expected one of {}, got {}{}", list, show(*v), auto_hint(*v)));
-    return false;
-  }
-
-  // A nested object. Absent (or null when nullable) gives an absent Section; a non-object is an
-  // error and also gives an absent Section.
-  Section section(const std::string& key, bool nullable = false) {
-    const Json* v = raw(key);
-    if (!v || (nullable && v->is_null())) return Section(ctx_, nullptr, child(key));
-    if (!v->is_object()) {
-      ctx_.error(child(key), fmt::format("expected an object{}, got {}", nullable ? " or null" : "",
-                                         show(*v)));
-      return Section(ctx_, nullptr, child(key));
-    }
-    return Section(ctx_, v, child(key));
-  }
-
-  // DeepSpeed keys accepted and not acted on: a warning for each one present.
-  void ignored(const std::vector<std::string>& keys) {
-    for (const auto& k : keys) {
-      if (raw(k)) ctx_.warn(child(k), "DeepSpeed key accepted but not acted on by dstrain");
-    }
-  }
-
-  // Every key not declared known is an error, with the closest known key suggested.
-  void finish() {
-    if (!obj_) return;
-    for (auto it = obj_->begin(); it != obj_->end(); ++it) {
-      const std::string& k = it.key();
-      bool known = false;
-      for (const auto& kk : known_) known = known || kk == k;
-      if (known) continue;
-      auto near = closest_match(k, known_);
-      if (near) {
-        ctx_.error(child(k), fmt::format("unknown key (did you mean \"{}\"?)", *near));
-      } else if (known_.size() > 16) {
-        ctx_.error(child(k), "unknown key (not a dstrain or DeepSpeed key here; see "
-                             "docs/configuration.md)");
-      } else {
-        ctx_.error(child(k), fmt::format("unknown key (known keys here: {})", join_keys()));
-      }
-    }
-  }
-
-  bool raw_is_null(const std::string& key) const {
-    if (!obj_) return false;
-    auto it = obj_->find(key);
-    return it != obj_->end() && it->is_null();
-  }
-
- private:
-  static std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  }
-  std::string join_keys() const {
-    std::string out;
-    for (const auto& k : known_) out += (out.empty() ? "" : ", ") + k;
-    return out;
-  }
-
-  Ctx& ctx_;
-  const Json* obj_;
-  std::string path_;
-  std::vector<std::string> known_;
-};
 
 void read_offload(Ctx& ctx, Section& zero, const std::string& key, OffloadConfig& out) {
   Section s = zero.section(key, /*nullable=*/true);
