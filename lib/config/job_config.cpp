@@ -19,6 +19,7 @@
 
 #include "common/strings.h"
 #include "config/config_reader.h"
+#include "config/config_sections.h"
 #include "config/json_reader.h"
 
 namespace ds::config {
@@ -35,22 +36,6 @@ using Ctx = detail::ReadContext;
 
 // DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
 // listed here is an unknown-key error.
-const std::vector<std::string> kDsTopLevelIgnored = {
-    "aio", "amp", "autotuning", "comet", "comms_logger", "communication_data_type", "compile",
-    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
-    "data_types", "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
-    "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
-    "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
-    "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",
-    "seq_parallel_comm_data_type", "sequence_parallel_size", "sparse_attention",
-    "sparse_gradients", "tensorboard", "timers", "torch_autocast",
-    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
-    "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
-const std::vector<std::string> kDsFp16Ignored = {"auto_cast", "consecutive_hysteresis",
-                                                 "fused_mode", "fp16_master_weights_and_grads"};
-const std::vector<std::string> kDsBf16Ignored = {"immediate_grad_update", "check_grad_overflow",
-                                                 "bf16_master_weights_and_grads",
-                                                 "bf16_optimizer_states"};
 const std::vector<std::string> kDsZeroIgnored = {
     "allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights",
     "elastic_checkpoint", "zenflow", "sub_group_size", "stage3_model_persistence_threshold",
@@ -139,45 +124,15 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   Section root(ctx, &doc.value, "$");
 
   // --- batch triad (resolved below), top-level scalars
-  int64_t tbs = 0, mbs = 0, gas = 0;
-  bool has_tbs = root.get_int("train_batch_size", tbs, 1, kI32Max);
-  bool has_mbs = root.get_int("train_micro_batch_size_per_gpu", mbs, 1, kI32Max);
-  bool has_gas = root.get_int("gradient_accumulation_steps", gas, 1, kI32Max);
-  bool batch_ok = !(root.has("train_batch_size") && !has_tbs) &&
-                  !(root.has("train_micro_batch_size_per_gpu") && !has_mbs) &&
-                  !(root.has("gradient_accumulation_steps") && !has_gas);
-  root.get_int("steps_per_print", cfg.steps_per_print, 1);
-  root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
+  const detail::BatchKeys batch = detail::read_top_level(root, cfg);
+  int64_t tbs = batch.train_batch_size, mbs = batch.micro_batch_size,
+          gas = batch.accumulation_steps;
+  const bool has_tbs = batch.has_train_batch_size, has_mbs = batch.has_micro_batch_size,
+             has_gas = batch.has_accumulation_steps, batch_ok = batch.valid;
 
   // --- precision
-  {
-    Section s = root.section("fp16");
-    s.get_bool("enabled", cfg.fp16.enabled);
-    s.get_number("loss_scale", cfg.fp16.loss_scale, 0);
-    s.get_int("initial_scale_power", cfg.fp16.initial_scale_power, 0, 63);
-    s.get_int("loss_scale_window", cfg.fp16.loss_scale_window, 1);
-    s.get_int("hysteresis", cfg.fp16.hysteresis, 1);
-    s.get_number("min_loss_scale", cfg.fp16.min_loss_scale, 0, kInf, /*lo_open=*/true);
-    s.ignored(kDsFp16Ignored);
-    s.finish();
-  }
-  {
-    bool new_name = root.has("bf16"), old_name = root.has("bfloat16");
-    root.raw("bf16");
-    root.raw("bfloat16");
-    if (new_name && old_name) {
-      ctx.error(root.child("bfloat16"),
-                "both \"bf16\" and its old name \"bfloat16\" are given; keep \"bf16\"");
-    }
-    const std::string key = (!new_name && old_name) ? "bfloat16" : "bf16";
-    if (key == "bfloat16") {
-      ctx.warn(root.child(key), "old DeepSpeed name for \"bf16\"; read as \"bf16\"");
-    }
-    Section s = root.section(key);
-    s.get_bool("enabled", cfg.bf16.enabled);
-    s.ignored(kDsBf16Ignored);
-    s.finish();
-  }
+  detail::read_fp16(root, cfg.fp16);
+  detail::read_bf16(ctx, root, cfg.bf16);
 
   // --- ZeRO
   bool zero_stage_ok = true;
@@ -503,8 +458,7 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
     sched.finish();
   }
 
-  root.ignored(kDsTopLevelIgnored);
-  root.finish();
+  detail::finish_top_level(root);
 
   // --- cross-key rules
   if (cfg.fp16.enabled && cfg.bf16.enabled) {
@@ -638,18 +592,9 @@ nlohmann::ordered_json JobConfig::to_json() const {
     return J{{"device", o.device}, {"pin_memory", o.pin_memory}};
   };
   J j = J::object();
-  j["train_batch_size"] = train_batch_size;
-  j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
-  j["gradient_accumulation_steps"] = gradient_accumulation_steps;
-  j["steps_per_print"] = steps_per_print;
-  j["gradient_clipping"] = gradient_clipping;
-  j["fp16"] = J{{"enabled", fp16.enabled},
-                {"loss_scale", fp16.loss_scale},
-                {"initial_scale_power", fp16.initial_scale_power},
-                {"loss_scale_window", fp16.loss_scale_window},
-                {"hysteresis", fp16.hysteresis},
-                {"min_loss_scale", fp16.min_loss_scale}};
-  j["bf16"] = J{{"enabled", bf16.enabled}};
+  detail::top_level_to_json(*this, j);
+  j["fp16"] = detail::fp16_to_json(fp16);
+  j["bf16"] = detail::bf16_to_json(bf16);
   j["zero_optimization"] = J{{"stage", zero.stage},
                              {"contiguous_gradients", zero.contiguous_gradients},
                              {"overlap_comm", zero.overlap_comm},

@@ -1,0 +1,40 @@
+// The reader and the writer of every config section, internal to lib/config. Each reader walks
+// its section of the file into its struct (config_reader.h's Section getters: types, ranges,
+// unknown keys, DeepSpeed keys accepted with a warning) and checks the rules that involve only
+// that section; each writer is that section's part of JobConfig::to_json(). A reader's defining
+// file also holds its writer:
+//   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping, and the
+//                         top-level DeepSpeed keys accepted without effect
+//   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
+// The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
+// messages; readers never throw, they record errors in the ReadContext.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "config/config_reader.h"
+#include "config/job_config.h"
+
+namespace ds::config::detail {
+
+// The batch triad's keys as the file gives them, resolved later against the data-parallel size.
+struct BatchKeys {
+  int64_t train_batch_size = 0, micro_batch_size = 0, accumulation_steps = 0;
+  bool has_train_batch_size = false, has_micro_batch_size = false, has_accumulation_steps = false;
+  bool valid = true;  // no key of the three was present and invalid
+};
+
+// --- top level ------------------------------------------------------------------------------
+BatchKeys read_top_level(Section& root, JobConfig& cfg);
+// After every section: the top-level DeepSpeed keys accepted without effect, then unknown keys.
+void finish_top_level(Section& root);
+void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the five top-level scalars
+
+// --- precision ------------------------------------------------------------------------------
+void read_fp16(Section& root, Fp16Config& out);
+Json fp16_to_json(const Fp16Config& c);
+void read_bf16(ReadContext& ctx, Section& root, Bf16Config& out);
+Json bf16_to_json(const Bf16Config& c);
+
+}  // namespace ds::config::detail
