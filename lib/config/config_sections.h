@@ -6,6 +6,7 @@
 //   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping, and the
 //                         top-level DeepSpeed keys accepted without effect
 //   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
+//   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
 // messages; readers never throw, they record errors in the ReadContext.
 #pragma once
@@ -36,5 +37,10 @@ void read_fp16(Section& root, Fp16Config& out);
 Json fp16_to_json(const Fp16Config& c);
 void read_bf16(ReadContext& ctx, Section& root, Bf16Config& out);
 Json bf16_to_json(const Bf16Config& c);
+
+// --- ZeRO -----------------------------------------------------------------------------------
+// Returns whether zero_optimization.stage was valid (absent counts as valid).
+bool read_zero(ReadContext& ctx, Section& root, ZeroConfig& out);
+Json zero_to_json(const ZeroConfig& c);
 
 }  // namespace ds::config::detail

@@ -36,24 +36,6 @@ using Ctx = detail::ReadContext;
 
 // DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
 // listed here is an unknown-key error.
-const std::vector<std::string> kDsZeroIgnored = {
-    "allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights",
-    "elastic_checkpoint", "zenflow", "sub_group_size", "stage3_model_persistence_threshold",
-    "model_persistence_threshold", "stage3_max_reuse_distance", "max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
-    "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
-    "use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "allgather_sequential",
-    "stage3_partition_stream_chunk_size", "partition_stream_chunk_size",
-    "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients",
-    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-    "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
-    "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-    "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-    "save_muon_momentum_buffer_in_memory", "leaf_module"};
-const std::vector<std::string> kDsOffloadIgnored = {
-    "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
-    "fast_init", "ratio", "super_offload", "convert_grad_on_cpu", "cpuadam_cores_perc"};
 const std::vector<std::string> kDsOptimizerIgnored = {"legacy_fusion"};
 const std::vector<std::string> kDsOptimizerParamsIgnored = {"torch_adam", "bias_correction",
                                                             "amsgrad", "max_grad_norm"};
@@ -68,21 +50,6 @@ const std::vector<std::string> kDsTensorParallelIgnored = {
     "replace_with_kernel_inject", "kernel_inject", "injection_policy_tuple", "tp_grain_size"};
 const std::vector<std::string> kDsCheckpointIgnored = {
     "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
-
-void read_offload(Ctx& ctx, Section& zero, const std::string& key, OffloadConfig& out) {
-  Section s = zero.section(key, /*nullable=*/true);
-  if (!s.present()) return;
-  const Json* dev = s.raw("device");
-  if (dev && dev->is_string() && dev->get<std::string>() == "nvme") {
-    ctx.error(s.child("device"),
-              "\"nvme\" offload is not supported by dstrain (expected \"none\" or \"cpu\")");
-  } else {
-    s.get_choice("device", out.device, {"none", "cpu"});
-  }
-  s.get_bool("pin_memory", out.pin_memory);
-  s.ignored(kDsOffloadIgnored);
-  s.finish();
-}
 
 // Rounds up to a multiple of 128, as llm.c pads GPT-2's 50257 to 50304.
 int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
@@ -135,74 +102,7 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   detail::read_bf16(ctx, root, cfg.bf16);
 
   // --- ZeRO
-  bool zero_stage_ok = true;
-  {
-    const Json* z = root.raw("zero_optimization");
-    if (z && z->is_boolean()) {
-      // DeepSpeed's deprecated form: true means stage 1.
-      cfg.zero.stage = z->get<bool>() ? 1 : 0;
-      ctx.warn(root.child("zero_optimization"),
-               "deprecated DeepSpeed form; read as {\"stage\": " + std::to_string(cfg.zero.stage) + "}");
-      cfg.zero.overlap_comm = false;
-    } else {
-      Section s = root.section("zero_optimization");
-      zero_stage_ok = !s.has("stage") || s.get_int("stage", cfg.zero.stage, 0, 3);
-      if (!s.has("stage")) s.raw("stage");
-      s.get_bool("contiguous_gradients", cfg.zero.contiguous_gradients);
-      bool overlap_given = s.get_bool("overlap_comm", cfg.zero.overlap_comm);
-      if (!overlap_given && !s.has("overlap_comm")) cfg.zero.overlap_comm = cfg.zero.stage == 3;
-      s.get_bool("reduce_scatter", cfg.zero.reduce_scatter);
-      s.get_int("reduce_bucket_size", cfg.zero.reduce_bucket_size, 1, kI64Max);
-      s.get_int("allgather_bucket_size", cfg.zero.allgather_bucket_size, 1, kI64Max);
-      read_offload(ctx, s, "offload_optimizer", cfg.zero.offload_optimizer);
-      read_offload(ctx, s, "offload_param", cfg.zero.offload_param);
-      // The stage3_* names, and the short names DeepSpeed's pydantic model also accepts.
-      auto aliased = [&](const char* name, const char* alias, int64_t& out, int64_t lo) {
-        if (s.has(name) && s.has(alias)) {
-          s.raw(alias);
-          ctx.error(s.child(alias), fmt::format("both \"{}\" and its alias \"{}\" are given", name, alias));
-        }
-        if (!s.get_int(name, out, lo, kI64Max)) s.get_int(alias, out, lo, kI64Max);
-      };
-      aliased("stage3_prefetch_bucket_size", "prefetch_bucket_size",
-              cfg.zero.stage3_prefetch_bucket_size, 0);
-      aliased("stage3_param_persistence_threshold", "param_persistence_threshold",
-              cfg.zero.stage3_param_persistence_threshold, 0);
-      aliased("stage3_max_live_parameters", "max_live_parameters",
-              cfg.zero.stage3_max_live_parameters, 1);
-      // Deprecated DeepSpeed booleans that DeepSpeed still maps onto the offload sections.
-      bool b = false;
-      if (s.get_bool("cpu_offload", b)) {
-        ctx.warn(s.child("cpu_offload"), "deprecated DeepSpeed key; read as offload_optimizer.device \"cpu\"");
-        if (b && !s.has("offload_optimizer")) cfg.zero.offload_optimizer.device = "cpu";
-      }
-      if (s.get_bool("cpu_offload_param", b)) {
-        ctx.warn(s.child("cpu_offload_param"), "deprecated DeepSpeed key; read as offload_param.device \"cpu\"");
-        if (b && !s.has("offload_param")) cfg.zero.offload_param.device = "cpu";
-      }
-      if (s.get_bool("cpu_offload_use_pin_memory", b)) {
-        ctx.warn(s.child("cpu_offload_use_pin_memory"),
-                 "deprecated DeepSpeed key; read as pin_memory of the offload sections");
-        if (!s.has("offload_optimizer")) cfg.zero.offload_optimizer.pin_memory = b;
-        if (!s.has("offload_param")) cfg.zero.offload_param.pin_memory = b;
-      }
-      s.ignored(kDsZeroIgnored);
-      s.finish();
-      if (zero_stage_ok) {
-        if (cfg.zero.offload_optimizer.device != "none" && cfg.zero.stage == 0) {
-          ctx.warn(s.child("offload_optimizer"),
-                   "ignored with ZeRO stage 0 (optimizer offload needs stage 1-3, as in DeepSpeed)");
-          cfg.zero.offload_optimizer = OffloadConfig{};
-        }
-        if (cfg.zero.offload_param.device != "none" && cfg.zero.stage < 3) {
-          ctx.warn(s.child("offload_param"),
-                   fmt::format("ignored with ZeRO stage {} (parameter offload needs stage 3, as in "
-                               "DeepSpeed)", cfg.zero.stage));
-          cfg.zero.offload_param = OffloadConfig{};
-        }
-      }
-    }
-  }
+  const bool zero_stage_ok = detail::read_zero(ctx, root, cfg.zero);
 
   // --- optimizer
   {
@@ -588,24 +488,11 @@ void require_training_sections(const JobConfig& config) {
 nlohmann::ordered_json JobConfig::to_json() const {
   using J = nlohmann::ordered_json;
   auto str_or_null = [](const std::string& s) { return s.empty() ? J(nullptr) : J(s); };
-  auto offload = [](const OffloadConfig& o) {
-    return J{{"device", o.device}, {"pin_memory", o.pin_memory}};
-  };
   J j = J::object();
   detail::top_level_to_json(*this, j);
   j["fp16"] = detail::fp16_to_json(fp16);
   j["bf16"] = detail::bf16_to_json(bf16);
-  j["zero_optimization"] = J{{"stage", zero.stage},
-                             {"contiguous_gradients", zero.contiguous_gradients},
-                             {"overlap_comm", zero.overlap_comm},
-                             {"reduce_scatter", zero.reduce_scatter},
-                             {"reduce_bucket_size", zero.reduce_bucket_size},
-                             {"allgather_bucket_size", zero.allgather_bucket_size},
-                             {"offload_optimizer", offload(zero.offload_optimizer)},
-                             {"offload_param", offload(zero.offload_param)},
-                             {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
-                             {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
-                             {"stage3_max_live_parameters", zero.stage3_max_live_parameters}};
+  j["zero_optimization"] = detail::zero_to_json(zero);
   j["optimizer"] = J{{"type", optimizer.type},
                      {"params", J{{"lr", optimizer.lr},
                                   {"betas", J::array({optimizer.beta1, optimizer.beta2})},
