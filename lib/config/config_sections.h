@@ -7,6 +7,7 @@
 //                         top-level DeepSpeed keys accepted without effect
 //   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
 //   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
+//   config_optimizer.cpp  optimizer, scheduler
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
 // messages; readers never throw, they record errors in the ReadContext.
 #pragma once
@@ -42,5 +43,21 @@ Json bf16_to_json(const Bf16Config& c);
 // Returns whether zero_optimization.stage was valid (absent counts as valid).
 bool read_zero(ReadContext& ctx, Section& root, ZeroConfig& out);
 Json zero_to_json(const ZeroConfig& c);
+
+// --- optimizer and scheduler ----------------------------------------------------------------
+void read_optimizer(ReadContext& ctx, Section& root, OptimizerConfig& out);
+Json optimizer_to_json(const OptimizerConfig& c);
+
+// The scheduler is read in two steps: its type where the file's order puts it, its parameters
+// once optimizer.lr and training.steps are known (they give two of the defaults).
+struct SchedulerSection {
+  Section section;
+  bool type_valid = false;
+};
+SchedulerSection read_scheduler_type(ReadContext& ctx, Section& root, SchedulerConfig& out);
+// steps_valid: training.steps was given and valid (cfg.training.steps then holds it).
+void read_scheduler_params(ReadContext& ctx, SchedulerSection& sched, const JobConfig& cfg,
+                           bool steps_valid, SchedulerConfig& out);
+Json scheduler_to_json(const SchedulerConfig& c);  // null without a type
 
 }  // namespace ds::config::detail

@@ -36,9 +36,6 @@ using Ctx = detail::ReadContext;
 
 // DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
 // listed here is an unknown-key error.
-const std::vector<std::string> kDsOptimizerIgnored = {"legacy_fusion"};
-const std::vector<std::string> kDsOptimizerParamsIgnored = {"torch_adam", "bias_correction",
-                                                            "amsgrad", "max_grad_norm"};
 const std::vector<std::string> kDsActivationCkptIgnored = {
     "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
     "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
@@ -104,62 +101,9 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   // --- ZeRO
   const bool zero_stage_ok = detail::read_zero(ctx, root, cfg.zero);
 
-  // --- optimizer
-  {
-    Section s = root.section("optimizer");
-    s.get_choice("type", cfg.optimizer.type, {"Adam", "AdamW"}, /*case_insensitive=*/true);
-    Section p = s.section("params");
-    p.get_number("lr", cfg.optimizer.lr, 0);
-    if (const Json* betas = p.raw("betas")) {
-      bool ok = betas->is_array() && betas->size() == 2 && (*betas)[0].is_number() &&
-                (*betas)[1].is_number();
-      double b1 = ok ? (*betas)[0].get<double>() : 0, b2 = ok ? (*betas)[1].get<double>() : 0;
-      if (!ok || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1) {
-        ctx.error(p.child("betas"),
-                  fmt::format("expected [beta1, beta2] with each in [0, 1), got {}", show(*betas)));
-      } else {
-        cfg.optimizer.beta1 = b1;
-        cfg.optimizer.beta2 = b2;
-      }
-    }
-    p.get_number("eps", cfg.optimizer.eps, 0, kInf, /*lo_open=*/true);
-    p.get_number("weight_decay", cfg.optimizer.weight_decay, 0);
-    bool w_mode = true;
-    bool w_given = p.get_bool("adam_w_mode", w_mode);
-    if (cfg.optimizer.type == "AdamW") {
-      if (w_given && !w_mode) {
-        ctx.warn(p.child("adam_w_mode"),
-                 "ignored: \"AdamW\" always uses decoupled weight decay (as in DeepSpeed); use "
-                 "\"Adam\" with adam_w_mode false for L2 weight decay");
-      }
-      cfg.optimizer.adam_w_mode = true;
-    } else {
-      cfg.optimizer.adam_w_mode = w_mode;
-    }
-    p.ignored(kDsOptimizerParamsIgnored);
-    p.finish();
-    s.ignored(kDsOptimizerIgnored);
-    s.finish();
-  }
-
-  // --- scheduler (parameters checked after training.steps is known)
-  Section sched = root.section("scheduler", /*nullable=*/true);
-  bool sched_type_ok = false;
-  if (sched.present()) {
-    const Json* t = sched.raw("type");
-    if (!t) {
-      ctx.error(sched.path(), "missing \"type\" (expected one of \"WarmupLR\", \"WarmupDecayLR\", "
-                              "\"WarmupCosineLR\"; omit the section for a constant lr)");
-    } else if (t->is_string() && (t->get<std::string>() == "OneCycle" ||
-                                  t->get<std::string>() == "LRRangeTest")) {
-      ctx.error(sched.child("type"),
-                fmt::format("{} is a DeepSpeed schedule dstrain does not implement (expected one "
-                            "of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\")", show(*t)));
-    } else {
-      sched_type_ok = sched.get_choice("type", cfg.scheduler.type,
-                                       {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
-    }
-  }
+  // --- optimizer, scheduler (parameters read after training.steps is known)
+  detail::read_optimizer(ctx, root, cfg.optimizer);
+  detail::SchedulerSection sched = detail::read_scheduler_type(ctx, root, cfg.scheduler);
 
   // --- activation checkpointing, pipeline, tensor parallel, checkpoint
   {
@@ -296,67 +240,8 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
     }
   }
 
-  // --- scheduler parameters: DeepSpeed's names, per type; a parameter of another type is an
-  // error, as DeepSpeed's constructors reject unexpected keyword arguments.
-  if (sched.present()) {
-    Section p = sched.section("params");
-    if (sched_type_ok) {
-      const std::string& t = cfg.scheduler.type;
-      bool cosine = t == "WarmupCosineLR";
-      auto& sc = cfg.scheduler;
-      if (!cosine) {
-        p.get_number("warmup_min_lr", sc.warmup_min_lr, 0);
-        bool max_given = p.get_number("warmup_max_lr", sc.warmup_max_lr, 0);
-        if (!max_given && t == "WarmupLR" && !p.has("warmup_max_lr")) sc.warmup_max_lr = cfg.optimizer.lr;
-      } else {
-        p.get_number("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
-        p.get_number("cos_min_ratio", sc.cos_min_ratio, 0, 1);
-      }
-      p.get_int("warmup_num_steps", sc.warmup_num_steps, 1, kI64Max);
-      p.get_choice("warmup_type", sc.warmup_type, {"log", "linear"});
-      if (t != "WarmupLR") {
-        if (p.has("total_num_steps")) {
-          p.get_int("total_num_steps", sc.total_num_steps, 1, kI64Max);
-        } else {
-          p.raw("total_num_steps");
-          if (steps_ok) {
-            sc.total_num_steps = cfg.training.steps;
-          } else {
-            ctx.error(p.present() ? p.path() : sched.path(),
-                      fmt::format("{} needs params.total_num_steps (or training.steps to take it from)", t));
-          }
-        }
-      }
-      if (p.has("last_batch_iteration")) {
-        p.raw("last_batch_iteration");
-        ctx.warn(p.child("last_batch_iteration"),
-                 "DeepSpeed key accepted but not acted on by dstrain (resuming restores the step "
-                 "from the checkpoint)");
-      }
-      // Parameters of the other DeepSpeed warmup schedules: name the type they do not fit.
-      std::vector<std::string> foreign;
-      if (cosine) {
-        foreign = {"warmup_min_lr", "warmup_max_lr"};
-      } else {
-        foreign = {"warmup_min_ratio", "cos_min_ratio"};
-        if (t == "WarmupLR") foreign.push_back("total_num_steps");
-      }
-      for (const auto& k : foreign) {
-        if (!p.has(k)) continue;
-        p.raw(k);
-        ctx.error(p.child(k), fmt::format("not a parameter of {} (DeepSpeed would reject it)", t));
-      }
-    } else {
-      // Unknown type: the type error says it all; accept every DeepSpeed parameter name.
-      for (const char* k : {"warmup_min_lr", "warmup_max_lr", "warmup_min_ratio", "cos_min_ratio",
-                            "total_num_steps", "warmup_num_steps", "warmup_type",
-                            "last_batch_iteration"}) {
-        p.raw(k);
-      }
-    }
-    p.finish();
-    sched.finish();
-  }
+  // --- scheduler parameters
+  detail::read_scheduler_params(ctx, sched, cfg, steps_ok, cfg.scheduler);
 
   detail::finish_top_level(root);
 
@@ -493,28 +378,8 @@ nlohmann::ordered_json JobConfig::to_json() const {
   j["fp16"] = detail::fp16_to_json(fp16);
   j["bf16"] = detail::bf16_to_json(bf16);
   j["zero_optimization"] = detail::zero_to_json(zero);
-  j["optimizer"] = J{{"type", optimizer.type},
-                     {"params", J{{"lr", optimizer.lr},
-                                  {"betas", J::array({optimizer.beta1, optimizer.beta2})},
-                                  {"eps", optimizer.eps},
-                                  {"weight_decay", optimizer.weight_decay},
-                                  {"adam_w_mode", optimizer.adam_w_mode}}}};
-  if (scheduler.type.empty()) {
-    j["scheduler"] = nullptr;
-  } else {
-    J p = J::object();
-    if (scheduler.type == "WarmupCosineLR") {
-      p["warmup_min_ratio"] = scheduler.warmup_min_ratio;
-      p["cos_min_ratio"] = scheduler.cos_min_ratio;
-    } else {
-      p["warmup_min_lr"] = scheduler.warmup_min_lr;
-      p["warmup_max_lr"] = scheduler.warmup_max_lr;
-    }
-    p["warmup_num_steps"] = scheduler.warmup_num_steps;
-    p["warmup_type"] = scheduler.warmup_type;
-    if (scheduler.type != "WarmupLR") p["total_num_steps"] = scheduler.total_num_steps;
-    j["scheduler"] = J{{"type", scheduler.type}, {"params", p}};
-  }
+  j["optimizer"] = detail::optimizer_to_json(optimizer);
+  j["scheduler"] = detail::scheduler_to_json(scheduler);
   j["activation_checkpointing"] = J{{"enabled", activation_checkpointing.enabled}};
   j["pipeline"] = J{{"stages", pipeline.stages},
                     {"partition", pipeline.partition},
