@@ -8,6 +8,7 @@
 //   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
 //   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
 //   config_optimizer.cpp  optimizer, scheduler
+//   config_parallel.cpp   pipeline, tensor_parallel
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
 // messages; readers never throw, they record errors in the ReadContext.
 #pragma once
@@ -59,5 +60,12 @@ SchedulerSection read_scheduler_type(ReadContext& ctx, Section& root, SchedulerC
 void read_scheduler_params(ReadContext& ctx, SchedulerSection& sched, const JobConfig& cfg,
                            bool steps_valid, SchedulerConfig& out);
 Json scheduler_to_json(const SchedulerConfig& c);  // null without a type
+
+// --- pipeline and tensor parallelism --------------------------------------------------------
+// Both return whether the size (pipeline.stages, tensor_parallel.size) was valid.
+bool read_pipeline(ReadContext& ctx, Section& root, PipelineConfig& out);
+Json pipeline_to_json(const PipelineConfig& c);
+bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig& out);
+Json tensor_parallel_to_json(const TensorParallelConfig& c);
 
 }  // namespace ds::config::detail

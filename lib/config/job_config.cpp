@@ -39,12 +39,6 @@ using Ctx = detail::ReadContext;
 const std::vector<std::string> kDsActivationCkptIgnored = {
     "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
     "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
-const std::vector<std::string> kDsPipelineIgnored = {
-    "seed_layers", "activation_checkpoint_interval", "pipe_partitioned", "grad_partitioned",
-    "use_reentrant"};
-const std::vector<std::string> kDsTensorParallelIgnored = {
-    "tp_overlap_comm", "tp", "dtype", "partition_config", "preset_model", "keep_module_on_host",
-    "replace_with_kernel_inject", "kernel_inject", "injection_policy_tuple", "tp_grain_size"};
 const std::vector<std::string> kDsCheckpointIgnored = {
     "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
 
@@ -112,36 +106,8 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
     s.ignored(kDsActivationCkptIgnored);
     s.finish();
   }
-  bool pp_ok = true, tp_ok = true;
-  {
-    Section s = root.section("pipeline");
-    const Json* st = s.raw("stages");
-    if (st && st->is_string() && st->get<std::string>() == "auto") {
-      ctx.warn(s.child("stages"), "DeepSpeed's \"auto\" read as 1 (dstrain needs an explicit stage count)");
-    } else if (st) {
-      pp_ok = s.get_int("stages", cfg.pipeline.stages, 1);
-    }
-    s.get_choice("partition", cfg.pipeline.partition, {"uniform", "parameters"});
-    s.get_choice("schedule", cfg.pipeline.schedule, {"1f1b", "gpipe"});
-    s.ignored(kDsPipelineIgnored);
-    s.finish();
-  }
-  {
-    Section s = root.section("tensor_parallel");
-    if (s.has("size") && s.has("autotp_size")) {
-      s.raw("autotp_size");
-      ctx.error(s.child("autotp_size"), "both \"size\" and DeepSpeed's \"autotp_size\" are given; keep \"size\"");
-    } else if (s.has("autotp_size")) {
-      int n = 0;
-      tp_ok = s.get_int("autotp_size", n, 0);
-      if (tp_ok) cfg.tensor_parallel.size = n == 0 ? 1 : n;  // DeepSpeed: 0 = off
-    }
-    if (s.has("size")) tp_ok = s.get_int("size", cfg.tensor_parallel.size, 1);
-    s.raw("size");
-    s.raw("autotp_size");
-    s.ignored(kDsTensorParallelIgnored);
-    s.finish();
-  }
+  const bool pp_ok = detail::read_pipeline(ctx, root, cfg.pipeline);
+  const bool tp_ok = detail::read_tensor_parallel(ctx, root, cfg.tensor_parallel);
   {
     Section s = root.section("checkpoint");
     s.ignored(kDsCheckpointIgnored);
@@ -381,10 +347,8 @@ nlohmann::ordered_json JobConfig::to_json() const {
   j["optimizer"] = detail::optimizer_to_json(optimizer);
   j["scheduler"] = detail::scheduler_to_json(scheduler);
   j["activation_checkpointing"] = J{{"enabled", activation_checkpointing.enabled}};
-  j["pipeline"] = J{{"stages", pipeline.stages},
-                    {"partition", pipeline.partition},
-                    {"schedule", pipeline.schedule}};
-  j["tensor_parallel"] = J{{"size", tensor_parallel.size}};
+  j["pipeline"] = detail::pipeline_to_json(pipeline);
+  j["tensor_parallel"] = detail::tensor_parallel_to_json(tensor_parallel);
   j["checkpoint"] = J::object();
   if (has_model) {
     j["model"] = J{{"type", model.type},
