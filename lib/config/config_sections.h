@@ -9,6 +9,8 @@
 //   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
 //   config_optimizer.cpp  optimizer, scheduler
 //   config_parallel.cpp   pipeline, tensor_parallel
+//   config_model.cpp      model, activation_checkpointing
+//   config_training.cpp   data, training, checkpoint
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
 // messages; readers never throw, they record errors in the ReadContext.
 #pragma once
@@ -67,5 +69,29 @@ bool read_pipeline(ReadContext& ctx, Section& root, PipelineConfig& out);
 Json pipeline_to_json(const PipelineConfig& c);
 bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig& out);
 Json tensor_parallel_to_json(const TensorParallelConfig& c);
+
+// --- model ----------------------------------------------------------------------------------
+// Sets cfg.model and cfg.has_model; returns whether every shape key was present and valid (and
+// consistent: padded_vocab_size >= vocab_size, n_embd divisible by n_head). Paths resolve
+// against cfg.path.
+bool read_model(ReadContext& ctx, Section& root, JobConfig& cfg);
+Json model_to_json(const JobConfig& cfg);  // null without a model section
+void read_activation_checkpointing(Section& root, ActivationCheckpointingConfig& out);
+Json activation_checkpointing_to_json(const ActivationCheckpointingConfig& c);
+
+// --- data, training, DeepSpeed's checkpoint section -----------------------------------------
+// Sets cfg.data and cfg.has_data; paths resolve against cfg.path.
+void read_data(ReadContext& ctx, Section& root, JobConfig& cfg);
+Json data_to_json(const JobConfig& cfg);  // null without a data section
+struct TrainingRead {
+  bool steps_valid = false;          // training.steps given and valid
+  bool eval_interval_given = false;  // training.eval_interval given and valid
+};
+// Paths resolve against config_path.
+TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,
+                           TrainingConfig& out);
+Json training_to_json(const TrainingConfig& c);
+void read_checkpoint(Section& root);
+Json checkpoint_to_json(const CheckpointConfig& c);
 
 }  // namespace ds::config::detail

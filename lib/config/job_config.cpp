@@ -36,14 +36,6 @@ using Ctx = detail::ReadContext;
 
 // DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
 // listed here is an unknown-key error.
-const std::vector<std::string> kDsActivationCkptIgnored = {
-    "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
-    "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
-const std::vector<std::string> kDsCheckpointIgnored = {
-    "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
-
-// Rounds up to a multiple of 128, as llm.c pads GPT-2's 50257 to 50304.
-int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
 
 }  // namespace
 
@@ -100,110 +92,21 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   detail::SchedulerSection sched = detail::read_scheduler_type(ctx, root, cfg.scheduler);
 
   // --- activation checkpointing, pipeline, tensor parallel, checkpoint
-  {
-    Section s = root.section("activation_checkpointing");
-    s.get_bool("enabled", cfg.activation_checkpointing.enabled);
-    s.ignored(kDsActivationCkptIgnored);
-    s.finish();
-  }
+  detail::read_activation_checkpointing(root, cfg.activation_checkpointing);
   const bool pp_ok = detail::read_pipeline(ctx, root, cfg.pipeline);
   const bool tp_ok = detail::read_tensor_parallel(ctx, root, cfg.tensor_parallel);
-  {
-    Section s = root.section("checkpoint");
-    s.ignored(kDsCheckpointIgnored);
-    s.finish();
-  }
+  detail::read_checkpoint(root);
 
   // --- dstrain sections: model, data, training
-  bool model_ok = true;
-  {
-    Section s = root.section("model", /*nullable=*/true);
-    cfg.has_model = s.present();
-    if (s.present()) {
-      auto required_int = [&](const char* key, int& out, int64_t lo, int64_t hi) {
-        if (!s.has(key)) {
-          s.raw(key);
-          ctx.error(s.path(), fmt::format("missing required key \"{}\"", key));
-          model_ok = false;
-        } else if (!s.get_int(key, out, lo, hi)) {
-          model_ok = false;
-        }
-      };
-      s.get_choice("type", cfg.model.type, {"gpt2"});
-      required_int("n_layer", cfg.model.n_layer, 1, kI32Max);
-      required_int("n_head", cfg.model.n_head, 1, kI32Max);
-      required_int("n_embd", cfg.model.n_embd, 1, kI32Max);
-      required_int("vocab_size", cfg.model.vocab_size, 1, 65536);
-      required_int("seq_len", cfg.model.seq_len, 1, kI32Max);
-      bool padded_given = s.has("padded_vocab_size");
-      if (padded_given && !s.get_int("padded_vocab_size", cfg.model.padded_vocab_size, 1)) {
-        model_ok = false;
-      }
-      if (!padded_given) s.raw("padded_vocab_size");
-      s.get_path("init_from", cfg.model.init_from, path, /*nullable=*/true);
-      s.finish();
-      if (model_ok) {
-        if (!padded_given) {
-          cfg.model.padded_vocab_size = static_cast<int>(pad_vocab(cfg.model.vocab_size));
-        } else if (cfg.model.padded_vocab_size < cfg.model.vocab_size) {
-          ctx.error(s.child("padded_vocab_size"),
-                    fmt::format("must be >= vocab_size ({}), got {}", cfg.model.vocab_size,
-                                cfg.model.padded_vocab_size));
-          model_ok = false;
-        }
-        if (cfg.model.n_embd % cfg.model.n_head != 0) {
-          ctx.error(s.child("n_embd"),
-                    fmt::format("n_embd ({}) must be divisible by n_head ({})", cfg.model.n_embd,
-                                cfg.model.n_head));
-          model_ok = false;
-        }
-      }
-    }
-  }
-  bool val_given = false;
-  {
-    Section s = root.section("data", /*nullable=*/true);
-    cfg.has_data = s.present();
-    if (s.present()) {
-      if (!s.has("train") || s.raw_is_null("train")) {
-        s.raw("train");
-        ctx.error(s.path(), "missing required key \"train\" (the training token file)");
-      } else {
-        s.get_path("train", cfg.data.train, path, /*nullable=*/false);
-      }
-      s.get_path("val", cfg.data.val, path, /*nullable=*/true);
-      val_given = !cfg.data.val.empty();
-      s.get_bool("shuffle", cfg.data.shuffle);
-      s.finish();
-    }
-  }
-  bool steps_ok = false;
-  {
-    Section s = root.section("training");
-    if (!s.raw_is_null("steps")) {
-      steps_ok = s.get_int("steps", cfg.training.steps, 1, kI64Max);
-    } else {
-      s.raw("steps");
-    }
-    s.get_u64("seed", cfg.training.seed);
-    bool eval_given = s.get_int("eval_interval", cfg.training.eval_interval, 0);
-    s.get_int("eval_steps", cfg.training.eval_steps, 1);
-    s.get_int("log_interval", cfg.training.log_interval, 1);
-    s.get_path("checkpoint_dir", cfg.training.checkpoint_dir, path, /*nullable=*/true);
-    bool ckpt_given = s.get_int("checkpoint_interval", cfg.training.checkpoint_interval, 0);
-    s.get_int("keep_last", cfg.training.keep_last, 0);
-    s.get_choice("device", cfg.training.device, {"cpu", "cuda"});
-    s.finish();
-    if (ckpt_given && cfg.training.checkpoint_interval > 0 && cfg.training.checkpoint_dir.empty()) {
-      ctx.error(s.child("checkpoint_interval"),
-                fmt::format("checkpoint_interval {} needs training.checkpoint_dir",
-                            cfg.training.checkpoint_interval));
-    }
-    if (eval_given && cfg.training.eval_interval > 0 && cfg.has_data && !val_given) {
-      ctx.error(s.child("eval_interval"),
-                fmt::format("eval_interval {} needs data.val (a validation token file)",
-                            cfg.training.eval_interval));
-    }
+  const bool model_ok = detail::read_model(ctx, root, cfg);
+  detail::read_data(ctx, root, cfg);
+  const detail::TrainingRead training = detail::read_training(ctx, root, path, cfg.training);
+  const bool steps_ok = training.steps_valid;
+  if (training.eval_interval_given && cfg.training.eval_interval > 0 && cfg.has_data &&
+      cfg.data.val.empty()) {
+    ctx.error(json_path_child("$.training", "eval_interval"),
+              fmt::format("eval_interval {} needs data.val (a validation token file)",
+                          cfg.training.eval_interval));
   }
 
   // --- scheduler parameters
@@ -337,45 +240,21 @@ void require_training_sections(const JobConfig& config) {
 }
 
 nlohmann::ordered_json JobConfig::to_json() const {
-  using J = nlohmann::ordered_json;
-  auto str_or_null = [](const std::string& s) { return s.empty() ? J(nullptr) : J(s); };
-  J j = J::object();
+  Json j = Json::object();
   detail::top_level_to_json(*this, j);
   j["fp16"] = detail::fp16_to_json(fp16);
   j["bf16"] = detail::bf16_to_json(bf16);
   j["zero_optimization"] = detail::zero_to_json(zero);
   j["optimizer"] = detail::optimizer_to_json(optimizer);
   j["scheduler"] = detail::scheduler_to_json(scheduler);
-  j["activation_checkpointing"] = J{{"enabled", activation_checkpointing.enabled}};
+  j["activation_checkpointing"] =
+      detail::activation_checkpointing_to_json(activation_checkpointing);
   j["pipeline"] = detail::pipeline_to_json(pipeline);
   j["tensor_parallel"] = detail::tensor_parallel_to_json(tensor_parallel);
-  j["checkpoint"] = J::object();
-  if (has_model) {
-    j["model"] = J{{"type", model.type},
-                   {"n_layer", model.n_layer},
-                   {"n_head", model.n_head},
-                   {"n_embd", model.n_embd},
-                   {"vocab_size", model.vocab_size},
-                   {"padded_vocab_size", model.padded_vocab_size},
-                   {"seq_len", model.seq_len},
-                   {"init_from", str_or_null(model.init_from)}};
-  } else {
-    j["model"] = nullptr;
-  }
-  if (has_data) {
-    j["data"] = J{{"train", data.train}, {"val", str_or_null(data.val)}, {"shuffle", data.shuffle}};
-  } else {
-    j["data"] = nullptr;
-  }
-  j["training"] = J{{"steps", training.steps > 0 ? J(training.steps) : J(nullptr)},
-                    {"seed", training.seed},
-                    {"eval_interval", training.eval_interval},
-                    {"eval_steps", training.eval_steps},
-                    {"log_interval", training.log_interval},
-                    {"checkpoint_dir", str_or_null(training.checkpoint_dir)},
-                    {"checkpoint_interval", training.checkpoint_interval},
-                    {"keep_last", training.keep_last},
-                    {"device", training.device}};
+  j["checkpoint"] = detail::checkpoint_to_json(checkpoint);
+  j["model"] = detail::model_to_json(*this);
+  j["data"] = detail::data_to_json(*this);
+  j["training"] = detail::training_to_json(training);
   return j;
 }
 
