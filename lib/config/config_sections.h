@@ -11,6 +11,8 @@
 //   config_parallel.cpp   pipeline, tensor_parallel
 //   config_model.cpp      model, activation_checkpointing
 //   config_training.cpp   data, training, checkpoint
+//   config_validate.cpp   the rules across sections (batch triad against the world size, the
+//                         model against the layout, ...): config_validate.h
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
 // messages; readers never throw, they record errors in the ReadContext.
 #pragma once
