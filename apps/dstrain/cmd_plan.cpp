@@ -3,8 +3,9 @@
 //   paper activations: --formula paper --hidden H --heads A --seq-len S [--micro-batch B] [--tp T]
 //   model mode:    --config C --world-size N [--hostfile H] [--gpu-mem SIZE]
 //   layout search: --recommend --config C --world-size N --gpu-mem SIZE
-// The numbers come from lib/plan; this file parses flags, picks the mode and prints tables or
-// JSON. It is the only place of the plan that may ask the runtime which GPUs exist.
+// The numbers and the --json shapes (lib/plan/plan_json.h) live in lib/plan; this file parses
+// flags, picks the mode and prints: text tables here, JSON as lib/plan builds it. It is the only
+// place of the plan that may ask the runtime which GPUs exist.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 #include "plan/from_config.h"
 #include "plan/memory_model.h"
 #include "plan/model_state.h"
+#include "plan/plan_json.h"
 #include "plan/recommend.h"
 
 namespace ds::cli {
@@ -72,22 +74,14 @@ bool parse_device(const std::string& s, const char* flag) {
   throw invalid_argument("{} expects 'none' or 'cpu', got '{}'", flag, s);
 }
 
+void print_json(const nlohmann::ordered_json& j) { std::cout << j.dump(2) << "\n"; }
+
 std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
 
 int run_generic_paper(const PlanOptions& o, double params) {
   auto m = plan::zero_paper_model_states(params, o.world_size, o.zero_stage);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "paper";
-    j["params"] = params;
-    j["world_size"] = o.world_size;
-    j["zero_stage"] = o.zero_stage;
-    j["k"] = plan::kZeroPaperK;
-    j["per_gpu"] = {{"params", std::llround(m.params)},
-                    {"grads", std::llround(m.grads)},
-                    {"optimizer", std::llround(m.optimizer)},
-                    {"total", std::llround(m.total())}};
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::paper_model_states_json(params, o.world_size, o.zero_stage, m));
     return 0;
   }
   std::cout << fmt::format(
@@ -152,23 +146,7 @@ int run_generic_deepspeed(const PlanOptions& o, double params) {
   auto chosen = plan::deepspeed_model_states(in);
   auto all = plan::deepspeed_model_states_all(in);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "deepspeed";
-    j["zero_stage"] = in.stage;
-    j["params"] = params;
-    j["largest_layer_params"] = in.largest_layer_params;
-    j["num_nodes"] = in.num_nodes;
-    j["gpus_per_node"] = in.gpus_per_node;
-    j["additional_buffer_factor"] = in.additional_buffer_factor;
-    auto row = [](const plan::DeepSpeedEstimate& e) {
-      return nlohmann::ordered_json{{"options", e.options},
-                                    {"per_cpu", e.cpu_bytes},
-                                    {"per_gpu", e.gpu_bytes}};
-    };
-    j["estimate"] = row(chosen);
-    j["all_options"] = nlohmann::ordered_json::array();
-    for (const auto& e : all) j["all_options"].push_back(row(e));
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::deepspeed_estimate_json(in, chosen, all));
     return 0;
   }
   // DeepSpeed's own layout (…_all_cold), GiB printed under the label GB as DeepSpeed does.
@@ -199,26 +177,9 @@ int run_generic_deepspeed(const PlanOptions& o, double params) {
 // under 1F1B (pp micro-batches of L/pp layers in flight: L layers' worth).
 int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, int64_t layers,
                             int64_t pp, bool json) {
-  auto rows = plan::korthikanti_table(static_cast<double>(s), static_cast<double>(b),
-                                      static_cast<double>(h), static_cast<double>(a),
-                                      static_cast<double>(t));
-  // Layers the first stage holds, times the micro-batches 1F1B keeps in flight there (pp).
-  int64_t stage_layers = layers > 0 ? (layers + pp - 1) / pp : 0;
-  int64_t layer_mbs = stage_layers * pp;
+  const plan::KorthikantiView v = plan::korthikanti_view(s, b, h, a, t, layers, pp);
   if (json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "paper";
-    j["source"] = "Korthikanti et al. 2022, Table 2 (16-bit activations)";
-    j["s"] = s; j["b"] = b; j["h"] = h; j["a"] = a; j["t"] = t;
-    j["layers"] = layers; j["pp"] = pp;
-    j["rows"] = nlohmann::ordered_json::array();
-    for (const auto& r : rows) {
-      nlohmann::ordered_json row{{"name", r.name}, {"formula", r.formula},
-                                 {"per_layer", std::llround(r.layer_bytes)}};
-      if (layers > 0) row["first_stage"] = std::llround(r.layer_bytes * static_cast<double>(layer_mbs));
-      j["rows"].push_back(row);
-    }
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::paper_activations_json(v));
     return 0;
   }
   std::cout << fmt::format(
@@ -226,15 +187,16 @@ int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t 
       b, h, a, t);
   if (layers > 0) {
     std::cout << fmt::format("first stage under 1F1B: {} layer(s) x {} micro-batch(es) in flight\n",
-                             stage_layers, pp);
+                             v.stage_layers, pp);
   }
   std::cout << "\n";
   std::cout << fmt::format("  {:<50} {:<28} {:>12}", "", "formula", "per layer");
   if (layers > 0) std::cout << fmt::format(" {:>12}", "first stage");
   std::cout << "\n";
-  for (const auto& r : rows) {
+  const auto in_flight = static_cast<double>(v.layer_micro_batches);
+  for (const auto& r : v.rows) {
     std::cout << fmt::format("  {:<50} {:<28} {:>12}", r.name, r.formula, format_bytes(r.layer_bytes));
-    if (layers > 0) std::cout << fmt::format(" {:>12}", format_bytes(r.layer_bytes * static_cast<double>(layer_mbs)));
+    if (layers > 0) std::cout << fmt::format(" {:>12}", format_bytes(r.layer_bytes * in_flight));
     std::cout << "\n";
   }
   return 0;
@@ -255,20 +217,6 @@ std::string count(int64_t n) {
   if (n >= 1000000000) return fmt::format("{:.2f}B", static_cast<double>(n) / 1e9);
   if (n >= 1000000) return fmt::format("{:.2f}M", static_cast<double>(n) / 1e6);
   return std::to_string(n);
-}
-
-nlohmann::ordered_json layout_json(const plan::Layout& l) {
-  return nlohmann::ordered_json{{"tp", l.tp},
-                                {"pp", l.pp},
-                                {"dp", l.dp},
-                                {"zero_stage", l.zero_stage},
-                                {"micro_batch", l.micro_batch},
-                                {"gradient_accumulation_steps", l.grad_accum},
-                                {"activation_checkpointing", l.checkpointing},
-                                {"offload_optimizer", l.offload_optimizer ? "cpu" : "none"},
-                                {"offload_param", l.offload_param ? "cpu" : "none"},
-                                {"schedule", plan::schedule_name(l.schedule)},
-                                {"precision", plan::precision_name(l.precision)}};
 }
 
 // World size and GPUs per node from --world-size and/or --hostfile.
@@ -385,24 +333,6 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p, int64_t de
   }
 }
 
-nlohmann::ordered_json rank_json(const plan::RankMemory& r) {
-  return nlohmann::ordered_json{{"rank", r.rank},
-                                {"stage", r.stage},
-                                {"dp_rank", r.dp_rank},
-                                {"tp_rank", r.tp_rank},
-                                {"layers", {r.layer_begin, r.layer_end}},
-                                {"in_flight_micro_batches", r.in_flight},
-                                {"params", r.params},
-                                {"grads", r.grads},
-                                {"optimizer", r.optimizer},
-                                {"activations", r.activations},
-                                {"comm", r.comm},
-                                {"workspace", r.workspace},
-                                {"buffers", r.buffers()},
-                                {"total", r.total()},
-                                {"cpu", r.cpu}};
-}
-
 int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldInfo& w, int64_t device,
                   const std::string& device_source) {
   if (device <= 0) {
@@ -424,33 +354,14 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldIn
       static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
   const size_t n = std::min(res.fits.size(), static_cast<size_t>(o.top));
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["config"] = o.config;
-    j["world_size"] = w.world_size;
-    j["device_bytes"] = device;
-    j["global_batch"] = global_batch;
-    j["considered"] = res.considered;
-    j["fitting"] = res.fits.size();
-    j["rejected_memory"] = res.rejected_memory;
-    j["rejected_rule"] = res.rejected_rule;
-    j["hardware"] = {{"gpu_flops", hw.gpu_flops}, {"intra_node_bw", hw.intra_node_bw},
-                     {"layer_overhead", hw.layer_overhead},
-                     {"inter_node_bw", hw.inter_node_bw}, {"pcie_bw", hw.pcie_bw},
-                     {"cpu_adam_rate", hw.cpu_adam_rate}, {"gpus_per_node", hw.gpus_per_node}};
-    j["recommendations"] = nlohmann::ordered_json::array();
-    for (size_t i = 0; i < n; ++i) {
-      const auto& c = res.fits[i];
-      nlohmann::ordered_json e;
-      e["layout"] = layout_json(c.layout);
-      e["peak_bytes"] = c.peak_bytes;
-      e["step_seconds"] = c.time.total();
-      e["step"] = {{"compute", c.time.compute}, {"bubble", c.time.bubble}, {"tp_comm", c.time.tp_comm},
-                   {"pp_comm", c.time.pp_comm}, {"dp_comm", c.time.dp_comm}, {"offload", c.time.offload},
-                   {"overhead", c.time.overhead}};
-      e["reason"] = c.reason;
-      j["recommendations"].push_back(e);
-    }
-    std::cout << j.dump(2) << "\n";
+    plan::RecommendReport report;
+    report.config_path = o.config;
+    report.world_size = w.world_size;
+    report.device_bytes = device;
+    report.global_batch = global_batch;
+    report.hardware = hw;
+    report.shown = n;
+    print_json(plan::recommend_json(report, res));
     return res.fits.empty() ? 1 : 0;
   }
   std::cout << fmt::format(
@@ -506,30 +417,7 @@ int run_model(const PlanOptions& o) {
 
   auto p = plan::plan_memory(in.shape, in.layout);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["ranks"] = nlohmann::ordered_json::array();
-    for (const auto& r : p.ranks) j["ranks"].push_back(rank_json(r));
-    j["config"] = o.config;
-    j["world_size"] = in.layout.world_size();
-    j["layout"] = layout_json(in.layout);
-    j["model"] = {{"n_layer", in.shape.n_layer}, {"n_head", in.shape.n_head}, {"n_embd", in.shape.n_embd},
-                  {"vocab_size", in.shape.vocab_size}, {"padded_vocab_size", in.shape.padded_vocab_size},
-                  {"seq_len", in.shape.seq_len}, {"params", model_spec::param_count(in.shape)}};
-    j["stage_layers"] = p.bounds;
-    j["distinct"] = nlohmann::ordered_json::array();
-    for (const auto& g : plan::distinct_ranks(p)) {
-      j["distinct"].push_back({{"ranks", g.ranks_text}, {"stage", g.first->stage}, {"total", g.first->total()}});
-    }
-    j["peak"] = {{"rank", p.peak_rank().rank}, {"total", p.peak_total()}};
-    if (device > 0) {
-      auto v = plan::verdict(p, device);
-      j["device_bytes"] = device;
-      j["verdict"] = {{"fits", v.fits}, {"margin", v.margin}, {"fixes", v.fixes}};
-    } else {
-      j["device_bytes"] = nullptr;
-      j["verdict"] = nullptr;
-    }
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::memory_plan_json(o.config, in, p, device));
   } else {
     print_plan_text(o, p, device, device_source);
   }
