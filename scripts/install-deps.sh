@@ -8,7 +8,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake pkg-config ninja-build git
+  build-essential cmake pkg-config ninja-build git universal-ctags
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libssh2-1-dev libssl-dev
   libboost-dev libboost-filesystem-dev

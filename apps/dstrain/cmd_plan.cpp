@@ -3,12 +3,11 @@
 //   paper activations: --formula paper --hidden H --heads A --seq-len S [--micro-batch B] [--tp T]
 //   model mode:    --config C --world-size N [--hostfile H] [--gpu-mem SIZE]
 //   layout search: --recommend --config C --world-size N --gpu-mem SIZE
-// The numbers come from lib/plan; this file parses flags, picks the mode and prints tables or
-// JSON. It is the only place of the plan that may ask the runtime which GPUs exist.
+// The numbers, the resolution of the inputs (lib/plan/plan_inputs.h: world, config, device
+// memory, hardware) and the --json shapes (lib/plan/plan_json.h) live in lib/plan; this file
+// binds the flags, picks the mode and prints: text tables here, JSON as lib/plan builds it. It
+// is the only place of the plan that may ask the runtime which GPUs exist.
 #include <algorithm>
-#include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <memory>
 
@@ -18,13 +17,12 @@
 #include "commands.h"
 #include "common/error.h"
 #include "common/strings.h"
-#include "config/hostfile.h"
-#include "config/job_config.h"
 #include "core/device.h"
 #include "plan/activation_paper.h"
-#include "plan/from_config.h"
 #include "plan/memory_model.h"
 #include "plan/model_state.h"
+#include "plan/plan_inputs.h"
+#include "plan/plan_json.h"
 #include "plan/recommend.h"
 
 namespace ds::cli {
@@ -55,39 +53,17 @@ struct PlanOptions {
   // layout search
   bool recommend = false;
   int top = 10;
-  plan::Hardware hw;
-  double gpu_tflops = 125;
-  double intra_gbps = 150, inter_gbps = 12.5, pcie_gbps = 16;
+  plan::HardwareFlags hardware;
 };
 
-double parse_count(const std::string& s, const char* flag) {
-  auto v = parse_bytes(s);  // accepts 7.5e9, 2851000000, ...
-  if (!v || *v <= 0) throw invalid_argument("{} expects a positive number like 7.5e9, got '{}'", flag, s);
-  return *v;
-}
-
-bool parse_device(const std::string& s, const char* flag) {
-  if (s == "none") return false;
-  if (s == "cpu") return true;
-  throw invalid_argument("{} expects 'none' or 'cpu', got '{}'", flag, s);
-}
+void print_json(const nlohmann::ordered_json& j) { std::cout << j.dump(2) << "\n"; }
 
 std::string gb(double bytes) { return fmt::format("{:.2f} GB", bytes / 1e9); }
 
 int run_generic_paper(const PlanOptions& o, double params) {
   auto m = plan::zero_paper_model_states(params, o.world_size, o.zero_stage);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "paper";
-    j["params"] = params;
-    j["world_size"] = o.world_size;
-    j["zero_stage"] = o.zero_stage;
-    j["k"] = plan::kZeroPaperK;
-    j["per_gpu"] = {{"params", std::llround(m.params)},
-                    {"grads", std::llround(m.grads)},
-                    {"optimizer", std::llround(m.optimizer)},
-                    {"total", std::llround(m.total())}};
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::paper_model_states_json(params, o.world_size, o.zero_stage, m));
     return 0;
   }
   std::cout << fmt::format(
@@ -109,66 +85,27 @@ int run_generic_paper(const PlanOptions& o, double params) {
   return 0;
 }
 
-int run_generic_deepspeed(const PlanOptions& o, double params) {
-  plan::DeepSpeedEstimateInput in;
-  in.stage = o.zero_stage;
-  in.total_params = params;
-  if (!o.largest_layer_params.empty()) {
-    in.largest_layer_params = parse_count(o.largest_layer_params, "--largest-layer-params");
-  }
-  // Nodes and GPUs per node: given, or derived from --world-size (one node when it is not split).
-  in.gpus_per_node = o.gpus_per_node > 0 ? o.gpus_per_node : 0;
-  in.num_nodes = o.num_nodes > 0 ? o.num_nodes : 0;
-  if (in.gpus_per_node == 0 && in.num_nodes == 0) {
-    if (o.world_size <= 0) {
-      throw Error(ErrorKind::kInvalidArgument, "--formula deepspeed needs the GPUs",
-                  "give --world-size N (one node), or --gpus-per-node G and --num-nodes M");
-    }
-    in.gpus_per_node = o.world_size;
-    in.num_nodes = 1;
-  } else if (in.gpus_per_node == 0) {
-    if (o.world_size <= 0 || o.world_size % in.num_nodes != 0) {
-      throw invalid_argument("--num-nodes {} needs --gpus-per-node, or a --world-size divisible by it",
-                             in.num_nodes);
-    }
-    in.gpus_per_node = o.world_size / in.num_nodes;
-  } else if (in.num_nodes == 0) {
-    if (o.world_size > 0 && o.world_size % in.gpus_per_node != 0) {
-      throw invalid_argument("--world-size {} is not a multiple of --gpus-per-node {}", o.world_size,
-                             in.gpus_per_node);
-    }
-    in.num_nodes = o.world_size > 0 ? o.world_size / in.gpus_per_node : 1;
-  }
-  if (o.world_size > 0 && o.world_size != in.gpus_per_node * in.num_nodes) {
-    throw invalid_argument("--world-size {} differs from --num-nodes {} x --gpus-per-node {}",
-                           o.world_size, in.num_nodes, in.gpus_per_node);
-  }
-  in.offload_optimizer_cpu = parse_device(o.offload_optimizer, "--offload-optimizer");
-  in.offload_param_cpu = parse_device(o.offload_param, "--offload-param");
-  if (o.zero_init != 0 && o.zero_init != 1) throw invalid_argument("--zero-init expects 0 or 1, got {}", o.zero_init);
-  in.zero_init = o.zero_init == 1;
-  in.additional_buffer_factor = o.buffer_factor;
+plan::DeepSpeedFlags deepspeed_flags(const PlanOptions& o, double params) {
+  plan::DeepSpeedFlags f;
+  f.zero_stage = o.zero_stage;
+  f.params = params;
+  f.largest_layer_params = o.largest_layer_params;
+  f.world_size = o.world_size;
+  f.gpus_per_node = o.gpus_per_node;
+  f.num_nodes = o.num_nodes;
+  f.offload_optimizer = o.offload_optimizer;
+  f.offload_param = o.offload_param;
+  f.zero_init = o.zero_init;
+  f.buffer_factor = o.buffer_factor;
+  return f;
+}
 
+int run_generic_deepspeed(const PlanOptions& o, double params) {
+  const plan::DeepSpeedEstimateInput in = plan::resolve_deepspeed_input(deepspeed_flags(o, params));
   auto chosen = plan::deepspeed_model_states(in);
   auto all = plan::deepspeed_model_states_all(in);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "deepspeed";
-    j["zero_stage"] = in.stage;
-    j["params"] = params;
-    j["largest_layer_params"] = in.largest_layer_params;
-    j["num_nodes"] = in.num_nodes;
-    j["gpus_per_node"] = in.gpus_per_node;
-    j["additional_buffer_factor"] = in.additional_buffer_factor;
-    auto row = [](const plan::DeepSpeedEstimate& e) {
-      return nlohmann::ordered_json{{"options", e.options},
-                                    {"per_cpu", e.cpu_bytes},
-                                    {"per_gpu", e.gpu_bytes}};
-    };
-    j["estimate"] = row(chosen);
-    j["all_options"] = nlohmann::ordered_json::array();
-    for (const auto& e : all) j["all_options"].push_back(row(e));
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::deepspeed_estimate_json(in, chosen, all));
     return 0;
   }
   // DeepSpeed's own layout (…_all_cold), GiB printed under the label GB as DeepSpeed does.
@@ -199,26 +136,9 @@ int run_generic_deepspeed(const PlanOptions& o, double params) {
 // under 1F1B (pp micro-batches of L/pp layers in flight: L layers' worth).
 int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t, int64_t layers,
                             int64_t pp, bool json) {
-  auto rows = plan::korthikanti_table(static_cast<double>(s), static_cast<double>(b),
-                                      static_cast<double>(h), static_cast<double>(a),
-                                      static_cast<double>(t));
-  // Layers the first stage holds, times the micro-batches 1F1B keeps in flight there (pp).
-  int64_t stage_layers = layers > 0 ? (layers + pp - 1) / pp : 0;
-  int64_t layer_mbs = stage_layers * pp;
+  const plan::KorthikantiView v = plan::korthikanti_view(s, b, h, a, t, layers, pp);
   if (json) {
-    nlohmann::ordered_json j;
-    j["formula"] = "paper";
-    j["source"] = "Korthikanti et al. 2022, Table 2 (16-bit activations)";
-    j["s"] = s; j["b"] = b; j["h"] = h; j["a"] = a; j["t"] = t;
-    j["layers"] = layers; j["pp"] = pp;
-    j["rows"] = nlohmann::ordered_json::array();
-    for (const auto& r : rows) {
-      nlohmann::ordered_json row{{"name", r.name}, {"formula", r.formula},
-                                 {"per_layer", std::llround(r.layer_bytes)}};
-      if (layers > 0) row["first_stage"] = std::llround(r.layer_bytes * static_cast<double>(layer_mbs));
-      j["rows"].push_back(row);
-    }
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::paper_activations_json(v));
     return 0;
   }
   std::cout << fmt::format(
@@ -226,15 +146,16 @@ int print_paper_activations(int64_t s, int64_t b, int64_t h, int64_t a, int64_t 
       b, h, a, t);
   if (layers > 0) {
     std::cout << fmt::format("first stage under 1F1B: {} layer(s) x {} micro-batch(es) in flight\n",
-                             stage_layers, pp);
+                             v.stage_layers, pp);
   }
   std::cout << "\n";
   std::cout << fmt::format("  {:<50} {:<28} {:>12}", "", "formula", "per layer");
   if (layers > 0) std::cout << fmt::format(" {:>12}", "first stage");
   std::cout << "\n";
-  for (const auto& r : rows) {
+  const auto in_flight = static_cast<double>(v.layer_micro_batches);
+  for (const auto& r : v.rows) {
     std::cout << fmt::format("  {:<50} {:<28} {:>12}", r.name, r.formula, format_bytes(r.layer_bytes));
-    if (layers > 0) std::cout << fmt::format(" {:>12}", format_bytes(r.layer_bytes * static_cast<double>(layer_mbs)));
+    if (layers > 0) std::cout << fmt::format(" {:>12}", format_bytes(r.layer_bytes * in_flight));
     std::cout << "\n";
   }
   return 0;
@@ -257,73 +178,45 @@ std::string count(int64_t n) {
   return std::to_string(n);
 }
 
-nlohmann::ordered_json layout_json(const plan::Layout& l) {
-  return nlohmann::ordered_json{{"tp", l.tp},
-                                {"pp", l.pp},
-                                {"dp", l.dp},
-                                {"zero_stage", l.zero_stage},
-                                {"micro_batch", l.micro_batch},
-                                {"gradient_accumulation_steps", l.grad_accum},
-                                {"activation_checkpointing", l.checkpointing},
-                                {"offload_optimizer", l.offload_optimizer ? "cpu" : "none"},
-                                {"offload_param", l.offload_param ? "cpu" : "none"},
-                                {"schedule", plan::schedule_name(l.schedule)},
-                                {"precision", plan::precision_name(l.precision)}};
+// Device memory: --gpu-mem, else the smallest GPU the runtime finds; 0 when neither.
+plan::DeviceMemory device_memory(const PlanOptions& o) {
+  return plan::resolve_device_memory(o.gpu_mem, [] {
+    std::vector<int64_t> sizes;
+    for (const auto& g : rt::query_accelerators(rt::ModuleUse::kIfGpuPresent).gpus) {
+      sizes.push_back(static_cast<int64_t>(g.total_bytes));
+    }
+    return sizes;
+  });
 }
 
-// World size and GPUs per node from --world-size and/or --hostfile.
-struct WorldInfo {
-  int world_size = 0;
-  int gpus_per_node = 0;  // 0: unknown
-};
-
-WorldInfo resolve_world(const PlanOptions& o) {
-  WorldInfo w;
-  w.world_size = static_cast<int>(o.world_size);
-  if (!o.hostfile.empty()) {
-    auto hf = config::load_hostfile(o.hostfile);
-    int total = 0, most = 0;
-    for (const auto& h : hf.hosts) {
-      total += h.slots;
-      most = std::max(most, h.slots);
-    }
-    if (w.world_size == 0) w.world_size = total;
-    if (w.world_size > total) {
-      throw invalid_argument("--world-size {} exceeds the {} slots of hostfile {}", w.world_size, total,
-                             o.hostfile);
-    }
-    w.gpus_per_node = most;
+// The verdict line(s) of the text output.
+void print_verdict_text(const plan::MemoryPlan& p, const plan::DeviceMemory& device) {
+  const auto& peak = p.peak_rank();
+  if (device.bytes <= 0) {
+    std::cout << fmt::format("verdict: none (peak {} on rank {}); no --gpu-mem given and no GPU found\n",
+                             gib(peak.total()), peak.rank);
+    return;
   }
-  if (o.gpus_per_node > 0) w.gpus_per_node = static_cast<int>(o.gpus_per_node);
-  if (w.world_size <= 0) {
-    throw Error(ErrorKind::kInvalidArgument, "dstrain plan --config needs the world size",
-                "give --world-size N or --hostfile H");
+  auto v = plan::verdict(p, device.bytes);
+  if (v.fits) {
+    std::cout << fmt::format("verdict: fits: peak {} on rank {} of {} per GPU ({}), {} free\n",
+                             gib(v.peak_bytes), v.peak_rank, gib(device.bytes), device.source,
+                             gib(v.margin));
+    return;
   }
-  return w;
+  std::cout << fmt::format("verdict: does NOT fit: peak {} on rank {} exceeds {} per GPU ({}) by {}\n",
+                           gib(v.peak_bytes), v.peak_rank, gib(device.bytes), device.source,
+                           gib(-v.margin));
+  if (v.fixes.empty()) {
+    std::cout << "no single change fits; try dstrain plan --recommend\n";
+  } else {
+    std::cout << "each of these alone would fit:\n";
+    for (const auto& f : v.fixes) std::cout << "  - " << f << "\n";
+  }
 }
 
-// Device memory: --gpu-mem, else the smallest GPU found; 0 when neither.
-int64_t device_memory(const PlanOptions& o, std::string* source) {
-  if (!o.gpu_mem.empty()) {
-    auto v = parse_bytes(o.gpu_mem);
-    if (!v || *v <= 0) {
-      throw invalid_argument("--gpu-mem expects a size like 80GiB, 40GB or 8e10, got '{}'", o.gpu_mem);
-    }
-    *source = "--gpu-mem";
-    return static_cast<int64_t>(*v);
-  }
-  auto acc = rt::query_accelerators(rt::ModuleUse::kIfGpuPresent);
-  int64_t smallest = 0;
-  for (const auto& g : acc.gpus) {
-    const auto b = static_cast<int64_t>(g.total_bytes);
-    if (smallest == 0 || b < smallest) smallest = b;
-  }
-  if (smallest > 0) *source = fmt::format("smallest of {} GPU(s) found", acc.gpus.size());
-  return smallest;
-}
-
-void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p, int64_t device,
-                     const std::string& device_source) {
+void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
+                     const plan::DeviceMemory& device) {
   const auto& l = p.layout;
   const auto& s = p.shape;
   std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
@@ -359,105 +252,21 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p, int64_t de
                            gib(sum.total()));
   if (cpu > 0) std::cout << fmt::format("\nhost memory per rank (offloaded): up to {}\n", gib(cpu));
 
-  const auto& peak = p.peak_rank();
-  std::cout << fmt::format("\nhow rank {} (the peak) is counted:\n", peak.rank);
+  std::cout << fmt::format("\nhow rank {} (the peak) is counted:\n", p.peak_rank().rank);
   for (const auto& n : p.notes) std::cout << fmt::format("  {:<12} {}\n", n.tag, n.text);
 
   std::cout << "\n";
-  if (device <= 0) {
-    std::cout << fmt::format("verdict: none (peak {} on rank {}); no --gpu-mem given and no GPU found\n",
-                             gib(peak.total()), peak.rank);
-    return;
-  }
-  auto v = plan::verdict(p, device);
-  if (v.fits) {
-    std::cout << fmt::format("verdict: fits: peak {} on rank {} of {} per GPU ({}), {} free\n",
-                             gib(v.peak_bytes), v.peak_rank, gib(device), device_source, gib(v.margin));
-    return;
-  }
-  std::cout << fmt::format("verdict: does NOT fit: peak {} on rank {} exceeds {} per GPU ({}) by {}\n",
-                           gib(v.peak_bytes), v.peak_rank, gib(device), device_source, gib(-v.margin));
-  if (v.fixes.empty()) {
-    std::cout << "no single change fits; try dstrain plan --recommend\n";
-  } else {
-    std::cout << "each of these alone would fit:\n";
-    for (const auto& f : v.fixes) std::cout << "  - " << f << "\n";
-  }
+  print_verdict_text(p, device);
 }
 
-nlohmann::ordered_json rank_json(const plan::RankMemory& r) {
-  return nlohmann::ordered_json{{"rank", r.rank},
-                                {"stage", r.stage},
-                                {"dp_rank", r.dp_rank},
-                                {"tp_rank", r.tp_rank},
-                                {"layers", {r.layer_begin, r.layer_end}},
-                                {"in_flight_micro_batches", r.in_flight},
-                                {"params", r.params},
-                                {"grads", r.grads},
-                                {"optimizer", r.optimizer},
-                                {"activations", r.activations},
-                                {"comm", r.comm},
-                                {"workspace", r.workspace},
-                                {"buffers", r.buffers()},
-                                {"total", r.total()},
-                                {"cpu", r.cpu}};
-}
-
-int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldInfo& w, int64_t device,
-                  const std::string& device_source) {
-  if (device <= 0) {
-    throw Error(ErrorKind::kInvalidArgument, "--recommend needs the device memory",
-                "give --gpu-mem SIZE (e.g. 80GiB), or run where GPUs are visible");
-  }
-  plan::Hardware hw = o.hw;
-  hw.gpu_flops = o.gpu_tflops * 1e12;
-  hw.intra_node_bw = o.intra_gbps * 1e9;
-  hw.inter_node_bw = o.inter_gbps * 1e9;
-  hw.pcie_bw = o.pcie_gbps * 1e9;
-  if (w.gpus_per_node > 0) hw.gpus_per_node = w.gpus_per_node;
-  if (!(hw.gpu_flops > 0 && hw.intra_node_bw > 0 && hw.inter_node_bw > 0 && hw.pcie_bw > 0)) {
-    throw invalid_argument("--gpu-tflops, --intra-node-gbps, --inter-node-gbps and --pcie-gbps must be positive");
-  }
-  if (o.top < 1) throw invalid_argument("--top must be at least 1, got {}", o.top);
-  auto res = plan::recommend(in.shape, in.layout, w.world_size, device, hw);
-  const int64_t global_batch =
-      static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
-  const size_t n = std::min(res.fits.size(), static_cast<size_t>(o.top));
-  if (o.json) {
-    nlohmann::ordered_json j;
-    j["config"] = o.config;
-    j["world_size"] = w.world_size;
-    j["device_bytes"] = device;
-    j["global_batch"] = global_batch;
-    j["considered"] = res.considered;
-    j["fitting"] = res.fits.size();
-    j["rejected_memory"] = res.rejected_memory;
-    j["rejected_rule"] = res.rejected_rule;
-    j["hardware"] = {{"gpu_flops", hw.gpu_flops}, {"intra_node_bw", hw.intra_node_bw},
-                     {"layer_overhead", hw.layer_overhead},
-                     {"inter_node_bw", hw.inter_node_bw}, {"pcie_bw", hw.pcie_bw},
-                     {"cpu_adam_rate", hw.cpu_adam_rate}, {"gpus_per_node", hw.gpus_per_node}};
-    j["recommendations"] = nlohmann::ordered_json::array();
-    for (size_t i = 0; i < n; ++i) {
-      const auto& c = res.fits[i];
-      nlohmann::ordered_json e;
-      e["layout"] = layout_json(c.layout);
-      e["peak_bytes"] = c.peak_bytes;
-      e["step_seconds"] = c.time.total();
-      e["step"] = {{"compute", c.time.compute}, {"bubble", c.time.bubble}, {"tp_comm", c.time.tp_comm},
-                   {"pp_comm", c.time.pp_comm}, {"dp_comm", c.time.dp_comm}, {"offload", c.time.offload},
-                   {"overhead", c.time.overhead}};
-      e["reason"] = c.reason;
-      j["recommendations"].push_back(e);
-    }
-    std::cout << j.dump(2) << "\n";
-    return res.fits.empty() ? 1 : 0;
-  }
+int print_recommend_text(const plan::RecommendReport& report, const plan::SearchResult& res,
+                         const std::string& device_source) {
+  const plan::Hardware& hw = report.hardware;
   std::cout << fmt::format(
       "layouts of {} rank(s) for {} at global batch {} that fit {} per GPU ({}): {} of {} "
       "({} over memory, {} impossible)\n",
-      w.world_size, o.config, global_batch, gib(device), device_source, res.fits.size(), res.considered,
-      res.rejected_memory, res.rejected_rule);
+      report.world_size, report.config_path, report.global_batch, gib(report.device_bytes),
+      device_source, res.fits.size(), res.considered, res.rejected_memory, res.rejected_rule);
   std::cout << fmt::format("step time model: {:.0f} TFLOP/s per GPU, {:.1f} GB/s intra-node, {:.1f} GB/s "
                            "inter-node, {} GPUs per node (flags override)\n\n",
                            hw.gpu_flops / 1e12, hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9,
@@ -466,6 +275,7 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldIn
     std::cout << "no layout fits; more GPUs, a smaller model or a shorter sequence are needed\n";
     return 1;
   }
+  const size_t n = std::min(res.fits.size(), report.shown);
   size_t width = 6;
   for (size_t i = 0; i < n; ++i) width = std::max(width, plan::describe_layout(res.fits[i].layout).size());
   std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>10}  {}\n", "#", "layout", width, "peak",
@@ -478,19 +288,33 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const WorldIn
   return 0;
 }
 
+int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::PlanWorld& w,
+                  const plan::DeviceMemory& device) {
+  if (device.bytes <= 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--recommend needs the device memory",
+                "give --gpu-mem SIZE (e.g. 80GiB), or run where GPUs are visible");
+  }
+  plan::RecommendReport report;
+  report.hardware = plan::resolve_hardware(o.hardware, w.gpus_per_node);
+  if (o.top < 1) throw invalid_argument("--top must be at least 1, got {}", o.top);
+  report.config_path = o.config;
+  report.world_size = w.world_size;
+  report.device_bytes = device.bytes;
+  report.global_batch =
+      static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
+  report.shown = static_cast<size_t>(o.top);
+  auto res = plan::recommend(in.shape, in.layout, w.world_size, device.bytes, report.hardware);
+  if (o.json) {
+    print_json(plan::recommend_json(report, res));
+    return res.fits.empty() ? 1 : 0;
+  }
+  return print_recommend_text(report, res, device.source);
+}
+
 int run_model(const PlanOptions& o) {
   if (!o.params.empty()) throw invalid_argument("--config and --params are two modes; give one");
-  WorldInfo w = resolve_world(o);
-  auto cfg = config::load_job_config(o.config, w.world_size);
-  auto in = plan::plan_input_from_config(cfg);
-  in.layout.num_threads = o.threads;
-  if (o.threads == 0) {
-    // The runtime sizes its attention scratch by omp_get_max_threads(), i.e. OMP_NUM_THREADS.
-    const char* omp = std::getenv("OMP_NUM_THREADS");
-    auto n = omp ? parse_int(omp) : std::nullopt;
-    in.layout.num_threads = n && *n > 0 ? static_cast<int>(*n) : 1;
-  }
-
+  const plan::PlanWorld w = plan::resolve_plan_world(o.world_size, o.hostfile, o.gpus_per_node);
+  const plan::PlanInput in = plan::model_plan_input(o.config, w.world_size, o.threads);
   if (o.formula == "paper") {
     if (o.recommend) throw invalid_argument("--recommend uses dstrain's own model; drop --formula paper");
     return print_paper_activations(in.shape.seq_len, in.layout.micro_batch, in.shape.n_embd,
@@ -500,40 +324,16 @@ int run_model(const PlanOptions& o) {
     throw invalid_argument("--formula {} does not apply with --config (paper: Korthikanti's "
                            "activation view; deepspeed: use --params)", o.formula);
   }
-  std::string device_source;
-  const int64_t device = device_memory(o, &device_source);
-  if (o.recommend) return run_recommend(o, in, w, device, device_source);
+  const plan::DeviceMemory device = device_memory(o);
+  if (o.recommend) return run_recommend(o, in, w, device);
 
   auto p = plan::plan_memory(in.shape, in.layout);
   if (o.json) {
-    nlohmann::ordered_json j;
-    j["ranks"] = nlohmann::ordered_json::array();
-    for (const auto& r : p.ranks) j["ranks"].push_back(rank_json(r));
-    j["config"] = o.config;
-    j["world_size"] = in.layout.world_size();
-    j["layout"] = layout_json(in.layout);
-    j["model"] = {{"n_layer", in.shape.n_layer}, {"n_head", in.shape.n_head}, {"n_embd", in.shape.n_embd},
-                  {"vocab_size", in.shape.vocab_size}, {"padded_vocab_size", in.shape.padded_vocab_size},
-                  {"seq_len", in.shape.seq_len}, {"params", model_spec::param_count(in.shape)}};
-    j["stage_layers"] = p.bounds;
-    j["distinct"] = nlohmann::ordered_json::array();
-    for (const auto& g : plan::distinct_ranks(p)) {
-      j["distinct"].push_back({{"ranks", g.ranks_text}, {"stage", g.first->stage}, {"total", g.first->total()}});
-    }
-    j["peak"] = {{"rank", p.peak_rank().rank}, {"total", p.peak_total()}};
-    if (device > 0) {
-      auto v = plan::verdict(p, device);
-      j["device_bytes"] = device;
-      j["verdict"] = {{"fits", v.fits}, {"margin", v.margin}, {"fixes", v.fixes}};
-    } else {
-      j["device_bytes"] = nullptr;
-      j["verdict"] = nullptr;
-    }
-    std::cout << j.dump(2) << "\n";
+    print_json(plan::memory_plan_json(o.config, in, p, device.bytes));
   } else {
-    print_plan_text(o, p, device, device_source);
+    print_plan_text(o, p, device);
   }
-  if (device > 0 && p.peak_total() > device) return 1;
+  if (device.bytes > 0 && p.peak_total() > device.bytes) return 1;
   return 0;
 }
 
@@ -557,7 +357,7 @@ int run_plan(const PlanOptions& o) {
                 "generic mode: --params 7.5e9 --world-size 64 --zero-stage 2; model mode: "
                 "--config job.json --world-size N");
   }
-  double params = parse_count(o.params, "--params");
+  double params = plan::parse_count_flag(o.params, "--params");
   if (o.zero_stage < 0) throw invalid_argument("--params needs --zero-stage 0, 1, 2 or 3");
   std::string formula = o.formula.empty() ? "paper" : o.formula;
   if (formula == "paper") {
@@ -598,12 +398,12 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default OMP_NUM_THREADS or 1)");
   sub.add_flag("--recommend", o.recommend, "enumerate the layouts that fit, fastest first (needs --config, --gpu-mem)");
   sub.add_option("--top", o.top, "--recommend: how many layouts to print (default 10)");
-  sub.add_option("--gpu-tflops", o.gpu_tflops, "--recommend: achieved TFLOP/s per GPU (default 125)");
-  sub.add_option("--intra-node-gbps", o.intra_gbps, "--recommend: GB/s per GPU inside a node (default 150)");
-  sub.add_option("--inter-node-gbps", o.inter_gbps, "--recommend: GB/s per GPU across nodes (default 12.5)");
-  sub.add_option("--pcie-gbps", o.pcie_gbps, "--recommend: GB/s host<->device for offload (default 16)");
-  sub.add_option("--cpu-adam-rate", o.hw.cpu_adam_rate, "--recommend: parameters/s of the CPU optimizer (default 1e9)");
-  sub.add_option("--layer-overhead", o.hw.layer_overhead,
+  sub.add_option("--gpu-tflops", o.hardware.gpu_tflops, "--recommend: achieved TFLOP/s per GPU (default 125)");
+  sub.add_option("--intra-node-gbps", o.hardware.intra_gbps, "--recommend: GB/s per GPU inside a node (default 150)");
+  sub.add_option("--inter-node-gbps", o.hardware.inter_gbps, "--recommend: GB/s per GPU across nodes (default 12.5)");
+  sub.add_option("--pcie-gbps", o.hardware.pcie_gbps, "--recommend: GB/s host<->device for offload (default 16)");
+  sub.add_option("--cpu-adam-rate", o.hardware.base.cpu_adam_rate, "--recommend: parameters/s of the CPU optimizer (default 1e9)");
+  sub.add_option("--layer-overhead", o.hardware.base.layer_overhead,
                  "--recommend: seconds per layer per micro-batch of launch overhead (default 50e-6)");
 }
 

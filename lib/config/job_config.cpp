@@ -1,385 +1,50 @@
-// Job config parsing and validation. One pass over the JSON with a `Section` walker per object:
-// each typed getter declares the key as known, checks type and range and records an error with
-// the key's JSON path and line; `ignored()` declares DeepSpeed keys accepted with a warning;
-// `finish()` turns every remaining key into an "unknown key" error with the closest known key
-// suggested. Cross-key rules (batch triad, precision, ZeRO/pipeline, model/TP shapes) run after
-// the walk, only on values that were themselves valid, so one mistake gives one message.
+// Job config parsing and validation, the outline: parse the JSON strictly (json_reader.h), walk
+// it once with one reader per section (config_sections.h), then apply the rules that span
+// sections (config_validate.h), only on values that were themselves valid, so one mistake gives
+// one message. Every fault is collected and thrown at the end as one ConfigError. The order of
+// the readers below is the order of the messages; the top-level keys they declare, in that
+// order, are what "did you mean" picks from.
+//
+// to_json() is the same outline the other way: each section's writer sits beside its reader.
 #include "config/job_config.h"
 
-#include <cctype>
-#include <cmath>
-#include <filesystem>
 #include <fstream>
-#include <limits>
-#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "common/strings.h"
+#include "config/config_sections.h"
+#include "config/config_validate.h"
 #include "config/json_reader.h"
 
 namespace ds::config {
 
+using detail::Json;
+
 namespace {
 
-using Json = nlohmann::ordered_json;
-
-constexpr int64_t kI32Max = std::numeric_limits<int32_t>::max();
-constexpr int64_t kI64Max = std::numeric_limits<int64_t>::max();
-constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// DeepSpeed keys dstrain accepts without acting on them, per section. Anything not read and not
-// listed here is an unknown-key error.
-const std::vector<std::string> kDsTopLevelIgnored = {
-    "aio", "amp", "autotuning", "comet", "comms_logger", "communication_data_type", "compile",
-    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
-    "data_types", "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
-    "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
-    "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
-    "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",
-    "seq_parallel_comm_data_type", "sequence_parallel_size", "sparse_attention",
-    "sparse_gradients", "tensorboard", "timers", "torch_autocast",
-    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
-    "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
-const std::vector<std::string> kDsFp16Ignored = {"auto_cast", "consecutive_hysteresis",
-                                                 "fused_mode", "fp16_master_weights_and_grads"};
-const std::vector<std::string> kDsBf16Ignored = {"immediate_grad_update", "check_grad_overflow",
-                                                 "bf16_master_weights_and_grads",
-                                                 "bf16_optimizer_states"};
-const std::vector<std::string> kDsZeroIgnored = {
-    "allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights",
-    "elastic_checkpoint", "zenflow", "sub_group_size", "stage3_model_persistence_threshold",
-    "model_persistence_threshold", "stage3_max_reuse_distance", "max_reuse_distance",
-    "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "stage3_module_granularity_threshold",
-    "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params",
-    "use_all_reduce_for_fetch_params", "stage3_allgather_sequential", "allgather_sequential",
-    "stage3_partition_stream_chunk_size", "partition_stream_chunk_size",
-    "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients",
-    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_nontrainable_weights",
-    "zero_quantized_gradients", "zeropp_loco_param", "mics_shard_size",
-    "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-    "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-    "save_muon_momentum_buffer_in_memory", "leaf_module"};
-const std::vector<std::string> kDsOffloadIgnored = {
-    "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write",
-    "fast_init", "ratio", "super_offload", "convert_grad_on_cpu", "cpuadam_cores_perc"};
-const std::vector<std::string> kDsOptimizerIgnored = {"legacy_fusion"};
-const std::vector<std::string> kDsOptimizerParamsIgnored = {"torch_adam", "bias_correction",
-                                                            "amsgrad", "max_grad_norm"};
-const std::vector<std::string> kDsActivationCkptIgnored = {
-    "partition_activations", "contiguous_memory_optimization", "cpu_checkpointing",
-    "number_checkpoints", "synchronize_checkpoint_boundary", "profile"};
-const std::vector<std::string> kDsPipelineIgnored = {
-    "seed_layers", "activation_checkpoint_interval", "pipe_partitioned", "grad_partitioned",
-    "use_reentrant"};
-const std::vector<std::string> kDsTensorParallelIgnored = {
-    "tp_overlap_comm", "tp", "dtype", "partition_config", "preset_model", "keep_module_on_host",
-    "replace_with_kernel_inject", "kernel_inject", "injection_policy_tuple", "tp_grain_size"};
-const std::vector<std::string> kDsCheckpointIgnored = {
-    "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
-
-std::string show(const Json& v) {
-  std::string s = v.dump();
-  if (s.size() > 60) s = s.substr(0, 57) + "...";
-  return s;
+// Walks every section of `root` into `cfg` and applies the cross-section rules.
+void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& cfg) {
+  detail::SectionsValid valid;
+  valid.batch = detail::read_top_level(root, cfg);
+  detail::read_fp16(root, cfg.fp16);
+  detail::read_bf16(ctx, root, cfg.bf16);
+  valid.zero_stage = detail::read_zero(ctx, root, cfg.zero);
+  detail::read_optimizer(ctx, root, cfg.optimizer);
+  detail::SchedulerSection sched = detail::read_scheduler_type(ctx, root, cfg.scheduler);
+  detail::read_activation_checkpointing(root, cfg.activation_checkpointing);
+  valid.pipeline_stages = detail::read_pipeline(ctx, root, cfg.pipeline);
+  valid.tensor_parallel_size = detail::read_tensor_parallel(ctx, root, cfg.tensor_parallel);
+  detail::read_checkpoint(root);
+  valid.model = detail::read_model(ctx, root, cfg);
+  detail::read_data(ctx, root, cfg);
+  const detail::TrainingRead training = detail::read_training(ctx, root, cfg.path, cfg.training);
+  detail::check_eval_needs_val(ctx, cfg, training.eval_interval_given);
+  detail::read_scheduler_params(ctx, sched, cfg, training.steps_valid, cfg.scheduler);
+  detail::finish_top_level(root);
+  detail::check_across_sections(ctx, valid, cfg);
 }
-
-// Extra words for a common mistake: Hugging Face Trainer configs use "auto" placeholders.
-std::string auto_hint(const Json& v) {
-  if (v.is_string() && v.get<std::string>() == "auto") {
-    return " (\"auto\" is a placeholder the Hugging Face Trainer fills in; give a value)";
-  }
-  return {};
-}
-
-std::string int_range_text(int64_t lo, int64_t hi) {
-  if (hi >= kI32Max) return fmt::format("an integer >= {}", lo);
-  return fmt::format("an integer {}-{}", lo, hi);
-}
-
-std::string resolve_path(const std::string& config_path, const std::string& p) {
-  namespace fs = std::filesystem;
-  if (p.empty() || config_path.empty()) return p;
-  fs::path fp(p);
-  if (fp.is_absolute()) return p;
-  fs::path base = fs::path(config_path).parent_path();
-  if (base.empty()) return fp.lexically_normal().string();
-  return (base / fp).lexically_normal().string();
-}
-
-struct Ctx {
-  const JsonDocument& doc;
-  std::string source;
-  std::vector<std::string> errors;
-  std::vector<std::string> warnings;
-
-  // "file:line: $.path", with the line of the path or, for a key the file does not have (a
-  // rule about a resolved default), of its nearest enclosing object.
-  std::string where(const std::string& path) const {
-    std::string p = path;
-    int line = doc.line_of(p);
-    while (line == 0) {
-      size_t cut = p.find_last_of(".[");
-      if (cut == std::string::npos || cut <= 1) break;  // not "$": line 1 says nothing
-      p.resize(cut);
-      line = doc.line_of(p);
-    }
-    if (line > 0) return fmt::format("{}:{}: {}", source, line, path);
-    return fmt::format("{}: {}", source, path);
-  }
-  void error(const std::string& path, const std::string& msg) {
-    errors.push_back(where(path) + ": " + msg);
-  }
-  void warn(const std::string& path, const std::string& msg) {
-    warnings.push_back(where(path) + ": " + msg);
-  }
-};
-
-// One JSON object being read. Getters return true when the key is present and valid (and set
-// `out`); false when absent (out untouched) or invalid (an error is recorded).
-class Section {
- public:
-  Section(Ctx& ctx, const Json* obj, std::string path)
-      : ctx_(ctx), obj_(obj), path_(std::move(path)) {}
-
-  bool present() const { return obj_ != nullptr; }
-  const std::string& path() const { return path_; }
-  std::string child(std::string_view key) const { return json_path_child(path_, key); }
-  bool has(const std::string& key) const { return obj_ && obj_->contains(key); }
-
-  // Declares `key` known and returns its value, or null when absent.
-  const Json* raw(const std::string& key) {
-    known_.push_back(key);
-    if (!obj_) return nullptr;
-    auto it = obj_->find(key);
-    return it == obj_->end() ? nullptr : &*it;
-  }
-
-  bool get_int(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::optional<int64_t> n;
-    if (v->is_number_integer()) {
-      if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(kI64Max)) {
-        n = std::nullopt;
-      } else {
-        n = v->get<int64_t>();
-      }
-    } else if (v->is_number_float()) {
-      // DeepSpeed configs write sizes as 5e8; accept floats that are whole numbers.
-      double d = v->get<double>();
-      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) {
-        n = static_cast<int64_t>(d);
-      }
-    }
-    if (!n) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}{}", int_range_text(lo, hi), show(*v),
-                                         auto_hint(*v)));
-      return false;
-    }
-    if (*n < lo || *n > hi) {
-      if (*n > hi && hi >= kI32Max) {
-        ctx_.error(child(key), fmt::format("expected an integer {}-{}, got {}", lo, hi, show(*v)));
-      } else {
-        ctx_.error(child(key), fmt::format("expected {}, got {}", int_range_text(lo, hi), show(*v)));
-      }
-      return false;
-    }
-    out = *n;
-    return true;
-  }
-  bool get_int(const std::string& key, int& out, int64_t lo, int64_t hi = kI32Max) {
-    int64_t v = 0;
-    if (!get_int(key, v, lo, std::min(hi, kI32Max))) return false;
-    out = static_cast<int>(v);
-    return true;
-  }
-  bool get_u64(const std::string& key, uint64_t& out) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (v->is_number_unsigned()) {
-      out = v->get<uint64_t>();
-      return true;
-    }
-    if (v->is_number_integer() && v->get<int64_t>() >= 0) {
-      out = static_cast<uint64_t>(v->get<int64_t>());
-      return true;
-    }
-    ctx_.error(child(key), fmt::format("expected an integer 0-{}, got {}{}",
-                                       std::numeric_limits<uint64_t>::max(), show(*v),
-                                       auto_hint(*v)));
-    return false;
-  }
-
-  // lo_open: lo itself is not allowed ("> lo").
-  bool get_number(const std::string& key, double& out, double lo, double hi = kInf,
-                  bool lo_open = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::string expect;
-    if (hi == kInf) {
-      expect = fmt::format("a number {} {}", lo_open ? ">" : ">=", lo);
-    } else {
-      expect = fmt::format("a number from {} to {}", lo, hi);
-    }
-    if (!v->is_number()) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}{}", expect, show(*v), auto_hint(*v)));
-      return false;
-    }
-    double d = v->get<double>();
-    if (!(lo_open ? d > lo : d >= lo) || d > hi) {
-      ctx_.error(child(key), fmt::format("expected {}, got {}", expect, show(*v)));
-      return false;
-    }
-    out = d;
-    return true;
-  }
-
-  bool get_bool(const std::string& key, bool& out) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (!v->is_boolean()) {
-      ctx_.error(child(key), fmt::format("expected true or false, got {}{}", show(*v), auto_hint(*v)));
-      return false;
-    }
-    out = v->get<bool>();
-    return true;
-  }
-
-  // nullable: null is accepted and means "not set" (out becomes "").
-  bool get_string(const std::string& key, std::string& out, bool nullable = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    if (nullable && v->is_null()) {
-      out.clear();
-      return true;
-    }
-    if (!v->is_string()) {
-      ctx_.error(child(key), fmt::format("expected a string{}, got {}", nullable ? " or null" : "",
-                                         show(*v)));
-      return false;
-    }
-    out = v->get<std::string>();
-    return true;
-  }
-
-  // A path string: non-empty, resolved against the config file's directory.
-  bool get_path(const std::string& key, std::string& out, const std::string& config_path,
-                bool nullable) {
-    std::string s;
-    if (!get_string(key, s, nullable)) return false;
-    if (s.empty() && !(nullable && raw_is_null(key))) {
-      ctx_.error(child(key), "expected a non-empty path, got \"\"");
-      return false;
-    }
-    out = resolve_path(config_path, s);
-    return true;
-  }
-
-  // One of `choices`; case_insensitive matches are normalized to the listed spelling.
-  bool get_choice(const std::string& key, std::string& out, const std::vector<std::string>& choices,
-                  bool case_insensitive = false) {
-    const Json* v = raw(key);
-    if (!v) return false;
-    std::string list;
-    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + Json(c).dump();
-    if (!v->is_string()) {
-      ctx_.error(child(key), fmt::format("expected one of {}, got {}", list, show(*v)));
-      return false;
-    }
-    std::string s = v->get<std::string>();
-    for (const auto& c : choices) {
-      if (s == c || (case_insensitive && lower(s) == lower(c))) {
-        out = c;
-        return true;
-      }
-    }
-    ctx_.error(child(key), fmt::format("expected one of {}, got {}{}", list, show(*v), auto_hint(*v)));
-    return false;
-  }
-
-  // A nested object. Absent (or null when nullable) gives an absent Section; a non-object is an
-  // error and also gives an absent Section.
-  Section section(const std::string& key, bool nullable = false) {
-    const Json* v = raw(key);
-    if (!v || (nullable && v->is_null())) return Section(ctx_, nullptr, child(key));
-    if (!v->is_object()) {
-      ctx_.error(child(key), fmt::format("expected an object{}, got {}", nullable ? " or null" : "",
-                                         show(*v)));
-      return Section(ctx_, nullptr, child(key));
-    }
-    return Section(ctx_, v, child(key));
-  }
-
-  // DeepSpeed keys accepted and not acted on: a warning for each one present.
-  void ignored(const std::vector<std::string>& keys) {
-    for (const auto& k : keys) {
-      if (raw(k)) ctx_.warn(child(k), "DeepSpeed key accepted but not acted on by dstrain");
-    }
-  }
-
-  // Every key not declared known is an error, with the closest known key suggested.
-  void finish() {
-    if (!obj_) return;
-    for (auto it = obj_->begin(); it != obj_->end(); ++it) {
-      const std::string& k = it.key();
-      bool known = false;
-      for (const auto& kk : known_) known = known || kk == k;
-      if (known) continue;
-      auto near = closest_match(k, known_);
-      if (near) {
-        ctx_.error(child(k), fmt::format("unknown key (did you mean \"{}\"?)", *near));
-      } else if (known_.size() > 16) {
-        ctx_.error(child(k), "unknown key (not a dstrain or DeepSpeed key here; see "
-                             "docs/configuration.md)");
-      } else {
-        ctx_.error(child(k), fmt::format("unknown key (known keys here: {})", join_keys()));
-      }
-    }
-  }
-
-  bool raw_is_null(const std::string& key) const {
-    if (!obj_) return false;
-    auto it = obj_->find(key);
-    return it != obj_->end() && it->is_null();
-  }
-
- private:
-  static std::string lower(std::string s) {
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s;
-  }
-  std::string join_keys() const {
-    std::string out;
-    for (const auto& k : known_) out += (out.empty() ? "" : ", ") + k;
-    return out;
-  }
-
-  Ctx& ctx_;
-  const Json* obj_;
-  std::string path_;
-  std::vector<std::string> known_;
-};
-
-void read_offload(Ctx& ctx, Section& zero, const std::string& key, OffloadConfig& out) {
-  Section s = zero.section(key, /*nullable=*/true);
-  if (!s.present()) return;
-  const Json* dev = s.raw("device");
-  if (dev && dev->is_string() && dev->get<std::string>() == "nvme") {
-    ctx.error(s.child("device"),
-              "\"nvme\" offload is not supported by dstrain (expected \"none\" or \"cpu\")");
-  } else {
-    s.get_choice("device", out.device, {"none", "cpu"});
-  }
-  s.get_bool("pin_memory", out.pin_memory);
-  s.ignored(kDsOffloadIgnored);
-  s.finish();
-}
-
-// Rounds up to a multiple of 128, as llm.c pads GPT-2's 50257 to 50304.
-int64_t pad_vocab(int64_t v) { return (v + 127) / 128 * 128; }
 
 }  // namespace
 
@@ -406,484 +71,17 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
     throw ConfigError(source, {e.what()});
   }
 
-  Ctx ctx{doc, source, std::move(dup_errors), {}};
+  detail::ReadContext ctx{doc, source, std::move(dup_errors), {}};
   JobConfig cfg;
   cfg.path = path;
   cfg.world_size = world_size;
-
   if (!doc.value.is_object()) {
-    ctx.error("$", fmt::format("expected a JSON object at the top level, got {}", show(doc.value)));
+    ctx.error("$", fmt::format("expected a JSON object at the top level, got {}",
+                               detail::show(doc.value)));
     throw ConfigError(source, ctx.errors);
   }
-  Section root(ctx, &doc.value, "$");
-
-  // --- batch triad (resolved below), top-level scalars
-  int64_t tbs = 0, mbs = 0, gas = 0;
-  bool has_tbs = root.get_int("train_batch_size", tbs, 1, kI32Max);
-  bool has_mbs = root.get_int("train_micro_batch_size_per_gpu", mbs, 1, kI32Max);
-  bool has_gas = root.get_int("gradient_accumulation_steps", gas, 1, kI32Max);
-  bool batch_ok = !(root.has("train_batch_size") && !has_tbs) &&
-                  !(root.has("train_micro_batch_size_per_gpu") && !has_mbs) &&
-                  !(root.has("gradient_accumulation_steps") && !has_gas);
-  root.get_int("steps_per_print", cfg.steps_per_print, 1);
-  root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
-
-  // --- precision
-  {
-    Section s = root.section("fp16");
-    s.get_bool("enabled", cfg.fp16.enabled);
-    s.get_number("loss_scale", cfg.fp16.loss_scale, 0);
-    s.get_int("initial_scale_power", cfg.fp16.initial_scale_power, 0, 63);
-    s.get_int("loss_scale_window", cfg.fp16.loss_scale_window, 1);
-    s.get_int("hysteresis", cfg.fp16.hysteresis, 1);
-    s.get_number("min_loss_scale", cfg.fp16.min_loss_scale, 0, kInf, /*lo_open=*/true);
-    s.ignored(kDsFp16Ignored);
-    s.finish();
-  }
-  {
-    bool new_name = root.has("bf16"), old_name = root.has("bfloat16");
-    root.raw("bf16");
-    root.raw("bfloat16");
-    if (new_name && old_name) {
-      ctx.error(root.child("bfloat16"),
-                "both \"bf16\" and its old name \"bfloat16\" are given; keep \"bf16\"");
-    }
-    const std::string key = (!new_name && old_name) ? "bfloat16" : "bf16";
-    if (key == "bfloat16") {
-      ctx.warn(root.child(key), "old DeepSpeed name for \"bf16\"; read as \"bf16\"");
-    }
-    Section s = root.section(key);
-    s.get_bool("enabled", cfg.bf16.enabled);
-    s.ignored(kDsBf16Ignored);
-    s.finish();
-  }
-
-  // --- ZeRO
-  bool zero_stage_ok = true;
-  {
-    const Json* z = root.raw("zero_optimization");
-    if (z && z->is_boolean()) {
-      // DeepSpeed's deprecated form: true means stage 1.
-      cfg.zero.stage = z->get<bool>() ? 1 : 0;
-      ctx.warn(root.child("zero_optimization"),
-               "deprecated DeepSpeed form; read as {\"stage\": " + std::to_string(cfg.zero.stage) + "}");
-      cfg.zero.overlap_comm = false;
-    } else {
-      Section s = root.section("zero_optimization");
-      zero_stage_ok = !s.has("stage") || s.get_int("stage", cfg.zero.stage, 0, 3);
-      if (!s.has("stage")) s.raw("stage");
-      s.get_bool("contiguous_gradients", cfg.zero.contiguous_gradients);
-      bool overlap_given = s.get_bool("overlap_comm", cfg.zero.overlap_comm);
-      if (!overlap_given && !s.has("overlap_comm")) cfg.zero.overlap_comm = cfg.zero.stage == 3;
-      s.get_bool("reduce_scatter", cfg.zero.reduce_scatter);
-      s.get_int("reduce_bucket_size", cfg.zero.reduce_bucket_size, 1, kI64Max);
-      s.get_int("allgather_bucket_size", cfg.zero.allgather_bucket_size, 1, kI64Max);
-      read_offload(ctx, s, "offload_optimizer", cfg.zero.offload_optimizer);
-      read_offload(ctx, s, "offload_param", cfg.zero.offload_param);
-      // The stage3_* names, and the short names DeepSpeed's pydantic model also accepts.
-      auto aliased = [&](const char* name, const char* alias, int64_t& out, int64_t lo) {
-        if (s.has(name) && s.has(alias)) {
-          s.raw(alias);
-          ctx.error(s.child(alias), fmt::format("both \"{}\" and its alias \"{}\" are given", name, alias));
-        }
-        if (!s.get_int(name, out, lo, kI64Max)) s.get_int(alias, out, lo, kI64Max);
-      };
-      aliased("stage3_prefetch_bucket_size", "prefetch_bucket_size",
-              cfg.zero.stage3_prefetch_bucket_size, 0);
-      aliased("stage3_param_persistence_threshold", "param_persistence_threshold",
-              cfg.zero.stage3_param_persistence_threshold, 0);
-      aliased("stage3_max_live_parameters", "max_live_parameters",
-              cfg.zero.stage3_max_live_parameters, 1);
-      // Deprecated DeepSpeed booleans that DeepSpeed still maps onto the offload sections.
-      bool b = false;
-      if (s.get_bool("cpu_offload", b)) {
-        ctx.warn(s.child("cpu_offload"), "deprecated DeepSpeed key; read as offload_optimizer.device \"cpu\"");
-        if (b && !s.has("offload_optimizer")) cfg.zero.offload_optimizer.device = "cpu";
-      }
-      if (s.get_bool("cpu_offload_param", b)) {
-        ctx.warn(s.child("cpu_offload_param"), "deprecated DeepSpeed key; read as offload_param.device \"cpu\"");
-        if (b && !s.has("offload_param")) cfg.zero.offload_param.device = "cpu";
-      }
-      if (s.get_bool("cpu_offload_use_pin_memory", b)) {
-        ctx.warn(s.child("cpu_offload_use_pin_memory"),
-                 "deprecated DeepSpeed key; read as pin_memory of the offload sections");
-        if (!s.has("offload_optimizer")) cfg.zero.offload_optimizer.pin_memory = b;
-        if (!s.has("offload_param")) cfg.zero.offload_param.pin_memory = b;
-      }
-      s.ignored(kDsZeroIgnored);
-      s.finish();
-      if (zero_stage_ok) {
-        if (cfg.zero.offload_optimizer.device != "none" && cfg.zero.stage == 0) {
-          ctx.warn(s.child("offload_optimizer"),
-                   "ignored with ZeRO stage 0 (optimizer offload needs stage 1-3, as in DeepSpeed)");
-          cfg.zero.offload_optimizer = OffloadConfig{};
-        }
-        if (cfg.zero.offload_param.device != "none" && cfg.zero.stage < 3) {
-          ctx.warn(s.child("offload_param"),
-                   fmt::format("ignored with ZeRO stage {} (parameter offload needs stage 3, as in "
-                               "DeepSpeed)", cfg.zero.stage));
-          cfg.zero.offload_param = OffloadConfig{};
-        }
-      }
-    }
-  }
-
-  // --- optimizer
-  {
-    Section s = root.section("optimizer");
-    s.get_choice("type", cfg.optimizer.type, {"Adam", "AdamW"}, /*case_insensitive=*/true);
-    Section p = s.section("params");
-    p.get_number("lr", cfg.optimizer.lr, 0);
-    if (const Json* betas = p.raw("betas")) {
-      bool ok = betas->is_array() && betas->size() == 2 && (*betas)[0].is_number() &&
-                (*betas)[1].is_number();
-      double b1 = ok ? (*betas)[0].get<double>() : 0, b2 = ok ? (*betas)[1].get<double>() : 0;
-      if (!ok || b1 < 0 || b1 >= 1 || b2 < 0 || b2 >= 1) {
-        ctx.error(p.child("betas"),
-                  fmt::format("expected [beta1, beta2] with each in [0, 1), got {}", show(*betas)));
-      } else {
-        cfg.optimizer.beta1 = b1;
-        cfg.optimizer.beta2 = b2;
-      }
-    }
-    p.get_number("eps", cfg.optimizer.eps, 0, kInf, /*lo_open=*/true);
-    p.get_number("weight_decay", cfg.optimizer.weight_decay, 0);
-    bool w_mode = true;
-    bool w_given = p.get_bool("adam_w_mode", w_mode);
-    if (cfg.optimizer.type == "AdamW") {
-      if (w_given && !w_mode) {
-        ctx.warn(p.child("adam_w_mode"),
-                 "ignored: \"AdamW\" always uses decoupled weight decay (as in DeepSpeed); use "
-                 "\"Adam\" with adam_w_mode false for L2 weight decay");
-      }
-      cfg.optimizer.adam_w_mode = true;
-    } else {
-      cfg.optimizer.adam_w_mode = w_mode;
-    }
-    p.ignored(kDsOptimizerParamsIgnored);
-    p.finish();
-    s.ignored(kDsOptimizerIgnored);
-    s.finish();
-  }
-
-  // --- scheduler (parameters checked after training.steps is known)
-  Section sched = root.section("scheduler", /*nullable=*/true);
-  bool sched_type_ok = false;
-  if (sched.present()) {
-    const Json* t = sched.raw("type");
-    if (!t) {
-      ctx.error(sched.path(), "missing \"type\" (expected one of \"WarmupLR\", \"WarmupDecayLR\", "
-                              "\"WarmupCosineLR\"; omit the section for a constant lr)");
-    } else if (t->is_string() && (t->get<std::string>() == "OneCycle" ||
-                                  t->get<std::string>() == "LRRangeTest")) {
-      ctx.error(sched.child("type"),
-                fmt::format("{} is a DeepSpeed schedule dstrain does not implement (expected one "
-                            "of \"WarmupLR\", \"WarmupDecayLR\", \"WarmupCosineLR\")", show(*t)));
-    } else {
-      sched_type_ok = sched.get_choice("type", cfg.scheduler.type,
-                                       {"WarmupLR", "WarmupDecayLR", "WarmupCosineLR"});
-    }
-  }
-
-  // --- activation checkpointing, pipeline, tensor parallel, checkpoint
-  {
-    Section s = root.section("activation_checkpointing");
-    s.get_bool("enabled", cfg.activation_checkpointing.enabled);
-    s.ignored(kDsActivationCkptIgnored);
-    s.finish();
-  }
-  bool pp_ok = true, tp_ok = true;
-  {
-    Section s = root.section("pipeline");
-    const Json* st = s.raw("stages");
-    if (st && st->is_string() && st->get<std::string>() == "auto") {
-      ctx.warn(s.child("stages"), "DeepSpeed's \"auto\" read as 1 (dstrain needs an explicit stage count)");
-    } else if (st) {
-      pp_ok = s.get_int("stages", cfg.pipeline.stages, 1);
-    }
-    s.get_choice("partition", cfg.pipeline.partition, {"uniform", "parameters"});
-    s.get_choice("schedule", cfg.pipeline.schedule, {"1f1b", "gpipe"});
-    s.ignored(kDsPipelineIgnored);
-    s.finish();
-  }
-  {
-    Section s = root.section("tensor_parallel");
-    if (s.has("size") && s.has("autotp_size")) {
-      s.raw("autotp_size");
-      ctx.error(s.child("autotp_size"), "both \"size\" and DeepSpeed's \"autotp_size\" are given; keep \"size\"");
-    } else if (s.has("autotp_size")) {
-      int n = 0;
-      tp_ok = s.get_int("autotp_size", n, 0);
-      if (tp_ok) cfg.tensor_parallel.size = n == 0 ? 1 : n;  // DeepSpeed: 0 = off
-    }
-    if (s.has("size")) tp_ok = s.get_int("size", cfg.tensor_parallel.size, 1);
-    s.raw("size");
-    s.raw("autotp_size");
-    s.ignored(kDsTensorParallelIgnored);
-    s.finish();
-  }
-  {
-    Section s = root.section("checkpoint");
-    s.ignored(kDsCheckpointIgnored);
-    s.finish();
-  }
-
-  // --- dstrain sections: model, data, training
-  bool model_ok = true;
-  {
-    Section s = root.section("model", /*nullable=*/true);
-    cfg.has_model = s.present();
-    if (s.present()) {
-      auto required_int = [&](const char* key, int& out, int64_t lo, int64_t hi) {
-        if (!s.has(key)) {
-          s.raw(key);
-          ctx.error(s.path(), fmt::format("missing required key \"{}\"", key));
-          model_ok = false;
-        } else if (!s.get_int(key, out, lo, hi)) {
-          model_ok = false;
-        }
-      };
-      s.get_choice("type", cfg.model.type, {"gpt2"});
-      required_int("n_layer", cfg.model.n_layer, 1, kI32Max);
-      required_int("n_head", cfg.model.n_head, 1, kI32Max);
-      required_int("n_embd", cfg.model.n_embd, 1, kI32Max);
-      required_int("vocab_size", cfg.model.vocab_size, 1, 65536);
-      required_int("seq_len", cfg.model.seq_len, 1, kI32Max);
-      bool padded_given = s.has("padded_vocab_size");
-      if (padded_given && !s.get_int("padded_vocab_size", cfg.model.padded_vocab_size, 1)) {
-        model_ok = false;
-      }
-      if (!padded_given) s.raw("padded_vocab_size");
-      s.get_path("init_from", cfg.model.init_from, path, /*nullable=*/true);
-      s.finish();
-      if (model_ok) {
-        if (!padded_given) {
-          cfg.model.padded_vocab_size = static_cast<int>(pad_vocab(cfg.model.vocab_size));
-        } else if (cfg.model.padded_vocab_size < cfg.model.vocab_size) {
-          ctx.error(s.child("padded_vocab_size"),
-                    fmt::format("must be >= vocab_size ({}), got {}", cfg.model.vocab_size,
-                                cfg.model.padded_vocab_size));
-          model_ok = false;
-        }
-        if (cfg.model.n_embd % cfg.model.n_head != 0) {
-          ctx.error(s.child("n_embd"),
-                    fmt::format("n_embd ({}) must be divisible by n_head ({})", cfg.model.n_embd,
-                                cfg.model.n_head));
-          model_ok = false;
-        }
-      }
-    }
-  }
-  bool val_given = false;
-  {
-    Section s = root.section("data", /*nullable=*/true);
-    cfg.has_data = s.present();
-    if (s.present()) {
-      if (!s.has("train") || s.raw_is_null("train")) {
-        s.raw("train");
-        ctx.error(s.path(), "missing required key \"train\" (the training token file)");
-      } else {
-        s.get_path("train", cfg.data.train, path, /*nullable=*/false);
-      }
-      s.get_path("val", cfg.data.val, path, /*nullable=*/true);
-      val_given = !cfg.data.val.empty();
-      s.get_bool("shuffle", cfg.data.shuffle);
-      s.finish();
-    }
-  }
-  bool steps_ok = false;
-  {
-    Section s = root.section("training");
-    if (!s.raw_is_null("steps")) {
-      steps_ok = s.get_int("steps", cfg.training.steps, 1, kI64Max);
-    } else {
-      s.raw("steps");
-    }
-    s.get_u64("seed", cfg.training.seed);
-    bool eval_given = s.get_int("eval_interval", cfg.training.eval_interval, 0);
-    s.get_int("eval_steps", cfg.training.eval_steps, 1);
-    s.get_int("log_interval", cfg.training.log_interval, 1);
-    s.get_path("checkpoint_dir", cfg.training.checkpoint_dir, path, /*nullable=*/true);
-    bool ckpt_given = s.get_int("checkpoint_interval", cfg.training.checkpoint_interval, 0);
-    s.get_int("keep_last", cfg.training.keep_last, 0);
-    s.get_choice("device", cfg.training.device, {"cpu", "cuda"});
-    s.finish();
-    if (ckpt_given && cfg.training.checkpoint_interval > 0 && cfg.training.checkpoint_dir.empty()) {
-      ctx.error(s.child("checkpoint_interval"),
-                fmt::format("checkpoint_interval {} needs training.checkpoint_dir",
-                            cfg.training.checkpoint_interval));
-    }
-    if (eval_given && cfg.training.eval_interval > 0 && cfg.has_data && !val_given) {
-      ctx.error(s.child("eval_interval"),
-                fmt::format("eval_interval {} needs data.val (a validation token file)",
-                            cfg.training.eval_interval));
-    }
-  }
-
-  // --- scheduler parameters: DeepSpeed's names, per type; a parameter of another type is an
-  // error, as DeepSpeed's constructors reject unexpected keyword arguments.
-  if (sched.present()) {
-    Section p = sched.section("params");
-    if (sched_type_ok) {
-      const std::string& t = cfg.scheduler.type;
-      bool cosine = t == "WarmupCosineLR";
-      auto& sc = cfg.scheduler;
-      if (!cosine) {
-        p.get_number("warmup_min_lr", sc.warmup_min_lr, 0);
-        bool max_given = p.get_number("warmup_max_lr", sc.warmup_max_lr, 0);
-        if (!max_given && t == "WarmupLR" && !p.has("warmup_max_lr")) sc.warmup_max_lr = cfg.optimizer.lr;
-      } else {
-        p.get_number("warmup_min_ratio", sc.warmup_min_ratio, 0, 1);
-        p.get_number("cos_min_ratio", sc.cos_min_ratio, 0, 1);
-      }
-      p.get_int("warmup_num_steps", sc.warmup_num_steps, 1, kI64Max);
-      p.get_choice("warmup_type", sc.warmup_type, {"log", "linear"});
-      if (t != "WarmupLR") {
-        if (p.has("total_num_steps")) {
-          p.get_int("total_num_steps", sc.total_num_steps, 1, kI64Max);
-        } else {
-          p.raw("total_num_steps");
-          if (steps_ok) {
-            sc.total_num_steps = cfg.training.steps;
-          } else {
-            ctx.error(p.present() ? p.path() : sched.path(),
-                      fmt::format("{} needs params.total_num_steps (or training.steps to take it from)", t));
-          }
-        }
-      }
-      if (p.has("last_batch_iteration")) {
-        p.raw("last_batch_iteration");
-        ctx.warn(p.child("last_batch_iteration"),
-                 "DeepSpeed key accepted but not acted on by dstrain (resuming restores the step "
-                 "from the checkpoint)");
-      }
-      // Parameters of the other DeepSpeed warmup schedules: name the type they do not fit.
-      std::vector<std::string> foreign;
-      if (cosine) {
-        foreign = {"warmup_min_lr", "warmup_max_lr"};
-      } else {
-        foreign = {"warmup_min_ratio", "cos_min_ratio"};
-        if (t == "WarmupLR") foreign.push_back("total_num_steps");
-      }
-      for (const auto& k : foreign) {
-        if (!p.has(k)) continue;
-        p.raw(k);
-        ctx.error(p.child(k), fmt::format("not a parameter of {} (DeepSpeed would reject it)", t));
-      }
-    } else {
-      // Unknown type: the type error says it all; accept every DeepSpeed parameter name.
-      for (const char* k : {"warmup_min_lr", "warmup_max_lr", "warmup_min_ratio", "cos_min_ratio",
-                            "total_num_steps", "warmup_num_steps", "warmup_type",
-                            "last_batch_iteration"}) {
-        p.raw(k);
-      }
-    }
-    p.finish();
-    sched.finish();
-  }
-
-  root.ignored(kDsTopLevelIgnored);
-  root.finish();
-
-  // --- cross-key rules
-  if (cfg.fp16.enabled && cfg.bf16.enabled) {
-    ctx.error(root.child("bf16"), "fp16 and bf16 cannot both be enabled (as in DeepSpeed)");
-  }
-  const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
-  bool layout_ok = pp_ok && tp_ok;
-  if (layout_ok && world_size % (tp * pp) != 0) {
-    ctx.error(tp > 1 ? root.child("tensor_parallel") : root.child("pipeline"),
-              fmt::format("world size {} is not divisible by tensor_parallel.size x pipeline.stages "
-                          "= {} x {} = {} (the data-parallel size must be a whole number)",
-                          world_size, tp, pp, tp * pp));
-    layout_ok = false;
-  }
-  if (layout_ok) cfg.data_parallel_size = world_size / (tp * pp);
-  if (zero_stage_ok && pp_ok && cfg.zero.stage == 3 && pp > 1) {
-    ctx.error(root.child("zero_optimization"),
-              fmt::format("ZeRO stage 3 cannot be combined with pipeline parallelism (pipeline.stages "
-                          "= {}), as in DeepSpeed; use stage 0-2 or pipeline.stages 1", pp));
-  }
-
-  // Batch triad, as DeepSpeed's _set_batch_related_parameters + _batch_assertion, against the
-  // data-parallel size; where DeepSpeed integer-divides and then fails its assertion, we say
-  // which division was not exact.
-  if (batch_ok && layout_ok) {
-    const int64_t dp = cfg.data_parallel_size;
-    std::string tbs_p = root.child("train_batch_size");
-    if (has_tbs && has_mbs && has_gas) {
-      if (tbs != mbs * gas * dp) {
-        ctx.error(tbs_p, fmt::format("{} != train_micro_batch_size_per_gpu x gradient_accumulation_steps "
-                                     "x data-parallel size = {} x {} x {} = {}",
-                                     tbs, mbs, gas, dp, mbs * gas * dp));
-      }
-    } else if (has_tbs && has_mbs) {
-      if (tbs % (mbs * dp) != 0) {
-        ctx.error(tbs_p, fmt::format("{} is not divisible by train_micro_batch_size_per_gpu x "
-                                     "data-parallel size = {} x {} = {}, so "
-                                     "gradient_accumulation_steps cannot be derived",
-                                     tbs, mbs, dp, mbs * dp));
-      } else {
-        gas = tbs / (mbs * dp);
-      }
-    } else if (has_tbs && has_gas) {
-      if (tbs % (gas * dp) != 0) {
-        ctx.error(tbs_p, fmt::format("{} is not divisible by gradient_accumulation_steps x "
-                                     "data-parallel size = {} x {} = {}, so "
-                                     "train_micro_batch_size_per_gpu cannot be derived",
-                                     tbs, gas, dp, gas * dp));
-      } else {
-        mbs = tbs / (gas * dp);
-      }
-    } else if (has_mbs && has_gas) {
-      tbs = mbs * gas * dp;
-    } else if (has_tbs) {
-      gas = 1;
-      if (tbs % dp != 0) {
-        ctx.error(tbs_p, fmt::format("{} is not divisible by the data-parallel size {}, so "
-                                     "train_micro_batch_size_per_gpu cannot be derived "
-                                     "(gradient_accumulation_steps defaults to 1)", tbs, dp));
-      } else {
-        mbs = tbs / dp;
-      }
-    } else if (has_mbs) {
-      gas = 1;
-      tbs = mbs * dp;
-    } else {
-      ctx.error("$", "either train_batch_size or train_micro_batch_size_per_gpu must be given "
-                     "(as in DeepSpeed)");
-    }
-    cfg.train_batch_size = tbs;
-    cfg.train_micro_batch_size_per_gpu = mbs;
-    cfg.gradient_accumulation_steps = gas;
-  }
-
-  // Model shapes against the layout.
-  if (cfg.has_model && model_ok) {
-    const auto& m = cfg.model;
-    std::string mp = root.child("model");
-    if (tp_ok && tp > 1) {
-      if (m.n_head % tp != 0) {
-        ctx.error(json_path_child(mp, "n_head"),
-                  fmt::format("n_head ({}) must be divisible by tensor_parallel.size ({})", m.n_head, tp));
-      }
-      if ((4LL * m.n_embd) % tp != 0) {
-        ctx.error(json_path_child(mp, "n_embd"),
-                  fmt::format("4 x n_embd ({}) must be divisible by tensor_parallel.size ({})",
-                              4LL * m.n_embd, tp));
-      }
-      if (m.padded_vocab_size % tp != 0) {
-        ctx.error(json_path_child(mp, "padded_vocab_size"),
-                  fmt::format("padded_vocab_size ({}) must be divisible by tensor_parallel.size ({}); "
-                              "set model.padded_vocab_size to a multiple of {}",
-                              m.padded_vocab_size, tp, tp));
-      }
-    }
-    if (pp_ok && pp > m.n_layer) {
-      ctx.error(json_path_child(root.child("pipeline"), "stages"),
-                fmt::format("pipeline.stages ({}) must not exceed model.n_layer ({})", pp, m.n_layer));
-    }
-  }
+  detail::Section root(ctx, &doc.value, "$");
+  read_sections(ctx, root, cfg);
 
   if (!ctx.errors.empty()) throw ConfigError(source, ctx.errors);
   cfg.warnings = std::move(ctx.warnings);
@@ -902,98 +100,36 @@ JobConfig load_job_config(const std::string& path, int world_size) {
 void require_training_sections(const JobConfig& config) {
   const std::string source = config.path.empty() ? "<config>" : config.path;
   std::vector<std::string> missing;
-  if (!config.has_model) missing.push_back(source + ": $.model: missing (dstrain train needs the model shape)");
-  if (!config.has_data) missing.push_back(source + ": $.data.train: missing (dstrain train needs a training token file)");
+  if (!config.has_model) {
+    missing.push_back(source + ": $.model: missing (dstrain train needs the model shape)");
+  }
+  if (!config.has_data) {
+    missing.push_back(source +
+                      ": $.data.train: missing (dstrain train needs a training token file)");
+  }
   if (config.training.steps <= 0) {
-    missing.push_back(source + ": $.training.steps: missing (dstrain train needs the number of steps)");
+    missing.push_back(source +
+                      ": $.training.steps: missing (dstrain train needs the number of steps)");
   }
   if (!missing.empty()) throw ConfigError(source, std::move(missing));
 }
 
 nlohmann::ordered_json JobConfig::to_json() const {
-  using J = nlohmann::ordered_json;
-  auto str_or_null = [](const std::string& s) { return s.empty() ? J(nullptr) : J(s); };
-  auto offload = [](const OffloadConfig& o) {
-    return J{{"device", o.device}, {"pin_memory", o.pin_memory}};
-  };
-  J j = J::object();
-  j["train_batch_size"] = train_batch_size;
-  j["train_micro_batch_size_per_gpu"] = train_micro_batch_size_per_gpu;
-  j["gradient_accumulation_steps"] = gradient_accumulation_steps;
-  j["steps_per_print"] = steps_per_print;
-  j["gradient_clipping"] = gradient_clipping;
-  j["fp16"] = J{{"enabled", fp16.enabled},
-                {"loss_scale", fp16.loss_scale},
-                {"initial_scale_power", fp16.initial_scale_power},
-                {"loss_scale_window", fp16.loss_scale_window},
-                {"hysteresis", fp16.hysteresis},
-                {"min_loss_scale", fp16.min_loss_scale}};
-  j["bf16"] = J{{"enabled", bf16.enabled}};
-  j["zero_optimization"] = J{{"stage", zero.stage},
-                             {"contiguous_gradients", zero.contiguous_gradients},
-                             {"overlap_comm", zero.overlap_comm},
-                             {"reduce_scatter", zero.reduce_scatter},
-                             {"reduce_bucket_size", zero.reduce_bucket_size},
-                             {"allgather_bucket_size", zero.allgather_bucket_size},
-                             {"offload_optimizer", offload(zero.offload_optimizer)},
-                             {"offload_param", offload(zero.offload_param)},
-                             {"stage3_prefetch_bucket_size", zero.stage3_prefetch_bucket_size},
-                             {"stage3_param_persistence_threshold", zero.stage3_param_persistence_threshold},
-                             {"stage3_max_live_parameters", zero.stage3_max_live_parameters}};
-  j["optimizer"] = J{{"type", optimizer.type},
-                     {"params", J{{"lr", optimizer.lr},
-                                  {"betas", J::array({optimizer.beta1, optimizer.beta2})},
-                                  {"eps", optimizer.eps},
-                                  {"weight_decay", optimizer.weight_decay},
-                                  {"adam_w_mode", optimizer.adam_w_mode}}}};
-  if (scheduler.type.empty()) {
-    j["scheduler"] = nullptr;
-  } else {
-    J p = J::object();
-    if (scheduler.type == "WarmupCosineLR") {
-      p["warmup_min_ratio"] = scheduler.warmup_min_ratio;
-      p["cos_min_ratio"] = scheduler.cos_min_ratio;
-    } else {
-      p["warmup_min_lr"] = scheduler.warmup_min_lr;
-      p["warmup_max_lr"] = scheduler.warmup_max_lr;
-    }
-    p["warmup_num_steps"] = scheduler.warmup_num_steps;
-    p["warmup_type"] = scheduler.warmup_type;
-    if (scheduler.type != "WarmupLR") p["total_num_steps"] = scheduler.total_num_steps;
-    j["scheduler"] = J{{"type", scheduler.type}, {"params", p}};
-  }
-  j["activation_checkpointing"] = J{{"enabled", activation_checkpointing.enabled}};
-  j["pipeline"] = J{{"stages", pipeline.stages},
-                    {"partition", pipeline.partition},
-                    {"schedule", pipeline.schedule}};
-  j["tensor_parallel"] = J{{"size", tensor_parallel.size}};
-  j["checkpoint"] = J::object();
-  if (has_model) {
-    j["model"] = J{{"type", model.type},
-                   {"n_layer", model.n_layer},
-                   {"n_head", model.n_head},
-                   {"n_embd", model.n_embd},
-                   {"vocab_size", model.vocab_size},
-                   {"padded_vocab_size", model.padded_vocab_size},
-                   {"seq_len", model.seq_len},
-                   {"init_from", str_or_null(model.init_from)}};
-  } else {
-    j["model"] = nullptr;
-  }
-  if (has_data) {
-    j["data"] = J{{"train", data.train}, {"val", str_or_null(data.val)}, {"shuffle", data.shuffle}};
-  } else {
-    j["data"] = nullptr;
-  }
-  j["training"] = J{{"steps", training.steps > 0 ? J(training.steps) : J(nullptr)},
-                    {"seed", training.seed},
-                    {"eval_interval", training.eval_interval},
-                    {"eval_steps", training.eval_steps},
-                    {"log_interval", training.log_interval},
-                    {"checkpoint_dir", str_or_null(training.checkpoint_dir)},
-                    {"checkpoint_interval", training.checkpoint_interval},
-                    {"keep_last", training.keep_last},
-                    {"device", training.device}};
+  Json j = Json::object();
+  detail::top_level_to_json(*this, j);
+  j["fp16"] = detail::fp16_to_json(fp16);
+  j["bf16"] = detail::bf16_to_json(bf16);
+  j["zero_optimization"] = detail::zero_to_json(zero);
+  j["optimizer"] = detail::optimizer_to_json(optimizer);
+  j["scheduler"] = detail::scheduler_to_json(scheduler);
+  j["activation_checkpointing"] =
+      detail::activation_checkpointing_to_json(activation_checkpointing);
+  j["pipeline"] = detail::pipeline_to_json(pipeline);
+  j["tensor_parallel"] = detail::tensor_parallel_to_json(tensor_parallel);
+  j["checkpoint"] = detail::checkpoint_to_json(checkpoint);
+  j["model"] = detail::model_to_json(*this);
+  j["data"] = detail::data_to_json(*this);
+  j["training"] = detail::training_to_json(training);
   return j;
 }
 

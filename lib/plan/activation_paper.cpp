@@ -67,4 +67,16 @@ std::vector<KorthikantiRow> korthikanti_table(double s, double b, double h, doub
   return rows;
 }
 
+KorthikantiView korthikanti_view(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t,
+                                 int64_t layers, int64_t pp) {
+  KorthikantiView v{s, b, h, a, t, layers, pp, {}, 0, 0};
+  v.rows = korthikanti_table(static_cast<double>(s), static_cast<double>(b),
+                             static_cast<double>(h), static_cast<double>(a),
+                             static_cast<double>(t));
+  // Layers the first stage holds, times the micro-batches 1F1B keeps in flight there (pp).
+  v.stage_layers = layers > 0 ? (layers + pp - 1) / pp : 0;
+  v.layer_micro_batches = v.stage_layers * pp;
+  return v;
+}
+
 }  // namespace ds::plan

@@ -45,4 +45,20 @@ struct KorthikantiRow {
 // at t = 1, where they equal the tensor-parallel ones).
 std::vector<KorthikantiRow> korthikanti_table(double s, double b, double h, double a, double t);
 
+// Table 2 at one set of sizes with the first pipeline stage under 1F1B: what `dstrain plan
+// --formula paper` shows. The first of pp stages holds ceil(L / pp) layers and keeps pp
+// micro-batches in flight, so it keeps stage_layers x pp layer activations (L layers' worth when
+// pp divides L).
+struct KorthikantiView {
+  int64_t s = 0, b = 1, h = 0, a = 0, t = 1;
+  int64_t layers = 0;  // L; 0 = not given (no first-stage figures)
+  int64_t pp = 1;
+  std::vector<KorthikantiRow> rows;  // korthikanti_table(s, b, h, a, t)
+  int64_t stage_layers = 0;          // ceil(L / pp); 0 without L
+  int64_t layer_micro_batches = 0;   // stage_layers x pp
+};
+// Throws what korthikanti_table throws.
+KorthikantiView korthikanti_view(int64_t s, int64_t b, int64_t h, int64_t a, int64_t t,
+                                 int64_t layers, int64_t pp);
+
 }  // namespace ds::plan

@@ -1,5 +1,6 @@
 // From a validated job config (lib/config/job_config.h) to the memory model's inputs: the model
-// spec's shape and the layout. The only file of the plan that knows the config's structs.
+// spec's shape and the layout. The only file of the plan that reads the config's fields
+// (plan_inputs.h loads the file for `dstrain plan`).
 // Pure; throws ds::Error (invalid argument) naming the config key when the config cannot be
 // planned (no model section, an unknown schedule or partition).
 //

@@ -10,7 +10,8 @@
 // runtime allocates; when the two disagree, fix whichever is wrong, here or there.
 //
 // Not here: the paper formulas (model_state.h, activation_paper.h), the step-time model and the
-// layout search (recommend.h), printing (apps/dstrain/cmd_plan.cpp). Pure functions; no I/O.
+// layout search (recommend.h), the --json shapes (plan_json.h), text printing
+// (apps/dstrain/cmd_plan.cpp). Pure functions; no I/O.
 #pragma once
 
 #include <cstdint>

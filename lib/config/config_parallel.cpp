@@ -1,0 +1,65 @@
+// The layout sections: pipeline (stages, how the layers are split over them, the schedule) and
+// tensor_parallel (its size, also under DeepSpeed's AutoTP name autotp_size, where 0 means off).
+// Whether the world size divides into them, and whether the model does, are rules across
+// sections (config_validate.cpp).
+#include <fmt/format.h>
+
+#include "config/config_sections.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+const std::vector<std::string> kDsPipelineIgnored = {
+    "seed_layers", "activation_checkpoint_interval", "pipe_partitioned", "grad_partitioned",
+    "use_reentrant"};
+const std::vector<std::string> kDsTensorParallelIgnored = {
+    "tp_overlap_comm", "tp", "dtype", "partition_config", "preset_model", "keep_module_on_host",
+    "replace_with_kernel_inject", "kernel_inject", "injection_policy_tuple", "tp_grain_size"};
+
+}  // namespace
+
+bool read_pipeline(ReadContext& ctx, Section& root, PipelineConfig& out) {
+  bool stages_valid = true;
+  Section s = root.section("pipeline");
+  const Json* st = s.raw("stages");
+  if (st && st->is_string() && st->get<std::string>() == "auto") {
+    ctx.warn(s.child("stages"),
+             "DeepSpeed's \"auto\" read as 1 (dstrain needs an explicit stage count)");
+  } else if (st) {
+    stages_valid = s.get_int("stages", out.stages, 1);
+  }
+  s.get_choice("partition", out.partition, {"uniform", "parameters"});
+  s.get_choice("schedule", out.schedule, {"1f1b", "gpipe"});
+  s.ignored(kDsPipelineIgnored);
+  s.finish();
+  return stages_valid;
+}
+
+Json pipeline_to_json(const PipelineConfig& c) {
+  return Json{{"stages", c.stages}, {"partition", c.partition}, {"schedule", c.schedule}};
+}
+
+bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig& out) {
+  bool size_valid = true;
+  Section s = root.section("tensor_parallel");
+  if (s.has("size") && s.has("autotp_size")) {
+    s.raw("autotp_size");
+    ctx.error(s.child("autotp_size"),
+              "both \"size\" and DeepSpeed's \"autotp_size\" are given; keep \"size\"");
+  } else if (s.has("autotp_size")) {
+    int n = 0;
+    size_valid = s.get_int("autotp_size", n, 0);
+    if (size_valid) out.size = n == 0 ? 1 : n;  // DeepSpeed: 0 = off
+  }
+  if (s.has("size")) size_valid = s.get_int("size", out.size, 1);
+  s.raw("size");
+  s.raw("autotp_size");
+  s.ignored(kDsTensorParallelIgnored);
+  s.finish();
+  return size_valid;
+}
+
+Json tensor_parallel_to_json(const TensorParallelConfig& c) { return Json{{"size", c.size}}; }
+
+}  // namespace ds::config::detail

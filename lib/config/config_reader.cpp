@@ -1,0 +1,282 @@
+// The section walker's getters (config_reader.h). Each getter checks one value against what the
+// key expects and words the error the same way for every section: "expected <what>, got <value>",
+// plus a hint for the Hugging Face Trainer's "auto" placeholder, the commonest mistake in configs
+// copied from there. Integer ranges read "an integer >= lo" when the top is only the type's limit.
+#include "config/config_reader.h"
+
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+// Extra words for a common mistake: Hugging Face Trainer configs use "auto" placeholders.
+std::string auto_hint(const Json& v) {
+  if (v.is_string() && v.get<std::string>() == "auto") {
+    return " (\"auto\" is a placeholder the Hugging Face Trainer fills in; give a value)";
+  }
+  return {};
+}
+
+std::string int_range_text(int64_t lo, int64_t hi) {
+  if (hi >= kI32Max) return fmt::format("an integer >= {}", lo);
+  return fmt::format("an integer {}-{}", lo, hi);
+}
+
+std::string lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The value of an integer key, or nullopt when it is not a whole number that fits int64.
+std::optional<int64_t> whole_number(const Json& v) {
+  if (v.is_number_integer()) {
+    if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kI64Max)) {
+      return std::nullopt;
+    }
+    return v.get<int64_t>();
+  }
+  if (v.is_number_float()) {
+    // DeepSpeed configs write sizes as 5e8; accept floats that are whole numbers.
+    double d = v.get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.2e18) {
+      return static_cast<int64_t>(d);
+    }
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::string show(const Json& v) {
+  std::string s = v.dump();
+  if (s.size() > 60) s = s.substr(0, 57) + "...";
+  return s;
+}
+
+std::string resolve_path(const std::string& config_path, const std::string& p) {
+  namespace fs = std::filesystem;
+  if (p.empty() || config_path.empty()) return p;
+  fs::path fp(p);
+  if (fp.is_absolute()) return p;
+  fs::path base = fs::path(config_path).parent_path();
+  if (base.empty()) return fp.lexically_normal().string();
+  return (base / fp).lexically_normal().string();
+}
+
+Json string_or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
+
+std::string ReadContext::where(const std::string& path) const {
+  std::string p = path;
+  int line = doc.line_of(p);
+  while (line == 0) {
+    size_t cut = p.find_last_of(".[");
+    if (cut == std::string::npos || cut <= 1) break;  // not "$": line 1 says nothing
+    p.resize(cut);
+    line = doc.line_of(p);
+  }
+  if (line > 0) return fmt::format("{}:{}: {}", source, line, path);
+  return fmt::format("{}: {}", source, path);
+}
+
+void ReadContext::error(const std::string& path, const std::string& msg) {
+  errors.push_back(where(path) + ": " + msg);
+}
+
+void ReadContext::warn(const std::string& path, const std::string& msg) {
+  warnings.push_back(where(path) + ": " + msg);
+}
+
+bool Section::raw_is_null(const std::string& key) const {
+  if (!obj_) return false;
+  auto it = obj_->find(key);
+  return it != obj_->end() && it->is_null();
+}
+
+const Json* Section::raw(const std::string& key) {
+  known_.push_back(key);
+  if (!obj_) return nullptr;
+  auto it = obj_->find(key);
+  return it == obj_->end() ? nullptr : &*it;
+}
+
+bool Section::get_int(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  std::optional<int64_t> n = whole_number(*v);
+  if (!n) {
+    ctx_.error(child(key), fmt::format("expected {}, got {}{}", int_range_text(lo, hi), show(*v),
+                                       auto_hint(*v)));
+    return false;
+  }
+  if (*n < lo || *n > hi) {
+    if (*n > hi && hi >= kI32Max) {
+      ctx_.error(child(key), fmt::format("expected an integer {}-{}, got {}", lo, hi, show(*v)));
+    } else {
+      ctx_.error(child(key), fmt::format("expected {}, got {}", int_range_text(lo, hi), show(*v)));
+    }
+    return false;
+  }
+  out = *n;
+  return true;
+}
+
+bool Section::get_int(const std::string& key, int& out, int64_t lo, int64_t hi) {
+  int64_t v = 0;
+  if (!get_int(key, v, lo, std::min(hi, kI32Max))) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+bool Section::get_u64(const std::string& key, uint64_t& out) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  if (v->is_number_unsigned()) {
+    out = v->get<uint64_t>();
+    return true;
+  }
+  if (v->is_number_integer() && v->get<int64_t>() >= 0) {
+    out = static_cast<uint64_t>(v->get<int64_t>());
+    return true;
+  }
+  ctx_.error(child(key), fmt::format("expected an integer 0-{}, got {}{}",
+                                     std::numeric_limits<uint64_t>::max(), show(*v),
+                                     auto_hint(*v)));
+  return false;
+}
+
+bool Section::get_number(const std::string& key, double& out, double lo, double hi,
+                         bool lo_open) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  std::string expect;
+  if (hi == kInf) {
+    expect = fmt::format("a number {} {}", lo_open ? ">" : ">=", lo);
+  } else {
+    expect = fmt::format("a number from {} to {}", lo, hi);
+  }
+  if (!v->is_number()) {
+    ctx_.error(child(key), fmt::format("expected {}, got {}{}", expect, show(*v), auto_hint(*v)));
+    return false;
+  }
+  double d = v->get<double>();
+  if (!(lo_open ? d > lo : d >= lo) || d > hi) {
+    ctx_.error(child(key), fmt::format("expected {}, got {}", expect, show(*v)));
+    return false;
+  }
+  out = d;
+  return true;
+}
+
+bool Section::get_bool(const std::string& key, bool& out) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  if (!v->is_boolean()) {
+    ctx_.error(child(key),
+               fmt::format("expected true or false, got {}{}", show(*v), auto_hint(*v)));
+    return false;
+  }
+  out = v->get<bool>();
+  return true;
+}
+
+bool Section::get_string(const std::string& key, std::string& out, bool nullable) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  if (nullable && v->is_null()) {
+    out.clear();
+    return true;
+  }
+  if (!v->is_string()) {
+    ctx_.error(child(key), fmt::format("expected a string{}, got {}", nullable ? " or null" : "",
+                                       show(*v)));
+    return false;
+  }
+  out = v->get<std::string>();
+  return true;
+}
+
+bool Section::get_path(const std::string& key, std::string& out, const std::string& config_path,
+                       bool nullable) {
+  std::string s;
+  if (!get_string(key, s, nullable)) return false;
+  if (s.empty() && !(nullable && raw_is_null(key))) {
+    ctx_.error(child(key), "expected a non-empty path, got \"\"");
+    return false;
+  }
+  out = resolve_path(config_path, s);
+  return true;
+}
+
+bool Section::get_choice(const std::string& key, std::string& out,
+                         const std::vector<std::string>& choices, bool case_insensitive) {
+  const Json* v = raw(key);
+  if (!v) return false;
+  std::string list;
+  for (const auto& c : choices) list += (list.empty() ? "" : ", ") + Json(c).dump();
+  if (!v->is_string()) {
+    ctx_.error(child(key), fmt::format("expected one of {}, got {}", list, show(*v)));
+    return false;
+  }
+  std::string s = v->get<std::string>();
+  for (const auto& c : choices) {
+    if (s == c || (case_insensitive && lower(s) == lower(c))) {
+      out = c;
+      return true;
+    }
+  }
+  ctx_.error(child(key),
+             fmt::format("expected one of {}, got {}{}", list, show(*v), auto_hint(*v)));
+  return false;
+}
+
+Section Section::section(const std::string& key, bool nullable) {
+  const Json* v = raw(key);
+  if (!v || (nullable && v->is_null())) return Section(ctx_, nullptr, child(key));
+  if (!v->is_object()) {
+    ctx_.error(child(key), fmt::format("expected an object{}, got {}", nullable ? " or null" : "",
+                                       show(*v)));
+    return Section(ctx_, nullptr, child(key));
+  }
+  return Section(ctx_, v, child(key));
+}
+
+void Section::ignored(const std::vector<std::string>& keys) {
+  for (const auto& k : keys) {
+    if (raw(k)) ctx_.warn(child(k), "DeepSpeed key accepted but not acted on by dstrain");
+  }
+}
+
+void Section::finish() {
+  if (!obj_) return;
+  for (auto it = obj_->begin(); it != obj_->end(); ++it) {
+    const std::string& k = it.key();
+    bool known = false;
+    for (const auto& kk : known_) known = known || kk == k;
+    if (known) continue;
+    auto near = closest_match(k, known_);
+    if (near) {
+      ctx_.error(child(k), fmt::format("unknown key (did you mean \"{}\"?)", *near));
+    } else if (known_.size() > 16) {
+      ctx_.error(child(k), "unknown key (not a dstrain or DeepSpeed key here; see "
+                           "docs/configuration.md)");
+    } else {
+      ctx_.error(child(k), fmt::format("unknown key (known keys here: {})", join_keys()));
+    }
+  }
+}
+
+std::string Section::join_keys() const {
+  std::string out;
+  for (const auto& k : known_) out += (out.empty() ? "" : ", ") + k;
+  return out;
+}
+
+}  // namespace ds::config::detail

@@ -1,0 +1,55 @@
+// The top level of a job config: the batch triad's three keys (read here, resolved against the
+// data-parallel size in config_validate.cpp), steps_per_print and gradient_clipping, and the
+// DeepSpeed top-level keys dstrain accepts without acting on them. The sections themselves have
+// their own readers (config_sections.h).
+#include "config/config_sections.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+// DeepSpeed's top-level keys dstrain accepts without acting on them. Anything not read and not
+// listed here is an unknown-key error.
+const std::vector<std::string> kDsTopLevelIgnored = {
+    "aio", "amp", "autotuning", "comet", "comms_logger", "communication_data_type", "compile",
+    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
+    "data_types", "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
+    "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
+    "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
+    "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",
+    "seq_parallel_comm_data_type", "sequence_parallel_size", "sparse_attention",
+    "sparse_gradients", "tensorboard", "timers", "torch_autocast",
+    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
+    "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
+
+}  // namespace
+
+BatchKeys read_top_level(Section& root, JobConfig& cfg) {
+  BatchKeys b;
+  b.has_train_batch_size = root.get_int("train_batch_size", b.train_batch_size, 1, kI32Max);
+  b.has_micro_batch_size =
+      root.get_int("train_micro_batch_size_per_gpu", b.micro_batch_size, 1, kI32Max);
+  b.has_accumulation_steps =
+      root.get_int("gradient_accumulation_steps", b.accumulation_steps, 1, kI32Max);
+  b.valid = !(root.has("train_batch_size") && !b.has_train_batch_size) &&
+            !(root.has("train_micro_batch_size_per_gpu") && !b.has_micro_batch_size) &&
+            !(root.has("gradient_accumulation_steps") && !b.has_accumulation_steps);
+  root.get_int("steps_per_print", cfg.steps_per_print, 1);
+  root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
+  return b;
+}
+
+void finish_top_level(Section& root) {
+  root.ignored(kDsTopLevelIgnored);
+  root.finish();
+}
+
+void top_level_to_json(const JobConfig& cfg, Json& out) {
+  out["train_batch_size"] = cfg.train_batch_size;
+  out["train_micro_batch_size_per_gpu"] = cfg.train_micro_batch_size_per_gpu;
+  out["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps;
+  out["steps_per_print"] = cfg.steps_per_print;
+  out["gradient_clipping"] = cfg.gradient_clipping;
+}
+
+}  // namespace ds::config::detail

@@ -1,0 +1,87 @@
+// dstrain's data section (the llm.c token files to train and evaluate on) and training section
+// (steps, seed, evaluation and logging intervals, checkpoints, the device), and DeepSpeed's
+// checkpoint section, whose keys are all accepted with a warning: dstrain's checkpoint settings
+// live in `training`. Relative paths resolve against the config file's directory. That
+// eval_interval needs data.val is a rule across sections (config_validate.cpp).
+#include <fmt/format.h>
+
+#include "config/config_sections.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+const std::vector<std::string> kDsCheckpointIgnored = {
+    "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
+
+}  // namespace
+
+void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
+  Section s = root.section("data", /*nullable=*/true);
+  cfg.has_data = s.present();
+  if (!s.present()) return;
+  if (!s.has("train") || s.raw_is_null("train")) {
+    s.raw("train");
+    ctx.error(s.path(), "missing required key \"train\" (the training token file)");
+  } else {
+    s.get_path("train", cfg.data.train, cfg.path, /*nullable=*/false);
+  }
+  s.get_path("val", cfg.data.val, cfg.path, /*nullable=*/true);
+  s.get_bool("shuffle", cfg.data.shuffle);
+  s.finish();
+}
+
+Json data_to_json(const JobConfig& cfg) {
+  if (!cfg.has_data) return nullptr;
+  return Json{{"train", cfg.data.train},
+              {"val", string_or_null(cfg.data.val)},
+              {"shuffle", cfg.data.shuffle}};
+}
+
+TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,
+                           TrainingConfig& out) {
+  TrainingRead read;
+  Section s = root.section("training");
+  if (!s.raw_is_null("steps")) {
+    read.steps_valid = s.get_int("steps", out.steps, 1, kI64Max);
+  } else {
+    s.raw("steps");
+  }
+  s.get_u64("seed", out.seed);
+  read.eval_interval_given = s.get_int("eval_interval", out.eval_interval, 0);
+  s.get_int("eval_steps", out.eval_steps, 1);
+  s.get_int("log_interval", out.log_interval, 1);
+  s.get_path("checkpoint_dir", out.checkpoint_dir, config_path, /*nullable=*/true);
+  bool ckpt_given = s.get_int("checkpoint_interval", out.checkpoint_interval, 0);
+  s.get_int("keep_last", out.keep_last, 0);
+  s.get_choice("device", out.device, {"cpu", "cuda"});
+  s.finish();
+  if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
+    ctx.error(s.child("checkpoint_interval"),
+              fmt::format("checkpoint_interval {} needs training.checkpoint_dir",
+                          out.checkpoint_interval));
+  }
+  return read;
+}
+
+Json training_to_json(const TrainingConfig& c) {
+  return Json{{"steps", c.steps > 0 ? Json(c.steps) : Json(nullptr)},
+              {"seed", c.seed},
+              {"eval_interval", c.eval_interval},
+              {"eval_steps", c.eval_steps},
+              {"log_interval", c.log_interval},
+              {"checkpoint_dir", string_or_null(c.checkpoint_dir)},
+              {"checkpoint_interval", c.checkpoint_interval},
+              {"keep_last", c.keep_last},
+              {"device", c.device}};
+}
+
+void read_checkpoint(Section& root) {
+  Section s = root.section("checkpoint");
+  s.ignored(kDsCheckpointIgnored);
+  s.finish();
+}
+
+Json checkpoint_to_json(const CheckpointConfig&) { return Json::object(); }
+
+}  // namespace ds::config::detail

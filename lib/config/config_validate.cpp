@@ -1,0 +1,160 @@
+// The cross-section rules (config_validate.h). The batch triad follows DeepSpeed's
+// _set_batch_related_parameters: any two of train_batch_size, train_micro_batch_size_per_gpu and
+// gradient_accumulation_steps give the third (one alone: accumulation 1), and all three must
+// agree, train_batch_size == micro x accumulation x data-parallel size. Where DeepSpeed
+// integer-divides and then fails its assertion, the message says which division was not exact.
+#include <fmt/format.h>
+
+#include "config/config_validate.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+std::string top(std::string_view key) { return json_path_child("$", key); }
+
+// All three given: they must agree.
+void check_full_triad(ReadContext& ctx, const BatchKeys& b, int64_t dp) {
+  const int64_t tbs = b.train_batch_size, mbs = b.micro_batch_size, gas = b.accumulation_steps;
+  if (tbs != mbs * gas * dp) {
+    ctx.error(top("train_batch_size"),
+              fmt::format("{} != train_micro_batch_size_per_gpu x gradient_accumulation_steps "
+                          "x data-parallel size = {} x {} x {} = {}",
+                          tbs, mbs, gas, dp, mbs * gas * dp));
+  }
+}
+
+// train_batch_size / (other x dp), or an error naming the key that cannot be derived.
+int64_t derive_from_train_batch(ReadContext& ctx, int64_t tbs, int64_t other, int64_t dp,
+                                const char* other_name, const char* derived_name) {
+  if (tbs % (other * dp) != 0) {
+    ctx.error(top("train_batch_size"),
+              fmt::format("{} is not divisible by {} x data-parallel size = {} x {} = {}, so {} "
+                          "cannot be derived",
+                          tbs, other_name, other, dp, other * dp, derived_name));
+    return 0;
+  }
+  return tbs / (other * dp);
+}
+
+}  // namespace
+
+void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_interval_given) {
+  const TrainingConfig& t = cfg.training;
+  if (eval_interval_given && t.eval_interval > 0 && cfg.has_data && cfg.data.val.empty()) {
+    ctx.error(json_path_child(top("training"), "eval_interval"),
+              fmt::format("eval_interval {} needs data.val (a validation token file)",
+                          t.eval_interval));
+  }
+}
+
+void check_one_precision(ReadContext& ctx, const JobConfig& cfg) {
+  if (cfg.fp16.enabled && cfg.bf16.enabled) {
+    ctx.error(top("bf16"), "fp16 and bf16 cannot both be enabled (as in DeepSpeed)");
+  }
+}
+
+bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
+  if (!(valid.pipeline_stages && valid.tensor_parallel_size)) return false;
+  const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
+  if (cfg.world_size % (tp * pp) != 0) {
+    ctx.error(tp > 1 ? top("tensor_parallel") : top("pipeline"),
+              fmt::format("world size {} is not divisible by tensor_parallel.size x "
+                          "pipeline.stages = {} x {} = {} (the data-parallel size must be a "
+                          "whole number)",
+                          cfg.world_size, tp, pp, tp * pp));
+    return false;
+  }
+  cfg.data_parallel_size = cfg.world_size / (tp * pp);
+  return true;
+}
+
+void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
+                                  const JobConfig& cfg) {
+  const int pp = cfg.pipeline.stages;
+  if (valid.zero_stage && valid.pipeline_stages && cfg.zero.stage == 3 && pp > 1) {
+    ctx.error(top("zero_optimization"),
+              fmt::format("ZeRO stage 3 cannot be combined with pipeline parallelism "
+                          "(pipeline.stages = {}), as in DeepSpeed; use stage 0-2 or "
+                          "pipeline.stages 1",
+                          pp));
+  }
+}
+
+void resolve_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
+  const int64_t dp = cfg.data_parallel_size;
+  int64_t tbs = b.train_batch_size, mbs = b.micro_batch_size, gas = b.accumulation_steps;
+  const bool has_tbs = b.has_train_batch_size, has_mbs = b.has_micro_batch_size,
+             has_gas = b.has_accumulation_steps;
+  if (has_tbs && has_mbs && has_gas) {
+    check_full_triad(ctx, b, dp);
+  } else if (has_tbs && has_mbs) {
+    gas = derive_from_train_batch(ctx, tbs, mbs, dp, "train_micro_batch_size_per_gpu",
+                                  "gradient_accumulation_steps");
+  } else if (has_tbs && has_gas) {
+    mbs = derive_from_train_batch(ctx, tbs, gas, dp, "gradient_accumulation_steps",
+                                  "train_micro_batch_size_per_gpu");
+  } else if (has_mbs && has_gas) {
+    tbs = mbs * gas * dp;
+  } else if (has_tbs) {
+    gas = 1;
+    if (tbs % dp != 0) {
+      ctx.error(top("train_batch_size"),
+                fmt::format("{} is not divisible by the data-parallel size {}, so "
+                            "train_micro_batch_size_per_gpu cannot be derived "
+                            "(gradient_accumulation_steps defaults to 1)",
+                            tbs, dp));
+    } else {
+      mbs = tbs / dp;
+    }
+  } else if (has_mbs) {
+    gas = 1;
+    tbs = mbs * dp;
+  } else {
+    ctx.error("$", "either train_batch_size or train_micro_batch_size_per_gpu must be given "
+                   "(as in DeepSpeed)");
+  }
+  cfg.train_batch_size = tbs;
+  cfg.train_micro_batch_size_per_gpu = mbs;
+  cfg.gradient_accumulation_steps = gas;
+}
+
+void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
+                                const JobConfig& cfg) {
+  const ModelConfig& m = cfg.model;
+  const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
+  const std::string mp = top("model");
+  if (valid.tensor_parallel_size && tp > 1) {
+    if (m.n_head % tp != 0) {
+      ctx.error(json_path_child(mp, "n_head"),
+                fmt::format("n_head ({}) must be divisible by tensor_parallel.size ({})",
+                            m.n_head, tp));
+    }
+    if ((4LL * m.n_embd) % tp != 0) {
+      ctx.error(json_path_child(mp, "n_embd"),
+                fmt::format("4 x n_embd ({}) must be divisible by tensor_parallel.size ({})",
+                            4LL * m.n_embd, tp));
+    }
+    if (m.padded_vocab_size % tp != 0) {
+      ctx.error(json_path_child(mp, "padded_vocab_size"),
+                fmt::format("padded_vocab_size ({}) must be divisible by tensor_parallel.size "
+                            "({}); set model.padded_vocab_size to a multiple of {}",
+                            m.padded_vocab_size, tp, tp));
+    }
+  }
+  if (valid.pipeline_stages && pp > m.n_layer) {
+    ctx.error(json_path_child(top("pipeline"), "stages"),
+              fmt::format("pipeline.stages ({}) must not exceed model.n_layer ({})", pp,
+                          m.n_layer));
+  }
+}
+
+void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
+  check_one_precision(ctx, cfg);
+  const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);
+  check_zero3_without_pipeline(ctx, valid, cfg);
+  if (valid.batch.valid && layout_whole) resolve_batch_triad(ctx, valid.batch, cfg);
+  if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);
+}
+
+}  // namespace ds::config::detail

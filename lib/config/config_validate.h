@@ -1,0 +1,42 @@
+// The rules of a job config that span sections, internal to lib/config: precision (fp16 and bf16
+// not both), the layout against the world size (data-parallel size = world / (tp x pp), ZeRO-3
+// not with a pipeline), the batch triad against the data-parallel size, the model's shape
+// against tensor_parallel.size and pipeline.stages, and evaluation against data.val. Each rule
+// runs only on values that were themselves valid (SectionsValid), so one mistake gives one
+// message. Rules record errors in the ReadContext and never throw.
+#pragma once
+
+#include "config/config_sections.h"
+
+namespace ds::config::detail {
+
+// Which values the section readers found valid, for the rules below.
+struct SectionsValid {
+  BatchKeys batch;
+  bool zero_stage = true;
+  bool pipeline_stages = true;
+  bool tensor_parallel_size = true;
+  bool model = true;
+};
+
+// training.eval_interval > 0 with a data section needs data.val. Runs right after the training
+// section is read (its message comes before the scheduler's).
+void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_interval_given);
+
+// Every other cross-section rule, in this order: check_one_precision, resolve_data_parallel_size
+// (sets cfg.data_parallel_size), check_zero3_without_pipeline, resolve_batch_triad (sets the
+// triad), check_model_against_layout.
+void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
+
+void check_one_precision(ReadContext& ctx, const JobConfig& cfg);
+// Returns whether the layout is whole (world_size divisible by tp x pp, both valid).
+bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
+void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
+                                  const JobConfig& cfg);
+// As DeepSpeed's _set_batch_related_parameters + _batch_assertion, against
+// cfg.data_parallel_size.
+void resolve_batch_triad(ReadContext& ctx, const BatchKeys& batch, JobConfig& cfg);
+void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
+                                const JobConfig& cfg);
+
+}  // namespace ds::config::detail
