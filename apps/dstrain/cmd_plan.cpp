@@ -220,8 +220,8 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
   const auto& l = p.layout;
   const auto& s = p.shape;
   std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
-                           plan::describe_layout(l), plan::precision_name(l.precision),
-                           l.pp > 1 ? fmt::format(", {} schedule", plan::schedule_name(l.schedule)) : "");
+                           plan::describe_layout(l), layout::precision_name(l.precision),
+                           l.pp > 1 ? fmt::format(", {} schedule", layout::schedule_name(l.schedule)) : "");
   std::cout << fmt::format("model: GPT-2 L={} NH={} C={} V={} (Vp {}) T={}, {} parameters\n\n",
                            s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.padded_vocab_size, s.seq_len,
                            count(model_spec::param_count(s)));

@@ -29,15 +29,19 @@ bool read_pipeline(ReadContext& ctx, Section& root, PipelineConfig& out) {
   } else if (st) {
     stages_valid = s.get_int("stages", out.stages, 1);
   }
-  s.get_choice("partition", out.partition, {"uniform", "parameters"});
-  s.get_choice("schedule", out.schedule, {"1f1b", "gpipe"});
+  std::string partition = layout::stage_split_name(out.partition);
+  if (s.get_choice("partition", partition, {"uniform", "parameters"})) out.partition = *layout::parse_stage_split(partition);
+  std::string schedule = layout::schedule_name(out.schedule);
+  if (s.get_choice("schedule", schedule, {"1f1b", "gpipe"})) out.schedule = *layout::parse_schedule(schedule);
   s.ignored(kDsPipelineIgnored);
   s.finish();
   return stages_valid;
 }
 
 Json pipeline_to_json(const PipelineConfig& c) {
-  return Json{{"stages", c.stages}, {"partition", c.partition}, {"schedule", c.schedule}};
+  return Json{{"stages", c.stages},
+              {"partition", layout::stage_split_name(c.partition)},
+              {"schedule", layout::schedule_name(c.schedule)}};
 }
 
 bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig& out) {

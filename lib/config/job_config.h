@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "layout/choices.h"
 
 namespace ds::config {
 
@@ -126,8 +127,8 @@ struct ActivationCheckpointingConfig {
 
 struct PipelineConfig {
   int stages = 1;
-  std::string partition = "parameters";  // "uniform" | "parameters"
-  std::string schedule = "1f1b";         // "1f1b" | "gpipe"
+  layout::StageSplit partition = layout::StageSplit::kParameters;  // "uniform" | "parameters"
+  layout::PipelineSchedule schedule = layout::PipelineSchedule::k1F1B;  // "1f1b" | "gpipe"
 };
 
 struct TensorParallelConfig {
@@ -149,6 +150,10 @@ struct JobConfig {
   double gradient_clipping = 0;  // max global grad norm; 0 = off
   Fp16Config fp16;
   Bf16Config bf16;
+  // The storage precision these two sections choose (validation refuses both enabled).
+  layout::Precision precision() const {
+    return fp16.enabled ? layout::Precision::kFp16 : bf16.enabled ? layout::Precision::kBf16 : layout::Precision::kFp32;
+  }
   ZeroConfig zero;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;

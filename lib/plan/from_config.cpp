@@ -39,23 +39,9 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   l.grad_accum = static_cast<int>(c.gradient_accumulation_steps);
   l.checkpointing = c.activation_checkpointing.enabled;
-  if (c.pipeline.schedule == "1f1b") {
-    l.schedule = Schedule::k1F1B;
-  } else if (c.pipeline.schedule == "gpipe") {
-    l.schedule = Schedule::kGPipe;
-  } else {
-    throw invalid_argument("{}: $.pipeline.schedule: expected \"1f1b\" or \"gpipe\", got \"{}\"",
-                           c.path, c.pipeline.schedule);
-  }
-  if (c.pipeline.partition == "uniform") {
-    l.partition = StagePartition::kUniform;
-  } else if (c.pipeline.partition == "parameters") {
-    l.partition = StagePartition::kParameters;
-  } else {
-    throw invalid_argument("{}: $.pipeline.partition: expected \"uniform\" or \"parameters\", got \"{}\"",
-                           c.path, c.pipeline.partition);
-  }
-  l.precision = c.bf16.enabled ? Precision::kBf16 : c.fp16.enabled ? Precision::kFp16 : Precision::kFp32;
+  l.schedule = c.pipeline.schedule;
+  l.partition = c.pipeline.partition;
+  l.precision = c.precision();
   l.device = c.training.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   l.overlap_comm = c.zero.overlap_comm;
   l.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;

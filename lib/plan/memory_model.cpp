@@ -12,17 +12,6 @@ namespace ds::plan {
 
 namespace ms = ds::model_spec;
 
-const char* precision_name(Precision p) {
-  switch (p) {
-    case Precision::kFp32: return "fp32";
-    case Precision::kBf16: return "bf16";
-    case Precision::kFp16: return "fp16";
-  }
-  return "?";
-}
-
-const char* schedule_name(Schedule s) { return s == Schedule::k1F1B ? "1f1b" : "gpipe"; }
-
 int param_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
 
@@ -89,14 +78,14 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
   if (l.num_threads < 1) throw invalid_argument("threads per rank must be at least 1, got {}", l.num_threads);
 }
 
-std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StagePartition partition, int tp) {
+std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StageSplit partition, int tp) {
   return layout::stage_layer_bounds(
-      s, pp, partition == StagePartition::kUniform ? layout::StageSplit::kUniform : layout::StageSplit::kParameters, tp);
+      s, pp, partition, tp);
 }
 
 int in_flight_micro_batches(const Layout& l, int stage) {
   if (l.pp == 1) return 1;
-  if (l.schedule == Schedule::kGPipe) return l.grad_accum;
+  if (l.schedule == PipelineSchedule::kGPipe) return l.grad_accum;
   return std::min(l.pp - stage, l.grad_accum);
 }
 
@@ -118,157 +107,152 @@ const RankMemory& MemoryPlan::peak_rank() const {
 
 int storage_bytes(const Layout&) { return 4; }
 
-MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
-  validate_layout(s, l);
-  MemoryPlan plan;
-  plan.layout = l;
-  plan.shape = s;
-  plan.bounds = stage_bounds(s, l.pp, l.partition, l.tp);
-  const int64_t sb = storage_bytes(l);
-  // On a CPU run host memory is the device memory: offloading moves nothing.
-  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
-  const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
+namespace {
 
+// What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
+struct Part {
+  RankMemory base;         // the tags that do not depend on the dp rank
+  ZeroPartition zp;
+  int64_t persistent = 0;  // ZeRO-3 units kept whole
+  int64_t gathered = 0;    // ZeRO-3 pooled gather buffers at their peak
+  int64_t bucket = 0;      // ZeRO-2/3 bucket capacity (elements)
+  int64_t wte = 0;         // ZeRO-2/3 token-embedding gradient buffer (elements)
+  int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
+};
+
+ms::ActConfig act_config(const ms::Gpt2Shape& s, const Layout& l) {
   ms::ActConfig act;
   act.B = l.micro_batch;
   act.T = s.seq_len;
   act.recompute = l.checkpointing;
   act.num_threads = l.device == DeviceKind::kCuda ? 0 : l.num_threads;  // CUDA attention: no scratch
+  return act;
+}
 
-  // What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
-  struct Part {
-    RankMemory base;           // the tags that do not depend on the dp rank
-    ZeroPartition zp;
-    int64_t persistent = 0;    // ZeRO-3 units kept whole
-    int64_t gathered = 0;      // ZeRO-3 pooled gather buffers at their peak
-    int64_t bucket = 0;        // ZeRO-2/3 bucket capacity (elements)
-    int64_t wte = 0;           // ZeRO-2/3 token-embedding gradient buffer (elements)
-    int64_t tied = 0;          // pipeline: the tied wte gradient buffer (elements)
-  };
-  std::vector<Part> parts;  // index stage * tp + tp_rank
-  for (int stage = 0; stage < l.pp; ++stage) {
-    for (int t = 0; t < l.tp; ++t) {
-      ms::ModelPart mp = part_for(s, plan.bounds, stage, l.tp, t);
-      ms::ParamLayout layout = ms::param_layout(s, mp);
-      Part part;
-      RankMemory& r = part.base;
-      r.stage = stage;
-      r.tp_rank = t;
-      r.layer_begin = mp.layer_begin;
-      r.layer_end = mp.layer_end;
-      r.local_params = layout.total;
-      r.in_flight = in_flight_micro_batches(l, stage);
-      part.zp = zero_partition(layout.total, l.dp);
-
-      ms::ActTotals at = ms::activation_totals(s, mp, act);
-      r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
-      // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without
-      // a pipeline; with one, every micro-batch of the step is loaded before the schedule runs
-      // (G of them, on every stage).
-      // On a GPU the model also keeps one micro-batch of token ids on the device (Gpt2's upload
-      // buffer, inputs and targets).
-      r.workspace = at.shared_workspace * kActivationBytes +
-                    kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
-                    (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
-
-      // ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
-      // reduce_bucket_size elements of the others; the token embedding has its own buffer.
-      int64_t max_unit = 0, rest = 0;
-      for (const auto& u : layout.units) {
-        if (u.kind == ms::UnitKind::kTokenEmbedding) {
-          part.wte = u.numel;
-          continue;
-        }
-        max_unit = std::max(max_unit, u.numel);
-        rest += u.numel;
-      }
-      part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
-      if (l.zero_stage < 2) part.wte = 0;
-      // Pipelines keep the tied token embedding's gradient in a buffer of their own on the first
-      // and the last stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks).
-      if (l.pp > 1 && (mp.has_embedding || mp.has_head)) {
-        for (const auto& u : layout.units) {
-          if (u.kind == ms::UnitKind::kTokenEmbedding) part.tied = u.numel;
-        }
-      }
-
-      // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into
-      // pooled buffers (one pool per size, never shrunk): the unit in use plus the layers
-      // prefetched within stage3_prefetch_bucket_size, at most stage3_max_live_parameters.
-      if (l.zero_stage == 3) {
-        int64_t layer_n = 0;
-        int nl = 0;
-        for (const auto& u : layout.units) {
-          if (u.numel <= l.stage3_param_persistence_threshold) {
-            part.persistent += u.numel;
-          } else if (u.kind == ms::UnitKind::kLayer) {
-            layer_n = u.numel;
-            ++nl;
-          } else {
-            part.gathered += u.numel;
-          }
-        }
-        if (nl > 0) {
-          int64_t live = 1 + l.stage3_prefetch_bucket_size / layer_n;
-          live = std::min(live, std::max<int64_t>(1, l.stage3_max_live_parameters / layer_n));
-          part.gathered += std::min<int64_t>(live, nl) * layer_n;
-        }
-      }
-      parts.push_back(part);
+// ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
+// reduce_bucket_size elements of the others; the token embedding has its own buffer. Pipelines
+// keep the tied token embedding's gradient in a buffer of their own on the first and the last
+// stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks).
+void count_gradient_buffers(const Layout& l, const ms::ModelPart& mp, const ms::ParamLayout& layout, Part& part) {
+  int64_t max_unit = 0, rest = 0, wte = 0;
+  for (const auto& u : layout.units) {
+    if (u.kind == ms::UnitKind::kTokenEmbedding) {
+      wte = u.numel;
+      continue;
     }
+    max_unit = std::max(max_unit, u.numel);
+    rest += u.numel;
   }
+  part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
+  part.wte = l.zero_stage < 2 ? 0 : wte;
+  if (l.pp > 1 && (mp.has_embedding || mp.has_head)) part.tied = wte;
+}
 
-  plan.ranks.reserve(static_cast<size_t>(l.world_size()));
-  for (int rank = 0; rank < l.world_size(); ++rank) {
-    const int t = rank % l.tp;
-    const int d = (rank / l.tp) % l.dp;
-    const int stage = rank / (l.tp * l.dp);
-    const Part& part = parts[static_cast<size_t>(stage * l.tp + t)];
-    RankMemory r = part.base;
-    r.rank = rank;
-    r.dp_rank = d;
-    const int64_t n = part.zp.total();
-    const int64_t mine = part.zp.count(d);
-
-    // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
-    const int64_t param_elems = l.zero_stage == 3 ? mine + part.persistent + part.gathered : n;
-    (offload_par ? r.cpu : r.params) += param_elems * sb;
-    // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
-    const int nb = l.overlap_comm ? 2 : 1;
-    r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * sb;
-    // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
-    // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
-    // whatever the precision and the gradients AdamW reads on the CPU, all in pinned host memory.
-    const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
-    if (offload_opt) {
-      r.cpu += opt_elems * (kAdamStateBytes + 4 + 4);
+// ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into pooled
+// buffers (one pool per size, never shrunk): the unit in use plus the layers prefetched within
+// stage3_prefetch_bucket_size, at most stage3_max_live_parameters.
+void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Part& part) {
+  if (l.zero_stage != 3) return;
+  int64_t layer_n = 0;
+  int nl = 0;
+  for (const auto& u : layout.units) {
+    if (u.numel <= l.stage3_param_persistence_threshold) {
+      part.persistent += u.numel;
+    } else if (u.kind == ms::UnitKind::kLayer) {
+      layer_n = u.numel;
+      ++nl;
     } else {
-      r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+      part.gathered += u.numel;
     }
-    // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
-    // allgather_bucket_size is smaller than a partition)
-    if (l.zero_stage >= 2) {
-      r.comm += nb * std::min(part.bucket, mine) * sb;
-      if (part.wte > 0) r.comm += std::min(part.wte, mine) * sb;
-    }
-    if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride()) {
-      r.comm += l.allgather_bucket_size * l.dp * sb;
-    }
-    plan.ranks.push_back(r);
   }
+  if (nl > 0) {
+    int64_t live = 1 + l.stage3_prefetch_bucket_size / layer_n;
+    live = std::min(live, std::max<int64_t>(1, l.stage3_max_live_parameters / layer_n));
+    part.gathered += std::min<int64_t>(live, nl) * layer_n;
+  }
+}
 
-  // Notes: how the peak rank was counted.
+Part part_memory(const ms::Gpt2Shape& s, const Layout& l, const std::vector<int>& bounds, int stage, int t) {
+  const ms::ModelPart mp = part_for(s, bounds, stage, l.tp, t);
+  const ms::ParamLayout layout = ms::param_layout(s, mp);
+  Part part;
+  RankMemory& r = part.base;
+  r.stage = stage;
+  r.tp_rank = t;
+  r.layer_begin = mp.layer_begin;
+  r.layer_end = mp.layer_end;
+  r.local_params = layout.total;
+  r.in_flight = in_flight_micro_batches(l, stage);
+  part.zp = zero_partition(layout.total, l.dp);
+  const ms::ActTotals at = ms::activation_totals(s, mp, act_config(s, l));
+  r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
+  // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without a
+  // pipeline; with one, every micro-batch of the step is loaded before the schedule runs (G of
+  // them, on every stage). On a GPU the model also keeps one micro-batch of token ids on the
+  // device (Gpt2's upload buffer, inputs and targets).
+  r.workspace = at.shared_workspace * kActivationBytes +
+                kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
+                (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
+  count_gradient_buffers(l, mp, layout, part);
+  count_zero3_params(l, layout, part);
+  return part;
+}
+
+// World rank `rank` of a part: the tags that depend on its dp rank (its ZeRO shard).
+RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
+  const int64_t sb = storage_bytes(l);
+  // On a CPU run host memory is the device memory: offloading moves nothing.
+  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
+  const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
+  RankMemory r = part.base;
+  r.rank = rank;
+  r.dp_rank = (rank / l.tp) % l.dp;
+  const int64_t n = part.zp.total();
+  const int64_t mine = part.zp.count(r.dp_rank);
+  // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
+  const int64_t param_elems = l.zero_stage == 3 ? mine + part.persistent + part.gathered : n;
+  (offload_par ? r.cpu : r.params) += param_elems * sb;
+  // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
+  const int nb = l.overlap_comm ? 2 : 1;
+  r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * sb;
+  // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
+  // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
+  // whatever the precision and the gradients AdamW reads on the CPU, all in pinned host memory.
+  const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
+  if (offload_opt) {
+    r.cpu += opt_elems * (kAdamStateBytes + 4 + 4);
+  } else {
+    r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+  }
+  // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
+  // allgather_bucket_size is smaller than a partition)
+  if (l.zero_stage >= 2) {
+    r.comm += nb * std::min(part.bucket, mine) * sb;
+    if (part.wte > 0) r.comm += std::min(part.wte, mine) * sb;
+  }
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride()) {
+    r.comm += l.allgather_bucket_size * l.dp * sb;
+  }
+  return r;
+}
+
+// Notes: how the peak rank was counted.
+void add_notes(MemoryPlan& plan) {
+  const Layout& l = plan.layout;
+  const ms::Gpt2Shape& s = plan.shape;
+  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
+  const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   const RankMemory& p = plan.peak_rank();
-  ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
-  ms::ActTotals at = ms::activation_totals(s, part, act);
-  const int64_t pb = sb;
+  const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
+  const ms::ActTotals at = ms::activation_totals(s, part, act_config(s, l));
+  const int64_t pb = storage_bytes(l);
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
                                  part.has_embedding ? " + wte, wpe" : "",
                                  part.has_head ? (part.has_embedding ? " + lnf" : " + lnf, wte (tied)") : "");
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
-                                              pb, precision_name(l.precision),
+                                              pb, layout::precision_name(l.precision),
                                               l.precision != Precision::kFp32 ? " values in fp32 buffers" : "",
                                               l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", l.dp) : "")});
   if (offload_par) plan.notes.back().text += ", offloaded to CPU";
@@ -282,7 +266,7 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
                                                  offload_opt ? ", offloaded to CPU" : "")});
   plan.notes.push_back({"activations",
                         fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
-                                    p.in_flight, l.pp > 1 ? schedule_name(l.schedule) : "no pipeline",
+                                    p.in_flight, l.pp > 1 ? layout::schedule_name(l.schedule) : "no pipeline",
                                     format_bytes(static_cast<double>(at.per_micro_batch * kActivationBytes)),
                                     l.micro_batch, s.seq_len, l.checkpointing ? ", checkpointed" : "",
                                     l.checkpointing ? " + " + format_bytes(static_cast<double>(
@@ -296,13 +280,32 @@ MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
   }
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
-  plan.notes.push_back({"workspace", fmt::format("backward scratch, {}, "
-                                                 "logits chunk, token ids{}",
+  plan.notes.push_back({"workspace", fmt::format("backward scratch, {}, logits chunk, token ids{}",
                                                  l.device == DeviceKind::kCuda
                                                      ? std::string("no attention scratch (CUDA)")
                                                      : fmt::format("attention scratch for {} thread(s)", l.num_threads),
                                                  l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                           : std::string())});
+}
+
+}  // namespace
+
+MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
+  validate_layout(s, l);
+  MemoryPlan plan;
+  plan.layout = l;
+  plan.shape = s;
+  plan.bounds = stage_bounds(s, l.pp, l.partition, l.tp);
+  std::vector<Part> parts;  // index stage * tp + tp_rank
+  for (int stage = 0; stage < l.pp; ++stage) {
+    for (int t = 0; t < l.tp; ++t) parts.push_back(part_memory(s, l, plan.bounds, stage, t));
+  }
+  plan.ranks.reserve(static_cast<size_t>(l.world_size()));
+  for (int rank = 0; rank < l.world_size(); ++rank) {
+    const int stage = rank / (l.tp * l.dp);
+    plan.ranks.push_back(rank_memory(l, parts[static_cast<size_t>(stage * l.tp + rank % l.tp)], rank));
+  }
+  add_notes(plan);
   return plan;
 }
 

@@ -20,19 +20,19 @@
 #include <vector>
 
 #include "model_spec/gpt2_spec.h"
+#include "layout/choices.h"
 #include "layout/partition.h"
 
 namespace ds::plan {
 
-enum class Precision { kFp32, kBf16, kFp16 };
-enum class Schedule { k1F1B, kGPipe };
-enum class StagePartition { kUniform, kParameters };
+// The training choices, one enum each for the config, the plan and the runtime (layout/choices.h).
+using layout::PipelineSchedule;
+using layout::Precision;
+using layout::StageSplit;
 // Where the job runs (training.device): on CPU host memory is the device memory (offload moves
 // nothing). On both the runtime stores 16-bit parameter and gradient values in fp32 buffers.
 enum class DeviceKind { kCpu, kCuda };
 
-const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
-const char* schedule_name(Schedule s);    // "1f1b", "gpipe"
 
 // Everything about a job's layout the memory model needs. Sizes in elements, like DeepSpeed's
 // zero_optimization keys.
@@ -46,8 +46,8 @@ struct Layout {
   int micro_batch = 1;             // train_micro_batch_size_per_gpu (B)
   int grad_accum = 1;              // gradient_accumulation_steps: micro-batches per step (m)
   bool checkpointing = false;      // activation_checkpointing.enabled
-  Schedule schedule = Schedule::k1F1B;
-  StagePartition partition = StagePartition::kParameters;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  StageSplit partition = StageSplit::kParameters;
   Precision precision = Precision::kFp32;
   DeviceKind device = DeviceKind::kCpu;
   bool overlap_comm = false;  // zero_optimization.overlap_comm (resolved): two gradient buckets
@@ -87,7 +87,7 @@ inline ZeroPartition zero_partition(int64_t total, int dp) { return layout::Part
 //               stage also holds wte + wpe and the last lnf + the tied wte (as the runtime's
 //               model parts do); ties go to the earliest boundary.
 // Every stage gets at least one layer. Throws ds::Error naming the rule when pp > L.
-std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StagePartition partition,
+std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StageSplit partition,
                               int tp = 1);
 
 // Micro-batches whose activations a stage keeps at its peak: 1F1B keeps min(pp - stage, m) on

@@ -73,8 +73,8 @@ Json layout_json(const Layout& l) {
               {"activation_checkpointing", l.checkpointing},
               {"offload_optimizer", l.offload_optimizer ? "cpu" : "none"},
               {"offload_param", l.offload_param ? "cpu" : "none"},
-              {"schedule", schedule_name(l.schedule)},
-              {"precision", precision_name(l.precision)}};
+              {"schedule", layout::schedule_name(l.schedule)},
+              {"precision", layout::precision_name(l.precision)}};
 }
 
 Json rank_json(const RankMemory& r) {

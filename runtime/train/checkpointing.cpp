@@ -32,7 +32,7 @@ ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>&
   l.data_parallel_size = cfg.data_parallel_size;
   l.tensor_parallel_size = cfg.tensor_parallel.size;
   l.pipeline_stages = cfg.pipeline.stages;
-  l.pipeline_partition = cfg.pipeline.partition;
+  l.pipeline_partition = layout::stage_split_name(cfg.pipeline.partition);
   l.zero_stage = cfg.zero.stage;
   l.num_params = ms::param_count(run.engine.model().shape());
   for (size_t q = 0; q < static_cast<size_t>(cfg.world_size); ++q) {
@@ -116,7 +116,7 @@ void log_layout_change(const ckpt::ShardLayout& old, CheckpointedRun& run, const
     spdlog::info("resharding checkpoint {} (tensor-parallel {} x pipeline {}, partition '{}') for "
                  "tensor-parallel {} x pipeline {} (partition '{}')",
                  dir, old.tensor_parallel_size, old.pipeline_stages, old.pipeline_partition, cfg.tensor_parallel.size,
-                 cfg.pipeline.stages, cfg.pipeline.partition);
+                 cfg.pipeline.stages, layout::stage_split_name(cfg.pipeline.partition));
   }
   const int dp = cfg.data_parallel_size, stage = run.engine.zero().stage();
   if (old.data_parallel_size != dp || old.zero_stage != stage) {
@@ -131,13 +131,13 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
   const auto m = ckpt::read_manifest(dir);
   const std::string where = dir + "/manifest.json";
   const auto& model = run.engine.model();
-  const auto old = ckpt::read_shard_layout(m, where, run.cfg.pipeline.partition);
+  const auto old = ckpt::read_shard_layout(m, where, layout::stage_split_name(run.cfg.pipeline.partition));
   if (old.num_params != ms::param_count(model.shape())) {
     throw invalid_argument("{}: the checkpoint holds a model of {} parameters but the config's model has {}", where,
                            old.num_params, ms::param_count(model.shape()));
   }
   ckpt::PartTarget target{model.shape(), model.part(), run.cfg.pipeline.stages, run.engine.coord().pp,
-                          run.cfg.pipeline.partition};
+                          layout::stage_split_name(run.cfg.pipeline.partition)};
   ckpt::PartReader reader(dir, old, target);
   log_layout_change(old, run, dir, reader.resharding());
   int64_t next_step = 0;

@@ -66,12 +66,6 @@ UpdateSettings update_settings_of(const config::JobConfig& c) {
   return u;
 }
 
-layout::Precision precision_of(const config::JobConfig& c) {
-  if (c.fp16.enabled) return layout::Precision::kFp16;
-  if (c.bf16.enabled) return layout::Precision::kBf16;
-  return layout::Precision::kFp32;
-}
-
 parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int local_rank, Device device) {
   parallel::EngineSpec e;
   e.rank = rank;
@@ -79,8 +73,8 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.tp = c.tensor_parallel.size;
   e.dp = c.data_parallel_size;
   e.pp = c.pipeline.stages;
-  e.split = layout::parse_stage_split_or_throw(c.pipeline.partition, "$.pipeline.partition");
-  e.schedule = layout::parse_schedule_or_throw(c.pipeline.schedule, "$.pipeline.schedule");
+  e.split = c.pipeline.partition;
+  e.schedule = c.pipeline.schedule;
   e.micro_batches = static_cast<int>(c.gradient_accumulation_steps);
   e.device = device;
   e.cuda_device = local_rank;

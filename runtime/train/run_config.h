@@ -17,7 +17,6 @@
 namespace ds::rt::train {
 
 model_spec::Gpt2Shape shape_of(const config::ModelConfig& m);
-layout::Precision precision_of(const config::JobConfig& c);
 optim::LrScheduleConfig schedule_of(const config::JobConfig& c);
 optim::LossScalerConfig loss_scaler_of(const config::Fp16Config& f);
 UpdateSettings update_settings_of(const config::JobConfig& c);

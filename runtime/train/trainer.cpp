@@ -183,7 +183,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options) :
   s.B = static_cast<int>(s.cfg.train_micro_batch_size_per_gpu);
   s.T = s.cfg.model.seq_len;
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
-  s.precision = precision_of(s.cfg);
+  s.precision = s.cfg.precision();
   s.build(local_rank);
   try {
     s.start_or_resume();
@@ -319,7 +319,8 @@ std::string Trainer::Impl::describe_run() const {
       dp(), engine->zero().stage(),
       tp * pp() == 1 ? std::string()
                      : fmt::format(" x tensor-parallel {} x pipeline {} ({}, {} partition)", tp, pp(),
-                                   cfg.pipeline.schedule, cfg.pipeline.partition),
+                                   layout::schedule_name(cfg.pipeline.schedule),
+                                   layout::stage_split_name(cfg.pipeline.partition)),
       cfg.training.steps, omp_get_max_threads());
 }
 
@@ -407,9 +408,7 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
 
 void Trainer::export_llmc(const std::string& path) {
   Impl& s = *impl_;
-  write_llmc_export(path, *s.engine, *s.state,
-                    layout::parse_stage_split_or_throw(s.cfg.pipeline.partition, "$.pipeline.partition"), s.alloc,
-                    s.device);
+  write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device);
 }
 
 }  // namespace ds::rt::train

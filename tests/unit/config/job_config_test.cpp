@@ -295,8 +295,8 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.scheduler.type, "");
   EXPECT_FALSE(c.activation_checkpointing.enabled);
   EXPECT_EQ(c.pipeline.stages, 1);
-  EXPECT_EQ(c.pipeline.partition, "parameters");
-  EXPECT_EQ(c.pipeline.schedule, "1f1b");
+  EXPECT_EQ(c.pipeline.partition, layout::StageSplit::kParameters);
+  EXPECT_EQ(c.pipeline.schedule, layout::PipelineSchedule::k1F1B);
   EXPECT_EQ(c.tensor_parallel.size, 1);
   EXPECT_FALSE(c.has_model);
   EXPECT_FALSE(c.has_data);

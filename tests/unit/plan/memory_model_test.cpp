@@ -152,7 +152,7 @@ TEST(MemoryModel, PipelineStagesAndInFlightMicroBatches) {
   EXPECT_EQ(s0.workspace, (800 - 128) * 4 + 4 * 64);
   EXPECT_EQ(s1.workspace, 800 * 4 + 4 * 64);
   EXPECT_EQ(distinct_ranks(p).size(), 2u);
-  l.schedule = Schedule::kGPipe;
+  l.schedule = PipelineSchedule::kGPipe;
   EXPECT_EQ(plan_memory(tiny(), l).ranks[1].in_flight, 4);
 }
 
@@ -168,13 +168,13 @@ TEST(MemoryModel, CheckpointingKeepsLayerOutputsOnly) {
 TEST(MemoryModel, StagePartitions) {
   auto s = tiny();
   s.n_layer = 8;
-  EXPECT_EQ(stage_bounds(s, 3, StagePartition::kUniform), (std::vector<int>{0, 3, 6, 8}));
+  EXPECT_EQ(stage_bounds(s, 3, StageSplit::kUniform), (std::vector<int>{0, 3, 6, 8}));
   // parameters: first stage carries wte + wpe (160), last lnf + wte (144), layers 872 each
-  auto b = stage_bounds(s, 4, StagePartition::kParameters);
+  auto b = stage_bounds(s, 4, StageSplit::kParameters);
   EXPECT_EQ(b.front(), 0);
   EXPECT_EQ(b.back(), 8);
   EXPECT_EQ(b, (std::vector<int>{0, 2, 4, 6, 8}));
-  EXPECT_THROW(stage_bounds(s, 9, StagePartition::kUniform), Error);
+  EXPECT_THROW(stage_bounds(s, 9, StageSplit::kUniform), Error);
 }
 
 TEST(MemoryModel, ImpossibleLayoutsNameTheRule) {
