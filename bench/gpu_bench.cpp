@@ -91,7 +91,7 @@ void run(const Options& o, const std::string& name) {
     model.zero_grads();
     loss = model.forward_backward(acts, tok.data(), tgt.data(), 1.0f);
     const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
-    cu().adamw_update(st, model.params(), model.grads(), m.as<float>(),
+    cu().adamw_update(st, model.params().f32(), model.grads().f32(), m.as<float>(),
                        v.as<float>(), n, true, nullptr, nullptr);
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));

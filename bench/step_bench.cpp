@@ -192,7 +192,7 @@ int main(int argc, char** argv) {
       model.embed_backward(acts, in.data());
       lap(4);
       const auto t1 = std::chrono::steady_clock::now();
-      adamw(model.params(), model.grads(), m.as<float>(), v.as<float>(), n, s + 1);
+      adamw(model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n, s + 1);
       const auto t2 = std::chrono::steady_clock::now();
       if (s >= warmup) {
         cpu_times.push_back(cpu_ms() - c0);

@@ -243,29 +243,29 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
   v.push_back({"input", BT * C, ActScope::kPerMicroBatch, act});
   if (layers) {
     v.push_back({"ln1", BT * C, inner, act});
-    v.push_back({"ln1_mean", BT, inner, act});
-    v.push_back({"ln1_rstd", BT, inner, act});
+    v.push_back({"ln1_mean", BT, inner, act, true});
+    v.push_back({"ln1_rstd", BT, inner, act, true});
     v.push_back({"qkv", BT * C3l, inner, act});
     v.push_back({"atty", BT * Cl, inner, act});
-    v.push_back({"att_lse", BT * NHl, inner, act});
+    v.push_back({"att_lse", BT * NHl, inner, act, true});
     v.push_back({"res2", BT * C, inner, act});
     v.push_back({"ln2", BT * C, inner, act});
-    v.push_back({"ln2_mean", BT, inner, act});
-    v.push_back({"ln2_rstd", BT, inner, act});
+    v.push_back({"ln2_mean", BT, inner, act, true});
+    v.push_back({"ln2_rstd", BT, inner, act, true});
     v.push_back({"fch", BT * C4l, inner, act});
     v.push_back({"fch_gelu", BT * C4l, inner, act});
     v.push_back({"out", BT * C, ActScope::kPerLayer, act});
   }
   if (part.has_head) {
     v.push_back({"lnf", BT * C, ActScope::kPerMicroBatch, act});
-    v.push_back({"lnf_mean", BT, ActScope::kPerMicroBatch, act});
-    v.push_back({"lnf_rstd", BT, ActScope::kPerMicroBatch, act});
-    v.push_back({"losses", BT, ActScope::kPerMicroBatch, act});
+    v.push_back({"lnf_mean", BT, ActScope::kPerMicroBatch, act, true});
+    v.push_back({"lnf_rstd", BT, ActScope::kPerMicroBatch, act, true});
+    v.push_back({"losses", BT, ActScope::kPerMicroBatch, act, true});
     const int rows = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                              : head_chunk_rows_default(s, cfg.B, cfg.T, part.tp);
     v.push_back({"logits", static_cast<int64_t>(rows) * (s.padded_vocab_size / tp),
                  ActScope::kShared, ws});
-    if (tp > 1) v.push_back({"ce_stats", 3 * static_cast<int64_t>(rows), ActScope::kShared, ws});
+    if (tp > 1) v.push_back({"ce_stats", 3 * static_cast<int64_t>(rows), ActScope::kShared, ws, true});
   }
   // Backward: the residual stream's gradient, flowing in place through the layers.
   v.push_back({"dres", BT * C, ActScope::kShared, ws});
@@ -276,7 +276,7 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
     v.push_back({"dfch", BT * C4l, ActScope::kShared, ws});
     v.push_back({"att_scratch",
                  static_cast<int64_t>(std::max(0, cfg.num_threads)) * 2 * cfg.T * cfg.T,
-                 ActScope::kShared, ws});
+                 ActScope::kShared, ws, true});
   }
   return v;
 }
@@ -285,15 +285,24 @@ ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const Act
   ActTotals t;
   const int64_t nl = part.layer_end - part.layer_begin;
   for (const auto& b : gpt2_activations(s, part, cfg)) {
+    const int64_t bytes = b.bytes(cfg.storage_bytes);
     switch (b.scope) {
-      case ActScope::kPerLayer: t.per_layer += b.numel; break;
-      case ActScope::kPerMicroBatch: t.per_micro_batch += b.numel; break;
+      case ActScope::kPerLayer:
+        t.per_layer += b.numel;
+        t.per_layer_bytes += bytes;
+        break;
+      case ActScope::kPerMicroBatch:
+        t.per_micro_batch += b.numel;
+        t.per_micro_batch_bytes += bytes;
+        break;
       case ActScope::kShared:
         (b.tag == ActTag::kActivations ? t.shared_activations : t.shared_workspace) += b.numel;
+        (b.tag == ActTag::kActivations ? t.shared_activation_bytes : t.shared_workspace_bytes) += bytes;
         break;
     }
   }
   t.per_micro_batch += t.per_layer * nl;
+  t.per_micro_batch_bytes += t.per_layer_bytes * nl;
   return t;
 }
 

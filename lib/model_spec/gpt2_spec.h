@@ -152,9 +152,14 @@ enum class ActTag { kActivations, kWorkspace };  // the allocator tag the runtim
 
 struct ActBuffer {
   std::string name;     // "ln1", "qkv", ... (the runtime's view names)
-  int64_t numel;        // fp32 elements
+  int64_t numel;        // elements
   ActScope scope;
   ActTag tag;
+  // A statistic kept in fp32 whatever the storage type (LayerNorm mean/rstd, attention lse and
+  // scratch, losses, the vocab-parallel loss statistics); every other buffer has the storage
+  // type (ActConfig::storage_bytes per element).
+  bool fp32 = false;
+  int64_t bytes(int storage_bytes) const { return numel * (fp32 ? 4 : storage_bytes); }
 };
 
 struct ActConfig {
@@ -163,6 +168,7 @@ struct ActConfig {
   bool recompute = false;     // activation checkpointing: keep only each layer's output
   int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread (0: none, CUDA)
   int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
+  int storage_bytes = 4;      // bytes per element of the storage type (fp32 4; bf16, fp16 2)
 };
 // Rows of (rows, Vp/tp) logits the head computes at once by default: B*T split into equal chunks
 // of at most ~32 Mi elements (128 MiB fp32) each, a multiple of 16 rows, never more than B*T.
@@ -189,6 +195,8 @@ struct ActTotals {
   int64_t per_micro_batch = 0; // elements for one micro-batch: per_layer x layers + per-mb ones
   int64_t shared_activations = 0;  // kShared buffers tagged activations
   int64_t shared_workspace = 0;    // kShared buffers tagged workspace
+  // The same in bytes (ActBuffer::bytes with ActConfig::storage_bytes): what the runtime allocates.
+  int64_t per_layer_bytes = 0, per_micro_batch_bytes = 0, shared_activation_bytes = 0, shared_workspace_bytes = 0;
 };
 ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg);
 

@@ -126,6 +126,7 @@ ms::ActConfig act_config(const ms::Gpt2Shape& s, const Layout& l) {
   act.T = s.seq_len;
   act.recompute = l.checkpointing;
   act.num_threads = l.device == DeviceKind::kCuda ? 0 : l.num_threads;  // CUDA attention: no scratch
+  act.storage_bytes = storage_bytes(l);
   return act;
 }
 
@@ -185,12 +186,12 @@ Part part_memory(const ms::Gpt2Shape& s, const Layout& l, const std::vector<int>
   r.in_flight = in_flight_micro_batches(l, stage);
   part.zp = zero_partition(layout.total, l.dp);
   const ms::ActTotals at = ms::activation_totals(s, mp, act_config(s, l));
-  r.activations = (at.per_micro_batch * r.in_flight + at.shared_activations) * kActivationBytes;
+  r.activations = at.per_micro_batch_bytes * r.in_flight + at.shared_activation_bytes;
   // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without a
   // pipeline; with one, every micro-batch of the step is loaded before the schedule runs (G of
   // them, on every stage). On a GPU the model also keeps one micro-batch of token ids on the
   // device (Gpt2's upload buffer, inputs and targets).
-  r.workspace = at.shared_workspace * kActivationBytes +
+  r.workspace = at.shared_workspace_bytes +
                 kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
                 (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
   count_gradient_buffers(l, mp, layout, part);
@@ -267,10 +268,10 @@ void add_notes(MemoryPlan& plan) {
   plan.notes.push_back({"activations",
                         fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
                                     p.in_flight, l.pp > 1 ? layout::schedule_name(l.schedule) : "no pipeline",
-                                    format_bytes(static_cast<double>(at.per_micro_batch * kActivationBytes)),
+                                    format_bytes(static_cast<double>(at.per_micro_batch_bytes)),
                                     l.micro_batch, s.seq_len, l.checkpointing ? ", checkpointed" : "",
                                     l.checkpointing ? " + " + format_bytes(static_cast<double>(
-                                                                  at.shared_activations * kActivationBytes)) +
+                                                                  at.shared_activation_bytes)) +
                                                           " to recompute one layer"
                                                     : std::string())});
   std::string comm;

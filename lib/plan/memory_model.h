@@ -65,7 +65,6 @@ struct Layout {
 int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp16)
 int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
-constexpr int kActivationBytes = 4; // model_spec counts activation buffers in fp32 elements
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
 // Bytes per stored parameter/gradient element: 4 whatever the precision and device, because the
 // runtime keeps 16-bit values in fp32 buffers (bf16/fp16 round the values; on a GPU bf16 also
@@ -153,14 +152,15 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 //               and last stages add the pipeline's tied-wte gradient buffer (wte elements)
 //   optimizer   (8 + master_bytes) per element of n (stage 0) or of mine (stages 1-3); into cpu
 //               instead with offload_optimizer on CUDA
-//   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers)
-//               x 4 bytes, from model_spec::activation_totals. In flight: pp == 1 the trainer's
+//   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers),
+//               in bytes (sb per element, 4 for the fp32 statistics), from
+//               model_spec::activation_totals. In flight: pp == 1 the trainer's
 //               one Gpt2Activations; pp > 1 no trainer-level one, the PipelineStage's one per
 //               micro-batch at the schedule's peak (in_flight_micro_batches)
 //   comm        stages 2-3: buckets x min(cap, mine) + min(wte, mine) reduce-scatter receive
 //               buffers; stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
 //               all-gather staging buffer of allgather_bucket_size x dp; all x sb
-//   workspace   model_spec's shared workspace buffers x 4 bytes + the token ids: 8 B per token
+//   workspace   model_spec's shared workspace buffers (bytes as above) + the token ids: 8 B per token
 //               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
 // Throws what validate_layout throws.
 MemoryPlan plan_memory(const model_spec::Gpt2Shape& s, const Layout& l);

@@ -2,6 +2,7 @@
 #include "checkpoint/part_reader.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -29,16 +30,17 @@ struct PartReader::ShardSet {
     if (!rd) rd = std::make_unique<ShardReader>(dir + "/" + shard_file_name(q));
     return *rd;
   }
-  // Elements [lo, hi) of this old part's tensor `name` into dst.
-  void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+  // Elements [lo, hi) of this old part's tensor `name` (of `dtype`, `elem` bytes each) into dst.
+  void read(const std::string& name, const std::string& dtype, size_t elem, int64_t lo, int64_t hi, char* dst) {
     for (const auto& [q, b, c] : pieces) {
       const auto r = layout::intersect(lo, hi, b, b + c);
       if (r.size() <= 0) continue;
       ShardReader& rd = reader(q);
       if (!rd.has(name)) throw invalid_argument("{}: shard {} has no tensor '{}'", where, shard_file_name(q), name);
-      std::vector<float> tmp(static_cast<size_t>(c));
-      rd.read(name, "f32", {c}, tmp.data(), tmp.size() * sizeof(float));
-      std::copy_n(tmp.data() + (r.lo - b), r.size(), dst + (r.lo - lo));
+      std::vector<char> tmp(static_cast<size_t>(c) * elem);
+      rd.read(name, dtype, {c}, tmp.data(), tmp.size());
+      std::memcpy(dst + static_cast<size_t>(r.lo - lo) * elem, tmp.data() + static_cast<size_t>(r.lo - b) * elem,
+                  static_cast<size_t>(r.size()) * elem);
     }
   }
   bool has(const std::string& name) {
@@ -57,9 +59,9 @@ struct PartReader::Reshard {
   std::vector<ms::ParamLayout> old_layouts;
   std::vector<ShardSet> old_sets;
   std::string cached_name;
-  std::map<int, std::vector<float>> cache;  // old part index -> its values of cached_name
+  std::map<int, std::vector<char>> cache;  // old part index -> its values of cached_name
 
-  const std::vector<float>& old_values(const std::string& name, int idx) {
+  const std::vector<char>& old_values(const std::string& name, const std::string& dtype, size_t elem, int idx) {
     if (name != cached_name) {
       cache.clear();
       cached_name = name;
@@ -67,8 +69,8 @@ struct PartReader::Reshard {
     auto it = cache.find(idx);
     if (it != cache.end()) return it->second;
     const int64_t n = old_layouts[static_cast<size_t>(idx)].total;
-    std::vector<float> v(static_cast<size_t>(n));
-    old_sets[static_cast<size_t>(idx)].read(name, 0, n, v.data());
+    std::vector<char> v(static_cast<size_t>(n) * elem);
+    old_sets[static_cast<size_t>(idx)].read(name, dtype, elem, 0, n, v.data());
     return cache.emplace(idx, std::move(v)).first->second;
   }
   int old_stage_of(const ms::TensorSlice& ts) const {
@@ -79,30 +81,35 @@ struct PartReader::Reshard {
     }
     throw Error(ErrorKind::kInternal, fmt::format("resharding: layer {} is in no old pipeline stage", ts.layer));
   }
-  // The whole tensor t (of slice ts) from the old parts that hold it.
-  void rebuild(const std::string& name, const ms::ParamTensor& t, const ms::TensorSlice& ts, std::vector<float>& full) {
-    full.assign(static_cast<size_t>(t.numel()), 0.0f);
+  // The whole tensor t (of slice ts) from the old parts that hold it, `elem` bytes an element.
+  void rebuild(const std::string& name, const std::string& dtype, size_t elem, const ms::ParamTensor& t,
+               const ms::TensorSlice& ts, std::vector<char>& full) {
+    full.assign(static_cast<size_t>(t.numel()) * elem, 0);
     const int st = old_stage_of(ts);
     const int ranks = t.split == ms::TpSplit::kReplicated ? 1 : old_tp;
     for (int otp = 0; otp < ranks; ++otp) {
       const int idx = st * old_tp + otp;
       const ms::TensorSlice* os = old_layouts[static_cast<size_t>(idx)].find_tensor(ts.id, ts.layer);
       DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
-      const float* v = old_values(name, idx).data() + os->offset;
-      for (int64_t j = 0; j < os->numel; ++j) full[static_cast<size_t>(ms::full_index(t, old_tp, otp, j))] = v[j];
+      const char* v = old_values(name, dtype, elem, idx).data() + static_cast<size_t>(os->offset) * elem;
+      for (int64_t j = 0; j < os->numel; ++j) {
+        std::memcpy(full.data() + static_cast<size_t>(ms::full_index(t, old_tp, otp, j)) * elem,
+                    v + static_cast<size_t>(j) * elem, elem);
+      }
     }
   }
-  void read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+  void read(const std::string& name, const std::string& dtype, size_t elem, int64_t lo, int64_t hi, char* dst) {
     const auto all = ms::gpt2_params(target.shape);
     const auto& part = target.part;
-    std::vector<float> full;
+    std::vector<char> full;
     for (const auto& ts : new_layout.tensors) {
       const auto r = layout::intersect(lo, hi, ts.offset, ts.offset + ts.numel);
       if (r.size() <= 0) continue;
       const ms::ParamTensor& t = ms::find_param(all, ts.id);
-      rebuild(name, t, ts, full);
+      rebuild(name, dtype, elem, t, ts, full);
       for (int64_t i = r.lo; i < r.hi; ++i) {
-        dst[i - lo] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset))];
+        const auto from = static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset));
+        std::memcpy(dst + static_cast<size_t>(i - lo) * elem, full.data() + from * elem, elem);
       }
     }
   }
@@ -171,12 +178,32 @@ bool PartReader::has(const std::string& name) {
   return same_ ? same_->has(name) : reshard_->old_sets.front().has(name);
 }
 
-void PartReader::read(const std::string& name, int64_t lo, int64_t hi, float* dst) {
+void PartReader::read(const std::string& name, DType dtype, int64_t lo, int64_t hi, void* dst) {
+  const std::string type = shard_dtype_name(dtype);
+  const size_t elem = dtype_size(dtype);
+  auto* out = static_cast<char*>(dst);
   if (same_) {
-    same_->read(name, lo, hi, dst);
+    same_->read(name, type, elem, lo, hi, out);
   } else {
-    reshard_->read(name, lo, hi, dst);
+    reshard_->read(name, type, elem, lo, hi, out);
   }
+}
+
+std::string PartReader::dtype_of(const std::string& name) {
+  ShardSet& set = same_ ? *same_ : reshard_->old_sets.front();
+  for (const auto& p : set.pieces) {
+    if (p.count > 0) return set.reader(p.shard).dtype_of(name);
+  }
+  return "";
+}
+
+const char* shard_dtype_name(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+  }
+  return "?";
 }
 
 }  // namespace ds::rt::ckpt

@@ -22,6 +22,7 @@
 
 #include "checkpoint/manifest.h"
 #include "checkpoint/shard_file.h"
+#include "core/dtype.h"
 #include "layout/choices.h"
 #include "model_spec/gpt2_spec.h"
 
@@ -44,8 +45,13 @@ class PartReader {
   bool resharding() const { return reshard_ != nullptr; }
   // Whether the shards hold tensor `name` (checked on the first non-empty shard of this part).
   bool has(const std::string& name);
-  // Elements [lo, hi) of this part's tensor `name` (a flat-layout range) into dst (host).
-  void read(const std::string& name, int64_t lo, int64_t hi, float* dst);
+  // Elements [lo, hi) of this part's tensor `name` (a flat-layout range), stored as `dtype`, into
+  // dst (host; hi - lo elements of that type). A tensor stored as another dtype is an error
+  // naming the shard, the tensor and both types.
+  void read(const std::string& name, DType dtype, int64_t lo, int64_t hi, void* dst);
+  void read(const std::string& name, int64_t lo, int64_t hi, float* dst) { read(name, DType::kF32, lo, hi, dst); }
+  // The dtype name ("f32", "bf16", "f16") tensor `name` is stored as ("" when nothing to read).
+  std::string dtype_of(const std::string& name);
 
   struct ShardSet;  // the shards covering one old part
   struct Reshard;   // rebuilding tensors from every old part
@@ -55,5 +61,8 @@ class PartReader {
   std::unique_ptr<ShardSet> same_;
   std::unique_ptr<Reshard> reshard_;
 };
+
+// The shard index's name of a dtype: "f32", "bf16", "f16".
+const char* shard_dtype_name(DType t);
 
 }  // namespace ds::rt::ckpt

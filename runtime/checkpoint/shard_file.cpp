@@ -137,6 +137,12 @@ std::vector<std::string> ShardReader::names() const {
   return out;
 }
 
+const std::string& ShardReader::dtype_of(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end()) throw invalid_argument("{}: checkpoint has no tensor '{}'", path_, name);
+  return it->second.dtype;
+}
+
 const std::vector<int64_t>& ShardReader::shape_of(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) throw invalid_argument("{}: checkpoint has no tensor '{}'", path_, name);

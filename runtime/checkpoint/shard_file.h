@@ -56,6 +56,7 @@ class ShardReader {
   void read(const std::string& name, const std::string& dtype, const std::vector<int64_t>& shape,
             void* out, size_t bytes) const;
   const std::vector<int64_t>& shape_of(const std::string& name) const;
+  const std::string& dtype_of(const std::string& name) const;
   // Checks every tensor's CRC-32C (throws as read() does). False for a first-format file, which
   // has no checksums to check.
   bool verify() const;

@@ -17,10 +17,12 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
 
 namespace ds::rt {
 
 namespace ms = model_spec;
+namespace tk = kern::typed;  // the model's kernels take TypedPtr buffers
 using ms::ParamId;
 using ms::UnitKind;
 
@@ -28,6 +30,24 @@ namespace {
 ParallelHooks& default_hooks() {
   static ParallelHooks h;
   return h;
+}
+
+// The view of one layer's buffer `name`: a storage-typed one or an fp32 statistic.
+void layer_slot(LayerActs& r, const std::string& name, TypedPtr** typed, float*** stat) {
+  if (name == "ln1") *typed = &r.ln1;
+  else if (name == "ln1_mean") *stat = &r.ln1_mean;
+  else if (name == "ln1_rstd") *stat = &r.ln1_rstd;
+  else if (name == "qkv") *typed = &r.qkv;
+  else if (name == "atty") *typed = &r.atty;
+  else if (name == "att_lse") *stat = &r.att_lse;
+  else if (name == "res2") *typed = &r.res2;
+  else if (name == "ln2") *typed = &r.ln2;
+  else if (name == "ln2_mean") *stat = &r.ln2_mean;
+  else if (name == "ln2_rstd") *stat = &r.ln2_rstd;
+  else if (name == "fch") *typed = &r.fch;
+  else if (name == "fch_gelu") *typed = &r.fch_gelu;
+  else if (name == "out") *typed = &r.out;
+  else DS_CHECK(false, "unknown per-layer activation buffer {}", name);
 }
 }  // namespace
 
@@ -51,19 +71,27 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
     throw invalid_argument("Gpt2Options::device: pinned host memory (kCudaHost) is for offload "
                            "buffers; the model runs on kCpu or kCuda");
   }
+  const bool fp32_grads = opt_.grad_dtype == DType::kF32;
+  if (opt_.grad_dtype != opt_.dtype && !fp32_grads) {
+    throw invalid_argument("Gpt2Options: gradients of type {} for {} storage: gradients are stored in the storage "
+                           "type or in fp32",
+                           dtype_name(opt_.grad_dtype), dtype_name(opt_.dtype));
+  }
   const Device dev = opt_.device;
-  const size_t pbytes = static_cast<size_t>(layout_.total) * sizeof(float);
-  if (opt_.own_params) params_ = alloc_.allocate(pbytes, MemTag::kParams, "gpt2 parameters", dev);
-  if (opt_.own_grads) grads_ = alloc_.allocate(pbytes, MemTag::kGrads, "gpt2 gradients", dev);
+  const size_t n = static_cast<size_t>(layout_.total);
+  if (opt_.own_params) params_ = alloc_.allocate(n * dtype_size(opt_.dtype), MemTag::kParams, "gpt2 parameters", dev);
+  if (opt_.own_grads) {
+    grads_ = alloc_.allocate(n * dtype_size(opt_.grad_dtype), MemTag::kGrads, "gpt2 gradients", dev);
+  }
   if (dev == Device::kCuda) {
     dev_ids_ = alloc_.allocate(2 * static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t),
                                MemTag::kWorkspace, "gpt2 device token ids", dev);
   }
 
   threads_ = omp_get_max_threads();
-  // The CUDA attention needs no scratch (kern::attention_scratch_floats is 0 there).
+  // The CUDA attention needs no scratch (tk::attention_scratch_floats is 0 there).
   ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda ? 0 : threads_,
-                    opt_.head_chunk_rows};
+                    opt_.head_chunk_rows, static_cast<int>(dtype_size(opt_.dtype))};
   head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
   head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
@@ -71,118 +99,92 @@ Gpt2::Gpt2(const ms::Gpt2Shape& shape, const ms::ModelPart& part, const Gpt2Opti
   act_list_ = ms::gpt2_activations(shape_, part_, cfg);
 
   // Shared buffers: one allocation per tag, views by name.
-  int64_t n_act = 0, n_ws = 0;
+  const int sb = static_cast<int>(dtype_size(opt_.dtype));
+  int64_t act_bytes = 0, ws_bytes = 0;
   for (const auto& b : act_list_) {
     if (b.scope != ms::ActScope::kShared) continue;
-    (b.tag == ms::ActTag::kActivations ? n_act : n_ws) += b.numel;
+    (b.tag == ms::ActTag::kActivations ? act_bytes : ws_bytes) += b.bytes(sb);
   }
-  shared_act_ = alloc_.allocate(static_cast<size_t>(n_act) * 4, MemTag::kActivations,
-                                "gpt2 shared activations", dev);
-  shared_ws_ = alloc_.allocate(static_cast<size_t>(n_ws) * 4, MemTag::kWorkspace,
-                               "gpt2 workspace", dev);
-  float* pa = shared_act_.as<float>();
-  float* pw = shared_ws_.as<float>();
+  shared_act_ = alloc_.allocate(static_cast<size_t>(act_bytes), MemTag::kActivations, "gpt2 shared activations", dev);
+  shared_ws_ = alloc_.allocate(static_cast<size_t>(ws_bytes), MemTag::kWorkspace, "gpt2 workspace", dev);
+  char* pa = static_cast<char*>(shared_act_.data());
+  char* pw = static_cast<char*>(shared_ws_.data());
   for (const auto& b : act_list_) {
     if (b.scope != ms::ActScope::kShared) continue;
-    float*& cursor = b.tag == ms::ActTag::kActivations ? pa : pw;
-    float* p = cursor;
-    cursor += b.numel;
-    const std::string& n = b.name;
+    char*& cursor = b.tag == ms::ActTag::kActivations ? pa : pw;
+    const std::string& nm = b.name;
     LayerActs& r = recompute_;
-    if (n == "dres") dres_ = p;
-    else if (n == "dln") dln_ = p;
-    else if (n == "dqkv") dqkv_ = p;
-    else if (n == "datty") datty_ = p;
-    else if (n == "dfch") dfch_ = p;
-    else if (n == "att_scratch") att_scratch_ = p;
-    else if (n == "logits") logits_ = p;
-    else if (n == "ce_stats") ce_stats_ = p;
-    else if (n == "ln1") r.ln1 = p;
-    else if (n == "ln1_mean") r.ln1_mean = p;
-    else if (n == "ln1_rstd") r.ln1_rstd = p;
-    else if (n == "qkv") r.qkv = p;
-    else if (n == "atty") r.atty = p;
-    else if (n == "att_lse") r.att_lse = p;
-    else if (n == "res2") r.res2 = p;
-    else if (n == "ln2") r.ln2 = p;
-    else if (n == "ln2_mean") r.ln2_mean = p;
-    else if (n == "ln2_rstd") r.ln2_rstd = p;
-    else if (n == "fch") r.fch = p;
-    else if (n == "fch_gelu") r.fch_gelu = p;
-    else DS_CHECK(false, "unknown shared activation buffer {}", n);
+    TypedPtr* typed = nm == "dres" ? &dres_ : nm == "dln" ? &dln_ : nm == "dqkv" ? &dqkv_ : nm == "datty" ? &datty_
+                    : nm == "dfch" ? &dfch_ : nm == "logits" ? &logits_ : nullptr;
+    float** stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nullptr;
+    if (typed == nullptr && stat == nullptr) layer_slot(r, nm, &typed, &stat);
+    place_buffer(b, cursor, typed, stat);
   }
+}
+
+void Gpt2::place_buffer(const ms::ActBuffer& b, char*& cursor, TypedPtr* typed, float** stat) const {
+  DS_CHECK((typed != nullptr) != (stat != nullptr), "activation buffer {} has no view", b.name);
+  DS_CHECK((stat != nullptr) == b.fp32, "activation buffer {}: statistic or storage type mixed up", b.name);
+  if (typed != nullptr) *typed = TypedPtr(cursor, opt_.dtype);
+  if (stat != nullptr) *stat = reinterpret_cast<float*>(cursor);
+  cursor += b.bytes(static_cast<int>(dtype_size(opt_.dtype)));
 }
 
 Gpt2Activations Gpt2::make_activations() {
   Gpt2Activations a;
   const int nl = part_.layer_end - part_.layer_begin;
+  const int sb = static_cast<int>(dtype_size(opt_.dtype));
   int64_t total = 0;
   for (const auto& b : act_list_) {
-    if (b.scope == ms::ActScope::kPerLayer) total += b.numel * nl;
-    if (b.scope == ms::ActScope::kPerMicroBatch) total += b.numel;
+    if (b.scope == ms::ActScope::kPerLayer) total += b.bytes(sb) * nl;
+    if (b.scope == ms::ActScope::kPerMicroBatch) total += b.bytes(sb);
   }
-  a.buf_ = alloc_.allocate(static_cast<size_t>(total) * 4, MemTag::kActivations,
-                           "gpt2 micro-batch activations", opt_.device);
+  a.buf_ = alloc_.allocate(static_cast<size_t>(total), MemTag::kActivations, "gpt2 micro-batch activations",
+                           opt_.device);
   a.layers.assign(static_cast<size_t>(nl), recompute_);
-  float* cursor = a.buf_.as<float>();
+  char* cursor = static_cast<char*>(a.buf_.data());
   for (const auto& b : act_list_) {
     if (b.scope == ms::ActScope::kShared) continue;
-    const std::string& n = b.name;
+    const std::string& nm = b.name;
     if (b.scope == ms::ActScope::kPerMicroBatch) {
-      float* p = cursor;
-      cursor += b.numel;
-      if (n == "input") a.input = p;
-      else if (n == "lnf") a.lnf = p;
-      else if (n == "lnf_mean") a.lnf_mean = p;
-      else if (n == "lnf_rstd") a.lnf_rstd = p;
-      else if (n == "losses") a.losses = p;
-      else DS_CHECK(false, "unknown activation buffer {}", n);
+      TypedPtr* typed = nm == "input" ? &a.input : nm == "lnf" ? &a.lnf : nullptr;
+      float** stat = nm == "lnf_mean" ? &a.lnf_mean : nm == "lnf_rstd" ? &a.lnf_rstd : nm == "losses" ? &a.losses : nullptr;
+      DS_CHECK(typed != nullptr || stat != nullptr, "unknown activation buffer {}", nm);
+      place_buffer(b, cursor, typed, stat);
       continue;
     }
     for (auto& la : a.layers) {
-      float* p = cursor;
-      cursor += b.numel;
-      if (n == "ln1") la.ln1 = p;
-      else if (n == "ln1_mean") la.ln1_mean = p;
-      else if (n == "ln1_rstd") la.ln1_rstd = p;
-      else if (n == "qkv") la.qkv = p;
-      else if (n == "atty") la.atty = p;
-      else if (n == "att_lse") la.att_lse = p;
-      else if (n == "res2") la.res2 = p;
-      else if (n == "ln2") la.ln2 = p;
-      else if (n == "ln2_mean") la.ln2_mean = p;
-      else if (n == "ln2_rstd") la.ln2_rstd = p;
-      else if (n == "fch") la.fch = p;
-      else if (n == "fch_gelu") la.fch_gelu = p;
-      else if (n == "out") la.out = p;
-      else DS_CHECK(false, "unknown per-layer activation buffer {}", n);
+      TypedPtr* typed = nullptr;
+      float** stat = nullptr;
+      layer_slot(la, nm, &typed, &stat);
+      place_buffer(b, cursor, typed, stat);
     }
   }
-  DS_CHECK(cursor == a.buf_.as<float>() + total);
+  DS_CHECK(cursor == static_cast<char*>(a.buf_.data()) + total);
   return a;
 }
 
-float* Gpt2::param(ParamId id, int layer) {
+TypedPtr Gpt2::param(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || params_.empty()) {
     throw invalid_argument("parameter {} (layer {}) is not held by this model part",
                            ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
   }
-  return params_.as<float>() + t->offset;
+  return params() + t->offset;
 }
 
-float* Gpt2::grad(ParamId id, int layer) {
+TypedPtr Gpt2::grad(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || grads_.empty()) {
     throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
                            ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
   }
-  return grads_.as<float>() + t->offset;
+  return grads() + t->offset;
 }
 
 void Gpt2::zero_grads() {
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
-  if (!grads_.empty()) kern::fill_zero(grads_.data(), grads_.bytes());
+  if (!grads_.empty()) ::ds::rt::kern::fill_zero(grads_.data(), grads_.bytes());
 }
 
 const int32_t* Gpt2::ids_for_kernels(const int32_t* host, int slot) {
@@ -193,7 +195,7 @@ const int32_t* Gpt2::ids_for_kernels(const int32_t* host, int slot) {
   return dst;
 }
 
-LayerWeights Gpt2::layer_weights(float* base) const {
+LayerWeights Gpt2::layer_weights(TypedPtr base) const {
   auto at = [&](ParamId id) { return base + layout_.offset_in_unit(id); };
   return LayerWeights{at(ParamId::kLn1w),     at(ParamId::kLn1b),    at(ParamId::kQkvw),
                       at(ParamId::kQkvb),     at(ParamId::kAttprojw), at(ParamId::kAttprojb),
@@ -201,12 +203,12 @@ LayerWeights Gpt2::layer_weights(float* base) const {
                       at(ParamId::kFcb),      at(ParamId::kFcprojw), at(ParamId::kFcprojb)};
 }
 
-const float* Gpt2::unit_params(Unit u) {
+TypedPtr Gpt2::unit_params(Unit u) {
   const auto* s = layout_.find_unit(u.kind, u.layer);
   DS_CHECK(s != nullptr, "unit not in this part");
-  const float* resident = params_.empty() ? nullptr : params_.as<float>() + s->offset;
-  const float* p = hooks_->params_needed(u, resident);
-  if (p == nullptr) {
+  const TypedPtr resident = params_.empty() ? TypedPtr() : params() + s->offset;
+  const TypedPtr p = hooks_->params_needed(u, resident);
+  if (!p) {
     throw invalid_usage("no parameters for a model unit (layer {}): the model was built without "
                         "its own parameters and the parallel hooks returned none",
                         u.layer);
@@ -214,12 +216,12 @@ const float* Gpt2::unit_params(Unit u) {
   return p;
 }
 
-float* Gpt2::unit_grads(Unit u) {
+TypedPtr Gpt2::unit_grads(Unit u) {
   const auto* s = layout_.find_unit(u.kind, u.layer);
   DS_CHECK(s != nullptr, "unit not in this part");
-  float* resident = grads_.empty() ? nullptr : grads_.as<float>() + s->offset;
-  float* g = hooks_->grads_needed(u, resident);
-  if (g == nullptr) {
+  const TypedPtr resident = grads_.empty() ? TypedPtr() : grads() + s->offset;
+  const TypedPtr g = hooks_->grads_needed(u, resident);
+  if (!g) {
     throw invalid_usage("no gradient buffer for a model unit (layer {}): the model was built "
                         "without its own gradients and the parallel hooks returned none",
                         u.layer);
@@ -239,12 +241,12 @@ void Gpt2::check_layers(int l0, int l1, const char* what) const {
   }
 }
 
-const float* Gpt2::layer_input(Gpt2Activations& a, int l) {
+TypedPtr Gpt2::layer_input(Gpt2Activations& a, int l) {
   return l == part_.layer_begin ? a.input
                                 : a.layers[static_cast<size_t>(l - 1 - part_.layer_begin)].out;
 }
 
-float* Gpt2::output(Gpt2Activations& a) {
+TypedPtr Gpt2::output(Gpt2Activations& a) {
   return a.layers.empty() ? a.input : a.layers.back().out;
 }
 
@@ -263,17 +265,17 @@ void Gpt2::embed_forward(Gpt2Activations& a, const int32_t* tokens) {
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
-  const float* pte = unit_params(wte);
-  const float* ppe = unit_params(wpe);
+  const TypedPtr pte = unit_params(wte);
+  const TypedPtr ppe = unit_params(wpe);
   if (part_.tp == 1) {
-    kern::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);
+    tk::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);
   } else {
     // Vocabulary-parallel: each rank embeds the tokens of its rows, the group sums, then the
     // (replicated) position embedding is added once.
-    kern::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_,
+    tk::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_,
                                 Vp_l_);
     hooks_->tp_reduce_forward(a.input, static_cast<int64_t>(opt_.B) * opt_.T * C_);
-    kern::add_position(a.input, ppe, opt_.B, opt_.T, C_);
+    tk::add_position(a.input, ppe, opt_.B, opt_.T, C_);
   }
   hooks_->params_done(wte);
   hooks_->params_done(wpe);
@@ -285,11 +287,11 @@ void Gpt2::embed_backward(Gpt2Activations& a, const int32_t* tokens) {
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   if (part_.tp == 1) {
-    kern::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+    tk::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
   } else {
-    kern::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_,
+    tk::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_,
                                  part_.tp_rank * Vp_l_, Vp_l_);
-    kern::encoder_backward(nullptr, unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+    tk::encoder_backward(TypedPtr(), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
   }
   hooks_->grads_ready(wpe);
   hooks_->grads_ready(wte);
@@ -297,25 +299,25 @@ void Gpt2::embed_backward(Gpt2Activations& a, const int32_t* tokens) {
 
 // ---- transformer blocks ------------------------------------------------------------------------
 
-void Gpt2::layer_forward(LayerActs& a, const float* x, const LayerWeights& w, bool full) {
+void Gpt2::layer_forward(LayerActs& a, TypedPtr x, const LayerWeights& w, bool full) {
   const int B = opt_.B, T = opt_.T, C = C_;
   const int64_t BTC = static_cast<int64_t>(B) * T * C;
-  kern::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, B, T, C);
-  kern::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, B, T, C, 3 * Cl_);
-  kern::attention_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, Cl_, NHl_);
+  tk::layernorm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.ln1w, w.ln1b, B, T, C);
+  tk::matmul_forward(a.qkv, a.ln1, w.qkvw, w.qkvb, B, T, C, 3 * Cl_);
+  tk::attention_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, Cl_, NHl_);
   // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
-  kern::matmul_forward(a.res2, a.atty, w.attprojw, nullptr, B, T, Cl_, C);
+  tk::matmul_forward(a.res2, a.atty, w.attprojw, TypedPtr(), B, T, Cl_, C);
   hooks_->tp_reduce_forward(a.res2, BTC);
-  kern::add_bias(a.res2, w.attprojb, B * T, C);
-  kern::residual_forward(a.res2, a.res2, x, BTC);
-  kern::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, B, T, C);
-  kern::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B, T, C, 4 * Cl_);
-  kern::gelu_forward(a.fch_gelu, a.fch, static_cast<int64_t>(B) * T * 4 * Cl_);
+  tk::add_bias(a.res2, w.attprojb, B * T, C);
+  tk::residual_forward(a.res2, a.res2, x, BTC);
+  tk::layernorm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.ln2w, w.ln2b, B, T, C);
+  tk::matmul_forward(a.fch, a.ln2, w.fcw, w.fcb, B, T, C, 4 * Cl_);
+  tk::gelu_forward(a.fch_gelu, a.fch, static_cast<int64_t>(B) * T * 4 * Cl_);
   if (!full) return;  // a recompute for backward needs nothing past here
-  kern::matmul_forward(a.out, a.fch_gelu, w.fcprojw, nullptr, B, T, 4 * Cl_, C);
+  tk::matmul_forward(a.out, a.fch_gelu, w.fcprojw, TypedPtr(), B, T, 4 * Cl_, C);
   hooks_->tp_reduce_forward(a.out, BTC);
-  kern::add_bias(a.out, w.fcprojb, B * T, C);
-  kern::residual_forward(a.out, a.out, a.res2, BTC);
+  tk::add_bias(a.out, w.fcprojb, B * T, C);
+  tk::residual_forward(a.out, a.out, a.res2, BTC);
 }
 
 void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
@@ -323,7 +325,7 @@ void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
     const Unit u{UnitKind::kLayer, l};
-    const LayerWeights w = layer_weights(const_cast<float*>(unit_params(u)));
+    const LayerWeights w = layer_weights(unit_params(u));
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
     hooks_->params_done(u);
   }
@@ -336,26 +338,26 @@ void Gpt2::blocks_backward(Gpt2Activations& a, int l0, int l1) {
   const int64_t BTC = static_cast<int64_t>(B) * T * C;
   for (int l = l1 - 1; l >= l0; l--) {
     const Unit u{UnitKind::kLayer, l};
-    const LayerWeights w = layer_weights(const_cast<float*>(unit_params(u)));
+    const LayerWeights w = layer_weights(unit_params(u));
     const LayerWeights g = layer_weights(unit_grads(u));
     LayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
-    const float* x = layer_input(a, l);
+    const TypedPtr x = layer_input(a, l);
     if (opt_.recompute) layer_forward(la, x, w, false);
     // dres holds d(out). MLP: out = res2 + fcproj(gelu(fc(ln2(res2)))).
-    kern::matmul_backward(dfch_, g.fcprojw, g.fcprojb, dres_, la.fch_gelu, w.fcprojw, B, T,
+    tk::matmul_backward(dfch_, g.fcprojw, g.fcprojb, dres_, la.fch_gelu, w.fcprojw, B, T,
                           4 * Cl_, C);
-    kern::gelu_backward(dfch_, la.fch, dfch_, static_cast<int64_t>(B) * T * 4 * Cl_);
-    kern::matmul_backward(dln_, g.fcw, g.fcb, dfch_, la.ln2, w.fcw, B, T, C, 4 * Cl_);
+    tk::gelu_backward(dfch_, la.fch, dfch_, static_cast<int64_t>(B) * T * 4 * Cl_);
+    tk::matmul_backward(dln_, g.fcw, g.fcb, dfch_, la.ln2, w.fcw, B, T, C, 4 * Cl_);
     hooks_->tp_reduce_backward(dln_, BTC);
-    kern::layernorm_backward(dres_, g.ln2w, g.ln2b, dln_, la.res2, w.ln2w, la.ln2_mean,
+    tk::layernorm_backward(dres_, g.ln2w, g.ln2b, dln_, la.res2, w.ln2w, la.ln2_mean,
                              la.ln2_rstd, B, T, C);
     // dres holds d(res2). Attention: res2 = x + attproj(attn(qkv(ln1(x)))).
-    kern::matmul_backward(datty_, g.attprojw, g.attprojb, dres_, la.atty, w.attprojw, B, T, Cl_, C);
-    kern::attention_backward(dqkv_, datty_, la.qkv, la.atty, la.att_lse, att_scratch_, B, T, Cl_,
+    tk::matmul_backward(datty_, g.attprojw, g.attprojb, dres_, la.atty, w.attprojw, B, T, Cl_, C);
+    tk::attention_backward(dqkv_, datty_, la.qkv, la.atty, la.att_lse, att_scratch_, B, T, Cl_,
                              NHl_);
-    kern::matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, la.ln1, w.qkvw, B, T, C, 3 * Cl_);
+    tk::matmul_backward(dln_, g.qkvw, g.qkvb, dqkv_, la.ln1, w.qkvw, B, T, C, 3 * Cl_);
     hooks_->tp_reduce_backward(dln_, BTC);
-    kern::layernorm_backward(dres_, g.ln1w, g.ln1b, dln_, x, w.ln1w, la.ln1_mean, la.ln1_rstd, B,
+    tk::layernorm_backward(dres_, g.ln1w, g.ln1b, dln_, x, w.ln1w, la.ln1_mean, la.ln1_rstd, B,
                              T, C);
     // dres holds d(x).
     hooks_->params_done(u);
@@ -370,10 +372,10 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
   const int B = opt_.B, T = opt_.T, C = C_, BT = B * T;
   const int V = shape_.vocab_size, Vp = Vp_l_;
   const Unit wte{UnitKind::kTokenEmbedding}, lnf{UnitKind::kFinalNorm};
-  const float* pte = unit_params(wte);
-  const float* pf = unit_params(lnf);
-  const float* lnfw = pf + layout_.offset_in_unit(ParamId::kLnfw);
-  const float* lnfb = pf + layout_.offset_in_unit(ParamId::kLnfb);
+  const TypedPtr pte = unit_params(wte);
+  const TypedPtr pf = unit_params(lnf);
+  const TypedPtr lnfw = pf + layout_.offset_in_unit(ParamId::kLnfw);
+  const TypedPtr lnfb = pf + layout_.offset_in_unit(ParamId::kLnfb);
   for (int i = 0; i < BT; i++) {
     if (targets[i] < 0 || targets[i] >= V) {
       throw invalid_argument("target token {} at position {} (row {}, column {}) is outside the "
@@ -383,46 +385,46 @@ float Gpt2::head(Gpt2Activations& a, const int32_t* targets, bool backward, floa
   }
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   targets = ids_for_kernels(targets, 1);
-  const float* x = output(a);
-  kern::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnfw, lnfb, B, T, C);
-  float* gte = backward ? unit_grads(wte) : nullptr;
+  const TypedPtr x = output(a);
+  tk::layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, lnfw, lnfb, B, T, C);
+  const TypedPtr gte = backward ? unit_grads(wte) : TypedPtr();
   const float dloss = grad_scale / static_cast<float>(BT);
   int64_t bad = 0;
   for (int r0 = 0; r0 < BT; r0 += head_rows_) {
     const int rows = std::min(head_rows_, BT - r0);
-    const float* xin = a.lnf + static_cast<int64_t>(r0) * C;
-    kern::matmul_forward(logits_, xin, pte, nullptr, 1, rows, C, Vp);
+    const TypedPtr xin = a.lnf + static_cast<int64_t>(r0) * C;
+    tk::matmul_forward(logits_, xin, pte, TypedPtr(), 1, rows, C, Vp);
     if (part_.tp > 1) {
       // Vocabulary-parallel loss: global row max, then global sums, then losses and dlogits.
       const int v0 = part_.tp_rank * Vp_l_;
       float* mx = ce_stats_;
       float* sumexp = ce_stats_ + rows;
       float* tlogit = ce_stats_ + 2 * rows;
-      kern::vocab_ce_max(mx, logits_, rows, Vp, v0, V);
+      tk::vocab_ce_max(mx, logits_, rows, Vp, v0, V);
       hooks_->tp_loss_reduce_max(mx, rows);
-      kern::vocab_ce_sums(sumexp, tlogit, logits_, mx, targets + r0, rows, Vp, v0, V);
+      tk::vocab_ce_sums(sumexp, tlogit, logits_, mx, targets + r0, rows, Vp, v0, V);
       hooks_->tp_loss_reduce_sum(ce_stats_ + rows, 2 * static_cast<int64_t>(rows));
-      kern::vocab_ce_finish(a.losses + r0, backward ? logits_ : nullptr, mx, sumexp, tlogit,
+      tk::vocab_ce_finish(a.losses + r0, backward ? logits_ : TypedPtr(), mx, sumexp, tlogit,
                             targets + r0, dloss, rows, Vp, v0, V);
       if (backward) {
-        float* dx = dln_ + static_cast<int64_t>(r0) * C;
-        kern::matmul_backward(dx, gte, nullptr, logits_, xin, pte, 1, rows, C, Vp);
+        const TypedPtr dx = dln_ + static_cast<int64_t>(r0) * C;
+        tk::matmul_backward(dx, gte, TypedPtr(), logits_, xin, pte, 1, rows, C, Vp);
         hooks_->tp_reduce_backward(dx, static_cast<int64_t>(rows) * C);
       }
     } else if (backward) {
-      bad += kern::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows,
+      bad += tk::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows,
                                                  V, Vp);
-      kern::matmul_backward(dln_ + static_cast<int64_t>(r0) * C, gte, nullptr, logits_, xin, pte, 1,
+      tk::matmul_backward(dln_ + static_cast<int64_t>(r0) * C, gte, TypedPtr(), logits_, xin, pte, 1,
                             rows, C, Vp);
     } else {
-      bad += kern::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
+      bad += tk::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
     }
   }
   DS_CHECK(bad == 0, "targets were validated");
   if (backward) {
-    float* gf = unit_grads(lnf);
-    kern::fill_zero(dres_, static_cast<size_t>(BT) * C * sizeof(float));
-    kern::layernorm_backward(dres_, gf + layout_.offset_in_unit(ParamId::kLnfw),
+    const TypedPtr gf = unit_grads(lnf);
+    tk::fill_zero(dres_, static_cast<int64_t>(BT) * C);
+    tk::layernorm_backward(dres_, gf + layout_.offset_in_unit(ParamId::kLnfw),
                              gf + layout_.offset_in_unit(ParamId::kLnfb), dln_, x, lnfw,
                              a.lnf_mean, a.lnf_rstd, B, T, C);
     hooks_->grads_ready(lnf);

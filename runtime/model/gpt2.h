@@ -21,8 +21,13 @@
 // Activation checkpointing (recompute): each layer keeps only its output; its backward first
 // recomputes the layer's forward (same kernels, same order: bit-identical gradients).
 //
-// Not here: collectives (see hooks.h), the optimizer, data, mixed precision storage (the model
-// computes in fp32; bf16/fp16 copies are made by the trainer with kernels/cpu convert_*).
+// Storage (Gpt2Options::dtype, grad_dtype): parameters and activations are stored in the storage
+// type (fp32, or bf16/fp16 for mixed precision: 2 bytes an element), parameter gradients in the
+// gradient type (the storage type, or fp32); the kernels compute in fp32 (kernels/typed.h).
+// Statistics stay fp32 whatever the storage (LayerNorm mean/rstd, attention lse and scratch,
+// the losses, the vocab-parallel loss statistics): model_spec::ActBuffer::fp32 says which.
+// Buffers are therefore TypedPtr (core/typed_ptr.h); statistics are float*.
+// Not here: collectives (see hooks.h), the optimizer and its fp32 master weights, data.
 // Tensor parallelism (part.tp > 1): Megatron's layout, the model calling the tp hooks where the
 // group must communicate: column-parallel qkv / MLP-up, row-parallel projections, vocabulary-
 // parallel embedding and loss (no rank holds full-vocabulary logits).
@@ -33,6 +38,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/typed_ptr.h"
 #include "model/hooks.h"
 #include "model_spec/gpt2_spec.h"
 
@@ -56,29 +62,35 @@ struct Gpt2Options {
   // tensor-parallel regions over an NCCL Comm).
   Device device = Device::kCpu;
   void* cuda_stream = nullptr;
+  // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
+  // fp32). Supported: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32.
+  DType dtype = DType::kF32;
+  DType grad_dtype = DType::kF32;
 };
 
 // Views of one layer's tensors (this tp rank's part), shapes with Cl = C/tp etc.
 struct LayerWeights {
-  float *ln1w, *ln1b;          // (C)
-  float *qkvw, *qkvb;          // (3Cl, C), (3Cl)
-  float *attprojw, *attprojb;  // (C, Cl), (C)
-  float *ln2w, *ln2b;          // (C)
-  float *fcw, *fcb;            // (4Cl, C), (4Cl)
-  float *fcprojw, *fcprojb;    // (C, 4Cl), (C)
+  TypedPtr ln1w, ln1b;          // (C)
+  TypedPtr qkvw, qkvb;          // (3Cl, C), (3Cl)
+  TypedPtr attprojw, attprojb;  // (C, Cl), (C)
+  TypedPtr ln2w, ln2b;          // (C)
+  TypedPtr fcw, fcb;            // (4Cl, C), (4Cl)
+  TypedPtr fcprojw, fcprojb;    // (C, 4Cl), (C)
 };
 
 // One layer's activations (see model_spec::gpt2_activations). With recompute every field but
 // `out` points at the model's shared recompute buffers.
 struct LayerActs {
-  float *ln1, *ln1_mean, *ln1_rstd;  // (B,T,C), (B,T), (B,T)
-  float* qkv;                        // (B,T,3Cl)
-  float* atty;                       // (B,T,Cl)
+  TypedPtr ln1;                      // (B,T,C)
+  float *ln1_mean, *ln1_rstd;        // (B,T), (B,T)
+  TypedPtr qkv;                      // (B,T,3Cl)
+  TypedPtr atty;                     // (B,T,Cl)
   float* att_lse;                    // (B,NHl,T)
-  float* res2;                       // (B,T,C)
-  float *ln2, *ln2_mean, *ln2_rstd;  // (B,T,C), (B,T), (B,T)
-  float *fch, *fch_gelu;             // (B,T,4Cl)
-  float* out;                        // (B,T,C): the layer's output, the next layer's input
+  TypedPtr res2;                     // (B,T,C)
+  TypedPtr ln2;                      // (B,T,C)
+  float *ln2_mean, *ln2_rstd;        // (B,T), (B,T)
+  TypedPtr fch, fch_gelu;            // (B,T,4Cl)
+  TypedPtr out;                      // (B,T,C): the layer's output, the next layer's input
 };
 
 class Gpt2;
@@ -87,9 +99,10 @@ class Gpt2;
 class Gpt2Activations {
  public:
   Gpt2Activations() = default;
-  float* input = nullptr;            // (B,T,C): encoder output or the previous stage's output
+  TypedPtr input;                    // (B,T,C): encoder output or the previous stage's output
   std::vector<LayerActs> layers;     // indexed by layer - part.layer_begin
-  float *lnf = nullptr, *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T,C), (B,T), (B,T)
+  TypedPtr lnf;                      // (B,T,C)
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T), (B,T)
   float* losses = nullptr;           // (B,T): per-token loss of the last head call
   const Buffer& buffer() const { return buf_; }
 
@@ -112,16 +125,19 @@ class Gpt2 {
   const model_spec::ParamLayout& layout() const { return layout_; }
 
   int64_t num_params() const { return layout_.total; }
-  float* params() { return params_.as<float>(); }  // null without own_params
-  float* grads() { return grads_.as<float>(); }    // null without own_grads
+  DType dtype() const { return opt_.dtype; }
+  DType grad_dtype() const { return opt_.grad_dtype; }
+  TypedPtr params() { return {params_.data(), opt_.dtype}; }     // null without own_params
+  TypedPtr grads() { return {grads_.data(), opt_.grad_dtype}; }  // null without own_grads
   // View of one tensor in the flat parameter / gradient buffer (layer -1 for global tensors).
   // invalid_argument when this part does not hold it.
-  float* param(model_spec::ParamId id, int layer = -1);
-  float* grad(model_spec::ParamId id, int layer = -1);
+  TypedPtr param(model_spec::ParamId id, int layer = -1);
+  TypedPtr grad(model_spec::ParamId id, int layer = -1);
 
   // GPT-2's initialisation (model/init.cpp): normal(0, 0.02), residual projections 0.02/sqrt(2L),
   // biases 0, LayerNorm weights 1. Each element's value depends only on (seed, tensor, layer,
-  // element index in the full tensor), never on the layout.
+  // element index in the full tensor), never on the layout; with 16-bit storage the fp32 values
+  // are rounded to it.
   void init_weights(uint64_t seed);
   void zero_grads();
 
@@ -143,9 +159,9 @@ class Gpt2 {
   void embed_backward(Gpt2Activations& a, const int32_t* tokens);
 
   // The residual stream's gradient between pieces (B,T,C): pipeline stages recv / send it.
-  float* d_stream() { return dres_; }
+  TypedPtr d_stream() { return dres_; }
   // This part's output for a micro-batch (B,T,C): the last layer's out, or the input.
-  float* output(Gpt2Activations& a);
+  TypedPtr output(Gpt2Activations& a);
 
   // ---- the whole part in one call (single stage: embedding, all layers, head) ----
   float forward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets);
@@ -153,13 +169,15 @@ class Gpt2 {
                          float grad_scale);
 
  private:
-  LayerWeights layer_weights(float* unit_base) const;
-  const float* unit_params(Unit u);
-  float* unit_grads(Unit u);
-  void layer_forward(LayerActs& a, const float* x, const LayerWeights& w, bool full);
+  LayerWeights layer_weights(TypedPtr unit_base) const;
+  TypedPtr unit_params(Unit u);
+  TypedPtr unit_grads(Unit u);
+  void layer_forward(LayerActs& a, TypedPtr x, const LayerWeights& w, bool full);
   float head(Gpt2Activations& a, const int32_t* targets, bool backward, float grad_scale);
   void check_layers(int l0, int l1, const char* what) const;
-  const float* layer_input(Gpt2Activations& a, int l);
+  TypedPtr layer_input(Gpt2Activations& a, int l);
+  // Lays the named buffers of one scope out from `cursor` (bytes), advancing it.
+  void place_buffer(const model_spec::ActBuffer& b, char*& cursor, TypedPtr* typed, float** stat) const;
   // Host token ids as the kernels need them: the host pointer on the CPU; on a CUDA device the
   // ids uploaded into slot 0 (tokens) or 1 (targets) of dev_ids_.
   const int32_t* ids_for_kernels(const int32_t* host, int slot);
@@ -178,8 +196,8 @@ class Gpt2 {
   Buffer shared_act_, shared_ws_;
   Buffer dev_ids_;  // (2, B, T) int32 on a CUDA device; empty on the CPU
   LayerActs recompute_{};  // shared recompute buffers (recompute only)
-  float *dres_ = nullptr, *dln_ = nullptr, *dqkv_ = nullptr, *datty_ = nullptr, *dfch_ = nullptr;
-  float *att_scratch_ = nullptr, *logits_ = nullptr, *ce_stats_ = nullptr;
+  TypedPtr dres_, dln_, dqkv_, datty_, dfch_, logits_;
+  float *att_scratch_ = nullptr, *ce_stats_ = nullptr;
 };
 
 }  // namespace ds::rt

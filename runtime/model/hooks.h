@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "core/typed_ptr.h"
 #include "model_spec/gpt2_spec.h"
 
 namespace ds::rt {
@@ -29,29 +30,31 @@ class ParallelHooks {
   // layer, or backward). Returns where they are: this tp rank's part of the unit, laid out as
   // model_spec::param_layout says, valid until params_done(unit). `resident` is the model's own
   // storage for the unit (null when the model was built without its own parameters).
-  virtual const float* params_needed(Unit unit, const float* resident) { return resident; }
+  // Buffers are in the model's storage type (gradients: its gradient type), TypedPtr says which.
+  virtual TypedPtr params_needed(Unit unit, TypedPtr resident) { return resident; }
   // The model is done reading what params_needed returned (it may be released or reused).
   virtual void params_done(Unit unit) {}
 
   // ---- gradients (data parallelism, ZeRO-2/3 buckets) ----
   // Where to ACCUMULATE `unit`'s gradients (same layout as the parameters). `resident` is the
   // model's own gradient storage (null when built without it).
-  virtual float* grads_needed(Unit unit, float* resident) { return resident; }
+  virtual TypedPtr grads_needed(Unit unit, TypedPtr resident) { return resident; }
   // `unit`'s gradient contributions of this backward are all in: reduce or bucket them now.
   // The token embedding is reported once per backward: after the encoder's backward, or after the
   // head's when the part has no encoder (a last pipeline stage).
   virtual void grads_ready(Unit unit) {}
 
   // ---- tensor parallelism (Megatron's named regions) ----
-  // reduce-from-TP, forward: `buf` (n floats) holds this rank's partial output of a row-parallel
+  // reduce-from-TP, forward: `buf` (n elements of the storage type) holds this rank's partial output of a row-parallel
   // matmul (attention projection, MLP down-projection) or of the vocabulary-parallel embedding;
   // sum it over the tp group in place.
-  virtual void tp_reduce_forward(float* buf, int64_t n) {}
+  virtual void tp_reduce_forward(TypedPtr buf, int64_t n) {}
   // copy-to-TP, backward: `buf` holds this rank's part of the input gradient of a column-parallel
   // matmul (qkv, MLP up-projection, the vocabulary-parallel lm_head); sum it over the tp group.
-  virtual void tp_reduce_backward(float* buf, int64_t n) {}
+  virtual void tp_reduce_backward(TypedPtr buf, int64_t n) {}
   // Vocabulary-parallel loss: per-row statistics of this rank's logits, reduced in place over the
-  // tp group (elementwise max, then sums). Called once per head chunk, in that order.
+  // tp group (elementwise max, then sums; fp32 statistics). Called once per head chunk, in that
+  // order.
   virtual void tp_loss_reduce_max(float* buf, int64_t n) {}
   virtual void tp_loss_reduce_sum(float* buf, int64_t n) {}
 };

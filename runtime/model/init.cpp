@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
 #include "model/gpt2.h"
 #include "model/init.h"
 
@@ -65,22 +66,23 @@ void Gpt2::init_weights(uint64_t seed) {
     throw invalid_usage("init_weights on a model built without its own parameters: generate "
                         "each shard with init_tensor_values");
   }
-  // On a CUDA device: generate into a host copy (transient, outside the allocator), upload once.
+  // fp32 values on the host (transient, outside the allocator), then into the storage type on the
+  // model's device; on an fp32 CPU model straight into the parameters.
+  const bool direct = opt_.device == Device::kCpu && opt_.dtype == DType::kF32;
   std::vector<float> host;
-  float* dst = params_.as<float>();
-  if (opt_.device == Device::kCuda) {
+  float* dst = direct ? params_.as<float>() : nullptr;
+  if (!direct) {
     host.resize(static_cast<size_t>(layout_.total));
     dst = host.data();
   }
   const auto all = ms::gpt2_params(shape_);
   for (const auto& ts : layout_.tensors) {
     const auto& t = all[static_cast<size_t>(ts.id)];
-    init_tensor_values(dst + ts.offset, t, ts.layer, shape_.n_layer, part_.tp,
-                       part_.tp_rank, seed, 0, ts.numel);
+    init_tensor_values(dst + ts.offset, t, ts.layer, shape_.n_layer, part_.tp, part_.tp_rank, seed, 0, ts.numel);
   }
-  if (opt_.device == Device::kCuda) {
+  if (!direct) {
     kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
-    kern::copy_from_host(params_.data(), host.data(), host.size() * sizeof(float));
+    kern::typed::from_host_f32(params(), host.data(), layout_.total);
   }
 }
 

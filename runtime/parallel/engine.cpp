@@ -84,12 +84,14 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
 void Engine::build_stack(const ms::Gpt2Shape& shape, Allocator& alloc) {
   ZeroOptions zo = spec_.zero;
   zo.device = spec_.device;
+  zo.param_dtype = spec_.model.dtype;
+  zo.grad_dtype = spec_.model.grad_dtype;
   zero_ = std::make_unique<ZeroEngine>(zo, dp_, ms::param_layout(shape, part_), alloc);
   ParallelHooks* below_tp = zero_.get();
   if (tied_) {
     const auto wte = ms::find_param(ms::gpt2_params(shape), ms::ParamId::kWte);
     tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(zero_.get(), ms::local_numel(wte, spec_.tp), alloc,
-                                                       spec_.device);
+                                                       spec_.device, nullptr, spec_.model.grad_dtype);
     below_tp = tied_hooks_.get();
   }
   ParallelHooks* hooks = below_tp;

@@ -15,6 +15,8 @@
 
 #include "common/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
+#include "parallel/typed_comm.h"
 
 namespace ds::rt::parallel {
 
@@ -53,12 +55,12 @@ PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, 
   btc_ = int64_t{model_.options().B} * model_.options().T * model_.shape().n_embd;
 }
 
-void PipelineStage::reduce_tied_grads(float* wte_grad) {
+void PipelineStage::reduce_tied_grads(TypedPtr wte_grad) {
   if (!tied_) return;
-  float* g = wte_grad != nullptr ? wte_grad : model_.grad(ms::ParamId::kWte);
+  const TypedPtr g = wte_grad ? wte_grad : model_.grad(ms::ParamId::kWte);
   const auto all = ms::gpt2_params(model_.shape());
   const int64_t n = ms::local_numel(ms::find_param(all, ms::ParamId::kWte), model_.part().tp);
-  tied_->all_reduce(g, static_cast<size_t>(n), comm::DataType::kFloat32, comm::ReduceOp::kSum);
+  tied_->all_reduce(g.data, static_cast<size_t>(n), comm_dtype(g.dtype), comm::ReduceOp::kSum);
 }
 
 namespace {
@@ -131,7 +133,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   ActivationSlots slots(acts_, m, st);
   auto acts_of = [&](int mb) -> Gpt2Activations& { return slots.of(mb); };
 
-  const auto f32 = comm::DataType::kFloat32;
+  const auto act_type = comm_dtype(model_.dtype());  // activations and their gradients: the storage type
   const auto n = static_cast<size_t>(btc_);
   std::vector<comm::WorkPtr> act_sends(static_cast<size_t>(m));
   comm::WorkPtr grad_send;
@@ -153,7 +155,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
     const MicroBatch& mb = mbs[e.mb];
     switch (e.kind) {
       case EventKind::kRecvActivation:
-        pp_->recv(acts_of(e.mb).input, n, f32, st - 1, kActivationTag);
+        pp_->recv(acts_of(e.mb).input.data, n, act_type, st - 1, kActivationTag);
         break;
       case EventKind::kForward: {
         Gpt2Activations& a = acts_of(e.mb);
@@ -167,11 +169,11 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
       }
       case EventKind::kSendActivation:
         act_sends[e.mb] =
-            pp_->send_async(model_.output(acts_of(e.mb)), n, f32, st + 1, kActivationTag);
+            pp_->send_async(model_.output(acts_of(e.mb)).data, n, act_type, st + 1, kActivationTag);
         break;
       case EventKind::kRecvGrad:
         wait(grad_send);
-        grads_->recv(model_.d_stream(), n, f32, st + 1, kGradTag);
+        grads_->recv(model_.d_stream().data, n, act_type, st + 1, kGradTag);
         break;
       case EventKind::kBackward: {
         if (!slots.holds(e.mb)) {
@@ -192,7 +194,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         break;
       }
       case EventKind::kSendGrad:
-        grad_send = grads_->send_async(model_.d_stream(), n, f32, st - 1, kGradTag);
+        grad_send = grads_->send_async(model_.d_stream().data, n, act_type, st - 1, kGradTag);
         break;
     }
   }
@@ -223,24 +225,24 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
     if (is_first()) {
       model_.embed_forward(a, mbs[i].tokens);
     } else {
-      pp_->recv(a.input, n, comm::DataType::kFloat32, stage() - 1, kActivationTag);
+      pp_->recv(a.input.data, n, comm_dtype(model_.dtype()), stage() - 1, kActivationTag);
     }
     model_.blocks_forward(a, part.layer_begin, part.layer_end);
     if (is_last()) {
       res.losses.push_back(model_.head_forward(a, mbs[i].targets));
     } else {
-      pp_->send(model_.output(a), n, comm::DataType::kFloat32, stage() + 1, kActivationTag);
+      pp_->send(model_.output(a).data, n, comm_dtype(model_.dtype()), stage() + 1, kActivationTag);
     }
   }
   return res;
 }
 
 TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc,
-                                       Device device, void* cuda_stream)
+                                       Device device, void* cuda_stream, DType grad_dtype)
     : inner_(inner != nullptr ? inner : &default_),
-      buf_(alloc.allocate(static_cast<size_t>(wte_numel) * sizeof(float), MemTag::kGrads,
+      buf_(alloc.allocate(static_cast<size_t>(wte_numel) * dtype_size(grad_dtype), MemTag::kGrads,
                           "pipeline tied wte grad", device)),
-      n_(wte_numel), device_(device), stream_(cuda_stream) {}
+      n_(wte_numel), device_(device), stream_(cuda_stream), grad_dtype_(grad_dtype) {}
 
 void TiedEmbeddingHooks::zero() {
   const kern::DeviceScope scope(device_, stream_);
@@ -254,38 +256,38 @@ void TiedEmbeddingHooks::hand_over() {
         "embedding's gradient (call it after run_schedule)");
   }
   const Unit wte{ms::UnitKind::kTokenEmbedding};
-  float* g = inner_->grads_needed(wte, resident_);
-  if (g == nullptr) {
+  const TypedPtr g = inner_->grads_needed(wte, resident_);
+  if (!g) {
     throw invalid_usage(
         "TiedEmbeddingHooks::hand_over: the inner hooks serve no gradient for "
         "the token embedding and the model has none");
   }
   {
     const kern::DeviceScope scope(device_, stream_);
-    kern::add_in_place(g, buf_.as<float>(), n_);
+    kern::typed::add_in_place(g, wte_grad(), n_);
   }
   inner_->grads_ready(wte);
 }
 
-const float* TiedEmbeddingHooks::params_needed(Unit unit, const float* resident) {
+TypedPtr TiedEmbeddingHooks::params_needed(Unit unit, TypedPtr resident) {
   return inner_->params_needed(unit, resident);
 }
 void TiedEmbeddingHooks::params_done(Unit unit) {
   inner_->params_done(unit);
 }
-float* TiedEmbeddingHooks::grads_needed(Unit unit, float* resident) {
+TypedPtr TiedEmbeddingHooks::grads_needed(Unit unit, TypedPtr resident) {
   if (unit.kind != ms::UnitKind::kTokenEmbedding) return inner_->grads_needed(unit, resident);
   resident_ = resident;
   seen_ = true;
-  return buf_.as<float>();
+  return wte_grad();
 }
 void TiedEmbeddingHooks::grads_ready(Unit unit) {
   if (unit.kind != ms::UnitKind::kTokenEmbedding) inner_->grads_ready(unit);
 }
-void TiedEmbeddingHooks::tp_reduce_forward(float* buf, int64_t n) {
+void TiedEmbeddingHooks::tp_reduce_forward(TypedPtr buf, int64_t n) {
   inner_->tp_reduce_forward(buf, n);
 }
-void TiedEmbeddingHooks::tp_reduce_backward(float* buf, int64_t n) {
+void TiedEmbeddingHooks::tp_reduce_backward(TypedPtr buf, int64_t n) {
   inner_->tp_reduce_backward(buf, n);
 }
 void TiedEmbeddingHooks::tp_loss_reduce_max(float* buf, int64_t n) {

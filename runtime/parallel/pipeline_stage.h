@@ -48,7 +48,7 @@ struct RunOptions {
   bool reduce_tied_grads = true;
   // Where the tied wte gradient lives (this tp rank's (Vp/tp, C) part); null: model.grad(kWte).
   // Needed when the model was built without its own gradients (own_grads = false).
-  float* wte_grad = nullptr;
+  TypedPtr wte_grad;
   // Called around every compute event (kForward / kBackward) of the list, e.g. for ZeRO's
   // begin_micro_batch / end_micro_batch around each backward. May be empty.
   std::function<void(const Event&)> before_event;
@@ -106,7 +106,7 @@ class PipelineStage {
 
   // The tied wte gradient sum over the first and last stage, in place (no-op for pp == 1 or a
   // middle stage). run_schedule calls it unless options.reduce_tied_grads is false.
-  void reduce_tied_grads(float* wte_grad = nullptr);
+  void reduce_tied_grads(TypedPtr wte_grad = {});
 
   static constexpr int kActivationTag = 11;
   static constexpr int kGradTag = 12;
@@ -139,21 +139,22 @@ class TiedEmbeddingHooks final : public ParallelHooks {
   // null and must outlive this object. `device` (and `cuda_stream`): the model's, where the
   // buffer lives and the zeroing and adding run (kernels/dispatch.h).
   TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc,
-                     Device device = Device::kCpu, void* cuda_stream = nullptr);
+                     Device device = Device::kCpu, void* cuda_stream = nullptr,
+                     DType grad_dtype = DType::kF32);
 
-  float* wte_grad() { return buf_.as<float>(); }
+  TypedPtr wte_grad() { return {buf_.data(), grad_dtype_}; }
   void zero();  // before the step's first micro-batch
   // After run_schedule: wte gradient += the tied sum, through inner; see above. Before any
   // micro-batch asked for wte's gradient (hence before run_schedule) there is no model slot to
   // pass on: invalid_usage.
   void hand_over();
 
-  const float* params_needed(Unit unit, const float* resident) override;
+  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
   void params_done(Unit unit) override;
-  float* grads_needed(Unit unit, float* resident) override;
+  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
   void grads_ready(Unit unit) override;
-  void tp_reduce_forward(float* buf, int64_t n) override;
-  void tp_reduce_backward(float* buf, int64_t n) override;
+  void tp_reduce_forward(TypedPtr buf, int64_t n) override;
+  void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
   void tp_loss_reduce_sum(float* buf, int64_t n) override;
 
@@ -164,7 +165,8 @@ class TiedEmbeddingHooks final : public ParallelHooks {
   int64_t n_;
   Device device_;
   void* stream_;
-  float* resident_ = nullptr;  // the model's own wte gradient slot (null without own_grads)
+  DType grad_dtype_;
+  TypedPtr resident_;  // the model's own wte gradient slot (null without own_grads)
   bool seen_ = false;
 };
 

@@ -4,6 +4,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include "common/error.h"
+#include "parallel/typed_comm.h"
 
 namespace ds::rt::parallel {
 
@@ -11,18 +12,18 @@ TensorParallelRegions::TensorParallelRegions(comm::CommPtr tp) : tp_(std::move(t
   if (!tp_) throw invalid_argument("TensorParallelRegions: the tp group's Comm is null");
 }
 
-void TensorParallelRegions::reduce(float* buf, int64_t n, comm::ReduceOp op) {
+void TensorParallelRegions::reduce(TypedPtr buf, int64_t n, comm::ReduceOp op) {
   if (n < 0) throw invalid_argument("tensor-parallel region: negative count {}", n);
   if (tp_->size() == 1) return;
-  tp_->all_reduce(buf, static_cast<size_t>(n), comm::DataType::kFloat32, op);
-  bytes_ += n * static_cast<int64_t>(sizeof(float));
+  tp_->all_reduce(buf.data, static_cast<size_t>(n), comm_dtype(buf.dtype), op);
+  bytes_ += static_cast<int64_t>(buf.bytes(n));
 }
 
-void TensorParallelRegions::reduce_from_tp_forward(float* buf, int64_t n) {
+void TensorParallelRegions::reduce_from_tp_forward(TypedPtr buf, int64_t n) {
   ++forward_calls_;
   reduce(buf, n, comm::ReduceOp::kSum);
 }
-void TensorParallelRegions::copy_to_tp_backward(float* buf, int64_t n) {
+void TensorParallelRegions::copy_to_tp_backward(TypedPtr buf, int64_t n) {
   ++backward_calls_;
   reduce(buf, n, comm::ReduceOp::kSum);
 }
@@ -38,22 +39,22 @@ void TensorParallelRegions::loss_sum(float* buf, int64_t n) {
 TensorParallelHooks::TensorParallelHooks(comm::CommPtr tp, ParallelHooks* inner)
     : regions_(std::move(tp)), inner_(inner) {}
 
-const float* TensorParallelHooks::params_needed(Unit unit, const float* resident) {
+TypedPtr TensorParallelHooks::params_needed(Unit unit, TypedPtr resident) {
   return inner_ ? inner_->params_needed(unit, resident) : resident;
 }
 void TensorParallelHooks::params_done(Unit unit) {
   if (inner_) inner_->params_done(unit);
 }
-float* TensorParallelHooks::grads_needed(Unit unit, float* resident) {
+TypedPtr TensorParallelHooks::grads_needed(Unit unit, TypedPtr resident) {
   return inner_ ? inner_->grads_needed(unit, resident) : resident;
 }
 void TensorParallelHooks::grads_ready(Unit unit) {
   if (inner_) inner_->grads_ready(unit);
 }
-void TensorParallelHooks::tp_reduce_forward(float* buf, int64_t n) {
+void TensorParallelHooks::tp_reduce_forward(TypedPtr buf, int64_t n) {
   regions_.reduce_from_tp_forward(buf, n);
 }
-void TensorParallelHooks::tp_reduce_backward(float* buf, int64_t n) {
+void TensorParallelHooks::tp_reduce_backward(TypedPtr buf, int64_t n) {
   regions_.copy_to_tp_backward(buf, n);
 }
 void TensorParallelHooks::tp_loss_reduce_max(float* buf, int64_t n) {

@@ -42,9 +42,9 @@ class TensorParallelRegions {
   comm::Comm& comm() { return *tp_; }
 
   // reduce-from-TP forward: buf[0..n) = sum over the group, in place.
-  void reduce_from_tp_forward(float* buf, int64_t n);
+  void reduce_from_tp_forward(TypedPtr buf, int64_t n);
   // copy-to-TP backward: buf[0..n) = sum over the group, in place.
-  void copy_to_tp_backward(float* buf, int64_t n);
+  void copy_to_tp_backward(TypedPtr buf, int64_t n);
   // Vocabulary-parallel loss statistics, in place: elementwise max / sum over the group.
   void loss_max(float* buf, int64_t n);
   void loss_sum(float* buf, int64_t n);
@@ -56,7 +56,7 @@ class TensorParallelRegions {
   int64_t bytes_reduced() const { return bytes_; }
 
  private:
-  void reduce(float* buf, int64_t n, comm::ReduceOp op);
+  void reduce(TypedPtr buf, int64_t n, comm::ReduceOp op);
   comm::CommPtr tp_;
   int64_t forward_calls_ = 0, backward_calls_ = 0, loss_calls_ = 0, bytes_ = 0;
 };
@@ -73,12 +73,12 @@ class TensorParallelHooks final : public ParallelHooks {
   TensorParallelRegions& regions() { return regions_; }
   ParallelHooks* inner() { return inner_; }
 
-  const float* params_needed(Unit unit, const float* resident) override;
+  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
   void params_done(Unit unit) override;
-  float* grads_needed(Unit unit, float* resident) override;
+  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
   void grads_ready(Unit unit) override;
-  void tp_reduce_forward(float* buf, int64_t n) override;
-  void tp_reduce_backward(float* buf, int64_t n) override;
+  void tp_reduce_forward(TypedPtr buf, int64_t n) override;
+  void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
   void tp_loss_reduce_sum(float* buf, int64_t n) override;
 

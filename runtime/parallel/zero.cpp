@@ -22,12 +22,16 @@
 #include "common/check.h"
 #include "common/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
+#include "parallel/typed_comm.h"
 
 namespace ds::rt::parallel {
 
 namespace ms = ds::model_spec;
+namespace tk = kern::typed;
 using comm::DataType;
 using comm::ReduceOp;
+
 
 ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::ParamLayout& layout,
                        Allocator& alloc)
@@ -48,14 +52,15 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
     size_ = comm_->size();
   }
   const size_t nu = layout_.units.size();
-  placed_.assign(nu, nullptr);
+  placed_.assign(nu, TypedPtr());
+  const size_t gb = dtype_size(opt_.grad_dtype), pb = dtype_size(opt_.param_dtype);
   const int64_t mine = part_.count(rank_);
   for (size_t i = 0; i < nu; ++i) {
     if (layout_.units[i].kind == ms::UnitKind::kTokenEmbedding) wte_idx_ = static_cast<int>(i);
   }
 
   if (opt_.stage >= 2) {
-    grad_part_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kGrads,
+    grad_part_ = alloc_.allocate(static_cast<size_t>(mine) * gb, MemTag::kGrads,
                                  "zero gradient partition", opt_.device);
     fp_.grad_partition = mine;
     int64_t max_unit = 0, rest = 0, wte_n = 0;
@@ -70,24 +75,24 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
     cap_ = std::max(max_unit, std::min(opt_.reduce_bucket_size, rest));
     const int nb = opt_.overlap_comm ? 2 : 1;
     for (int b = 0; b < nb; ++b) {
-      buckets_[b] = alloc_.allocate(static_cast<size_t>(cap_) * sizeof(float), MemTag::kGrads,
+      buckets_[b] = alloc_.allocate(static_cast<size_t>(cap_) * gb, MemTag::kGrads,
                                     "zero gradient bucket", opt_.device);
-      pend_[b].out = alloc_.allocate(static_cast<size_t>(std::min(cap_, mine)) * sizeof(float),
+      pend_[b].out = alloc_.allocate(static_cast<size_t>(std::min(cap_, mine)) * gb,
                                      MemTag::kComm, "zero reduce-scatter receive", opt_.device);
       fp_.grad_buckets += cap_;
       fp_.comm += std::min(cap_, mine);
     }
     if (wte_n > 0) {
-      wte_buf_ = alloc_.allocate(static_cast<size_t>(wte_n) * sizeof(float), MemTag::kGrads,
+      wte_buf_ = alloc_.allocate(static_cast<size_t>(wte_n) * gb, MemTag::kGrads,
                                  "zero token-embedding gradient", opt_.device);
-      pend_[2].out = alloc_.allocate(static_cast<size_t>(std::min(wte_n, mine)) * sizeof(float),
+      pend_[2].out = alloc_.allocate(static_cast<size_t>(std::min(wte_n, mine)) * gb,
                                      MemTag::kComm, "zero reduce-scatter receive", opt_.device);
       fp_.grad_buckets += wte_n;
       fp_.comm += std::min(wte_n, mine);
     }
   }
   if (opt_.stage == 3) {
-    shard_ = alloc_.allocate(static_cast<size_t>(mine) * sizeof(float), MemTag::kParams,
+    shard_ = alloc_.allocate(static_cast<size_t>(mine) * pb, MemTag::kParams,
                              "zero parameter shard", opt_.device);
     fp_.param_partition = mine;
     persistent_.resize(nu);
@@ -96,7 +101,7 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
     for (size_t i = 0; i < nu; ++i) {
       const int64_t n = layout_.units[i].numel;
       if (n <= opt_.param_persistence_threshold) {
-        persistent_[i] = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
+        persistent_[i] = alloc_.allocate(static_cast<size_t>(n) * pb, MemTag::kParams,
                                          "zero persistent unit", opt_.device);
         fp_.persistent += n;
       }
@@ -104,7 +109,7 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
   }
   if ((opt_.stage == 1 || opt_.stage == 2) && comm_ && opt_.allgather_bucket_size < part_.stride()) {
     const int64_t n = opt_.allgather_bucket_size * size_;
-    stage_buf_ = alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kComm,
+    stage_buf_ = alloc_.allocate(static_cast<size_t>(n) * pb, MemTag::kComm,
                                  "zero all-gather staging", opt_.device);
     fp_.comm += n;
   }
@@ -124,23 +129,30 @@ ZeroEngine::~ZeroEngine() {
   for (auto& g : gathered_) quiet(g.work);
 }
 
-void ZeroEngine::attach(float* model_params, float* model_grads) {
-  if (model_owns_params() && model_params == nullptr) {
+void ZeroEngine::attach(TypedPtr model_params, TypedPtr model_grads) {
+  if (model_owns_params() && !model_params) {
     throw invalid_usage("ZeRO stage {}: the model must own its parameters", opt_.stage);
   }
-  if (model_owns_grads() && model_grads == nullptr) {
+  if (model_owns_grads() && !model_grads) {
     throw invalid_usage("ZeRO stage {}: the model must own its gradients", opt_.stage);
+  }
+  if ((model_params && model_params.dtype != opt_.param_dtype) ||
+      (model_grads && model_grads.dtype != opt_.grad_dtype)) {
+    throw invalid_usage("ZeRO: the model stores parameters as {} and gradients as {}, the engine was built for {} "
+                        "and {}",
+                        dtype_name(model_params.dtype), dtype_name(model_grads.dtype), dtype_name(opt_.param_dtype),
+                        dtype_name(opt_.grad_dtype));
   }
   model_params_ = model_params;
   model_grads_ = model_grads;
 }
 
-float* ZeroEngine::opt_params() {
-  return opt_.stage == 3 ? shard_.as<float>() : model_params_ + opt_begin();
+TypedPtr ZeroEngine::opt_params() {
+  return opt_.stage == 3 ? params_of(shard_) : model_params_ + opt_begin();
 }
 
-float* ZeroEngine::opt_grads() {
-  return opt_.stage >= 2 ? grad_part_.as<float>() : model_grads_ + opt_begin();
+TypedPtr ZeroEngine::opt_grads() {
+  return opt_.stage >= 2 ? grads_of(grad_part_) : model_grads_ + opt_begin();
 }
 
 int ZeroEngine::unit_index(const Unit& u) const {
@@ -151,41 +163,40 @@ int ZeroEngine::unit_index(const Unit& u) const {
 
 // ---- collectives (with the size-1 fallback) ---------------------------------------------------
 
-comm::WorkPtr ZeroEngine::all_reduce(float* buf, int64_t n, bool async) {
+comm::WorkPtr ZeroEngine::all_reduce(TypedPtr buf, int64_t n, bool async) {
   if (!comm_) return nullptr;
-  if (async) return comm_->all_reduce_async(buf, static_cast<size_t>(n), DataType::kFloat32, ReduceOp::kSum);
-  comm_->all_reduce(buf, static_cast<size_t>(n), DataType::kFloat32, ReduceOp::kSum);
+  const DataType t = comm_dtype(buf.dtype);
+  if (async) return comm_->all_reduce_async(buf.data, static_cast<size_t>(n), t, ReduceOp::kSum);
+  comm_->all_reduce(buf.data, static_cast<size_t>(n), t, ReduceOp::kSum);
   return nullptr;
 }
 
-comm::WorkPtr ZeroEngine::reduce_scatter_range(const float* in, int64_t lo, int64_t hi, float* out,
-                                               bool async) {
+comm::WorkPtr ZeroEngine::reduce_scatter_range(TypedPtr in, int64_t lo, int64_t hi, TypedPtr out, bool async) {
   auto counts = part_.counts_in(lo, hi);
   if (!comm_) {
-    kern::copy(out, in, counts[0] * sizeof(float));
+    tk::copy(out, in, static_cast<int64_t>(counts[0]));
     return nullptr;
   }
-  if (async) {
-    return comm_->reduce_scatter_v_async(in, out, counts, DataType::kFloat32, ReduceOp::kSum);
-  }
-  comm_->reduce_scatter_v(in, out, counts, DataType::kFloat32, ReduceOp::kSum);
+  const DataType t = comm_dtype(in.dtype);
+  if (async) return comm_->reduce_scatter_v_async(in.data, out.data, counts, t, ReduceOp::kSum);
+  comm_->reduce_scatter_v(in.data, out.data, counts, t, ReduceOp::kSum);
   return nullptr;
 }
 
-comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, const float* shard, float* out,
-                                           bool async) {
+comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, TypedPtr shard, TypedPtr out, bool async) {
   const int64_t b = part_.begin(rank_);
   layout::Range r = layout::intersect(lo, hi, b, part_.end(rank_));
   // An empty share may sit past a null shard: no pointer arithmetic on it.
-  const float* in = r.size() > 0 ? shard + (r.lo - b) : shard;
+  const TypedPtr in = r.size() > 0 ? shard + (r.lo - b) : shard;
   if (!comm_) {
     if (r.size() == 0) return nullptr;
-    kern::copy(out + (r.lo - lo), in, static_cast<size_t>(r.size()) * sizeof(float));
+    tk::copy(out + (r.lo - lo), in, r.size());
     return nullptr;
   }
   auto counts = part_.counts_in(lo, hi);
-  if (async) return comm_->all_gather_v_async(in, out, counts, DataType::kFloat32);
-  comm_->all_gather_v(in, out, counts, DataType::kFloat32);
+  const DataType t = comm_dtype(out.dtype);
+  if (async) return comm_->all_gather_v_async(in.data, out.data, counts, t);
+  comm_->all_gather_v(in.data, out.data, counts, t);
   return nullptr;
 }
 
@@ -196,7 +207,7 @@ void ZeroEngine::begin_step() {
   if (opt_.stage >= 2) {
     if (!grad_part_.empty()) kern::fill_zero(grad_part_.data(), grad_part_.bytes());
   } else {
-    kern::fill_zero(model_grads_, static_cast<size_t>(part_.total()) * sizeof(float));
+    tk::fill_zero(model_grads_, part_.total());
   }
 }
 
@@ -204,7 +215,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   reducing_ = opt_.stage < 2 && last && backward;
   ar_lo_ = ar_hi_ = 0;
-  std::fill(placed_.begin(), placed_.end(), nullptr);
+  std::fill(placed_.begin(), placed_.end(), TypedPtr());
   wte_fresh_ = false;
   fill_ = bucket_ready_ = 0;
   if (opt_.stage == 3) {
@@ -267,8 +278,7 @@ void ZeroEngine::gather_params() {
     for (size_t i = 0; i < persistent_.size(); ++i) {
       if (persistent_[i].empty()) continue;
       const auto& s = layout_.units[i];
-      all_gather_range(s.offset, s.offset + s.numel, shard_.as<float>(), persistent_[i].as<float>(),
-                       false);
+      all_gather_range(s.offset, s.offset + s.numel, params_of(shard_), params_of(persistent_[i]), false);
     }
     return;
   }
@@ -287,21 +297,21 @@ void ZeroEngine::gather_params() {
       counts[static_cast<size_t>(q)] =
           static_cast<size_t>(std::clamp<int64_t>(part_.count(q) - j * k, 0, k));
     }
-    const float* in = model_params_ + part_.begin(rank_) + std::min(j * k, part_.count(rank_));
-    comm_->all_gather_v(in, stage_buf_.data(), counts, DataType::kFloat32);
+    const TypedPtr in = model_params_ + part_.begin(rank_) + std::min(j * k, part_.count(rank_));
+    comm_->all_gather_v(in.data, stage_buf_.data(), counts, comm_dtype(opt_.param_dtype));
     size_t off = 0;
     for (int q = 0; q < size_; ++q) {
       const size_t c = counts[static_cast<size_t>(q)];
       if (q != rank_ && c > 0) {
-        kern::copy(model_params_ + part_.begin(q) + j * k, stage_buf_.as<float>() + off,
-                   c * sizeof(float));
+        tk::copy(model_params_ + part_.begin(q) + j * k, params_of(stage_buf_) + static_cast<int64_t>(off),
+                 static_cast<int64_t>(c));
       }
       off += c;
     }
   }
 }
 
-void ZeroEngine::all_gather_partitions(float* full) {
+void ZeroEngine::all_gather_partitions(TypedPtr full) {
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   all_gather_range(0, part_.total(), full + part_.begin(rank_), full, false);
 }
@@ -342,7 +352,7 @@ void ZeroEngine::complete(Pending& p) {
     p.work->wait();
     p.work.reset();
   }
-  if (p.count > 0) kern::add_in_place(grad_part_.as<float>() + p.dst, p.out.as<float>(), p.count);
+  if (p.count > 0) tk::add_in_place(grads_of(grad_part_) + p.dst, grads_of(p.out), p.count);
   p.count = 0;
 }
 
@@ -350,13 +360,13 @@ void ZeroEngine::flush_bucket() {
   if (fill_ == 0) return;
   DS_CHECK(bucket_ready_ == fill_, "a gradient bucket was flushed before all its units were ready");
   const int64_t lo = bucket_lo_, hi = lo + fill_;
-  const float* in = buckets_[cur_].as<float>() + (cap_ - fill_);
+  const TypedPtr in = grads_of(buckets_[cur_]) + (cap_ - fill_);
   Pending& p = pend_[cur_];
   const int64_t b = part_.begin(rank_);
   layout::Range r = layout::intersect(lo, hi, b, part_.end(rank_));
   p.dst = r.lo - b;
   p.count = r.size();
-  p.work = reduce_scatter_range(in, lo, hi, p.out.as<float>(), opt_.overlap_comm);
+  p.work = reduce_scatter_range(in, lo, hi, grads_of(p.out), opt_.overlap_comm);
   if (!opt_.overlap_comm) complete(p);
   fill_ = bucket_ready_ = 0;
   if (opt_.overlap_comm) {
@@ -365,7 +375,7 @@ void ZeroEngine::flush_bucket() {
   }
 }
 
-float* ZeroEngine::grads_needed(Unit unit, float* resident) {
+TypedPtr ZeroEngine::grads_needed(Unit unit, TypedPtr resident) {
   if (opt_.stage < 2) return resident;
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int idx = unit_index(unit);
@@ -374,13 +384,13 @@ float* ZeroEngine::grads_needed(Unit unit, float* resident) {
       kern::fill_zero(wte_buf_.data(), wte_buf_.bytes());
       wte_fresh_ = true;
     }
-    return wte_buf_.as<float>();
+    return grads_of(wte_buf_);
   }
-  if (placed_[static_cast<size_t>(idx)] != nullptr) return placed_[static_cast<size_t>(idx)];
+  if (placed_[static_cast<size_t>(idx)]) return placed_[static_cast<size_t>(idx)];
   const auto& s = layout_.units[static_cast<size_t>(idx)];
   if (fill_ > 0 && (fill_ + s.numel > cap_ || s.offset + s.numel != bucket_lo_)) flush_bucket();
-  float* p = buckets_[cur_].as<float>() + (cap_ - fill_ - s.numel);
-  kern::fill_zero(p, static_cast<size_t>(s.numel) * sizeof(float));
+  const TypedPtr p = grads_of(buckets_[cur_]) + (cap_ - fill_ - s.numel);
+  tk::fill_zero(p, s.numel);
   placed_[static_cast<size_t>(idx)] = p;
   fill_ += s.numel;
   bucket_lo_ = s.offset;
@@ -408,12 +418,12 @@ void ZeroEngine::grads_ready(Unit unit) {
     layout::Range r = layout::intersect(s.offset, s.offset + s.numel, b, part_.end(rank_));
     p.dst = r.lo - b;
     p.count = r.size();
-    p.work = reduce_scatter_range(wte_buf_.as<float>(), s.offset, s.offset + s.numel,
-                                  p.out.as<float>(), opt_.overlap_comm);
+    p.work = reduce_scatter_range(grads_of(wte_buf_), s.offset, s.offset + s.numel, grads_of(p.out),
+                                  opt_.overlap_comm);
     if (!opt_.overlap_comm) complete(p);
     return;
   }
-  DS_CHECK(placed_[static_cast<size_t>(idx)] != nullptr, "unit reported ready without a gradient buffer");
+  DS_CHECK(static_cast<bool>(placed_[static_cast<size_t>(idx)]), "unit reported ready without a gradient buffer");
   bucket_ready_ += s.numel;
   if (bucket_ready_ >= opt_.reduce_bucket_size) flush_bucket();
 }
@@ -427,7 +437,7 @@ Buffer ZeroEngine::take_buffer(int64_t n) {
     free.pop_back();
     return b;
   }
-  return alloc_.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kParams,
+  return alloc_.allocate(static_cast<size_t>(n) * dtype_size(opt_.param_dtype), MemTag::kParams,
                          "zero gathered unit", opt_.device);
 }
 
@@ -436,8 +446,7 @@ void ZeroEngine::issue_gather(int idx) {
   Gathered& g = gathered_[static_cast<size_t>(idx)];
   g.buf = take_buffer(s.numel);
   live_ += s.numel;
-  g.work = all_gather_range(s.offset, s.offset + s.numel, shard_.as<float>(), g.buf.as<float>(),
-                            comm_ != nullptr);
+  g.work = all_gather_range(s.offset, s.offset + s.numel, params_of(shard_), params_of(g.buf), comm_ != nullptr);
 }
 
 void ZeroEngine::prefetch() {
@@ -461,7 +470,7 @@ void ZeroEngine::prefetch() {
   }
 }
 
-const float* ZeroEngine::params_needed(Unit unit, const float* resident) {
+TypedPtr ZeroEngine::params_needed(Unit unit, TypedPtr resident) {
   if (opt_.stage < 3) return resident;
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   const int idx = unit_index(unit);
@@ -473,7 +482,7 @@ const float* ZeroEngine::params_needed(Unit unit, const float* resident) {
   }
   if (!persistent_[i].empty()) {
     prefetch();
-    return persistent_[i].as<float>();
+    return params_of(persistent_[i]);
   }
   Gathered& g = gathered_[i];
   if (g.buf.empty()) issue_gather(idx);
@@ -486,7 +495,7 @@ const float* ZeroEngine::params_needed(Unit unit, const float* resident) {
     g.work.reset();
   }
   prefetch();
-  return g.buf.as<float>();
+  return params_of(g.buf);
 }
 
 void ZeroEngine::params_done(Unit unit) {

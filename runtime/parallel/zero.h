@@ -44,6 +44,7 @@
 
 #include "comm/comm.h"
 #include "core/allocator.h"
+#include "core/typed_ptr.h"
 #include "model/hooks.h"
 #include "model_spec/gpt2_spec.h"
 #include "layout/partition.h"
@@ -65,6 +66,12 @@ struct ZeroOptions {
   // cudaStream_t; nullptr = the legacy default stream), the model's stream.
   Device device = Device::kCpu;
   void* cuda_stream = nullptr;
+  // Element types: parameters (the model's storage type: shards, gathered and persistent units,
+  // the all-gathers) and gradients (the model's gradient type: buckets, partitions, the
+  // reductions). Collectives move these types: a bf16 model reduces and gathers 2 bytes per
+  // element (the backends sum 16-bit values in fp32, comm.h).
+  DType param_dtype = DType::kF32;
+  DType grad_dtype = DType::kF32;
 };
 
 // What the engine allocated, in elements (for docs, logs and the memory tests).
@@ -93,7 +100,7 @@ class ZeroEngine final : public ParallelHooks {
   bool model_owns_params() const { return opt_.stage < 3; }
   bool model_owns_grads() const { return opt_.stage < 2; }
   // The model, built with this engine as its hooks. Must be called once before training.
-  void attach(float* model_params, float* model_grads);
+  void attach(TypedPtr model_params, TypedPtr model_grads);
 
   // The global range the optimizer of this rank covers: everything at stage 0, the partition
   // from stage 1.
@@ -101,14 +108,15 @@ class ZeroEngine final : public ParallelHooks {
   int64_t opt_count() const { return opt_.stage == 0 ? part_.total() : part_.count(rank_); }
   // fp32 parameters of the optimizer's range (model storage at stages 0-2, the shard at 3) and
   // the reduced gradients of that range (valid after the last micro-batch's end_micro_batch).
-  float* opt_params();
-  float* opt_grads();
+  TypedPtr opt_params();
+  TypedPtr opt_grads();
 
-  // Stage 3: fills the parameter shard (and the persistent units) from full initial values,
-  // given as a function writing `count` values of global elements [begin, begin + count).
+  // Stage 3 of an fp32 model: fills the parameter shard (and the persistent units) from full
+  // initial values, given as a function writing `count` float values of global elements
+  // [begin, begin + count).
   template <typename F>
   void fill_shard(F&& fill) {
-    fill(opt_params(), opt_begin(), opt_count());
+    fill(opt_params().f32(), opt_begin(), opt_count());
     gather_params();
   }
 
@@ -125,7 +133,8 @@ class ZeroEngine final : public ParallelHooks {
 
   // `full` (P elements) holds this rank's partition at its place; fills in every other rank's
   // (in place, collective). For exports and tests.
-  void all_gather_partitions(float* full);
+  // Any element type (fp32 master weights for an export, the parameters' type, ...).
+  void all_gather_partitions(TypedPtr full);
 
   // Sums of per-rank values, identical bits on every rank (gathered, summed in rank order). Host
   // values: invalid_usage when the dp group is NCCL (a GPU run sums over a host group instead).
@@ -137,9 +146,9 @@ class ZeroEngine final : public ParallelHooks {
   const ZeroFootprint& footprint() const { return fp_; }
 
   // ---- ParallelHooks ----
-  const float* params_needed(Unit unit, const float* resident) override;
+  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
   void params_done(Unit unit) override;
-  float* grads_needed(Unit unit, float* resident) override;
+  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
   void grads_ready(Unit unit) override;
 
  private:
@@ -157,9 +166,11 @@ class ZeroEngine final : public ParallelHooks {
   int unit_index(const Unit& u) const;
   void require_host_comm(const char* what) const;
   // Collectives with the dp-size-1 fallback.
-  comm::WorkPtr all_reduce(float* buf, int64_t n, bool async);
-  comm::WorkPtr reduce_scatter_range(const float* in, int64_t lo, int64_t hi, float* out, bool async);
-  comm::WorkPtr all_gather_range(int64_t lo, int64_t hi, const float* shard, float* out, bool async);
+  comm::WorkPtr all_reduce(TypedPtr buf, int64_t n, bool async);
+  comm::WorkPtr reduce_scatter_range(TypedPtr in, int64_t lo, int64_t hi, TypedPtr out, bool async);
+  comm::WorkPtr all_gather_range(int64_t lo, int64_t hi, TypedPtr shard, TypedPtr out, bool async);
+  TypedPtr grads_of(const Buffer& b) const { return {b.data(), opt_.grad_dtype}; }
+  TypedPtr params_of(const Buffer& b) const { return {b.data(), opt_.param_dtype}; }
 
   void flush_allreduce();
   void flush_bucket();
@@ -175,8 +186,8 @@ class ZeroEngine final : public ParallelHooks {
   Allocator& alloc_;
   layout::Partition part_;
   ZeroFootprint fp_;
-  float* model_params_ = nullptr;
-  float* model_grads_ = nullptr;
+  TypedPtr model_params_;
+  TypedPtr model_grads_;
 
   // stage 0/1 reduction
   bool reducing_ = false;
@@ -195,7 +206,7 @@ class ZeroEngine final : public ParallelHooks {
   int64_t bucket_lo_ = 0;   // global offset of the current bucket's first element
   int64_t bucket_ready_ = 0;  // elements of the current bucket whose units are ready
   Pending pend_[3];         // buckets 0 and 1, the token embedding
-  std::vector<float*> placed_;  // per unit: where grads_needed put it this micro-batch
+  std::vector<TypedPtr> placed_;  // per unit: where grads_needed put it this micro-batch
 
   // stage 3 parameters
   Buffer shard_;

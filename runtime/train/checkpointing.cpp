@@ -19,9 +19,10 @@ namespace ms = ds::model_spec;
 
 namespace {
 
-std::vector<float> to_host(const float* src, int64_t n) {
-  std::vector<float> h(static_cast<size_t>(n));
-  kern::copy_to_host(h.data(), src, h.size() * sizeof(float));
+// n elements of a typed buffer on the model's device, as host bytes.
+std::vector<char> to_host(TypedPtr src, int64_t n) {
+  std::vector<char> h(src.bytes(n));
+  kern::copy_to_host(h.data(), src.data, h.size());
   return h;
 }
 
@@ -53,11 +54,11 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
     const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
     const int64_t n = st.part_count();
-    std::vector<std::vector<float>> host;  // host copies of the partition's tensors (device memory on a GPU)
+    std::vector<std::vector<char>> host;  // host copies of the partition's tensors (device memory on a GPU)
     host.reserve(4);
-    auto add = [&](const char* name, const float* src) {
+    auto add = [&](const char* name, TypedPtr src) {
       host.push_back(to_host(src, n));
-      w.add(name, "f32", {n}, host.back().data(), static_cast<size_t>(n) * sizeof(float));
+      w.add(name, ckpt::shard_dtype_name(src.dtype), {n}, host.back().data(), host.back().size());
     };
     add("params", st.partition_params());
     if (st.precision() != layout::Precision::kFp32) add("master", st.partition_of(st.master()));
@@ -87,11 +88,18 @@ namespace {
 void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::string& where) {
   OptimizerState& st = run.state;
   parallel::ZeroEngine& zero = run.engine.zero();
-  auto read = [&](const std::string& name, int64_t lo, int64_t hi, float* dst) {
-    std::vector<float> h(static_cast<size_t>(hi - lo));
-    reader.read(name, lo, hi, h.data());
-    kern::copy_from_host(dst, h.data(), h.size() * sizeof(float));
+  auto read = [&](const std::string& name, int64_t lo, int64_t hi, TypedPtr dst) {
+    std::vector<char> h(dst.bytes(hi - lo));
+    reader.read(name, dst.dtype, lo, hi, h.data());
+    kern::copy_from_host(dst.data, h.data(), h.size());
   };
+  const std::string stored = reader.dtype_of("params");
+  const std::string wanted = ckpt::shard_dtype_name(run.engine.model().dtype());
+  if (!stored.empty() && stored != wanted) {
+    throw invalid_argument("{}: the checkpoint stores the parameters as {} but this run stores them as {}; resume "
+                           "it with the same bf16/fp16 settings",
+                           where, stored, wanted);
+  }
   if (zero.stage() == 3) {
     read("params", st.part_begin(), st.part_begin() + st.part_count(), zero.opt_params());
   } else {

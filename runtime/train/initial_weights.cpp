@@ -1,6 +1,9 @@
-// A fresh run's initial weights (initial_weights.h).
+// A fresh run's initial weights (initial_weights.h): the fp32 values of this rank's optimizer
+// range (the whole part at ZeRO-0, its partition from ZeRO-1) go to the optimizer state, which
+// rounds them into the model's storage and lets ZeRO gather the rest.
 #include "train/initial_weights.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <spdlog/spdlog.h>
@@ -32,28 +35,26 @@ void random_values(const Gpt2& model, uint64_t seed, float* dst, int64_t begin, 
 void init_weights(parallel::Engine& engine, OptimizerState& state, const std::string& init_from, uint64_t seed,
                   Allocator& alloc) {
   Gpt2& model = engine.model();
-  parallel::ZeroEngine& zero = engine.zero();
-  const int64_t n = model.num_params();
-  const size_t range_bytes = static_cast<size_t>(state.opt_count()) * sizeof(float);
+  const int64_t begin = state.opt_begin(), count = state.opt_count();
+  // The fp32 values of the optimizer range, on the host.
+  std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {
-    if (zero.stage() == 3) {
-      Buffer full = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "llm.c import");
-      ckpt::load_llmc(init_from, model.shape(), model.part(), full.as<float>());
-      kern::copy_from_host(zero.opt_params(), full.as<float>() + state.opt_begin(), range_bytes);
-    } else {
-      std::vector<float> h(static_cast<size_t>(n));
-      ckpt::load_llmc(init_from, model.shape(), model.part(), h.data());
-      kern::copy_from_host(model.params(), h.data(), h.size() * sizeof(float));
-    }
+    std::vector<float> whole(static_cast<size_t>(model.num_params()));
+    ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
+    std::copy_n(whole.begin() + begin, count, values.begin());
     spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
-  } else if (zero.stage() == 3) {
-    std::vector<float> h(static_cast<size_t>(state.opt_count()));
-    random_values(model, seed, h.data(), state.opt_begin(), state.opt_count());
-    kern::copy_from_host(zero.opt_params(), h.data(), range_bytes);
   } else {
-    model.init_weights(seed);
+    random_values(model, seed, values.data(), begin, count);
   }
-  state.init_master_from_model();
+  // Onto the model's device (a plain host buffer on the CPU), then into the state.
+  if (model.options().device == Device::kCpu) {
+    state.init_from_f32(values.data());
+    return;
+  }
+  Buffer dev = alloc.allocate(values.size() * sizeof(float), MemTag::kWorkspace, "initial weights",
+                              model.options().device);
+  kern::copy_from_host(dev.data(), values.data(), values.size() * sizeof(float));
+  state.init_from_f32(dev.as<float>());
 }
 
 }  // namespace ds::rt::train

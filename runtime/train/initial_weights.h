@@ -1,8 +1,8 @@
 // A fresh run's initial weights, the same whatever the layout: from an llm.c checkpoint
 // (model.init_from or --init-from), else random from training.seed (model/init.h, a function of
-// each element's place in the whole model). Each rank fills what it holds: its part's
-// parameters, or at ZeRO-3 only its partition of them. The optimizer's master copy and ZeRO's
-// gathers follow (OptimizerState::init_master_from_model). Runs inside the model device's scope.
+// each element's place in the whole model). Each rank fills its optimizer range
+// (OptimizerState::init_from_f32: the master copy, the model's rounded values, ZeRO's gathers of
+// the rest). Runs inside the model device's scope.
 #pragma once
 
 #include <cstdint>

@@ -23,11 +23,11 @@ std::vector<float> part_on_host(parallel::Engine& engine, OptimizerState& state,
   const bool full_on_rank = zero.stage() == 0 || (zero.stage() < 3 && fp32);
   std::vector<float> part(static_cast<size_t>(n));
   if (full_on_rank && zero.dp_size() == 1) {
-    kern::copy_to_host(part.data(), fp32 ? model.params() : state.master(), part.size() * sizeof(float));
+    kern::copy_to_host(part.data(), fp32 ? model.params().f32() : state.master(), part.size() * sizeof(float));
     return part;
   }
   Buffer full = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", device);
-  const float* src = fp32 ? state.partition_params() : state.partition_of(state.master());
+  const float* src = fp32 ? state.partition_params().f32() : state.partition_of(state.master());
   kern::copy(full.as<float>() + state.part_begin(), src, static_cast<size_t>(state.part_count()) * sizeof(float));
   zero.all_gather_partitions(full.as<float>());
   kern::copy_to_host(part.data(), full.as<float>(), part.size() * sizeof(float));

@@ -9,7 +9,9 @@
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/check.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
 #include "layout/partition.h"
 
 namespace ds::rt::train {
@@ -61,12 +63,15 @@ OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision p
   if (has_master()) master_ = alloc.allocate(bytes, MemTag::kOptimizer, "master weights", where);
   exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg", where);
   exp_avg_sq_ = alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq", where);
-  if (offload_) host_grads_ = alloc.allocate(bytes, MemTag::kGrads, "offloaded gradients", where);
+  if (offload_) {
+    host_grads_ = alloc.allocate(static_cast<size_t>(opt_count()) * dtype_size(model.grad_dtype()), MemTag::kGrads,
+                                 "offloaded gradients", where);
+  }
   decay_ = decay_ranges(model.shape(), model.layout());
   compute_norm_ranges(model.shape(), tp_rank, pp);
 }
 
-float* OptimizerState::partition_params() {
+TypedPtr OptimizerState::partition_params() {
   return zero_.stage() == 3 ? zero_.opt_params() : model_.params() + part_begin();
 }
 
@@ -82,49 +87,59 @@ void OptimizerState::compute_norm_ranges(const ms::Gpt2Shape& shape, int tp_rank
   }
 }
 
-void OptimizerState::round_to_precision(float* x, int64_t n) const {
-  if (precision_ == layout::Precision::kBf16) kern::round_to_bf16_in_place(x, n);
-  if (precision_ == layout::Precision::kFp16) kern::round_to_f16_in_place(x, n);
+void OptimizerState::round_to_precision(TypedPtr x, int64_t n) const {
+  if (x.dtype != DType::kF32) return;  // real 16-bit storage: already rounded
+  if (precision_ == layout::Precision::kBf16) kern::round_to_bf16_in_place(x.f32(), n);
+  if (precision_ == layout::Precision::kFp16) kern::round_to_f16_in_place(x.f32(), n);
 }
 
-void OptimizerState::init_master_from_model() {
+void OptimizerState::init_from_f32(const float* values) {
   if (has_master()) {
-    kern::copy(master_.as<float>(), zero_.opt_params(), static_cast<size_t>(opt_count()) * sizeof(float));
-    if (zero_.stage() < 3) round_to_precision(model_.params(), model_.num_params());
+    kern::copy(master_.as<float>(), values, static_cast<size_t>(opt_count()) * sizeof(float));
+  } else {
+    kern::typed::from_f32(zero_.opt_params(), values, opt_count());
   }
   sync_model_from_master();
 }
 
 void OptimizerState::after_load() {
   if (precision_ == layout::Precision::kFp32 && offload_) {  // the offloaded fp32 master is the params
-    kern::copy(master_.as<float>(), zero_.opt_params(), static_cast<size_t>(opt_count()) * sizeof(float));
+    kern::copy(master_.as<float>(), zero_.opt_params().data, static_cast<size_t>(opt_count()) * sizeof(float));
   }
   zero_.gather_params();  // stage 3: the persistent units from the loaded shard
 }
 
 void OptimizerState::sync_model_from_master() {
   if (has_master()) {
-    kern::copy(zero_.opt_params(), master_.as<float>(), static_cast<size_t>(opt_count()) * sizeof(float));
+    kern::typed::from_f32(zero_.opt_params(), master_.as<float>(), opt_count());
     round_to_precision(zero_.opt_params(), opt_count());
   }
   zero_.gather_params();
 }
 
-void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double grad_scale, float* grads) {
+void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double grad_scale, TypedPtr grads) {
   ++adam_steps_;
   const optim::AdamWStep step = optim::adamw_step_scalars(adamw, adam_steps_, lr, grad_scale);
   const int64_t n = opt_count();
+  // AdamW writes the rounded weights into the model's range in the same pass (a 16-bit model), or
+  // updates its fp32 weights in place (no master).
+  const TypedPtr params_out = zero_.opt_params();
   if (offload_) {
     // ZeRO-Offload: the gradients down (synchronous), AdamW on the CPU, the master weights back
-    // up in sync_model_from_master.
-    kern::copy_to_host(host_grads_.data(), grads, static_cast<size_t>(n) * sizeof(float));
-    const kern::DeviceScope on_cpu(Device::kCpu);
-    kern::adamw_update_partition(step, master_params(), host_grads_.as<float>(), exp_avg(), exp_avg_sq(),
-                                 opt_begin(), n, decay_);
-  } else {
-    kern::adamw_update_partition(step, master_params(), grads, exp_avg(), exp_avg_sq(), opt_begin(), n, decay_);
+    // up into the model.
+    kern::copy_to_host(host_grads_.data(), grads.data, grads.bytes(n));
+    {
+      const kern::DeviceScope on_cpu(Device::kCpu);
+      kern::typed::adamw_update_partition(step, master_params(), {host_grads_.data(), grads.dtype}, exp_avg(),
+                                          exp_avg_sq(), opt_begin(), n, decay_, TypedPtr());
+    }
+    sync_model_from_master();
+    return;
   }
-  sync_model_from_master();
+  kern::typed::adamw_update_partition(step, master_params(), grads, exp_avg(), exp_avg_sq(), opt_begin(), n, decay_,
+                                      params_out);
+  round_to_precision(params_out, n);  // 16-bit values emulated in fp32 buffers
+  zero_.gather_params();
 }
 
 }  // namespace ds::rt::train

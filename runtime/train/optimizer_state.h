@@ -3,9 +3,10 @@
 // [opt_begin, opt_begin + opt_count) (the whole model at stage 0, this rank's partition from
 // stage 1); the decay table; which gradient elements this rank counts in the global norm.
 //
-// Precision: the model computes with parameters rounded to bf16/fp16 (held in fp32 buffers); the
-// master copy is fp32 and AdamW updates it; sync_model_from_master() rounds it back into the
-// model and lets ZeRO gather the result.
+// Precision: the model stores its parameters in its storage type (bf16/fp16, or fp32 holding
+// values rounded to bf16/fp16 where the model emulates 16-bit storage); the master copy is fp32
+// and AdamW updates it, writing the rounded weights into the model's range in the same pass;
+// ZeRO then gathers them. Gradients are read in the model's gradient type.
 // ZeRO-Offload (zero_optimization.offload_optimizer.device "cpu" on a GPU run): the state lives
 // in pinned host memory and AdamW runs on the CPU; each update brings the reduced gradients down
 // and sends the master weights back up. On a CPU run the state is host memory anyway.
@@ -45,15 +46,15 @@ class OptimizerState {
   int64_t part_begin() const { return zero_.partition().begin(zero_.dp_rank()); }
   int64_t part_count() const { return zero_.partition().count(zero_.dp_rank()); }
 
-  // The fp32 weights AdamW updates: the master copy, or the model's (engine's) own parameters.
-  float* master_params() { return has_master() ? master_.as<float>() : zero_.opt_params(); }
+  // The fp32 weights AdamW updates: the master copy, or the model's (engine's) own fp32 ones.
+  float* master_params() { return has_master() ? master_.as<float>() : zero_.opt_params().f32(); }
   float* master() { return master_.as<float>(); }  // null without a master copy
   float* exp_avg() { return exp_avg_.as<float>(); }
   float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }
   // A range buffer's (master, exp_avg, exp_avg_sq) slice for this rank's partition.
   float* partition_of(float* range_buffer) const { return range_buffer + (part_begin() - opt_begin()); }
-  // The model's fp32 values of this rank's partition (a checkpoint's "params").
-  float* partition_params();
+  // The model's values of this rank's partition, in its storage type (a checkpoint's "params").
+  TypedPtr partition_params();
 
   // Ranges of the gradients (offsets from opt_begin) this rank counts in the global norm; the
   // rest of its range is checked for inf/nan only (uncounted).
@@ -63,16 +64,18 @@ class OptimizerState {
   int64_t adam_steps() const { return adam_steps_; }
   void set_adam_steps(int64_t n) { adam_steps_ = n; }
 
-  // x rounded in place to the storage precision (nothing at fp32).
-  void round_to_precision(float* x, int64_t n) const;
-  // After the model's parameters got their initial values: the master copy from them, the
-  // model's copy rounded, ZeRO's gathers.
-  void init_master_from_model();
+  // Where the model emulates 16-bit storage in fp32 buffers: x rounded in place to the precision
+  // (nothing otherwise).
+  void round_to_precision(TypedPtr x, int64_t n) const;
+  // A fresh run's initial weights given as the fp32 values of the optimizer range (on the model's
+  // device): into the master copy (or the parameters), then the model's rounded copy and ZeRO's
+  // gathers.
+  void init_from_f32(const float* values);
   // After a load of the master (or, at fp32 offload, of the parameters): as the end of an update.
   void after_load();
   // One AdamW update (the next of adam_steps()) of the range with the engine's reduced gradients
   // `grads`, read times grad_scale, at learning rate `lr`; then sync_model_from_master().
-  void update(const optim::AdamWConfig& adamw, double lr, double grad_scale, float* grads);
+  void update(const optim::AdamWConfig& adamw, double lr, double grad_scale, TypedPtr grads);
   // The model's copy of the range from the master (rounded), then ZeRO's gathers.
   void sync_model_from_master();
 

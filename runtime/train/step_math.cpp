@@ -5,15 +5,16 @@
 
 #include "common/error.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
 #include "optim/clip.h"
 
 namespace ds::rt::train {
 
-StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const float* grads,
+StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
                             const OptimizerState& state, double micro_batches, double loss_scale) {
   double counted = 0, uncounted = 0;
-  for (const auto& [off, n] : state.norm_ranges()) counted += kern::sum_of_squares(grads + off, n);
-  for (const auto& [off, n] : state.uncounted_ranges()) uncounted += kern::sum_of_squares(grads + off, n);
+  for (const auto& [off, n] : state.norm_ranges()) counted += kern::typed::sum_of_squares(grads + off, n);
+  for (const auto& [off, n] : state.uncounted_ranges()) uncounted += kern::typed::sum_of_squares(grads + off, n);
   const double bad = std::isfinite(uncounted) ? 0.0 : 1.0;
   const auto sums = world.sum_in_rank_order({owned_loss_sum, counted, bad});
   StepStats s;
@@ -24,7 +25,7 @@ StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, c
 }
 
 bool apply_update(int64_t step, const StepStats& stats, double loss_scale, double lr, const UpdateSettings& settings,
-                  float* grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule) {
+                  TypedPtr grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule) {
   if (scaler.update(stats.overflow)) return true;
   if (stats.overflow) {
     throw remote_error("step {}: the gradients hold inf or nan (loss {}) and fp16 loss scaling is off: "

@@ -29,7 +29,7 @@ struct StepStats {
 
 // `owned_loss_sum`: the sum of this rank's micro-batch losses when it owns them (tp rank 0 of the
 // last stage), else 0. `grads`: the engine's reduced gradients of the optimizer range.
-StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const float* grads,
+StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
                             const OptimizerState& state, double micro_batches, double loss_scale);
 
 struct UpdateSettings {
@@ -41,6 +41,6 @@ struct UpdateSettings {
 // update). Returns true when the step was skipped. Throws ds::Error (remote) for an overflow
 // without loss scaling, naming the step and the loss.
 bool apply_update(int64_t step, const StepStats& stats, double loss_scale, double lr, const UpdateSettings& settings,
-                  float* grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule);
+                  TypedPtr grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule);
 
 }  // namespace ds::rt::train

@@ -27,6 +27,7 @@
 #include "data/token_file.h"
 #include "kernels/cuda_kernel_table.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
 #include "layout/choices.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -335,10 +336,10 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   const double loss_scale = scaler->scale();
   double bubble = -1;
   const double loss_sum = micro_batches(step, loss_scale / global_micro_batches, &bubble);
-  float* grads = zero.opt_grads();
+  const TypedPtr grads = zero.opt_grads();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
     const float inf = std::numeric_limits<float>::infinity();
-    kern::copy_from_host(grads, &inf, sizeof(float));
+    kern::typed::from_host_f32(grads, &inf, 1);
   }
   if (precision == Precision::kFp16) state->round_to_precision(grads, state->opt_count());
   const StepStats stats = global_step_stats(engine->host_world(), loss_owner() ? loss_sum : 0.0, grads, *state,

@@ -62,7 +62,7 @@ void train_and_compare(bool recompute) {
   cpu.init_weights(42);
   gpu.init_weights(42);
   const int64_t n = cpu.num_params();
-  ASSERT_EQ(download(gpu.params(), n), std::vector<float>(cpu.params(), cpu.params() + n));
+  ASSERT_EQ(download(gpu.params().f32(), n), std::vector<float>(cpu.params().f32(), cpu.params().f32() + n));
 
   auto ca = cpu.make_activations();
   auto ga = gpu.make_activations();
@@ -89,21 +89,21 @@ void train_and_compare(bool recompute) {
     const float lg = gpu.forward_backward(ga, tok.data(), tgt.data(), 1.0f);
     EXPECT_NEAR(lg, lc, 1e-4 * std::fabs(lc)) << "step " << step;
     if (step == 1) {
-      EXPECT_TRUE(test::close(download(gpu.grads(), n),
-                              std::vector<float>(cpu.grads(), cpu.grads() + n), 1e-3, 1e-5));
+      EXPECT_TRUE(test::close(download(gpu.grads().f32(), n),
+                              std::vector<float>(cpu.grads().f32(), cpu.grads().f32() + n), 1e-3, 1e-5));
       // Forward only gives the same loss.
       EXPECT_NEAR(gpu.forward(ga, tok.data(), tgt.data()), lc, 1e-4 * std::fabs(lc));
     }
     const auto st = optim::adamw_step_scalars(cfg, step, 1e-3);
-    cpu::adamw_update(st, cpu.params(), cpu.grads(), m.data(), v.data(), n, true);
-    cu().adamw_update(st, gpu.params(), gpu.grads(), gm.as<float>(),
+    cpu::adamw_update(st, cpu.params().f32(), cpu.grads().f32(), m.data(), v.data(), n, true);
+    cu().adamw_update(st, gpu.params().f32(), gpu.grads().f32(), gm.as<float>(),
                        gv.as<float>(), n, true, nullptr, nullptr);
   }
   // Adam normalises each update, so an element whose gradient is ~0 up to rounding may move by
   // up to 2 * lr per step in either direction on either side: params agree within 5 * 2 * lr.
   // The losses above are the real check.
-  EXPECT_TRUE(test::close(download(gpu.params(), n),
-                          std::vector<float>(cpu.params(), cpu.params() + n), 1e-3, 1e-2));
+  EXPECT_TRUE(test::close(download(gpu.params().f32(), n),
+                          std::vector<float>(cpu.params().f32(), cpu.params().f32() + n), 1e-3, 1e-2));
 }
 
 TEST_F(Gpt2Cuda, FirstLossesGradientsAndAdamWStepsMatchTheCpu) { train_and_compare(false); }

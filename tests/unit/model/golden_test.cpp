@@ -55,7 +55,7 @@ TEST_P(Golden, MatchesPyTorch) {
   Gpt2 m(s, ms::ModelPart::whole(s), opt, alloc);
   const auto all = ms::gpt2_params(s);
   for (const auto& t : m.layout().tensors) {
-    float* p = m.params() + t.offset;
+    float* p = m.params().f32() + t.offset;
     for (int64_t i = 0; i < t.numel; i++) {
       double v = hash_value(static_cast<uint32_t>(t.id), t.layer, i);
       if (t.id == ms::ParamId::kLn1w || t.id == ms::ParamId::kLn2w || t.id == ms::ParamId::kLnfw) {
@@ -77,7 +77,7 @@ TEST_P(Golden, MatchesPyTorch) {
       if (t.name == name) id = static_cast<int>(t.id);
     }
     ASSERT_GE(id, 0) << name;
-    const float got = m.grad(static_cast<ms::ParamId>(id), g["layer"])[g["index"].get<int64_t>()];
+    const float got = m.grad(static_cast<ms::ParamId>(id), g["layer"]).f32()[g["index"].get<int64_t>()];
     const double want = g["value"];
     EXPECT_NEAR(got, want, 2e-6 + 1e-3 * std::fabs(want))
         << name << " layer " << g["layer"] << " index " << g["index"];

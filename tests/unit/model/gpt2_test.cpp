@@ -36,10 +36,10 @@ std::vector<int32_t> tokens(uint32_t seed, int n, int V) {
 // Random parameters with enough signal for finite differences (LayerNorm weights near 1).
 void randomize(Gpt2& m, uint32_t seed) {
   auto r = ds::test::randn(static_cast<size_t>(m.num_params()), seed, 0.3f);
-  std::memcpy(m.params(), r.data(), r.size() * 4);
+  std::memcpy(m.params().f32(), r.data(), r.size() * 4);
   for (const auto& t : m.layout().tensors) {
     if (t.id == ms::ParamId::kLn1w || t.id == ms::ParamId::kLn2w || t.id == ms::ParamId::kLnfw) {
-      for (int64_t i = 0; i < t.numel; i++) m.params()[t.offset + i] += 1.0f;
+      for (int64_t i = 0; i < t.numel; i++) m.params().f32()[t.offset + i] += 1.0f;
     }
   }
 }
@@ -59,17 +59,17 @@ TEST_F(ModelTest, GradientsMatchFiniteDifferences) {
   m.zero_grads();
   const float loss0 = m.forward_backward(acts, in.data(), tg.data(), 1.0f);
   EXPECT_NEAR(loss0, m.forward(acts, in.data(), tg.data()), 0.0f);
-  std::vector<float> params(m.params(), m.params() + m.num_params());
-  std::vector<float> grads(m.grads(), m.grads() + m.num_params());
+  std::vector<float> params(m.params().f32(), m.params().f32() + m.num_params());
+  std::vector<float> grads(m.grads().f32(), m.grads().f32() + m.num_params());
   auto loss = [&] {
-    std::memcpy(m.params(), params.data(), params.size() * 4);
+    std::memcpy(m.params().f32(), params.data(), params.size() * 4);
     return static_cast<double>(m.forward(acts, in.data(), tg.data()));
   };
   // The loss is an fp32 mean of ~2.6: its rounding noise over 2 eps bounds atol.
   ds::test::Tolerance tol{1e-3, 6e-4, 2e-2};
   ds::test::check_grad("all parameters", params, grads, loss, tol, 100000);
   // Padded vocabulary rows of wte get no gradient.
-  const float* gwte = m.grad(ms::ParamId::kWte);
+  const float* gwte = m.grad(ms::ParamId::kWte).f32();
   for (int v = s.vocab_size; v < s.padded_vocab_size; v++) {
     for (int c = 0; c < s.n_embd; c++) EXPECT_EQ(gwte[v * s.n_embd + c], 0.0f);
   }
@@ -84,7 +84,7 @@ TEST_F(ModelTest, CheckpointingGivesBitIdenticalGradients) {
   Gpt2 ckpt(s, ms::ModelPart::whole(s), Gpt2Options{B, T, true}, alloc);
   plain.init_weights(42);
   ckpt.init_weights(42);
-  ASSERT_EQ(std::memcmp(plain.params(), ckpt.params(), plain.num_params() * 4), 0);
+  ASSERT_EQ(std::memcmp(plain.params().f32(), ckpt.params().f32(), plain.num_params() * 4), 0);
   auto a1 = plain.make_activations();
   auto a2 = ckpt.make_activations();
   plain.zero_grads();
@@ -92,7 +92,7 @@ TEST_F(ModelTest, CheckpointingGivesBitIdenticalGradients) {
   const float l1 = plain.forward_backward(a1, in.data(), tg.data(), 1.0f);
   const float l2 = ckpt.forward_backward(a2, in.data(), tg.data(), 1.0f);
   EXPECT_EQ(l1, l2);
-  EXPECT_EQ(std::memcmp(plain.grads(), ckpt.grads(), plain.num_params() * 4), 0);
+  EXPECT_EQ(std::memcmp(plain.grads().f32(), ckpt.grads().f32(), plain.num_params() * 4), 0);
   EXPECT_LT(a2.buffer().bytes(), a1.buffer().bytes());
 }
 
@@ -110,7 +110,7 @@ TEST_F(ModelTest, PipelinePiecesComposeToTheWholeModel) {
   st1.init_weights(5);
   for (auto* st : {&st0, &st1}) {  // the layout-independent init gives the same tensors
     for (const auto& t : st->layout().tensors) {
-      ASSERT_EQ(std::memcmp(st->params() + t.offset, whole.param(t.id, t.layer), t.numel * 4), 0);
+      ASSERT_EQ(std::memcmp(st->params().f32() + t.offset, whole.param(t.id, t.layer).f32(), t.numel * 4), 0);
     }
   }
   auto aw = whole.make_activations();
@@ -124,26 +124,26 @@ TEST_F(ModelTest, PipelinePiecesComposeToTheWholeModel) {
   st0.embed_forward(a0, in.data());
   st0.blocks_forward(a0, 0, 1);  // ranges inside a stage compose too
   st0.blocks_forward(a0, 1, 2);
-  std::memcpy(a1.input, st0.output(a0), BTC * 4);  // "send" the activations
+  std::memcpy(a1.input.f32(), st0.output(a0).f32(), BTC * 4);  // "send" the activations
   st1.blocks_forward(a1, 2, 4);
   const float lp = st1.head_forward_backward(a1, tg.data(), 1.0f);
   st1.blocks_backward(a1, 3, 4);
   st1.blocks_backward(a1, 2, 3);
-  std::memcpy(st0.d_stream(), st1.d_stream(), BTC * 4);  // "send" the gradient back
+  std::memcpy(st0.d_stream().f32(), st1.d_stream().f32(), BTC * 4);  // "send" the gradient back
   st0.blocks_backward(a0, 0, 2);
   st0.embed_backward(a0, in.data());
   EXPECT_EQ(lw, lp);
   for (auto* st : {&st0, &st1}) {
     for (const auto& t : st->layout().tensors) {
       if (t.id == ms::ParamId::kWte) continue;
-      EXPECT_EQ(std::memcmp(st->grads() + t.offset, whole.grad(t.id, t.layer), t.numel * 4), 0)
+      EXPECT_EQ(std::memcmp(st->grads().f32() + t.offset, whole.grad(t.id, t.layer).f32(), t.numel * 4), 0)
           << "tensor " << static_cast<int>(t.id) << " layer " << t.layer;
     }
   }
   // The tied wte: the two stages' gradients add up to the whole model's (sums in another order).
-  const float* g0 = st0.grad(ms::ParamId::kWte);
-  const float* g1 = st1.grad(ms::ParamId::kWte);
-  const float* gw = whole.grad(ms::ParamId::kWte);
+  const float* g0 = st0.grad(ms::ParamId::kWte).f32();
+  const float* g1 = st1.grad(ms::ParamId::kWte).f32();
+  const float* gw = whole.grad(ms::ParamId::kWte).f32();
   for (int64_t i = 0; i < int64_t{s.padded_vocab_size} * s.n_embd; i++) {
     ASSERT_NEAR(g0[i] + g1[i], gw[i], 1e-6f + 1e-5f * std::fabs(gw[i])) << i;
   }
@@ -159,16 +159,16 @@ TEST_F(ModelTest, GradientAccumulationWeightsMicroBatches) {
   const auto in2 = tokens(3, kB * kT, s.vocab_size), tg2 = tokens(4, kB * kT, s.vocab_size);
   m.zero_grads();
   m.forward_backward(acts, in1.data(), tg1.data(), 1.0f);
-  std::vector<float> g1(m.grads(), m.grads() + m.num_params());
+  std::vector<float> g1(m.grads().f32(), m.grads().f32() + m.num_params());
   m.zero_grads();
   m.forward_backward(acts, in2.data(), tg2.data(), 1.0f);
-  std::vector<float> g2(m.grads(), m.grads() + m.num_params());
+  std::vector<float> g2(m.grads().f32(), m.grads().f32() + m.num_params());
   m.zero_grads();
   m.forward_backward(acts, in1.data(), tg1.data(), 0.5f);  // accumulate with weight 1/2 each
   m.forward_backward(acts, in2.data(), tg2.data(), 0.5f);
   for (int64_t i = 0; i < m.num_params(); i++) {
     const float want = 0.5f * (g1[i] + g2[i]);
-    ASSERT_NEAR(m.grads()[i], want, 1e-7f + 1e-5f * std::fabs(want)) << i;
+    ASSERT_NEAR(m.grads().f32()[i], want, 1e-7f + 1e-5f * std::fabs(want)) << i;
   }
 }
 
@@ -178,12 +178,12 @@ namespace {
 struct ServingHooks : ParallelHooks {
   const Gpt2* source = nullptr;
   std::vector<std::string> events;
-  const float* params_needed(Unit u, const float* resident) override {
-    EXPECT_EQ(resident, nullptr);
+  TypedPtr params_needed(Unit u, TypedPtr resident) override {
+    EXPECT_FALSE(resident);
     events.push_back("need " + std::to_string(static_cast<int>(u.kind)) + ":" +
                      std::to_string(u.layer));
     const auto* s = source->layout().find_unit(u.kind, u.layer);
-    return const_cast<Gpt2*>(source)->params() + s->offset;
+    return const_cast<Gpt2*>(source)->params().f32() + s->offset;
   }
   void grads_ready(Unit u) override {
     events.push_back("ready " + std::to_string(static_cast<int>(u.kind)) + ":" +
@@ -202,7 +202,7 @@ TEST_F(ModelTest, HooksCanServeParametersAndSeeEveryLayer) {
   Gpt2Options opt{kB, kT};
   opt.own_params = false;
   Gpt2 m(s, ms::ModelPart::whole(s), opt, alloc, &hooks);
-  EXPECT_EQ(m.params(), nullptr);
+  EXPECT_EQ(m.params().f32(), nullptr);
   auto a = m.make_activations();
   auto ar = ref.make_activations();
   const auto in = tokens(1, kB * kT, s.vocab_size), tg = tokens(2, kB * kT, s.vocab_size);
@@ -210,7 +210,7 @@ TEST_F(ModelTest, HooksCanServeParametersAndSeeEveryLayer) {
   ref.zero_grads();
   EXPECT_EQ(m.forward_backward(a, in.data(), tg.data(), 1.0f),
             ref.forward_backward(ar, in.data(), tg.data(), 1.0f));
-  EXPECT_EQ(std::memcmp(m.grads(), ref.grads(), m.num_params() * 4), 0);
+  EXPECT_EQ(std::memcmp(m.grads().f32(), ref.grads().f32(), m.num_params() * 4), 0);
   const std::vector<std::string> want = {
       "need 0:-1", "need 1:-1", "need 2:0", "need 2:1", "need 0:-1", "need 3:-1",  // forward
       "ready 3:-1", "need 2:1", "ready 2:1", "need 2:0", "ready 2:0",  // head, layers backward
@@ -241,19 +241,19 @@ TEST_F(ModelTest, InitIsLayoutIndependentAndHasGpt2Statistics) {
   auto stddev = [&](ms::ParamId id, int layer) {
     const auto* t = m.layout().find_tensor(id, layer);
     double s2 = 0;
-    for (int64_t i = 0; i < t->numel; i++) s2 += double(m.params()[t->offset + i]) * m.params()[t->offset + i];
+    for (int64_t i = 0; i < t->numel; i++) s2 += double(m.params().f32()[t->offset + i]) * m.params().f32()[t->offset + i];
     return std::sqrt(s2 / t->numel);
   };
   EXPECT_NEAR(stddev(ms::ParamId::kWte, -1), 0.02, 0.001);
   EXPECT_NEAR(stddev(ms::ParamId::kFcw, 2), 0.02, 0.001);
   EXPECT_NEAR(stddev(ms::ParamId::kFcprojw, 2), 0.02 / std::sqrt(8.0), 0.0005);
-  EXPECT_EQ(m.param(ms::ParamId::kLn1w, 3)[5], 1.0f);
-  EXPECT_EQ(m.param(ms::ParamId::kQkvb, 0)[5], 0.0f);
+  EXPECT_EQ(m.param(ms::ParamId::kLn1w, 3).f32()[5], 1.0f);
+  EXPECT_EQ(m.param(ms::ParamId::kQkvb, 0).f32()[5], 0.0f);
   // Different layers differ; the same seed repeats.
-  EXPECT_NE(m.param(ms::ParamId::kQkvw, 0)[0], m.param(ms::ParamId::kQkvw, 1)[0]);
+  EXPECT_NE(m.param(ms::ParamId::kQkvw, 0).f32()[0], m.param(ms::ParamId::kQkvw, 1).f32()[0]);
   Gpt2 m2(s, ms::ModelPart::whole(s), Gpt2Options{1, 8}, alloc);
   m2.init_weights(1);
-  EXPECT_EQ(std::memcmp(m.params(), m2.params(), m.num_params() * 4), 0);
+  EXPECT_EQ(std::memcmp(m.params().f32(), m2.params().f32(), m.num_params() * 4), 0);
 }
 
 TEST_F(ModelTest, AllocatorCountsExactlyWhatTheSpecSays) {

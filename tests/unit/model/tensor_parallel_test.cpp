@@ -44,13 +44,13 @@ struct TpHooks : ParallelHooks {
   int rank;
   int forward_calls = 0, backward_calls = 0;
   TpHooks(TpGroup* g, int r) : group(g), rank(r) {}
-  void tp_reduce_forward(float* buf, int64_t n) override {
+  void tp_reduce_forward(TypedPtr buf, int64_t n) override {
     forward_calls++;
-    group->all_reduce(rank, buf, n);
+    group->all_reduce(rank, buf.f32(), n);
   }
-  void tp_reduce_backward(float* buf, int64_t n) override {
+  void tp_reduce_backward(TypedPtr buf, int64_t n) override {
     backward_calls++;
-    group->all_reduce(rank, buf, n);
+    group->all_reduce(rank, buf.f32(), n);
   }
   void tp_loss_reduce_max(float* buf, int64_t n) override { group->all_reduce(rank, buf, n, true); }
   void tp_loss_reduce_sum(float* buf, int64_t n) override { group->all_reduce(rank, buf, n); }
@@ -69,10 +69,10 @@ TEST(TensorParallel, TwoRanksMatchOneModel) {
   Gpt2 full(s, ms::ModelPart{0, 2, false, false, 1, 0}, Gpt2Options{B, T}, alloc);
   full.init_weights(11);
   auto af = full.make_activations();
-  std::copy(x.begin(), x.end(), af.input);
+  std::copy(x.begin(), x.end(), af.input.f32());
   full.blocks_forward(af, 0, 2);
   full.zero_grads();
-  std::copy(dy.begin(), dy.end(), full.d_stream());
+  std::copy(dy.begin(), dy.end(), full.d_stream().f32());
   full.blocks_backward(af, 0, 2);
 
   TpGroup group;
@@ -88,14 +88,14 @@ TEST(TensorParallel, TwoRanksMatchOneModel) {
       Gpt2 m(s, ms::ModelPart{0, 2, false, false, tp, r}, Gpt2Options{B, T}, a, &hooks);
       m.init_weights(11);
       auto acts = m.make_activations();
-      std::copy(x.begin(), x.end(), acts.input);
+      std::copy(x.begin(), x.end(), acts.input.f32());
       m.blocks_forward(acts, 0, 2);
-      out[r].assign(m.output(acts), m.output(acts) + BTC);
+      out[r].assign(m.output(acts).f32(), m.output(acts).f32() + BTC);
       m.zero_grads();
-      std::copy(dy.begin(), dy.end(), m.d_stream());
+      std::copy(dy.begin(), dy.end(), m.d_stream().f32());
       m.blocks_backward(acts, 0, 2);
-      dx[r].assign(m.d_stream(), m.d_stream() + BTC);
-      grads[r].assign(m.grads(), m.grads() + m.num_params());
+      dx[r].assign(m.d_stream().f32(), m.d_stream().f32() + BTC);
+      grads[r].assign(m.grads().f32(), m.grads().f32() + m.num_params());
       layouts[r] = m.layout();
       fwd_calls[r] = hooks.forward_calls;
       bwd_calls[r] = hooks.backward_calls;
@@ -108,12 +108,12 @@ TEST(TensorParallel, TwoRanksMatchOneModel) {
     EXPECT_EQ(fwd_calls[r], 4);  // two row-parallel matmuls per layer
     EXPECT_EQ(bwd_calls[r], 4);  // two column-parallel input gradients per layer
     for (int64_t i = 0; i < BTC; i++) {
-      ASSERT_NEAR(out[r][i], full.output(af)[i], 1e-5) << "rank " << r << " out " << i;
-      ASSERT_NEAR(dx[r][i], full.d_stream()[i], 1e-5) << "rank " << r << " dx " << i;
+      ASSERT_NEAR(out[r][i], full.output(af).f32()[i], 1e-5) << "rank " << r << " out " << i;
+      ASSERT_NEAR(dx[r][i], full.d_stream().f32()[i], 1e-5) << "rank " << r << " dx " << i;
     }
     for (const auto& ts : layouts[r].tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
-      const float* gfull = full.grad(ts.id, ts.layer);
+      const float* gfull = full.grad(ts.id, ts.layer).f32();
       for (int64_t i = 0; i < ts.numel; i++) {
         const float want = gfull[ms::full_index(t, tp, r, i)];
         ASSERT_NEAR(grads[r][ts.offset + i], want, 1e-5 + 1e-4 * std::fabs(want))
@@ -159,7 +159,7 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndLossMatchOneModel) {
       m.zero_grads();
       loss[r] = m.forward_backward(acts, in.data(), tg.data(), 1.0f);
       eval[r] = m.forward(acts, in.data(), tg.data());
-      grads[r].assign(m.grads(), m.grads() + m.num_params());
+      grads[r].assign(m.grads().f32(), m.grads().f32() + m.num_params());
       layouts[r] = m.layout();
     });
   }
@@ -170,7 +170,7 @@ TEST(TensorParallel, VocabularyParallelEmbeddingAndLossMatchOneModel) {
     EXPECT_NEAR(eval[r], eval_full, 1e-5) << "rank " << r;
     for (const auto& ts : layouts[r].tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
-      const float* gfull = full.grad(ts.id, ts.layer);
+      const float* gfull = full.grad(ts.id, ts.layer).f32();
       for (int64_t i = 0; i < ts.numel; i++) {
         const float want = gfull[ms::full_index(t, tp, r, i)];
         ASSERT_NEAR(grads[r][ts.offset + i], want, 1e-5 + 1e-4 * std::fabs(want))

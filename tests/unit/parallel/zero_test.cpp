@@ -72,7 +72,7 @@ void run_case(const Case& c) {
   ro.T = kT;
   Gpt2 ref(shape, part, ro, ref_alloc);
   ref.init_weights(kSeed);
-  std::vector<float> init(ref.params(), ref.params() + P);
+  std::vector<float> init(ref.params().f32(), ref.params().f32() + P);
   auto ra = ref.make_activations();
   ref.zero_grads();
   std::vector<std::vector<float>> ref_loss(c.dp, std::vector<float>(c.G));
@@ -82,11 +82,11 @@ void run_case(const Case& c) {
       ref_loss[r][g] = ref.forward_backward(ra, in.data(), tg.data(), 1.0f / static_cast<float>(c.dp * c.G));
     }
   }
-  std::vector<float> ref_grads(ref.grads(), ref.grads() + P);
+  std::vector<float> ref_grads(ref.grads().f32(), ref.grads().f32() + P);
   // A fake update every rank applies to its range; then a forward on the updated model.
   std::vector<float> updated(P);
   for (int64_t i = 0; i < P; ++i) updated[i] = init[i] + 0.001f * static_cast<float>(i % 7);
-  std::copy(updated.begin(), updated.end(), ref.params());
+  std::copy(updated.begin(), updated.end(), ref.params().f32());
   auto in0 = tokens_for(0, 0, 0), tg0 = tokens_for(0, 0, 1);
   const float ref_after = ref.forward(ra, in0.data(), tg0.data());
 
@@ -113,14 +113,14 @@ void run_case(const Case& c) {
         mo.own_params = z.model_owns_params();
         mo.own_grads = z.model_owns_grads();
         Gpt2 m(shape, part, mo, a, &z);
-        z.attach(m.params(), m.grads());
+        z.attach(m.params().f32(), m.grads().f32());
         if (c.stage == 3) {
-          EXPECT_EQ(m.params(), nullptr);
+          EXPECT_EQ(m.params().f32(), nullptr);
           z.fill_shard([&](float* dst, int64_t b, int64_t n) { std::copy_n(init.data() + b, n, dst); });
         } else {
           m.init_weights(kSeed);
         }
-        EXPECT_EQ(m.grads() == nullptr, c.stage >= 2);
+        EXPECT_EQ(m.grads().f32() == nullptr, c.stage >= 2);
         auto acts = m.make_activations();
         z.begin_step();
         for (int g = 0; g < c.G; ++g) {
@@ -130,7 +130,7 @@ void run_case(const Case& c) {
           z.end_micro_batch();
           EXPECT_NEAR(loss, ref_loss[r][g], 1e-5f * std::abs(ref_loss[r][g]));
         }
-        const float* gr = z.opt_grads();
+        const float* gr = z.opt_grads().f32();
         int bad = 0;
         for (int64_t i = 0; i < z.opt_count() && bad < 5; ++i) {
           float want = ref_grads[z.opt_begin() + i];
@@ -141,21 +141,21 @@ void run_case(const Case& c) {
         }
         // The partition's sum of squares adds up across ranks to the full norm (checked by the
         // caller through sum_over_ranks).
-        float* p = z.opt_params();
+        float* p = z.opt_params().f32();
         for (int64_t i = 0; i < z.opt_count(); ++i) p[i] = updated[z.opt_begin() + i];
         z.gather_params();
         if (c.stage < 3) {
           for (int64_t i = 0; i < P && bad < 10; ++i) {
-            if (m.params()[i] != updated[i]) {
-              ADD_FAILURE() << "rank " << r << " param " << i << " after gather: " << m.params()[i]
+            if (m.params().f32()[i] != updated[i]) {
+              ADD_FAILURE() << "rank " << r << " param " << i << " after gather: " << m.params().f32()[i]
                             << " vs " << updated[i];
               ++bad;
             }
           }
         }
         std::vector<float> full(P, 0.0f);
-        const float* src = c.stage == 3 ? z.opt_params() : m.params() + z.partition().begin(r);
-        if (c.stage == 0) src = m.params() + z.partition().begin(r);
+        const float* src = c.stage == 3 ? z.opt_params().f32() : m.params().f32() + z.partition().begin(r);
+        if (c.stage == 0) src = m.params().f32() + z.partition().begin(r);
         std::copy_n(src, z.partition().count(r), full.data() + z.partition().begin(r));
         z.all_gather_partitions(full.data());
         EXPECT_EQ(full, updated) << "rank " << r;

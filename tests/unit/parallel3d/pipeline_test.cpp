@@ -110,13 +110,13 @@ std::vector<RankOut> run_pipeline(int tp, int pp, int dp, int m, PipelineSchedul
     RunOptions ro;
     ro.grad_scale = 1.0f / static_cast<float>(dp * m);
     const auto res = stage.run_schedule(stage_events(kind, pp, c.pp, m), mbs, ro);
-    dp_group->all_reduce(model.grads(), static_cast<size_t>(model.num_params()),
+    dp_group->all_reduce(model.grads().f32(), static_cast<size_t>(model.num_params()),
                          comm::DataType::kFloat32, comm::ReduceOp::kSum);
     auto& o = out[static_cast<size_t>(r)];
     o.losses = res.losses;
     o.eval_losses = stage.evaluate(mbs).losses;
     o.activations = res.activations_allocated;
-    o.grads.assign(model.grads(), model.grads() + model.num_params());
+    o.grads.assign(model.grads().f32(), model.grads().f32() + model.num_params());
     o.layout = model.layout();
     o.part = part;
     o.dp_rank = c.dp;
@@ -147,7 +147,7 @@ void expect_matches(const Reference& ref, const std::vector<RankOut>& out, int p
     int64_t checked = 0;
     for (const auto& ts : o.layout.tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
-      const float* gfull = ref.model->grad(ts.id, ts.layer);
+      const float* gfull = ref.model->grad(ts.id, ts.layer).f32();
       for (int64_t i = 0; i < ts.numel; ++i) {
         const float want = gfull[ms::full_index(t, o.part.tp, o.part.tp_rank, i)];
         ASSERT_NEAR(o.grads[ts.offset + i], want, 1e-7 + 1e-5 * std::fabs(want))

@@ -93,7 +93,7 @@ TEST_P(PipelineZero, ReducedGradientsMatchTheSingleModel) {
     Gpt2Options mo{kB, kT};
     mo.own_grads = zero.model_owns_grads();
     Gpt2 model(kShape, part, mo, alloc, &hooks);
-    zero.attach(model.params(), model.grads());
+    zero.attach(model.params().f32(), model.grads().f32());
     model.init_weights(4);
     PipelineStage stage(model, pp_group, tied);
 
@@ -103,7 +103,7 @@ TEST_P(PipelineZero, ReducedGradientsMatchTheSingleModel) {
     for (int i = co.dp * m; i < (co.dp + 1) * m; ++i) mbs.push_back({in[i].data(), tg[i].data()});
     RunOptions ro;
     ro.grad_scale = 1.0f / total;
-    if (tied_hooks) ro.wte_grad = tied_hooks->wte_grad();
+    if (tied_hooks) ro.wte_grad = tied_hooks->wte_grad().f32();
     ro.before_event = [&](const Event& e) {
       if (e.kind == EventKind::kBackward) zero.begin_micro_batch(e.mb == m - 1, true);
     };
@@ -122,11 +122,11 @@ TEST_P(PipelineZero, ReducedGradientsMatchTheSingleModel) {
     }
     // opt_grads covers global elements [lo, hi) of this part's layout.
     const int64_t lo = zero.opt_begin(), hi = lo + zero.opt_count();
-    const float* g = zero.opt_grads();
+    const float* g = zero.opt_grads().f32();
     int64_t checked = 0;
     for (const auto& ts : layout.tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
-      const float* gfull = ref.grad(ts.id, ts.layer);
+      const float* gfull = ref.grad(ts.id, ts.layer).f32();
       for (int64_t o = std::max(lo, ts.offset); o < std::min(hi, ts.offset + ts.numel); ++o) {
         const float want = gfull[ms::full_index(t, c.tp, co.tp, o - ts.offset)];
         ASSERT_NEAR(g[o - lo], want, 1e-7 + 1e-5 * std::fabs(want))

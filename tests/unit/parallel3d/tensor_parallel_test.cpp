@@ -21,7 +21,7 @@ namespace ms = ds::model_spec;
 
 struct CountingHooks : ParallelHooks {
   int grads_ready_calls = 0, params_needed_calls = 0;
-  const float* params_needed(Unit, const float* resident) override {
+  TypedPtr params_needed(Unit, TypedPtr resident) override {
     ++params_needed_calls;
     return resident;
   }
@@ -61,7 +61,7 @@ TEST(TensorParallelHooks, TwoRanksMatchTheUnshardedModel) {
     auto acts = m.make_activations();
     m.zero_grads();
     loss[r] = m.forward_backward(acts, in.data(), tg.data(), 0.5f);
-    grads[r].assign(m.grads(), m.grads() + m.num_params());
+    grads[r].assign(m.grads().f32(), m.grads().f32() + m.num_params());
     layouts[r] = m.layout();
     fwd[r] = hooks.regions().forward_calls();
     bwd[r] = hooks.regions().backward_calls();
@@ -78,7 +78,7 @@ TEST(TensorParallelHooks, TwoRanksMatchTheUnshardedModel) {
     int64_t checked = 0;
     for (const auto& ts : layouts[r].tensors) {
       const auto& t = all[static_cast<size_t>(ts.id)];
-      const float* gfull = full.grad(ts.id, ts.layer);
+      const float* gfull = full.grad(ts.id, ts.layer).f32();
       for (int64_t i = 0; i < ts.numel; ++i) {
         const float want = gfull[ms::full_index(t, tp, r, i)];
         ASSERT_NEAR(grads[r][ts.offset + i], want, 1e-6 + 1e-5 * std::fabs(want))

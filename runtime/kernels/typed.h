@@ -1,0 +1,217 @@
+// The kernels over TypedPtr buffers (core/typed_ptr.h): what the model and the parallel engines
+// call when the storage type is chosen at run time. Each function checks that its buffers'
+// dtypes form a supported combination, switches once on them and calls the kern:: template
+// (kernels/dispatch.h) with typed pointers; the CPU/CUDA routing is kern::'s.
+//
+// Storage types (core/dtype.h): parameters, activations and their gradients share the storage
+// type T; parameter gradients have the gradient type G, which is T or fp32 (a model built with
+// grad_accum_dtype fp32 under bf16). Statistics (LayerNorm mean/rstd, attention lse and scratch,
+// losses, the vocab-parallel loss statistics) are always fp32 and passed as float*.
+// An unsupported combination is a ds::Error (invalid usage) naming the kernel and the dtypes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "common/error.h"
+#include "core/typed_ptr.h"
+#include "kernels/dispatch.h"
+
+namespace ds::rt::kern::typed {
+
+namespace detail {
+
+template <typename T>
+struct StorageOf;
+template <>
+struct StorageOf<float> {
+  static constexpr DType kDtype = DType::kF32;
+};
+
+template <typename T>
+T* as(TypedPtr p, const char* what) {
+  if (p.data != nullptr && p.dtype != StorageOf<T>::kDtype) {
+    throw invalid_usage("{}: a {} buffer where {} was expected", what, dtype_name(p.dtype),
+                        dtype_name(StorageOf<T>::kDtype));
+  }
+  return static_cast<T*>(p.data);
+}
+
+[[noreturn]] inline void unsupported(const char* what, DType t, DType g) {
+  throw invalid_usage("{}: storage {} with gradients {} is not a supported combination", what, dtype_name(t),
+                      dtype_name(g));
+}
+
+}  // namespace detail
+
+// Runs `body` with the C++ types T (storage) and G (parameter gradients) of dtypes t and g.
+#define DS_TYPED_CALL(what, t, g, body)                             \
+  do {                                                              \
+    if ((t) == DType::kF32 && (g) == DType::kF32) {                 \
+      using T [[maybe_unused]] = float;                             \
+      using G [[maybe_unused]] = float;                             \
+      body;                                                         \
+      return;                                                       \
+    }                                                               \
+    ::ds::rt::kern::typed::detail::unsupported(what, (t), (g));     \
+  } while (0)
+#define DS_AS(T, p) ::ds::rt::kern::typed::detail::as<T>((p), __func__)
+
+inline void encoder_forward(TypedPtr out, const int32_t* inp, TypedPtr wte, TypedPtr wpe, int B, int T_, int C) {
+  DS_TYPED_CALL("encoder_forward", out.dtype, out.dtype,
+                kern::encoder_forward(DS_AS(T, out), inp, DS_AS(T, wte), DS_AS(T, wpe), B, T_, C));
+}
+inline void encoder_backward(TypedPtr dwte, TypedPtr dwpe, TypedPtr dout, const int32_t* inp, int B, int T_, int C) {
+  const DType g = dwpe ? dwpe.dtype : dwte.dtype;
+  DS_TYPED_CALL("encoder_backward", dout.dtype, g,
+                kern::encoder_backward(DS_AS(G, dwte), DS_AS(G, dwpe), DS_AS(T, dout), inp, B, T_, C));
+}
+inline void encoder_forward_vocab(TypedPtr out, const int32_t* inp, TypedPtr wte, int B, int T_, int C, int v0,
+                                  int Vl) {
+  DS_TYPED_CALL("encoder_forward_vocab", out.dtype, out.dtype,
+                kern::encoder_forward_vocab(DS_AS(T, out), inp, DS_AS(T, wte), B, T_, C, v0, Vl));
+}
+inline void encoder_backward_vocab(TypedPtr dwte, TypedPtr dout, const int32_t* inp, int B, int T_, int C, int v0,
+                                   int Vl) {
+  DS_TYPED_CALL("encoder_backward_vocab", dout.dtype, dwte.dtype,
+                kern::encoder_backward_vocab(DS_AS(G, dwte), DS_AS(T, dout), inp, B, T_, C, v0, Vl));
+}
+inline void add_position(TypedPtr out, TypedPtr wpe, int B, int T_, int C) {
+  DS_TYPED_CALL("add_position", out.dtype, out.dtype, kern::add_position(DS_AS(T, out), DS_AS(T, wpe), B, T_, C));
+}
+inline void layernorm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr inp, TypedPtr weight, TypedPtr bias,
+                              int B, int T_, int C) {
+  DS_TYPED_CALL("layernorm_forward", out.dtype, out.dtype,
+                kern::layernorm_forward(DS_AS(T, out), mean, rstd, DS_AS(T, inp), DS_AS(T, weight), DS_AS(T, bias),
+                                        B, T_, C));
+}
+inline void layernorm_backward(TypedPtr dinp, TypedPtr dweight, TypedPtr dbias, TypedPtr dout, TypedPtr inp,
+                               TypedPtr weight, const float* mean, const float* rstd, int B, int T_, int C) {
+  DS_TYPED_CALL("layernorm_backward", dinp.dtype, dweight.dtype,
+                kern::layernorm_backward(DS_AS(T, dinp), DS_AS(G, dweight), DS_AS(G, dbias), DS_AS(T, dout),
+                                         DS_AS(T, inp), DS_AS(T, weight), mean, rstd, B, T_, C));
+}
+inline void matmul_forward(TypedPtr out, TypedPtr inp, TypedPtr weight, TypedPtr bias, int B, int T_, int C, int OC) {
+  DS_TYPED_CALL("matmul_forward", out.dtype, out.dtype,
+                kern::matmul_forward(DS_AS(T, out), DS_AS(T, inp), DS_AS(T, weight), DS_AS(T, bias), B, T_, C, OC));
+}
+inline void matmul_backward(TypedPtr dinp, TypedPtr dweight, TypedPtr dbias, TypedPtr dout, TypedPtr inp,
+                            TypedPtr weight, int B, int T_, int C, int OC) {
+  DS_TYPED_CALL("matmul_backward", dout.dtype, dweight.dtype,
+                kern::matmul_backward(DS_AS(T, dinp), DS_AS(G, dweight), DS_AS(G, dbias), DS_AS(T, dout),
+                                      DS_AS(T, inp), DS_AS(T, weight), B, T_, C, OC));
+}
+inline void add_bias(TypedPtr out, TypedPtr bias, int N, int OC) {
+  DS_TYPED_CALL("add_bias", out.dtype, out.dtype, kern::add_bias(DS_AS(T, out), DS_AS(T, bias), N, OC));
+}
+inline void attention_forward(TypedPtr out, float* lse, TypedPtr qkv, float* scratch, int B, int T_, int C, int NH) {
+  DS_TYPED_CALL("attention_forward", out.dtype, out.dtype,
+                kern::attention_forward(DS_AS(T, out), lse, DS_AS(T, qkv), scratch, B, T_, C, NH));
+}
+inline void attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse,
+                               float* scratch, int B, int T_, int C, int NH) {
+  DS_TYPED_CALL("attention_backward", dqkv.dtype, dqkv.dtype,
+                kern::attention_backward(DS_AS(T, dqkv), DS_AS(T, dout), DS_AS(T, qkv), DS_AS(T, out), lse, scratch,
+                                         B, T_, C, NH));
+}
+inline void gelu_forward(TypedPtr out, TypedPtr inp, int64_t N) {
+  DS_TYPED_CALL("gelu_forward", out.dtype, out.dtype, kern::gelu_forward(DS_AS(T, out), DS_AS(T, inp), N));
+}
+inline void gelu_backward(TypedPtr dinp, TypedPtr inp, TypedPtr dout, int64_t N) {
+  DS_TYPED_CALL("gelu_backward", dinp.dtype, dinp.dtype,
+                kern::gelu_backward(DS_AS(T, dinp), DS_AS(T, inp), DS_AS(T, dout), N));
+}
+inline void residual_forward(TypedPtr out, TypedPtr inp1, TypedPtr inp2, int64_t N) {
+  DS_TYPED_CALL("residual_forward", out.dtype, out.dtype,
+                kern::residual_forward(DS_AS(T, out), DS_AS(T, inp1), DS_AS(T, inp2), N));
+}
+inline int64_t crossentropy_forward(float* losses, TypedPtr logits, const int32_t* targets, int N, int V, int Vp) {
+  int64_t bad = 0;
+  [&] {
+    DS_TYPED_CALL("crossentropy_forward", logits.dtype, logits.dtype,
+                  bad = kern::crossentropy_forward(losses, DS_AS(T, logits), targets, N, V, Vp));
+  }();
+  return bad;
+}
+inline int64_t crossentropy_softmax_backward(float* losses, TypedPtr logits_to_dlogits, const int32_t* targets,
+                                             float dloss, int N, int V, int Vp) {
+  int64_t bad = 0;
+  [&] {
+    DS_TYPED_CALL("crossentropy_softmax_backward", logits_to_dlogits.dtype, logits_to_dlogits.dtype,
+                  bad = kern::crossentropy_softmax_backward(losses, DS_AS(T, logits_to_dlogits), targets, dloss, N,
+                                                            V, Vp));
+  }();
+  return bad;
+}
+inline void vocab_ce_max(float* mx, TypedPtr logits, int N, int Vl, int v0, int V) {
+  DS_TYPED_CALL("vocab_ce_max", logits.dtype, logits.dtype, kern::vocab_ce_max(mx, DS_AS(T, logits), N, Vl, v0, V));
+}
+inline void vocab_ce_sums(float* sumexp, float* tlogit, TypedPtr logits, const float* mx, const int32_t* targets,
+                          int N, int Vl, int v0, int V) {
+  DS_TYPED_CALL("vocab_ce_sums", logits.dtype, logits.dtype,
+                kern::vocab_ce_sums(sumexp, tlogit, DS_AS(T, logits), mx, targets, N, Vl, v0, V));
+}
+inline void vocab_ce_finish(float* losses, TypedPtr logits_to_dlogits, const float* mx, const float* sumexp,
+                            const float* tlogit, const int32_t* targets, float dloss, int N, int Vl, int v0, int V) {
+  const DType t = logits_to_dlogits ? logits_to_dlogits.dtype : DType::kF32;
+  DS_TYPED_CALL("vocab_ce_finish", t, t,
+                kern::vocab_ce_finish(losses, DS_AS(T, logits_to_dlogits), mx, sumexp, tlogit, targets, dloss, N,
+                                      Vl, v0, V));
+}
+// dst += src, both of dst's type (gradient accumulation of the parallel engines).
+inline void add_in_place(TypedPtr dst, TypedPtr src, int64_t N) {
+  DS_TYPED_CALL("add_in_place", dst.dtype, dst.dtype, kern::add_in_place(DS_AS(T, dst), DS_AS(T, src), N));
+}
+
+// Byte moves of typed buffers (no conversion: both sides have the same dtype).
+inline void fill_zero(TypedPtr p, int64_t n) { kern::fill_zero(p.data, p.bytes(n)); }
+inline void copy(TypedPtr dst, TypedPtr src, int64_t n) {
+  if (dst.dtype != src.dtype) {
+    throw invalid_usage("kern::typed::copy of {} into {}: use a conversion", dtype_name(src.dtype),
+                        dtype_name(dst.dtype));
+  }
+  kern::copy(dst.data, src.data, dst.bytes(n));
+}
+
+// dst (n elements of its type, on the scope's device) from n fp32 values in host memory, rounded to
+// the storage type; and the reverse. fp32 is a plain copy.
+inline void from_host_f32(TypedPtr dst, const float* host, int64_t n) {
+  if (dst.dtype == DType::kF32) return kern::copy_from_host(dst.data, host, static_cast<size_t>(n) * sizeof(float));
+  detail::unsupported("from_host_f32", dst.dtype, dst.dtype);
+}
+inline void to_host_f32(float* host, TypedPtr src, int64_t n) {
+  if (src.dtype == DType::kF32) return kern::copy_to_host(host, src.data, static_cast<size_t>(n) * sizeof(float));
+  detail::unsupported("to_host_f32", src.dtype, src.dtype);
+}
+
+// ---- the optimizer's passes (kernels/adamw_step.h) ----------------------------------------------
+
+// Sum of squares of n gradients (double, on the host).
+inline double sum_of_squares(TypedPtr x, int64_t n) {
+  if (x.dtype == DType::kF32) return kern::sum_of_squares(x.f32(), n);
+  detail::unsupported("sum_of_squares", x.dtype, x.dtype);
+}
+// AdamW over the partition [begin, begin + count) of the fp32 `master` weights with the gradients
+// `grads` (the gradient type); when `params_out` is not null and not the master itself, the
+// updated weights are also written there in its storage type (rounded).
+inline void adamw_update_partition(const AdamWStep& s, float* master, TypedPtr grads, float* exp_avg,
+                                   float* exp_avg_sq, int64_t begin, int64_t count,
+                                   std::span<const DecayRange> decay, TypedPtr params_out) {
+  if (grads.dtype != DType::kF32) detail::unsupported("adamw_update_partition", params_out.dtype, grads.dtype);
+  kern::adamw_update_partition(s, master, grads.f32(), exp_avg, exp_avg_sq, begin, count, decay);
+  if (params_out && params_out.data != master) {
+    if (params_out.dtype != DType::kF32) detail::unsupported("adamw_update_partition", params_out.dtype, grads.dtype);
+    kern::copy(params_out.data, master, static_cast<size_t>(count) * sizeof(float));
+  }
+}
+// dst (n elements of its type) = the fp32 values src on the same device, rounded.
+inline void from_f32(TypedPtr dst, const float* src, int64_t n) {
+  if (dst.dtype == DType::kF32) return kern::copy(dst.data, src, static_cast<size_t>(n) * sizeof(float));
+  detail::unsupported("from_f32", dst.dtype, dst.dtype);
+}
+
+#undef DS_AS
+#undef DS_TYPED_CALL
+
+}  // namespace ds::rt::kern::typed
