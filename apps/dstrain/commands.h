@@ -23,5 +23,6 @@ void add_check_command(CLI::App& app, std::vector<Command>& out);
 void add_plan_command(CLI::App& app, std::vector<Command>& out);
 void add_config_command(CLI::App& app, std::vector<Command>& out);
 void add_data_command(CLI::App& app, std::vector<Command>& out);
+void add_token_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli

@@ -21,6 +21,7 @@
 #include "common/check.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/preemption.h"
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "data/token_file.h"
@@ -902,7 +903,10 @@ TrainResult Trainer::run() {
     for (const auto& [off, cnt] : s.norm_ranges) part_sumsq += kern::sum_of_squares(grads + off, cnt);
     for (const auto& [off, cnt] : s.uncounted_ranges) uncounted_sumsq += kern::sum_of_squares(grads + off, cnt);
     const double part_bad = std::isfinite(uncounted_sumsq) ? 0.0 : 1.0;
-    const auto sums = s.world_sum({s.loss_owner() ? loss_sum : 0.0, part_sumsq, part_bad});
+    // The 4th sum carries this rank's preemption flag, so every rank stops after the same step.
+    const auto sums = s.world_sum({s.loss_owner() ? loss_sum : 0.0, part_sumsq, part_bad,
+                                   preempt::requested() ? 1.0 : 0.0});
+    const bool preempt_after_step = sums[3] > 0;
     const double loss = sums[0] / micro_batches;
     const double sumsq = sums[1];
     const bool overflow = !std::isfinite(sumsq) || sums[2] > 0;
@@ -988,9 +992,15 @@ TrainResult Trainer::run() {
     result.losses.push_back(loss);
     result.last_step = step;
     s.next_step = step + 1;
-    if (!s.cfg.training.checkpoint_dir.empty() && s.cfg.training.checkpoint_interval > 0 &&
-        (step % s.cfg.training.checkpoint_interval == 0 || step == total)) {
-      s.save_checkpoint(step);
+    const bool has_ckpt_dir = !s.cfg.training.checkpoint_dir.empty();
+    const bool saved = has_ckpt_dir && s.cfg.training.checkpoint_interval > 0 &&
+                       (step % s.cfg.training.checkpoint_interval == 0 || step == total);
+    if (saved) s.save_checkpoint(step);
+    if (preempt_after_step && step < stop) {
+      if (has_ckpt_dir && !saved) s.save_checkpoint(step);
+      result.preempted = true;
+      result.checkpoint_written = has_ckpt_dir;
+      break;
     }
   }
   return result;
