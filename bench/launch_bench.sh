@@ -30,26 +30,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now() { date +%s%N; }
-# median of the arguments (seconds, as printed by %.3f)
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-
-# time_cmd REPS CMD...: prints the median wall time in seconds; fails if any run fails.
-time_cmd() {
-  local n=$1; shift
-  local times=()
-  for ((i = 0; i < n; i++)); do
-    local t0; t0=$(now)
-    if ! "$@" >"$work/out" 2>&1; then
-      echo "FAILED: $*" >&2
-      tail -20 "$work/out" >&2
-      return 1
-    fi
-    local t1; t1=$(now)
-    times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')")
-  done
-  median "${times[@]}"
-}
+# shellcheck source=bench/bench_lib.sh
+source "$here/bench/bench_lib.sh"
 
 torchrun() {
   OMP_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node "$1" \

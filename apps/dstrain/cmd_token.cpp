@@ -11,7 +11,8 @@
 namespace ds::cli {
 
 void add_token_command(CLI::App& app, std::vector<Command>& out) {
-  auto* sub = app.add_subcommand("token", "print a fresh job token: export DSTRAIN_JOB_TOKEN=$(dstrain token)");
+  auto* sub = app.add_subcommand(
+      "token", "print a fresh job token: export DSTRAIN_JOB_TOKEN=$(dstrain token)");
   out.push_back({sub, [] {
                    std::cout << launch::make_job_token() << "\n";
                    return 0;

@@ -3,8 +3,9 @@
 // by srun or mpirun (direct mode, lib/launch/direct_mode.h), it first turns their environment into
 // that contract, and rank 0 hosts the store.
 //
-// Preemption: while training, SIGTERM (and --preempt-signal / DSTRAIN_PREEMPT_SIGNAL) asks every
-// rank to finish the step, write a checkpoint and exit 75 (common/preemption.h). A restarted job
+// Preemption: from the start of training to the exit, SIGTERM (and --preempt-signal /
+// DSTRAIN_PREEMPT_SIGNAL) asks every rank to finish the step, write a checkpoint and exit 75
+// (common/preemption.h); before training starts it ends the process as usual. A restarted job
 // (DSTRAIN_RESTART_COUNT or SLURM_RESTART_COUNT above 0) with training.checkpoint_dir resumes
 // from its latest checkpoint without --resume.
 #include <signal.h>
@@ -59,11 +60,10 @@ int run_train(const TrainCmdOptions& o) {
   }
   const int extra_signal = preemption_signal(o);
   rt::train::Trainer trainer(cfg, opts);
-  rt::train::TrainResult result;
-  {
-    const preempt::Guard guard({extra_signal});
-    result = trainer.run();
-  }
+  // From here to the exit a stop signal only sets the flag: Slurm, srun and the agent may each
+  // deliver one, and a rank that already stopped must still check out and exit 75.
+  const preempt::Guard guard({extra_signal});
+  rt::train::TrainResult result = trainer.run();
   if (!result.preempted && !o.export_llmc.empty()) {
     trainer.export_llmc(o.export_llmc);
     if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";

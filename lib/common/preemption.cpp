@@ -17,7 +17,9 @@ namespace {
 volatile sig_atomic_t g_signal = 0;
 std::atomic<bool> g_guard_alive{false};
 
-extern "C" void on_preempt_signal(int sig) { g_signal = sig; }
+extern "C" void on_preempt_signal(int sig) {
+  g_signal = sig;
+}
 
 }  // namespace
 
@@ -44,9 +46,15 @@ Guard::~Guard() {
   g_guard_alive = false;
 }
 
-bool requested() { return g_signal != 0; }
-int signal_received() { return g_signal; }
-void reset() { g_signal = 0; }
+bool requested() {
+  return g_signal != 0;
+}
+int signal_received() {
+  return g_signal;
+}
+void reset() {
+  g_signal = 0;
+}
 
 int parse_signal(const std::string& text, const std::string& origin) {
   std::string t(trim(text));
@@ -61,8 +69,7 @@ int parse_signal(const std::string& text, const std::string& origin) {
       if (abbrev != nullptr && name == abbrev) return s;
     }
   }
-  throw Error(ErrorKind::kInvalidArgument,
-              fmt::format("{}: '{}' is not a signal", origin, text),
+  throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: '{}' is not a signal", origin, text),
               "name one as SIGUSR1, USR1 or its number (10)");
 }
 

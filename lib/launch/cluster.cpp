@@ -27,12 +27,16 @@ struct ProgramSpec {
 
 ProgramSpec program_spec(Backend b) {
   switch (b) {
-    case Backend::kSlurm: return {{"srun"}, "slurm-client", {}, "Slurm"};
+    case Backend::kSlurm:
+      return {{"srun"}, "slurm-client", {}, "Slurm"};
     // Open MPI 4 says "mpirun (OpenRTE) 4.1.4", Open MPI 5 "mpirun (Open MPI) 5.0.3".
     case Backend::kOpenMpi:
       return {{"mpirun.openmpi", "mpirun"}, "openmpi-bin", {"OpenRTE", "Open MPI"}, "Open MPI"};
     default:
-      return {{"mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpiexec"}, "mpich", {"HYDRA"}, "MPICH"};
+      return {{"mpiexec.hydra", "mpirun.mpich", "mpiexec.mpich", "mpiexec"},
+              "mpich",
+              {"HYDRA"},
+              "MPICH"};
   }
 }
 
@@ -88,8 +92,8 @@ std::string find_cluster_program(Backend b) {
     }
     std::string first_line = v.substr(0, v.find('\n'));
     throw Error(ErrorKind::kInvalidUsage,
-                fmt::format("{} is not {}'s launcher (its --version says: '{}')", *found, spec.flavour,
-                            first_line),
+                fmt::format("{} is not {}'s launcher (its --version says: '{}')", *found,
+                            spec.flavour, first_line),
                 fmt::format("install {} (Debian package {}), or use the --launcher that matches it",
                             spec.flavour, spec.package));
   }
@@ -107,16 +111,23 @@ std::vector<std::string> split_launcher_args(const std::string& text) {
   for (size_t i = 0; i < text.size(); ++i) {
     char c = text[i];
     if (quote == '\'') {
-      if (c == '\'') quote = 0; else cur.push_back(c);
+      if (c == '\'')
+        quote = 0;
+      else
+        cur.push_back(c);
       continue;
     }
-    if (c == '\\' && i + 1 < text.size() && (quote == 0 || std::string("\"\\$`").find(text[i + 1]) != std::string::npos)) {
+    if (c == '\\' && i + 1 < text.size() &&
+        (quote == 0 || std::string("\"\\$`").find(text[i + 1]) != std::string::npos)) {
       cur.push_back(text[++i]);
       in_word = true;
       continue;
     }
     if (quote == '"') {
-      if (c == '"') quote = 0; else cur.push_back(c);
+      if (c == '"')
+        quote = 0;
+      else
+        cur.push_back(c);
       continue;
     }
     if (c == '\'' || c == '"') {
@@ -133,7 +144,8 @@ std::vector<std::string> split_launcher_args(const std::string& text) {
   }
   if (quote != 0) {
     throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("--launcher-args: unterminated {} quote in '{}'", quote == '"' ? "double" : "single", text),
+                fmt::format("--launcher-args: unterminated {} quote in '{}'",
+                            quote == '"' ? "double" : "single", text),
                 "close the quote (the value is split into words as a shell would)");
   }
   if (in_word) words.push_back(cur);

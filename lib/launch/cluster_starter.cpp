@@ -41,8 +41,15 @@ std::vector<std::string> starter_prefix(const JobSpec& spec, const std::string& 
     cmd = srun_command(find_cluster_program(Backend::kSlurm), hosts, job_id, {});
   } else if (spec.backend == Backend::kOpenMpi) {
     // -x: mpirun passes only the variables it is told to remote nodes.
-    cmd = {find_cluster_program(Backend::kOpenMpi), "-np", count, "-npernode", "1", "--host", host_list,
-           "-x", "DSTRAIN_JOB_TOKEN"};
+    cmd = {find_cluster_program(Backend::kOpenMpi),
+           "-np",
+           count,
+           "-npernode",
+           "1",
+           "--host",
+           host_list,
+           "-x",
+           "DSTRAIN_JOB_TOKEN"};
   } else {
     // Hydra passes the whole environment on by itself.
     cmd = {find_cluster_program(Backend::kMpich), "-n", count, "-ppn", "1", "-hosts", host_list};
@@ -57,13 +64,15 @@ class ClusterStarter : public AgentStarter {
   ~ClusterStarter() override { finish(); }
   bool sends_token() const override { return false; }
 
-  std::vector<std::unique_ptr<AgentChannel>> start(const std::string& job_id, const std::string& token) override {
+  std::vector<std::unique_ptr<AgentChannel>> start(const std::string& job_id,
+                                                   const std::string& token) override {
     ControlServer server;
     const std::string addr = spec_.launcher_addr.empty() ? this_hostname() : spec_.launcher_addr;
     SpawnRequest req;
     req.argv = starter_prefix(spec_, job_id);
     name_ = cluster_program_label(spec_.backend);
-    for (const auto& a : agent_command(spec_, job_id, -1, fmt::format("{}:{}", addr, server.port()))) {
+    for (const auto& a :
+         agent_command(spec_, job_id, -1, fmt::format("{}:{}", addr, server.port()))) {
       req.argv.push_back(a);
     }
     for (auto& kv : current_environment()) {
@@ -90,7 +99,8 @@ class ClusterStarter : public AgentStarter {
 
   std::optional<std::string> died() override {
     if (!reap(false)) return std::nullopt;
-    return fmt::format("{} exited with {} while the job ran{}", name_, status_.describe(), last_words());
+    return fmt::format("{} exited with {} while the job ran{}", name_, status_.describe(),
+                       last_words());
   }
 
   void finish() override {
@@ -104,7 +114,8 @@ class ClusterStarter : public AgentStarter {
       return reaped_;
     };
     if (!wait_for(spec_.kill_timeout + Millis(5000))) {
-      spdlog::warn("{} (pid {}) did not exit after its agents ended: sending SIGTERM", name_, proc_.pid);
+      spdlog::warn("{} (pid {}) did not exit after its agents ended: sending SIGTERM", name_,
+                   proc_.pid);
       signal_group(proc_.pid, SIGTERM);
       if (!wait_for(Millis(3000))) {
         signal_group(proc_.pid, SIGKILL);
@@ -122,7 +133,8 @@ class ClusterStarter : public AgentStarter {
  private:
   // Accepts agents until every node has one, watching the starter; throws naming the nodes that
   // did not join within --join-timeout, or the starter's exit and last lines.
-  std::vector<std::unique_ptr<AgentChannel>> accept_agents(ControlServer& server, const std::string& token) {
+  std::vector<std::unique_ptr<AgentChannel>> accept_agents(ControlServer& server,
+                                                           const std::string& token) {
     const int count = static_cast<int>(spec_.world.nodes.size());
     std::vector<std::unique_ptr<AgentChannel>> channels(static_cast<size_t>(count));
     int joined = 0;
@@ -131,8 +143,8 @@ class ClusterStarter : public AgentStarter {
       if (reap(false)) {
         pump();
         throw Error(ErrorKind::kRemote,
-                    fmt::format("{} exited with {} before {}{}", name_, status_.describe(), missing(channels),
-                                last_words()),
+                    fmt::format("{} exited with {} before {}{}", name_, status_.describe(),
+                                missing(channels), last_words()),
                     hint());
       }
       if (deadline.expired()) {
@@ -169,8 +181,10 @@ class ClusterStarter : public AgentStarter {
   }
 
   std::string hint() const {
-    if (spec_.backend == Backend::kSlurm) return "see srun's message above; are the nodes in this allocation?";
-    return "see mpirun's message above (as root, Open MPI wants --launcher-args --allow-run-as-root)";
+    if (spec_.backend == Backend::kSlurm)
+      return "see srun's message above; are the nodes in this allocation?";
+    return "see mpirun's message above (as root, Open MPI wants --launcher-args "
+           "--allow-run-as-root)";
   }
 
   std::string last_words() const {
@@ -184,7 +198,8 @@ class ClusterStarter : public AgentStarter {
     for (;;) {
       ssize_t n = ::read(fd, buf, sizeof buf);
       if (n > 0) {
-        lines.feed(std::string_view(buf, static_cast<size_t>(n)), [&](std::string_view l) { note(l); });
+        lines.feed(std::string_view(buf, static_cast<size_t>(n)),
+                   [&](std::string_view l) { note(l); });
         continue;
       }
       if (n < 0 && errno == EINTR) continue;

@@ -38,7 +38,8 @@ bool SocketChannel::read(int stream, std::string* out) {
 size_t SocketChannel::write(const std::string& data) {
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::send(fd_.get(), data.data() + done, data.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+    ssize_t n =
+        ::send(fd_.get(), data.data() + done, data.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n > 0) {
       done += static_cast<size_t>(n);
       continue;
@@ -50,7 +51,9 @@ size_t SocketChannel::write(const std::string& data) {
   return done;
 }
 
-void SocketChannel::send_eof() { ::shutdown(fd_.get(), SHUT_WR); }
+void SocketChannel::send_eof() {
+  ::shutdown(fd_.get(), SHUT_WR);
+}
 
 ControlServer::ControlServer(int port) : listener_(net::listen_tcp("0.0.0.0", port)) {
   port_ = net::local_port(listener_.get());
@@ -60,7 +63,8 @@ std::optional<std::pair<int, std::unique_ptr<AgentChannel>>> ControlServer::acce
     const std::string& token, int num_nodes) {
   sockaddr_storage peer{};
   socklen_t len = sizeof peer;
-  int raw = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &len, SOCK_CLOEXEC | SOCK_NONBLOCK);
+  int raw = ::accept4(listener_.get(), reinterpret_cast<sockaddr*>(&peer), &len,
+                      SOCK_CLOEXEC | SOCK_NONBLOCK);
   if (raw < 0) return std::nullopt;  // EAGAIN: someone else's connect gave up
   net::Fd fd(raw);
   net::set_nodelay(fd.get());
@@ -78,13 +82,15 @@ std::optional<std::pair<int, std::unique_ptr<AgentChannel>>> ControlServer::acce
     const uint8_t verdict = ok ? 1 : 0;
     net::write_exact(fd.get(), &verdict, 1, deadline, who);
     if (!ok) {
-      spdlog::warn("refused a control connection: {}", rank < static_cast<uint32_t>(num_nodes)
-                                                           ? "wrong job token"
-                                                           : fmt::format("node rank {} outside 0..{}", rank, num_nodes - 1));
+      spdlog::warn("refused a control connection: {}",
+                   rank < static_cast<uint32_t>(num_nodes)
+                       ? "wrong job token"
+                       : fmt::format("node rank {} outside 0..{}", rank, num_nodes - 1));
       return std::nullopt;
     }
-    return std::make_pair(static_cast<int>(rank),
-                          std::make_unique<SocketChannel>(std::move(fd), fmt::format("the agent of node {}", rank)));
+    return std::make_pair(
+        static_cast<int>(rank),
+        std::make_unique<SocketChannel>(std::move(fd), fmt::format("the agent of node {}", rank)));
   } catch (const Error& e) {
     spdlog::warn("dropped a control connection during its handshake: {}", e.what());
     return std::nullopt;

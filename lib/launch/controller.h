@@ -60,7 +60,7 @@ class ControlServer {
   // Returns the node rank it proved and its channel; nullopt (with a warning logged) for a
   // wrong token, a rank outside 0..num_nodes-1, or a connection that broke off.
   std::optional<std::pair<int, std::unique_ptr<AgentChannel>>> accept_one(const std::string& token,
-                                                                         int num_nodes);
+                                                                          int num_nodes);
 
  private:
   net::Fd listener_;

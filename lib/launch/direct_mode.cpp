@@ -22,11 +22,12 @@ std::string master_addr(const EnvGetter& env, const RankInfo& r) {
   if (r.local_world_size == r.world_size) return "127.0.0.1";
   std::string first = slurm_first_node(env);
   if (!first.empty()) return first;
-  throw Error(ErrorKind::kInvalidArgument,
-              fmt::format("{} started {} ranks on several nodes, but nothing says where rank 0 (and so "
-                          "the store) runs",
-                          r.source, r.world_size),
-              "set MASTER_ADDR to rank 0's host for every rank (mpirun -x MASTER_ADDR=host0 ...)");
+  throw Error(
+      ErrorKind::kInvalidArgument,
+      fmt::format("{} started {} ranks on several nodes, but nothing says where rank 0 (and so "
+                  "the store) runs",
+                  r.source, r.world_size),
+      "set MASTER_ADDR to rank 0's host for every rank (mpirun -x MASTER_ADDR=host0 ...)");
 }
 
 int store_port(const EnvGetter& env) {
@@ -34,12 +35,15 @@ int store_port(const EnvGetter& env) {
   if (!v) return kDefaultStorePort;
   auto p = parse_int(trim(*v));
   if (!p || *p < 1 || *p > 65535) {
-    throw invalid_argument("environment variable DSTRAIN_STORE_PORT='{}' is not a port (1..65535)", *v);
+    throw invalid_argument("environment variable DSTRAIN_STORE_PORT='{}' is not a port (1..65535)",
+                           *v);
   }
   return static_cast<int>(*p);
 }
 
-void put(const char* name, const std::string& value) { ::setenv(name, value.c_str(), 1); }
+void put(const char* name, const std::string& value) {
+  ::setenv(name, value.c_str(), 1);
+}
 
 }  // namespace
 
@@ -56,12 +60,13 @@ std::unique_ptr<DirectMode> DirectMode::enter(const EnvGetter& env) {
   if (!r || r->world_size <= 1) return nullptr;
   auto token = env("DSTRAIN_JOB_TOKEN");
   if (!token) {
-    throw Error(ErrorKind::kInvalidUsage,
-                fmt::format("rank {} of {} (from {}) needs the job token in DSTRAIN_JOB_TOKEN: the ranks "
-                            "meet in a store that rank 0 hosts, and it is never open",
-                            r->rank, r->world_size, r->source),
-                "export DSTRAIN_JOB_TOKEN=$(dstrain token) before srun or mpirun (srun passes it on; "
-                "Open MPI needs mpirun -x DSTRAIN_JOB_TOKEN)");
+    throw Error(
+        ErrorKind::kInvalidUsage,
+        fmt::format("rank {} of {} (from {}) needs the job token in DSTRAIN_JOB_TOKEN: the ranks "
+                    "meet in a store that rank 0 hosts, and it is never open",
+                    r->rank, r->world_size, r->source),
+        "export DSTRAIN_JOB_TOKEN=$(dstrain token) before srun or mpirun (srun passes it on; "
+        "Open MPI needs mpirun -x DSTRAIN_JOB_TOKEN)");
   }
   std::unique_ptr<DirectMode> d(new DirectMode());
   d->rank_ = *r;
@@ -88,7 +93,8 @@ std::unique_ptr<DirectMode> DirectMode::enter(const EnvGetter& env) {
                   "pick another port with DSTRAIN_STORE_PORT (the same for every rank)");
     }
   }
-  spdlog::debug("direct mode: rank {} of {} from {}; store at {}:{}", r->rank, r->world_size, r->source, addr, port);
+  spdlog::debug("direct mode: rank {} of {} from {}; store at {}:{}", r->rank, r->world_size,
+                r->source, addr, port);
   return d;
 }
 

@@ -22,10 +22,11 @@ bool is_preemption(const Failure& f) {
 int finish(OutputMux& mux, const JobOutcome& o) {
   std::string after = o.restarts > 0 ? fmt::format(" after {} restart(s)", o.restarts) : "";
   if (o.preempted) {
-    mux.note(fmt::format("dstrain: job preempted{}: all {} rank(s) finished their step, wrote a "
-                         "checkpoint and exited {}; run it again (a requeued or restarted job resumes "
-                         "from the checkpoint by itself); exit status {}",
-                         after, o.world_size, preempt::kPreemptedExitCode, preempt::kPreemptedExitCode));
+    mux.note(
+        fmt::format("dstrain: job preempted{}: all {} rank(s) finished their step, wrote a "
+                    "checkpoint and exited {}; run it again (a requeued or restarted job resumes "
+                    "from the checkpoint by itself); exit status {}",
+                    after, o.world_size, preempt::kPreemptedExitCode, preempt::kPreemptedExitCode));
     return preempt::kPreemptedExitCode;
   }
   if (o.failure && o.failure->rank < 0) {
@@ -36,9 +37,10 @@ int finish(OutputMux& mux, const JobOutcome& o) {
   if (o.failure) {
     int status = o.failure->status.shell_status();
     if (status == 0) status = 1;
-    mux.note(fmt::format("dstrain: job failed{}: {} (the first failure; every other rank has "
-                         "ended, on its own within the failure grace or stopped); exit status {}",
-                         after, describe_failure(*o.failure), status));
+    mux.note(
+        fmt::format("dstrain: job failed{}: {} (the first failure; every other rank has "
+                    "ended, on its own within the failure grace or stopped); exit status {}",
+                    after, describe_failure(*o.failure), status));
     return status;
   }
   if (o.stop_signal != 0) {

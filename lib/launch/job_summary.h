@@ -18,10 +18,10 @@ namespace ds::launch {
 using SteadyClock = std::chrono::steady_clock;
 
 struct Failure {
-  int rank = -1;      // -1: a node-level failure (agent lost, node missing)
+  int rank = -1;  // -1: a node-level failure (agent lost, node missing)
   std::string host;
   ExitStatus status;
-  std::string what;   // for node-level failures: the reason
+  std::string what;  // for node-level failures: the reason
 };
 
 // "rank 3 on worker-1 exited with exit code 3" / "... was killed by signal 9 (SIGKILL)", or

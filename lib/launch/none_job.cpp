@@ -11,8 +11,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <nlohmann/json.hpp>
 
 #include "common/error.h"
 #include "common/socket.h"
@@ -31,7 +31,11 @@ using store::to_bytes;
 using store::to_string;
 
 json failure_json(const Failure& f) {
-  return {{"rank", f.rank}, {"host", f.host}, {"code", f.status.code}, {"signal", f.status.signal}, {"what", f.what}};
+  return {{"rank", f.rank},
+          {"host", f.host},
+          {"code", f.status.code},
+          {"signal", f.status.signal},
+          {"what", f.what}};
 }
 Failure failure_from(const json& j) {
   Failure f;
@@ -48,7 +52,9 @@ class NoneListener : public AgentListener {
   NoneListener(OutputMux& mux, std::function<void(int, const ExitStatus&)> on_fail)
       : mux_(mux), on_fail_(std::move(on_fail)) {}
   void on_started(int, pid_t) override {}
-  void on_output(int rank, int stream, std::string_view line) override { mux_.line(rank, stream, line); }
+  void on_output(int rank, int stream, std::string_view line) override {
+    mux_.line(rank, stream, line);
+  }
   void on_exit(int rank, const ExitStatus& s) override {
     if (!s.ok()) on_fail_(rank, s);
   }
@@ -63,7 +69,8 @@ class NoneListener : public AgentListener {
 class FailureWatcher {
  public:
   FailureWatcher(store::TcpStoreClientOptions o, std::string key, Millis grace) {
-    if (::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0) throw system_error("pipe: {}", errno_string(errno));
+    if (::pipe2(pipe_, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw system_error("pipe: {}", errno_string(errno));
     thread_ = std::thread([this, o = std::move(o), key = std::move(key), grace] {
       try {
         store::TcpStoreClient client(o);
@@ -102,10 +109,11 @@ class NoneNode {
     join();
     for (int gen = 0;; ++gen) {
       json verdict = run_generation(gen);
-      if (!verdict.at("restart").get<bool>()) return finish(mux_, outcome_from(verdict.at("outcome"), gen));
+      if (!verdict.at("restart").get<bool>())
+        return finish(mux_, outcome_from(verdict.at("outcome"), gen));
       mux_.note(fmt::format("dstrain: {}; restarting every rank ({}/{})",
-                            describe_failure(failure_from(verdict.at("outcome").at("failure"))), gen + 1,
-                            spec_.max_restarts));
+                            describe_failure(failure_from(verdict.at("outcome").at("failure"))),
+                            gen + 1, spec_.max_restarts));
       mux_.restart_marker(gen + 1);
     }
   }
@@ -141,16 +149,20 @@ class NoneNode {
     try {
       store_ = std::make_shared<store::TcpStoreClient>(client_options(spec_.join_timeout));
     } catch (const Error& e) {
-      throw Error(e.kind(), fmt::format("{}: cannot join node 0's store at {}: {}", node_name(me_), at, e.what()),
-                  "start node 0 (--node-rank 0), and give every node the same --master-addr, --store-port "
-                  "and DSTRAIN_JOB_TOKEN; raise --join-timeout when nodes start far apart");
+      throw Error(
+          e.kind(),
+          fmt::format("{}: cannot join node 0's store at {}: {}", node_name(me_), at, e.what()),
+          "start node 0 (--node-rank 0), and give every node the same --master-addr, --store-port "
+          "and DSTRAIN_JOB_TOKEN; raise --join-timeout when nodes start far apart");
     }
-    store_->set(key(fmt::format("node/{}", me_)), to_bytes(spec_.world.nodes[static_cast<size_t>(me_)].host));
+    store_->set(key(fmt::format("node/{}", me_)),
+                to_bytes(spec_.world.nodes[static_cast<size_t>(me_)].host));
     if (me_ == 0) return announce_go();
     std::string go = to_string(store_->get(key("go"), 2 * spec_.join_timeout));
     if (starts_with(go, "abort ")) throw remote_error("node 0 ended the job: {}", go.substr(6));
     auto f = split(go, ' ');
-    if (f.size() != 3 || !parse_int(f[1])) throw remote_error("node 0's store holds a malformed start key");
+    if (f.size() != 3 || !parse_int(f[1]))
+      throw remote_error("node 0's store holds a malformed start key");
     master_port_ = static_cast<int>(*parse_int(f[1]));
     job_id_ = f[2];
   }
@@ -168,9 +180,10 @@ class NoneNode {
       std::string why = fmt::format("{} did not join within {}", fmt::join(missing, ", "),
                                     net::format_seconds(spec_.join_timeout));
       store_->set(key("go"), to_bytes("abort " + why));
-      throw Error(ErrorKind::kTimeout, why,
-                  "start `dstrain launch --launcher none --node-rank N` on every node of the hostfile, "
-                  "with node 0's address as --master-addr; raise --join-timeout when they start far apart");
+      throw Error(
+          ErrorKind::kTimeout, why,
+          "start `dstrain launch --launcher none --node-rank N` on every node of the hostfile, "
+          "with node 0's address as --master-addr; raise --join-timeout when they start far apart");
     }
     job_id_ = make_job_id();
     store_->set(key("go"), to_bytes(fmt::format("ok {} {}", master_port_, job_id_)));
@@ -201,7 +214,9 @@ json NoneNode::run_generation(int gen) {
   auto publish = [&](const Failure& f) {
     store_->compare_set(failure_key, {}, to_bytes(failure_json(f).dump()));
   };
-  NoneListener listener(mux_, [&](int rank, const ExitStatus& s) { publish(Failure{rank, host, s, {}}); });
+  NoneListener listener(mux_, [&](int rank, const ExitStatus& s) {
+    publish(Failure{rank, host, s, {}});
+  });
   Agent agent(cfg, listener, *signals_);
   GenerationResult r;
   {
@@ -211,19 +226,25 @@ json NoneNode::run_generation(int gen) {
       (void)!::read(watcher.fd(), b, sizeof b);
       return true;
     };
-    r = agent.run(fmt::format("{}:{}", spec_.world.master_addr, spec_.store_port), master_port_, gen,
-                  watcher.fd(), on_control);
+    r = agent.run(fmt::format("{}:{}", spec_.world.master_addr, spec_.store_port), master_port_,
+                  gen, watcher.fd(), on_control);
   }
   if (r.stop_signal != 0 && !r.first_failure) {
-    publish(Failure{-1, host, {}, fmt::format("{} was interrupted by {}", node_name(me_), signal_name(r.stop_signal))});
+    publish(Failure{
+        -1,
+        host,
+        {},
+        fmt::format("{} was interrupted by {}", node_name(me_), signal_name(r.stop_signal))});
   }
   int preempted = 0;
-  for (const auto& e : r.exits) preempted += is_preemption(Failure{e.rank, host, e.status, {}}) ? 1 : 0;
+  for (const auto& e : r.exits)
+    preempted += is_preemption(Failure{e.rank, host, e.status, {}}) ? 1 : 0;
   json done = {{"preempted", preempted}, {"stop_signal", r.stop_signal}};
   store_->set(key(fmt::format("gen{}/done/{}", gen, me_)), to_bytes(done.dump()));
   json verdict = me_ == 0 ? decide(gen)
-                          : json::parse(to_string(store_->get(key(fmt::format("gen{}/next", gen)),
-                                                              spec_.kill_timeout + spec_.failure_grace + Millis(60000))));
+                          : json::parse(to_string(store_->get(
+                                key(fmt::format("gen{}/next", gen)),
+                                spec_.kill_timeout + spec_.failure_grace + Millis(60000))));
   store_->set(key(fmt::format("gen{}/ack/{}", gen, me_)), to_bytes("1"));
   if (me_ == 0 && !verdict.at("restart").get<bool>()) {
     std::vector<std::string> acks;
@@ -251,10 +272,12 @@ json NoneNode::decide(int gen) {
       if (d.at("stop_signal").get<int>() != 0) outcome["stop_signal"] = d.at("stop_signal");
     }
   } catch (const Error& e) {
-    outcome["failure"] = failure_json(Failure{-1, "", {}, fmt::format("not every node reported the end of its ranks: {}", e.what())});
+    outcome["failure"] = failure_json(Failure{
+        -1, "", {}, fmt::format("not every node reported the end of its ranks: {}", e.what())});
   }
   if (outcome["failure"].is_null() && store_->check({key(fmt::format("gen{}/failure", gen))})) {
-    outcome["failure"] = json::parse(to_string(store_->get(key(fmt::format("gen{}/failure", gen)))));
+    outcome["failure"] =
+        json::parse(to_string(store_->get(key(fmt::format("gen{}/failure", gen)))));
   }
   outcome["preempted"] = preempted == spec_.world.world_size();
   bool restart = false;
@@ -283,10 +306,11 @@ JobOutcome NoneNode::outcome_from(const json& o, int restarts) const {
 
 int run_none_node(const JobSpec& spec, OutputMux& mux) {
   if (spec.token.empty()) {
-    throw Error(ErrorKind::kInvalidUsage,
-                "--launcher none needs the job token in DSTRAIN_JOB_TOKEN on every node",
-                "create one with `dstrain token` and give every node the same value (e.g. a Kubernetes "
-                "secret as an environment variable)");
+    throw Error(
+        ErrorKind::kInvalidUsage,
+        "--launcher none needs the job token in DSTRAIN_JOB_TOKEN on every node",
+        "create one with `dstrain token` and give every node the same value (e.g. a Kubernetes "
+        "secret as an environment variable)");
   }
   if (spec.node_rank < 0 || spec.node_rank >= static_cast<int>(spec.world.nodes.size())) {
     throw invalid_argument("--node-rank {} is outside the hostfile's {} node(s)", spec.node_rank,

@@ -36,8 +36,8 @@ const SourceDef kSources[] = {
     {"RANK/WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NODE_RANK"},
     {"Open MPI (OMPI_COMM_WORLD_*)", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
      "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", nullptr},
-    {"MPICH/Hydra (PMI_RANK/PMI_SIZE)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS",
-     nullptr},
+    {"MPICH/Hydra (PMI_RANK/PMI_SIZE)", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+     "MPI_LOCALNRANKS", nullptr},
     {"Slurm's srun (SLURM_PROCID/SLURM_NTASKS)", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
      nullptr, "SLURM_NODEID"},
 };
@@ -47,11 +47,12 @@ int read_int(const EnvGetter& env, const char* name, int min, int max) {
   if (!v) return -1;
   auto n = parse_int(trim(*v));
   if (!n || *n < min || *n > max) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("environment variable {}='{}' is not a valid value (expected an integer "
-                            "in {}..{})",
-                            name, *v, min, max),
-                "unset it, or fix whatever exports it");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("environment variable {}='{}' is not a valid value (expected an integer "
+                    "in {}..{})",
+                    name, *v, min, max),
+        "unset it, or fix whatever exports it");
   }
   return static_cast<int>(*n);
 }
@@ -63,8 +64,8 @@ std::optional<RankInfo> read_source(const EnvGetter& env, const SourceDef& d) {
   if (!has_rank && !has_size) return std::nullopt;
   if (has_rank != has_size) {
     throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{} is set but {} is not: a rank needs its world size", has_rank ? d.rank : d.size,
-                            has_rank ? d.size : d.rank),
+                fmt::format("{} is set but {} is not: a rank needs its world size",
+                            has_rank ? d.rank : d.size, has_rank ? d.size : d.rank),
                 fmt::format("set both {} and {}, or neither", d.rank, d.size));
   }
   RankInfo r;
@@ -83,8 +84,8 @@ std::optional<RankInfo> read_source(const EnvGetter& env, const SourceDef& d) {
     r.local_world_size = slurm_tasks_on_node(*tpn, r.node_rank);
   }
   if (r.local_rank >= 0 && r.local_world_size > 0 && r.local_rank >= r.local_world_size) {
-    throw invalid_argument("{}={} is not below the {} process(es) its source puts on this node", d.local_rank,
-                           r.local_rank, r.local_world_size);
+    throw invalid_argument("{}={} is not below the {} process(es) its source puts on this node",
+                           d.local_rank, r.local_rank, r.local_world_size);
   }
   return r;
 }
@@ -122,15 +123,17 @@ std::optional<RankInfo> resolve_rank(const EnvGetter& env) {
   for (size_t i = 1; i < present.size(); ++i) {
     const RankInfo& other = present[i];
     if (other.world_size != win.world_size) continue;  // an outer launcher's own processes
-    bool local_differs = win.local_rank >= 0 && other.local_rank >= 0 && win.local_rank != other.local_rank;
+    bool local_differs =
+        win.local_rank >= 0 && other.local_rank >= 0 && win.local_rank != other.local_rank;
     if (other.rank == win.rank && !local_differs) continue;
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("two rank sources disagree about this process of a {}-rank world: {} says "
-                            "rank {} (local rank {}), {} says rank {} (local rank {})",
-                            win.world_size, win.source, win.rank, win.local_rank, other.source, other.rank,
-                            other.local_rank),
-                "start the ranks with one launcher, and do not export RANK/WORLD_SIZE/LOCAL_RANK in a "
-                "batch script that srun or mpirun runs (unset them there)");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("two rank sources disagree about this process of a {}-rank world: {} says "
+                    "rank {} (local rank {}), {} says rank {} (local rank {})",
+                    win.world_size, win.source, win.rank, win.local_rank, other.source, other.rank,
+                    other.local_rank),
+        "start the ranks with one launcher, and do not export RANK/WORLD_SIZE/LOCAL_RANK in a "
+        "batch script that srun or mpirun runs (unset them there)");
   }
   return win;
 }

@@ -32,7 +32,8 @@ class SshStarter : public AgentStarter {
 
   // One thread per node for connect + host key + authentication + exec, so N nodes take as long
   // as the slowest.
-  std::vector<std::unique_ptr<AgentChannel>> start(const std::string& job_id, const std::string&) override {
+  std::vector<std::unique_ptr<AgentChannel>> start(const std::string& job_id,
+                                                   const std::string&) override {
     size_t count = spec_.world.nodes.size();
     std::vector<std::unique_ptr<AgentChannel>> channels(count);
     std::vector<std::exception_ptr> errors(count);
@@ -66,8 +67,8 @@ struct RemoteNode {
   std::string in_out, in_err;
   LineSplitter out_lines, err_lines;
   bool gen_done = false;
-  bool closed = false;       // channel ended
-  bool quitting = false;     // we sent quit
+  bool closed = false;    // channel ended
+  bool quitting = false;  // we sent quit
   bool eof_sent = false;
 };
 
@@ -84,7 +85,8 @@ class RemoteJob {
     job_id_ = make_job_id();
     const std::string token = spec_.token.empty() ? make_job_token() : spec_.token;
     auto channels = starter_.start(job_id_, token);
-    spdlog::debug("job {}: {} agent(s) up in {:.3f} s", job_id_, channels.size(), seconds_since(t0_));
+    spdlog::debug("job {}: {} agent(s) up in {:.3f} s", job_id_, channels.size(),
+                  seconds_since(t0_));
     nodes_.resize(channels.size());
     for (size_t i = 0; i < channels.size(); ++i) {
       nodes_[i].spec = &spec_.world.nodes[i];
@@ -172,9 +174,10 @@ class RemoteJob {
     if (n.quitting) return;
     int st = n.conn->exit_status();
     std::string code = st >= 0 ? fmt::format(" (exit status {})", st) : "";
-    std::string hint = st == 127 ? fmt::format(": is dstrain installed at {} there? try `dstrain check`",
-                                               spec_.remote_dstrain)
-                                 : "";
+    std::string hint = st == 127
+                           ? fmt::format(": is dstrain installed at {} there? try `dstrain check`",
+                                         spec_.remote_dstrain)
+                           : "";
     node_failed(n, fmt::format("the agent on {} ended unexpectedly{}{}", n.spec->host, code, hint));
   }
 
@@ -213,12 +216,15 @@ class RemoteJob {
     if (!n.in_err.empty()) {
       std::string data;
       data.swap(n.in_err);
-      n.err_lines.feed(data, [&](std::string_view l) { mux_.note(fmt::format("[agent {}] {}", n.spec->host, l)); });
+      n.err_lines.feed(data, [&](std::string_view l) {
+        mux_.note(fmt::format("[agent {}] {}", n.spec->host, l));
+      });
     }
   }
   void flush_lines(RemoteNode& n) {
     n.out_lines.finish([&](std::string_view l) { handle_line(n, std::string(l)); });
-    n.err_lines.finish([&](std::string_view l) { mux_.note(fmt::format("[agent {}] {}", n.spec->host, l)); });
+    n.err_lines.finish(
+        [&](std::string_view l) { mux_.note(fmt::format("[agent {}] {}", n.spec->host, l)); });
   }
 
   bool all(bool RemoteNode::*flag) const {
@@ -307,8 +313,9 @@ class RemoteJob {
       }
       if (failure_ && !stopping_ && !quit_sent_ && grace_until_.expired()) stop_all();
       if (stopping_ && !quit_sent_ && stop_deadline_.expired()) {
-        mux_.note("dstrain: some agents did not report within the kill timeout; closing their "
-                  "connections (their nodes tear down on end of input)");
+        mux_.note(
+            "dstrain: some agents did not report within the kill timeout; closing their "
+            "connections (their nodes tear down on end of input)");
         quit_all(Millis(1000));
       }
       if (quit_sent_ && (all(&RemoteNode::closed) || quit_deadline_.expired())) break;
@@ -348,7 +355,7 @@ class RemoteJob {
   int preempted_ranks_ = 0;  // of this generation: ranks that exited kPreemptedExitCode
   bool stopping_ = false;
   bool quit_sent_ = false;
-  bool forced_ = false;      // a second Ctrl-C: every connection closed at once
+  bool forced_ = false;  // a second Ctrl-C: every connection closed at once
   Deadline quit_deadline_ = Deadline::never();
   Deadline stop_deadline_ = Deadline::never();
   Deadline grace_until_ = Deadline::never();  // after a rank failure: when to stop every node

@@ -17,10 +17,11 @@ namespace {
 constexpr size_t kMaxExpandedHosts = 1u << 20;
 
 [[noreturn]] void bad_nodelist(const std::string& list, size_t pos, const std::string& what) {
-  throw Error(ErrorKind::kInvalidArgument,
-              fmt::format("cannot parse the Slurm nodelist '{}' at character {}: {}", list, pos + 1, what),
-              "it should look like SLURM_JOB_NODELIST does, e.g. n[01-04,07],login1 (compare "
-              "`scontrol show hostnames`)");
+  throw Error(
+      ErrorKind::kInvalidArgument,
+      fmt::format("cannot parse the Slurm nodelist '{}' at character {}: {}", list, pos + 1, what),
+      "it should look like SLURM_JOB_NODELIST does, e.g. n[01-04,07],login1 (compare "
+      "`scontrol show hostnames`)");
 }
 
 // The numbers of one bracket group's text ("01-03,7"), as strings with their padding.
@@ -33,17 +34,20 @@ std::vector<std::string> expand_group(const std::string& list, size_t at, std::s
     auto digits = [](const std::string& s) {
       return !s.empty() && s.size() <= 18 && s.find_first_not_of("0123456789") == std::string::npos;
     };
-    if (!digits(lo_s) || !digits(hi_s)) bad_nodelist(list, at, fmt::format("'{}' is not a number or a range a-b", item));
+    if (!digits(lo_s) || !digits(hi_s))
+      bad_nodelist(list, at, fmt::format("'{}' is not a number or a range a-b", item));
     int64_t lo = *parse_int(lo_s), hi = *parse_int(hi_s);
     if (hi < lo) bad_nodelist(list, at, fmt::format("range '{}' runs backwards", item));
-    if (static_cast<size_t>(hi - lo) >= kMaxExpandedHosts) bad_nodelist(list, at, "range too large");
+    if (static_cast<size_t>(hi - lo) >= kMaxExpandedHosts)
+      bad_nodelist(list, at, "range too large");
     for (int64_t n = lo; n <= hi; ++n) out.push_back(fmt::format("{:0{}d}", n, lo_s.size()));
   }
   return out;
 }
 
 // One name of the list ("a[1-2]b[3,5]") starting at `at` in `list`.
-void expand_name(const std::string& list, size_t at, std::string_view name, std::vector<std::string>& out) {
+void expand_name(const std::string& list, size_t at, std::string_view name,
+                 std::vector<std::string>& out) {
   std::vector<std::string> partial = {""};
   size_t i = 0;
   while (i < name.size()) {
@@ -61,7 +65,8 @@ void expand_name(const std::string& list, size_t at, std::string_view name, std:
     if (group.empty()) bad_nodelist(list, at + i, "empty brackets");
     if (group.find('[') != std::string_view::npos) bad_nodelist(list, at + i, "nested '['");
     auto numbers = expand_group(list, at + i, group);
-    if (partial.size() * numbers.size() > kMaxExpandedHosts) bad_nodelist(list, at + i, "too many hosts");
+    if (partial.size() * numbers.size() > kMaxExpandedHosts)
+      bad_nodelist(list, at + i, "too many hosts");
     std::vector<std::string> next;
     for (const auto& p : partial) {
       for (const auto& n : numbers) next.push_back(p + n);
@@ -108,11 +113,12 @@ bool in_slurm_allocation(const EnvGetter& env) {
 
 SlurmAllocation read_slurm_allocation(const EnvGetter& env) {
   if (!in_slurm_allocation(env)) {
-    throw Error(ErrorKind::kInvalidUsage,
-                "--launcher slurm runs inside a Slurm allocation, but SLURM_JOB_ID/SLURM_JOB_NODELIST "
-                "are not set here",
-                "run it from an sbatch script or an salloc shell (e.g. salloc -N 2 dstrain launch "
-                "--launcher slurm ...), or use --hostfile with --launcher ssh");
+    throw Error(
+        ErrorKind::kInvalidUsage,
+        "--launcher slurm runs inside a Slurm allocation, but SLURM_JOB_ID/SLURM_JOB_NODELIST "
+        "are not set here",
+        "run it from an sbatch script or an salloc shell (e.g. salloc -N 2 dstrain launch "
+        "--launcher slurm ...), or use --hostfile with --launcher ssh");
   }
   SlurmAllocation a;
   a.job_id = *env("SLURM_JOB_ID");
@@ -122,18 +128,18 @@ SlurmAllocation read_slurm_allocation(const EnvGetter& env) {
   return a;
 }
 
-config::Hostfile slurm_hostfile(const SlurmAllocation& alloc, int nproc_per_node,
-                                           int local_gpus) {
+config::Hostfile slurm_hostfile(const SlurmAllocation& alloc, int nproc_per_node, int local_gpus) {
   int slots = nproc_per_node > 0          ? nproc_per_node
               : alloc.gpus_on_node > 0    ? alloc.gpus_on_node
               : alloc.ntasks_per_node > 0 ? alloc.ntasks_per_node
                                           : local_gpus;
   if (slots <= 0) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("Slurm job {}: no slot count per node (no --nproc-per-node, no "
-                            "SLURM_GPUS_ON_NODE, no SLURM_NTASKS_PER_NODE, no GPU on this node)",
-                            alloc.job_id),
-                "pass --nproc-per-node N, or allocate with --ntasks-per-node=N or --gpus-per-node=N");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("Slurm job {}: no slot count per node (no --nproc-per-node, no "
+                    "SLURM_GPUS_ON_NODE, no SLURM_NTASKS_PER_NODE, no GPU on this node)",
+                    alloc.job_id),
+        "pass --nproc-per-node N, or allocate with --ntasks-per-node=N or --gpus-per-node=N");
   }
   config::Hostfile out;
   out.path = fmt::format("<Slurm job {}>", alloc.job_id);
@@ -141,20 +147,16 @@ config::Hostfile slurm_hostfile(const SlurmAllocation& alloc, int nproc_per_node
   return out;
 }
 
-std::vector<std::string> srun_command(const std::string& srun, const std::vector<std::string>& hosts,
+std::vector<std::string> srun_command(const std::string& srun,
+                                      const std::vector<std::string>& hosts,
                                       const std::string& job_name,
                                       const std::vector<std::string>& extra_args) {
   const std::string n = std::to_string(hosts.size());
-  std::vector<std::string> cmd = {srun,
-                                  "--nodes=" + n,
-                                  "--ntasks=" + n,
-                                  "--ntasks-per-node=1",
+  std::vector<std::string> cmd = {srun, "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1",
                                   fmt::format("--nodelist={}", fmt::join(hosts, ",")),
                                   // Every CPU and GPU of the node for the agent's workers, not
                                   // the one CPU a one-task step would get.
-                                  "--whole",
-                                  "--mpi=none",
-                                  "--kill-on-bad-exit=0",
+                                  "--whole", "--mpi=none", "--kill-on-bad-exit=0",
                                   "--job-name=" + job_name};
   cmd.insert(cmd.end(), extra_args.begin(), extra_args.end());
   return cmd;

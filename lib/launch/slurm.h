@@ -42,12 +42,12 @@ SlurmAllocation read_slurm_allocation(const EnvGetter& env);
 // The hostfile the allocation amounts to (path "<Slurm job N>", for the filters' messages),
 // with `nproc_per_node` (> 0) or the allocation's own slot count per node (`local_gpus` last)
 // slots each; invalid_argument with a hint when nothing gives one.
-config::Hostfile slurm_hostfile(const SlurmAllocation& alloc, int nproc_per_node,
-                                           int local_gpus);
+config::Hostfile slurm_hostfile(const SlurmAllocation& alloc, int nproc_per_node, int local_gpus);
 
 // The srun command that starts one agent per node of `hosts` (in that order), before the
 // agent's own argv: srun --nodes=N --ntasks=N --ntasks-per-node=1 --nodelist=... --whole ...
-std::vector<std::string> srun_command(const std::string& srun, const std::vector<std::string>& hosts,
+std::vector<std::string> srun_command(const std::string& srun,
+                                      const std::vector<std::string>& hosts,
                                       const std::string& job_name,
                                       const std::vector<std::string>& extra_args);
 

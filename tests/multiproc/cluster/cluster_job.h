@@ -28,7 +28,8 @@ inline void write_cluster_tokens(const std::string& path) {
 }
 
 // Global batch 8 sequences of 16 tokens, micro-batch 1 (G = 8 / world size).
-inline nlohmann::json cluster_config(const std::string& data, int steps, const std::string& ckpt_dir = "") {
+inline nlohmann::json cluster_config(const std::string& data, int steps,
+                                     const std::string& ckpt_dir = "") {
   nlohmann::json training = {{"steps", steps}, {"seed", 11}, {"log_interval", 100}};
   if (!ckpt_dir.empty()) {
     training["checkpoint_dir"] = ckpt_dir;
@@ -39,7 +40,13 @@ inline nlohmann::json cluster_config(const std::string& data, int steps, const s
           {"gradient_clipping", 1.0},
           {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
           {"zero_optimization", {{"stage", 1}}},
-          {"model", {{"type", "gpt2"}, {"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 32}, {"seq_len", 16}}},
+          {"model",
+           {{"type", "gpt2"},
+            {"n_layer", 2},
+            {"n_head", 2},
+            {"n_embd", 32},
+            {"vocab_size", 32},
+            {"seq_len", 16}}},
           {"data", {{"train", data}}},
           {"training", training}};
 }
@@ -69,7 +76,8 @@ inline std::vector<std::string> processes_mentioning(const std::string& needle) 
     if (name.find_first_not_of("0123456789") != std::string::npos) continue;
     std::string cmdline = slurp(e.path() / "cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos && pid_alive(std::stoi(name))) left.push_back(name + ": " + cmdline);
+    if (cmdline.find(needle) != std::string::npos && pid_alive(std::stoi(name)))
+      left.push_back(name + ": " + cmdline);
   }
   return left;
 }

@@ -50,10 +50,11 @@ class SlurmCluster {
       skip_reason = "slurmd and munged need root here";
       return;
     }
-    for (const char* bin : {"/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld", "/usr/sbin/slurmd",
-                            "/usr/bin/srun", "/usr/bin/sbatch"}) {
+    for (const char* bin : {"/usr/sbin/munged", "/usr/sbin/mungekey", "/usr/sbin/slurmctld",
+                            "/usr/sbin/slurmd", "/usr/bin/srun", "/usr/bin/sbatch"}) {
       if (::access(bin, X_OK) != 0) {
-        skip_reason = std::string(bin) + " is not installed (scripts/install-deps.sh installs slurm-wlm and munge)";
+        skip_reason = std::string(bin) +
+                      " is not installed (scripts/install-deps.sh installs slurm-wlm and munge)";
         return;
       }
     }
@@ -64,9 +65,9 @@ class SlurmCluster {
       return;
     }
     daemons_.push_back(std::make_unique<JobProcess>(std::vector<std::string>{
-        "/usr/sbin/munged", "-F", "-f", "-S", dir / "munge.sock", "--key-file=" + (dir / "munge.key"),
-        "--pid-file=" + (dir / "munged.pid"), "--seed-file=" + (dir / "munged.seed"),
-        "--log-file=" + (dir / "munged.log")}));
+        "/usr/sbin/munged", "-F", "-f", "-S", dir / "munge.sock",
+        "--key-file=" + (dir / "munge.key"), "--pid-file=" + (dir / "munged.pid"),
+        "--seed-file=" + (dir / "munged.seed"), "--log-file=" + (dir / "munged.log")}));
     if (!wait_for([&] { return std::filesystem::exists(dir / "munge.sock"); }, 10s)) {
       skip_reason = "munged did not start: " + daemons_.back()->err();
       return;
@@ -78,11 +79,12 @@ class SlurmCluster {
     for (const char* node : {"n1", "n2"}) {
       std::filesystem::create_directories(dir / (std::string("spool-") + node));
       daemons_.push_back(std::make_unique<JobProcess>(
-          std::vector<std::string>{"/usr/sbin/slurmd", "-D", "-N", node, "-f", conf}, dir.path(), env));
+          std::vector<std::string>{"/usr/sbin/slurmd", "-D", "-N", node, "-f", conf}, dir.path(),
+          env));
     }
     if (!wait_for([&] { return run("sinfo -h -N -o %T").out == "idle\nidle\n"; }, 30s)) {
-      skip_reason = "the Slurm cluster did not come up: " + run("sinfo -N").out + daemons_[1]->err() +
-                    daemons_[2]->err();
+      skip_reason = "the Slurm cluster did not come up: " + run("sinfo -N").out +
+                    daemons_[1]->err() + daemons_[2]->err();
     }
   }
 
@@ -97,7 +99,9 @@ class SlurmCluster {
   }
 
   // `cmd` (a shell command line) with SLURM_CONF pointing at this cluster.
-  CommandResult run(const std::string& cmd) const { return run_command("SLURM_CONF=" + conf + " " + cmd); }
+  CommandResult run(const std::string& cmd) const {
+    return run_command("SLURM_CONF=" + conf + " " + cmd);
+  }
   std::vector<std::string> env() const { return {"SLURM_CONF=" + conf}; }
 
   // "JobState=COMPLETED" -> "COMPLETED" for job `id` ("" when slurmctld forgot it).
@@ -142,26 +146,28 @@ class SlurmCluster {
     char host[256] = {};
     ::gethostname(host, sizeof host - 1);
     const std::string d = dir.path();
-    std::ofstream(conf) << "ClusterName=dstest\n"
-                        << "SlurmctldHost=" << host << "(127.0.0.1)\n"
-                        << "SlurmctldPort=" << free_tcp_port() << "\n"
-                        << "SlurmUser=root\nSlurmdUser=root\n"
-                        << "AuthType=auth/munge\nCredType=cred/munge\n"
-                        << "AuthInfo=socket=" << d << "/munge.sock,cred_expire=5\n"
-                        << "StateSaveLocation=" << d << "\nSlurmdSpoolDir=" << d << "/spool-%n\n"
-                        << "SlurmctldPidFile=" << d << "/slurmctld.pid\nSlurmdPidFile=" << d << "/slurmd-%n.pid\n"
-                        << "SlurmctldLogFile=" << d << "/slurmctld.log\nSlurmdLogFile=" << d << "/slurmd-%n.log\n"
-                        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
-                        << "SwitchType=switch/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
-                        << "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1,bf_interval=1\n"
-                        << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
-                        << "JobCompType=jobcomp/none\nMailProg=/bin/true\nReturnToService=2\n"
-                        << "SlurmdParameters=config_overrides\nKillWait=15\nMinJobAge=600\nInactiveLimit=0\n"
-                        << "NodeName=n1 NodeHostname=" << host << " NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Port="
-                        << free_tcp_port() << "\n"
-                        << "NodeName=n2 NodeHostname=" << host << " NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Port="
-                        << free_tcp_port() << "\n"
-                        << "PartitionName=main Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES\n";
+    std::ofstream(conf)
+        << "ClusterName=dstest\n"
+        << "SlurmctldHost=" << host << "(127.0.0.1)\n"
+        << "SlurmctldPort=" << free_tcp_port() << "\n"
+        << "SlurmUser=root\nSlurmdUser=root\n"
+        << "AuthType=auth/munge\nCredType=cred/munge\n"
+        << "AuthInfo=socket=" << d << "/munge.sock,cred_expire=5\n"
+        << "StateSaveLocation=" << d << "\nSlurmdSpoolDir=" << d << "/spool-%n\n"
+        << "SlurmctldPidFile=" << d << "/slurmctld.pid\nSlurmdPidFile=" << d << "/slurmd-%n.pid\n"
+        << "SlurmctldLogFile=" << d << "/slurmctld.log\nSlurmdLogFile=" << d << "/slurmd-%n.log\n"
+        << "ProctrackType=proctrack/linuxproc\nTaskPlugin=task/none\nMpiDefault=none\n"
+        << "SwitchType=switch/none\nSelectType=select/cons_tres\nSelectTypeParameters=CR_CPU\n"
+        << "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1,bf_interval=1\n"
+        << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
+        << "JobCompType=jobcomp/none\nMailProg=/bin/true\nReturnToService=2\n"
+        << "SlurmdParameters=config_overrides\nKillWait=15\nMinJobAge=600\nInactiveLimit=0\n"
+        << "NodeName=n1 NodeHostname=" << host
+        << " NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Port=" << free_tcp_port() << "\n"
+        << "NodeName=n2 NodeHostname=" << host
+        << " NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Port=" << free_tcp_port() << "\n"
+        << "PartitionName=main Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP "
+           "OverSubscribe=YES\n";
   }
 
   std::vector<std::unique_ptr<JobProcess>> daemons_;

@@ -53,12 +53,15 @@ class SlurmJobs : public ::testing::Test {
   }
 
   // A batch script that execs `dstrain launch --launcher slurm` (2 nodes x 2 ranks) of `cfg`.
-  static std::string launch_script(const std::string& name, const json& cfg, const std::string& extra = "") {
+  static std::string launch_script(const std::string& name, const json& cfg,
+                                   const std::string& extra = "") {
     std::string c = write(name + ".json", cfg.dump());
     return write(name + ".sh", "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\nexec " +
-                                   std::string(DS_DSTRAIN_BIN) + " launch --launcher slurm --master-addr 127.0.0.1 " +
-                                   "--env OMP_NUM_THREADS=1 --kill-timeout 10 " + extra + " -- " + DS_DSTRAIN_BIN +
-                                   " train --config " + c + " --metrics " + (*dir_ / (name + ".jsonl")) + "\n");
+                                   std::string(DS_DSTRAIN_BIN) +
+                                   " launch --launcher slurm --master-addr 127.0.0.1 " +
+                                   "--env OMP_NUM_THREADS=1 --kill-timeout 10 " + extra + " -- " +
+                                   DS_DSTRAIN_BIN + " train --config " + c + " --metrics " +
+                                   (*dir_ / (name + ".jsonl")) + "\n");
   }
 
   static std::vector<std::string> env() {
@@ -66,7 +69,9 @@ class SlurmJobs : public ::testing::Test {
     e.push_back("OMP_NUM_THREADS=1");
     return e;
   }
-  static std::vector<std::string> unset() { return {"DSTRAIN_STORE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID"}; }
+  static std::vector<std::string> unset() {
+    return {"DSTRAIN_STORE", "RANK", "WORLD_SIZE", "LOCAL_RANK", "SLURM_JOB_ID"};
+  }
 
   // sbatch's job id of `script` (not waiting for it).
   static std::string submit(const std::string& script, const std::vector<std::string>& flags) {
@@ -83,7 +88,8 @@ class SlurmJobs : public ::testing::Test {
     auto got = test::losses_of(test::read_metrics(metrics));
     ASSERT_EQ(got.size(), reference_->size()) << what;
     for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_LE(std::abs(got[i] - (*reference_)[i]), 1e-6 * std::abs((*reference_)[i])) << what << " step " << i + 1;
+      EXPECT_LE(std::abs(got[i] - (*reference_)[i]), 1e-6 * std::abs((*reference_)[i]))
+          << what << " step " << i + 1;
     }
   }
 
@@ -93,7 +99,8 @@ class SlurmJobs : public ::testing::Test {
 };
 
 TEST_F(SlurmJobs, OurNodelistExpansionAgreesWithScontrol) {
-  for (const char* list : {"n[1-2]", "n[01-03,07],login", "r[1-2]n[3,5]", "gpu-a[8-10]", "node[001-003],x9"}) {
+  for (const char* list :
+       {"n[1-2]", "n[01-03,07],login", "r[1-2]n[3,5]", "gpu-a[8-10]", "node[001-003],x9"}) {
     auto r = cluster_->run(std::string("scontrol show hostnames '") + list + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::string ours;
@@ -104,7 +111,8 @@ TEST_F(SlurmJobs, OurNodelistExpansionAgreesWithScontrol) {
 
 TEST_F(SlurmJobs, SbatchOfLaunchSlurmTwoNodesTwoRanksMatchesTheLocalCurve) {
   std::string script = launch_script("sbatch_launch", config(kCurveSteps));
-  JobProcess job({"/usr/bin/sbatch", "--wait", "-o", script + ".out", script}, dir_->path(), env(), unset());
+  JobProcess job({"/usr/bin/sbatch", "--wait", "-o", script + ".out", script}, dir_->path(), env(),
+                 unset());
   ASSERT_EQ(job.wait(120s), 0) << job.err() << test::slurp(script + ".out");
   std::string out = test::slurp(script + ".out");
   EXPECT_NE(out.find("job finished: all 4 rank(s) exited 0"), std::string::npos) << out;
@@ -114,11 +122,12 @@ TEST_F(SlurmJobs, SbatchOfLaunchSlurmTwoNodesTwoRanksMatchesTheLocalCurve) {
 TEST_F(SlurmJobs, SrunOfDstrainTrainInDirectModeMatchesTheLocalCurve) {
   std::string cfg = write("direct.json", config(kCurveSteps).dump());
   auto e = env();
-  e.push_back("DSTRAIN_JOB_TOKEN=" + test::run_command(std::string(DS_DSTRAIN_BIN) + " token").out.substr(0, 64));
+  e.push_back("DSTRAIN_JOB_TOKEN=" +
+              test::run_command(std::string(DS_DSTRAIN_BIN) + " token").out.substr(0, 64));
   e.push_back("MASTER_ADDR=127.0.0.1");
   e.push_back("DSTRAIN_STORE_PORT=" + std::to_string(test::free_tcp_port()));
-  JobProcess job({"/usr/bin/srun", "-N", "2", "--ntasks-per-node=2", DS_DSTRAIN_BIN, "train", "--config", cfg,
-                  "--metrics", *dir_ / "direct.jsonl"},
+  JobProcess job({"/usr/bin/srun", "-N", "2", "--ntasks-per-node=2", DS_DSTRAIN_BIN, "train",
+                  "--config", cfg, "--metrics", *dir_ / "direct.jsonl"},
                  dir_->path(), e, unset());
   ASSERT_EQ(job.wait(120s), 0) << job.err() << job.out();
   expect_reference_curve(*dir_ / "direct.jsonl", "srun dstrain train");
@@ -126,17 +135,20 @@ TEST_F(SlurmJobs, SrunOfDstrainTrainInDirectModeMatchesTheLocalCurve) {
 
 TEST_F(SlurmJobs, ScancelMidRunLeavesNoProcessOnEitherNode) {
   TempDir pids;
-  std::string script = write("scancel.sh", "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\nexec " +
-                                               std::string(DS_DSTRAIN_BIN) + " launch --launcher slurm " +
-                                               "--master-addr 127.0.0.1 --kill-timeout 5 -- " + DS_TEST_WORKER_BIN +
-                                               " --pid-dir " + pids.path() + " --barrier --sleep 120\n");
+  std::string script =
+      write("scancel.sh", "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\nexec " +
+                              std::string(DS_DSTRAIN_BIN) + " launch --launcher slurm " +
+                              "--master-addr 127.0.0.1 --kill-timeout 5 -- " + DS_TEST_WORKER_BIN +
+                              " --pid-dir " + pids.path() + " --barrier --sleep 120\n");
   std::string id = submit(script, {});
   auto workers = test::read_pids(pids.path(), 4, 60s);
   ASSERT_EQ(workers.size(), 4u) << test::slurp(script + ".out");
   EXPECT_FALSE(test::processes_mentioning(pids.path()).empty());
   ASSERT_EQ(cluster_->run("scancel " + id).exit_code, 0);
-  EXPECT_TRUE(test::SlurmCluster::wait_for([&] { return test::processes_mentioning(pids.path()).empty(); }, 30s))
-      << "left behind:\n" << test::processes_mentioning(pids.path()).front();
+  EXPECT_TRUE(test::SlurmCluster::wait_for(
+      [&] { return test::processes_mentioning(pids.path()).empty(); }, 30s))
+      << "left behind:\n"
+      << test::processes_mentioning(pids.path()).front();
   EXPECT_TRUE(test::wait_gone(workers, 1s).empty());
   EXPECT_TRUE(test::SlurmCluster::wait_for([&] { return cluster_->stepd_pids().empty(); }, 30s))
       << "a slurmstepd of the job is still running";
@@ -149,16 +161,23 @@ TEST_F(SlurmJobs, RequeueCheckpointsAndTheRequeuedJobEndsOnTheUninterruptedLoss)
   std::string script = launch_script("requeue", config(kLongSteps, ckpt));
   std::string id = submit(script, {"--requeue", "--open-mode=append"});
   const std::string metrics = *dir_ / "requeue.jsonl";
-  ASSERT_TRUE(test::SlurmCluster::wait_for([&] { return test::read_metrics(metrics).size() >= 5; }, 60s))
+  ASSERT_TRUE(
+      test::SlurmCluster::wait_for([&] { return test::read_metrics(metrics).size() >= 5; }, 60s))
       << test::slurp(script + ".out");
   ASSERT_EQ(cluster_->run("scontrol requeue " + id).exit_code, 0);
   ASSERT_TRUE(test::SlurmCluster::wait_for(
-      [&] { return cluster_->job_field(id, "JobState") == "COMPLETED" && cluster_->job_field(id, "Restarts") == "1"; },
+      [&] {
+        return cluster_->job_field(id, "JobState") == "COMPLETED" &&
+               cluster_->job_field(id, "Restarts") == "1";
+      },
       150s))
-      << cluster_->job_field(id, "JobState") << "\n" << test::slurp(script + ".out");
+      << cluster_->job_field(id, "JobState") << "\n"
+      << test::slurp(script + ".out");
   std::string out = test::slurp(script + ".out");
-  EXPECT_NE(out.find("dstrain: job preempted: all 4 rank(s) finished their step, wrote a checkpoint and exited 75"),
-            std::string::npos) << out;
+  EXPECT_NE(out.find("dstrain: job preempted: all 4 rank(s) finished their step, wrote a "
+                     "checkpoint and exited 75"),
+            std::string::npos)
+      << out;
   EXPECT_NE(out.find("resuming from the latest checkpoint"), std::string::npos) << out;
   // The metrics hold the first run's steps 1..k and the requeued run's k+1..600, each once.
   auto m = test::read_metrics(metrics);
@@ -167,11 +186,13 @@ TEST_F(SlurmJobs, RequeueCheckpointsAndTheRequeuedJobEndsOnTheUninterruptedLoss)
   bool preemption_checkpoint = false;
   for (const auto& e : std::filesystem::directory_iterator(ckpt)) {
     const std::string name = e.path().filename();
-    if (name.rfind("step_", 0) == 0 && std::stoi(name.substr(5)) % 1000 != 0 && std::stoi(name.substr(5)) < kLongSteps) {
+    if (name.rfind("step_", 0) == 0 && std::stoi(name.substr(5)) % 1000 != 0 &&
+        std::stoi(name.substr(5)) < kLongSteps) {
       preemption_checkpoint = true;
     }
   }
-  EXPECT_TRUE(preemption_checkpoint) << "no checkpoint between the intervals: the requeue wrote none";
+  EXPECT_TRUE(preemption_checkpoint)
+      << "no checkpoint between the intervals: the requeue wrote none";
   EXPECT_EQ(m.back().at("loss").get<double>(), full.metrics.back().at("loss").get<double>());
 }
 

@@ -71,7 +71,6 @@ inline bool accepts(const char* addr, int port) {
   return ok;
 }
 
-
 // Two sshd "nodes" for the whole suite.
 struct Nodes {
   TempDir dir;
@@ -124,9 +123,10 @@ struct Nodes {
       std::this_thread::sleep_for(20ms);
     }
     std::ofstream(path("known_hosts"))
-        << "[127.0.0.2]:" << port << " " << test::slurp(path("host2.pub"))
-        << "[127.0.0.3]:" << port << " " << test::slurp(path("host3.pub"));
-    std::ofstream(path("hostfile")) << "# two loopback nodes\n127.0.0.2 slots=2\n127.0.0.3 slots=2\n";
+        << "[127.0.0.2]:" << port << " " << test::slurp(path("host2.pub")) << "[127.0.0.3]:" << port
+        << " " << test::slurp(path("host3.pub"));
+    std::ofstream(path("hostfile"))
+        << "# two loopback nodes\n127.0.0.2 slots=2\n127.0.0.3 slots=2\n";
   }
 
   // An `ssh` for Open MPI's and Hydra's own launchers (plm_rsh_agent, -launcher-exec) that uses
@@ -143,8 +143,8 @@ struct Nodes {
 
   std::vector<std::string> ssh_flags(const std::string& key = "user",
                                      const std::string& known = "known_hosts") const {
-    return {"--ssh-port", std::to_string(port), "--ssh-key", path(key), "--ssh-known-hosts",
-            path(known), "--ssh-timeout", "10"};
+    return {"--ssh-port",        std::to_string(port), "--ssh-key",     path(key),
+            "--ssh-known-hosts", path(known),          "--ssh-timeout", "10"};
   }
 };
 

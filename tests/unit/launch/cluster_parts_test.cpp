@@ -45,7 +45,8 @@ TEST(Nodelist, ExpandsRangesListsPaddingAndSeveralGroups) {
 }
 
 TEST(Nodelist, BadListsAreClearErrors) {
-  for (const char* bad : {"n[1-", "n1-2]", "n[]", "n[a-b]", "n[3-1]", "n1,,n2", "", "n[1-2", "n[[1]]", "n 1"}) {
+  for (const char* bad :
+       {"n[1-", "n1-2]", "n[]", "n[a-b]", "n[3-1]", "n1,,n2", "", "n[1-2", "n[[1]]", "n 1"}) {
     std::string msg = error_of([&] { expand_nodelist(bad); });
     EXPECT_NE(msg.find("cannot parse the Slurm nodelist"), std::string::npos) << bad << ": " << msg;
     EXPECT_NE(msg.find("scontrol show hostnames"), std::string::npos) << msg;
@@ -59,8 +60,8 @@ TEST(SlurmAllocation, OutsideOneIsAClearError) {
 }
 
 TEST(SlurmAllocation, SlotsComeFromTheFlagThenGpusThenTasksThenTheLocalGpus) {
-  auto alloc = read_slurm_allocation(env_of({{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-2]"},
-                                             {"SLURM_NTASKS_PER_NODE", "3"}}));
+  auto alloc = read_slurm_allocation(env_of(
+      {{"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n[1-2]"}, {"SLURM_NTASKS_PER_NODE", "3"}}));
   EXPECT_EQ(alloc.nodes, (Strings{"n1", "n2"}));
   EXPECT_EQ(slurm_hostfile(alloc, 2, 8).hosts.at(1).slots, 2);
   EXPECT_EQ(slurm_hostfile(alloc, 0, 8).hosts.at(0).slots, 3);
@@ -68,21 +69,28 @@ TEST(SlurmAllocation, SlotsComeFromTheFlagThenGpusThenTasksThenTheLocalGpus) {
   EXPECT_EQ(slurm_hostfile(alloc, 0, 8).hosts.at(0).slots, 4);
   alloc.gpus_on_node = alloc.ntasks_per_node = 0;
   EXPECT_EQ(slurm_hostfile(alloc, 0, 8).hosts.at(0).slots, 8);
-  EXPECT_NE(error_of([&] { slurm_hostfile(alloc, 0, 0); }).find("--nproc-per-node"), std::string::npos);
+  EXPECT_NE(error_of([&] { slurm_hostfile(alloc, 0, 0); }).find("--nproc-per-node"),
+            std::string::npos);
 }
 
 TEST(SlurmAllocation, SrunStartsOneTaskPerChosenNode) {
   auto cmd = srun_command("/usr/bin/srun", {"n1", "n3"}, "job", {"--exclusive"});
-  Strings want = {"/usr/bin/srun", "--nodes=2", "--ntasks=2", "--ntasks-per-node=1", "--nodelist=n1,n3",
-                  "--whole", "--mpi=none", "--kill-on-bad-exit=0", "--job-name=job", "--exclusive"};
+  Strings want = {"/usr/bin/srun",    "--nodes=2",  "--ntasks=2", "--ntasks-per-node=1",
+                  "--nodelist=n1,n3", "--whole",    "--mpi=none", "--kill-on-bad-exit=0",
+                  "--job-name=job",   "--exclusive"};
   EXPECT_EQ(cmd, want);
 }
 
-TEST(RankEnv, NoSourceIsASingleProcess) { EXPECT_FALSE(resolve_rank(env_of({})).has_value()); }
+TEST(RankEnv, NoSourceIsASingleProcess) {
+  EXPECT_FALSE(resolve_rank(env_of({})).has_value());
+}
 
 TEST(RankEnv, EachLauncherSpeaksForItself) {
-  auto slurm = resolve_rank(env_of({{"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "4"},
-                                    {"SLURM_LOCALID", "1"}, {"SLURM_NODEID", "1"},
+  auto slurm = resolve_rank(env_of({{"SLURM_STEP_ID", "0"},
+                                    {"SLURM_PROCID", "3"},
+                                    {"SLURM_NTASKS", "4"},
+                                    {"SLURM_LOCALID", "1"},
+                                    {"SLURM_NODEID", "1"},
                                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}}));
   ASSERT_TRUE(slurm);
   EXPECT_EQ(slurm->rank, 3);
@@ -90,8 +98,10 @@ TEST(RankEnv, EachLauncherSpeaksForItself) {
   EXPECT_EQ(slurm->local_rank, 1);
   EXPECT_EQ(slurm->local_world_size, 2);
   EXPECT_EQ(slurm->node_rank, 1);
-  auto ompi = resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "4"},
-                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
+  auto ompi = resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "2"},
+                                   {"OMPI_COMM_WORLD_SIZE", "4"},
+                                   {"OMPI_COMM_WORLD_LOCAL_RANK", "2"},
+                                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "4"}}));
   ASSERT_TRUE(ompi);
   EXPECT_EQ(ompi->rank, 2);
   EXPECT_EQ(ompi->local_world_size, 4);
@@ -102,43 +112,67 @@ TEST(RankEnv, EachLauncherSpeaksForItself) {
 }
 
 TEST(RankEnv, ABatchScriptsOwnSlurmProcidIsNoRank) {
-  EXPECT_FALSE(resolve_rank(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}})));
+  EXPECT_FALSE(
+      resolve_rank(env_of({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}})));
 }
 
 TEST(RankEnv, InnerLaunchersWinOverOuterOnesOfAnotherSize) {
   // dstrain launch --launcher slurm: the workers of a 2-node step of agents.
-  auto r = resolve_rank(env_of({{"RANK", "3"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}, {"SLURM_STEP_ID", "0"},
-                                {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}, {"SLURM_LOCALID", "0"}}));
+  auto r = resolve_rank(env_of({{"RANK", "3"},
+                                {"WORLD_SIZE", "4"},
+                                {"LOCAL_RANK", "1"},
+                                {"SLURM_STEP_ID", "0"},
+                                {"SLURM_PROCID", "1"},
+                                {"SLURM_NTASKS", "2"},
+                                {"SLURM_LOCALID", "0"}}));
   ASSERT_TRUE(r);
   EXPECT_EQ(r->rank, 3);
   EXPECT_EQ(r->source, "RANK/WORLD_SIZE");
   // mpirun inside sbatch: its daemons are an srun step of one task per node.
-  auto m = resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "5"}, {"OMPI_COMM_WORLD_SIZE", "8"}, {"SLURM_STEP_ID", "0"},
-                                {"SLURM_PROCID", "1"}, {"SLURM_NTASKS", "2"}}));
+  auto m = resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "5"},
+                                {"OMPI_COMM_WORLD_SIZE", "8"},
+                                {"SLURM_STEP_ID", "0"},
+                                {"SLURM_PROCID", "1"},
+                                {"SLURM_NTASKS", "2"}}));
   ASSERT_TRUE(m);
   EXPECT_EQ(m->rank, 5);
 }
 
 TEST(RankEnv, DisagreeingSourcesAreAnErrorNamingBoth) {
   std::string msg = error_of([] {
-    resolve_rank(env_of({{"RANK", "0"}, {"WORLD_SIZE", "4"}, {"SLURM_STEP_ID", "0"}, {"SLURM_PROCID", "2"},
+    resolve_rank(env_of({{"RANK", "0"},
+                         {"WORLD_SIZE", "4"},
+                         {"SLURM_STEP_ID", "0"},
+                         {"SLURM_PROCID", "2"},
                          {"SLURM_NTASKS", "4"}}));
   });
   EXPECT_NE(msg.find("RANK/WORLD_SIZE says rank 0"), std::string::npos) << msg;
-  EXPECT_NE(msg.find("Slurm's srun (SLURM_PROCID/SLURM_NTASKS) says rank 2"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("Slurm's srun (SLURM_PROCID/SLURM_NTASKS) says rank 2"), std::string::npos)
+      << msg;
   EXPECT_NE(msg.find("unset"), std::string::npos) << msg;
   std::string local = error_of([] {
-    resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
-                         {"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "0"}}));
+    resolve_rank(env_of({{"OMPI_COMM_WORLD_RANK", "1"},
+                         {"OMPI_COMM_WORLD_SIZE", "2"},
+                         {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+                         {"PMI_RANK", "1"},
+                         {"PMI_SIZE", "2"},
+                         {"MPI_LOCALRANKID", "0"}}));
   });
   EXPECT_NE(local.find("disagree"), std::string::npos) << local;
 }
 
 TEST(RankEnv, PartialOrOutOfRangeValuesAreErrors) {
-  EXPECT_NE(error_of([] { resolve_rank(env_of({{"RANK", "1"}})); }).find("WORLD_SIZE is not"), std::string::npos);
-  EXPECT_NE(error_of([] { resolve_rank(env_of({{"PMI_RANK", "2"}, {"PMI_SIZE", "2"}})); }).find("PMI_RANK='2'"),
+  EXPECT_NE(error_of([] {
+              resolve_rank(env_of({{"RANK", "1"}}));
+            }).find("WORLD_SIZE is not"),
             std::string::npos);
-  EXPECT_NE(error_of([] { resolve_rank(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}})); }).find("RANK='x'"),
+  EXPECT_NE(error_of([] {
+              resolve_rank(env_of({{"PMI_RANK", "2"}, {"PMI_SIZE", "2"}}));
+            }).find("PMI_RANK='2'"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              resolve_rank(env_of({{"RANK", "x"}, {"WORLD_SIZE", "2"}}));
+            }).find("RANK='x'"),
             std::string::npos);
 }
 
@@ -154,7 +188,8 @@ TEST(LauncherArgs, SplitLikeAShell) {
   EXPECT_EQ(split_launcher_args(""), Strings{});
   EXPECT_EQ(split_launcher_args("  --mca btl self,tcp  -x 'A=b c' \"d\\\"e\" f\\ g"),
             (Strings{"--mca", "btl", "self,tcp", "-x", "A=b c", "d\"e", "f g"}));
-  EXPECT_NE(error_of([] { split_launcher_args("-x 'open"); }).find("unterminated single quote"), std::string::npos);
+  EXPECT_NE(error_of([] { split_launcher_args("-x 'open"); }).find("unterminated single quote"),
+            std::string::npos);
 }
 
 TEST(Preemption, SignalNames) {

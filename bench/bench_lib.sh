@@ -1,0 +1,24 @@
+# Shell helpers shared by the launch benchmarks (source it; it defines functions only):
+#   now                    nanoseconds since the epoch
+#   median X...            the median of the numbers given
+#   time_cmd REPS CMD...   runs CMD REPS times (its output to $work/out) and prints the median
+#                          wall time in seconds; fails, showing the output's tail, if any run fails
+# `work` must name a scratch directory.
+
+now() { date +%s%N; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
+time_cmd() {
+  local n=$1; shift
+  local times=()
+  for ((i = 0; i < n; i++)); do
+    local t0; t0=$(now)
+    if ! "$@" >"$work/out" 2>&1; then
+      echo "FAILED: $*" >&2
+      tail -20 "$work/out" >&2
+      return 1
+    fi
+    local t1; t1=$(now)
+    times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.3f", (b - a) / 1e9}')")
+  done
+  median "${times[@]}"
+}
