@@ -21,15 +21,9 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$here/build}" && pwd)
-reps=${2:-5}
-torch_reps=${3:-1}
-dstrain=$build/bin/dstrain
-worker=$build/bin/ds_test_worker
-for f in "$dstrain" "$worker"; do
-  [[ -x "$f" ]] || { echo "missing $f: build the dstrain and ds_test_worker targets" >&2; exit 2; }
-done
-work=$(mktemp -d /tmp/ds_cluster_bench.XXXXXX)
+# shellcheck source=bench/bench_lib.sh
+source "$here/bench/bench_lib.sh"
+bench_args ds_cluster_bench "$@"
 cleanup() {
   "$here/scripts/slurm-test-cluster.sh" stop "$work/slurm" >/dev/null 2>&1 || true
   "$here/scripts/ssh-test-nodes.sh" stop "$work/ssh" >/dev/null 2>&1 || true
@@ -39,8 +33,6 @@ trap cleanup EXIT
 export OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo
 unset SSH_AUTH_SOCK
 
-# shellcheck source=bench/bench_lib.sh
-source "$here/bench/bench_lib.sh"
 
 "$here/scripts/ssh-test-nodes.sh" start "$work/ssh" 2 >/dev/null
 # shellcheck disable=SC1091

@@ -15,23 +15,15 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$here/build}" && pwd)
-reps=${2:-5}
-torch_reps=${3:-1}
-dstrain=$build/bin/dstrain
-worker=$build/bin/ds_test_worker
-for f in "$dstrain" "$worker"; do
-  [[ -x "$f" ]] || { echo "missing $f: build the dstrain and ds_test_worker targets" >&2; exit 2; }
-done
-work=$(mktemp -d /tmp/ds_launch_bench.XXXXXX)
+# shellcheck source=bench/bench_lib.sh
+source "$here/bench/bench_lib.sh"
+bench_args ds_launch_bench "$@"
 cleanup() {
   "$here/scripts/ssh-test-nodes.sh" stop "$work/ssh" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-# shellcheck source=bench/bench_lib.sh
-source "$here/bench/bench_lib.sh"
 
 torchrun() {
   OMP_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node "$1" \
