@@ -1,3 +1,4 @@
+// Finding and checking srun / mpirun / mpiexec, and splitting --launcher-args (cluster.h).
 #include "launch/cluster.h"
 
 #include <errno.h>

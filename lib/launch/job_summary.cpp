@@ -1,3 +1,4 @@
+// The one summary line of a job and its exit status, for every backend (job_summary.h).
 #include "launch/job_summary.h"
 
 #include <fmt/format.h>

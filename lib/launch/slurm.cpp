@@ -1,3 +1,4 @@
+// Slurm allocations, srun steps and the hostlist syntax (see slurm.h); expansion is below.
 // Slurm's hostlist syntax, expanded: a list is comma-separated names; a name is literal text
 // with bracket groups "[a-b,c,...]" that each stand for one of their numbers; several groups in
 // one name multiply out in order (as Slurm's hostlist.c does). A range's numbers are printed with
