@@ -19,7 +19,7 @@ using namespace std::chrono_literals;
 using test::JobProcess;
 using test::TempDir;
 
-TEST(Preemption, APreemptSignalCheckpointsEveryRankAndARestartResumesBitForBit) {
+TEST(LaunchPreemption, APreemptSignalCheckpointsEveryRankAndARestartResumesBitForBit) {
   TempDir dir;
   test::write_cluster_tokens(dir / "train.bin");
   constexpr int kSteps = 600;
