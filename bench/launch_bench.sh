@@ -18,41 +18,15 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
-build=$(cd "${1:-$here/build}" && pwd)
-reps=${2:-5}
-torch_reps=${3:-1}
-dstrain=$build/bin/dstrain
-worker=$build/bin/ds_test_worker
-for f in "$dstrain" "$worker"; do
-  [[ -x "$f" ]] || { echo "missing $f: build the dstrain and ds_test_worker targets" >&2; exit 2; }
-done
-work=$(mktemp -d /tmp/ds_launch_bench.XXXXXX)
+# shellcheck source=bench/bench_lib.sh
+source "$here/bench/bench_lib.sh"
+bench_args ds_launch_bench "$@"
 cleanup() {
   "$here/scripts/ssh-test-nodes.sh" stop "$work/ssh" >/dev/null 2>&1 || true
   rm -rf "$work"
 }
 trap cleanup EXIT
 
-now() { date +%s%N; }
-# median of the arguments (seconds, as printed by %.4f)
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print (NR%2) ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2}'; }
-
-# time_cmd REPS CMD...: prints the median wall time in seconds; fails if any run fails.
-time_cmd() {
-  local n=$1; shift
-  local times=()
-  for ((i = 0; i < n; i++)); do
-    local t0; t0=$(now)
-    if ! "$@" >"$work/out" 2>&1; then
-      echo "FAILED: $*" >&2
-      tail -20 "$work/out" >&2
-      return 1
-    fi
-    local t1; t1=$(now)
-    times+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN {printf "%.4f", (b - a) / 1e9}')")
-  done
-  median "${times[@]}"
-}
 
 torchrun() {
   OMP_NUM_THREADS=1 /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node "$1" \

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs every Debian 12 package dstrain needs to build, test and run its main job.
+# Installs every Debian 12 package dstrain needs to build, test and run its main job (the cluster
+# tests run a real Slurm cluster, Open MPI's mpirun and MPICH's Hydra: slurm-wlm, munge,
+# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side).
 # Idempotent: packages already present are left alone; apt-get update runs only when
 # something is missing. Run as root (or with sudo available).
 #
@@ -15,6 +17,7 @@ packages=(
   libgloo-dev libopenblas-dev
   libgtest-dev libgmock-dev
   openssh-server openssh-client procps iproute2
+  slurm-wlm munge openmpi-bin mpich
   bible-kjv bible-kjv-text
 )
 if [[ "${1:-}" == "--bench" ]]; then

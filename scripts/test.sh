@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds dstrain and runs every test: the whole suite (unit, multiproc, ssh; cuda tests skip
+# Builds dstrain and runs every test: the whole suite (unit, multiproc, ssh, cluster; cuda tests skip
 # themselves without a GPU) on the normal build, then the unit tests again under AddressSanitizer
 # and UndefinedBehaviorSanitizer. Exits non-zero on any failure.
 set -euo pipefail

@@ -1,6 +1,7 @@
-// `dstrain launch`: resolve the hostfile and filters into a world and start one worker per slot
-// (lib/launch/launcher.h: in-process agent for one local node, `dstrain agent` over SSH otherwise).
-// With --dry-run it prints the plan of ranks (text or --json) and starts nothing.
+// `dstrain launch`: resolve the hostfile (or the Slurm allocation) and filters into a world and
+// start one worker per slot (lib/launch/launcher.h: in-process agent for one local node, `dstrain
+// agent` per node over SSH, srun or mpirun otherwise, or this node's share of a --launcher none
+// job). With --dry-run it prints the plan of ranks (text or --json) and starts nothing.
 #include <unistd.h>
 
 #include <cstdio>
@@ -19,7 +20,12 @@
 #include "config/hostfile.h"
 #include "config/job_config.h"
 #include "core/device.h"
+#include "common/env.h"
+#include "common/preemption.h"
+#include "launch/cluster.h"
 #include "launch/env_file.h"
+#include "launch/rank_env.h"
+#include "launch/slurm.h"
 #include "launch/launcher.h"
 #include "launch/world.h"
 
@@ -48,6 +54,11 @@ struct LaunchOptions {
   int max_restarts = 0;
   int store_port = 0;
   std::string launcher = "auto";
+  int node_rank = -1;              // --launcher none
+  std::string preempt_signal;      // besides SIGTERM
+  std::string launcher_args;       // extra words for srun / mpirun
+  double join_timeout_s = 120.0;
+  std::string launcher_addr;
   // SSH.
   int ssh_port = 22;
   std::string ssh_user;
@@ -93,11 +104,26 @@ void setup_launch(CLI::App& sub, LaunchOptions& o) {
                  "restart every rank up to N times after a failure (default 0)")
       ->check(CLI::Range(0, 1000));
   sub.add_option("--store-port", o.store_port,
-                 "port of the job's rendezvous store on node 0 (default 0: a free port)")
+                 "port of the job's rendezvous store on node 0 (default 0: a free port; with "
+                 "--launcher none: DSTRAIN_STORE_PORT, else 29401)")
       ->check(CLI::Range(0, 65535));
   sub.add_option("--launcher", o.launcher,
-                 "auto (local for one local node, else ssh), local or ssh")
-      ->check(CLI::IsMember({"auto", "local", "ssh"}));
+                 "auto (slurm inside a multi-node Slurm allocation, local for one local node, else "
+                 "ssh), local, ssh, slurm, openmpi, mpich or none (every node runs its own launch "
+                 "with --node-rank)")
+      ->check(CLI::IsMember({"auto", "local", "ssh", "slurm", "openmpi", "mpich", "none"}));
+  sub.add_option("--node-rank", o.node_rank, "with --launcher none: this node's index in the hostfile");
+  sub.add_option("--preempt-signal", o.preempt_signal,
+                 "besides SIGTERM, a signal (e.g. USR1, from `sbatch --signal`) that preempts the job: "
+                 "forwarded to every rank, which finishes its step, writes a checkpoint and exits 75");
+  sub.add_option("--launcher-args", o.launcher_args,
+                 "extra arguments for srun or mpirun, as one string (split like a shell does)");
+  sub.add_option("--join-timeout", o.join_timeout_s,
+                 "slurm/openmpi/mpich/none: seconds every node's agent has to join (default 120)")
+      ->check(CLI::Range(0.1, 86400.0));
+  sub.add_option("--launcher-addr", o.launcher_addr,
+                 "slurm/openmpi/mpich: this machine's address as the nodes reach it (default: its "
+                 "hostname)");
   sub.add_option("--ssh-port", o.ssh_port, "SSH port of every node (default 22)")
       ->check(CLI::Range(1, 65535));
   sub.add_option("--ssh-user", o.ssh_user, "SSH user on every node (default: yours)");
@@ -123,8 +149,36 @@ std::string self_exe() {
   return ec ? std::string("dstrain") : p.string();
 }
 
-std::vector<config::NodeSlots> resolve_nodes(const LaunchOptions& o) {
+launch::Backend parse_backend(const std::string& name) {
+  for (auto b : {launch::Backend::kAuto, launch::Backend::kLocal, launch::Backend::kSsh, launch::Backend::kSlurm,
+                 launch::Backend::kOpenMpi, launch::Backend::kMpich, launch::Backend::kNone}) {
+    if (name == launch::backend_name(b)) return b;
+  }
+  throw invalid_argument("--launcher {}: unknown launcher", name);
+}
+
+// --launcher auto inside a Slurm allocation of several nodes, without a hostfile: slurm.
+launch::Backend choose_backend(const LaunchOptions& o) {
+  launch::Backend b = parse_backend(o.launcher);
+  auto env = launch::process_env();
+  if (b == launch::Backend::kAuto && o.hostfile.empty() && launch::in_slurm_allocation(env) &&
+      launch::read_slurm_allocation(env).nodes.size() > 1) {
+    return launch::Backend::kSlurm;
+  }
+  return b;
+}
+
+std::vector<config::NodeSlots> resolve_nodes(const LaunchOptions& o, launch::Backend backend) {
   config::ResourceFilter filter{o.include, o.exclude, o.num_nodes, o.num_gpus};
+  if (backend == launch::Backend::kSlurm) {
+    if (!o.hostfile.empty()) {
+      throw invalid_argument("--launcher slurm takes its nodes from the Slurm allocation; --hostfile {} "
+                             "is not used with it (filter the allocation with --include/--exclude/--num-nodes)",
+                             o.hostfile);
+    }
+    auto alloc = launch::read_slurm_allocation(launch::process_env());
+    return config::apply_filters(launch::slurm_hostfile(alloc, o.nproc_per_node, rt::gpu_count()), filter);
+  }
   if (!o.hostfile.empty()) {
     if (o.nproc_per_node > 0) {
       throw invalid_argument("--nproc-per-node applies only without --hostfile; the hostfile "
@@ -172,7 +226,7 @@ launch::EnvList user_env(const LaunchOptions& o) {
 launch::EnvList env_file_vars() { return launch::load_env_file(launch::kEnvFileName); }
 
 int print_dry_run(const LaunchOptions& o) {
-  auto world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
+  auto world = launch::make_world(resolve_nodes(o, choose_backend(o)), o.master_addr, o.master_port);
   auto cmd = worker_command(o);
   check_trainer_config(o, world.world_size());
   launch::JobEnv job;
@@ -217,6 +271,25 @@ int print_dry_run(const LaunchOptions& o) {
   return 0;
 }
 
+// The options of the slurm/openmpi/mpich/none backends and of preemption.
+void set_cluster_options(const LaunchOptions& o, launch::JobSpec& spec) {
+  if (!o.preempt_signal.empty()) spec.preempt_signal = preempt::parse_signal(o.preempt_signal, "--preempt-signal");
+  spec.launcher_args = launch::split_launcher_args(o.launcher_args);
+  spec.join_timeout = Millis(static_cast<int64_t>(o.join_timeout_s * 1000.0));
+  spec.launcher_addr = o.launcher_addr;
+  const bool none = spec.backend == launch::Backend::kNone;
+  if (o.node_rank >= 0 && !none) throw invalid_argument("--node-rank applies only with --launcher none");
+  if (!none) return;
+  if (o.node_rank < 0) {
+    throw Error(ErrorKind::kInvalidArgument, "--launcher none needs --node-rank N (this node's hostfile index)",
+                "run `dstrain launch --launcher none --node-rank N` on node N of the hostfile, every node "
+                "with the same hostfile, --master-addr and DSTRAIN_JOB_TOKEN");
+  }
+  spec.node_rank = o.node_rank;
+  spec.token = env::get_or_default("DSTRAIN_JOB_TOKEN");
+  if (spec.store_port == 0) spec.store_port = static_cast<int>(env::get_int("DSTRAIN_STORE_PORT"));
+}
+
 int run_launch(const LaunchOptions& o) {
   if (o.json && !o.dry_run) throw invalid_argument("--json applies only with --dry-run");
   if (o.dry_run) return print_dry_run(o);
@@ -224,7 +297,8 @@ int run_launch(const LaunchOptions& o) {
     throw invalid_argument("--master-port {} is outside 0..65535", o.master_port);
   }
   launch::JobSpec spec;
-  spec.world = launch::make_world(resolve_nodes(o), o.master_addr, o.master_port);
+  spec.backend = choose_backend(o);
+  spec.world = launch::make_world(resolve_nodes(o, spec.backend), o.master_addr, o.master_port);
   spec.command = worker_command(o);
   check_trainer_config(o, spec.world.world_size());
   spec.user_env = env_file_vars();
@@ -245,9 +319,6 @@ int run_launch(const LaunchOptions& o) {
     spec.output.console_ranks =
         launch::parse_rank_set(o.ranks_filter, spec.world.world_size(), "--ranks-filter");
   }
-  spec.backend = o.launcher == "local" ? launch::Backend::kLocal
-                 : o.launcher == "ssh" ? launch::Backend::kSsh
-                                       : launch::Backend::kAuto;
   spec.ssh.port = o.ssh_port;
   spec.ssh.user = o.ssh_user;
   spec.ssh.keys = o.ssh_keys;
@@ -259,6 +330,7 @@ int run_launch(const LaunchOptions& o) {
   if (spdlog::get_level() <= spdlog::level::debug) {
     spec.agent_log_level = spdlog::level::to_string_view(spdlog::get_level()).data();
   }
+  set_cluster_options(o, spec);
   return launch::run_job(spec);
 }
 

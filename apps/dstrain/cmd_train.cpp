@@ -1,11 +1,25 @@
 // `dstrain train`: train in this process. Alone it is a single-process run; under `dstrain
-// launch` every worker runs it, reading its rank and world from the environment contract.
+// launch` every worker runs it, reading its rank and world from the environment contract; started
+// by srun or mpirun (direct mode, lib/launch/direct_mode.h), it first turns their environment into
+// that contract, and rank 0 hosts the store.
+//
+// Preemption: from the start of training to the exit, SIGTERM (and --preempt-signal /
+// DSTRAIN_PREEMPT_SIGNAL) asks every rank to finish the step, write a checkpoint and exit 75
+// (common/preemption.h); before training starts it ends the process as usual. A restarted job
+// (DSTRAIN_RESTART_COUNT or SLURM_RESTART_COUNT above 0) with training.checkpoint_dir resumes
+// from its latest checkpoint without --resume.
+#include <signal.h>
+
 #include <csignal>
 #include <iostream>
 
+#include <spdlog/spdlog.h>
+
 #include "commands.h"
 #include "common/env.h"
+#include "common/preemption.h"
 #include "config/job_config.h"
+#include "launch/direct_mode.h"
 #include "train/trainer.h"
 
 namespace ds::cli {
@@ -14,26 +28,64 @@ namespace {
 
 struct TrainCmdOptions {
   std::string config;
+  std::string preempt_signal;  // besides SIGTERM
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
 };
+
+// How many times the job was restarted: by dstrain launch --max-restarts, or by Slurm (requeue).
+int64_t restart_count() {
+  int64_t slurm = env::get("SLURM_RESTART_COUNT") ? env::get_int("SLURM_RESTART_COUNT") : 0;
+  return std::max(env::get_int("DSTRAIN_RESTART_COUNT"), slurm);
+}
+
+int preemption_signal(const TrainCmdOptions& o) {
+  if (!o.preempt_signal.empty()) return preempt::parse_signal(o.preempt_signal, "--preempt-signal");
+  auto v = env::get("DSTRAIN_PREEMPT_SIGNAL");
+  return v && !v->empty() ? preempt::parse_signal(*v, "DSTRAIN_PREEMPT_SIGNAL") : 0;
+}
 
 int run_train(const TrainCmdOptions& o) {
   // A write past a file-size limit (RLIMIT_FSIZE) fails with EFBIG, reported with the path and
   // the bytes needed, instead of killing the rank with SIGXFSZ.
   std::signal(SIGXFSZ, SIG_IGN);
+  auto direct = launch::DirectMode::enter();  // srun/mpirun started us: their ranks, rank 0's store
+  const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
   auto cfg = config::load_job_config(o.config, world);
   for (const auto& w : cfg.warnings) {
-    if (env::get_int("RANK") == 0) std::cerr << "dstrain: warning: " << w << "\n";
+    if (rank0) std::cerr << "dstrain: warning: " << w << "\n";
   }
-  rt::train::Trainer trainer(cfg, o.train);
-  trainer.run();
-  if (!o.export_llmc.empty()) {
+  rt::train::TrainOptions opts = o.train;
+  if (!opts.resume && !cfg.training.checkpoint_dir.empty() && restart_count() > 0) {
+    opts.resume = true;
+    if (rank0) spdlog::info("restart {} of this job: resuming from the latest checkpoint in {}", restart_count(),
+                            cfg.training.checkpoint_dir);
+  }
+  const int extra_signal = preemption_signal(o);
+  rt::train::Trainer trainer(cfg, opts);
+  // From here to the exit a stop signal only sets the flag: Slurm, srun and the agent may each
+  // deliver one, and a rank that already stopped must still check out and exit 75.
+  const preempt::Guard guard({extra_signal});
+  rt::train::TrainResult result = trainer.run();
+  if (!result.preempted && !o.export_llmc.empty()) {
     trainer.export_llmc(o.export_llmc);
-    if (env::get_int("RANK") == 0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
+    if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
   }
-  return 0;
+  if (direct) direct->leave();
+  if (!result.preempted) return 0;
+  if (!result.checkpoint_written) {
+    if (rank0) {
+      std::cerr << "dstrain: preempted after step " << result.last_step
+                << " without training.checkpoint_dir: nothing was saved\n";
+    }
+    return 128 + (preempt::signal_received() != 0 ? preempt::signal_received() : SIGTERM);
+  }
+  if (rank0) {
+    std::cerr << "dstrain: preempted: every rank stopped after step " << result.last_step << " and wrote its checkpoint to " << cfg.training.checkpoint_dir
+              << "; exit status " << preempt::kPreemptedExitCode << "\n";
+  }
+  return preempt::kPreemptedExitCode;
 }
 
 }  // namespace
@@ -50,10 +102,14 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_flag("--metrics-all-ranks", o->train.metrics_all_ranks,
                 "rank 0's metrics also carry every rank's peak bytes (peak_bytes_<tag>_rank<r>)");
   sub->add_flag("--resume", o->train.resume,
-                "continue from the latest checkpoint in training.checkpoint_dir, if any");
+                "continue from the latest checkpoint in training.checkpoint_dir, if any (implied "
+                "after a restart or a Slurm requeue)");
   sub->add_option("--resume-from", o->train.resume_from,
                   "resume from this checkpoint directory (a step_* directory of training.checkpoint_dir) "
                   "instead of the one `latest` names");
+  sub->add_option("--preempt-signal", o->preempt_signal,
+                  "besides SIGTERM, this signal (e.g. USR1) makes every rank finish its step, write "
+                  "a checkpoint and exit 75 (default: DSTRAIN_PREEMPT_SIGNAL)");
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
   sub->add_option("--export-llmc", o->export_llmc,

@@ -24,5 +24,6 @@ void add_plan_command(CLI::App& app, std::vector<Command>& out);
 void add_config_command(CLI::App& app, std::vector<Command>& out);
 void add_data_command(CLI::App& app, std::vector<Command>& out);
 void add_checkpoint_command(CLI::App& app, std::vector<Command>& out);
+void add_token_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli

@@ -26,7 +26,31 @@ namespace ds::env {
   X("LOCAL_WORLD_SIZE", "1", "number of workers on this node (set by the launcher)")          \
   X("NODE_RANK", "0", "index of this node in the hostfile order (set by the launcher)")       \
   X("MASTER_ADDR", "127.0.0.1", "address of the first node (set by the launcher)")            \
-  X("MASTER_PORT", "29500", "port left free for the job's own use (set by the launcher)")
+  X("MASTER_PORT", "29500", "port left free for the job's own use (set by the launcher)")    \
+  X("DSTRAIN_STORE_PORT", "29401", "store port on rank 0's host when srun/mpirun start the ranks") \
+  X("DSTRAIN_PREEMPT_SIGNAL", "", "signal that, besides SIGTERM, asks the trainer to checkpoint and exit 75") \
+  X("SLURM_JOB_ID", "", "Slurm: the allocation's job id (inside sbatch/salloc)")              \
+  X("SLURM_JOB_NODELIST", "", "Slurm: the allocation's nodes, compressed (n[01-04,07])")       \
+  X("SLURM_STEP_NODELIST", "", "Slurm: the nodes of this srun step")                           \
+  X("SLURM_JOB_NUM_NODES", "", "Slurm: how many nodes the allocation has")                     \
+  X("SLURM_STEP_ID", "", "Slurm: set inside an srun step (not in the batch script itself)")    \
+  X("SLURM_PROCID", "", "Slurm: this task's rank in its step")                                 \
+  X("SLURM_NTASKS", "", "Slurm: tasks in the step")                                            \
+  X("SLURM_LOCALID", "", "Slurm: this task's rank on its node")                                \
+  X("SLURM_NODEID", "", "Slurm: this node's index in the step")                                \
+  X("SLURM_STEP_TASKS_PER_NODE", "", "Slurm: tasks per node of the step, e.g. 2(x3),1")       \
+  X("SLURM_GPUS_ON_NODE", "", "Slurm: GPUs allocated on this node")                            \
+  X("SLURM_NTASKS_PER_NODE", "", "Slurm: --ntasks-per-node of the allocation")                 \
+  X("SLURM_RESTART_COUNT", "", "Slurm: times the batch job was requeued or restarted")         \
+  X("SLURMD_NODENAME", "", "Slurm: this node's name in the cluster")                           \
+  X("OMPI_COMM_WORLD_RANK", "", "Open MPI's mpirun: this process's rank")                      \
+  X("OMPI_COMM_WORLD_SIZE", "", "Open MPI's mpirun: processes started")                        \
+  X("OMPI_COMM_WORLD_LOCAL_RANK", "", "Open MPI's mpirun: rank on this node")                  \
+  X("OMPI_COMM_WORLD_LOCAL_SIZE", "", "Open MPI's mpirun: processes on this node")             \
+  X("PMI_RANK", "", "MPICH's (Hydra's) mpiexec: this process's rank")                         \
+  X("PMI_SIZE", "", "MPICH's (Hydra's) mpiexec: processes started")                           \
+  X("MPI_LOCALRANKID", "", "MPICH's (Hydra's) mpiexec: rank on this node")                    \
+  X("MPI_LOCALNRANKS", "", "MPICH's (Hydra's) mpiexec: processes on this node")
 
 // The raw value, or nullopt when unset. Only names from DS_ENV_KNOBS may be read (checked).
 std::optional<std::string> get(const char* name);

@@ -26,8 +26,6 @@
 #include "common/error.h"
 #include "launch/output.h"
 
-extern char** environ;
-
 namespace ds::launch {
 
 std::vector<int> available_cpus() {
@@ -70,17 +68,13 @@ EnvList build_worker_env(const AgentConfig& cfg, const WorkerSpec& worker, const
       env.emplace_back(k, v);
     }
   };
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string_view kv(*e);
-    auto eq = kv.find('=');
-    if (eq == std::string_view::npos || eq == 0) continue;
-    put(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
-  }
+  for (const auto& [k, v] : current_environment()) put(k, v);
   JobEnv contract = job;
   contract.user_env.clear();
   for (const auto& [k, v] : worker_env(cfg.world, worker, contract)) put(k, v);
   bool user_omp = index.count("OMP_NUM_THREADS") > 0;
   for (const auto& kv : cfg.user_env) user_omp = user_omp || kv.first == "OMP_NUM_THREADS";
+  if (cfg.preempt_signal != 0) put("DSTRAIN_PREEMPT_SIGNAL", signal_name(cfg.preempt_signal));
   if (!user_omp) {
     int local = static_cast<int>(cfg.world.nodes.at(static_cast<size_t>(worker.node_rank)).slots.size());
     put("OMP_NUM_THREADS", std::to_string(std::max(1, num_cpus / std::max(1, local))));
@@ -107,6 +101,7 @@ struct Running {
 GenerationResult Agent::run(const std::string& store_addr, int master_port, int restart_count,
                             int control_fd, const std::function<bool()>& on_control) {
   stop_requested_ = false;
+  stop_signal_ = SIGTERM;
   GenerationResult result;
   const NodeSpec& node = config_.world.nodes.at(static_cast<size_t>(config_.node_rank));
   World world = config_.world;
@@ -135,12 +130,13 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
   std::optional<Deadline> grace_until;  // set by the first failure when a grace period applies
   bool killed = false;
   bool interrupted = false;  // a signal reached the agent: the next one SIGKILLs at once
-  auto begin_teardown = [&] {
+  // `first` is SIGTERM, or the preemption signal the agent or its controller received.
+  auto begin_teardown = [&](int first = SIGTERM) {
     if (tearing_down) return;
     tearing_down = true;
     kill_at = Deadline::after(config_.kill_timeout);
     for (auto& r : workers) {
-      if (r.pid > 0 && !r.reaped) signal_group(r.pid, SIGTERM);
+      if (r.pid > 0 && !r.reaped) signal_group(r.pid, first);
     }
   };
 
@@ -245,7 +241,7 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
   while (running > 0) {
     if (stop_requested_ && !tearing_down) {
       result.stopped_by_controller = true;
-      begin_teardown();
+      begin_teardown(stop_signal_);
     }
     std::vector<pollfd> pfds;
     pfds.push_back({signals_.fd(), POLLIN, 0});
@@ -275,14 +271,16 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
         if (stop) {
           control_open = false;
           if (!tearing_down) result.stopped_by_controller = true;
-          begin_teardown();
+          begin_teardown(stop_signal_);
         }
       }
       if (pfds[0].revents != 0) {
         for (int sig : signals_.drain()) {
           if (sig == SIGCHLD) continue;
-          if (tearing_down && interrupted && !killed) {
-            // A second Ctrl-C: do not wait for the kill timeout.
+          if (sig == SIGINT && tearing_down && interrupted && !killed) {
+            // A second Ctrl-C: do not wait for the kill timeout. (A repeated SIGTERM does not
+            // force: Slurm and srun may both deliver one, and the workers may be writing their
+            // preemption checkpoint.)
             killed = true;
             for (auto& r : workers) {
               if (r.pid > 0 && !r.reaped) signal_group(r.pid, SIGKILL);
@@ -291,7 +289,7 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
           interrupted = true;
           // In the grace period after a failure, the failure stays the job's outcome.
           if (!tearing_down && !result.first_failure) result.stop_signal = sig;
-          begin_teardown();
+          begin_teardown(sig == config_.preempt_signal ? sig : SIGTERM);
         }
       }
     }

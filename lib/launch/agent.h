@@ -12,6 +12,7 @@
 // groups, so two jobs on one host never touch each other.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
 #include <functional>
@@ -44,6 +45,11 @@ struct AgentConfig {
   Millis failure_grace = kDefaultFailureGrace;
   bool bind_cores = false;           // pin local rank i to the i-th contiguous block of CPUs
   std::string cwd;                   // workers' working directory; empty: the agent's
+  // A signal that, like SIGTERM, means "preempted: checkpoint and stop" (--preempt-signal, e.g.
+  // SIGUSR1 from `sbatch --signal`); 0: SIGTERM only. When the agent receives it, it forwards it
+  // as is to every worker (and escalates to SIGKILL after the kill timeout); workers are told its
+  // name in DSTRAIN_PREEMPT_SIGNAL, which `dstrain train` catches beside SIGTERM.
+  int preempt_signal = 0;
 };
 
 // Where the agent's events go. Called on the agent's thread, in order: a worker's output lines
@@ -98,6 +104,9 @@ class Agent {
 
   // Asks a running run() to tear down (same as a controller stop); for listeners.
   void request_stop() { stop_requested_ = true; }
+  // The signal the next controller stop sends the workers first (SIGTERM unless set; the
+  // launcher forwards its preemption signal this way). on_control may set it before returning.
+  void set_stop_signal(int sig) { stop_signal_ = sig; }
 
   const AgentConfig& config() const { return config_; }
 
@@ -106,6 +115,7 @@ class Agent {
   AgentListener& listener_;
   SignalPipe& signals_;
   bool stop_requested_ = false;
+  int stop_signal_ = SIGTERM;
 };
 
 }  // namespace ds::launch

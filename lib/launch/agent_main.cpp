@@ -39,14 +39,14 @@ int resolve_master_port(int port, const std::string& host) {
 
 namespace {
 
-void write_stdout(const std::string& s) {
+void write_out(int fd, const std::string& s) {
   std::string_view v = s;
   while (!v.empty()) {
-    ssize_t n = ::write(1, v.data(), v.size());
+    ssize_t n = ::write(fd, v.data(), v.size());
     if (n < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) {
-        pollfd p{1, POLLOUT, 0};
+        pollfd p{fd, POLLOUT, 0};
         ::poll(&p, 1, 1000);
         continue;
       }
@@ -56,17 +56,18 @@ void write_stdout(const std::string& s) {
   }
 }
 
-// Lines from stdin, read without blocking.
+// Lines from the controller (stdin or the control socket), read without blocking.
 class StdinLines {
  public:
-  StdinLines() {
-    int fl = ::fcntl(0, F_GETFL);
-    if (fl >= 0) ::fcntl(0, F_SETFL, fl | O_NONBLOCK);
+  explicit StdinLines(int fd) : fd_(fd) {
+    int fl = ::fcntl(fd_, F_GETFL);
+    if (fl >= 0) ::fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
   }
+  int fd() const { return fd_; }
   void pump() {
     char buf[4096];
     for (;;) {
-      ssize_t n = ::read(0, buf, sizeof buf);
+      ssize_t n = ::read(fd_, buf, sizeof buf);
       if (n > 0) {
         split_.feed(std::string_view(buf, static_cast<size_t>(n)),
                     [&](std::string_view l) { lines_.emplace_back(l); });
@@ -86,6 +87,7 @@ class StdinLines {
   bool eof() const { return eof_; }
 
  private:
+  int fd_;
   LineSplitter split_;
   std::deque<std::string> lines_;
   bool eof_ = false;
@@ -93,13 +95,15 @@ class StdinLines {
 
 class ProtocolListener : public AgentListener {
  public:
-  void on_started(int rank, pid_t pid) override { write_stdout(proto::msg_started(rank, pid)); }
+  explicit ProtocolListener(int fd) : fd_(fd) {}
+  void on_started(int rank, pid_t pid) override { write_out(fd_, proto::msg_started(rank, pid)); }
   void on_output(int rank, int stream, std::string_view line) override {
-    write_stdout(proto::msg_out(rank, stream, line));
+    write_out(fd_, proto::msg_out(rank, stream, line));
   }
-  void on_exit(int rank, const ExitStatus& status) override {
-    write_stdout(proto::msg_exit(rank, status));
-  }
+  void on_exit(int rank, const ExitStatus& status) override { write_out(fd_, proto::msg_exit(rank, status)); }
+
+ private:
+  int fd_;
 };
 
 enum class Wait { kLine, kEof, kSignal, kTimeout };
@@ -109,7 +113,7 @@ Wait next_line(StdinLines& in, SignalPipe& sig, Deadline deadline, std::string* 
   for (;;) {
     if (in.next(line)) return Wait::kLine;
     if (in.eof()) return Wait::kEof;
-    pollfd p[2] = {{0, POLLIN, 0}, {sig.fd(), POLLIN, 0}};
+    pollfd p[2] = {{in.fd(), POLLIN, 0}, {sig.fd(), POLLIN, 0}};
     int n = ::poll(p, 2, deadline.remaining_ms());
     if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
     if (p[1].revents != 0) {
@@ -127,33 +131,20 @@ Wait next_line(StdinLines& in, SignalPipe& sig, Deadline deadline, std::string* 
 
 }  // namespace
 
-int run_agent_process(const AgentProcessOptions& o) {
-  ignore_sigpipe();
-  SignalPipe signals;
-  StdinLines in;
-  const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
-  auto fatal = [&](const std::string& why) {
-    write_stdout(proto::msg_fatal(why));
-    return 1;
-  };
+namespace {
 
-  std::string line;
-  int sig = 0;
-  Wait w = next_line(in, signals, Deadline::after(o.token_timeout), &line, &sig);
-  if (w == Wait::kSignal) return 128 + sig;
-  if (w != Wait::kLine || !starts_with(line, "token ")) {
-    return fatal(fmt::format("agent on {}: expected the job token on stdin within {}", host,
-                             net::format_seconds(o.token_timeout)));
-  }
+AgentConfig config_of(const AgentProcessOptions& o, const std::string& token) {
+  const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
   AgentConfig cfg;
   cfg.world = o.world;
   cfg.node_rank = o.node_rank;
   cfg.command = o.command;
   cfg.job_id = o.job_id;
-  cfg.token = line.substr(6);
+  cfg.token = token;
   cfg.kill_timeout = o.kill_timeout;
   cfg.failure_grace = o.failure_grace;
   cfg.bind_cores = o.bind_cores;
+  cfg.preempt_signal = o.preempt_signal;
   if (!o.cwd.empty()) {
     std::error_code ec;
     if (std::filesystem::is_directory(o.cwd, ec)) {
@@ -163,6 +154,68 @@ int run_agent_process(const AgentProcessOptions& o) {
                    host, o.cwd, std::filesystem::current_path(ec).string());
     }
   }
+  return cfg;
+}
+
+// One generation (a "start" line): runs the node's workers until they end or the controller
+// stops them. Returns the agent process's exit status when it must end now, else nullopt.
+std::optional<int> run_generation(const std::string& line, AgentConfig& cfg, StdinLines& in,
+                                  SignalPipe& signals, ProtocolListener& listener, int out_fd) {
+  auto f = proto::split_fields(line, 4);
+  auto mport = f.size() == 4 ? parse_int(f[2]) : std::nullopt;
+  auto restart = f.size() == 4 ? parse_int(f[3]) : std::nullopt;
+  if (!mport || !restart) {
+    write_out(out_fd, proto::msg_fatal("agent: malformed start line from the launcher"));
+    return 1;
+  }
+  bool quit = false;
+  Agent agent(cfg, listener, signals);
+  auto on_control = [&] {
+    in.pump();
+    std::string l;
+    bool stop = false;
+    while (in.next(&l)) {
+      if (auto sig = proto::parse_stop(l)) {
+        agent.set_stop_signal(*sig);
+        stop = true;
+      }
+      if (l == "quit") stop = quit = true;
+    }
+    if (in.eof()) stop = quit = true;
+    return stop;
+  };
+  GenerationResult r = agent.run(f[1], static_cast<int>(*mport), static_cast<int>(*restart), in.fd(), on_control);
+  write_out(out_fd, proto::msg_done());
+  if (r.stop_signal != 0) return 128 + r.stop_signal;
+  if (quit) return 0;
+  return std::nullopt;
+}
+
+}  // namespace
+
+int run_agent_process(const AgentProcessOptions& o) {
+  ignore_sigpipe();
+  SignalPipe signals(o.preempt_signal);
+  StdinLines in(o.in_fd);
+  const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
+  auto fatal = [&](const std::string& why) {
+    write_out(o.out_fd, proto::msg_fatal(why));
+    return 1;
+  };
+
+  std::string line;
+  int sig = 0;
+  std::string token = o.token;
+  if (token.empty()) {
+    Wait w = next_line(in, signals, Deadline::after(o.token_timeout), &line, &sig);
+    if (w == Wait::kSignal) return 128 + sig;
+    if (w != Wait::kLine || !starts_with(line, "token ")) {
+      return fatal(fmt::format("agent on {}: expected the job token on stdin within {}", host,
+                               net::format_seconds(o.token_timeout)));
+    }
+    token = line.substr(6);
+  }
+  AgentConfig cfg = config_of(o, token);
 
   std::unique_ptr<store::TcpStoreServer> server;
   if (o.serve_store) {
@@ -173,21 +226,21 @@ int run_agent_process(const AgentProcessOptions& o) {
       so.token = cfg.token;
       server = std::make_unique<store::TcpStoreServer>(so);
       server->start();
-      write_stdout(proto::msg_store(server->port(), master_port));
+      write_out(o.out_fd, proto::msg_store(server->port(), master_port));
     } catch (const Error& e) {
       return fatal(fmt::format("{}{}", e.what(), e.hint().empty() ? "" : " (hint: " + e.hint() + ")"));
     }
   }
 
-  ProtocolListener listener;
+  ProtocolListener listener(o.out_fd);
   for (;;) {
-    w = next_line(in, signals, Deadline::never(), &line, &sig);
+    Wait w = next_line(in, signals, Deadline::never(), &line, &sig);
     if (w == Wait::kSignal) return 128 + sig;
     if (w == Wait::kEof) return 0;
     if (w != Wait::kLine) continue;
     if (line == "quit") return 0;
-    if (line == "stop") {
-      write_stdout(proto::msg_done());
+    if (proto::parse_stop(line)) {
+      write_out(o.out_fd, proto::msg_done());
       continue;
     }
     if (starts_with(line, "env ")) {
@@ -197,29 +250,7 @@ int run_agent_process(const AgentProcessOptions& o) {
       continue;
     }
     if (starts_with(line, "start ")) {
-      auto f = proto::split_fields(line, 4);
-      if (f.size() != 4) return fatal("agent: malformed start line from the launcher");
-      auto mport = parse_int(f[2]);
-      auto restart = parse_int(f[3]);
-      if (!mport || !restart) return fatal("agent: malformed start line from the launcher");
-      bool quit = false;
-      Agent agent(cfg, listener, signals);
-      auto on_control = [&] {
-        in.pump();
-        std::string l;
-        bool stop = false;
-        while (in.next(&l)) {
-          if (l == "stop") stop = true;
-          if (l == "quit") stop = quit = true;
-        }
-        if (in.eof()) stop = quit = true;
-        return stop;
-      };
-      GenerationResult r = agent.run(f[1], static_cast<int>(*mport), static_cast<int>(*restart), 0,
-                                     on_control);
-      write_stdout(proto::msg_done());
-      if (r.stop_signal != 0) return 128 + r.stop_signal;
-      if (quit) return 0;
+      if (auto status = run_generation(line, cfg, in, signals, listener, o.out_fd)) return *status;
       continue;
     }
     spdlog::warn("agent on {}: ignoring unknown message from the launcher", host);

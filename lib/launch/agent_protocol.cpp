@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/strings.h"
 
 namespace ds::launch::proto {
 
@@ -92,7 +93,16 @@ std::string msg_env(const std::string& key, const std::string& value) {
 std::string msg_start(const std::string& store_addr, int master_port, int restart_count) {
   return fmt::format("start {} {} {}\n", store_addr, master_port, restart_count);
 }
-std::string msg_stop() { return "stop\n"; }
+std::string msg_stop(int first_signal) {
+  return first_signal == SIGTERM ? "stop\n" : fmt::format("stop {}\n", first_signal);
+}
+std::optional<int> parse_stop(std::string_view line) {
+  if (line == "stop") return SIGTERM;
+  if (line.substr(0, 5) != "stop ") return std::nullopt;
+  auto sig = parse_int(line.substr(5));
+  if (!sig || *sig <= 0 || *sig >= 65) return std::nullopt;
+  return static_cast<int>(*sig);
+}
 std::string msg_quit() { return "quit\n"; }
 
 }  // namespace ds::launch::proto

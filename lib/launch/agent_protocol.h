@@ -6,7 +6,10 @@
 //   token <TOKEN>        first line      store <STORE_PORT> <MASTER_PORT>   node 0, after token
 //   env <KEY>=<VALUE>    any number      started <RANK> <PID>
 //   start <STORE> <MASTER_PORT> <RESTART>  out <RANK> <1|2> <LINE>
-//   stop                 tear down       exit <RANK> code <N> | exit <RANK> signal <N>
+//   stop [<SIGNAL>]      tear down, the  exit <RANK> code <N> | exit <RANK> signal <N>
+//                        workers first
+//                        sent SIGNAL
+//                        (default SIGTERM)
 //   quit / end of input  tear down, exit done                      generation over
 //                                        fatal <MESSAGE>           the agent cannot go on
 // Anything the agent writes to stderr (its log) is shown by the launcher with the node's name.
@@ -14,6 +17,8 @@
 // The token and the env values travel only here, never in arguments; nothing logs them.
 // The world travels as JSON in the agent's arguments (world_to_json).
 #pragma once
+
+#include <signal.h>
 
 #include <optional>
 #include <string>
@@ -48,7 +53,9 @@ std::string msg_fatal(std::string_view message);
 std::string msg_token(std::string_view token);
 std::string msg_env(const std::string& key, const std::string& value);
 std::string msg_start(const std::string& store_addr, int master_port, int restart_count);
-std::string msg_stop();
+std::string msg_stop(int first_signal = SIGTERM);
+// "stop" -> SIGTERM, "stop 10" -> 10; nullopt when the line is not a stop.
+std::optional<int> parse_stop(std::string_view line);
 std::string msg_quit();
 
 }  // namespace ds::launch::proto

@@ -1,14 +1,22 @@
-// The launcher's side of a job: start one agent per node (in-process for a single local node,
-// over SSH otherwise), host or locate the store, relay output, tear every node down on the first
-// failure (after the failure grace period, in which the other ranks may exit on their own) or at
-// once on a signal, restart under --max-restarts, and sum up.
+// The launcher's side of a job: start one agent per node and drive them to the end. Backends:
+//   local    a single local node: the agent runs in this process, which hosts the store
+//   ssh      one `dstrain agent` per node over SSH (libssh2)
+//   slurm    inside an allocation: one `srun --nodes=N --ntasks-per-node=1` step starts them
+//   openmpi  `mpirun -npernode 1` over the hostfile's hosts starts them
+//   mpich    `mpiexec -ppn 1` (Hydra) over the hostfile's hosts starts them
+//   none     every node runs `dstrain launch --node-rank N` itself (Kubernetes-style); node 0
+//            hosts the store and the others join it (none_job.h)
+// The agents of slurm/openmpi/mpich dial back to the launcher (controller.h); from the agent
+// on, every backend is the same: per-rank environment, rank-prefixed output, the first failure
+// answered by the failure grace then a stop of every node, restarts under --max-restarts.
 //
-// Exit status of a job: 0 when every rank exited 0; otherwise the first failing rank's exit code,
-// or 128+signal when it died by a signal; 128+signal when the launcher itself was interrupted;
-// 1 when an agent or a node connection failed; 124 for a timeout reaching a node.
+// Exit status of a job: 0 when every rank exited 0; 75 when every rank was preempted and wrote
+// its checkpoint (common/preemption.h); otherwise the first failing rank's exit code, or
+// 128+signal when it died by a signal; 128+signal when the launcher itself was interrupted;
+// 1 when an agent or a node failed; 124 for a timeout reaching a node.
 //
-// Deliberately not: a scheduler. Nodes come from the hostfile; nothing is queued or retried
-// except the whole job under --max-restarts.
+// Deliberately not: a scheduler. Nodes come from the hostfile or the allocation; nothing is
+// queued or retried except the whole job under --max-restarts.
 #pragma once
 
 #include <optional>
@@ -23,7 +31,10 @@
 
 namespace ds::launch {
 
-enum class Backend { kAuto, kLocal, kSsh };
+enum class Backend { kAuto, kLocal, kSsh, kSlurm, kOpenMpi, kMpich, kNone };
+
+// "auto", "local", "ssh", "slurm", "openmpi", "mpich", "none".
+const char* backend_name(Backend backend);
 
 struct JobSpec {
   World world;
@@ -40,6 +51,14 @@ struct JobSpec {
   std::string remote_dstrain;            // dstrain's path on the nodes (default: ours)
   std::string cwd;                       // workers' directory (default: ours)
   std::string agent_log_level;           // passed to remote agents ("" = their default)
+  // Besides SIGTERM, this signal (e.g. SIGUSR1) means "preempted": forwarded as is to every
+  // worker, which checkpoints and exits 75 (0: SIGTERM only). See agent.h.
+  int preempt_signal = 0;
+  std::vector<std::string> launcher_args;  // extra words for srun / mpirun (--launcher-args)
+  Millis join_timeout{120000};           // slurm/openmpi/mpich/none: every node's agent has joined
+  std::string launcher_addr;             // the address agents dial back to (default: hostname)
+  std::string token;                     // the job token; empty: a fresh one (none: required)
+  int node_rank = 0;                     // --launcher none: this node
 };
 
 // True for "localhost", 127.x.x.x (other than the loopback "nodes" 127.0.0.2+ which may run
@@ -50,9 +69,15 @@ bool is_local_host(const std::string& host);
 std::string make_job_token();
 std::string make_job_id();
 
-// The agent's command line for one node (without the token, which goes over stdin).
+// The agent's command line for one node (without the token, which goes over stdin). With
+// node_rank -1 (srun/mpirun start one command everywhere) the agent reads its node rank from its
+// launcher's environment, hosts the store when that rank is 0, and dials back to `controller`
+// (host:port) for the protocol.
 std::vector<std::string> agent_command(const JobSpec& spec, const std::string& job_id,
-                                       int node_rank);
+                                       int node_rank, const std::string& controller = "");
+
+// The AgentConfig of node `node_rank` of the job (job id and token left to the caller).
+AgentConfig agent_config(const JobSpec& spec, int node_rank);
 
 // Runs the job to the end and returns its exit status (see above). Prints the summary through
 // the OutputMux's note(). Throws ds::Error for failures before any worker starts (a node

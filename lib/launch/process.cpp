@@ -16,6 +16,8 @@
 #include "common/error.h"
 #include "common/strings.h"
 
+extern char** environ;
+
 namespace ds::launch {
 
 ExitStatus ExitStatus::from_wait(int wstatus) {
@@ -195,6 +197,17 @@ void confirm_exec(Spawned& s) {
 void signal_group(pid_t pgid, int sig) {
   if (pgid <= 0) return;
   ::kill(-pgid, sig);
+}
+
+EnvList current_environment() {
+  EnvList env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    auto eq = kv.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    env.emplace_back(std::string(kv.substr(0, eq)), std::string(kv.substr(eq + 1)));
+  }
+  return env;
 }
 
 void ignore_sigpipe() {

@@ -69,6 +69,9 @@ void confirm_exec(Spawned& spawned);
 // Sends `sig` to the process group `pgid`; ESRCH (already gone) is not an error.
 void signal_group(pid_t pgid, int sig);
 
+// This process's environment as a list (what a child gets unless the caller changes it).
+EnvList current_environment();
+
 // Blocks SIGPIPE for this process (writes to closed pipes then fail with EPIPE instead).
 void ignore_sigpipe();
 

@@ -17,7 +17,6 @@ namespace {
 int g_write_fd = -1;
 int g_read_fd = -1;
 constexpr int kSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGCHLD};
-struct sigaction g_previous[sizeof kSignals / sizeof kSignals[0]];
 
 extern "C" void on_signal(int sig) {
   int saved = errno;
@@ -28,23 +27,27 @@ extern "C" void on_signal(int sig) {
 
 }  // namespace
 
-SignalPipe::SignalPipe() {
+SignalPipe::SignalPipe(int extra_signal) : signals_(std::begin(kSignals), std::end(kSignals)) {
   DS_CHECK(g_write_fd < 0, "only one SignalPipe per process");
   int fds[2];
   DS_SYSCHECK(::pipe2(fds, O_CLOEXEC | O_NONBLOCK), "pipe for signals");
   g_read_fd = fds[0];
   g_write_fd = fds[1];
-  for (size_t i = 0; i < std::size(kSignals); ++i) {
+  if (extra_signal != 0 && std::find(signals_.begin(), signals_.end(), extra_signal) == signals_.end()) {
+    signals_.push_back(extra_signal);
+  }
+  previous_.resize(signals_.size());
+  for (size_t i = 0; i < signals_.size(); ++i) {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART | (kSignals[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
-    ::sigaction(kSignals[i], &sa, &g_previous[i]);
+    sa.sa_flags = SA_RESTART | (signals_[i] == SIGCHLD ? SA_NOCLDSTOP : 0);
+    ::sigaction(signals_[i], &sa, &previous_[i]);
   }
 }
 
 SignalPipe::~SignalPipe() {
-  for (size_t i = 0; i < std::size(kSignals); ++i) ::sigaction(kSignals[i], &g_previous[i], nullptr);
+  for (size_t i = 0; i < signals_.size(); ++i) ::sigaction(signals_[i], &previous_[i], nullptr);
   ::close(g_write_fd);
   ::close(g_read_fd);
   g_write_fd = g_read_fd = -1;

@@ -1,9 +1,12 @@
-// The self-pipe trick: SIGINT, SIGTERM, SIGHUP and SIGCHLD become bytes on a pipe that the
-// launcher's and the agent's poll() loops watch next to their pipes and sockets.
+// The self-pipe trick: SIGINT, SIGTERM, SIGHUP, SIGCHLD and an optional preemption signal
+// (--preempt-signal, e.g. SIGUSR1) become bytes on a pipe that the launcher's and the agent's
+// poll() loops watch next to their pipes and sockets.
 //
 // One per process (the handlers are process-wide). Deliberately not: signalfd (it needs the
 // signals blocked in every thread, including threads that libraries start).
 #pragma once
+
+#include <signal.h>
 
 #include <vector>
 
@@ -11,8 +14,9 @@ namespace ds::launch {
 
 class SignalPipe {
  public:
-  // Installs the handlers (SA_RESTART). Restores the previous handlers on destruction.
-  SignalPipe();
+  // Installs the handlers (SA_RESTART), for `extra_signal` too when it is not 0. Restores the
+  // previous handlers on destruction.
+  explicit SignalPipe(int extra_signal = 0);
   ~SignalPipe();
   SignalPipe(const SignalPipe&) = delete;
   SignalPipe& operator=(const SignalPipe&) = delete;
@@ -20,6 +24,10 @@ class SignalPipe {
   int fd() const;  // readable when a signal arrived
   // The signals that arrived since the last call, in order (SIGCHLD at most once per call).
   std::vector<int> drain();
+
+ private:
+  std::vector<int> signals_;
+  std::vector<struct sigaction> previous_;
 };
 
 }  // namespace ds::launch

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/deadline.h"
+#include "launch/agent_channel.h"
 
 namespace ds::launch {
 
@@ -35,7 +36,7 @@ struct SshOptions {
 std::string shell_quote(const std::string& word);
 std::string shell_join(const std::vector<std::string>& words);
 
-class SshConnection {
+class SshConnection : public AgentChannel {
  public:
   // Connects to host, verifies the host key, authenticates, opens a session channel and runs
   // `command` through the remote user's shell. Everything within options.connect_timeout.
@@ -43,29 +44,29 @@ class SshConnection {
   // unreachable), remote_error (host key unknown or changed, authentication failed) with hints.
   static std::unique_ptr<SshConnection> open(const std::string& host, const SshOptions& options,
                                              const std::string& command);
-  ~SshConnection();
+  ~SshConnection() override;
   SshConnection(const SshConnection&) = delete;
   SshConnection& operator=(const SshConnection&) = delete;
 
   // After open(): everything below is non-blocking.
-  int socket() const { return sock_; }
+  int socket() const override { return sock_; }
   // Whether libssh2 waits to read / write the socket (for poll events).
   bool wants_read() const;
-  bool wants_write() const;
+  bool wants_write() const override;
 
   // Reads what is available from stdout (stream 0) or stderr (stream 1) into `out` (appended).
   // Returns false at end of that stream's data (the remote closed the channel). Throws
   // remote_error when the connection breaks.
-  bool read(int stream, std::string* out);
+  bool read(int stream, std::string* out) override;
   // Writes as much of `data` as the window allows; returns the number of bytes taken.
-  size_t write(const std::string& data);
+  size_t write(const std::string& data) override;
   // Sends EOF on the command's stdin (ignored if it cannot be sent now).
-  void send_eof();
-  bool eof() const;
+  void send_eof() override;
+  bool eof() const override;
   // The remote command's exit status once the channel closed: code, or 128+signal; -1 unknown.
-  int exit_status();
+  int exit_status() override;
 
-  const std::string& name() const { return name_; }  // "user@host:port"
+  const std::string& name() const override { return name_; }  // "user@host:port"
 
  private:
   SshConnection() = default;

@@ -159,8 +159,9 @@ std::optional<std::vector<std::string>> Reader::keys(size_t max_count) {
   return out;
 }
 
-std::vector<uint8_t> auth_mac(std::string_view token, const std::vector<uint8_t>& nonce) {
-  std::vector<uint8_t> msg(kAuthContext.begin(), kAuthContext.end());
+std::vector<uint8_t> auth_mac(std::string_view token, const std::vector<uint8_t>& nonce,
+                              std::string_view context) {
+  std::vector<uint8_t> msg(context.begin(), context.end());
   msg.insert(msg.end(), nonce.begin(), nonce.end());
   std::vector<uint8_t> mac(EVP_MAX_MD_SIZE);
   unsigned int len = 0;

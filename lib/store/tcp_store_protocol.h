@@ -151,8 +151,11 @@ class Reader {
 void put_u32le(uint8_t* p, uint32_t v);
 uint32_t get_u32le(const uint8_t* p);
 
-// HMAC-SHA256(token, kAuthContext || nonce) through OpenSSL's libcrypto.
-std::vector<uint8_t> auth_mac(std::string_view token, const std::vector<uint8_t>& nonce);
+// HMAC-SHA256(token, context || nonce) through OpenSSL's libcrypto. The store uses
+// kAuthContext; other handshakes with the job token (the launcher's control connections) use
+// their own context, so a MAC made for one can never be replayed to the other.
+std::vector<uint8_t> auth_mac(std::string_view token, const std::vector<uint8_t>& nonce,
+                              std::string_view context = kAuthContext);
 // Constant-time comparison of two MACs.
 bool mac_equal(const std::vector<uint8_t>& a, const std::vector<uint8_t>& b);
 // Cryptographically random bytes (the kernel's getrandom); throws system_error on failure.

@@ -7,7 +7,6 @@
 // What remains here is the configuration of those pieces and the loop itself.
 #include "train/trainer.h"
 
-#include <omp.h>
 #include <signal.h>
 
 #include <chrono>
@@ -22,6 +21,8 @@
 #include "checkpoint/verify.h"
 #include "common/env.h"
 #include "common/error.h"
+#include "common/preemption.h"
+#include "common/preemption.h"
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "data/token_file.h"
@@ -32,11 +33,11 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/engine.h"
-#include "plan/from_config.h"
 #include "train/checkpointing.h"
 #include "train/initial_weights.h"
 #include "train/llmc_export.h"
 #include "train/metrics.h"
+#include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/run_config.h"
 #include "train/step_math.h"
@@ -82,7 +83,7 @@ struct Trainer::Impl {
   double micro_batches(int64_t step, double grad_scale, double* bubble);
   double evaluate();
   std::string describe_run() const;
-  StepRecord train_step(int64_t step, const UpdateSettings& settings);
+  StepRecord train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step);
   void run_steps(int64_t stop, const UpdateSettings& settings, MetricsReporter& reporter, TrainResult& result);
   void record_peaks(StepRecord& r);
   void note_planned_memory(StepRecord& r, MetricsReporter& reporter);
@@ -272,62 +273,19 @@ double Trainer::Impl::evaluate() {
   return total / static_cast<double>(steps * dp());
 }
 
-// The step's peaks per tag (every rank's with --metrics-all-ranks: collective).
 void Trainer::Impl::record_peaks(StepRecord& r) {
-  const auto stats = alloc.stats();
-  std::vector<int64_t> mine;
-  for (int t = 0; t < kNumMemTags; ++t) {
-    r.peak_bytes[mem_tag_name(static_cast<MemTag>(t))] = stats.peak[t];
-    mine.push_back(stats.peak[t]);
-  }
-  r.peak_bytes["total"] = stats.peak_total;
-  r.peak_bytes["pinned_host"] = stats.pinned_peak;  // offloaded state (GPU runs); not in total
-  mine.push_back(stats.peak_total);
-  mine.push_back(stats.pinned_peak);
-  if (opt.metrics_all_ranks) {
-    constexpr int kFigures = kNumMemTags + 2;  // the tags, total, pinned_host
-    const auto all = engine->host_world().gather_int64(mine);
-    for (int q = 0; q < world; ++q) {
-      for (int t = 0; t < kFigures; ++t) {
-        const std::string tag = t < kNumMemTags ? mem_tag_name(static_cast<MemTag>(t)) : t == kNumMemTags ? "total" : "pinned_host";
-        r.extra[fmt::format("peak_bytes_{}_rank{}", tag, q)] = all[static_cast<size_t>(q) * kFigures + static_cast<size_t>(t)];
-      }
-    }
-  }
+  record_memory_peaks(r, alloc.stats(), opt.metrics_all_ranks ? &engine->host_world() : nullptr);
 }
 
-// After the first step: the plan's prediction beside the measured peaks (rank 0 prints it, as
-// Megatron-LM reports memory after its first iteration).
 void Trainer::Impl::note_planned_memory(StepRecord& r, MetricsReporter& reporter) {
-  try {
-    const auto planned = plan::predicted_rank_memory(cfg, rank, omp_get_max_threads());
-    for (const auto& [tag, bytes] : plan::tag_bytes(planned)) r.extra["planned_bytes_" + tag] = bytes;
-    std::string text = plan::describe_prediction(planned, r.peak_bytes);
-    while (!text.empty() && text.back() == '\n') text.pop_back();
-    reporter.note(text);
-  } catch (const Error& e) {
-    reporter.note(fmt::format("dstrain plan could not plan this run: {}", e.what()));
-  }
+  note_plan_beside_peaks(r, reporter, cfg, rank);
 }
 
-// The run's opening line: the model, the layout and the threads.
-std::string Trainer::Impl::describe_run() const {
-  const int tp = cfg.tensor_parallel.size;
-  return fmt::format(
-      "training GPT-2 (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
-      "{} accumulation step(s), data-parallel {} (ZeRO stage {}){}, {} steps, {} threads",
-      shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.seq_len, ms::param_count(shape), B, T, G,
-      dp(), engine->zero().stage(),
-      tp * pp() == 1 ? std::string()
-                     : fmt::format(" x tensor-parallel {} x pipeline {} ({}, {} partition)", tp, pp(),
-                                   layout::schedule_name(cfg.pipeline.schedule),
-                                   layout::stage_split_name(cfg.pipeline.partition)),
-      cfg.training.steps, omp_get_max_threads());
-}
+std::string Trainer::Impl::describe_run() const { return describe_training(cfg, engine->zero().stage()); }
 
 // One optimizer step: the micro-batches' forward and backward, the global statistics and the
 // update (step_math.h). Returns its record without the peaks and the validation loss.
-StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& settings) {
+StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step) {
   const auto t0 = Clock::now();
   const double global_micro_batches = static_cast<double>(G) * dp();
   parallel::ZeroEngine& zero = engine->zero();
@@ -343,7 +301,8 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   }
   if (precision == Precision::kFp16) state->round_to_precision(grads, state->opt_count());
   const StepStats stats = global_step_stats(engine->host_world(), loss_owner() ? loss_sum : 0.0, grads, *state,
-                                            global_micro_batches, loss_scale);
+                                            global_micro_batches, loss_scale, preempt::requested());
+  *preempt_after_step = stats.preempt;
   StepRecord r;
   r.lr = schedule->lr();
   r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, grads, *state, *scaler, *schedule);
@@ -388,7 +347,8 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
   Impl& s = *this;
   const auto& tc = s.cfg.training;
   for (int64_t step = s.next_step; step <= stop; ++step) {
-    StepRecord r = s.train_step(step, settings);
+    bool preempt_after_step = false;
+    StepRecord r = s.train_step(step, settings, &preempt_after_step);
     s.record_peaks(r);
     if (s.val_loader && (step % tc.eval_interval == 0 || step == tc.steps)) {
       r.val_loss = s.evaluate();
@@ -399,10 +359,18 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
     result.losses.push_back(r.loss);
     result.last_step = step;
     s.next_step = step + 1;
-    if (!tc.checkpoint_dir.empty() && tc.checkpoint_interval > 0 &&
-        (step % tc.checkpoint_interval == 0 || step == tc.steps)) {
-      auto run = s.checkpointed();
-      save_checkpoint(run, step);
+    const bool has_dir = !tc.checkpoint_dir.empty();
+    const bool saved =
+        has_dir && tc.checkpoint_interval > 0 && (step % tc.checkpoint_interval == 0 || step == tc.steps);
+    auto run = s.checkpointed();
+    if (saved) save_checkpoint(run, step);
+    // Preemption (common/preemption.h): every rank saw the same flag in the step's sums, so every
+    // rank stops after this step, with a checkpoint of it.
+    if (preempt_after_step && step < stop) {
+      if (has_dir && !saved) save_checkpoint(run, step);
+      result.preempted = true;
+      result.checkpoint_written = has_dir;
+      return;
     }
   }
 }

@@ -58,6 +58,10 @@ struct TrainResult {
   int64_t last_step = 0;
   std::vector<double> losses;  // per executed step
   std::optional<double> last_val_loss;
+  // A preemption signal reached some rank (common/preemption.h): every rank stopped after
+  // last_step, and wrote a checkpoint of it when training.checkpoint_dir is set.
+  bool preempted = false;
+  bool checkpoint_written = false;
 };
 
 class Trainer {
