@@ -1,6 +1,8 @@
 // The precision sections: fp16 (with DeepSpeed's dynamic loss scaling keys) and bf16, which
-// DeepSpeed also accepts under its old name "bfloat16". That both cannot be enabled is a rule
-// across the two, checked with the other cross-section rules (config_validate.cpp).
+// DeepSpeed also accepts under its old name "bfloat16"; and the gradients' type, DeepSpeed's
+// data_types.grad_accum_dtype and top-level communication_data_type. That fp16 and bf16 cannot
+// both be enabled, and which gradient types go with a storage type, are rules across sections
+// (config_validate.cpp).
 #include <fmt/format.h>
 
 #include "config/config_sections.h"
@@ -57,5 +59,32 @@ void read_bf16(ReadContext& ctx, Section& root, Bf16Config& out) {
 }
 
 Json bf16_to_json(const Bf16Config& c) { return Json{{"enabled", c.enabled}}; }
+
+namespace {
+// One of DeepSpeed's dtype names (fp32/float32/float, bf16/bfloat16, fp16/float16/half).
+void read_dtype(Section& s, const std::string& key, std::optional<layout::Precision>& out) {
+  std::string name;
+  if (!s.get_choice(key, name, {"fp32", "bf16", "fp16", "float32", "float", "bfloat16", "float16", "half"}, true)) {
+    return;
+  }
+  if (name == "fp32" || name == "float32" || name == "float") out = layout::Precision::kFp32;
+  else if (name == "bf16" || name == "bfloat16") out = layout::Precision::kBf16;
+  else out = layout::Precision::kFp16;
+}
+}  // namespace
+
+void read_gradient_types(Section& root, GradientTypesConfig& out) {
+  Section s = root.section("data_types");
+  read_dtype(s, "grad_accum_dtype", out.grad_accum_dtype);
+  s.finish();
+  if (root.has("communication_data_type") && root.raw("communication_data_type")->is_null()) return;
+  read_dtype(root, "communication_data_type", out.communication_data_type);
+}
+
+void gradient_types_to_json(const JobConfig& c, Json& out) {
+  const char* name = layout::precision_name(c.gradient_dtype());
+  out["data_types"] = Json{{"grad_accum_dtype", name}};
+  out["communication_data_type"] = name;
+}
 
 }  // namespace ds::config::detail

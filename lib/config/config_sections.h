@@ -43,6 +43,9 @@ void read_fp16(Section& root, Fp16Config& out);
 Json fp16_to_json(const Fp16Config& c);
 void read_bf16(ReadContext& ctx, Section& root, Bf16Config& out);
 Json bf16_to_json(const Bf16Config& c);
+// data_types.grad_accum_dtype and the top-level communication_data_type.
+void read_gradient_types(Section& root, GradientTypesConfig& out);
+void gradient_types_to_json(const JobConfig& c, Json& out);
 
 // --- ZeRO -----------------------------------------------------------------------------------
 // Returns whether zero_optimization.stage was valid (absent counts as valid).

@@ -11,9 +11,9 @@ namespace {
 // DeepSpeed's top-level keys dstrain accepts without acting on them. Anything not read and not
 // listed here is an unknown-key error.
 const std::vector<std::string> kDsTopLevelIgnored = {
-    "aio", "amp", "autotuning", "comet", "comms_logger", "communication_data_type", "compile",
+    "aio", "amp", "autotuning", "comet", "comms_logger", "compile",
     "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
-    "data_types", "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
+    "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
     "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
     "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
     "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",

@@ -51,6 +51,22 @@ void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_inte
 void check_one_precision(ReadContext& ctx, const JobConfig& cfg) {
   if (cfg.fp16.enabled && cfg.bf16.enabled) {
     ctx.error(top("bf16"), "fp16 and bf16 cannot both be enabled (as in DeepSpeed)");
+    return;
+  }
+  // Gradients live in one buffer type: what they accumulate in is what they travel in.
+  const auto& g = cfg.gradient_types;
+  if (g.grad_accum_dtype && g.communication_data_type && *g.grad_accum_dtype != *g.communication_data_type) {
+    ctx.error(top("communication_data_type"),
+              fmt::format("{} differs from data_types.grad_accum_dtype {}: dstrain accumulates and reduces gradients "
+                          "in one type; give one of the two, or the same value",
+                          layout::precision_name(*g.communication_data_type), layout::precision_name(*g.grad_accum_dtype)));
+    return;
+  }
+  const layout::Precision grad = cfg.gradient_dtype(), storage = cfg.precision();
+  if (grad != storage && grad != layout::Precision::kFp32) {
+    ctx.error(g.grad_accum_dtype ? json_path_child(top("data_types"), "grad_accum_dtype") : top("communication_data_type"),
+              fmt::format("{} gradients with {} storage: gradients are kept in the storage type or in fp32",
+                          layout::precision_name(grad), layout::precision_name(storage)));
   }
 }
 

@@ -30,6 +30,7 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   valid.batch = detail::read_top_level(root, cfg);
   detail::read_fp16(root, cfg.fp16);
   detail::read_bf16(ctx, root, cfg.bf16);
+  detail::read_gradient_types(root, cfg.gradient_types);
   valid.zero_stage = detail::read_zero(ctx, root, cfg.zero);
   detail::read_optimizer(ctx, root, cfg.optimizer);
   detail::SchedulerSection sched = detail::read_scheduler_type(ctx, root, cfg.scheduler);
@@ -119,6 +120,7 @@ nlohmann::ordered_json JobConfig::to_json() const {
   detail::top_level_to_json(*this, j);
   j["fp16"] = detail::fp16_to_json(fp16);
   j["bf16"] = detail::bf16_to_json(bf16);
+  detail::gradient_types_to_json(*this, j);
   j["zero_optimization"] = detail::zero_to_json(zero);
   j["optimizer"] = detail::optimizer_to_json(optimizer);
   j["scheduler"] = detail::scheduler_to_json(scheduler);

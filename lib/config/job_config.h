@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,6 +79,14 @@ struct Fp16Config {
 
 struct Bf16Config {
   bool enabled = false;
+};
+
+// How gradients accumulate over micro-batches (DeepSpeed's data_types.grad_accum_dtype) and travel
+// in the reductions (its top-level communication_data_type); nullopt = not given. dstrain keeps
+// the two alike (one gradient buffer type); JobConfig::gradient_dtype() resolves them.
+struct GradientTypesConfig {
+  std::optional<layout::Precision> grad_accum_dtype;
+  std::optional<layout::Precision> communication_data_type;
 };
 
 struct OffloadConfig {
@@ -153,6 +162,15 @@ struct JobConfig {
   // The storage precision these two sections choose (validation refuses both enabled).
   layout::Precision precision() const {
     return fp16.enabled ? layout::Precision::kFp16 : bf16.enabled ? layout::Precision::kBf16 : layout::Precision::kFp32;
+  }
+  GradientTypesConfig gradient_types;
+  // The type gradients are stored, accumulated and reduced in: grad_accum_dtype or
+  // communication_data_type when given (validation makes them agree and refuses a type other than
+  // the storage type or fp32), else the storage type, as the ZeRO paper counts it.
+  layout::Precision gradient_dtype() const {
+    if (gradient_types.grad_accum_dtype) return *gradient_types.grad_accum_dtype;
+    if (gradient_types.communication_data_type) return *gradient_types.communication_data_type;
+    return precision();
   }
   ZeroConfig zero;
   OptimizerConfig optimizer;

@@ -319,7 +319,32 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_TRUE(j["data"].is_null());
   EXPECT_TRUE(j["training"]["steps"].is_null());
   EXPECT_TRUE(j["training"]["checkpoint_dir"].is_null());
-  EXPECT_EQ(j.size(), 17u);
+  // Gradients default to the storage type (fp32 here).
+  EXPECT_EQ(j["data_types"]["grad_accum_dtype"], "fp32");
+  EXPECT_EQ(j["communication_data_type"], "fp32");
+  EXPECT_EQ(j.size(), 19u);
+}
+
+// data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
+// default, fp32 on request; DeepSpeed's dtype names.
+TEST(JobConfig, GradientTypesDefaultToTheStorageTypeAndAgree) {
+  auto with = [](const std::string& extra) {
+    return parse_job_config(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true})" + extra + "}", "t.json", 1);
+  };
+  EXPECT_EQ(with("").gradient_dtype(), layout::Precision::kBf16);
+  EXPECT_EQ(with(R"(, "data_types": {"grad_accum_dtype": "fp32"})").gradient_dtype(), layout::Precision::kFp32);
+  EXPECT_EQ(with(R"(, "communication_data_type": "float32")").gradient_dtype(), layout::Precision::kFp32);
+  EXPECT_EQ(with(R"(, "communication_data_type": "BF16")").gradient_dtype(), layout::Precision::kBf16);
+  EXPECT_EQ(with(R"(, "communication_data_type": null)").gradient_dtype(), layout::Precision::kBf16);
+  EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 2, "bf16": {"enabled": true},
+    "data_types": {"grad_accum_dtype": "fp32"}, "communication_data_type": "bf16"})"),
+            std::vector<std::string>{"t.json:2: $.communication_data_type: bf16 differs from "
+                                     "data_types.grad_accum_dtype fp32: dstrain accumulates and reduces gradients "
+                                     "in one type; give one of the two, or the same value"});
+  EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 2, "data_types": {"grad_accum_dtype": "bf16"}})"),
+            std::vector<std::string>{"t.json:1: $.data_types.grad_accum_dtype: bf16 gradients with fp32 storage: "
+                                     "gradients are kept in the storage type or in fp32"});
+  EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 2, "data_types": {"grad_acum_dtype": "fp32"}})").size(), 1u);
 }
 
 TEST(JobConfig, ResolvedValuesFollowDeepSpeed) {
