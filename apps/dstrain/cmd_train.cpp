@@ -31,6 +31,7 @@ struct TrainCmdOptions {
   std::string preempt_signal;  // besides SIGTERM
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
+  std::string export_llmc_dtype = "fp32";  // fp32 (version 3) or bf16 (version 5)
 };
 
 // How many times the job was restarted: by dstrain launch --max-restarts, or by Slurm (requeue).
@@ -69,7 +70,7 @@ int run_train(const TrainCmdOptions& o) {
   const preempt::Guard guard({extra_signal});
   rt::train::TrainResult result = trainer.run();
   if (!result.preempted && !o.export_llmc.empty()) {
-    trainer.export_llmc(o.export_llmc);
+    trainer.export_llmc(o.export_llmc, o.export_llmc_dtype == "bf16");
     if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
   }
   if (direct) direct->leave();
@@ -113,9 +114,13 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
   sub->add_option("--export-llmc", o->export_llmc,
-                  "after training, write the fp32 weights as an llm.c GPT-2 checkpoint (rank 0 "
+                  "after training, write the weights as an llm.c GPT-2 checkpoint (rank 0 "
                   "writes; with --resume --max-steps N it exports checkpoint N without training); "
                   "tensor-parallel and pipeline parts are reassembled into the whole model");
+  sub->add_option("--export-llmc-dtype", o->export_llmc_dtype,
+                  "fp32 (llm.c's version 3, the default) or bf16 (version 5, as llm.c's GPU trainer "
+                  "writes: every weight rounded to bf16 once)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");

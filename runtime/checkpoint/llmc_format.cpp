@@ -8,6 +8,7 @@
 #include "checkpoint/atomic_file.h"
 #include "common/crc32c.h"
 #include "common/error.h"
+#include "common/half.h"
 
 namespace ds::rt::ckpt {
 
@@ -35,13 +36,10 @@ ms::Gpt2Shape shape_from_header(const int32_t* h, const std::string& path) {
     throw invalid_argument("{}: not an llm.c GPT-2 checkpoint (magic {}, expected {})", path, h[0],
                            kLlmcMagic);
   }
-  if (h[1] != kLlmcVersionFp32) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: llm.c checkpoint version {} is not supported (dstrain reads version "
-                            "{}: fp32 parameters)",
-                            path, h[1], kLlmcVersionFp32),
-                h[1] == 5 ? "version 5 holds bf16 weights: export an fp32 checkpoint from llm.c"
-                          : "");
+  if (h[1] != kLlmcVersionFp32 && h[1] != kLlmcVersionBf16) {
+    throw invalid_argument("{}: llm.c checkpoint version {} is not supported (dstrain reads version {}, fp32 "
+                           "parameters, and {}, bf16 parameters)",
+                           path, h[1], kLlmcVersionFp32, kLlmcVersionBf16);
   }
   ms::Gpt2Shape s;
   s.seq_len = h[2];
@@ -97,33 +95,47 @@ void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::Mo
   if (!mismatch.empty()) {
     throw invalid_argument("{}: the checkpoint's shapes disagree with the config: {}", path, mismatch);
   }
+  const int version = reinterpret_cast<const int32_t*>(blob.data())[1];
+  const size_t elem = version == kLlmcVersionBf16 ? 2 : 4;
   auto all = ms::gpt2_params(shape);
   auto off = llmc_offsets(all, shape.n_layer);
-  size_t want = kHeaderBytes + static_cast<size_t>(off.back()) * sizeof(float);
+  size_t want = kHeaderBytes + static_cast<size_t>(off.back()) * elem;
   if (blob.size() != want) {
     throw invalid_argument("{}: llm.c checkpoint has {} bytes, expected {} for this model ({} "
                            "parameters){}",
                            path, blob.size(), want, off.back(),
                            blob.size() < want ? ": the file is truncated" : "");
   }
-  const float* src = reinterpret_cast<const float*>(blob.data() + kHeaderBytes);
+  const char* src = blob.data() + kHeaderBytes;
+  // The file's element at index k, as fp32 (bf16 values are exact in fp32).
+  auto value = [&](int64_t k) {
+    if (elem == 4) {
+      float f;
+      std::memcpy(&f, src + static_cast<size_t>(k) * 4, 4);
+      return f;
+    }
+    uint16_t b;
+    std::memcpy(&b, src + static_cast<size_t>(k) * 2, 2);
+    return bf16_to_f32(b);
+  };
   auto layout = ms::param_layout(shape, part);
   for (const auto& ts : layout.tensors) {
     const auto& t = ms::find_param(all, ts.id);
     int64_t base = off[static_cast<size_t>(ts.id)] + (t.per_layer ? int64_t(ts.layer) * t.numel() : 0);
     for (int64_t i = 0; i < ts.numel; ++i) {
-      params[ts.offset + i] = src[base + ms::full_index(t, part.tp, part.tp_rank, i)];
+      params[ts.offset + i] = value(base + ms::full_index(t, part.tp, part.tp_rank, i));
     }
   }
 }
 
-void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float* params) {
+void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float* params, bool bf16) {
   auto all = ms::gpt2_params(shape);
   auto off = llmc_offsets(all, shape.n_layer);
-  std::string blob(kHeaderBytes + static_cast<size_t>(off.back()) * sizeof(float), '\0');
+  const size_t elem = bf16 ? 2 : 4;
+  std::string blob(kHeaderBytes + static_cast<size_t>(off.back()) * elem, '\0');
   int32_t header[kHeaderInts] = {};
   header[0] = kLlmcMagic;
-  header[1] = kLlmcVersionFp32;
+  header[1] = bf16 ? kLlmcVersionBf16 : kLlmcVersionFp32;
   header[2] = shape.seq_len;
   header[3] = shape.vocab_size;
   header[4] = shape.n_layer;
@@ -131,12 +143,19 @@ void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float*
   header[6] = shape.n_embd;
   header[7] = shape.padded_vocab_size;
   std::memcpy(blob.data(), header, kHeaderBytes);
-  float* dst = reinterpret_cast<float*>(blob.data() + kHeaderBytes);
+  char* dst = blob.data() + kHeaderBytes;
   auto layout = ms::param_layout(shape, ms::ModelPart::whole(shape));
   for (const auto& ts : layout.tensors) {
     const auto& t = ms::find_param(all, ts.id);
     int64_t base = off[static_cast<size_t>(ts.id)] + (t.per_layer ? int64_t(ts.layer) * t.numel() : 0);
-    std::memcpy(dst + base, params + ts.offset, static_cast<size_t>(ts.numel) * sizeof(float));
+    if (!bf16) {
+      std::memcpy(dst + static_cast<size_t>(base) * 4, params + ts.offset, static_cast<size_t>(ts.numel) * 4);
+      continue;
+    }
+    for (int64_t i = 0; i < ts.numel; ++i) {  // llm.c's bf16 file: each fp32 value rounded once
+      const uint16_t b = f32_to_bf16(params[ts.offset + i]);
+      std::memcpy(dst + static_cast<size_t>(base + i) * 2, &b, 2);
+    }
   }
   write_file_atomic(path, blob);
   // llm.c's format has no room for a checksum: read the file back and compare.

@@ -54,14 +54,14 @@ void place_part(const ms::Gpt2Shape& shape, const ms::ModelPart& mp, const ms::P
 }  // namespace
 
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
-                 layout::StageSplit split, Allocator& alloc, Device device) {
+                       layout::StageSplit split, Allocator& alloc, Device device, bool bf16) {
   const kern::DeviceScope scope(device);
   const std::vector<float> part = part_on_host(engine, state, alloc, device);
   const ms::Gpt2Shape& shape = engine.model().shape();
   const layout::Topology& topo = engine.topology();
   auto& world = engine.host_world();
   if (topo.tp() * topo.pp() == 1) {
-    if (world.rank() == 0) ckpt::save_llmc(path, shape, part.data());
+    if (world.rank() == 0) ckpt::save_llmc(path, shape, part.data(), bf16);
     return;
   }
   const ms::ParamLayout whole = ms::param_layout(shape, ms::ModelPart::whole(shape));
@@ -74,7 +74,7 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, Optimi
         const auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];
         place_part(shape, mp, whole, values, model);
       },
-      [&] { ckpt::save_llmc(path, shape, model.data()); });
+      [&] { ckpt::save_llmc(path, shape, model.data(), bf16); });
 }
 
 }  // namespace ds::rt::train

@@ -19,7 +19,8 @@
 
 namespace ds::rt::train {
 
+// `bf16`: llm.c's version 5 file (each fp32 master value rounded to bf16 once), else version 3.
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
-                 layout::StageSplit split, Allocator& alloc, Device device);
+                       layout::StageSplit split, Allocator& alloc, Device device, bool bf16 = false);
 
 }  // namespace ds::rt::train

@@ -375,9 +375,9 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
   }
 }
 
-void Trainer::export_llmc(const std::string& path) {
+void Trainer::export_llmc(const std::string& path, bool bf16) {
   Impl& s = *impl_;
-  write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device);
+  write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, bf16);
 }
 
 }  // namespace ds::rt::train

@@ -80,7 +80,8 @@ class Trainer {
 
   // Writes the model's weights as an llm.c checkpoint (dstrain train --export-llmc). Collective
   // (every rank calls it; rank 0 reassembles tensor/pipeline parts and writes).
-  void export_llmc(const std::string& path);
+  // `bf16`: llm.c's version 5 file (bf16 weights, as its GPU trainer writes), else version 3 (fp32).
+  void export_llmc(const std::string& path, bool bf16 = false);
 
  private:
   struct Impl;

@@ -2,6 +2,7 @@
 // latest pointer, keep_last), and llm.c's format round trip and errors.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,6 +16,7 @@
 #include "checkpoint/shard_file.h"
 #include "checkpoint/verify.h"
 #include "common/error.h"
+#include "common/half.h"
 
 namespace ds::rt::ckpt {
 namespace {
@@ -271,6 +273,32 @@ TEST_F(LlmcFormat, RoundTripThroughTensorMajorFile) {
   load_llmc(path("m.bin"), s, part, q.data());
   EXPECT_EQ(p, q);
   EXPECT_EQ(read_llmc_shape(path("m.bin")).n_embd, 8);
+}
+
+// llm.c's bf16 checkpoint (version 5, what its GPU trainer writes): 2 bytes per parameter, each
+// value rounded to bf16 once; loading gives those values exactly.
+TEST_F(LlmcFormat, Bf16VersionFiveRoundTripsTheRoundedValues) {
+  auto s = tiny_shape();
+  auto part = ms::ModelPart::whole(s);
+  auto layout = ms::param_layout(s, part);
+  std::vector<float> p(static_cast<size_t>(layout.total));
+  for (size_t i = 0; i < p.size(); ++i) p[i] = std::sin(static_cast<float>(i)) * 0.1f;
+  save_llmc(path("m5.bin"), s, p.data(), /*bf16=*/true);
+  EXPECT_EQ(fs::file_size(path("m5.bin")), 1024 + p.size() * 2);
+  std::ifstream in(path("m5.bin"), std::ios::binary);
+  std::vector<int32_t> header(256);
+  in.read(reinterpret_cast<char*>(header.data()), 1024);
+  EXPECT_EQ(header[1], 5);
+  std::vector<float> q(p.size(), 0.0f);
+  load_llmc(path("m5.bin"), s, part, q.data());
+  for (size_t i = 0; i < p.size(); ++i) EXPECT_EQ(q[i], bf16_to_f32(f32_to_bf16(p[i]))) << i;
+  // A tensor-parallel shard of the same file reads its columns.
+  std::vector<float> half(static_cast<size_t>(ms::param_layout(s, ms::ModelPart{0, 2, true, true, 2, 1}).total));
+  load_llmc(path("m5.bin"), s, ms::ModelPart{0, 2, true, true, 2, 1}, half.data());
+  // A truncated version-5 file is named.
+  fs::resize_file(path("m5.bin"), fs::file_size(path("m5.bin")) - 2);
+  EXPECT_NE(error_of([&] { load_llmc(path("m5.bin"), s, part, q.data()); }).find("the file is truncated"),
+            std::string::npos);
 }
 
 TEST_F(LlmcFormat, BadFilesAreNamed) {
