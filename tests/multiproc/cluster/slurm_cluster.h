@@ -161,7 +161,7 @@ class SlurmCluster {
         << "SchedulerType=sched/backfill\nSchedulerParameters=sched_interval=1,bf_interval=1\n"
         << "JobAcctGatherType=jobacct_gather/none\nAccountingStorageType=accounting_storage/none\n"
         << "JobCompType=jobcomp/none\nMailProg=/bin/true\nReturnToService=2\n"
-        << "SlurmdParameters=config_overrides\nKillWait=15\nMinJobAge=600\nInactiveLimit=0\n"
+        << "SlurmdParameters=config_overrides\nKillWait=60\nMinJobAge=600\nInactiveLimit=0\n"
         << "NodeName=n1 NodeHostname=" << host
         << " NodeAddr=127.0.0.1 CPUs=4 RealMemory=1000 Port=" << free_tcp_port() << "\n"
         << "NodeName=n2 NodeHostname=" << host

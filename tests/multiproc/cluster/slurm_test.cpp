@@ -52,14 +52,16 @@ class SlurmJobs : public ::testing::Test {
     return path;
   }
 
-  // A batch script that execs `dstrain launch --launcher slurm` (2 nodes x 2 ranks) of `cfg`.
+  // A batch script that execs `dstrain launch --launcher slurm` (2 nodes x 2 ranks) of `cfg`. The
+  // kill timeout (and the cluster's KillWait) leave a preempted step and its checkpoint room on a
+  // loaded 2-core machine; a healthy run never waits for them.
   static std::string launch_script(const std::string& name, const json& cfg,
                                    const std::string& extra = "") {
     std::string c = write(name + ".json", cfg.dump());
     return write(name + ".sh", "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\nexec " +
                                    std::string(DS_DSTRAIN_BIN) +
                                    " launch --launcher slurm --master-addr 127.0.0.1 " +
-                                   "--env OMP_NUM_THREADS=1 --kill-timeout 10 " + extra + " -- " +
+                                   "--env OMP_NUM_THREADS=1 --kill-timeout 40 " + extra + " -- " +
                                    DS_DSTRAIN_BIN + " train --config " + c + " --metrics " +
                                    (*dir_ / (name + ".jsonl")) + "\n");
   }
