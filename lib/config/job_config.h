@@ -66,6 +66,9 @@ struct TrainingConfig {
   int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
   int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
   std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
+  // Seconds a rank may show no progress while others wait for it in a collective before the job
+  // fails naming it (runtime/comm/beacon.h); a slow rank that makes progress is waited for.
+  double comm_timeout = 60;
 };
 
 struct Fp16Config {

@@ -83,6 +83,7 @@ std::string msg_exit(int rank, const ExitStatus& s) {
   return fmt::format("exit {} code {}\n", rank, s.code);
 }
 std::string msg_done() { return "done\n"; }
+std::string msg_beat(long pid) { return fmt::format("beat {}\n", pid); }
 std::string msg_fatal(std::string_view message) {
   return fmt::format("fatal {}\n", escape(message));
 }

@@ -12,6 +12,13 @@
 //                        (default SIGTERM)
 //   quit / end of input  tear down, exit done                      generation over
 //                                        fatal <MESSAGE>           the agent cannot go on
+//                                        beat <PID>                every kAgentBeatInterval,
+//                                                                  from the agent's start
+//
+// Heartbeats: the agent writes "beat <its pid>" once a second from a thread of its own, so a
+// launcher that hears nothing from a node for JobSpec::agent_timeout knows that agent is stopped,
+// hung, or gone with its node or network; it fails the job naming the node, kills that agent by
+// its pid where it can (SSH: a second connection) and tears the rest down.
 // Anything the agent writes to stderr (its log) is shown by the launcher with the node's name.
 //
 // The token and the env values travel only here, never in arguments; nothing logs them.
@@ -25,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/deadline.h"
 #include "launch/process.h"
 #include "launch/world.h"
 
@@ -48,6 +56,8 @@ std::string msg_out(int rank, int stream, std::string_view line);
 std::string msg_exit(int rank, const ExitStatus& status);
 std::string msg_done();
 std::string msg_fatal(std::string_view message);
+std::string msg_beat(long pid);
+inline constexpr Millis kAgentBeatInterval{1000};
 
 // Launcher -> agent messages.
 std::string msg_token(std::string_view token);

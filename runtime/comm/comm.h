@@ -248,6 +248,10 @@ class Comm {
   // this Comm is in flight; blocks until every rank mapped every region (the timeout).
   void* alloc_buffer(size_t bytes, const CallOptions& call = {});
 
+  // Starts this process's progress beacon (comm/beacon.h) in this group's job-wide key space, under
+  // this rank's world rank: its peers can then tell it slow from hung. Lives as long as the result.
+  std::shared_ptr<void> start_progress_beacon() const;
+
   // Marks this rank failed with `e` before it leaves because of an error of its own (not one of
   // this Comm's): the peers' waits on it end at once, naming this rank and e's message, instead of
   // "closed its communicator" or a timeout; the job-wide abort note carries the message. Never

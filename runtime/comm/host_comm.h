@@ -15,6 +15,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/beacon.h"
 #include "comm/comm.h"
 #include "common/error.h"
 
@@ -81,6 +82,16 @@ class HostComm : public Comm {
   // Called once when this Comm fails (shm publishes its state to the peers).
   virtual void on_failure(const std::string& message) {}
 
+  // Hung ranks (comm/beacon.h). From a wait loop for `behind` (ranks of this group): this process
+  // is alive and waiting (its progress moves) and the awaited ranks' beacons are read (at most
+  // once a second). Cheap.
+  void note_waiting(const std::vector<int>& behind);
+  // The wait for `behind` passed its deadline `dl` (the operation began at `since`): throws the
+  // hung-rank error naming a rank whose beacon stopped for the timeout, or the plain timeout error
+  // when the ranks publish no beacon; when every awaited rank still makes progress (slow, not
+  // hung) it moves `dl` on and returns, up to kMaxSlowFactor x the timeout.
+  void on_deadline(const Op& op, const std::vector<int>& behind, Clock::time_point since, Deadline& dl);
+
   // The error for an operation issued after the Comm broke.
   Error broken_error(const Op& op);
   const std::shared_ptr<Health>& health() const { return health_; }
@@ -106,6 +117,7 @@ class HostComm : public Comm {
   std::mutex abort_mu_;
   Clock::time_point next_abort_poll_{};
   std::optional<std::string> abort_note_;
+  PeerProgress peer_progress_;
 };
 
 CommPtr make_gloo_comm(BackendArgs args);

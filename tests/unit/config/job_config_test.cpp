@@ -148,6 +148,8 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
       {"{" + mb + R"("training": {"device": "tpu"}})", 1,
        "t.json:1: $.training.device: expected one of \"cpu\", \"cuda\", got \"tpu\""},
+      {"{" + mb + R"("training": {"comm_timeout": 0}})", 1,
+       "t.json:1: $.training.comm_timeout: expected a number > 0, got 0"},
       {"{" + mb + R"("training": {"seed": -1}})", 1,
        "t.json:1: $.training.seed: expected an integer 0-18446744073709551615, got -1"},
       {"{" + mb + R"("training": {"steps": 0}})", 1,
@@ -308,6 +310,7 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.training.checkpoint_interval, 0);
   EXPECT_EQ(c.training.keep_last, 0);
   EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.training.comm_timeout, 60);
   EXPECT_TRUE(c.warnings.empty());
 
   auto j = c.to_json();
