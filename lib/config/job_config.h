@@ -66,6 +66,9 @@ struct TrainingConfig {
   int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
   int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
   std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
+  // The peak TFLOP/s of one rank's device, for MFU; 0 = the GPU table, or a matmul measured at
+  // start-up on a CPU (runtime/train/throughput.h).
+  double peak_tflops = 0;
 };
 
 struct Fp16Config {
@@ -157,6 +160,9 @@ struct JobConfig {
           gradient_accumulation_steps = 0;  // resolved
   int steps_per_print = 10;
   double gradient_clipping = 0;  // max global grad norm; 0 = off
+  // Report where each step's time goes (forward, backward, reductions, optimizer, pipeline
+  // waits) in the log line and --metrics (DeepSpeed's key).
+  bool wall_clock_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   // The storage precision these two sections choose (validation refuses both enabled).
