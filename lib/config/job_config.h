@@ -69,6 +69,9 @@ struct TrainingConfig {
   // Seconds a rank may show no progress while others wait for it in a collective before the job
   // fails naming it (runtime/comm/beacon.h); a slow rank that makes progress is waited for.
   double comm_timeout = 60;
+  // The peak TFLOP/s of one rank's device, for MFU; 0 = the GPU table, or a matmul measured at
+  // start-up on a CPU (runtime/train/throughput.h).
+  double peak_tflops = 0;
 };
 
 struct Fp16Config {
@@ -160,6 +163,9 @@ struct JobConfig {
           gradient_accumulation_steps = 0;  // resolved
   int steps_per_print = 10;
   double gradient_clipping = 0;  // max global grad norm; 0 = off
+  // Report where each step's time goes (forward, backward, reductions, optimizer, pipeline
+  // waits) in the log line and --metrics (DeepSpeed's key).
+  bool wall_clock_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   // The storage precision these two sections choose (validation refuses both enabled).

@@ -277,6 +277,12 @@ class Comm {
   };
   static const char* op_name(OpKind k);
 
+  // Busy time, for the wall-clock breakdown: the seconds this group spent running operations of
+  // kind `k` since it was created (cumulative; on the communication thread or inline on the
+  // caller's; send/recv are not counted), read from any thread. Negative where the backend does
+  // not measure it (nccl: the collectives run on a CUDA stream).
+  virtual double busy_seconds(OpKind k) const { return -1.0; }
+
   // What each rank reported at setup.
   struct PeerInfo {
     std::string host;      // gethostname()

@@ -155,7 +155,10 @@ void HostComm::execute(const Op& op, HostWork& work) {
     }
   }
   try {
+    const auto t0 = Clock::now();
     run(op, Deadline::after(op.timeout));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    busy_ns_[static_cast<size_t>(op.kind)].fetch_add(ns, std::memory_order_relaxed);
     work.finish(nullptr);
   } catch (const Error& e) {
     record_failure(e);
@@ -165,6 +168,10 @@ void HostComm::execute(const Op& op, HostWork& work) {
     record_failure(err);
     work.finish(std::make_exception_ptr(err));
   }
+}
+
+double HostComm::busy_seconds(OpKind k) const {
+  return static_cast<double>(busy_ns_[static_cast<size_t>(k)].load(std::memory_order_relaxed)) * 1e-9;
 }
 
 WorkPtr HostComm::submit(Op op, bool async) {

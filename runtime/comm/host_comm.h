@@ -6,6 +6,8 @@
 // Deliberately not: public. Callers see comm.h only; backends derive from HostComm.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -57,6 +59,7 @@ struct Health {
 class HostComm : public Comm {
  public:
   void fail(const Error& e) override { record_failure(e); }
+  double busy_seconds(OpKind k) const override;
 
  protected:
   HostComm(const BackendArgs& args, Backend backend);
@@ -106,6 +109,9 @@ class HostComm : public Comm {
   void loop();
 
   std::shared_ptr<Health> health_ = std::make_shared<Health>();
+  // Nanoseconds spent in run() per OpKind (busy_seconds); send/recv are posted, not run here.
+  static constexpr int kOpKinds = 7;
+  std::array<std::atomic<int64_t>, kOpKinds> busy_ns_{};
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -325,7 +325,9 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   // Gradients default to the storage type (fp32 here).
   EXPECT_EQ(j["data_types"]["grad_accum_dtype"], "fp32");
   EXPECT_EQ(j["communication_data_type"], "fp32");
-  EXPECT_EQ(j.size(), 19u);
+  EXPECT_EQ(j["wall_clock_breakdown"], false);
+  EXPECT_EQ(j["training"]["peak_tflops"], 0.0);
+  EXPECT_EQ(j.size(), 20u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
@@ -430,9 +432,9 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
       "by dstrain (resuming restores the step from the checkpoint)",
       "ds.json:4: $.flops_profiler: DeepSpeed key accepted but not acted on by dstrain",
       "ds.json:5: $.tensorboard: DeepSpeed key accepted but not acted on by dstrain",
-      "ds.json:3: $.wall_clock_breakdown: DeepSpeed key accepted but not acted on by dstrain",
   };
   EXPECT_EQ(c.warnings, want);
+  EXPECT_FALSE(c.wall_clock_breakdown);  // read: dstrain acts on it
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_EQ(c.zero.offload_param.device, "none");
   EXPECT_EQ(c.pipeline.stages, 1);
