@@ -249,9 +249,10 @@ void add_notes(MemoryPlan& plan) {
   const ms::ActTotals at = ms::activation_totals(s, part, act_config(s, l));
   const int64_t pb = storage_bytes(l);
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
+  const char* head = !s.tied() ? " + final norm, lm_head" : part.has_embedding ? " + lnf" : " + lnf, wte (tied)";
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
-                                 part.has_embedding ? " + wte, wpe" : "",
-                                 part.has_head ? (part.has_embedding ? " + lnf" : " + lnf, wte (tied)") : "");
+                                 part.has_embedding ? (s.llama() ? " + embed_tokens" : " + wte, wpe") : "",
+                                 part.has_head ? head : "");
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, layout::precision_name(l.precision),
