@@ -38,7 +38,7 @@
 namespace ds::config {
 
 struct ModelConfig {
-  std::string type = "gpt2";  // the only architecture: GPT-2 (pre-LN, tied lm_head)
+  std::string type = "gpt2";  // "gpt2" (pre-LN, tied lm_head) or "llama" (HF LlamaForCausalLM)
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
@@ -47,7 +47,15 @@ struct ModelConfig {
   // Resolved: when absent, vocab_size rounded up to a multiple of 128 (llm.c pads 50257 to
   // 50304). Always >= vocab_size and divisible by tensor_parallel.size.
   int padded_vocab_size = 0;
-  std::string init_from;  // llm.c GPT-2 checkpoint to start from; "" = random init
+  // GPT-2: an llm.c checkpoint; Llama: a .safetensors file or a directory with
+  // model.safetensors.index.json and its shards (Hugging Face's names); "" = random init.
+  std::string init_from;
+  // Llama only (an error with type gpt2):
+  int n_kv_head = 0;            // grouped-query attention; default n_head (multi-head)
+  int intermediate_size = 0;    // the SwiGLU width; required
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;       // RMSNorm epsilon
+  bool tie_embeddings = false;  // lm_head shares the token embedding
 };
 
 struct DataConfig {

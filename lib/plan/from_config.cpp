@@ -28,6 +28,12 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   in.shape.vocab_size = c.model.vocab_size;
   in.shape.padded_vocab_size = c.model.padded_vocab_size;
   in.shape.seq_len = c.model.seq_len;
+  in.shape.family = c.model.type == "llama" ? model_spec::ModelFamily::kLlama : model_spec::ModelFamily::kGpt2;
+  in.shape.n_kv_head = c.model.n_kv_head;
+  in.shape.intermediate_size = c.model.intermediate_size;
+  in.shape.rope_theta = c.model.rope_theta;
+  in.shape.norm_eps = c.model.norm_eps;
+  in.shape.tie_embeddings = c.model.tie_embeddings;
 
   Layout& l = in.layout;
   l.tp = c.tensor_parallel.size;

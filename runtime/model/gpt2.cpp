@@ -165,11 +165,21 @@ Gpt2Activations Gpt2::make_activations() {
   return a;
 }
 
+std::unique_ptr<Activations> Gpt2::new_activations() {
+  return std::make_unique<Gpt2Activations>(make_activations());
+}
+
+Gpt2Activations& Gpt2::own(Activations& a) {
+  auto* g = dynamic_cast<Gpt2Activations*>(&a);
+  if (g == nullptr) throw invalid_usage("a GPT-2 model was handed another model's activations");
+  return *g;
+}
+
 TypedPtr Gpt2::param(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || params_.empty()) {
     throw invalid_argument("parameter {} (layer {}) is not held by this model part",
-                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+                           ms::find_param(ms::gpt2_params(shape_), id).name, layer);
   }
   return params() + t->offset;
 }
@@ -178,7 +188,7 @@ TypedPtr Gpt2::grad(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || grads_.empty()) {
     throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
-                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+                           ms::find_param(ms::gpt2_params(shape_), id).name, layer);
   }
   return grads() + t->offset;
 }

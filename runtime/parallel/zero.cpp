@@ -238,7 +238,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
   wte_fresh_ = false;
   fill_ = bucket_ready_ = 0;
   if (opt_.stage == 3) {
-    // The order Gpt2::forward / forward_backward ask for units (whole model).
+    // The order Model::forward / forward_backward ask for units (whole model).
     seq_.clear();
     std::vector<int> layers;
     int wpe = -1, lnf = -1;
@@ -253,7 +253,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
     if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
     if (wpe >= 0) seq_.push_back(wpe);
     seq_.insert(seq_.end(), layers.begin(), layers.end());
-    if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
+    if (wte_idx_ >= 0 && lnf >= 0 && opt_.tied_head) seq_.push_back(wte_idx_);
     if (lnf >= 0) seq_.push_back(lnf);
     if (backward) seq_.insert(seq_.end(), layers.rbegin(), layers.rend());
     cursor_ = pf_ = 0;

@@ -72,6 +72,9 @@ struct ZeroOptions {
   // element (the backends sum 16-bit values in fp32, comm.h).
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
+  // The head reads the token embedding (GPT-2, a tied Llama): stage 3 prefetches it again before
+  // the final norm unit. An untied Llama's head is its final-norm unit alone.
+  bool tied_head = true;
 };
 
 // What the engine allocated, in elements (for docs, logs and the memory tests).

@@ -426,4 +426,11 @@ void Trainer::export_llmc(const std::string& path, bool bf16) {
   write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, bf16);
 }
 
+void Trainer::export_safetensors(const std::string& dir, const std::string& dtype) {
+  Impl& s = *impl_;
+  const ckpt::StDtype d = dtype == "bf16" ? ckpt::StDtype::kBF16 : dtype == "fp16" ? ckpt::StDtype::kF16
+                                                                                   : ckpt::StDtype::kF32;
+  write_safetensors_export(dir, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, d);
+}
+
 }  // namespace ds::rt::train
