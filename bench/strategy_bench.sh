@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The step-time model held to measured step times (issue 20's acceptance): for each world size in
 # WORLDS, calibrate this machine (dstrain plan --calibrate) for the GPT-2 small model of
-# configs/gpt2-small-zero2.json (L=6, H=6, C=384, T=256, V=256) at a global batch of BATCH_PER_RANK
-# sequences per rank, predict every layout that fits (tp x pp x dp x ZeRO stage x micro-batch x
+# configs/gpt2-small-zero2.json (L=6, H=6, C=384, T=256, V=256) at a global batch of BATCH
+# sequences, predict every layout that fits (tp x pp x dp x ZeRO stage x micro-batch x
 # checkpointing: dstrain plan --recommend), run every one of them for STEPS steps through
 # dstrain launch (--recommend --measure --top ALL) and print per world size: the table, the
 # median absolute error, whether the top pick is within 10% of the fastest measured layout, and
-# Spearman's rank correlation (bench/strategy_stats.py).
+# Spearman's rank correlation (bench/strategy_stats.py). Each layout's figure is its fastest step
+# after the first, as the calibration's are the fastest repetitions: on a shared machine that is
+# what other load disturbs least.
 #
-#   bench/strategy_bench.sh [build-dir]    env: WORLDS="2 4" BATCH_PER_RANK=2 STEPS=3 OUT=dir
+#   bench/strategy_bench.sh [build-dir]    env: WORLDS="2 4" BATCH=4 STEPS=4 OUT=dir
 #                                              THREADS=1 RECALIBRATE=1 LIMIT=N
 #
 # OUT keeps calib<W>.json, measured<W>.json (the --measure JSON) and load<W>.txt (uptime before
@@ -21,8 +23,8 @@ BUILD=${1:-build}
 BIN="$BUILD/bin/dstrain"
 CONFIG=configs/gpt2-small-zero2.json
 WORLDS=${WORLDS:-"2 4"}
-BATCH_PER_RANK=${BATCH_PER_RANK:-2}
-STEPS=${STEPS:-3}
+BATCH=${BATCH:-4}
+STEPS=${STEPS:-4}
 THREADS=${THREADS:-1}
 RECALIBRATE=${RECALIBRATE:-1}
 OUT=${OUT:-$(mktemp -d)}
@@ -37,8 +39,8 @@ train=$(bench_corpus "$CONFIG" "$BIN" "$tmp")
 
 for w in $WORLDS; do
   cfg="$OUT/config$w.json"
-  # Every rank data-parallel at micro-batch BATCH_PER_RANK: the global batch the search keeps.
-  jq --arg train "$train" --argjson batch $((w * BATCH_PER_RANK)) --argjson mb "$BATCH_PER_RANK" '
+  # Every rank data-parallel, BATCH / w sequences each: the global batch the search keeps.
+  jq --arg train "$train" --argjson batch "$BATCH" --argjson mb $((BATCH / w)) '
       .train_batch_size = $batch | .train_micro_batch_size_per_gpu = $mb |
       del(.gradient_accumulation_steps) | .data = {train: $train} | .training.eval_interval = 0 |
       del(.training.checkpoint_dir) | .training.checkpoint_interval = 0 | del(.scheduler)' \

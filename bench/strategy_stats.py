@@ -6,7 +6,8 @@
 With PREDICTED (a later `--recommend --json` of the same config and world, e.g. after a model
 change) the predictions come from it, joined on the layout; the measurements from MEASURED.
 Prints the table (fastest measured first), the median absolute relative error, whether the
-model's top pick is within 10% of the fastest measured layout, and Spearman's rank correlation.
+model's top pick is within 10% of the fastest measured layout, Spearman's rank correlation, and a
+noise floor: how far layouts that differ only in the ZeRO stage (nearly the same work) scatter.
 """
 import json
 import statistics
@@ -20,6 +21,10 @@ def key(layout):
 def describe(l):
     s = f"tp{l['tp']} pp{l['pp']} dp{l['dp']} z{l['zero_stage']} mb{l['micro_batch']}x{l['gradient_accumulation_steps']}"
     return s + (" ckpt" if l["activation_checkpointing"] else "")
+
+
+def same_work(l):
+    return (l["tp"], l["pp"], l["dp"], l["micro_batch"], l["gradient_accumulation_steps"], l["activation_checkpointing"])
 
 
 def ranks(xs):
@@ -52,8 +57,11 @@ def main():
     if len(sys.argv) > 2:
         pred = {key(r["layout"]): r["predicted_ms"] for r in json.load(open(sys.argv[2]))["recommendations"]}
     rows = []
+    groups, gpred = {}, {}
     for r in recs:
         if r.get("measured_ms") and key(r["layout"]) in pred:
+            groups.setdefault(same_work(r["layout"]), []).append(r["measured_ms"])
+            gpred.setdefault(same_work(r["layout"]), []).append(pred[key(r["layout"])])
             rows.append((describe(r["layout"]), pred[key(r["layout"])], r["measured_ms"]))
     if not rows:
         print("no measured layouts")
@@ -72,6 +80,19 @@ def main():
     print(f"top pick {top[0]}: measured {top[2]:.0f} ms, fastest {fastest[0]} {fastest[2]:.0f} ms: "
           f"{100 * (top[2] - fastest[2]) / fastest[2]:+.1f}% ({'within' if top[2] <= 1.1 * fastest[2] else 'NOT within'} 10%)")
     print(f"Spearman rank correlation {rho:.3f}")
+    # The measurement's own noise: layouts that differ only in the ZeRO stage do nearly the same
+    # work (the same at dp 1), so their spread around their group's median is a floor for the error.
+    dev = [abs(x - statistics.median(g)) / statistics.median(g) for g in groups.values() if len(g) > 1 for x in g]
+    if dev:
+        print(f"noise floor: layouts differing only in ZeRO stage deviate {100 * statistics.median(dev):.1f}% "
+              f"(median; max {100 * max(dev):.1f}%) from their group's median measured time")
+        ks = list(groups)
+        gp = [statistics.mean(gpred[k]) for k in ks]
+        gm = [statistics.median(groups[k]) for k in ks]
+        best = min(range(len(ks)), key=lambda i: gp[i])
+        print(f"over the {len(ks)} groups (ZeRO stages pooled, median measured): median |error| "
+              f"{100 * statistics.median([abs(p - m) / m for p, m in zip(gp, gm)]):.1f}%, Spearman "
+              f"{spearman(gp, gm):.3f}, top group {100 * (gm[best] - min(gm)) / min(gm):+.1f}% from the fastest")
 
 
 if __name__ == "__main__":

@@ -10,10 +10,11 @@
 //                them), and send/recv between neighbours; each fitted to latency + bus bytes /
 //                bandwidth (calibration.h). Across nodes too when the hostfile has several;
 //   optimizer    the AdamW kernel's parameters/s with as many ranks at once as share the cores.
-// Each figure is the median of a few repetitions, the slowest rank's. Rank 0 writes the file.
+// Each figure is the fastest of a few repetitions (the least disturbed by other load on a
+// shared machine), the slowest rank's. Rank 0 writes the file.
 //
 // `--recommend --measure`: the top layouts run as real jobs (dstrain launch ... dstrain train)
-// for a few steps; the median ms per step after the first is what is printed beside the model.
+// for a few steps; the fastest step after the first is what is printed beside the model.
 // CPU only for now: a CUDA config is refused with a hint (no NCCL calibration yet).
 #include "plan_calibrate.h"
 
@@ -114,10 +115,9 @@ int env_int(const char* name, int fallback) {
   return v && *v ? std::atoi(v) : fallback;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+// The least disturbed of a few repetitions: on a shared machine the minimum is the figure
+// other load inflates least, for the calibration and the measured steps alike.
+double fastest(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
 
 // ---- the worker ------------------------------------------------------------------------------
 
@@ -143,7 +143,7 @@ rt::DType dtype_of(layout::Precision p) {
          : p == layout::Precision::kFp16 ? rt::DType::kF16 : rt::DType::kF32;
 }
 
-// Median seconds of each piece over a few repetitions of one micro-batch of b sequences.
+// Fastest seconds of each piece over a few repetitions of one micro-batch of b sequences.
 plan::ComputeSample time_pieces(const Worker& w, int tp, int b) {
   rt::Allocator alloc;
   rt::Gpt2Options opt;
@@ -158,7 +158,7 @@ plan::ComputeSample time_pieces(const Worker& w, int tp, int b) {
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 7919) % w.shape.vocab_size);
   std::vector<double> t[5];
   const auto start = Clock::now();
-  for (int rep = 0; rep < 6; ++rep) {
+  for (int rep = 0; rep < 8; ++rep) {
     double s[6];
     auto tick = [&](int k) { s[k] = std::chrono::duration<double>(Clock::now() - start).count(); };
     tick(0);
@@ -174,17 +174,17 @@ plan::ComputeSample time_pieces(const Worker& w, int tp, int b) {
     tick(5);
     if (rep == 0) continue;  // warm-up
     for (int k = 0; k < 5; ++k) t[k].push_back(s[k + 1] - s[k]);
-    if (rep >= 2 && s[5] > 1.0) break;
+    if (rep >= 3 && s[5] > 1.5) break;
   }
   plan::ComputeSample c;
   c.tp = tp;
   c.micro_batch = b;
   c.precision = w.precision;
-  c.embed_fwd = median(t[0]);
-  c.layer_fwd = median(t[1]);
-  c.head = median(t[2]);
-  c.layer_bwd = median(t[3]);
-  c.embed_bwd = median(t[4]);
+  c.embed_fwd = fastest(t[0]);
+  c.layer_fwd = fastest(t[1]);
+  c.head = fastest(t[2]);
+  c.layer_bwd = fastest(t[3]);
+  c.embed_bwd = fastest(t[4]);
   return c;
 }
 
@@ -219,7 +219,7 @@ void measure_compute(Worker& w, plan::Calibration& cal) {
   }
 }
 
-// Median seconds of one call of `op` on `bytes` over `g`, the slowest rank's.
+// Fastest seconds of one call of `op` on `bytes` over `g`, the slowest rank's.
 double time_collective(Worker& w, comm::Comm& g, plan::CollectiveOp op, size_t bytes) {
   const size_t n = bytes / 4;
   std::vector<float> in(n, 1.0f), out(n, 0.0f);
@@ -241,7 +241,7 @@ double time_collective(Worker& w, comm::Comm& g, plan::CollectiveOp op, size_t b
     }
     if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  return w.slowest(median(t));
+  return w.slowest(fastest(t));
 }
 
 void measure_group_shape(Worker& w, plan::Calibration& cal, int g, bool strided) {
@@ -292,7 +292,7 @@ void measure_optimizer(Worker& w, plan::Calibration& cal) {
       rt::cpu::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
       if (rep > 0) ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     }
-    t = median(ts);
+    t = fastest(ts);
   }
   cal.optimizer_rate = static_cast<double>(n) / w.slowest(t);
   cal.cpu_adam_rate = cal.optimizer_rate;
@@ -450,7 +450,7 @@ double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
     first = false;
   }
   fs::remove_all(dir);
-  return ms.empty() ? -1 : median(ms);
+  return ms.empty() ? -1 : fastest(ms);
 }
 
 }  // namespace ds::cli

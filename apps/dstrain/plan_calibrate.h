@@ -33,8 +33,8 @@ struct MeasureRequest {
   bool quiet = false;  // --json: progress lines go to stderr either way
 };
 // Runs `layout` (the config with the layout's keys replaced) for r.steps steps through
-// `dstrain launch` and returns the median ms per step after the first; <= 0 when it failed (the
-// failure is printed to stderr).
+// `dstrain launch` and returns the fastest step's ms after the first (the least disturbed by other
+// load); <= 0 when it failed (the failure is printed to stderr).
 double measure_layout(const MeasureRequest& r, const plan::Layout& layout);
 
 }  // namespace ds::cli

@@ -185,12 +185,10 @@ double exposed_comm(double total, int buckets, double window, double overlap) {
 
 namespace {
 
-// Where the layout's ranks sit and how busy the node is.
+// Where the layout's ranks sit and whether a collective can run beside the compute.
 struct Placement {
   int world = 1, per_node = 1;
-  int concurrency = 1;  // ranks computing at once the compute samples are read at
   double overlap = 1;   // 1: a collective runs beside the compute; 0: it takes the compute's core
-  bool shared = false;  // more ranks x threads than cores on a node
 };
 
 Placement placement(const Layout& l, const Calibration& cal) {
@@ -198,15 +196,27 @@ Placement placement(const Layout& l, const Calibration& cal) {
   p.world = l.world_size();
   p.per_node = std::max(1, std::min(p.world, cal.ranks_per_node));
   const int threads = std::max(1, cal.threads_per_rank);
-  if (cal.cpu && cal.cores > 0) {
-    const int rank_slots = std::max(1, cal.cores / threads);
-    p.concurrency = std::min(p.per_node, rank_slots);
-    p.shared = p.per_node * threads > cal.cores;
-    p.overlap = cal.cores >= 2 * p.per_node * threads ? 1 : 0;
-  } else {
-    p.concurrency = cal.cpu ? p.per_node : 1;
-  }
+  if (cal.cpu && cal.cores > 0) p.overlap = cal.cores >= 2 * p.per_node * threads ? 1 : 0;
   return p;
+}
+
+// How many ranks' worth of compute the node delivers when `ranks` compute at once: ranks x
+// t(alone) / t(together), from the samples at the largest measured concurrency <= ranks. A
+// GPU node (or a CPU calibration without concurrency samples) delivers every rank's.
+double node_capacity(const Calibration& cal, const model_spec::Gpt2Shape& s, const Layout& l, int ranks) {
+  if (!cal.cpu || cal.compute.empty()) return ranks;
+  int conc = 1;
+  for (const auto& c : cal.compute) {
+    if (c.concurrency <= ranks) conc = std::max(conc, c.concurrency);
+  }
+  if (conc == 1) {  // not measured together: assume the cores, one rank per core's worth of threads
+    const int slots = cal.cores > 0 ? std::max(1, cal.cores / std::max(1, cal.threads_per_rank)) : ranks;
+    return std::min(ranks, slots);
+  }
+  const PieceTimes alone = compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1);
+  const PieceTimes together = compute_for(cal, s, l.tp, l.micro_batch, l.precision, conc);
+  const double ratio = (alone.layer_fwd + alone.layer_bwd) / (together.layer_fwd + together.layer_bwd);
+  return std::min<double>(ranks, conc * ratio);
 }
 
 // One pipeline stage's micro-batch, split by kind.
@@ -220,7 +230,7 @@ std::vector<StageMb> stage_micro_batches(const model_spec::Gpt2Shape& s, const L
                                          const Calibration& cal, const Placement& pl,
                                          const CommTypes& types) {
   const std::vector<int> bounds = stage_bounds(s, l.pp, l.partition, l.tp);
-  const PieceTimes pc = compute_for(cal, s, l.tp, l.micro_batch, l.precision, pl.concurrency);
+  const PieceTimes pc = compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1);
   const double act = 1.0 * l.micro_batch * s.seq_len * s.n_embd * types.param_bytes;
   const double ar = collective_time(cal, CollectiveOp::kAllReduce, l.tp, false, pl.world / l.tp, act);
   const double p2p = l.pp > 1 ? collective_time(cal, CollectiveOp::kSendRecv, 2, pl.world > pl.per_node,
@@ -326,14 +336,14 @@ StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibr
     t.optimizer = shard / cal.optimizer_rate;
   }
   t.overhead = cal.step_overhead;
-  if (pl.shared) {
-    // The node's compute, its ranks taking turns on pl.concurrency ranks' worth of cores.
-    double work = 0;
-    for (const auto& x : stages) work += l.tp * l.dp * (m * (x.fwd + x.bwd) + t.optimizer);
-    work *= 1.0 * pl.per_node / pl.world;
-    const double bound = work / pl.concurrency + t.dp_comm + t.offload + t.overhead;
-    t.shared_cores = std::max(0.0, bound - t.total());
-  }
+  // The node's compute (every rank's, at the rate of a rank alone) through what the node
+  // delivers with all its ranks at once; tp all-reduces keep a whole group waiting.
+  double work = 0;
+  for (const auto& x : stages) work += l.tp * l.dp * m * (x.fwd + x.bwd);
+  work *= 1.0 * pl.per_node / pl.world;
+  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.dp_comm +
+                       t.optimizer + t.offload + t.overhead;
+  t.shared_cores = std::max(0.0, bound - t.total());
   return t;
 }
 

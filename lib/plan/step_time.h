@@ -35,12 +35,15 @@
 //   overhead = the calibrated fixed cost of a step.
 //   step = schedule + exposed dp + optimizer + offload + overhead.
 //
-// Shared cores (CPU runs): when a node's ranks x threads outnumber its cores, the ranks take
-// turns. Compute is read at the concurrency min(ranks, cores) was measured with, and the step is
-// at least the node's total compute divided by its cores:
-//   step = max(step above, sum over the node's ranks of their compute / cores)
-// The difference is reported as `shared_cores`. A pipeline's idle stages give their core to the
-// others, so pipelines lose less than data parallelism does when cores are short.
+// Shared cores (CPU runs): the pieces above are a rank's alone (concurrency 1), so a pipeline's
+// fill and drain, when few stages compute, run at that speed. When all the node's R ranks
+// compute at once they get what the node delivers: K(R) = c x t_1 / t_c ranks' worth, from the
+// samples at the largest measured concurrency c <= R (R on a GPU node; min(R, cores) without
+// samples together). The step is at least the node's compute through that capacity:
+//   step = max(step above, sum over the node's ranks of m (F + B) / K(R) + tp all-reduces
+//              + exposed dp + optimizer + offload + overhead)
+// The difference is reported as `shared_cores`. Data parallelism keeps every rank busy and pays
+// it in full; a pipeline's idle stages lend their cores to the busy ones, so it pays less.
 // Pure; no I/O.
 #pragma once
 
@@ -106,8 +109,8 @@ struct Calibration {
   double intra_node_bw = 150e9, inter_node_bw = 12.5e9;
 };
 
-// Seconds of one micro-batch through the pieces, at micro-batch b, for the layout's tp, at the
-// node's concurrency (what `compute_for` read, interpolated). `scaled` says the calibration was
+// Seconds of one micro-batch through the pieces, at micro-batch b, for the layout's tp, while
+// `concurrency` ranks compute at once (what `compute_for` read, interpolated). `scaled` says the calibration was
 // of another model shape (rescaled by FLOPs).
 struct PieceTimes {
   double layer_fwd = 0, layer_bwd = 0, embed_fwd = 0, embed_bwd = 0, head = 0;
