@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -29,37 +31,87 @@ int64_t file_size(const std::string& path) {
   return st.st_size;
 }
 
-// Encodes chunks[i] of `text` into out[i] on up to `threads` threads; rethrows the first error.
-void encode_parallel(const Tokenizer& tok, std::string_view text, const std::vector<Chunk>& chunks,
-                     int threads, std::vector<std::vector<uint32_t>>& out) {
-  out.resize(chunks.size());
-  for (auto& o : out) o.clear();
-  std::atomic<size_t> next{0};
-  std::exception_ptr error;
-  std::atomic<bool> failed{false};
-  auto work = [&] {
-    for (size_t i; !failed && (i = next.fetch_add(1)) < chunks.size();) {
+// Threads that live for a whole encode_files call, so that each keeps its tokenizer caches
+// (GPT-2's per-thread piece cache) warm across rounds. run() encodes chunks[i] of `text` into
+// out[i] on the pool and the calling thread, and rethrows the first error.
+class EncodePool {
+ public:
+  EncodePool(const Tokenizer& tok, int threads) : tok_(tok) {
+    for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { loop(); });
+  }
+  ~EncodePool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& w : workers_) w.join();
+  }
+
+  void run(std::string_view text, const std::vector<Chunk>& chunks,
+           std::vector<std::vector<uint32_t>>& out) {
+    out.resize(chunks.size());
+    for (auto& o : out) o.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      text_ = text, chunks_ = &chunks, out_ = &out;
+      next_ = 0, busy_ = static_cast<int>(workers_.size()), error_ = nullptr;
+      ++round_;
+    }
+    cv_.notify_all();
+    work();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_.wait(lock, [&] { return busy_ == 0; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void work() {
+    for (size_t i; (i = next_.fetch_add(1)) < chunks_->size();) {
       try {
-        tok.encode(text.substr(chunks[i].begin, chunks[i].end - chunks[i].begin), out[i]);
+        const Chunk& c = (*chunks_)[i];
+        tok_.encode(text_.substr(c.begin, c.end - c.begin), (*out_)[i]);
       } catch (...) {
-        if (!failed.exchange(true)) error = std::current_exception();
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!error_) error_ = std::current_exception();
+        next_ = chunks_->size();
       }
     }
-  };
-  const int n = std::min<int>(threads, static_cast<int>(chunks.size()));
-  std::vector<std::thread> pool;
-  for (int t = 1; t < n; ++t) pool.emplace_back(work);
-  work();
-  for (auto& t : pool) t.join();
-  if (error) std::rethrow_exception(error);
-}
+  }
+  void loop() {
+    for (uint64_t seen = 0;;) {
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || round_ != seen; });
+        if (stop_) return;
+        seen = round_;
+      }
+      work();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (--busy_ == 0) done_.notify_one();
+    }
+  }
+
+  const Tokenizer& tok_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_;
+  uint64_t round_ = 0;
+  bool stop_ = false;
+  int busy_ = 0;
+  std::atomic<size_t> next_{0};
+  std::string_view text_;
+  const std::vector<Chunk>* chunks_ = nullptr;
+  std::vector<std::vector<uint32_t>>* out_ = nullptr;
+  std::exception_ptr error_;
+};
 
 // The state of one pass over the inputs.
 class Encoder {
  public:
   Encoder(const Tokenizer& tok, const EncodeOptions& o, const TokenSink& sink,
           const ProgressFn& progress)
-      : tok_(tok), o_(o), sink_(sink), progress_(progress) {}
+      : tok_(tok), o_(o), sink_(sink), progress_(progress), pool_(tok, o.threads) {}
 
   EncodeProgress run(const std::vector<std::string>& files);
 
@@ -76,6 +128,7 @@ class Encoder {
   int64_t split_local_ = -1;  // the split byte relative to the round's text, while part_ == 0
   int part_ = 0;
   std::vector<std::vector<uint32_t>> results_;
+  EncodePool pool_;
 };
 
 size_t Encoder::cut_round(std::string_view text, bool eof, std::vector<Chunk>& chunks) {
@@ -129,7 +182,7 @@ void Encoder::encode_file(const std::string& path) {
     if (part_ == 0 && split_at >= 0) split_local_ = split_at - buffer_start;
     chunks.clear();
     const size_t rest = cut_round(text, eof, chunks);
-    encode_parallel(tok_, text, chunks, o_.threads, results_);
+    pool_.run(text, chunks, results_);
     for (size_t i = 0; i < chunks.size(); ++i) {
       sink_(results_[i], chunks[i].part);
       p_.tokens += static_cast<int64_t>(results_[i].size());

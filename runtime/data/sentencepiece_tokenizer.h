@@ -43,6 +43,7 @@ class SentencePieceTokenizer final : public Tokenizer {
  private:
   explicit SentencePieceTokenizer(std::unique_ptr<sentencepiece::SentencePieceProcessor> p);
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  bool drop_newline_ = false;  // the model's normaliser removes a line's trailing '\n'
 };
 
 struct SentencePieceTraining {
