@@ -73,6 +73,33 @@ int32_t checked_count(const std::string& path, size_t n) {
 
 }  // namespace
 
+TokenFileHeader parse_token_file_header(std::string_view header, int64_t file_bytes,
+                                        const std::string& path) {
+  if (header.size() < static_cast<size_t>(kTokenFileHeaderBytes) ||
+      file_bytes < kTokenFileHeaderBytes) {
+    throw invalid_argument(
+        "token file {}: truncated header: the file has {} bytes, the header alone is {} bytes "
+        "(256 int32)",
+        path, std::min<int64_t>(file_bytes, static_cast<int64_t>(header.size())),
+        kTokenFileHeaderBytes);
+  }
+  int32_t h[3];
+  std::memcpy(h, header.data(), sizeof(h));
+  const TokenFormat format = format_of_header(path, h[0], h[1]);
+  const int64_t count = h[2];
+  const int64_t expected_bytes = kTokenFileHeaderBytes + token_width(format) * count;
+  if (count < 0 || expected_bytes != file_bytes) {
+    throw invalid_argument(
+        "token file {}: the header says {} tokens ({} bytes with the header) but the file has "
+        "{} bytes",
+        path, count, expected_bytes, file_bytes);
+  }
+  if (count == 0) {
+    throw invalid_argument("token file {}: empty corpus (the header says 0 tokens)", path);
+  }
+  return {format, count};
+}
+
 TokenFormat token_format_for_vocab(int64_t vocab_size) {
   return vocab_size <= 65536 ? TokenFormat::kU16 : TokenFormat::kU32;
 }
@@ -115,20 +142,10 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
   map_bytes_ = static_cast<size_t>(file_bytes);
 
   try {
-    int32_t header[kTokenFileHeaderInts];
-    std::memcpy(header, map_, sizeof(header));
-    format_ = format_of_header(path, header[0], header[1]);
-    const int64_t count = header[2];
-    const int64_t expected_bytes = kTokenFileHeaderBytes + token_width(format_) * count;
-    if (count < 0 || expected_bytes != file_bytes) {
-      throw invalid_argument(
-          "token file {}: the header says {} tokens ({} bytes with the header) but the file has "
-          "{} bytes",
-          path, count, expected_bytes, file_bytes);
-    }
-    if (count == 0) {
-      throw invalid_argument("token file {}: empty corpus (the header says 0 tokens)", path);
-    }
+    const TokenFileHeader h = parse_token_file_header(
+        std::string_view(static_cast<const char*>(map_), kTokenFileHeaderBytes), file_bytes, path);
+    format_ = h.format;
+    const int64_t count = h.count;
     count_ = count;
     data_ = static_cast<const char*>(map_) + kTokenFileHeaderBytes;
     ::madvise(map_, map_bytes_, MADV_WILLNEED);

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace ds::rt::data {
@@ -33,6 +34,16 @@ inline constexpr int kTokenFileHeaderInts = 256;
 inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;  // 1024
 // llm.c's GPT-2 checkpoint magic, recognised only to say so when one is passed as a token file.
 inline constexpr int32_t kLlmcCheckpointMagic = 20240326;
+
+// A token file's header checked against the file's size: the fuzz entry point (no file system).
+// `header` holds at least the first 1024 bytes. Throws ds::Error naming `path` as TokenFile's
+// constructor does (truncated header, magic, version, count against size, empty corpus).
+struct TokenFileHeader {
+  TokenFormat format;
+  int64_t count;
+};
+TokenFileHeader parse_token_file_header(std::string_view header, int64_t file_bytes,
+                                        const std::string& path);
 
 // A read-only, memory-mapped token file. Move-only; the mapping lives as long as the object.
 // Thread safety: const methods may be called from any number of threads.
