@@ -58,9 +58,12 @@ struct ModelConfig {
   bool tie_embeddings = false;  // lm_head shares the token embedding
 };
 
+// data.train / data.val: a path, a glob ("fineweb_train_*.bin") or a list of them, each resolved
+// against the config's directory; the runtime expands the globs and reads the files in sorted
+// order as one corpus (runtime/data/corpus.h).
 struct DataConfig {
-  std::string train;  // llm.c token file; required when the data section is present
-  std::string val;    // "" = none
+  std::vector<std::string> train;  // llm.c token files; required when the data section is present
+  std::vector<std::string> val;    // empty = none
   bool shuffle = false;
 };
 

@@ -3,6 +3,8 @@
 
 #include "common/error.h"
 #include "data/gpt2_bpe.h"
+#include "data/llmc_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 
 namespace ds::rt::data {
 
@@ -49,6 +51,15 @@ std::unique_ptr<Tokenizer> open_tokenizer(const TokenizerSpec& spec) {
                   "data/gpt2)");
     }
     return Gpt2Tokenizer::from_dir(spec.path);
+  }
+  if (spec.kind == "sentencepiece" || spec.kind == "llmc") {
+    if (spec.path.empty()) {
+      throw invalid_argument("tokenizer {} needs its file ({})", spec.kind,
+                             spec.kind == "llmc" ? "--llmc-tokenizer gpt2_tokenizer.bin"
+                                                 : "--model tokenizer.model");
+    }
+    if (spec.kind == "llmc") return LlmcTokenizer::from_file(spec.path);
+    return SentencePieceTokenizer::from_file(spec.path);
   }
   throw invalid_argument("unknown tokenizer \"{}\": expected byte, gpt2, sentencepiece or llmc",
                          spec.kind);

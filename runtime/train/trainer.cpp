@@ -59,7 +59,7 @@ struct Trainer::Impl {
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
 
-  std::unique_ptr<data::TokenFile> train_file, val_file;
+  std::unique_ptr<data::TokenCorpus> train_file, val_file;  // one file or shards
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<data::ValidationLoader> val_loader;
   // Declaration order is destruction order reversed: the state before the engine it points into.
@@ -95,7 +95,7 @@ struct Trainer::Impl {
 
 // Data first: a bad corpus should fail before we connect or allocate the model.
 void Trainer::Impl::open_data(int dp_rank) {
-  train_file = std::make_unique<data::TokenFile>(cfg.data.train, cfg.model.vocab_size);
+  train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, cfg.model.vocab_size);
   data::LoaderOptions lo;
   lo.batch_size = B;
   lo.seq_len = T;
@@ -106,7 +106,7 @@ void Trainer::Impl::open_data(int dp_rank) {
   lo.seed = cfg.training.seed;
   loader = std::make_unique<data::DataLoader>(*train_file, lo);
   if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
-    val_file = std::make_unique<data::TokenFile>(cfg.data.val, cfg.model.vocab_size);
+    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.vocab_size);
     val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
   }
 }

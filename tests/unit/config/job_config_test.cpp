@@ -140,8 +140,14 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.pipeline.stages: pipeline.stages (8) must not exceed model.n_layer (4)"},
       {"{" + mb + R"("data": {"val": "v.bin"}})", 1,
        "t.json:1: $.data: missing required key \"train\" (the training token file)"},
-      {"{" + mb + R"("data": {"train": ""}})", 1, "t.json:1: $.data.train: expected a non-empty path, got \"\""},
-      {"{" + mb + R"("data": {"train": 7}})", 1, "t.json:1: $.data.train: expected a string, got 7"},
+      {"{" + mb + R"("data": {"train": ""}})", 1,
+       "t.json:1: $.data.train: expected a token file path or glob (a non-empty string), got \"\""},
+      {"{" + mb + R"("data": {"train": 7}})", 1,
+       "t.json:1: $.data.train: expected a token file path or glob (a non-empty string), got 7"},
+      {"{" + mb + R"("data": {"train": ["a.bin", 3]}})", 1,
+       "t.json:1: $.data.train[1]: expected a token file path or glob (a non-empty string), got 3"},
+      {"{" + mb + R"("data": {"train": []}})", 1,
+       "t.json:1: $.data.train: expected at least one token file path or glob, got []"},
       {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
        "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file)"},
       {"{" + mb + R"("training": {"checkpoint_interval": 100}})", 1,
@@ -460,12 +466,18 @@ TEST(JobConfig, RelativePathsAreRelativeToTheConfigFile) {
     "data": {"train": "../data/kjv/train.bin", "val": "/abs/val.bin"},
     "training": {"checkpoint_dir": "ckpt/run1"}})";
   JobConfig c = parse_job_config(text, "configs/x.json", 1);
-  EXPECT_EQ(c.data.train, "data/kjv/train.bin");
-  EXPECT_EQ(c.data.val, "/abs/val.bin");
+  using Paths = std::vector<std::string>;
+  EXPECT_EQ(c.data.train, Paths{"data/kjv/train.bin"});
+  EXPECT_EQ(c.data.val, Paths{"/abs/val.bin"});
   EXPECT_EQ(c.model.init_from, "configs/w.bin");
   EXPECT_EQ(c.training.checkpoint_dir, "configs/ckpt/run1");
-  EXPECT_EQ(parse_job_config(text, "/srv/job/x.json", 1).data.train, "/srv/data/kjv/train.bin");
-  EXPECT_EQ(parse_job_config(text, "x.json", 1).data.train, "../data/kjv/train.bin");
+  EXPECT_EQ(parse_job_config(text, "/srv/job/x.json", 1).data.train, Paths{"/srv/data/kjv/train.bin"});
+  EXPECT_EQ(parse_job_config(text, "x.json", 1).data.train, Paths{"../data/kjv/train.bin"});
+  const char* shards = R"({"train_batch_size": 8,
+    "data": {"train": ["s/train_*.bin", "/abs/extra.bin"], "val": "s/val_*.bin"}})";
+  JobConfig sc = parse_job_config(shards, "configs/x.json", 1);
+  EXPECT_EQ(sc.data.train, (Paths{"configs/s/train_*.bin", "/abs/extra.bin"}));
+  EXPECT_EQ(sc.data.val, Paths{"configs/s/val_*.bin"});
   EXPECT_EQ(parse_job_config(text, "", 1).model.init_from, "w.bin");
 }
 
@@ -549,8 +561,8 @@ TEST(JobConfig, TheMainJobConfigIsTheTinyByteLevelModel) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.training.device, "cpu");
-  EXPECT_EQ(c.data.train, std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin");
-  EXPECT_EQ(c.data.val, std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin");
+  EXPECT_EQ(c.data.train, std::vector<std::string>{std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin"});
+  EXPECT_EQ(c.data.val, std::vector<std::string>{std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin"});
   EXPECT_TRUE(c.warnings.empty());
 }
 
