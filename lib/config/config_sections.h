@@ -12,6 +12,7 @@
 //   config_parallel.cpp   pipeline, tensor_parallel
 //   config_model.cpp      model, activation_checkpointing
 //   config_training.cpp   data, training, checkpoint
+//   config_monitors.cpp   tensorboard, csv_monitor
 //   config_validate.cpp   the rules across sections (batch triad against the world size, the
 //                         model against the layout, ...): config_validate.h
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
@@ -99,5 +100,10 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
 Json training_to_json(const TrainingConfig& c);
 void read_checkpoint(Section& root);
 Json checkpoint_to_json(const CheckpointConfig& c);
+
+// --- monitors: tensorboard, csv_monitor (config_monitors.cpp) -------------------------------
+// `key` is the section's name; output_path resolves against config_path ("" = its directory).
+void read_monitor(Section& root, const std::string& key, const std::string& config_path, MonitorConfig& out);
+Json monitor_to_json(const MonitorConfig& c);
 
 }  // namespace ds::config::detail

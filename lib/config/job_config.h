@@ -161,6 +161,13 @@ struct TensorParallelConfig {
   int size = 1;
 };
 
+// DeepSpeed's `tensorboard` and `csv_monitor` sections: rank 0 writes under output_path/job_name.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // resolved against the config's directory ("" there = that directory)
+  std::string job_name = "DeepSpeedJobName";
+};
+
 struct CheckpointConfig {
   // DeepSpeed's checkpoint section (tag_validation, load_universal, ...): accepted with
   // warnings; dstrain's checkpoint settings live in `training`.
@@ -199,6 +206,7 @@ struct JobConfig {
   PipelineConfig pipeline;
   TensorParallelConfig tensor_parallel;
   CheckpointConfig checkpoint;
+  MonitorConfig tensorboard, csv_monitor;
   ModelConfig model;
   DataConfig data;
   TrainingConfig training;

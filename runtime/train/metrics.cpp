@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "train/monitors.h"
 
 namespace ds::rt::train {
 
@@ -37,8 +38,31 @@ void MetricsReporter::note(const std::string& line) {
   std::fflush(stdout);
 }
 
+void MetricsReporter::add_monitors(std::vector<std::unique_ptr<Monitor>> monitors, int64_t samples_per_step,
+                                   bool fp16) {
+  if (!enabled_) return;
+  for (auto& m : monitors) monitors_.push_back(std::move(m));
+  samples_per_step_ = samples_per_step;
+  fp16_ = fp16;
+}
+
+void MetricsReporter::write_monitors(const StepRecord& r) {
+  if (monitors_.empty()) return;
+  const auto scalars = monitor_scalars(r, fp16_);
+  for (auto it = monitors_.begin(); it != monitors_.end();) {
+    try {
+      (*it)->write(r.step * samples_per_step_, scalars);
+      ++it;
+    } catch (const Error& e) {
+      note(fmt::format("warning: {}; training continues without the {}", e.what(), (*it)->what()));
+      it = monitors_.erase(it);
+    }
+  }
+}
+
 void MetricsReporter::report(const StepRecord& r) {
   if (!enabled_) return;
+  write_monitors(r);
   if (file_) {
     nlohmann::ordered_json j;
     j["step"] = r.step;

@@ -1,14 +1,17 @@
 // What a training run reports: one record per step, printed as a console line (and a progress
 // bar with ETA when stdout is a terminal) and appended as one JSON object per line to --metrics.
 // Only the reporting rank (rank 0) writes; other ranks construct a silent reporter. A metrics file
-// that stops accepting writes (a full disk) is warned about once; training continues.
+// that stops accepting writes (a full disk) is warned about once; training continues. The
+// reporter also feeds DeepSpeed's monitors (monitors.h: TensorBoard, CSV).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -34,6 +37,8 @@ struct StepRecord {
   nlohmann::ordered_json extra;  // more fields for the metrics file (e.g. planned bytes)
 };
 
+class Monitor;  // monitors.h
+
 class MetricsReporter {
  public:
   // `metrics_path` empty: no file. `enabled` false: prints and writes nothing (non-zero ranks).
@@ -48,6 +53,9 @@ class MetricsReporter {
   void report(const StepRecord& r);
   // A free-form line to the console (rank 0 only), e.g. the plan beside the measured peak.
   void note(const std::string& line);
+  // Monitors (monitors.h) that get every reported step's scalars at step x samples_per_step; one
+  // whose write fails warns once and is dropped, and training continues.
+  void add_monitors(std::vector<std::unique_ptr<Monitor>> monitors, int64_t samples_per_step, bool fp16);
 
  private:
   bool enabled_;
@@ -57,6 +65,10 @@ class MetricsReporter {
   int log_interval_;
   bool tty_;
   bool bar_shown_ = false;
+  std::vector<std::unique_ptr<Monitor>> monitors_;
+  int64_t samples_per_step_ = 0;
+  bool fp16_ = false;
+  void write_monitors(const StepRecord& r);
 };
 
 }  // namespace ds::rt::train

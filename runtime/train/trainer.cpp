@@ -36,6 +36,7 @@
 #include "train/initial_weights.h"
 #include "train/llmc_export.h"
 #include "train/metrics.h"
+#include "train/monitors.h"
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/run_config.h"
@@ -380,6 +381,7 @@ TrainResult Trainer::run() {
     math.emplace(s.precision == Precision::kBf16 ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
   }
   try {
+    if (s.rank == 0) reporter.add_monitors(open_monitors(s.cfg, s.next_step > 1), s.cfg.train_batch_size, s.cfg.fp16.enabled);
     s.run_steps(stop, settings, reporter, result);
   } catch (const Error& e) {
     s.engine->host_world().fail(e);  // the peers' waits end naming this rank's error

@@ -1,9 +1,17 @@
 // What a run shows of itself, through real `dstrain train` runs (alone and under `dstrain launch`)
 // on a tiny model: the wall-clock breakdown adds up to the step time (one process, ZeRO-2 over two
-// ranks, a two-stage pipeline), MFU and TFLOP/s equal the formula for the config's peak.
+// ranks, a two-stage pipeline), MFU and TFLOP/s equal the formula for the config's peak;
+// TensorBoard event files, read back by an independent Python reader (its own CRC-32C and
+// protobuf decoder), and the CSV monitor's files hold the --metrics values step by step; an
+// unwritable output_path stops the run before training, a monitor that fails to write later
+// warns once and training continues.
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -13,6 +21,7 @@
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
+#include "support/run_command.h"
 
 namespace ds {
 namespace {
@@ -133,6 +142,124 @@ TEST_F(Monitors, MfuAgainstAMeasuredPeakOnTheCpu) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_NE(r.out.find("(measured: a fp32 512x768x1536 matmul at start-up"), std::string::npos) << r.out;
   for (const auto& m : r.metrics) EXPECT_GT(m.at("mfu").get<double>(), 0);
+}
+
+// The scalars a monitor must hold for one metrics record: DeepSpeed's tags and ours.
+std::vector<std::pair<std::string, double>> expected_scalars(const json& m) {
+  const std::string p = "Train/Samples/";
+  std::vector<std::pair<std::string, double>> out = {{p + "train_loss", m["loss"]}, {p + "lr", m["lr"]},
+                                                     {p + "loss_scale", m["loss_scale"]}};
+  const double fwd = m["time_forward_ms"], bwd = m["time_backward_ms"], red = m["time_reduce_ms"];
+  out.push_back({p + "elapsed_time_ms_forward", fwd});
+  out.push_back({p + "elapsed_time_ms_backward", bwd + red});
+  out.push_back({p + "elapsed_time_ms_backward_inner", bwd});
+  out.push_back({p + "elapsed_time_ms_backward_allreduce", red});
+  out.push_back({p + "elapsed_time_ms_step", m["time_optimizer_ms"]});
+  for (const char* k : {"grad_norm", "tokens_per_s", "tflops", "mfu", "val_loss"}) {
+    if (m.contains(k)) out.push_back({p + k, m[k]});
+  }
+  for (const auto& [k, v] : m.items()) {
+    if (k.rfind("peak_bytes_", 0) == 0) out.push_back({p + k, v.get<double>()});
+  }
+  return out;
+}
+
+TEST_F(Monitors, TensorBoardAndCsvHoldTheMetrics) {
+  namespace fs = std::filesystem;
+  json cfg = config(6);
+  cfg["fp16"] = {{"enabled", true}};
+  cfg["tensorboard"] = {{"enabled", true}, {"output_path", dir_->path() + "/tb"}, {"job_name", "job1"}};
+  cfg["csv_monitor"] = {{"enabled", true}, {"output_path", dir_->path() + "/csv"}, {"job_name", "job1"}};
+  const auto r = run(1, cfg);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  ASSERT_EQ(r.metrics.size(), 6u);
+
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir_->path() + "/tb/job1")) files.push_back(e.path());
+  ASSERT_EQ(files.size(), 1u);
+  const std::string name = files[0].filename().string();
+  EXPECT_TRUE(std::regex_match(name, std::regex(R"(events\.out\.tfevents\.\d{10}\.[^.]+.*\.\d+)"))) << name;
+  const auto read = test::run_command("/usr/bin/python3 " + std::string(DS_SOURCE_DIR) +
+                                      "/tests/multiproc/monitors/read_tfevents.py " + files[0].string());
+  ASSERT_EQ(read.exit_code, 0) << read.err;
+  const json tb = json::parse(read.out);
+  EXPECT_EQ(tb["file_version"], "brain.Event:2");
+  ASSERT_EQ(tb["events"].size(), r.metrics.size());
+  for (size_t i = 0; i < r.metrics.size(); ++i) {
+    const json& m = r.metrics[i];
+    const json& ev = tb["events"][i];
+    EXPECT_EQ(ev["step"].get<int64_t>(), m["step"].get<int64_t>() * 8) << "the step is the sample count";
+    const auto want = expected_scalars(m);
+    EXPECT_EQ(ev["values"].size(), want.size()) << ev.dump();
+    for (const auto& [tag, v] : want) {
+      ASSERT_TRUE(ev["values"].contains(tag)) << tag << " at step " << m["step"];
+      EXPECT_EQ(ev["values"][tag].get<float>(), static_cast<float>(v)) << tag << " at step " << m["step"];
+    }
+  }
+  EXPECT_TRUE(tb["events"][2]["values"].contains("Train/Samples/val_loss"));
+  EXPECT_FALSE(tb["events"][1]["values"].contains("Train/Samples/val_loss"));
+
+  // CSV: one file per tag, DeepSpeed's header, the exact metrics values (a val_loss row only at
+  // evaluation steps).
+  std::map<std::string, std::vector<std::pair<int64_t, double>>> rows;
+  for (const auto& m : r.metrics) {
+    for (const auto& [tag, v] : expected_scalars(m)) rows[tag].push_back({m["step"].get<int64_t>() * 8, v});
+  }
+  for (const auto& [tag, want] : rows) {
+    std::string file = tag;
+    std::replace(file.begin(), file.end(), '/', '_');
+    std::ifstream in(dir_->path() + "/csv/job1/" + file + ".csv");
+    ASSERT_TRUE(in) << file;
+    std::string line;
+    std::getline(in, line);
+    EXPECT_EQ(line, "step," + tag.substr(tag.rfind('/') + 1));
+    for (const auto& [samples, v] : want) {
+      ASSERT_TRUE(std::getline(in, line)) << file;
+      const size_t comma = line.find(',');
+      EXPECT_EQ(std::stoll(line.substr(0, comma)), samples) << file;
+      EXPECT_EQ(std::stod(line.substr(comma + 1)), v) << file << ": " << line;
+    }
+    EXPECT_FALSE(std::getline(in, line)) << file << " has more rows than steps";
+  }
+}
+
+TEST_F(Monitors, UnwritableOutputPathIsAnErrorBeforeTraining) {
+  std::ofstream(dir_->path() + "/a_file") << "x";
+  json cfg = config(3);
+  cfg["tensorboard"] = {{"enabled", true}, {"output_path", dir_->path() + "/a_file/tb"}};
+  auto r = run(1, cfg);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("$.tensorboard.output_path: cannot create the directory " + dir_->path() +
+                       "/a_file/tb/DeepSpeedJobName"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(r.metrics.empty()) << "no step ran";
+  cfg.erase("tensorboard");
+  cfg["csv_monitor"] = {{"enabled", true}, {"output_path", dir_->path() + "/a_file"}, {"job_name", "j"}};
+  r = run(1, cfg);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_NE(r.err.find("$.csv_monitor.output_path: cannot create the directory"), std::string::npos) << r.err;
+}
+
+// A file-size limit (RLIMIT_FSIZE) stops the event file's growth after a few steps: the writer
+// warns once, the run trains to its last step and exits 0.
+TEST_F(Monitors, AMonitorThatCannotWriteWarnsOnceAndTrainingContinues) {
+  json cfg = config(30);
+  cfg["tensorboard"] = {{"enabled", true}, {"output_path", dir_->path() + "/tb_full"}};
+  cfg["training"]["log_interval"] = 30;
+  const std::string cfg_path = dir_->path() + "/full.json";
+  std::ofstream(cfg_path) << cfg.dump();
+  const auto r = test::run_command("ulimit -f 8; exec env -u RANK -u WORLD_SIZE -u DSTRAIN_STORE OMP_NUM_THREADS=1 " +
+                                   std::string(DS_DSTRAIN_BIN) + " train -c " + cfg_path);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.out.find("step 30/30"), std::string::npos) << r.out;
+  const std::string warn = "training continues without the tensorboard event file";
+  const size_t at = r.out.find(warn);
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find(warn, at + 1), std::string::npos) << "warned once\n" << r.out;
+  EXPECT_NE(r.out.find("warning: cannot write " + dir_->path() + "/tb_full/DeepSpeedJobName/events.out.tfevents."),
+            std::string::npos)
+      << r.out;
 }
 
 }  // namespace

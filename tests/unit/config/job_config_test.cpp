@@ -333,7 +333,9 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(j["communication_data_type"], "fp32");
   EXPECT_EQ(j["wall_clock_breakdown"], false);
   EXPECT_EQ(j["training"]["peak_tflops"], 0.0);
-  EXPECT_EQ(j.size(), 20u);
+  EXPECT_EQ(j["tensorboard"]["enabled"], false);
+  EXPECT_EQ(j["csv_monitor"]["job_name"], "DeepSpeedJobName");
+  EXPECT_EQ(j.size(), 22u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
@@ -437,10 +439,13 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
       "ds.json:11: $.scheduler.params.last_batch_iteration: DeepSpeed key accepted but not acted on "
       "by dstrain (resuming restores the step from the checkpoint)",
       "ds.json:4: $.flops_profiler: DeepSpeed key accepted but not acted on by dstrain",
-      "ds.json:5: $.tensorboard: DeepSpeed key accepted but not acted on by dstrain",
   };
   EXPECT_EQ(c.warnings, want);
-  EXPECT_FALSE(c.wall_clock_breakdown);  // read: dstrain acts on it
+  // Read: dstrain acts on them.
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.output_path, "tb/");  // against the config's directory (none here)
+  EXPECT_EQ(c.tensorboard.job_name, "DeepSpeedJobName");
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_EQ(c.zero.offload_param.device, "none");
   EXPECT_EQ(c.pipeline.stages, 1);
