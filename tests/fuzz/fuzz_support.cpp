@@ -13,20 +13,25 @@ namespace ds::fuzz {
 
 namespace fs = std::filesystem;
 
+namespace {
+// Never destroyed: the exit handler that removes the directory runs after static destructors.
+const std::string* g_scratch = nullptr;
+}  // namespace
+
 const std::string& scratch_dir() {
-  static const std::string dir = [] {
+  if (g_scratch == nullptr) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/dstrain-fuzz-XXXXXX";
     std::vector<char> buf(pattern.begin(), pattern.end());
     buf.push_back('\0');
     if (::mkdtemp(buf.data()) == nullptr) invariant_failed("mkdtemp for the scratch directory");
+    g_scratch = new std::string(buf.data());
     std::atexit([] {
       std::error_code ec;
-      fs::remove_all(scratch_dir(), ec);
+      fs::remove_all(*g_scratch, ec);
     });
-    return std::string(buf.data());
-  }();
-  return dir;
+  }
+  return *g_scratch;
 }
 
 std::string write_scratch(const std::string& name, const uint8_t* data, size_t size) {
