@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package dstrain needs to build, test and run its main job (the cluster
 # tests run a real Slurm cluster, Open MPI's mpirun and MPICH's Hydra: slurm-wlm, munge,
-# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side).
+# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side; the fuzz targets need clang
+# with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev)).
 # Idempotent: packages already present are left alone; apt-get update runs only when
 # something is missing. Run as root (or with sudo available).
 #
@@ -19,6 +20,7 @@ packages=(
   openssh-server openssh-client procps iproute2
   slurm-wlm munge openmpi-bin mpich
   bible-kjv bible-kjv-text
+  clang libclang-rt-dev libomp-dev
 )
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch libjemalloc2 hyperfine)
