@@ -198,15 +198,8 @@ AgentConfig config_of(const AgentProcessOptions& o, const std::string& token) {
 
 // One generation (a "start" line): runs the node's workers until they end or the controller
 // stops them. Returns the agent process's exit status when it must end now, else nullopt.
-std::optional<int> run_generation(const std::string& line, AgentConfig& cfg, StdinLines& in,
+std::optional<int> run_generation(const proto::LauncherMessage& start, AgentConfig& cfg, StdinLines& in,
                                   SignalPipe& signals, ProtocolListener& listener, int out_fd) {
-  auto f = proto::split_fields(line, 4);
-  auto mport = f.size() == 4 ? parse_int(f[2]) : std::nullopt;
-  auto restart = f.size() == 4 ? parse_int(f[3]) : std::nullopt;
-  if (!mport || !restart) {
-    write_out(out_fd, proto::msg_fatal("agent: malformed start line from the launcher"));
-    return 1;
-  }
   bool quit = false;
   Agent agent(cfg, listener, signals);
   auto on_control = [&] {
@@ -223,7 +216,7 @@ std::optional<int> run_generation(const std::string& line, AgentConfig& cfg, Std
     if (in.eof()) stop = quit = true;
     return stop;
   };
-  GenerationResult r = agent.run(f[1], static_cast<int>(*mport), static_cast<int>(*restart), in.fd(), on_control);
+  GenerationResult r = agent.run(start.store_addr, start.master_port, start.restart_count, in.fd(), on_control);
   write_out(out_fd, proto::msg_done());
   if (r.stop_signal != 0) return 128 + r.stop_signal;
   if (quit) return 0;
@@ -249,11 +242,12 @@ int run_agent_process(const AgentProcessOptions& o) {
   if (token.empty()) {
     Wait w = next_line(in, signals, Deadline::after(o.token_timeout), &line, &sig);
     if (w == Wait::kSignal) return 128 + sig;
-    if (w != Wait::kLine || !starts_with(line, "token ")) {
+    auto m = w == Wait::kLine ? proto::parse_launcher_message(line) : proto::LauncherMessage{};
+    if (m.kind != proto::LauncherMessage::Kind::kToken) {
       return fatal(fmt::format("agent on {}: expected the job token on stdin within {}", host,
                                net::format_seconds(o.token_timeout)));
     }
-    token = line.substr(6);
+    token = m.token;
   }
   AgentConfig cfg = config_of(o, token);
 
@@ -278,19 +272,20 @@ int run_agent_process(const AgentProcessOptions& o) {
     if (w == Wait::kSignal) return 128 + sig;
     if (w == Wait::kEof) return 0;
     if (w != Wait::kLine) continue;
-    if (line == "quit") return 0;
-    if (proto::parse_stop(line)) {
+    using K = proto::LauncherMessage::Kind;
+    proto::LauncherMessage m = proto::parse_launcher_message(line);
+    if (m.kind == K::kQuit) return 0;
+    if (m.kind == K::kMalformed) return fatal("agent: " + m.error);
+    if (m.kind == K::kStop) {
       write_out(o.out_fd, proto::msg_done());
       continue;
     }
-    if (starts_with(line, "env ")) {
-      auto eq = line.find('=');
-      if (eq == std::string::npos) return fatal("agent: malformed env line from the launcher");
-      cfg.user_env.emplace_back(line.substr(4, eq - 4), proto::unescape(line.substr(eq + 1)));
+    if (m.kind == K::kEnv) {
+      cfg.user_env.emplace_back(m.key, m.value);
       continue;
     }
-    if (starts_with(line, "start ")) {
-      if (auto status = run_generation(line, cfg, in, signals, listener, o.out_fd)) return *status;
+    if (m.kind == K::kStart) {
+      if (auto status = run_generation(m, cfg, in, signals, listener, o.out_fd)) return *status;
       continue;
     }
     spdlog::warn("agent on {}: ignoring unknown message from the launcher", host);

@@ -68,4 +68,38 @@ std::string msg_stop(int first_signal = SIGTERM);
 std::optional<int> parse_stop(std::string_view line);
 std::string msg_quit();
 
+// What the launcher reads from an agent (remote_job.cpp), parsed and range-checked. A line whose
+// verb is not the protocol's, or whose fields are not the protocol's integers, is kText: a login
+// shell's or a missing program's words, shown as they are. Protocol lines with values out of range
+// (a rank outside [0, world_size), a port outside 1..65535, a signal outside 1..64) are kMalformed:
+// the launcher fails that node with `text` as the reason.
+struct AgentMessage {
+  enum class Kind { kStore, kStarted, kOut, kExit, kDone, kFatal, kBeat, kText, kMalformed };
+  Kind kind = Kind::kText;
+  int rank = -1;                        // kStarted, kOut, kExit
+  int stream = 1;                       // kOut: 1 stdout, 2 stderr
+  ExitStatus status;                    // kExit
+  long pid = 0;                         // kStarted, kBeat
+  int store_port = 0, master_port = 0;  // kStore
+  std::string text;                     // kOut: the line; kFatal: the message; kText: the line;
+                                        // kMalformed: what is wrong
+};
+AgentMessage parse_agent_message(std::string_view line, int world_size);
+
+// What an agent reads from the launcher (agent_main.cpp), parsed and checked: env names are
+// variable names, start's store is host:port, its master port 0..65535 (0: pick a free one) and
+// its restart count >= 0. Anything else is kMalformed with `error` saying what is wrong, except an
+// unknown verb (kUnknown: a newer launcher's message, ignored with a warning).
+struct LauncherMessage {
+  enum class Kind { kToken, kEnv, kStart, kStop, kQuit, kUnknown, kMalformed };
+  Kind kind = Kind::kUnknown;
+  std::string token;                         // kToken
+  std::string key, value;                    // kEnv (value unescaped)
+  std::string store_addr;                    // kStart
+  int master_port = 0, restart_count = 0;    // kStart
+  int signal = SIGTERM;                      // kStop
+  std::string error;                         // kMalformed
+};
+LauncherMessage parse_launcher_message(std::string_view line);
+
 }  // namespace ds::launch::proto

@@ -154,40 +154,30 @@ class RemoteJob {
   }
 
   void handle_line(RemoteNode& n, const std::string& line) {
-    auto f = proto::split_fields(line, 4);
-    const std::string& verb = f[0];
     n.last_heard = SteadyClock::now();
-    if (verb == "beat" && f.size() == 2) {
-      if (auto pid = parse_int(f[1])) n.agent_pid = static_cast<long>(*pid);
-    } else if (verb == "out" && f.size() == 4) {
-      auto rank = parse_int(f[1]);
-      if (rank) mux_.line(static_cast<int>(*rank), f[2] == "2" ? 2 : 1, proto::unescape(f[3]));
-    } else if (verb == "exit" && f.size() == 4) {
-      auto rank = parse_int(f[1]);
-      auto val = parse_int(f[3]);
-      if (!rank || !val) return;
-      ExitStatus st;
-      (f[2] == "signal" ? st.signal : st.code) = static_cast<int>(*val);
-      on_rank_exit(n, static_cast<int>(*rank), st);
-    } else if (verb == "started") {
-      spdlog::debug("rank {} on {}: pid {}", f.size() > 1 ? f[1] : "?", n.spec->host,
-                    f.size() > 2 ? f[2] : "?");
-    } else if (verb == "done") {
-      n.gen_done = true;
-    } else if (verb == "store" && f.size() >= 3) {
-      auto sp = parse_int(f[1]);
-      auto mp = parse_int(f[2]);
-      if (!sp || !mp) return node_failed(n, "node 0's agent sent a malformed store line");
-      store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, *sp);
-      master_port_ = static_cast<int>(*mp);
-      spdlog::debug("job {}: store at {}, MASTER_PORT {}", job_id_, store_addr_, master_port_);
-      send_all(proto::msg_start(store_addr_, master_port_, restart_));
-    } else if (verb == "fatal") {
-      std::string msg = proto::unescape(line.size() > 6 ? line.substr(6) : "");
-      node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, msg));
-    } else {
-      // Not the protocol: a login shell's or a missing program's words. Show them as they are.
-      mux_.note(fmt::format("[agent {}] {}", n.spec->host, line));
+    using K = proto::AgentMessage::Kind;
+    proto::AgentMessage m = proto::parse_agent_message(line, spec_.world.world_size());
+    switch (m.kind) {
+      case K::kOut: return mux_.line(m.rank, m.stream, m.text);
+      case K::kExit: return on_rank_exit(n, m.rank, m.status);
+      case K::kStarted: spdlog::debug("rank {} on {}: pid {}", m.rank, n.spec->host, m.pid); return;
+      case K::kDone: n.gen_done = true; return;
+      case K::kBeat: n.agent_pid = m.pid; return;
+      case K::kStore:
+        store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, m.store_port);
+        master_port_ = m.master_port;
+        spdlog::debug("job {}: store at {}, MASTER_PORT {}", job_id_, store_addr_, master_port_);
+        send_all(proto::msg_start(store_addr_, master_port_, restart_));
+        return;
+      case K::kFatal:
+        return node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, m.text));
+      case K::kMalformed:
+        return node_failed(n, fmt::format("node {} ({}): the agent broke the protocol: {}", n.spec->node_rank,
+                                          n.spec->host, m.text));
+      case K::kText:
+        // Not the protocol: a login shell's or a missing program's words. Show them as they are.
+        mux_.note(fmt::format("[agent {}] {}", n.spec->host, line));
+        return;
     }
   }
 

@@ -452,6 +452,21 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
 }
 
+// DeepSpeed's tests/torch_compile configs (until 2026) carried fp16's loss-scaling keys inside bf16;
+// DeepSpeed <= 0.17.0 ignored them: warnings here. Any other unknown bf16 key stays an error.
+TEST(JobConfig, Fp16LossScalingKeysInsideBf16AreWarnings) {
+  JobConfig c = parse_job_config(R"({"train_batch_size": 8,
+  "bf16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
+           "min_loss_scale": 1, "initial_scale_power": 15}})", "tc.json", 1);
+  ASSERT_EQ(c.warnings.size(), 5u);
+  EXPECT_EQ(c.warnings[0], "tc.json:2: $.bf16.loss_scale: fp16's loss-scaling key inside bf16, ignored: bf16 needs "
+                           "no loss scaling (DeepSpeed 0.17.0 and older ignore it too; DeepSpeed 0.17.1 and newer "
+                           "reject it, so remove it)");
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "bf16": {"enabled": true, "loss_scal": 0}})"),
+            std::vector<std::string>{"t.json:1: $.bf16.loss_scal: unknown key (did you mean \"loss_scale\"?)"});
+}
+
 TEST(JobConfig, DeprecatedZeroFormsAreReadAsDeepSpeedReadsThem) {
   JobConfig b = parse_job_config(R"({"train_batch_size": 8, "zero_optimization": true})", "t.json", 1);
   EXPECT_EQ(b.zero.stage, 1);
