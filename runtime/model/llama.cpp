@@ -13,6 +13,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/progress.h"
 #include "kernels/dispatch.h"
 #include "kernels/llama_typed.h"
 #include "kernels/typed.h"
@@ -318,6 +319,7 @@ void Llama::blocks_forward(Activations& act, int l0, int l1) {
     const Unit u{UnitKind::kLayer, l};
     const LlamaLayerWeights w = layer_weights(unit_params(u));
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    progress::bump();  // comm/beacon.h: a slow step is not a hang
     hooks_->params_done(u);
   }
 }
@@ -335,6 +337,7 @@ void Llama::blocks_backward(Activations& act, int l0, int l1) {
     layer_backward(la, x, w, g);  // dres: d(out) -> d(x)
     hooks_->params_done(u);
     hooks_->grads_ready(u);
+    progress::bump();
   }
 }
 

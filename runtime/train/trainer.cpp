@@ -213,8 +213,8 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
   if (pp() > 1) return pipeline_micro_batches(step, scale, bubble, clock);
   parallel::ZeroEngine& zero = engine->zero();
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
-  Gpt2& model = engine->model();
-  Gpt2Activations& acts = engine->activations();
+  Model& model = engine->model();
+  Activations& acts = engine->activations();
   const auto& part = model.part();
   double loss_sum = 0;
   // Gpt2::forward_backward's pieces, with a lap after each phase (step_clock.h).
