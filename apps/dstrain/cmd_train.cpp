@@ -32,6 +32,7 @@ struct TrainCmdOptions {
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
   std::string export_llmc_dtype = "fp32";  // fp32 (version 3) or bf16 (version 5)
+  double comm_timeout = 0;                 // > 0: overrides training.comm_timeout
 };
 
 // How many times the job was restarted: by dstrain launch --max-restarts, or by Slurm (requeue).
@@ -54,6 +55,7 @@ int run_train(const TrainCmdOptions& o) {
   const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
   auto cfg = config::load_job_config(o.config, world);
+  if (o.comm_timeout > 0) cfg.training.comm_timeout = o.comm_timeout;
   for (const auto& w : cfg.warnings) {
     if (rank0) std::cerr << "dstrain: warning: " << w << "\n";
   }
@@ -122,6 +124,10 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                   "writes: every weight rounded to bf16 once)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
+  sub->add_option("--comm-timeout", o->comm_timeout,
+                  "seconds a rank may show no progress while the others wait for it in a collective "
+                  "before the job fails naming it (default: training.comm_timeout, 60)")
+      ->check(CLI::Range(0.001, 86400.0));
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");
   // Test hook (hidden): one gradient element (global element 0, on rank 0) becomes +inf.

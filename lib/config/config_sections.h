@@ -3,7 +3,8 @@
 // unknown keys, DeepSpeed keys accepted with a warning) and checks the rules that involve only
 // that section; each writer is that section's part of JobConfig::to_json(). A reader's defining
 // file also holds its writer:
-//   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping, and the
+//   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping,
+//                         wall_clock_breakdown, and the
 //                         top-level DeepSpeed keys accepted without effect
 //   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
 //   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
@@ -36,7 +37,7 @@ struct BatchKeys {
 BatchKeys read_top_level(Section& root, JobConfig& cfg);
 // After every section: the top-level DeepSpeed keys accepted without effect, then unknown keys.
 void finish_top_level(Section& root);
-void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the five top-level scalars
+void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the six top-level scalars
 
 // --- precision ------------------------------------------------------------------------------
 void read_fp16(Section& root, Fp16Config& out);

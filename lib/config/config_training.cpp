@@ -55,6 +55,8 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   bool ckpt_given = s.get_int("checkpoint_interval", out.checkpoint_interval, 0);
   s.get_int("keep_last", out.keep_last, 0);
   s.get_choice("device", out.device, {"cpu", "cuda"});
+  s.get_number("comm_timeout", out.comm_timeout, 0, kInf, /*lo_open=*/true);
+  s.get_number("peak_tflops", out.peak_tflops, 0);
   s.finish();
   if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
     ctx.error(s.child("checkpoint_interval"),
@@ -73,7 +75,9 @@ Json training_to_json(const TrainingConfig& c) {
               {"checkpoint_dir", string_or_null(c.checkpoint_dir)},
               {"checkpoint_interval", c.checkpoint_interval},
               {"keep_last", c.keep_last},
-              {"device", c.device}};
+              {"device", c.device},
+              {"comm_timeout", c.comm_timeout},
+              {"peak_tflops", c.peak_tflops}};
 }
 
 void read_checkpoint(Section& root) {

@@ -66,6 +66,12 @@ struct TrainingConfig {
   int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
   int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
   std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
+  // Seconds a rank may show no progress while others wait for it in a collective before the job
+  // fails naming it (runtime/comm/beacon.h); a slow rank that makes progress is waited for.
+  double comm_timeout = 60;
+  // The peak TFLOP/s of one rank's device, for MFU; 0 = the GPU table, or a matmul measured at
+  // start-up on a CPU (runtime/train/throughput.h).
+  double peak_tflops = 0;
 };
 
 struct Fp16Config {
@@ -157,6 +163,9 @@ struct JobConfig {
           gradient_accumulation_steps = 0;  // resolved
   int steps_per_print = 10;
   double gradient_clipping = 0;  // max global grad norm; 0 = off
+  // Report where each step's time goes (forward, backward, reductions, optimizer, pipeline
+  // waits) in the log line and --metrics (DeepSpeed's key).
+  bool wall_clock_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   // The storage precision these two sections choose (validation refuses both enabled).

@@ -7,9 +7,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -39,7 +42,12 @@ int resolve_master_port(int port, const std::string& host) {
 
 namespace {
 
+// Every protocol line goes through here, from the main thread and the heartbeat thread: one line
+// at a time, never interleaved.
+std::mutex g_out_mu;
+
 void write_out(int fd, const std::string& s) {
+  std::lock_guard<std::mutex> lock(g_out_mu);
   std::string_view v = s;
   while (!v.empty()) {
     ssize_t n = ::write(fd, v.data(), v.size());
@@ -104,6 +112,37 @@ class ProtocolListener : public AgentListener {
 
  private:
   int fd_;
+};
+
+// Writes "beat <pid>" every kAgentBeatInterval until destroyed (agent_protocol.h: heartbeats).
+class Heartbeat {
+ public:
+  explicit Heartbeat(int fd) : fd_(fd), thread_([this] { loop(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    const std::string beat = proto::msg_beat(static_cast<long>(::getpid()));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      write_out(fd_, beat);
+      lock.lock();
+      cv_.wait_for(lock, proto::kAgentBeatInterval, [this] { return stop_; });
+    }
+  }
+  int fd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 enum class Wait { kLine, kEof, kSignal, kTimeout };
@@ -190,6 +229,7 @@ int run_agent_process(const AgentProcessOptions& o) {
   ignore_sigpipe();
   SignalPipe signals(o.preempt_signal);
   StdinLines in(o.in_fd);
+  const Heartbeat heartbeat(o.out_fd);
   const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
   auto fatal = [&](const std::string& why) {
     write_out(o.out_fd, proto::msg_fatal(why));

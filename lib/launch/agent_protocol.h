@@ -12,6 +12,13 @@
 //                        (default SIGTERM)
 //   quit / end of input  tear down, exit done                      generation over
 //                                        fatal <MESSAGE>           the agent cannot go on
+//                                        beat <PID>                every kAgentBeatInterval,
+//                                                                  from the agent's start
+//
+// Heartbeats: the agent writes "beat <its pid>" once a second from a thread of its own, so a
+// launcher that hears nothing from a node for JobSpec::agent_timeout knows that agent is stopped,
+// hung, or gone with its node or network; it fails the job naming the node, kills that agent by
+// its pid where it can (SSH: a second connection) and tears the rest down.
 // Anything the agent writes to stderr (its log) is shown by the launcher with the node's name.
 //
 // The token and the env values travel only here, never in arguments; nothing logs them.
@@ -25,6 +32,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/deadline.h"
 #include "launch/process.h"
 #include "launch/world.h"
 
@@ -48,6 +56,8 @@ std::string msg_out(int rank, int stream, std::string_view line);
 std::string msg_exit(int rank, const ExitStatus& status);
 std::string msg_done();
 std::string msg_fatal(std::string_view message);
+std::string msg_beat(long pid);
+inline constexpr Millis kAgentBeatInterval{1000};
 
 // Launcher -> agent messages.
 std::string msg_token(std::string_view token);
@@ -64,12 +74,12 @@ std::string msg_quit();
 // (a rank outside [0, world_size), a port outside 1..65535, a signal outside 1..64) are kMalformed:
 // the launcher fails that node with `text` as the reason.
 struct AgentMessage {
-  enum class Kind { kStore, kStarted, kOut, kExit, kDone, kFatal, kText, kMalformed };
+  enum class Kind { kStore, kStarted, kOut, kExit, kDone, kFatal, kBeat, kText, kMalformed };
   Kind kind = Kind::kText;
   int rank = -1;                        // kStarted, kOut, kExit
   int stream = 1;                       // kOut: 1 stdout, 2 stderr
   ExitStatus status;                    // kExit
-  long pid = 0;                         // kStarted
+  long pid = 0;                         // kStarted, kBeat (the agent's pid)
   int store_port = 0, master_port = 0;  // kStore
   std::string text;                     // kOut: the line; kFatal: the message; kText: the line;
                                         // kMalformed: what is wrong

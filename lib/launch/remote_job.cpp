@@ -56,6 +56,23 @@ class SshStarter : public AgentStarter {
     return channels;
   }
 
+  // Over a second connection, since the first one's agent no longer reads: SIGKILL works on a
+  // stopped process, and the workers follow it (PR_SET_PDEATHSIG).
+  void kill_agent(size_t node, long pid) override {
+    if (pid <= 0 || node >= spec_.world.nodes.size()) return;
+    const std::string& host = spec_.world.nodes[node].host;
+    try {
+      auto c = SshConnection::open(host, spec_.ssh, fmt::format("kill -KILL {}", pid));
+      std::string ignored;
+      const Deadline dl = Deadline::after(Millis(5000));
+      while (!dl.expired() && c->read(0, &ignored) && !c->eof()) {
+        std::this_thread::sleep_for(Millis(20));
+      }
+    } catch (const Error& e) {
+      spdlog::warn("could not kill the unresponsive agent (pid {}) on {}: {}", pid, host, e.what());
+    }
+  }
+
  private:
   const JobSpec& spec_;
 };
@@ -70,6 +87,8 @@ struct RemoteNode {
   bool closed = false;    // channel ended
   bool quitting = false;  // we sent quit
   bool eof_sent = false;
+  long agent_pid = 0;                 // from its heartbeats; 0 until the first
+  SteadyClock::time_point last_heard;  // its last line on the protocol stream
 };
 
 class RemoteJob {
@@ -91,6 +110,7 @@ class RemoteJob {
     for (size_t i = 0; i < channels.size(); ++i) {
       nodes_[i].spec = &spec_.world.nodes[i];
       nodes_[i].conn = std::move(channels[i]);
+      nodes_[i].last_heard = SteadyClock::now();
       if (starter_.sends_token()) nodes_[i].pending += proto::msg_token(token);
       for (const auto& [k, v] : spec_.user_env) nodes_[i].pending += proto::msg_env(k, v);
     }
@@ -136,7 +156,9 @@ class RemoteJob {
   void handle_line(RemoteNode& n, const std::string& line) {
     using K = proto::AgentMessage::Kind;
     proto::AgentMessage m = proto::parse_agent_message(line, spec_.world.world_size());
+    n.last_heard = SteadyClock::now();
     switch (m.kind) {
+      case K::kBeat: n.agent_pid = m.pid; return;
       case K::kOut: return mux_.line(m.rank, m.stream, m.text);
       case K::kExit: return on_rank_exit(n, m.rank, m.status);
       case K::kStarted: spdlog::debug("rank {} on {}: pid {}", m.rank, n.spec->host, m.pid); return;
@@ -218,6 +240,22 @@ class RemoteJob {
         [&](std::string_view l) { mux_.note(fmt::format("[agent {}] {}", n.spec->host, l)); });
   }
 
+  // Agents silent past the agent timeout (agent_protocol.h: heartbeats) fail the job, naming the
+  // node; each is killed by other means, and its channel closed so nothing waits on it.
+  void check_heartbeats() {
+    const auto now = SteadyClock::now();
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      RemoteNode& n = nodes_[i];
+      if (n.closed || n.agent_pid == 0 || now - n.last_heard < spec_.agent_timeout) continue;
+      const double quiet = std::chrono::duration<double>(now - n.last_heard).count();
+      node_failed(n, fmt::format("the agent on node {} ({}, pid {}) sent nothing for {:.1f} s, not even its "
+                                 "heartbeat: it is stopped or hung, or that node or its network is gone",
+                                 n.spec->node_rank, n.spec->host, n.agent_pid, quiet));
+      starter_.kill_agent(i, n.agent_pid);
+      n.closed = true;
+    }
+  }
+
   bool all(bool RemoteNode::*flag) const {
     for (const auto& n : nodes_) {
       if (!(n.*flag) && !n.closed) return false;
@@ -292,6 +330,7 @@ class RemoteJob {
   int loop() {
     for (;;) {
       for (auto& n : nodes_) pump(n);
+      check_heartbeats();
       if (!quit_sent_ && !store_addr_.empty() && all(&RemoteNode::gen_done)) generation_over();
       // Failed before the store was up (node 0's agent could not start): nothing runs yet.
       if (!quit_sent_ && failure_ && store_addr_.empty()) quit_all(Millis(3000));

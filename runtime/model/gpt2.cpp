@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/progress.h"
 #include "kernels/dispatch.h"
 #include "kernels/typed.h"
 
@@ -327,6 +328,7 @@ void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
     const Unit u{UnitKind::kLayer, l};
     const LayerWeights w = layer_weights(unit_params(u));
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    progress::bump();  // comm/beacon.h: a slow step is not a hang
     hooks_->params_done(u);
   }
 }
@@ -362,6 +364,7 @@ void Gpt2::blocks_backward(Gpt2Activations& a, int l0, int l1) {
     // dres holds d(x).
     hooks_->params_done(u);
     hooks_->grads_ready(u);
+    progress::bump();
   }
 }
 

@@ -17,7 +17,7 @@ namespace ms = ds::model_spec;
 
 namespace {
 
-comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int world) {
+comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int world, Millis timeout) {
   // The world carries host vectors (loss, norm, peaks): it must be a host backend.
   if (auto b = env::get("DSTRAIN_COMM_BACKEND"); b && *b == "nccl") {
     throw Error(ErrorKind::kInvalidArgument,
@@ -28,6 +28,7 @@ comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int
   }
   comm::CommOptions co;
   co.name = "world";
+  co.timeout = timeout;
   return comm::make_world_comm(std::move(store), rank, world, co);
 }
 
@@ -48,7 +49,8 @@ Engine::~Engine() = default;
 
 void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
   const int rank = spec_.rank;
-  host_world_ = HostWorld(make_host_world(store, rank, spec_.world));
+  host_world_ = HostWorld(make_host_world(store, rank, spec_.world, spec_.comm_timeout));
+  beacon_ = host_world_.comm()->start_progress_beacon();
   // The groups that move the model's buffers: on a GPU an NCCL world (device pointers) beside
   // the host world, on the CPU the host world itself.
   data_world_ = host_world_.comm();
@@ -57,6 +59,7 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
     no.name = "world_nccl";
     no.backend = comm::Backend::kNccl;
     no.cuda_device = spec_.cuda_device;
+    no.timeout = spec_.comm_timeout;
     data_world_ = comm::make_world_comm(store, rank, spec_.world, no);
   }
   if (spec_.tp == 1 && spec_.pp == 1) {

@@ -45,6 +45,9 @@ struct EngineSpec {
   int cuda_device = 0;  // the rank's GPU (LOCAL_RANK) when device is kCuda
   ZeroOptions zero;     // its device is set from `device`
   Gpt2Options model;    // B, T, recompute; ownership and device are set here
+  // How long a rank may show no progress while others wait for it (comm/beacon.h): every group's
+  // CommOptions::timeout, and each rank publishes its progress beacon.
+  Millis comm_timeout{60000};
 };
 
 class Engine {
@@ -78,6 +81,7 @@ class Engine {
   // The model's groups (null where the axis has size 1; dp is the model's world itself without
   // tensor and pipeline parallelism).
   comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_;
+  std::shared_ptr<void> beacon_;  // this rank's progress beacon (comm/beacon.h)
   std::unique_ptr<Gpt2> model_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
   std::unique_ptr<TensorParallelHooks> tp_hooks_;

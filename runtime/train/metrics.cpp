@@ -49,6 +49,9 @@ void MetricsReporter::report(const StepRecord& r) {
     j["skipped"] = r.skipped;
     j["tokens_per_s"] = r.tokens_per_s;
     j["ms_per_step"] = r.ms_per_step;
+    j["tflops"] = r.tflops;
+    if (r.mfu) j["mfu"] = *r.mfu;
+    if (r.breakdown) breakdown_to_json(*r.breakdown, j);
     for (const auto& [tag, bytes] : r.peak_bytes) j["peak_bytes_" + tag] = bytes;
     if (r.val_loss) j["val_loss"] = *r.val_loss;
     for (const auto& [k, v] : r.extra.items()) j[k] = v;
@@ -66,12 +69,14 @@ void MetricsReporter::report(const StepRecord& r) {
     auto peak = r.peak_bytes.find("total");
     std::string text = fmt::format(
         "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | scale {:g}{} | {:.0f} tok/s | "
-        "{:.1f} ms | peak {}",
+        "{:.1f} ms | {:.3g} TFLOP/s{} | peak {}",
         r.step, std::to_string(r.total_steps).size(), r.total_steps, r.loss, r.lr, r.grad_norm,
-        r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step,
+        r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step, r.tflops,
+        r.mfu ? fmt::format(" | MFU {:.2f}%", *r.mfu * 100) : std::string(),
         peak == r.peak_bytes.end() ? std::string("-") : format_bytes(static_cast<double>(peak->second)));
     if (r.val_loss) text += fmt::format(" | val loss {:.4f}", *r.val_loss);
     note(text);
+    if (r.breakdown) note("  " + breakdown_line(*r.breakdown));
   }
   if (tty_ && r.step < r.total_steps) {
     const int width = 30;

@@ -12,6 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "train/step_clock.h"
+
 namespace ds::rt::train {
 
 struct StepRecord {
@@ -24,6 +26,9 @@ struct StepRecord {
   bool skipped = false;       // fp16 overflow: the update was skipped
   double tokens_per_s = 0;
   double ms_per_step = 0;
+  double tflops = 0;           // achieved model TFLOP/s per rank (throughput.h)
+  std::optional<double> mfu;   // tflops over the peak per rank; none when the peak is unknown
+  std::optional<StepBreakdown> breakdown;  // with wall_clock_breakdown
   std::map<std::string, int64_t> peak_bytes;  // tag -> bytes ("params", ..., "total")
   std::optional<double> val_loss;
   nlohmann::ordered_json extra;  // more fields for the metrics file (e.g. planned bytes)

@@ -89,6 +89,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.model.B = static_cast<int>(c.train_micro_batch_size_per_gpu);
   e.model.T = c.model.seq_len;
   e.model.recompute = c.activation_checkpointing.enabled;
+  e.comm_timeout = Millis(static_cast<int64_t>(c.training.comm_timeout * 1000));
   return e;
 }
 

@@ -8,10 +8,13 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -117,6 +120,41 @@ TEST_F(SshLaunch, SigintStopsBothNodes) {
   EXPECT_TRUE(test::wait_gone(all, 5s).empty());
 }
 
+// An agent that stops answering (SIGSTOP: its heartbeat stops with it) fails the job within
+// the agent timeout, naming its node; the launcher kills it over a second connection, so its
+// workers go with it, and the other node is torn down.
+TEST_F(SshLaunch, AStoppedAgentIsNamedAndItsNodeTornDown) {
+  TempDir pids;
+  JobProcess job(launch({"--kill-timeout", "3", "--agent-timeout", "3"}, {"--pid-dir", pids.path(), "--sleep", "120"}),
+                 {}, {}, no_agent());
+  auto all = test::read_pids(pids.path(), 4, 30s);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(all.size(), 4u) << job.err();
+  const pid_t rank2 = std::atoi(test::slurp(pids.path() + "/rank_2.pid").c_str());
+  std::ifstream st("/proc/" + std::to_string(rank2) + "/stat");
+  std::string line;
+  std::getline(st, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  char state;
+  pid_t agent = 0;
+  rest >> state >> agent;
+  ASSERT_GT(agent, 1);
+  job.track(agent);
+  ASSERT_EQ(::kill(agent, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = job.wait(60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_NE(rc, -1) << job.err();
+  EXPECT_EQ(rc, 1) << job.err();
+  EXPECT_LE(took, 3 + 10) << job.err();
+  EXPECT_NE(job.err().find("the agent on node 1 (127.0.0.3, pid " + std::to_string(agent) + ") sent nothing"),
+            std::string::npos)
+      << job.err();
+  all.push_back(agent);
+  EXPECT_TRUE(test::wait_gone(all, 10s).empty()) << "a worker or the stopped agent outlived the job";
+  std::cerr << "[ figure ] SIGSTOP of an agent to a failed job in " << took << " s (agent timeout 3 s)\n";
+}
+
 TEST_F(SshLaunch, AnUnknownHostKeyIsAClearError) {
   std::ofstream(g_nodes->path("empty_known_hosts")) << "";
   JobProcess job(launch({}, {}, "user", "empty_known_hosts"), {}, {}, no_agent());
@@ -131,6 +169,42 @@ TEST_F(SshLaunch, AcceptNewHostKeysRecordsThem) {
                  {}, no_agent());
   ASSERT_EQ(job.wait(60s), 0) << job.err();
   std::string kh = test::slurp(g_nodes->path("tofu_known_hosts"));
+  EXPECT_NE(kh.find("[127.0.0.2]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+  EXPECT_NE(kh.find("[127.0.0.3]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+}
+
+// A user with no ~/.ssh at all (HOME an empty directory; no --ssh-known-hosts, so the default
+// ~/.ssh/known_hosts is used): without --ssh-accept-new-host-keys a clear error naming the file and
+// the flag; with it the job runs, and ~/.ssh (0700) and known_hosts (0600) are created as OpenSSH
+// creates them, holding both nodes' keys.
+TEST_F(SshLaunch, AUserWithoutDotSshGetsItCreatedOnlyWithAcceptNewHostKeys) {
+  const std::string home = g_nodes->path_of("empty_home");
+  std::filesystem::remove_all(home);
+  std::filesystem::create_directories(home);
+  auto argv = [&](bool accept) {
+    std::vector<std::string> a = {DS_DSTRAIN_BIN, "launch", "-H", g_nodes->path("hostfile"), "--master-port", "0",
+                                  "--ssh-port", std::to_string(g_nodes->port), "--ssh-key", g_nodes->path("user"),
+                                  "--ssh-timeout", "10"};
+    if (accept) a.push_back("--ssh-accept-new-host-keys");
+    for (const char* w : {"--", DS_TEST_WORKER_BIN, "--barrier"}) a.push_back(w);
+    return a;
+  };
+  const std::string known = home + "/.ssh/known_hosts";
+  {
+    JobProcess job(argv(false), {}, {"HOME=" + home}, no_agent());
+    EXPECT_EQ(job.wait(30s), 1) << job.err();
+    EXPECT_NE(job.err().find("is not in " + known + " (unknown host key)"), std::string::npos) << job.err();
+    EXPECT_NE(job.err().find("--ssh-accept-new-host-keys"), std::string::npos) << job.err();
+    EXPECT_FALSE(std::filesystem::exists(known));
+  }
+  JobProcess job(argv(true), {}, {"HOME=" + home}, no_agent());
+  ASSERT_EQ(job.wait(60s), 0) << job.err();
+  struct stat dir_st {}, file_st {};
+  ASSERT_EQ(::stat((home + "/.ssh").c_str(), &dir_st), 0);
+  ASSERT_EQ(::stat(known.c_str(), &file_st), 0);
+  EXPECT_EQ(dir_st.st_mode & 07777, 0700u);
+  EXPECT_EQ(file_st.st_mode & 07777, 0600u);
+  std::string kh = test::slurp(known);
   EXPECT_NE(kh.find("[127.0.0.2]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
   EXPECT_NE(kh.find("[127.0.0.3]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
 }

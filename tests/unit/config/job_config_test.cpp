@@ -148,6 +148,8 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
       {"{" + mb + R"("training": {"device": "tpu"}})", 1,
        "t.json:1: $.training.device: expected one of \"cpu\", \"cuda\", got \"tpu\""},
+      {"{" + mb + R"("training": {"comm_timeout": 0}})", 1,
+       "t.json:1: $.training.comm_timeout: expected a number > 0, got 0"},
       {"{" + mb + R"("training": {"seed": -1}})", 1,
        "t.json:1: $.training.seed: expected an integer 0-18446744073709551615, got -1"},
       {"{" + mb + R"("training": {"steps": 0}})", 1,
@@ -308,6 +310,7 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.training.checkpoint_interval, 0);
   EXPECT_EQ(c.training.keep_last, 0);
   EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.training.comm_timeout, 60);
   EXPECT_TRUE(c.warnings.empty());
 
   auto j = c.to_json();
@@ -322,7 +325,9 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   // Gradients default to the storage type (fp32 here).
   EXPECT_EQ(j["data_types"]["grad_accum_dtype"], "fp32");
   EXPECT_EQ(j["communication_data_type"], "fp32");
-  EXPECT_EQ(j.size(), 19u);
+  EXPECT_EQ(j["wall_clock_breakdown"], false);
+  EXPECT_EQ(j["training"]["peak_tflops"], 0.0);
+  EXPECT_EQ(j.size(), 20u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
@@ -427,9 +432,9 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
       "by dstrain (resuming restores the step from the checkpoint)",
       "ds.json:4: $.flops_profiler: DeepSpeed key accepted but not acted on by dstrain",
       "ds.json:5: $.tensorboard: DeepSpeed key accepted but not acted on by dstrain",
-      "ds.json:3: $.wall_clock_breakdown: DeepSpeed key accepted but not acted on by dstrain",
   };
   EXPECT_EQ(c.warnings, want);
+  EXPECT_FALSE(c.wall_clock_breakdown);  // read: dstrain acts on it
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_EQ(c.zero.offload_param.device, "none");
   EXPECT_EQ(c.pipeline.stages, 1);
