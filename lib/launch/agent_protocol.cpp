@@ -211,6 +211,12 @@ AgentMessage parse_agent_message(std::string_view line, int world_size) {
   if ((verb == "out" || verb == "exit") && f.size() == 4) return parse_rank_message(f, line, world_size);
   if (verb == "started" && f.size() == 3) return parse_rank_message(f, line, world_size);
   if (verb == "store" && f.size() == 3) return parse_store_message(f, line);
+  if (auto pid = verb == "beat" && f.size() == 2 ? parse_int(f[1]) : std::nullopt) {
+    if (*pid <= 0 || *pid > INT32_MAX) return malformed(fmt::format("heartbeat pid {} is not a process id", *pid));
+    AgentMessage m = agent_msg(AK::kBeat);
+    m.pid = static_cast<long>(*pid);
+    return m;
+  }
   if (line == "done") return agent_msg(AK::kDone);
   if (verb == "beat" && f.size() == 2) {
     auto pid = parse_int(f[1]);

@@ -79,7 +79,7 @@ struct AgentMessage {
   int rank = -1;                        // kStarted, kOut, kExit
   int stream = 1;                       // kOut: 1 stdout, 2 stderr
   ExitStatus status;                    // kExit
-  long pid = 0;                         // kStarted, kBeat
+  long pid = 0;                         // kStarted, kBeat (the agent's pid)
   int store_port = 0, master_port = 0;  // kStore
   std::string text;                     // kOut: the line; kFatal: the message; kText: the line;
                                         // kMalformed: what is wrong

@@ -154,15 +154,15 @@ class RemoteJob {
   }
 
   void handle_line(RemoteNode& n, const std::string& line) {
-    n.last_heard = SteadyClock::now();
     using K = proto::AgentMessage::Kind;
     proto::AgentMessage m = proto::parse_agent_message(line, spec_.world.world_size());
+    n.last_heard = SteadyClock::now();
     switch (m.kind) {
+      case K::kBeat: n.agent_pid = m.pid; return;
       case K::kOut: return mux_.line(m.rank, m.stream, m.text);
       case K::kExit: return on_rank_exit(n, m.rank, m.status);
       case K::kStarted: spdlog::debug("rank {} on {}: pid {}", m.rank, n.spec->host, m.pid); return;
       case K::kDone: n.gen_done = true; return;
-      case K::kBeat: n.agent_pid = m.pid; return;
       case K::kStore:
         store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, m.store_port);
         master_port_ = m.master_port;

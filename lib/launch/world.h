@@ -44,10 +44,12 @@ World make_world(const std::vector<config::NodeSlots>& nodes, const std::string&
 // True for names that mean "this machine" on every host: localhost, 127.0.0.0/8, ::1.
 bool is_loopback_host(const std::string& host);
 
-// A job whose MASTER_ADDR (node 0's host unless --master-addr) is a loopback name while some node
-// is not would hand the remote nodes a store address that, on them, is themselves. Throws
-// invalid_argument naming both hosts and the fix (name node 0 by an address the others reach, or
-// --master-addr). All-loopback worlds (one machine, as the SSH tests' 127.0.0.2/127.0.0.3) pass.
+// A job whose MASTER_ADDR is node 0's host and a loopback name while some node's is not would hand
+// the remote nodes a store address that, on them, is themselves. Throws invalid_argument naming
+// both hosts and the fix (name node 0 by an address the others reach, or --master-addr).
+// All-loopback worlds (one machine, as the SSH tests' 127.0.0.2/127.0.0.3) pass. The launcher
+// calls it only when --master-addr is not given: an explicit address is the user's to choose (the
+// Slurm test cluster's nodes n1, n2 are this machine under names that do not resolve).
 void check_master_reachable(const World& world);
 
 using EnvList = std::vector<std::pair<std::string, std::string>>;

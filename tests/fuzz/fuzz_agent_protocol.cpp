@@ -20,6 +20,7 @@ void check_agent_line(std::string_view line, int world) {
   using K = proto::AgentMessage::Kind;
   proto::AgentMessage m = proto::parse_agent_message(line, world);
   if (m.kind == K::kOut || m.kind == K::kExit || m.kind == K::kStarted) DS_FUZZ_CHECK(m.rank >= 0 && m.rank < world);
+  if (m.kind == K::kStarted || m.kind == K::kBeat) DS_FUZZ_CHECK(m.pid > 0);
   if (m.kind == K::kOut) DS_FUZZ_CHECK(m.stream == 1 || m.stream == 2);
   if (m.kind == K::kExit) {
     DS_FUZZ_CHECK((m.status.signal >= 1 && m.status.signal <= 64) ||

@@ -8,8 +8,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -167,6 +169,42 @@ TEST_F(SshLaunch, AcceptNewHostKeysRecordsThem) {
                  {}, no_agent());
   ASSERT_EQ(job.wait(60s), 0) << job.err();
   std::string kh = test::slurp(g_nodes->path("tofu_known_hosts"));
+  EXPECT_NE(kh.find("[127.0.0.2]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+  EXPECT_NE(kh.find("[127.0.0.3]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
+}
+
+// A user with no ~/.ssh at all (HOME an empty directory; no --ssh-known-hosts, so the default
+// ~/.ssh/known_hosts is used): without --ssh-accept-new-host-keys a clear error naming the file and
+// the flag; with it the job runs, and ~/.ssh (0700) and known_hosts (0600) are created as OpenSSH
+// creates them, holding both nodes' keys.
+TEST_F(SshLaunch, AUserWithoutDotSshGetsItCreatedOnlyWithAcceptNewHostKeys) {
+  const std::string home = g_nodes->path_of("empty_home");
+  std::filesystem::remove_all(home);
+  std::filesystem::create_directories(home);
+  auto argv = [&](bool accept) {
+    std::vector<std::string> a = {DS_DSTRAIN_BIN, "launch", "-H", g_nodes->path("hostfile"), "--master-port", "0",
+                                  "--ssh-port", std::to_string(g_nodes->port), "--ssh-key", g_nodes->path("user"),
+                                  "--ssh-timeout", "10"};
+    if (accept) a.push_back("--ssh-accept-new-host-keys");
+    for (const char* w : {"--", DS_TEST_WORKER_BIN, "--barrier"}) a.push_back(w);
+    return a;
+  };
+  const std::string known = home + "/.ssh/known_hosts";
+  {
+    JobProcess job(argv(false), {}, {"HOME=" + home}, no_agent());
+    EXPECT_EQ(job.wait(30s), 1) << job.err();
+    EXPECT_NE(job.err().find("is not in " + known + " (unknown host key)"), std::string::npos) << job.err();
+    EXPECT_NE(job.err().find("--ssh-accept-new-host-keys"), std::string::npos) << job.err();
+    EXPECT_FALSE(std::filesystem::exists(known));
+  }
+  JobProcess job(argv(true), {}, {"HOME=" + home}, no_agent());
+  ASSERT_EQ(job.wait(60s), 0) << job.err();
+  struct stat dir_st {}, file_st {};
+  ASSERT_EQ(::stat((home + "/.ssh").c_str(), &dir_st), 0);
+  ASSERT_EQ(::stat(known.c_str(), &file_st), 0);
+  EXPECT_EQ(dir_st.st_mode & 07777, 0700u);
+  EXPECT_EQ(file_st.st_mode & 07777, 0600u);
+  std::string kh = test::slurp(known);
   EXPECT_NE(kh.find("[127.0.0.2]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
   EXPECT_NE(kh.find("[127.0.0.3]:" + std::to_string(g_nodes->port)), std::string::npos) << kh;
 }

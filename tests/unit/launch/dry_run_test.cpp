@@ -74,9 +74,6 @@ TEST(DryRun, BadInputsExitWithClearErrors) {
     EXPECT_NE(r.err.find("--master-addr"), std::string::npos) << r.err;
     r = run_command(dstrain() + " launch --dry-run -H " + hf + " --master-addr 10.0.0.5 -- x");
     EXPECT_EQ(r.exit_code, 0) << r.err;
-    std::ofstream(hf) << "worker-0 slots=1\nworker-1 slots=1\n";
-    r = run_command(dstrain() + " launch --dry-run -H " + hf + " --master-addr 127.0.0.1 -- x");
-    EXPECT_EQ(r.exit_code, 2) << r.err;
     r = run_command(dstrain() + " launch --dry-run -H " + source_path("hostfiles/loopback-2node.txt") + " -- x");
     EXPECT_EQ(r.exit_code, 0) << r.err;  // every node on this machine
   }
