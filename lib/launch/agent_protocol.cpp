@@ -218,17 +218,6 @@ AgentMessage parse_agent_message(std::string_view line, int world_size) {
     return m;
   }
   if (line == "done") return agent_msg(AK::kDone);
-  if (verb == "beat" && f.size() == 2) {
-    auto pid = parse_int(f[1]);
-    if (!pid || *pid <= 0 || *pid > INT32_MAX) {
-      AgentMessage m = agent_msg(AK::kMalformed);
-      m.text = "beat line: the pid is not a positive integer";
-      return m;
-    }
-    AgentMessage m = agent_msg(AK::kBeat);
-    m.pid = static_cast<long>(*pid);
-    return m;
-  }
   if (verb == "fatal") {
     AgentMessage m = agent_msg(AK::kFatal);
     m.text = unescape(line.size() > 6 ? line.substr(6) : "");
