@@ -12,16 +12,14 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
 
-namespace {
-constexpr int kRows = 64;
+namespace attention_rows {
 
-// Row t of a causal score tile, given the scores s[0..t]: the probabilities over [0, t], 0 after
-// up to `width`; returns the log-sum-exp.
 DS_SIMD_CLONES
 float softmax_row(float* s, int t, int width) {
   const float mx = vmax(s, t + 1);
@@ -38,12 +36,17 @@ void probs_row(float* s, float lse, int t, int width) {
   for (int j = t + 1; j < width; j++) s[j] = 0.0f;
 }
 
-// dP row -> dS row in place: ds = scale * p * (dp - D) for j <= t, 0 after.
 DS_SIMD_CLONES
 void dscores_row(float* dp, const float* p, float D, float scale, int t, int width) {
   for (int j = 0; j <= t; j++) dp[j] = scale * p[j] * (dp[j] - D);
   for (int j = t + 1; j < width; j++) dp[j] = 0.0f;
 }
+
+}  // namespace attention_rows
+
+namespace {
+using namespace attention_rows;
+constexpr int kRows = 64;
 
 // Scores of rows [r0, r1) against keys [0, r1), into tile rows r0.. (row stride T).
 void scores(float* S, const float* q, const float* k, int r0, int r1, int C3, int T, int hs,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/llama_kernels.h"
 #include "kernels/cpu/vmath.h"
@@ -18,6 +19,7 @@
 namespace ds::rt::cpu {
 
 namespace {
+using namespace attention_rows;
 constexpr int kRows = 64;
 
 struct Geometry {
@@ -29,28 +31,6 @@ struct Geometry {
   int64_t k_col(int g) const { return static_cast<int64_t>(NH + g) * hd; }
   int64_t v_col(int g) const { return static_cast<int64_t>(NH + KV + g) * hd; }
 };
-
-DS_SIMD_CLONES
-float softmax_row(float* s, int t, int width) {
-  const float mx = vmax(s, t + 1);
-  const float sum = vexp_inplace_sum(s, mx, t + 1);
-  const float inv = 1.0f / sum;
-  for (int j = 0; j <= t; j++) s[j] *= inv;
-  for (int j = t + 1; j < width; j++) s[j] = 0.0f;
-  return mx + std::log(sum);
-}
-
-DS_SIMD_CLONES
-void probs_row(float* s, float lse, int t, int width) {
-  for (int j = 0; j <= t; j++) s[j] = vexp(s[j] - lse);
-  for (int j = t + 1; j < width; j++) s[j] = 0.0f;
-}
-
-DS_SIMD_CLONES
-void dscores_row(float* dp, const float* p, float D, float scale, int t, int width) {
-  for (int j = 0; j <= t; j++) dp[j] = scale * p[j] * (dp[j] - D);
-  for (int j = t + 1; j < width; j++) dp[j] = 0.0f;
-}
 
 // One query head's forward: q, k, v point at the head's first row; out at its output columns.
 void head_forward(float* o, float* l, const float* q, const float* k, const float* v, float* S, const Geometry& G,

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -77,22 +78,33 @@ class Hangs : public ::testing::TestWithParam<std::string> {
             {"data", {{"train", *dir_ / "train.bin"}}},
             {"training", {{"steps", steps}, {"seed", 3}, {"log_interval", 1}}}};
   }
+  // A 4-rank job training `steps` steps on this test's backend, with comm_timeout kCommTimeout;
+  // returns once `logged` steps are in its metrics file (or 120 s passed).
+  std::unique_ptr<test::JobProcess> start(const std::string& name, int steps, size_t logged,
+                                                 std::string* metrics) {
+    const std::string cfg = *dir_ / (name + "_" + GetParam() + ".json");
+    *metrics = *dir_ / (name + "_" + GetParam() + ".jsonl");
+    std::ofstream(cfg) << config(steps).dump();
+    auto job = std::make_unique<test::JobProcess>(
+        std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--kill-timeout", "5", "--",
+                                 DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", *metrics,
+                                 "--comm-timeout", std::to_string(kCommTimeout)},
+        std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + GetParam()},
+        std::vector<std::string>{"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
+    const auto until = std::chrono::steady_clock::now() + 120s;
+    while (lines_in(*metrics) < logged && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(50ms);
+    }
+    return job;
+  }
   static TempDir* dir_;
 };
 TempDir* Hangs::dir_ = nullptr;
 
 TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
-  const std::string cfg = *dir_ / ("stop_" + GetParam() + ".json");
-  const std::string metrics = *dir_ / ("stop_" + GetParam() + ".jsonl");
-  std::ofstream(cfg) << config(1000000).dump();
-  test::JobProcess job({DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--kill-timeout", "5", "--",
-                        DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", metrics, "--comm-timeout",
-                        std::to_string(kCommTimeout)},
-                       {}, {"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + GetParam()},
-                       {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
-  // Training is under way: a few steps logged.
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  while (lines_in(metrics) < 3 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  std::string metrics;
+  auto job_ptr = start("stop", 1000000, 3, &metrics);
+  test::JobProcess& job = *job_ptr;
   ASSERT_GE(lines_in(metrics), 3u) << job.err();
   auto ranks = ranks_of(job.pid());
   ASSERT_EQ(ranks.size(), 4u) << job.err();
@@ -120,16 +132,9 @@ TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
 // A rank stopped for 2.5x the timeout in small slices (SIGSTOP/SIGCONT, 60% of the time stopped)
 // keeps making progress between them: slow, not hung. The job finishes.
 TEST_P(Hangs, ASlowRankIsNotAHungOne) {
-  const std::string cfg = *dir_ / ("slow_" + GetParam() + ".json");
-  const std::string metrics = *dir_ / ("slow_" + GetParam() + ".jsonl");
-  std::ofstream(cfg) << config(400).dump();
-  test::JobProcess job({DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--kill-timeout", "5", "--",
-                        DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", metrics, "--comm-timeout",
-                        std::to_string(kCommTimeout)},
-                       {}, {"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + GetParam()},
-                       {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
-  const auto until = std::chrono::steady_clock::now() + 120s;
-  while (lines_in(metrics) < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  std::string metrics;
+  auto job_ptr = start("slow", 400, 2, &metrics);
+  test::JobProcess& job = *job_ptr;
   auto ranks = ranks_of(job.pid());
   ASSERT_EQ(ranks.size(), 4u) << job.err();
   for (auto& [r, p] : ranks) job.track(p);
