@@ -32,7 +32,7 @@ TEST(LaunchPreemption, APreemptSignalCheckpointsEveryRankAndARestartResumesBitFo
   auto launch = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = {
         DS_DSTRAIN_BIN,     "launch", "--nproc-per-node", "2", "--env", "OMP_NUM_THREADS=1",
-        "--preempt-signal", "USR1",   "--kill-timeout",   "30"};
+        "--preempt-signal", "USR1",   "--kill-timeout",   "30", "--master-port", "0"};
     a.insert(a.end(), extra.begin(), extra.end());
     for (const std::string& w :
          {std::string("--"), std::string(DS_DSTRAIN_BIN), std::string("train"),

@@ -86,7 +86,7 @@ class Hangs : public ::testing::TestWithParam<std::string> {
     *metrics = *dir_ / (name + "_" + GetParam() + ".jsonl");
     std::ofstream(cfg) << config(steps).dump();
     auto job = std::make_unique<test::JobProcess>(
-        std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--kill-timeout", "5", "--",
+        std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--master-port", "0", "--kill-timeout", "5", "--",
                                  DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", *metrics,
                                  "--comm-timeout", std::to_string(kCommTimeout)},
         std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + GetParam()},

@@ -34,7 +34,7 @@ inline TrainJobResult run_train_job(const std::string& dir, const std::string& n
   std::ofstream(cfg_path) << cfg.dump(2);
   std::vector<std::string> argv;
   if (nproc > 1) {
-    argv = {DS_DSTRAIN_BIN, "launch", "--nproc-per-node", std::to_string(nproc), "--env",
+    argv = {DS_DSTRAIN_BIN, "launch", "--nproc-per-node", std::to_string(nproc), "--master-port", "0", "--env",
             "OMP_NUM_THREADS=1", "--kill-timeout", "5", "--", DS_DSTRAIN_BIN};
   } else {
     argv = {DS_DSTRAIN_BIN};
