@@ -42,6 +42,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.schedule = c.pipeline.schedule;
   l.partition = c.pipeline.partition;
   l.precision = c.precision();
+  l.grad_precision = c.gradient_dtype();
   l.device = c.training.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   l.overlap_comm = c.zero.overlap_comm;
   l.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;
