@@ -135,7 +135,7 @@ inline void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* w
   DS_KERN_S(kF32<S>, encoder_forward, out, inp, wte, wpe, B, T, C);
 }
 template <typename S, typename G>
-inline void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
+inline void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
   DS_KERN_S((kF32<S, G>), encoder_backward, dwte, dwpe, dout, inp, B, T, C);
 }
 template <typename S>
@@ -158,7 +158,7 @@ inline void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, co
   DS_KERN_S(kF32<S>, layernorm_forward, out, mean, rstd, inp, weight, bias, B, T, C);
 }
 template <typename S, typename G>
-inline void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+inline void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
                                const float* mean, const float* rstd, int B, int T, int C) {
   DS_KERN_S((kF32<S, G>), layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
 }
@@ -167,7 +167,7 @@ inline void matmul_forward(S* out, const S* inp, const S* weight, const S* bias,
   DS_KERN_S(kF32<S>, matmul_forward, out, inp, weight, bias, B, T, C, OC);
 }
 template <typename S, typename G>
-inline void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight, int B,
+inline void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight, int B,
                             int T, int C, int OC) {
   DS_KERN_S((kF32<S, G>), matmul_backward, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
 }

@@ -18,7 +18,7 @@ void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int
 }
 
 template <typename S, typename G>
-void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
+void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
   // Parallel over channel blocks: every thread walks all tokens for its channels, so repeated
   // tokens never race and the sums keep one order.
   const int kBlock = 64;
@@ -90,7 +90,7 @@ void add_position(S* out, const S* wpe, int B, int T, int C) {
   template void encoder_forward_vocab<S>(S*, const int32_t*, const S*, int, int, int, int, int); \
   template void add_position<S>(S*, const S*, int, int, int);
 #define DS_INST_SG(S, G)                                                                         \
-  template void encoder_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int);         \
+  template void encoder_backward<S, G>(G*, std::type_identity_t<G>*, const S*, const int32_t*, int, int, int);         \
   template void encoder_backward_vocab<S, G>(G*, const S*, const int32_t*, int, int, int, int, int);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 DS_FOR_EACH_STORAGE_GRAD(DS_INST_SG)

@@ -21,7 +21,9 @@
 // every combination with DS_FOR_EACH_STORAGE(X) (X(S): float, bf16, f16) or
 // DS_FOR_EACH_STORAGE_GRAD(X) (X(S, G): (float, float), (bf16, bf16), (bf16, float), (f16, f16),
 // (f16, float)); kernels/typed.h switches on run-time dtypes into exactly these. A kernel used
-// only with one type (the optimizer's fp32 master) keeps plain float parameters.
+// only with one type (the optimizer's fp32 master) keeps plain float parameters. An output that
+// may be null is declared std::type_identity_t<S>* / <G>* (not deduced), so a caller's nullptr
+// does not stop S and G from being deduced from the other arguments.
 // Matmuls (matmul_forward/backward) run on oneDNN (cpu/onednn.h): fp32, and bf16 on bf16 matrix
 // instructions with fp32 accumulation; fp16 converts to fp32 around the fp32 primitive.
 //
@@ -43,6 +45,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
 #include <string>
 
 #include "core/dtype.h"
@@ -84,7 +87,7 @@ template <typename S>
 void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C);
 // dwte, dwpe accumulate; either may be null.
 template <typename S, typename G>
-void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C);
+void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C);
 
 // Vocabulary-parallel variants (tensor parallelism): this rank holds rows [v0, v0 + Vl) of wte
 // (Vl rows). Forward writes the token embedding of tokens in that range and 0 for the others (the
@@ -107,7 +110,7 @@ void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* 
                        const S* bias, int B, int T, int C);
 // dinp ACCUMULATES (it is the residual stream's gradient); dweight, dbias accumulate.
 template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
+void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp,
                         const S* weight, const float* mean, const float* rstd, int B, int T,
                         int C);
 
@@ -121,7 +124,7 @@ void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B,
 // dinp (B,T,C) = dout @ weight (overwritten; skipped when null); dweight (OC,C) += dout^T @ inp;
 // dbias (OC) += column sums of dout (skipped when null).
 template <typename S, typename G>
-void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
                      int B, int T, int C, int OC);
 // out (N,OC) += bias (OC), row by row.
 template <typename S>

@@ -66,7 +66,7 @@ void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* 
 }
 
 template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
+void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp,
                         const S* weight, const float* mean, const float* rstd, int B, int T,
                         int C) {
   const int64_t N = static_cast<int64_t>(B) * T;
@@ -103,7 +103,7 @@ void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* i
 #define DS_INST_S(S) \
   template void layernorm_forward<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int);
 #define DS_INST_SG(S, G)                                                                                \
-  template void layernorm_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, const float*, \
+  template void layernorm_backward<S, G>(S*, G*, std::type_identity_t<G>*, const S*, const S*, const S*, const float*, \
                                          const float*, int, int, int);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 DS_FOR_EACH_STORAGE_GRAD(DS_INST_SG)

@@ -49,7 +49,7 @@ void bias_backward(G* dbias, const S* dout, int N, int OC) {
 }  // namespace
 
 template <typename S, typename G>
-void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight, int B, int T,
+void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight, int B, int T,
                      int C, int OC) {
   const int N = B * T;
   const DType s = dtype_of<S>;
@@ -66,7 +66,7 @@ std::string kernel_report() { return onednn::report(); }
   template void add_bias<S>(S*, const S*, int, int);                                   \
   template void matmul_forward<S>(S*, const S*, const S*, const S*, int, int, int, int);
 #define DS_INST_SG(S, G) \
-  template void matmul_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, int, int, int, int);
+  template void matmul_backward<S, G>(std::type_identity_t<S>*, G*, std::type_identity_t<G>*, const S*, const S*, const S*, int, int, int, int);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 DS_FOR_EACH_STORAGE_GRAD(DS_INST_SG)
 
