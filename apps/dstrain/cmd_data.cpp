@@ -1,17 +1,22 @@
-// `dstrain data prepare --input TEXT... --output DIR [--val-fraction F]`: text files to llm.c
-// token files with the byte-level tokenizer. The inputs are concatenated in the order given
-// (bytes as they are, nothing inserted between files); the last F of the tokens become
-// DIR/val.bin, the rest DIR/train.bin. Not here: other tokenizers, streaming of corpora larger
-// than memory.
+// `dstrain data prepare --input TEXT... --output DIR [--tokenizer byte|gpt2|sentencepiece] ...`:
+// text files to llm.c token files. Every input file is one document (the tokenizer's document
+// token, GPT-2's <|endoftext|>, comes before each); the text streams through the parallel encoder
+// (runtime/data/encode_pipeline.h), so a corpus larger than memory is fine. The last
+// --val-fraction of the input bytes (cut where the tokenizer may cut) goes to DIR/val.bin, the
+// rest to DIR/train.bin, or to DIR/train_000000.bin, ... with --shard-tokens N. The format is
+// uint16 for vocabularies up to 65,536, else uint32. With gpt2, DIR/gpt2_tokenizer.bin (llm.c's
+// decoder file) is written beside the data; with --train-vocab N, DIR/tokenizer.model is trained
+// on the inputs first. `data inspect` lives in cmd_data_inspect.cpp.
+#include <unistd.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
 #include <memory>
-#include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -19,6 +24,10 @@
 
 #include "commands.h"
 #include "common/error.h"
+#include "data/corpus.h"
+#include "data/encode_pipeline.h"
+#include "data/llmc_tokenizer.h"
+#include "data/sentencepiece_tokenizer.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 
@@ -26,86 +35,195 @@ namespace ds::cli {
 
 namespace {
 
+namespace fs = std::filesystem;
+namespace dd = rt::data;
+
 struct DataPrepareOptions {
   std::vector<std::string> inputs;
   std::string output;
   double val_fraction = 0.1;
+  std::string tokenizer = "byte";
+  std::string vocab;       // gpt2
+  std::string model;       // sentencepiece
+  int64_t train_vocab = 0;  // sentencepiece: train a model of this size first
+  std::string model_type = "bpe";
+  int64_t shard_tokens = 0;
+  int threads = 0;  // 0 = every core
+  int64_t chunk_bytes = 1 << 20;
+  bool no_progress = false;
 };
 
-std::string read_text(const std::string& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    throw invalid_argument("data prepare: input {}: no such file", path);
+// A one-line progress bar on stderr (only on a terminal): percent, MB, MB/s, ETA, tokens.
+class ProgressBar {
+ public:
+  explicit ProgressBar(bool enabled) : enabled_(enabled && ::isatty(2)) {}
+  void update(const dd::EncodeProgress& p) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    if (now - last_ < std::chrono::milliseconds(200) && p.bytes_done < p.bytes_total) return;
+    last_ = now;
+    const double s = std::chrono::duration<double>(now - start_).count();
+    const double rate = s > 0 ? p.bytes_done / s : 0;
+    const double left = rate > 0 ? (p.bytes_total - p.bytes_done) / rate : 0;
+    const double pct = p.bytes_total > 0 ? 100.0 * p.bytes_done / p.bytes_total : 100.0;
+    std::fprintf(stderr, "\r%5.1f%% %.1f/%.1f MB  %.1f MB/s  ETA %d:%02d  %lld tokens   ", pct,
+                 p.bytes_done / 1e6, p.bytes_total / 1e6, rate / 1e6, static_cast<int>(left) / 60,
+                 static_cast<int>(left) % 60, static_cast<long long>(p.tokens));
+    drawn_ = true;
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw system_error("data prepare: input {}: cannot open", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw system_error("data prepare: input {}: read failed", path);
-  return text;
-}
+  ~ProgressBar() {
+    if (drawn_) std::fprintf(stderr, "\n");
+  }
 
-int run_data_prepare(const DataPrepareOptions& o) {
+ private:
+  using Clock = std::chrono::steady_clock;
+  bool enabled_;
+  bool drawn_ = false;
+  Clock::time_point start_ = Clock::now(), last_{};
+};
+
+void check_options(const DataPrepareOptions& o) {
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
     throw invalid_argument("data prepare: --val-fraction {} is outside [0, 1)", o.val_fraction);
   }
-  std::vector<uint16_t> tokens;
-  for (const auto& path : o.inputs) {
-    const std::string text = read_text(path);
-    rt::data::encode_bytes(text, tokens);
-    std::cout << fmt::format("{}: {} bytes\n", path, text.size());
+  if (o.shard_tokens < 0) throw invalid_argument("data prepare: --shard-tokens must be >= 0");
+  if (o.chunk_bytes < 1) throw invalid_argument("data prepare: --chunk-bytes must be >= 1");
+  if (o.train_vocab != 0 && o.tokenizer != "sentencepiece") {
+    throw invalid_argument("data prepare: --train-vocab needs --tokenizer sentencepiece");
   }
-  if (tokens.empty()) {
+  if (o.tokenizer == "sentencepiece" && (o.train_vocab > 0) == !o.model.empty()) {
+    throw invalid_argument("data prepare: --tokenizer sentencepiece needs exactly one of "
+                           "--model FILE (an existing model) and --train-vocab N");
+  }
+  for (const auto& in : o.inputs) {
+    std::error_code ec;
+    if (!fs::is_regular_file(in, ec)) throw invalid_argument("data prepare: input {}: no such file", in);
+  }
+}
+
+int64_t total_bytes(const std::vector<std::string>& inputs) {
+  int64_t total = 0;
+  for (const auto& in : inputs) total += static_cast<int64_t>(fs::file_size(in));
+  return total;
+}
+
+// The tokenizer to encode with; trains DIR/tokenizer.model first when asked.
+std::unique_ptr<dd::Tokenizer> prepare_tokenizer(const DataPrepareOptions& o, int threads) {
+  dd::TokenizerSpec spec{o.tokenizer, o.tokenizer == "gpt2" ? o.vocab : o.model};
+  if (o.train_vocab > 0) {
+    dd::SentencePieceTraining t;
+    t.inputs = o.inputs;
+    t.model_prefix = (fs::path(o.output) / "tokenizer").string();
+    t.vocab_size = o.train_vocab;
+    t.model_type = o.model_type;
+    t.threads = threads;
+    dd::train_sentencepiece(t);
+    spec.path = t.model_prefix + ".model";
+    std::cout << fmt::format("{}: trained ({} {}, vocab {})\n", spec.path, o.model_type,
+                             "sentencepiece", o.train_vocab);
+  }
+  return dd::open_tokenizer(spec);
+}
+
+void print_files(const std::vector<std::pair<std::string, int64_t>>& files) {
+  for (const auto& [path, count] : files) std::cout << fmt::format("{}: {} tokens\n", path, count);
+}
+
+int run_data_prepare(const DataPrepareOptions& o) {
+  check_options(o);
+  const int64_t bytes = total_bytes(o.inputs);
+  if (bytes == 0) {
     throw invalid_argument("data prepare: the inputs ({}) hold no text: empty corpus",
                            fmt::join(o.inputs, ", "));
   }
-  const auto total = static_cast<int64_t>(tokens.size());
-  const auto val_count = static_cast<int64_t>(std::floor(static_cast<double>(total) * o.val_fraction));
-  const int64_t train_count = total - val_count;
-  if (o.val_fraction > 0 && val_count == 0) {
-    throw invalid_argument("data prepare: {} tokens are too few for a validation split of {}",
-                           total, o.val_fraction);
-  }
-
   std::error_code ec;
-  std::filesystem::create_directories(o.output, ec);
+  fs::create_directories(o.output, ec);
   if (ec) {
     throw system_error("data prepare: cannot create the output directory {}: {}", o.output,
                        ec.message());
   }
-  const std::filesystem::path dir(o.output);
-  const std::string train_path = (dir / "train.bin").string();
-  const std::string val_path = (dir / "val.bin").string();
-  std::span<const uint16_t> all(tokens);
-  rt::data::write_token_file(train_path, all.first(static_cast<size_t>(train_count)));
-  std::cout << fmt::format("{}: {} tokens\n", train_path, train_count);
-  if (val_count > 0) {
-    rt::data::write_token_file(val_path, all.last(static_cast<size_t>(val_count)));
-    std::cout << fmt::format("{}: {} tokens\n", val_path, val_count);
-  } else {
-    std::cout << "no validation split (--val-fraction 0)\n";
+  const int threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  const auto tok = prepare_tokenizer(o, threads);
+  const auto format = dd::token_format_for_vocab(tok->vocab_size());
+  dd::ShardWriter train(o.output, "train", format, o.shard_tokens);
+  dd::ShardWriter val(o.output, "val", format, o.shard_tokens);
+
+  dd::EncodeOptions eo;
+  eo.threads = threads;
+  eo.chunk_bytes = static_cast<size_t>(o.chunk_bytes);
+  const auto val_bytes = static_cast<int64_t>(std::floor(static_cast<double>(bytes) * o.val_fraction));
+  eo.split_byte = o.val_fraction > 0 ? bytes - val_bytes : -1;
+  ProgressBar bar(!o.no_progress);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto p = dd::encode_files(
+      *tok, o.inputs, eo, [&](std::span<const uint32_t> t, int part) { (part == 0 ? train : val).append(t); },
+      [&](const dd::EncodeProgress& pr) { bar.update(pr); });
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (o.val_fraction > 0 && val.count() == 0) {
+    throw invalid_argument("data prepare: {} tokens are too few for a validation split of {}",
+                           p.tokens, o.val_fraction);
   }
-  std::cout << fmt::format("byte-level tokenizer, vocab_size {}\n", rt::data::kByteVocabSize);
+  std::vector<std::string> removed;
+  print_files(train.finish(&removed));
+  if (val.count() > 0) print_files(val.finish(&removed));
+  else std::cout << "no validation split (--val-fraction 0)\n";
+  for (const auto& r : removed) std::cout << fmt::format("removed stale shard {}\n", r);
+  if (tok->name() == "gpt2") {
+    const std::string bin = (fs::path(o.output) / "gpt2_tokenizer.bin").string();
+    dd::write_llmc_tokenizer(bin, *tok);
+    std::cout << fmt::format("{}: llm.c's tokenizer file\n", bin);
+  }
+  std::cout << fmt::format("{} tokenizer, vocab_size {}, {} tokens, {}; {:.1f} MB in {:.2f} s on {} "
+                           "threads ({:.1f} MB/s)\n",
+                           tok->name(), tok->vocab_size(), p.tokens, dd::token_format_name(format),
+                           bytes / 1e6, secs, threads, secs > 0 ? bytes / 1e6 / secs : 0.0);
   return 0;
 }
 
-}  // namespace
-
-void add_data_command(CLI::App& app, std::vector<Command>& out) {
-  auto* data = app.add_subcommand("data", "prepare training data (llm.c token files)");
-  data->require_subcommand(1);
+void add_prepare(CLI::App* data, std::vector<Command>& out) {
   auto opts = std::make_shared<DataPrepareOptions>();
   auto* prepare = data->add_subcommand(
-      "prepare", "tokenize text files (byte-level, vocab 256) into DIR/train.bin and DIR/val.bin");
-  prepare->add_option("--input", opts->inputs, "text files, concatenated in this order")
+      "prepare", "tokenize text files into DIR/train.bin and DIR/val.bin (or shards)");
+  prepare->add_option("--input", opts->inputs, "text files, one document each, in this order")
       ->required()
       ->expected(1, -1);
   prepare->add_option("--output", opts->output, "output directory (created if missing)")
       ->required();
   prepare->add_option("--val-fraction", opts->val_fraction,
-                      "fraction of the tokens, taken from the end, written to val.bin "
+                      "fraction of the input bytes, taken from the end, written to val.bin "
                       "(0 = no val.bin)")
       ->capture_default_str();
+  prepare->add_option("--tokenizer", opts->tokenizer, "byte, gpt2 or sentencepiece")
+      ->check(CLI::IsMember({"byte", "gpt2", "sentencepiece"}))
+      ->capture_default_str();
+  prepare->add_option("--vocab", opts->vocab,
+                      "gpt2: directory with vocab.json + merges.txt or encoder.json + vocab.bpe");
+  prepare->add_option("--model", opts->model, "sentencepiece: an existing .model file");
+  prepare->add_option("--train-vocab", opts->train_vocab,
+                      "sentencepiece: train a model of N pieces on the inputs first "
+                      "(saved as DIR/tokenizer.model)");
+  prepare->add_option("--model-type", opts->model_type, "sentencepiece training: bpe or unigram")
+      ->check(CLI::IsMember({"bpe", "unigram"}))
+      ->capture_default_str();
+  prepare->add_option("--shard-tokens", opts->shard_tokens,
+                      "write shards of N tokens (train_000000.bin, ...); 0 = one file each")
+      ->capture_default_str();
+  prepare->add_option("--threads", opts->threads, "encoder threads (0 = every core)")
+      ->capture_default_str();
+  prepare->add_option("--chunk-bytes", opts->chunk_bytes,
+                      "bytes per parallel chunk (the ids do not depend on it)")
+      ->capture_default_str();
+  prepare->add_flag("--no-progress", opts->no_progress, "no progress bar on a terminal");
   out.push_back({prepare, [opts] { return run_data_prepare(*opts); }});
+}
+
+}  // namespace
+
+void add_data_command(CLI::App& app, std::vector<Command>& out) {
+  auto* data = app.add_subcommand("data", "prepare and inspect training data (llm.c token files)");
+  data->require_subcommand(1);
+  add_prepare(data, out);
+  add_data_inspect_command(data, out);
 }
 
 }  // namespace ds::cli

@@ -47,6 +47,7 @@ struct LaunchOptions {
   std::vector<std::string> command;  // after --
   // Running the job.
   double kill_timeout_s = 10.0;
+  double agent_timeout_s = 10.0;
   double failure_grace_s = 5.0;
   std::string log_dir;
   std::string ranks_filter;
@@ -90,6 +91,11 @@ void setup_launch(CLI::App& sub, LaunchOptions& o) {
   sub.add_option("--kill-timeout", o.kill_timeout_s,
                  "seconds between SIGTERM and SIGKILL when tearing a job down (default 10)")
       ->check(CLI::Range(0.0, 86400.0));
+  sub.add_option("--agent-timeout", o.agent_timeout_s,
+                 "multi-node jobs: seconds without a word (agents send a heartbeat every second) "
+                 "after which a node's agent counts as stopped, hung or gone, and the job fails "
+                 "naming it (default 10)")
+      ->check(CLI::Range(2.0, 86400.0));
   sub.add_option("--failure-grace", o.failure_grace_s,
                  "when a rank fails, seconds the other ranks may take to exit on their own (and "
                  "report, e.g., which peer died) before they are sent SIGTERM (default 5; Ctrl-C "
@@ -227,6 +233,7 @@ launch::EnvList env_file_vars() { return launch::load_env_file(launch::kEnvFileN
 
 int print_dry_run(const LaunchOptions& o) {
   auto world = launch::make_world(resolve_nodes(o, choose_backend(o)), o.master_addr, o.master_port);
+  launch::check_master_reachable(world);
   auto cmd = worker_command(o);
   check_trainer_config(o, world.world_size());
   launch::JobEnv job;
@@ -299,6 +306,7 @@ int run_launch(const LaunchOptions& o) {
   launch::JobSpec spec;
   spec.backend = choose_backend(o);
   spec.world = launch::make_world(resolve_nodes(o, spec.backend), o.master_addr, o.master_port);
+  launch::check_master_reachable(spec.world);
   spec.command = worker_command(o);
   check_trainer_config(o, spec.world.world_size());
   spec.user_env = env_file_vars();
@@ -310,6 +318,7 @@ int run_launch(const LaunchOptions& o) {
     if (!given) spec.user_env.emplace_back("OMP_NUM_THREADS", omp);
   }
   spec.kill_timeout = Millis(static_cast<int64_t>(o.kill_timeout_s * 1000.0));
+  spec.agent_timeout = Millis(static_cast<int64_t>(o.agent_timeout_s * 1000.0));
   spec.failure_grace = Millis(static_cast<int64_t>(o.failure_grace_s * 1000.0));
   spec.bind_cores = o.bind_cores;
   spec.max_restarts = o.max_restarts;

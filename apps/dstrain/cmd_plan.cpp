@@ -2,7 +2,10 @@
 //   generic mode:  --params P --world-size N --zero-stage K [--formula paper|deepspeed]
 //   paper activations: --formula paper --hidden H --heads A --seq-len S [--micro-batch B] [--tp T]
 //   model mode:    --config C --world-size N [--hostfile H] [--gpu-mem SIZE]
-//   layout search: --recommend --config C --world-size N --gpu-mem SIZE
+//   layout search: --recommend --config C --world-size N --gpu-mem SIZE [--calibration F]
+//                  [--tokens N] [--measure [--top K]]
+//   calibration:   --calibrate [--config C] [--nproc-per-node N | --hostfile H] -o calib.json
+//                  (the measuring, and --measure's runs, are cmd_plan_calibrate.cpp)
 // The numbers, the resolution of the inputs (lib/plan/plan_inputs.h: world, config, device
 // memory, hardware) and the --json shapes (lib/plan/plan_json.h) live in lib/plan; this file
 // binds the flags, picks the mode and prints: text tables here, JSON as lib/plan builds it. It
@@ -21,9 +24,11 @@
 #include "plan/activation_paper.h"
 #include "plan/memory_model.h"
 #include "plan/model_state.h"
+#include "plan/calibration.h"
 #include "plan/plan_inputs.h"
 #include "plan/plan_json.h"
 #include "plan/recommend.h"
+#include "plan_calibrate.h"
 
 namespace ds::cli {
 
@@ -52,8 +57,17 @@ struct PlanOptions {
   int threads = 0;  // 0: OMP_NUM_THREADS, else 1
   // layout search
   bool recommend = false;
-  int top = 10;
+  int top = 0;  // 0: 10 printed, 3 measured
   plan::HardwareFlags hardware;
+  std::string calibration;  // --calibration calib.json
+  std::string tokens;       // --tokens 3e9: time to train
+  bool measure = false;
+  int measure_steps = 4;
+  // calibration
+  bool calibrate = false;
+  std::string output;
+  int nproc_per_node = 0;
+  std::string worker_dir;  // internal: --calibrate-worker DIR (one launched rank)
 };
 
 void print_json(const nlohmann::ordered_json& j) { std::cout << j.dump(2) << "\n"; }
@@ -222,9 +236,12 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
   std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
                            plan::describe_layout(l), layout::precision_name(l.precision),
                            l.pp > 1 ? fmt::format(", {} schedule", layout::schedule_name(l.schedule)) : "");
-  std::cout << fmt::format("model: GPT-2 L={} NH={} C={} V={} (Vp {}) T={}, {} parameters\n\n",
-                           s.n_layer, s.n_head, s.n_embd, s.vocab_size, s.padded_vocab_size, s.seq_len,
-                           count(model_spec::param_count(s)));
+  const std::string llama = s.llama() ? fmt::format(" KV={} I={}{}", s.n_kv_head, s.intermediate_size,
+                                                    s.tie_embeddings ? " tied" : "")
+                                      : std::string();
+  std::cout << fmt::format("model: {} L={} NH={}{} C={} V={} (Vp {}) T={}, {} parameters\n\n",
+                           s.llama() ? "Llama" : "GPT-2", s.n_layer, s.n_head, llama, s.n_embd, s.vocab_size,
+                           s.padded_vocab_size, s.seq_len, count(model_spec::param_count(s)));
   auto groups = plan::distinct_ranks(p);
   const char* row = "  {:<12} {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n";
   std::cout << fmt::format(fmt::runtime(row), "ranks", "stage", "layers", "in-flight", "params", "grads",
@@ -259,33 +276,76 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
   print_verdict_text(p, device);
 }
 
-int print_recommend_text(const plan::RecommendReport& report, const plan::SearchResult& res,
-                         const std::string& device_source) {
+void print_model_header(const plan::RecommendReport& report, const plan::Calibration& cal) {
   const plan::Hardware& hw = report.hardware;
+  if (!report.calibrated) {
+    std::cout << fmt::format("step time model: built-in constants, NOT calibrated ({:.0f} TFLOP/s per GPU, "
+                             "{:.1f} GB/s intra-node, {:.1f} GB/s inter-node, {} GPUs per node; flags "
+                             "override; dstrain plan --calibrate measures this machine)\n\n",
+                             hw.gpu_flops / 1e12, hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9,
+                             hw.gpus_per_node);
+    return;
+  }
+  std::cout << fmt::format("step time model: calibrated by {} ({} compute samples, {} collective fits; "
+                           "{} ranks per node{})\n\n",
+                           cal.source, cal.compute.size(), cal.collectives.size(), cal.ranks_per_node,
+                           cal.cpu ? fmt::format(", {} cores, {} thread(s) per rank", cal.cores,
+                                                 cal.threads_per_rank)
+                                   : "");
+}
+
+int print_recommend_text(const plan::RecommendReport& report, const plan::SearchResult& res,
+                         const plan::Calibration& cal, const std::string& device_source) {
   std::cout << fmt::format(
       "layouts of {} rank(s) for {} at global batch {} that fit {} per GPU ({}): {} of {} "
       "({} over memory, {} impossible)\n",
       report.world_size, report.config_path, report.global_batch, gib(report.device_bytes),
       device_source, res.fits.size(), res.considered, res.rejected_memory, res.rejected_rule);
-  std::cout << fmt::format("step time model: {:.0f} TFLOP/s per GPU, {:.1f} GB/s intra-node, {:.1f} GB/s "
-                           "inter-node, {} GPUs per node (flags override)\n\n",
-                           hw.gpu_flops / 1e12, hw.intra_node_bw / 1e9, hw.inter_node_bw / 1e9,
-                           hw.gpus_per_node);
+  print_model_header(report, cal);
   if (res.fits.empty()) {
     std::cout << "no layout fits; more GPUs, a smaller model or a shorter sequence are needed\n";
     return 1;
   }
   const size_t n = std::min(res.fits.size(), report.shown);
+  const bool measured = !report.measured_ms.empty();
   size_t width = 6;
   for (size_t i = 0; i < n; ++i) width = std::max(width, plan::describe_layout(res.fits[i].layout).size());
-  std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>10}  {}\n", "#", "layout", width, "peak",
-                           "step (est.)", "reason");
+  std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>11}{}{}  {}\n", "#", "layout", width, "peak", "step (pred)",
+                           measured ? fmt::format(" {:>11} {:>7}", "measured", "error") : "",
+                           report.tokens > 0 ? fmt::format(" {:>12}", "to train") : "", "what bounds it");
   for (size_t i = 0; i < n; ++i) {
     const auto& c = res.fits[i];
-    std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>10}  {}\n", i + 1, plan::describe_layout(c.layout),
-                             width, gib(c.peak_bytes), seconds(c.time.total()), c.reason);
+    std::string meas;
+    if (measured) {
+      const double ms = i < report.measured_ms.size() ? report.measured_ms[i] : 0;
+      meas = ms > 0 ? fmt::format(" {:>11} {:>+6.1f}%", seconds(ms / 1e3), 100 * (1e3 * c.time.total() - ms) / ms)
+                    : fmt::format(" {:>11} {:>7}", "-", "");
+    }
+    std::cout << fmt::format("  {:>3}  {:<{}} {:>11} {:>11}{}{}  {}\n", i + 1, plan::describe_layout(c.layout),
+                             width, gib(c.peak_bytes), seconds(c.time.total()), meas,
+                             report.tokens > 0 ? fmt::format(" {:>12}", seconds(plan::time_to_train(report, c))) : "",
+                             c.reason);
+  }
+  if (res.fits.size() > 1) {
+    std::cout << fmt::format("\nrunner-up (#2) against the pick: {}\n", plan::compare_steps(res.fits[0], res.fits[1]));
   }
   return 0;
+}
+
+plan::Calibration recommend_calibration(const PlanOptions& o, plan::RecommendReport& report,
+                                        const plan::PlanWorld& w) {
+  report.hardware = plan::resolve_hardware(o.hardware, w.gpus_per_node);
+  if (o.calibration.empty()) return plan::builtin_calibration(report.hardware);
+  plan::Calibration cal = plan::read_calibration(o.calibration).cal;
+  report.calibration_source = o.calibration;
+  report.calibrated = true;
+  // The cluster at hand: its GPUs per node when given, else one node of all the ranks on a CPU.
+  if (w.gpus_per_node > 0) {
+    cal.ranks_per_node = w.gpus_per_node;
+  } else if (cal.cpu) {
+    cal.ranks_per_node = w.world_size;
+  }
+  return cal;
 }
 
 int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::PlanWorld& w,
@@ -294,21 +354,30 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::P
     throw Error(ErrorKind::kInvalidArgument, "--recommend needs the device memory",
                 "give --gpu-mem SIZE (e.g. 80GiB), or run where GPUs are visible");
   }
+  if (o.top < 0) throw invalid_argument("--top must be at least 1, got {}", o.top);
   plan::RecommendReport report;
-  report.hardware = plan::resolve_hardware(o.hardware, w.gpus_per_node);
-  if (o.top < 1) throw invalid_argument("--top must be at least 1, got {}", o.top);
+  const plan::Calibration cal = recommend_calibration(o, report, w);
   report.config_path = o.config;
   report.world_size = w.world_size;
   report.device_bytes = device.bytes;
   report.global_batch =
       static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
-  report.shown = static_cast<size_t>(o.top);
-  auto res = plan::recommend(in.shape, in.layout, w.world_size, device.bytes, report.hardware);
+  report.seq_len = in.shape.seq_len;
+  if (!o.tokens.empty()) report.tokens = static_cast<int64_t>(plan::parse_count_flag(o.tokens, "--tokens"));
+  report.shown = static_cast<size_t>(o.top > 0 ? o.top : 10);
+  auto res = plan::recommend(in.shape, in.layout, w.world_size, device.bytes, cal,
+                             plan::comm_types(in.layout.precision, in.grad_precision));
+  if (o.measure) {
+    const size_t k = std::min(res.fits.size(), static_cast<size_t>(o.top > 0 ? o.top : 3));
+    report.shown = std::max(report.shown, k);
+    MeasureRequest req{o.config, o.hostfile, w.world_size, in.layout.num_threads, o.measure_steps, o.json};
+    for (size_t i = 0; i < k; ++i) report.measured_ms.push_back(measure_layout(req, res.fits[i].layout));
+  }
   if (o.json) {
     print_json(plan::recommend_json(report, res));
     return res.fits.empty() ? 1 : 0;
   }
-  return print_recommend_text(report, res, device.source);
+  return print_recommend_text(report, res, cal, device.source);
 }
 
 int run_model(const PlanOptions& o) {
@@ -338,6 +407,14 @@ int run_model(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
+  if (!o.worker_dir.empty()) return run_calibration_worker(o.config, o.worker_dir);
+  if (o.calibrate) {
+    if (o.recommend) throw invalid_argument("--calibrate and --recommend are two runs: calibrate first, "
+                                            "then --recommend --calibration FILE");
+    return run_calibrate({o.config, o.hostfile, o.nproc_per_node, o.output, o.threads});
+  }
+  if (!o.calibration.empty() && !o.recommend) throw invalid_argument("--calibration is read by --recommend");
+  if (o.measure && !o.recommend) throw invalid_argument("--measure runs --recommend's picks; add --recommend");
   if (!o.config.empty()) return run_model(o);
   if (o.recommend) throw invalid_argument("--recommend needs --config (the model and the batch)");
   if (o.params.empty() && o.hidden > 0) {
@@ -397,7 +474,19 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--gpu-mem", o.gpu_mem, "device memory per GPU for the verdict, e.g. 80GiB (default: the GPUs found)");
   sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default OMP_NUM_THREADS or 1)");
   sub.add_flag("--recommend", o.recommend, "enumerate the layouts that fit, fastest first (needs --config, --gpu-mem)");
-  sub.add_option("--top", o.top, "--recommend: how many layouts to print (default 10)");
+  sub.add_option("--top", o.top, "--recommend: how many layouts to print (default 10); with --measure "
+                 "how many to run (default 3)");
+  sub.add_option("--calibration", o.calibration, "--recommend: the machine as dstrain plan --calibrate measured it "
+                 "(default: built-in constants)");
+  sub.add_option("--tokens", o.tokens, "--recommend: tokens to train, for a time-to-train column (e.g. 3e9)");
+  sub.add_flag("--measure", o.measure, "--recommend: run the top K layouts for a few steps each through "
+               "dstrain launch and print measured beside predicted step time");
+  sub.add_option("--measure-steps", o.measure_steps, "--measure: steps per layout (default 4; the first is not counted)");
+  sub.add_flag("--calibrate", o.calibrate, "measure this machine for the step-time model (with -o FILE)");
+  sub.add_option("-o,--output", o.output, "--calibrate: the calibration file to write");
+  sub.add_option("--nproc-per-node", o.nproc_per_node, "--calibrate: ranks to measure with on this node "
+                 "(default: the hostfile's slots, else 1)");
+  sub.add_option("--calibrate-worker", o.worker_dir, "internal: one rank of --calibrate")->group("");
   sub.add_option("--gpu-tflops", o.hardware.gpu_tflops, "--recommend: achieved TFLOP/s per GPU (default 125)");
   sub.add_option("--intra-node-gbps", o.hardware.intra_gbps, "--recommend: GB/s per GPU inside a node (default 150)");
   sub.add_option("--inter-node-gbps", o.hardware.inter_gbps, "--recommend: GB/s per GPU across nodes (default 12.5)");

@@ -32,6 +32,9 @@ struct TrainCmdOptions {
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
   std::string export_llmc_dtype = "fp32";  // fp32 (version 3) or bf16 (version 5)
+  double comm_timeout = 0;                 // > 0: overrides training.comm_timeout
+  std::string export_safetensors;          // after training: a Llama as HF safetensors + config.json
+  std::string export_safetensors_dtype = "fp32";
 };
 
 // How many times the job was restarted: by dstrain launch --max-restarts, or by Slurm (requeue).
@@ -54,6 +57,7 @@ int run_train(const TrainCmdOptions& o) {
   const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
   auto cfg = config::load_job_config(o.config, world);
+  if (o.comm_timeout > 0) cfg.training.comm_timeout = o.comm_timeout;
   for (const auto& w : cfg.warnings) {
     if (rank0) std::cerr << "dstrain: warning: " << w << "\n";
   }
@@ -72,6 +76,10 @@ int run_train(const TrainCmdOptions& o) {
   if (!result.preempted && !o.export_llmc.empty()) {
     trainer.export_llmc(o.export_llmc, o.export_llmc_dtype == "bf16");
     if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
+  }
+  if (!result.preempted && !o.export_safetensors.empty()) {
+    trainer.export_safetensors(o.export_safetensors, o.export_safetensors_dtype);
+    if (rank0) std::cerr << "dstrain: wrote Hugging Face safetensors in " << o.export_safetensors << "\n";
   }
   if (direct) direct->leave();
   if (!result.preempted) return 0;
@@ -121,7 +129,16 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                   "fp32 (llm.c's version 3, the default) or bf16 (version 5, as llm.c's GPU trainer "
                   "writes: every weight rounded to bf16 once)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
+  sub->add_option("--export-safetensors", o->export_safetensors,
+                  "after training, write a Llama's weights into this directory as Hugging Face "
+                  "safetensors (LlamaForCausalLM's names) with a config.json transformers reads");
+  sub->add_option("--export-safetensors-dtype", o->export_safetensors_dtype, "fp32 (default), bf16 or fp16")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
+  sub->add_option("--comm-timeout", o->comm_timeout,
+                  "seconds a rank may show no progress while the others wait for it in a collective "
+                  "before the job fails naming it (default: training.comm_timeout, 60)")
+      ->check(CLI::Range(0.001, 86400.0));
   sub->add_option("--test-kill-rank", o->train.kill_rank)->group("");
   sub->add_option("--test-kill-at-step", o->train.kill_at_step)->group("");
   // Test hook (hidden): one gradient element (global element 0, on rank 0) becomes +inf.

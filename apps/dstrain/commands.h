@@ -23,6 +23,8 @@ void add_check_command(CLI::App& app, std::vector<Command>& out);
 void add_plan_command(CLI::App& app, std::vector<Command>& out);
 void add_config_command(CLI::App& app, std::vector<Command>& out);
 void add_data_command(CLI::App& app, std::vector<Command>& out);
+// `data inspect` (cmd_data_inspect.cpp), registered by add_data_command under `data`.
+void add_data_inspect_command(CLI::App* data, std::vector<Command>& out);
 void add_checkpoint_command(CLI::App& app, std::vector<Command>& out);
 void add_token_command(CLI::App& app, std::vector<Command>& out);
 

@@ -17,6 +17,23 @@ const std::vector<std::string> kDsBf16Ignored = {"immediate_grad_update", "check
                                                  "bf16_master_weights_and_grads",
                                                  "bf16_optimizer_states"};
 
+// fp16's loss-scaling keys, found inside bf16 in configs copied from fp16 ones (DeepSpeed's own
+// tests/torch_compile configs carried loss_scale, loss_scale_window, hysteresis, min_loss_scale and
+// initial_scale_power until 2026). DeepSpeed up to 0.17.0 read bf16 key by key and ignored them;
+// from 0.17.1 its DeepSpeedBF16Config forbids unknown keys. bf16 needs no loss scaling, so dstrain
+// ignores them with a warning that says so; any other unknown bf16 key is an error.
+const std::vector<std::string> kFp16KeysInBf16 = {"loss_scale", "initial_scale_power", "loss_scale_window",
+                                                  "hysteresis", "consecutive_hysteresis", "min_loss_scale",
+                                                  "auto_cast"};
+
+void warn_fp16_keys_in_bf16(ReadContext& ctx, Section& s) {
+  for (const auto& k : kFp16KeysInBf16) {
+    if (s.raw(k) == nullptr) continue;  // declared either way, so a misspelling gets its did-you-mean
+    ctx.warn(s.child(k), "fp16's loss-scaling key inside bf16, ignored: bf16 needs no loss scaling (DeepSpeed "
+                         "0.17.0 and older ignore it too; DeepSpeed 0.17.1 and newer reject it, so remove it)");
+  }
+}
+
 }  // namespace
 
 void read_fp16(Section& root, Fp16Config& out) {
@@ -55,6 +72,7 @@ void read_bf16(ReadContext& ctx, Section& root, Bf16Config& out) {
   Section s = root.section(key);
   s.get_bool("enabled", out.enabled);
   s.ignored(kDsBf16Ignored);
+  warn_fp16_keys_in_bf16(ctx, s);
   s.finish();
 }
 

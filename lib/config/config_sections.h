@@ -3,7 +3,8 @@
 // unknown keys, DeepSpeed keys accepted with a warning) and checks the rules that involve only
 // that section; each writer is that section's part of JobConfig::to_json(). A reader's defining
 // file also holds its writer:
-//   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping, and the
+//   config_top_level.cpp  the batch triad's keys, steps_per_print, gradient_clipping,
+//                         wall_clock_breakdown, and the
 //                         top-level DeepSpeed keys accepted without effect
 //   config_precision.cpp  fp16, bf16 (and its old name bfloat16)
 //   config_zero.cpp       zero_optimization with its offload sections and deprecated forms
@@ -11,6 +12,7 @@
 //   config_parallel.cpp   pipeline, tensor_parallel
 //   config_model.cpp      model, activation_checkpointing
 //   config_training.cpp   data, training, checkpoint
+//   config_monitors.cpp   tensorboard, csv_monitor
 //   config_validate.cpp   the rules across sections (batch triad against the world size, the
 //                         model against the layout, ...): config_validate.h
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
@@ -36,7 +38,7 @@ struct BatchKeys {
 BatchKeys read_top_level(Section& root, JobConfig& cfg);
 // After every section: the top-level DeepSpeed keys accepted without effect, then unknown keys.
 void finish_top_level(Section& root);
-void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the five top-level scalars
+void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the six top-level scalars
 
 // --- precision ------------------------------------------------------------------------------
 void read_fp16(Section& root, Fp16Config& out);
@@ -98,5 +100,10 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
 Json training_to_json(const TrainingConfig& c);
 void read_checkpoint(Section& root);
 Json checkpoint_to_json(const CheckpointConfig& c);
+
+// --- monitors: tensorboard, csv_monitor (config_monitors.cpp) -------------------------------
+// `key` is the section's name; output_path resolves against config_path ("" = its directory).
+void read_monitor(Section& root, const std::string& key, const std::string& config_path, MonitorConfig& out);
+Json monitor_to_json(const MonitorConfig& c);
 
 }  // namespace ds::config::detail

@@ -1,5 +1,5 @@
 // The top level of a job config: the batch triad's three keys (read here, resolved against the
-// data-parallel size in config_validate.cpp), steps_per_print and gradient_clipping, and the
+// data-parallel size in config_validate.cpp), steps_per_print, gradient_clipping and wall_clock_breakdown, and the
 // DeepSpeed top-level keys dstrain accepts without acting on them. The sections themselves have
 // their own readers (config_sections.h).
 #include "config/config_sections.h"
@@ -12,14 +12,14 @@ namespace {
 // listed here is an unknown-key error.
 const std::vector<std::string> kDsTopLevelIgnored = {
     "aio", "amp", "autotuning", "comet", "comms_logger", "compile",
-    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency",
+    "compression_training", "curriculum_learning", "data_efficiency",
     "dataloader_drop_last", "datastates", "disable_allgather", "dump_state",
     "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
     "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
     "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",
     "seq_parallel_comm_data_type", "sequence_parallel_size", "sparse_attention",
-    "sparse_gradients", "tensorboard", "timers", "torch_autocast",
-    "use_data_before_expert_parallelism", "vocabulary_size", "wall_clock_breakdown", "wandb",
+    "sparse_gradients", "timers", "torch_autocast",
+    "use_data_before_expert_parallelism", "vocabulary_size", "wandb",
     "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};
 
 }  // namespace
@@ -36,6 +36,7 @@ BatchKeys read_top_level(Section& root, JobConfig& cfg) {
             !(root.has("gradient_accumulation_steps") && !b.has_accumulation_steps);
   root.get_int("steps_per_print", cfg.steps_per_print, 1);
   root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
+  root.get_bool("wall_clock_breakdown", cfg.wall_clock_breakdown);
   return b;
 }
 
@@ -50,6 +51,7 @@ void top_level_to_json(const JobConfig& cfg, Json& out) {
   out["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps;
   out["steps_per_print"] = cfg.steps_per_print;
   out["gradient_clipping"] = cfg.gradient_clipping;
+  out["wall_clock_breakdown"] = cfg.wall_clock_breakdown;
 }
 
 }  // namespace ds::config::detail

@@ -1,4 +1,5 @@
-// dstrain's data section (the llm.c token files to train and evaluate on) and training section
+// dstrain's data section (the llm.c token files to train and evaluate on: each a path, a glob or
+// a list of them) and training section
 // (steps, seed, evaluation and logging intervals, checkpoints, the device), and DeepSpeed's
 // checkpoint section, whose keys are all accepted with a warning: dstrain's checkpoint settings
 // live in `training`. Relative paths resolve against the config file's directory. That
@@ -14,6 +15,34 @@ namespace {
 const std::vector<std::string> kDsCheckpointIgnored = {
     "tag_validation", "load_universal", "use_node_local_storage", "parallel_write", "writer"};
 
+// A path, a glob or a non-empty list of them, each resolved against the config's directory.
+void get_paths(ReadContext& ctx, Section& s, const std::string& key, std::vector<std::string>& out,
+               const std::string& config_path) {
+  const Json* v = s.raw(key);
+  if (v == nullptr || v->is_null()) return;
+  const std::string where = s.child(key);
+  auto one = [&](const Json& e, const std::string& path) {
+    if (!e.is_string() || e.get<std::string>().empty()) {
+      ctx.error(path, fmt::format("expected a token file path or glob (a non-empty string), got {}",
+                                  show(e)));
+      return;
+    }
+    out.push_back(resolve_path(config_path, e.get<std::string>()));
+  };
+  if (v->is_array()) {
+    if (v->empty()) ctx.error(where, "expected at least one token file path or glob, got []");
+    for (size_t i = 0; i < v->size(); ++i) one((*v)[i], json_path_index(where, i));
+  } else {
+    one(*v, where);
+  }
+}
+
+Json paths_to_json(const std::vector<std::string>& paths) {
+  if (paths.empty()) return nullptr;
+  if (paths.size() == 1) return paths[0];
+  return Json(paths);
+}
+
 }  // namespace
 
 void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
@@ -24,17 +53,17 @@ void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
     s.raw("train");
     ctx.error(s.path(), "missing required key \"train\" (the training token file)");
   } else {
-    s.get_path("train", cfg.data.train, cfg.path, /*nullable=*/false);
+    get_paths(ctx, s, "train", cfg.data.train, cfg.path);
   }
-  s.get_path("val", cfg.data.val, cfg.path, /*nullable=*/true);
+  get_paths(ctx, s, "val", cfg.data.val, cfg.path);
   s.get_bool("shuffle", cfg.data.shuffle);
   s.finish();
 }
 
 Json data_to_json(const JobConfig& cfg) {
   if (!cfg.has_data) return nullptr;
-  return Json{{"train", cfg.data.train},
-              {"val", string_or_null(cfg.data.val)},
+  return Json{{"train", paths_to_json(cfg.data.train)},
+              {"val", paths_to_json(cfg.data.val)},
               {"shuffle", cfg.data.shuffle}};
 }
 
@@ -55,6 +84,8 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   bool ckpt_given = s.get_int("checkpoint_interval", out.checkpoint_interval, 0);
   s.get_int("keep_last", out.keep_last, 0);
   s.get_choice("device", out.device, {"cpu", "cuda"});
+  s.get_number("comm_timeout", out.comm_timeout, 0, kInf, /*lo_open=*/true);
+  s.get_number("peak_tflops", out.peak_tflops, 0);
   s.finish();
   if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
     ctx.error(s.child("checkpoint_interval"),
@@ -73,7 +104,9 @@ Json training_to_json(const TrainingConfig& c) {
               {"checkpoint_dir", string_or_null(c.checkpoint_dir)},
               {"checkpoint_interval", c.checkpoint_interval},
               {"keep_last", c.keep_last},
-              {"device", c.device}};
+              {"device", c.device},
+              {"comm_timeout", c.comm_timeout},
+              {"peak_tflops", c.peak_tflops}};
 }
 
 void read_checkpoint(Section& root) {

@@ -14,6 +14,8 @@ namespace ds::config {
 
 namespace {
 
+constexpr int64_t kMaxSlots = 4096;
+
 // "slots=N" -> N; everything else is an error naming path:line.
 int parse_slots(std::string_view token, const std::string& where) {
   auto eq = token.find('=');
@@ -35,8 +37,8 @@ int parse_slots(std::string_view token, const std::string& where) {
   if (*n <= 0) {
     throw invalid_argument("{}: slot count must be at least 1, got {}", where, *n);
   }
-  if (*n > 4096) {
-    throw invalid_argument("{}: slot count {} is implausibly large (at most 4096)", where, *n);
+  if (*n > kMaxSlots) {
+    throw invalid_argument("{}: slot count {} is implausibly large (at most {})", where, *n, kMaxSlots);
   }
   return static_cast<int>(*n);
 }
@@ -61,6 +63,10 @@ std::map<std::string, std::vector<int>> parse_filter(const std::string& text, co
         if (!n || *n < 0) {
           throw invalid_argument("{} '{}': slot '{}' of host '{}' is not a non-negative integer",
                                  flag, text, s, host);
+        }
+        if (*n >= kMaxSlots) {  // before the narrowing: 4294967295 must not become slot -1
+          throw invalid_argument("{} '{}': host '{}' has no slot {} (a host has at most {} slots)", flag, text,
+                                 host, *n, kMaxSlots);
         }
         slots.push_back(static_cast<int>(*n));
       }

@@ -38,6 +38,8 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   valid.pipeline_stages = detail::read_pipeline(ctx, root, cfg.pipeline);
   valid.tensor_parallel_size = detail::read_tensor_parallel(ctx, root, cfg.tensor_parallel);
   detail::read_checkpoint(root);
+  detail::read_monitor(root, "tensorboard", cfg.path, cfg.tensorboard);
+  detail::read_monitor(root, "csv_monitor", cfg.path, cfg.csv_monitor);
   valid.model = detail::read_model(ctx, root, cfg);
   detail::read_data(ctx, root, cfg);
   const detail::TrainingRead training = detail::read_training(ctx, root, cfg.path, cfg.training);
@@ -129,6 +131,8 @@ nlohmann::ordered_json JobConfig::to_json() const {
   j["pipeline"] = detail::pipeline_to_json(pipeline);
   j["tensor_parallel"] = detail::tensor_parallel_to_json(tensor_parallel);
   j["checkpoint"] = detail::checkpoint_to_json(checkpoint);
+  j["tensorboard"] = detail::monitor_to_json(tensorboard);
+  j["csv_monitor"] = detail::monitor_to_json(csv_monitor);
   j["model"] = detail::model_to_json(*this);
   j["data"] = detail::data_to_json(*this);
   j["training"] = detail::training_to_json(training);

@@ -38,7 +38,7 @@
 namespace ds::config {
 
 struct ModelConfig {
-  std::string type = "gpt2";  // the only architecture: GPT-2 (pre-LN, tied lm_head)
+  std::string type = "gpt2";  // "gpt2" (pre-LN, tied lm_head) or "llama" (HF LlamaForCausalLM)
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
@@ -47,12 +47,23 @@ struct ModelConfig {
   // Resolved: when absent, vocab_size rounded up to a multiple of 128 (llm.c pads 50257 to
   // 50304). Always >= vocab_size and divisible by tensor_parallel.size.
   int padded_vocab_size = 0;
-  std::string init_from;  // llm.c GPT-2 checkpoint to start from; "" = random init
+  // GPT-2: an llm.c checkpoint; Llama: a .safetensors file or a directory with
+  // model.safetensors.index.json and its shards (Hugging Face's names); "" = random init.
+  std::string init_from;
+  // Llama only (an error with type gpt2):
+  int n_kv_head = 0;            // grouped-query attention; default n_head (multi-head)
+  int intermediate_size = 0;    // the SwiGLU width; required
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;       // RMSNorm epsilon
+  bool tie_embeddings = false;  // lm_head shares the token embedding
 };
 
+// data.train / data.val: a path, a glob ("fineweb_train_*.bin") or a list of them, each resolved
+// against the config's directory; the runtime expands the globs and reads the files in sorted
+// order as one corpus (runtime/data/corpus.h).
 struct DataConfig {
-  std::string train;  // llm.c token file; required when the data section is present
-  std::string val;    // "" = none
+  std::vector<std::string> train;  // llm.c token files; required when the data section is present
+  std::vector<std::string> val;    // empty = none
   bool shuffle = false;
 };
 
@@ -66,6 +77,12 @@ struct TrainingConfig {
   int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
   int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
   std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
+  // Seconds a rank may show no progress while others wait for it in a collective before the job
+  // fails naming it (runtime/comm/beacon.h); a slow rank that makes progress is waited for.
+  double comm_timeout = 60;
+  // The peak TFLOP/s of one rank's device, for MFU; 0 = the GPU table, or a matmul measured at
+  // start-up on a CPU (runtime/train/throughput.h).
+  double peak_tflops = 0;
 };
 
 struct Fp16Config {
@@ -144,6 +161,13 @@ struct TensorParallelConfig {
   int size = 1;
 };
 
+// DeepSpeed's `tensorboard` and `csv_monitor` sections: rank 0 writes under output_path/job_name.
+struct MonitorConfig {
+  bool enabled = false;
+  std::string output_path;  // resolved against the config's directory ("" there = that directory)
+  std::string job_name = "DeepSpeedJobName";
+};
+
 struct CheckpointConfig {
   // DeepSpeed's checkpoint section (tag_validation, load_universal, ...): accepted with
   // warnings; dstrain's checkpoint settings live in `training`.
@@ -157,6 +181,9 @@ struct JobConfig {
           gradient_accumulation_steps = 0;  // resolved
   int steps_per_print = 10;
   double gradient_clipping = 0;  // max global grad norm; 0 = off
+  // Report where each step's time goes (forward, backward, reductions, optimizer, pipeline
+  // waits) in the log line and --metrics (DeepSpeed's key).
+  bool wall_clock_breakdown = false;
   Fp16Config fp16;
   Bf16Config bf16;
   // The storage precision these two sections choose (validation refuses both enabled).
@@ -179,6 +206,7 @@ struct JobConfig {
   PipelineConfig pipeline;
   TensorParallelConfig tensor_parallel;
   CheckpointConfig checkpoint;
+  MonitorConfig tensorboard, csv_monitor;
   ModelConfig model;
   DataConfig data;
   TrainingConfig training;

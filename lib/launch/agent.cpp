@@ -136,7 +136,12 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
     tearing_down = true;
     kill_at = Deadline::after(config_.kill_timeout);
     for (auto& r : workers) {
-      if (r.pid > 0 && !r.reaped) signal_group(r.pid, first);
+      if (r.pid > 0 && !r.reaped) {
+        signal_group(r.pid, first);
+        // A stopped worker (SIGSTOP, a debugger let go) would hold the signal until the kill
+        // timeout: let it run to handle it.
+        signal_group(r.pid, SIGCONT);
+      }
     }
   };
 

@@ -7,9 +7,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <condition_variable>
 #include <deque>
 #include <filesystem>
 #include <memory>
+#include <mutex>
+#include <thread>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -39,7 +42,12 @@ int resolve_master_port(int port, const std::string& host) {
 
 namespace {
 
+// Every protocol line goes through here, from the main thread and the heartbeat thread: one line
+// at a time, never interleaved.
+std::mutex g_out_mu;
+
 void write_out(int fd, const std::string& s) {
+  std::lock_guard<std::mutex> lock(g_out_mu);
   std::string_view v = s;
   while (!v.empty()) {
     ssize_t n = ::write(fd, v.data(), v.size());
@@ -106,6 +114,37 @@ class ProtocolListener : public AgentListener {
   int fd_;
 };
 
+// Writes "beat <pid>" every kAgentBeatInterval until destroyed (agent_protocol.h: heartbeats).
+class Heartbeat {
+ public:
+  explicit Heartbeat(int fd) : fd_(fd), thread_([this] { loop(); }) {}
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  void loop() {
+    const std::string beat = proto::msg_beat(static_cast<long>(::getpid()));
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_) {
+      lock.unlock();
+      write_out(fd_, beat);
+      lock.lock();
+      cv_.wait_for(lock, proto::kAgentBeatInterval, [this] { return stop_; });
+    }
+  }
+  int fd_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 enum class Wait { kLine, kEof, kSignal, kTimeout };
 
 // Waits for the next stdin line, a terminating signal, or the deadline.
@@ -159,15 +198,8 @@ AgentConfig config_of(const AgentProcessOptions& o, const std::string& token) {
 
 // One generation (a "start" line): runs the node's workers until they end or the controller
 // stops them. Returns the agent process's exit status when it must end now, else nullopt.
-std::optional<int> run_generation(const std::string& line, AgentConfig& cfg, StdinLines& in,
+std::optional<int> run_generation(const proto::LauncherMessage& start, AgentConfig& cfg, StdinLines& in,
                                   SignalPipe& signals, ProtocolListener& listener, int out_fd) {
-  auto f = proto::split_fields(line, 4);
-  auto mport = f.size() == 4 ? parse_int(f[2]) : std::nullopt;
-  auto restart = f.size() == 4 ? parse_int(f[3]) : std::nullopt;
-  if (!mport || !restart) {
-    write_out(out_fd, proto::msg_fatal("agent: malformed start line from the launcher"));
-    return 1;
-  }
   bool quit = false;
   Agent agent(cfg, listener, signals);
   auto on_control = [&] {
@@ -184,7 +216,7 @@ std::optional<int> run_generation(const std::string& line, AgentConfig& cfg, Std
     if (in.eof()) stop = quit = true;
     return stop;
   };
-  GenerationResult r = agent.run(f[1], static_cast<int>(*mport), static_cast<int>(*restart), in.fd(), on_control);
+  GenerationResult r = agent.run(start.store_addr, start.master_port, start.restart_count, in.fd(), on_control);
   write_out(out_fd, proto::msg_done());
   if (r.stop_signal != 0) return 128 + r.stop_signal;
   if (quit) return 0;
@@ -197,6 +229,7 @@ int run_agent_process(const AgentProcessOptions& o) {
   ignore_sigpipe();
   SignalPipe signals(o.preempt_signal);
   StdinLines in(o.in_fd);
+  const Heartbeat heartbeat(o.out_fd);
   const std::string& host = o.world.nodes.at(static_cast<size_t>(o.node_rank)).host;
   auto fatal = [&](const std::string& why) {
     write_out(o.out_fd, proto::msg_fatal(why));
@@ -209,11 +242,12 @@ int run_agent_process(const AgentProcessOptions& o) {
   if (token.empty()) {
     Wait w = next_line(in, signals, Deadline::after(o.token_timeout), &line, &sig);
     if (w == Wait::kSignal) return 128 + sig;
-    if (w != Wait::kLine || !starts_with(line, "token ")) {
+    auto m = w == Wait::kLine ? proto::parse_launcher_message(line) : proto::LauncherMessage{};
+    if (m.kind != proto::LauncherMessage::Kind::kToken) {
       return fatal(fmt::format("agent on {}: expected the job token on stdin within {}", host,
                                net::format_seconds(o.token_timeout)));
     }
-    token = line.substr(6);
+    token = m.token;
   }
   AgentConfig cfg = config_of(o, token);
 
@@ -238,19 +272,20 @@ int run_agent_process(const AgentProcessOptions& o) {
     if (w == Wait::kSignal) return 128 + sig;
     if (w == Wait::kEof) return 0;
     if (w != Wait::kLine) continue;
-    if (line == "quit") return 0;
-    if (proto::parse_stop(line)) {
+    using K = proto::LauncherMessage::Kind;
+    proto::LauncherMessage m = proto::parse_launcher_message(line);
+    if (m.kind == K::kQuit) return 0;
+    if (m.kind == K::kMalformed) return fatal("agent: " + m.error);
+    if (m.kind == K::kStop) {
       write_out(o.out_fd, proto::msg_done());
       continue;
     }
-    if (starts_with(line, "env ")) {
-      auto eq = line.find('=');
-      if (eq == std::string::npos) return fatal("agent: malformed env line from the launcher");
-      cfg.user_env.emplace_back(line.substr(4, eq - 4), proto::unescape(line.substr(eq + 1)));
+    if (m.kind == K::kEnv) {
+      cfg.user_env.emplace_back(m.key, m.value);
       continue;
     }
-    if (starts_with(line, "start ")) {
-      if (auto status = run_generation(line, cfg, in, signals, listener, o.out_fd)) return *status;
+    if (m.kind == K::kStart) {
+      if (auto status = run_generation(m, cfg, in, signals, listener, o.out_fd)) return *status;
       continue;
     }
     spdlog::warn("agent on {}: ignoring unknown message from the launcher", host);

@@ -1,9 +1,12 @@
 #include "launch/agent_protocol.h"
 
+#include <cctype>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "common/socket.h"
 #include "common/strings.h"
 
 namespace ds::launch::proto {
@@ -57,6 +60,27 @@ std::string world_to_json(const World& world) {
   return j.dump();
 }
 
+namespace {
+
+// The checks the hostfile and the filters make on the launcher's side, made again on what
+// arrives: a node needs a host and distinct, ascending slots 0-4095.
+void check_world_nodes(const std::vector<config::NodeSlots>& nodes) {
+  if (nodes.empty()) throw invalid_argument("agent: malformed --world JSON: no nodes");
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto& n = nodes[i];
+    if (n.host.empty()) throw invalid_argument("agent: malformed --world JSON: node {} has no host", i);
+    if (n.slots.empty()) throw invalid_argument("agent: malformed --world JSON: node {} ({}) has no slots", i, n.host);
+    for (size_t k = 0; k < n.slots.size(); ++k) {
+      if (n.slots[k] < 0 || n.slots[k] >= 4096 || (k > 0 && n.slots[k] <= n.slots[k - 1])) {
+        throw invalid_argument("agent: malformed --world JSON: node {} ({}): slots must be distinct, ascending, 0-4095",
+                               i, n.host);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 World world_from_json(std::string_view text) {
   try {
     auto j = nlohmann::json::parse(text);
@@ -64,8 +88,10 @@ World world_from_json(std::string_view text) {
     for (const auto& n : j.at("nodes")) {
       nodes.push_back({n.at("host").get<std::string>(), n.at("slots").get<std::vector<int>>()});
     }
-    return make_world(nodes, j.at("master_addr").get<std::string>(),
-                      j.at("master_port").get<int>());
+    check_world_nodes(nodes);
+    const int port = j.at("master_port").get<int>();
+    if (port < 0 || port > 65535) throw invalid_argument("agent: malformed --world JSON: master_port {} is not 0-65535", port);
+    return make_world(nodes, j.at("master_addr").get<std::string>(), port);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("agent: malformed --world JSON: {}", e.what());
   }
@@ -83,6 +109,7 @@ std::string msg_exit(int rank, const ExitStatus& s) {
   return fmt::format("exit {} code {}\n", rank, s.code);
 }
 std::string msg_done() { return "done\n"; }
+std::string msg_beat(long pid) { return fmt::format("beat {}\n", pid); }
 std::string msg_fatal(std::string_view message) {
   return fmt::format("fatal {}\n", escape(message));
 }
@@ -104,5 +131,180 @@ std::optional<int> parse_stop(std::string_view line) {
   return static_cast<int>(*sig);
 }
 std::string msg_quit() { return "quit\n"; }
+
+namespace {
+
+using AK = AgentMessage::Kind;
+
+bool in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
+
+AgentMessage agent_msg(AK kind) {
+  AgentMessage m;
+  m.kind = kind;
+  return m;
+}
+
+AgentMessage malformed(std::string why) {
+  AgentMessage m;
+  m.kind = AK::kMalformed;
+  m.text = std::move(why);
+  return m;
+}
+
+// "out <RANK> <1|2> <LINE>" and "exit <RANK> code|signal <N>" (f has 4 fields); "started <RANK>
+// <PID>" (3). Non-integers make the line kText (m unchanged); out-of-range values kMalformed.
+AgentMessage parse_rank_message(const std::vector<std::string>& f, std::string_view line, int world) {
+  AgentMessage text = agent_msg(AK::kText);
+  text.text = std::string(line);
+  auto rank = parse_int(f[1]);
+  if (!rank) return text;
+  if (!in_range(*rank, 0, world - 1)) {
+    return malformed(fmt::format("rank {} in '{}' is outside the job's ranks 0-{}", *rank, f[0], world - 1));
+  }
+  AgentMessage m;
+  m.rank = static_cast<int>(*rank);
+  if (f[0] == "out") {
+    if (f[2] != "1" && f[2] != "2") return text;
+    m.kind = AK::kOut;
+    m.stream = f[2] == "2" ? 2 : 1;
+    m.text = unescape(f[3]);
+    return m;
+  }
+  auto val = parse_int(f[0] == "started" ? f[2] : f[3]);
+  if (!val) return text;
+  if (f[0] == "started") {
+    if (*val <= 0 || *val > INT32_MAX) return malformed(fmt::format("pid {} of rank {} is not a process id", *val, *rank));
+    m.kind = AK::kStarted;
+    m.pid = static_cast<long>(*val);
+    return m;
+  }
+  if (f[2] == "signal") {
+    if (!in_range(*val, 1, 64)) return malformed(fmt::format("rank {} ended by signal {}: not a signal", *rank, *val));
+    m.status.signal = static_cast<int>(*val);
+  } else if (f[2] == "code") {
+    if (!in_range(*val, 0, 255)) return malformed(fmt::format("rank {} ended with exit code {}: not 0-255", *rank, *val));
+    m.status.code = static_cast<int>(*val);
+  } else {
+    return text;
+  }
+  m.kind = AK::kExit;
+  return m;
+}
+
+AgentMessage parse_store_message(const std::vector<std::string>& f, std::string_view line) {
+  auto sp = parse_int(f[1]);
+  auto mp = parse_int(f[2]);
+  if (!sp || !mp || !in_range(*sp, 1, 65535) || !in_range(*mp, 1, 65535)) {
+    return malformed(fmt::format("node 0's agent sent a malformed store line '{}'", line.substr(0, 80)));
+  }
+  AgentMessage m = agent_msg(AK::kStore);
+  m.store_port = static_cast<int>(*sp);
+  m.master_port = static_cast<int>(*mp);
+  return m;
+}
+
+}  // namespace
+
+AgentMessage parse_agent_message(std::string_view line, int world_size) {
+  auto f = split_fields(line, 4);
+  const std::string& verb = f[0];
+  if ((verb == "out" || verb == "exit") && f.size() == 4) return parse_rank_message(f, line, world_size);
+  if (verb == "started" && f.size() == 3) return parse_rank_message(f, line, world_size);
+  if (verb == "store" && f.size() == 3) return parse_store_message(f, line);
+  if (line == "done") return agent_msg(AK::kDone);
+  if (verb == "beat" && f.size() == 2) {
+    auto pid = parse_int(f[1]);
+    if (!pid || *pid <= 0 || *pid > INT32_MAX) {
+      AgentMessage m = agent_msg(AK::kMalformed);
+      m.text = "beat line: the pid is not a positive integer";
+      return m;
+    }
+    AgentMessage m = agent_msg(AK::kBeat);
+    m.pid = static_cast<long>(*pid);
+    return m;
+  }
+  if (verb == "fatal") {
+    AgentMessage m = agent_msg(AK::kFatal);
+    m.text = unescape(line.size() > 6 ? line.substr(6) : "");
+    return m;
+  }
+  AgentMessage m;
+  m.text = std::string(line);
+  return m;
+}
+
+namespace {
+
+using LK = LauncherMessage::Kind;
+
+LauncherMessage launcher_msg(LK kind) {
+  LauncherMessage m;
+  m.kind = kind;
+  return m;
+}
+
+LauncherMessage launcher_malformed(std::string why) {
+  LauncherMessage m = launcher_msg(LK::kMalformed);
+  m.error = std::move(why);
+  return m;
+}
+
+bool env_name(std::string_view k) {
+  if (k.empty() || std::isdigit(static_cast<unsigned char>(k[0]))) return false;
+  for (char c : k) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_') return false;
+  }
+  return true;
+}
+
+LauncherMessage parse_start(std::string_view line) {
+  auto f = split_fields(line, 5);
+  if (f.size() != 4) return launcher_malformed("malformed start line from the launcher (expected 'start STORE PORT RESTART')");
+  auto mport = parse_int(f[2]);
+  auto restart = parse_int(f[3]);
+  if (!mport || !in_range(*mport, 0, 65535)) return launcher_malformed("start line: master port is not 0-65535");
+  if (!restart || !in_range(*restart, 0, INT32_MAX)) return launcher_malformed("start line: restart count is not a count");
+  try {
+    net::parse_host_port(f[1], "the store address");
+  } catch (const Error& e) {
+    return launcher_malformed(std::string("start line: ") + e.what());
+  }
+  LauncherMessage m = launcher_msg(LK::kStart);
+  m.store_addr = f[1];
+  m.master_port = static_cast<int>(*mport);
+  m.restart_count = static_cast<int>(*restart);
+  return m;
+}
+
+}  // namespace
+
+LauncherMessage parse_launcher_message(std::string_view line) {
+  if (line == "quit") return launcher_msg(LK::kQuit);
+  if (line == "stop" || starts_with(line, "stop ")) {
+    auto sig = parse_stop(line);
+    if (!sig) return launcher_malformed("malformed stop line from the launcher (expected 'stop [SIGNAL 1-64]')");
+    LauncherMessage m = launcher_msg(LK::kStop);
+    m.signal = *sig;
+    return m;
+  }
+  if (starts_with(line, "token ")) {
+    LauncherMessage m = launcher_msg(LK::kToken);
+    m.token = std::string(line.substr(6));
+    if (m.token.empty()) return launcher_malformed("empty job token from the launcher");
+    return m;
+  }
+  if (starts_with(line, "env ")) {
+    auto eq = line.find('=');
+    if (eq == std::string_view::npos || !env_name(line.substr(4, eq - 4))) {
+      return launcher_malformed("malformed env line from the launcher (expected 'env NAME=VALUE')");
+    }
+    LauncherMessage m = launcher_msg(LK::kEnv);
+    m.key = std::string(line.substr(4, eq - 4));
+    m.value = unescape(line.substr(eq + 1));
+    return m;
+  }
+  if (starts_with(line, "start ")) return parse_start(line);
+  return launcher_msg(LK::kUnknown);
+}
 
 }  // namespace ds::launch::proto

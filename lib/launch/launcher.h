@@ -42,6 +42,9 @@ struct JobSpec {
   EnvList user_env;                      // --env and .dstrain_env (values are never printed)
   Millis kill_timeout = kDefaultKillTimeout;
   Millis failure_grace = kDefaultFailureGrace;  // see AgentConfig::failure_grace
+  // A remote node's agent heard from for this long (no line, not even its once-a-second
+  // heartbeat: agent_protocol.h) is stopped, hung or gone: the job fails naming the node.
+  Millis agent_timeout{10000};
   bool bind_cores = false;
   int max_restarts = 0;
   int store_port = 0;                    // 0: a free port on node 0

@@ -56,6 +56,23 @@ class SshStarter : public AgentStarter {
     return channels;
   }
 
+  // Over a second connection, since the first one's agent no longer reads: SIGKILL works on a
+  // stopped process, and the workers follow it (PR_SET_PDEATHSIG).
+  void kill_agent(size_t node, long pid) override {
+    if (pid <= 0 || node >= spec_.world.nodes.size()) return;
+    const std::string& host = spec_.world.nodes[node].host;
+    try {
+      auto c = SshConnection::open(host, spec_.ssh, fmt::format("kill -KILL {}", pid));
+      std::string ignored;
+      const Deadline dl = Deadline::after(Millis(5000));
+      while (!dl.expired() && c->read(0, &ignored) && !c->eof()) {
+        std::this_thread::sleep_for(Millis(20));
+      }
+    } catch (const Error& e) {
+      spdlog::warn("could not kill the unresponsive agent (pid {}) on {}: {}", pid, host, e.what());
+    }
+  }
+
  private:
   const JobSpec& spec_;
 };
@@ -70,6 +87,8 @@ struct RemoteNode {
   bool closed = false;    // channel ended
   bool quitting = false;  // we sent quit
   bool eof_sent = false;
+  long agent_pid = 0;                 // from its heartbeats; 0 until the first
+  SteadyClock::time_point last_heard;  // its last line on the protocol stream
 };
 
 class RemoteJob {
@@ -91,6 +110,7 @@ class RemoteJob {
     for (size_t i = 0; i < channels.size(); ++i) {
       nodes_[i].spec = &spec_.world.nodes[i];
       nodes_[i].conn = std::move(channels[i]);
+      nodes_[i].last_heard = SteadyClock::now();
       if (starter_.sends_token()) nodes_[i].pending += proto::msg_token(token);
       for (const auto& [k, v] : spec_.user_env) nodes_[i].pending += proto::msg_env(k, v);
     }
@@ -134,37 +154,30 @@ class RemoteJob {
   }
 
   void handle_line(RemoteNode& n, const std::string& line) {
-    auto f = proto::split_fields(line, 4);
-    const std::string& verb = f[0];
-    if (verb == "out" && f.size() == 4) {
-      auto rank = parse_int(f[1]);
-      if (rank) mux_.line(static_cast<int>(*rank), f[2] == "2" ? 2 : 1, proto::unescape(f[3]));
-    } else if (verb == "exit" && f.size() == 4) {
-      auto rank = parse_int(f[1]);
-      auto val = parse_int(f[3]);
-      if (!rank || !val) return;
-      ExitStatus st;
-      (f[2] == "signal" ? st.signal : st.code) = static_cast<int>(*val);
-      on_rank_exit(n, static_cast<int>(*rank), st);
-    } else if (verb == "started") {
-      spdlog::debug("rank {} on {}: pid {}", f.size() > 1 ? f[1] : "?", n.spec->host,
-                    f.size() > 2 ? f[2] : "?");
-    } else if (verb == "done") {
-      n.gen_done = true;
-    } else if (verb == "store" && f.size() >= 3) {
-      auto sp = parse_int(f[1]);
-      auto mp = parse_int(f[2]);
-      if (!sp || !mp) return node_failed(n, "node 0's agent sent a malformed store line");
-      store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, *sp);
-      master_port_ = static_cast<int>(*mp);
-      spdlog::debug("job {}: store at {}, MASTER_PORT {}", job_id_, store_addr_, master_port_);
-      send_all(proto::msg_start(store_addr_, master_port_, restart_));
-    } else if (verb == "fatal") {
-      std::string msg = proto::unescape(line.size() > 6 ? line.substr(6) : "");
-      node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, msg));
-    } else {
-      // Not the protocol: a login shell's or a missing program's words. Show them as they are.
-      mux_.note(fmt::format("[agent {}] {}", n.spec->host, line));
+    n.last_heard = SteadyClock::now();
+    using K = proto::AgentMessage::Kind;
+    proto::AgentMessage m = proto::parse_agent_message(line, spec_.world.world_size());
+    switch (m.kind) {
+      case K::kOut: return mux_.line(m.rank, m.stream, m.text);
+      case K::kExit: return on_rank_exit(n, m.rank, m.status);
+      case K::kStarted: spdlog::debug("rank {} on {}: pid {}", m.rank, n.spec->host, m.pid); return;
+      case K::kDone: n.gen_done = true; return;
+      case K::kBeat: n.agent_pid = m.pid; return;
+      case K::kStore:
+        store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, m.store_port);
+        master_port_ = m.master_port;
+        spdlog::debug("job {}: store at {}, MASTER_PORT {}", job_id_, store_addr_, master_port_);
+        send_all(proto::msg_start(store_addr_, master_port_, restart_));
+        return;
+      case K::kFatal:
+        return node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, m.text));
+      case K::kMalformed:
+        return node_failed(n, fmt::format("node {} ({}): the agent broke the protocol: {}", n.spec->node_rank,
+                                          n.spec->host, m.text));
+      case K::kText:
+        // Not the protocol: a login shell's or a missing program's words. Show them as they are.
+        mux_.note(fmt::format("[agent {}] {}", n.spec->host, line));
+        return;
     }
   }
 
@@ -225,6 +238,22 @@ class RemoteJob {
     n.out_lines.finish([&](std::string_view l) { handle_line(n, std::string(l)); });
     n.err_lines.finish(
         [&](std::string_view l) { mux_.note(fmt::format("[agent {}] {}", n.spec->host, l)); });
+  }
+
+  // Agents silent past the agent timeout (agent_protocol.h: heartbeats) fail the job, naming the
+  // node; each is killed by other means, and its channel closed so nothing waits on it.
+  void check_heartbeats() {
+    const auto now = SteadyClock::now();
+    for (size_t i = 0; i < nodes_.size(); ++i) {
+      RemoteNode& n = nodes_[i];
+      if (n.closed || n.agent_pid == 0 || now - n.last_heard < spec_.agent_timeout) continue;
+      const double quiet = std::chrono::duration<double>(now - n.last_heard).count();
+      node_failed(n, fmt::format("the agent on node {} ({}, pid {}) sent nothing for {:.1f} s, not even its "
+                                 "heartbeat: it is stopped or hung, or that node or its network is gone",
+                                 n.spec->node_rank, n.spec->host, n.agent_pid, quiet));
+      starter_.kill_agent(i, n.agent_pid);
+      n.closed = true;
+    }
   }
 
   bool all(bool RemoteNode::*flag) const {
@@ -301,6 +330,7 @@ class RemoteJob {
   int loop() {
     for (;;) {
       for (auto& n : nodes_) pump(n);
+      check_heartbeats();
       if (!quit_sent_ && !store_addr_.empty() && all(&RemoteNode::gen_done)) generation_over();
       // Failed before the store was up (node 0's agent could not start): nothing runs yet.
       if (!quit_sent_ && failure_ && store_addr_.empty()) quit_all(Millis(3000));

@@ -39,6 +39,9 @@ class AgentStarter {
   virtual std::optional<std::string> died() { return std::nullopt; }
   // After every channel closed: waits (bounded) for the starter process, then kills its group.
   virtual void finish() {}
+  // Node `node`'s agent (process `pid` there) stopped answering: kill it, and so its workers
+  // (they die with it), by other means than its channel where the starter has one. Bounded.
+  virtual void kill_agent(size_t node, long pid) {}
 };
 
 std::unique_ptr<AgentStarter> make_ssh_starter(const JobSpec& spec);

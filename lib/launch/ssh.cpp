@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <pwd.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -167,6 +168,51 @@ struct SshConnection::Impl {
 
 namespace {
 
+// Appends one known-hosts line for `entry`. Several connections of one launch (threads) and
+// several launches (processes) may record keys in the same file at once, so the file is never
+// rewritten: under an in-process mutex and an flock, one line is appended with O_APPEND.
+void record_host_key(LIBSSH2_SESSION* s, const std::string& entry, const char* key, size_t len,
+                     int typemask, const std::string& path, const std::string& name) {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  LIBSSH2_KNOWNHOSTS* kh = libssh2_knownhost_init(s);
+  if (kh == nullptr) throw system_error("ssh to {}: libssh2_knownhost_init failed", name);
+  struct Guard {
+    LIBSSH2_KNOWNHOSTS* kh;
+    ~Guard() { libssh2_knownhost_free(kh); }
+  } guard{kh};
+  std::string comment = "added by dstrain";
+  libssh2_knownhost* added = nullptr;
+  char line[8192];
+  size_t line_len = 0;
+  if (libssh2_knownhost_addc(kh, entry.c_str(), nullptr, key, len, comment.c_str(), comment.size(),
+                             typemask, &added) != 0 ||
+      libssh2_knownhost_writeline(kh, added, line, sizeof(line), &line_len,
+                                  LIBSSH2_KNOWNHOST_FILE_OPENSSH) != 0) {
+    throw system_error("ssh to {}: could not format the new host key for {}: {}", name, path,
+                       last_error(s));
+  }
+  std::error_code ec;
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty() && !std::filesystem::exists(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (!ec) std::filesystem::permissions(parent, std::filesystem::perms::owner_all, ec);
+  }
+  int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    throw system_error("ssh to {}: could not record the new host key in {}: {}", name, path,
+                       strerror(errno));
+  }
+  ::flock(fd, LOCK_EX);
+  bool ok = ::write(fd, line, line_len) == static_cast<ssize_t>(line_len);
+  int saved = errno;
+  ::close(fd);
+  if (!ok) {
+    throw system_error("ssh to {}: could not record the new host key in {}: {}", name, path,
+                       strerror(saved));
+  }
+}
+
 void check_host_key(LIBSSH2_SESSION* s, const std::string& host, const SshOptions& o,
                     const std::string& name) {
   size_t len = 0;
@@ -210,13 +256,7 @@ void check_host_key(LIBSSH2_SESSION* s, const std::string& host, const SshOption
                 "add it (ssh-keyscan -p PORT HOST >> known_hosts, after checking the fingerprint), "
                 "or pass --ssh-accept-new-host-keys to trust and record it on first use");
   }
-  std::string comment = "added by dstrain";
-  if (libssh2_knownhost_addc(kh, entry.c_str(), nullptr, key, len, comment.c_str(), comment.size(),
-                             typemask, nullptr) != 0 ||
-      libssh2_knownhost_writefile(kh, path.c_str(), LIBSSH2_KNOWNHOST_FILE_OPENSSH) != 0) {
-    throw system_error("ssh to {}: could not record the new host key in {}: {}", name, path,
-                       last_error(s));
-  }
+  record_host_key(s, entry, key, len, typemask, path, name);
 }
 
 void authenticate(LIBSSH2_SESSION* s, const SshOptions& o, const std::string& user,

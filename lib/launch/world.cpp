@@ -36,6 +36,23 @@ World make_world(const std::vector<config::NodeSlots>& nodes, const std::string&
   return w;
 }
 
+bool is_loopback_host(const std::string& host) {
+  return host == "localhost" || host == "::1" || host == "[::1]" || host.rfind("127.", 0) == 0;
+}
+
+void check_master_reachable(const World& world) {
+  if (!is_loopback_host(world.master_addr)) return;
+  for (const auto& n : world.nodes) {
+    if (is_loopback_host(n.host)) continue;
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("MASTER_ADDR '{}' is a loopback address but node {} ('{}') is another machine: it "
+                            "would be sent the store address {}:<port>, which there is itself",
+                            world.master_addr, n.node_rank, n.host, world.master_addr),
+                "name node 0 in the hostfile by an address the other nodes reach (its hostname or IP), or pass "
+                "--master-addr ADDR");
+  }
+}
+
 EnvList worker_env(const World& world, const WorkerSpec& worker, const JobEnv& job) {
   const NodeSpec& node = world.nodes.at(static_cast<size_t>(worker.node_rank));
   EnvList env = {

@@ -41,6 +41,15 @@ struct World {
 World make_world(const std::vector<config::NodeSlots>& nodes, const std::string& master_addr,
                  int master_port);
 
+// True for names that mean "this machine" on every host: localhost, 127.0.0.0/8, ::1.
+bool is_loopback_host(const std::string& host);
+
+// A job whose MASTER_ADDR (node 0's host unless --master-addr) is a loopback name while some node
+// is not would hand the remote nodes a store address that, on them, is themselves. Throws
+// invalid_argument naming both hosts and the fix (name node 0 by an address the others reach, or
+// --master-addr). All-loopback worlds (one machine, as the SSH tests' 127.0.0.2/127.0.0.3) pass.
+void check_master_reachable(const World& world);
+
 using EnvList = std::vector<std::pair<std::string, std::string>>;
 
 // Job-wide values that are not part of the world's shape.

@@ -70,11 +70,15 @@ std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split
     }
     return bounds;
   }
-  const auto all = gpt2_params(s);
-  auto local = [&](ParamId id) { return local_numel(find_param(all, id), tp); };
+  // The first stage also holds the embeddings, the last the final norm, the lm_head (untied) or
+  // its copy of the tied token embedding.
+  int64_t first_extra = 0, last_extra = 0;
+  for (const auto& t : model_params(s)) {
+    const int64_t n = local_numel(t, tp);
+    if (t.unit == UnitKind::kTokenEmbedding || t.unit == UnitKind::kPositionEmbedding) first_extra += n;
+    if (t.unit == UnitKind::kFinalNorm || (t.unit == UnitKind::kTokenEmbedding && s.tied())) last_extra += n;
+  }
   const int64_t layer = layer_param_count(s, tp);
-  const int64_t first_extra = local(ParamId::kWte) + local(ParamId::kWpe);
-  const int64_t last_extra = local(ParamId::kWte) + local(ParamId::kLnfw) + local(ParamId::kLnfb);
   auto cost = [&](int stage, int a, int b) {
     int64_t c = layer * (b - a);
     if (stage == 0) c += first_extra;

@@ -4,12 +4,15 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "model_spec/llama_rules.h"
 
 namespace ds::model_spec {
 
-Gpt2Shape Gpt2Shape::gpt2_124m() { return Gpt2Shape{12, 12, 768, 50257, 50304, 1024}; }
+const char* model_family_name(ModelFamily f) { return f == ModelFamily::kLlama ? "llama" : "gpt2"; }
 
-void Gpt2Shape::validate() const {
+ModelShape ModelShape::gpt2_124m() { return ModelShape{12, 12, 768, 50257, 50304, 1024}; }
+
+void ModelShape::validate() const {
   auto positive = [](int v, const char* name) {
     if (v <= 0) throw invalid_argument("model.{} must be positive, got {}", name, v);
   };
@@ -27,15 +30,18 @@ void Gpt2Shape::validate() const {
     throw invalid_argument("model.padded_vocab_size ({}) must be >= model.vocab_size ({})",
                            padded_vocab_size, vocab_size);
   }
+  if (llama()) validate_llama(*this);
 }
 
-void Gpt2Shape::validate_tp(int tp) const {
+void ModelShape::validate_tp(int tp) const {
   if (tp <= 0) throw invalid_argument("tensor-parallel size must be positive, got {}", tp);
   if (n_head % tp != 0) {
     throw invalid_argument("model.n_head ({}) must be divisible by the tensor-parallel size ({})",
                            n_head, tp);
   }
-  if ((4 * n_embd) % tp != 0) {
+  if (llama()) {
+    validate_llama_tp(*this, tp);
+  } else if ((4 * n_embd) % tp != 0) {
     throw invalid_argument("4 x model.n_embd ({}) must be divisible by the tensor-parallel size ({})",
                            4 * n_embd, tp);
   }
@@ -88,8 +94,15 @@ std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s) {
   };
 }
 
+std::vector<ParamTensor> model_params(const ModelShape& s) {
+  return s.llama() ? llama_params(s) : gpt2_params(s);
+}
+
 const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id) {
-  return all[static_cast<size_t>(id)];
+  for (const auto& t : all) {
+    if (t.id == id) return t;
+  }
+  throw invalid_argument("parameter tensor #{} is not part of this model", static_cast<int>(id));
 }
 
 std::vector<int64_t> local_shape(const ParamTensor& t, int tp) {
@@ -155,7 +168,7 @@ const TensorSlice* ParamLayout::find_tensor(ParamId id, int layer) const {
 }
 
 ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
-  const auto all = gpt2_params(s);
+  const auto all = model_params(s);
   ParamLayout out;
   // Offsets inside each unit (identical for every layer).
   int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0;
@@ -172,6 +185,7 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
   }
   out.layer_numel = layer_end;
   auto add_unit = [&](UnitKind kind, int layer, int64_t numel) {
+    if (numel == 0) return;  // a unit this family has no tensors in
     out.units.push_back(UnitSlice{kind, layer, out.total, numel});
     for (const auto& t : all) {
       if (t.unit != kind) continue;
@@ -182,7 +196,7 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
     out.total += numel;
   };
   // The tied wte lives in a part with the embedding or the head (a last stage keeps its copy).
-  if (part.has_embedding || part.has_head) add_unit(UnitKind::kTokenEmbedding, -1, wte_end);
+  if (part.has_embedding || (part.has_head && s.tied())) add_unit(UnitKind::kTokenEmbedding, -1, wte_end);
   if (part.has_embedding) add_unit(UnitKind::kPositionEmbedding, -1, wpe_end);
   for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kLayer, l, layer_end);
   if (part.has_head) add_unit(UnitKind::kFinalNorm, -1, lnf_end);
@@ -190,6 +204,7 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
 }
 
 int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer) {
+  if (s.llama()) throw invalid_usage("llm.c's checkpoint order is GPT-2's; a Llama has none");
   int64_t off = 0;
   for (const auto& t : gpt2_params(s)) {
     if (t.id == id) return off + (t.per_layer ? static_cast<int64_t>(layer) * t.numel() : 0);
@@ -202,7 +217,7 @@ int64_t param_count(const Gpt2Shape& s) { return part_param_count(s, ModelPart::
 
 int64_t layer_param_count(const Gpt2Shape& s, int tp) {
   int64_t n = 0;
-  for (const auto& t : gpt2_params(s)) {
+  for (const auto& t : model_params(s)) {
     if (t.per_layer) n += local_numel(t, tp);
   }
   return n;
@@ -284,10 +299,14 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
   return v;
 }
 
+std::vector<ActBuffer> model_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
+  return s.llama() ? llama_activations(s, part, cfg) : gpt2_activations(s, part, cfg);
+}
+
 ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg) {
   ActTotals t;
   const int64_t nl = part.layer_end - part.layer_begin;
-  for (const auto& b : gpt2_activations(s, part, cfg)) {
+  for (const auto& b : model_activations(s, part, cfg)) {
     const int64_t bytes = b.bytes(cfg.storage_bytes);
     switch (b.scope) {
       case ActScope::kPerLayer:

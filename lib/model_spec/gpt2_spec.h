@@ -1,13 +1,16 @@
-// The GPT-2 model as shapes: every parameter tensor (llm.c's order), how tensor parallelism splits
-// it, how the runtime lays the tensors out in one flat buffer, and the activation buffers the
-// runtime keeps for a micro-batch. One source of truth shared by the runtime (which allocates
-// exactly these) and the planner (which counts exactly these).
+// The models as shapes: every parameter tensor (GPT-2 in llm.c's order; Llama in Hugging Face's
+// LlamaForCausalLM's, llama_spec.cpp), how tensor parallelism splits it, how the runtime lays
+// the tensors out in one flat buffer, and the activation buffers the runtime keeps for a
+// micro-batch. One source of truth shared by the runtime (which allocates exactly these) and the
+// planner (which counts exactly these). Both families use the same vocabulary of tensors, units
+// and splits, so the parallel layouts, the plan and checkpoints serve both.
 //
 // Deliberately pure: no allocation of model memory, no runtime types, no I/O. Sizes are element
 // counts (fp32 elements unless a function says bytes).
 //
 // Legend: B = micro-batch, T = sequence length, C = channels (n_embd), NH = heads, L = layers,
-// V = vocabulary, Vp = padded vocabulary, maxT = seq_len (rows of wpe), tp = tensor-parallel size.
+// V = vocabulary, Vp = padded vocabulary, maxT = seq_len (rows of wpe), tp = tensor-parallel size;
+// Llama: KV = kv heads, hd = head size (C / NH), I = intermediate_size (the SwiGLU width).
 #pragma once
 
 #include <array>
@@ -18,23 +21,41 @@
 
 namespace ds::model_spec {
 
-struct Gpt2Shape {
+enum class ModelFamily {
+  kGpt2,   // pre-LayerNorm, learned positions, fused qkv with biases, 4C GELU MLP, tied lm_head
+  kLlama,  // pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases
+};
+const char* model_family_name(ModelFamily f);  // "gpt2", "llama"
+
+struct ModelShape {
   int n_layer = 0;
   int n_head = 0;
   int n_embd = 0;
   int vocab_size = 0;         // V: real tokens
   int padded_vocab_size = 0;  // Vp >= V: rows of wte (llm.c pads to a multiple of 128)
   int seq_len = 0;            // maxT: rows of wpe, the longest sequence the model accepts
+  ModelFamily family = ModelFamily::kGpt2;
+  // Llama only (ignored for GPT-2):
+  int n_kv_head = 0;          // KV: 1 <= KV <= NH, NH % KV == 0 (KV == NH: multi-head)
+  int intermediate_size = 0;  // I: the SwiGLU width
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;     // RMSNorm's epsilon
+  bool tie_embeddings = false;  // lm_head is the token embedding (GPT-2 always ties)
+
+  bool llama() const { return family == ModelFamily::kLlama; }
+  bool tied() const { return !llama() || tie_embeddings; }
+  int head_dim() const { return n_embd / n_head; }
 
   // GPT-2 124M as llm.c has it (Vp = 50304).
-  static Gpt2Shape gpt2_124m();
+  static ModelShape gpt2_124m();
   // Throws ds::invalid_argument naming the field and the rule when a value is impossible
-  // (non-positive, C not divisible by NH, Vp < V).
+  // (non-positive, C not divisible by NH, Vp < V; Llama: NH % KV, an odd head size, I, theta, eps).
   void validate() const;
   // Throws ds::invalid_argument when tensor parallelism of size tp cannot split this model
-  // (NH, 4C and Vp must divide by tp), naming the numbers.
+  // (NH, 4C or I, KV and Vp must divide by tp), naming the numbers and the config keys.
   void validate_tp(int tp) const;
 };
+using Gpt2Shape = ModelShape;  // the name from before Llama
 
 // How tensor parallelism (Megatron-style) splits a tensor across the tp group.
 enum class TpSplit {
@@ -46,24 +67,28 @@ enum class TpSplit {
 const char* tp_split_name(TpSplit s);
 
 // Which unit of the flat layout a tensor belongs to. Units are what ZeRO-3 gathers and what
-// pipeline stages own: the token embedding (also the tied lm_head), the position embedding, one
-// unit per layer, the final LayerNorm.
+// pipeline stages own: the token embedding (also the tied lm_head), the position embedding
+// (GPT-2), one unit per layer, the final norm (with Llama's untied lm_head).
 enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm };
 
-// Parameter tensors in llm.c's order.
+// Parameter tensors: GPT-2's in llm.c's order, then Llama's own. Llama shares kWte (its
+// embed_tokens) and kLnfw (its final norm); its layer tensors and untied lm_head follow.
 enum class ParamId {
   kWte, kWpe,
   kLn1w, kLn1b, kQkvw, kQkvb, kAttprojw, kAttprojb, kLn2w, kLn2b, kFcw, kFcb, kFcprojw, kFcprojb,
   kLnfw, kLnfb,
+  // Llama (per layer: input_layernorm, q/k/v/o_proj, post_attention_layernorm, gate/up/down_proj)
+  kAttnNorm, kWq, kWk, kWv, kWo, kMlpNorm, kWgate, kWup, kWdown,
+  kLmHead,
 };
-inline constexpr int kNumParamTensors = 16;
-inline constexpr int kNumLayerTensors = 12;  // kLn1w .. kFcprojb
+inline constexpr int kNumParamTensors = 26;
+inline constexpr int kNumLayerTensors = 12;  // GPT-2's kLn1w .. kFcprojb
 
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
 
 struct ParamTensor {
   ParamId id;
-  std::string_view name;  // llm.c's name: "wte", "qkvw", ...
+  std::string_view name;  // llm.c's name ("wte", "qkvw", ...); Llama: HF's ("q_proj", "norm", ...)
   UnitKind unit;
   bool per_layer;                // one copy per layer ((L, ...) in llm.c's checkpoint)
   std::vector<int64_t> shape;    // full shape of one copy (without the L dimension)
@@ -73,9 +98,18 @@ struct ParamTensor {
   int64_t numel() const;         // elements of one full copy
 };
 
-// All 16 tensors, in llm.c's order, for this shape.
+// The tensors of this shape's family: GPT-2's 16 in llm.c's order, or Llama's (llama_params).
+std::vector<ParamTensor> model_params(const ModelShape& s);
 std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s);
+// Llama: embed_tokens (Vp,C) vocab; per layer input_layernorm (C), q_proj (NH*hd,C), k_proj and
+// v_proj (KV*hd,C) column (by heads), o_proj (C,NH*hd) row, post_attention_layernorm (C),
+// gate_proj and up_proj (I,C) column, down_proj (C,I) row; norm (C); lm_head (Vp,C) vocab unless
+// tied. All normal(0, 0.02) (HF's initializer_range), norms 1.
+std::vector<ParamTensor> llama_params(const ModelShape& s);
+// invalid_argument when `all` has no tensor `id`.
 const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id);
+// Hugging Face's LlamaForCausalLM name of one tensor copy ("model.layers.3.mlp.up_proj.weight").
+std::string hf_name(ParamId id, int layer);
 
 // The shape a tp rank holds of one copy of `t` (every rank holds the same amount).
 std::vector<int64_t> local_shape(const ParamTensor& t, int tp);
@@ -93,7 +127,7 @@ struct ModelPart {
   int tp = 1;
   int tp_rank = 0;
 
-  static ModelPart whole(const Gpt2Shape& s) { return ModelPart{0, s.n_layer, true, true, 1, 0}; }
+  static ModelPart whole(const ModelShape& s) { return ModelPart{0, s.n_layer, true, true, 1, 0}; }
   void validate(const Gpt2Shape& s) const;  // invalid_argument on a bad range or rank
 };
 
@@ -114,7 +148,11 @@ struct TensorSlice {
 
 // The flat layout: units in order wte, wpe, layers [begin, end), lnf (absent units skipped), each
 // unit contiguous, tensors inside a layer in llm.c's order. Layer-major (unlike llm.c's
-// tensor-major checkpoint) so a layer is one slice for ZeRO-3 and pipeline stages.
+// tensor-major checkpoint) so a layer is one slice for ZeRO-3 and pipeline stages. The tied token
+// embedding lives in a part with the embedding or the head; an untied one (Llama) only with the
+// embedding, the lm_head in the final-norm unit. Units without tensors (Llama's position
+// embedding) do not appear. Llama's wq, wk, wv (and wgate, wup) are adjacent in a layer unit, so
+// a tp rank's q/k/v rows form one ((NH+2KV)/tp*hd, C) matrix and its gate/up one (2I/tp, C).
 struct ParamLayout {
   std::vector<UnitSlice> units;
   std::vector<TensorSlice> tensors;
@@ -131,7 +169,7 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part);
 // Offset of one tensor copy (layer -1 for global tensors) in llm.c's checkpoint order: tensor-
 // major, each per-layer tensor stored as (L, ...) (wte, wpe, ln1w[0..L), ln1b[0..L), ...,
 // lnfw, lnfb). For import/export between llm.c's files and the layer-major ParamLayout.
-int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer);
+int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer);  // GPT-2 only
 
 // Parameter counts (elements).
 int64_t param_count(const Gpt2Shape& s);                    // the whole model, unsharded
@@ -189,6 +227,16 @@ int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
 // vocabulary-parallel loss's row statistics (3 x rows).
 std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
                                         const ActConfig& cfg);
+// Llama's list (llama_spec.cpp), in the same scopes: each layer keeps
+//   ln1 (B,T,C), ln1_rstd (B,T), qkv (B,T,(NH+2KV)hd/tp) (q and k after RoPE), atty (B,T,NH hd/tp),
+//   att_lse (B,NH/tp,T), res2 (B,T,C), ln2 (B,T,C), ln2_rstd (B,T), gu (B,T,2I/tp) (gate | up),
+//   act (B,T,I/tp) (silu(gate) * up), out (B,T,C);
+// per micro-batch input, and with the head lnf, lnf_rstd, losses; shared dres, dln, dqkv, datty,
+// dgu, dact, att_scratch, the RoPE tables rope_cos and rope_sin (T, hd/2) (fp32, workspace), the
+// head's logits and ce_stats.
+std::vector<ActBuffer> llama_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
+// The list of this shape's family.
+std::vector<ActBuffer> model_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
 
 struct ActTotals {
   int64_t per_layer = 0;       // elements for one layer

@@ -28,6 +28,12 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   in.shape.vocab_size = c.model.vocab_size;
   in.shape.padded_vocab_size = c.model.padded_vocab_size;
   in.shape.seq_len = c.model.seq_len;
+  in.shape.family = c.model.type == "llama" ? model_spec::ModelFamily::kLlama : model_spec::ModelFamily::kGpt2;
+  in.shape.n_kv_head = c.model.n_kv_head;
+  in.shape.intermediate_size = c.model.intermediate_size;
+  in.shape.rope_theta = c.model.rope_theta;
+  in.shape.norm_eps = c.model.norm_eps;
+  in.shape.tie_embeddings = c.model.tie_embeddings;
 
   Layout& l = in.layout;
   l.tp = c.tensor_parallel.size;
@@ -43,6 +49,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.partition = c.pipeline.partition;
   l.precision = c.precision();
   l.grad_precision = c.gradient_dtype();
+  in.grad_precision = c.gradient_dtype();
   l.device = c.training.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   l.overlap_comm = c.zero.overlap_comm;
   l.stage3_param_persistence_threshold = c.zero.stage3_param_persistence_threshold;

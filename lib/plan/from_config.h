@@ -23,6 +23,10 @@ namespace ds::plan {
 struct PlanInput {
   model_spec::Gpt2Shape shape;
   Layout layout;
+  // The gradients' type, what ZeRO's reductions move (JobConfig::gradient_dtype(): the storage
+  // type, or fp32 by data_types.grad_accum_dtype / communication_data_type). The step-time model
+  // counts their bytes by it.
+  Precision grad_precision = Precision::kFp32;
 };
 
 PlanInput plan_input_from_config(const config::JobConfig& c);

@@ -136,8 +136,9 @@ ms::ActConfig act_config(const ms::Gpt2Shape& s, const Layout& l) {
 // ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
 // reduce_bucket_size elements of the others; the token embedding has its own buffer. Pipelines
 // keep the tied token embedding's gradient in a buffer of their own on the first and the last
-// stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks).
-void count_gradient_buffers(const Layout& l, const ms::ModelPart& mp, const ms::ParamLayout& layout, Part& part) {
+// stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks); an untied Llama has none.
+void count_gradient_buffers(const Layout& l, bool tied, const ms::ModelPart& mp, const ms::ParamLayout& layout,
+                            Part& part) {
   int64_t max_unit = 0, rest = 0, wte = 0;
   for (const auto& u : layout.units) {
     if (u.kind == ms::UnitKind::kTokenEmbedding) {
@@ -149,7 +150,7 @@ void count_gradient_buffers(const Layout& l, const ms::ModelPart& mp, const ms::
   }
   part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
   part.wte = l.zero_stage < 2 ? 0 : wte;
-  if (l.pp > 1 && (mp.has_embedding || mp.has_head)) part.tied = wte;
+  if (l.pp > 1 && tied && (mp.has_embedding || mp.has_head)) part.tied = wte;
 }
 
 // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into pooled
@@ -197,7 +198,7 @@ Part part_memory(const ms::Gpt2Shape& s, const Layout& l, const std::vector<int>
   r.workspace = at.shared_workspace_bytes +
                 kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
                 (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
-  count_gradient_buffers(l, mp, layout, part);
+  count_gradient_buffers(l, s.tied(), mp, layout, part);
   count_zero3_params(l, layout, part);
   return part;
 }
@@ -251,9 +252,10 @@ void add_notes(MemoryPlan& plan) {
   const ms::ActTotals at = ms::activation_totals(s, part, act_config(s, l));
   const int64_t pb = storage_bytes(l);
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
+  const char* head = !s.tied() ? " + final norm, lm_head" : part.has_embedding ? " + lnf" : " + lnf, wte (tied)";
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
-                                 part.has_embedding ? " + wte, wpe" : "",
-                                 part.has_head ? (part.has_embedding ? " + lnf" : " + lnf, wte (tied)") : "");
+                                 part.has_embedding ? (s.llama() ? " + embed_tokens" : " + wte, wpe") : "",
+                                 part.has_head ? head : "");
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, layout::precision_name(l.precision),

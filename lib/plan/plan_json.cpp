@@ -139,6 +139,11 @@ Json hardware_json(const Hardware& hw) {
               {"gpus_per_node", hw.gpus_per_node}};
 }
 
+double time_to_train(const RecommendReport& report, const Candidate& c) {
+  const double tokens_per_step = static_cast<double>(report.global_batch) * report.seq_len;
+  return std::ceil(static_cast<double>(report.tokens) / tokens_per_step) * c.time.total();
+}
+
 Json recommend_json(const RecommendReport& report, const SearchResult& result) {
   Json j;
   j["config"] = report.config_path;
@@ -150,6 +155,8 @@ Json recommend_json(const RecommendReport& report, const SearchResult& result) {
   j["rejected_memory"] = result.rejected_memory;
   j["rejected_rule"] = result.rejected_rule;
   j["hardware"] = hardware_json(report.hardware);
+  j["calibration"] = {{"source", report.calibration_source}, {"measured", report.calibrated}};
+  if (report.tokens > 0) j["tokens"] = report.tokens;
   j["recommendations"] = Json::array();
   for (size_t i = 0; i < report.shown && i < result.fits.size(); ++i) {
     const auto& c = result.fits[i];
@@ -160,8 +167,15 @@ Json recommend_json(const RecommendReport& report, const SearchResult& result) {
     e["step"] = {{"compute", c.time.compute}, {"bubble", c.time.bubble},
                  {"tp_comm", c.time.tp_comm}, {"pp_comm", c.time.pp_comm},
                  {"dp_comm", c.time.dp_comm}, {"offload", c.time.offload},
-                 {"overhead", c.time.overhead}};
+                 {"overhead", c.time.overhead}, {"recompute", c.time.recompute},
+                 {"dp_comm_total", c.time.dp_comm_total}, {"optimizer", c.time.optimizer},
+                 {"shared_cores", c.time.shared_cores}};
     e["reason"] = c.reason;
+    e["predicted_ms"] = 1e3 * c.time.total();
+    e["measured_ms"] = i < report.measured_ms.size() && report.measured_ms[i] > 0
+                           ? Json(report.measured_ms[i]) : Json(nullptr);
+    if (i + 1 < result.fits.size()) e["runner_up_trades"] = compare_steps(c, result.fits[i + 1]);
+    if (report.tokens > 0) e["time_to_train_s"] = time_to_train(report, c);
     j["recommendations"].push_back(e);
   }
   return j;

@@ -61,17 +61,28 @@ Json memory_plan_json(const std::string& config_path, const PlanInput& in, const
 Json hardware_json(const Hardware& hw);
 
 // --recommend: {config, world_size, device_bytes, global_batch, considered, fitting,
-//   rejected_memory, rejected_rule, hardware, recommendations: [{layout, peak_bytes,
-//   step_seconds, step: {compute, bubble, tp_comm, pp_comm, dp_comm, offload, overhead},
-//   reason}]}, with the first `shown` fitting layouts.
+//   rejected_memory, rejected_rule, hardware, calibration: {source, measured}, tokens (with
+//   --tokens), recommendations: [{layout, peak_bytes, step_seconds, step: {compute, bubble,
+//   tp_comm, pp_comm, dp_comm, offload, overhead, recompute, dp_comm_total, optimizer,
+//   shared_cores}, reason, predicted_ms, measured_ms (null unless --measure ran it),
+//   runner_up_trades (what the next one trades against this one; absent on the last),
+//   time_to_train_s (with --tokens)}]}, with the first `shown` fitting layouts. The step terms
+// are step_time.h's StepTime (seconds); step_seconds = their total; dp_comm is the exposed part.
 struct RecommendReport {
   std::string config_path;
   int world_size = 0;
   int64_t device_bytes = 0;
   int64_t global_batch = 0;
+  int64_t seq_len = 0;
   Hardware hardware;
+  std::string calibration_source = "built-in constants";
+  bool calibrated = false;
+  int64_t tokens = 0;                // --tokens: 0 = not given
+  std::vector<double> measured_ms;   // --measure: by recommendation index; <= 0 = not measured
   size_t shown = 0;
 };
 Json recommend_json(const RecommendReport& report, const SearchResult& result);
+// Seconds to train report.tokens tokens at c's step time (whole steps of global_batch x seq_len).
+double time_to_train(const RecommendReport& report, const Candidate& c);
 
 }  // namespace ds::plan

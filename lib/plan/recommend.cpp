@@ -1,4 +1,4 @@
-// Layout search and the step-time model; formulas in recommend.h.
+// Layout search; the step-time model is step_time.h.
 #include "plan/recommend.h"
 
 #include <algorithm>
@@ -36,83 +36,69 @@ std::string describe_layout(const Layout& l) {
   return s;
 }
 
-StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw) {
-  StepTime t;
-  const double T = s.seq_len, C = s.n_embd, L = s.n_layer, Vp = s.padded_vocab_size;
-  const double r = l.checkpointing ? 1 : 0;
-  const double m = l.grad_accum, b = l.micro_batch;
-  const double world = l.world_size();
-  const double pb = param_bytes(l.precision);
-  const double global_batch = b * m * l.dp;
-  const double flops_per_token = (3 + r) * L * (24 * C * C + 4 * T * C) + 3 * 2 * C * Vp;
-  t.compute = global_batch * T * flops_per_token / (world * hw.gpu_flops);
-  t.bubble = t.compute * (l.pp - 1) / m;
+Calibration builtin_calibration(const Hardware& hw) {
+  Calibration c;
+  c.flops = hw.gpu_flops;
+  c.layer_overhead = hw.layer_overhead;
+  c.intra_node_bw = hw.intra_node_bw;
+  c.inter_node_bw = hw.inter_node_bw;
+  c.host_link_bw = hw.pcie_bw;
+  c.cpu_adam_rate = hw.cpu_adam_rate;
+  c.optimizer_rate = 50e9;  // a GPU's fused AdamW: ~28 bytes per parameter at ~1.5 TB/s
+  c.ranks_per_node = hw.gpus_per_node;
+  return c;
+}
 
-  const double act_msg = b * T * C * pb;
-  const double layers_per_stage = std::ceil(L / l.pp);
-  t.overhead = m * layers_per_stage * hw.layer_overhead;
-  if (l.tp > 1) {
-    const double ring = 2.0 * (l.tp - 1) / l.tp;
-    t.tp_comm = m * layers_per_stage * (4 + 2 * r) * act_msg * ring / hw.intra_node_bw;
-  }
-  const bool stages_span_nodes = l.tp * l.dp >= hw.gpus_per_node;
-  if (l.pp > 1) {
-    t.pp_comm = m * 2 * act_msg / (stages_span_nodes ? hw.inter_node_bw : hw.intra_node_bw);
-  }
-  // Parameters of the largest part (the first stage's tp shard).
-  const std::vector<int> bounds = stage_bounds(s, l.pp, l.partition, l.tp);
-  double n = 0;
-  for (int st = 0; st < l.pp; ++st) {
-    model_spec::ModelPart part{bounds[static_cast<size_t>(st)], bounds[static_cast<size_t>(st) + 1],
-                               st == 0, st == l.pp - 1, l.tp, 0};
-    n = std::max(n, static_cast<double>(model_spec::part_param_count(s, part)));
-  }
-  if (l.dp > 1) {
-    const double bw = l.tp * l.dp > hw.gpus_per_node ? hw.inter_node_bw : hw.intra_node_bw;
-    const double frac = (l.dp - 1.0) / l.dp;
-    double volume = 0;
-    switch (l.zero_stage) {
-      case 0:
-      case 1: volume = 2 * frac; break;
-      case 2: volume = m * frac + frac; break;
-      default: volume = m * (3 + r) * frac; break;
-    }
-    t.dp_comm = volume * n * pb / bw;
-  }
-  if (l.offload_optimizer) {
-    const double shard = n / l.dp;
-    t.offload = 2 * shard * pb / hw.pcie_bw + shard / hw.cpu_adam_rate;
-  }
-  return t;
+StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw) {
+  return step_time(s, l, builtin_calibration(hw), comm_types(l.precision, l.precision));
 }
 
 namespace {
 
+std::vector<std::pair<double, std::string>> terms(const StepTime& t) {
+  return {{t.compute - t.recompute, "compute"},
+          {t.recompute, "recomputation"},
+          {t.bubble, "pipeline bubble"},
+          {t.tp_comm, "tensor-parallel all-reduces"},
+          {t.pp_comm, "pipeline send/recv"},
+          {t.dp_comm, "exposed data-parallel traffic"},
+          {t.optimizer, "optimizer"},
+          {t.offload, "offload (host link, CPU Adam)"},
+          {t.overhead, "fixed per-step overhead"},
+          {t.shared_cores, "ranks sharing cores"}};
+}
+
 std::string reason_for(const Candidate& c, int64_t device_bytes) {
-  const StepTime& t = c.time;
-  std::vector<std::pair<double, std::string>> parts = {
-      {t.compute, "compute"},  {t.bubble, "pipeline bubble"}, {t.tp_comm, "tensor-parallel all-reduce"},
-      {t.pp_comm, "pipeline send/recv"}, {t.dp_comm, "data-parallel gradient/parameter traffic"},
-      {t.offload, "CPU optimizer and PCIe"}, {t.overhead, "per-micro-batch kernel overhead"}};
+  auto parts = terms(c.time);
   std::sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
-  std::string overhead;
-  if (parts[0].second == "compute") {
-    overhead = parts[1].first > 0 ? fmt::format("; next: {} {:.0f}%", parts[1].second,
-                                                100 * parts[1].first / t.total())
-                                  : "; no communication";
-  } else {
-    overhead = fmt::format("; {} dominates ({:.0f}%)", parts[0].second, 100 * parts[0].first / t.total());
-  }
-  return fmt::format("peak {} leaves {} free; compute {:.0f}% of the step{}",
-                     format_bytes(static_cast<double>(c.peak_bytes)),
-                     format_bytes(static_cast<double>(device_bytes - c.peak_bytes)),
-                     100 * t.compute / t.total(), overhead);
+  const double total = c.time.total();
+  std::string bound = fmt::format("bound by {} {:.0f}%", parts[0].second, 100 * parts[0].first / total);
+  if (parts[1].first > 0) bound += fmt::format(", then {} {:.0f}%", parts[1].second, 100 * parts[1].first / total);
+  return fmt::format("{}; peak {} leaves {} free", bound, format_bytes(static_cast<double>(c.peak_bytes)),
+                     format_bytes(static_cast<double>(device_bytes - c.peak_bytes)));
 }
 
 }  // namespace
 
+std::string compare_steps(const Candidate& a, const Candidate& b) {
+  const auto ta = terms(a.time), tb = terms(b.time);
+  std::vector<std::pair<double, std::string>> d;
+  for (size_t i = 0; i < ta.size(); ++i) d.push_back({tb[i].first - ta[i].first, ta[i].second});
+  std::sort(d.begin(), d.end(),
+            [](const auto& x, const auto& y) { return std::fabs(x.first) > std::fabs(y.first); });
+  const double diff = b.time.total() - a.time.total();
+  std::string out = fmt::format("{:+.1f}% ({:+.1f} ms):", 100 * diff / a.time.total(), 1e3 * diff);
+  int shown = 0;
+  for (const auto& [v, name] : d) {
+    if (shown == 3 || std::fabs(v) < 1e-3 * a.time.total()) break;
+    out += fmt::format("{} {} {:+.1f} ms", shown++ ? "," : "", name, 1e3 * v);
+  }
+  if (shown == 0) out += " the same terms";
+  return out;
+}
+
 SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int world_size,
-                       int64_t device_bytes, const Hardware& hw) {
+                       int64_t device_bytes, const Calibration& cal, const CommTypes& types) {
   if (world_size < 1) throw invalid_argument("--world-size must be at least 1, got {}", world_size);
   if (device_bytes <= 0) throw invalid_argument("--recommend needs the device memory (--gpu-mem), got {}", device_bytes);
   s.validate();
@@ -144,7 +130,7 @@ SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int w
               ++res.considered;
               l.micro_batch = mb;
               l.grad_accum = static_cast<int>(global_batch / dp / mb);
-              if (tp > hw.gpus_per_node) {  // tensor parallelism stays inside a node
+              if (tp > cal.ranks_per_node) {  // tensor parallelism stays inside a node
                 ++res.rejected_rule;
                 continue;
               }
@@ -158,7 +144,7 @@ SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int w
                 Candidate c;
                 c.layout = l;
                 c.peak_bytes = peak;
-                c.time = estimate_step_time(s, l, hw);
+                c.time = step_time(s, l, cal, types);
                 res.fits.push_back(std::move(c));
               } catch (const Error&) {
                 ++res.rejected_rule;

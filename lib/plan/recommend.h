@@ -3,28 +3,8 @@
 // activation checkpointing, CPU offload), keep those whose planned peak (memory_model.h) fits
 // the device, and rank them by an estimated step time.
 //
-// The step-time model is deliberately simple, a first-order guide rather than a simulator.
-// With G the global batch (train_batch_size), T the sequence length, C the width, L the layers,
-// Vp the padded vocabulary, m = gradient_accumulation_steps, b = micro-batch, pb = bytes per
-// param/grad element, n = parameters of the rank's part:
-//   compute  = G * T * f / (world * gpu_flops), f = (3 + r) * L * (24 C^2 + 4 T C) + 3 * 2 C Vp
-//              FLOPs per token (forward + backward = 3 forwards; r = 1 with checkpointing,
-//              which recomputes each layer's forward; Megatron-LM's count)
-//   bubble   = compute * (pp - 1) / m                         (1F1B and GPipe alike)
-//   tp comm  = m * layers_per_stage * (4 + 2r) all-reduces of b*T*C*pb bytes, ring volume
-//              2 (tp - 1)/tp, at the intra-node bandwidth (tp stays inside a node)
-//   pp comm  = m * 2 * b*T*C*pb bytes (activation forward, gradient backward) per stage boundary
-//   dp comm  = ring volume x n*pb: ZeRO-0/1: 2 (dp-1)/dp once per step; ZeRO-2: m (dp-1)/dp
-//              (reduce-scatter per micro-batch) + (dp-1)/dp (all-gather after the step);
-//              ZeRO-3: m (2 + r + 1)(dp-1)/dp (gather forward, [gather recompute,] gather
-//              backward, reduce-scatter); at the inter-node bandwidth when the dp group spans
-//              nodes (tp * dp > gpus_per_node), else intra-node
-//   offload  = 2 * n/dp * pb / pcie_bandwidth + n/dp / cpu_adam_rate
-//   overhead = m * ceil(L / pp) * layer_overhead   (kernel launches and synchronisation per layer
-//              per micro-batch, forward and backward: what makes many small micro-batches slower
-//              than few large ones at the same FLOPs)
-//   step     = compute + bubble + tp comm + pp comm + dp comm + offload + overhead
-//              (no overlap of communication with compute assumed)
+// The step time comes from plan/step_time.h: a calibrated machine (`dstrain plan --calibrate`,
+// plan/calibration.h) or the built-in constants of Hardware below.
 // Pure; no I/O.
 #pragma once
 
@@ -34,6 +14,7 @@
 
 #include "model_spec/gpt2_spec.h"
 #include "plan/memory_model.h"
+#include "plan/step_time.h"
 
 namespace ds::plan {
 
@@ -48,19 +29,23 @@ struct Hardware {
   int gpus_per_node = 8;
 };
 
-struct StepTime {
-  double compute = 0, bubble = 0, tp_comm = 0, pp_comm = 0, dp_comm = 0, offload = 0, overhead = 0;
-  double total() const { return compute + bubble + tp_comm + pp_comm + dp_comm + offload + overhead; }
-};
+// The machine the constants describe: no samples, so compute is FLOPs / gpu_flops plus
+// layer_overhead per layer per micro-batch, and collectives are bytes over the bandwidths.
+Calibration builtin_calibration(const Hardware& hw);
 
+// step_time() on builtin_calibration(hw), communicating in the layout's precision.
 StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw);
 
 struct Candidate {
   Layout layout;
   int64_t peak_bytes = 0;
   StepTime time;
-  std::string reason;  // one line: why this one, what dominates
+  std::string reason;  // one line: why this one, what bounds it
 };
+
+// What `b` trades against `a` (its runner-up): the terms that differ most, in ms, e.g.
+// "+12.0% (+30.1 ms): compute +41.0 ms, data-parallel traffic -11.2 ms".
+std::string compare_steps(const Candidate& a, const Candidate& b);
 
 struct SearchResult {
   std::vector<Candidate> fits;  // sorted by estimated step time, fastest first
@@ -72,8 +57,9 @@ struct SearchResult {
 // Enumerates every layout of `world_size` ranks at the base layout's global batch
 // (micro_batch * grad_accum * dp), keeping its precision, buckets, schedule and partition.
 // Throws ds::Error (invalid argument) for world_size < 1 or device_bytes <= 0.
+// `cal` is the machine, `types` what the collectives move.
 SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int world_size,
-                       int64_t device_bytes, const Hardware& hw);
+                       int64_t device_bytes, const Calibration& cal, const CommTypes& types);
 
 // "tp 2 x pp 1 x dp 4, ZeRO-2, micro-batch 4 x 2 steps, checkpointing, offload optimizer"
 std::string describe_layout(const Layout& l);

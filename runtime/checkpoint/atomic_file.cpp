@@ -4,12 +4,14 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 
 #include <fmt/format.h>
 
 #include "common/error.h"
+#include "common/progress.h"
 
 namespace ds::rt::ckpt {
 
@@ -45,7 +47,10 @@ void write_file_atomic(const std::string& path, std::string_view data) {
   if (fd < 0) throw system_error("cannot create {}: {}", tmp, errno_string(errno));
   size_t off = 0;
   while (off < data.size()) {
-    ssize_t n = ::write(fd, data.data() + off, data.size() - off);
+    // In chunks of 64 MiB, each one progress (common/progress.h): a big shard on a slow disk is
+    // not a hung rank.
+    ssize_t n = ::write(fd, data.data() + off, std::min<size_t>(data.size() - off, size_t{64} << 20));
+    progress::bump();
     if (n < 0) {
       if (errno == EINTR) continue;
       int err = errno;

@@ -31,7 +31,26 @@ std::vector<int64_t> llmc_offsets(const std::vector<ms::ParamTensor>& params, in
   return off;
 }
 
-ms::Gpt2Shape shape_from_header(const int32_t* h, const std::string& path) {
+// The header's model must be the file's size before any offset is computed: a corrupt header's
+// dimensions would overflow int64 (found by tests/fuzz: n_embd 2^30, n_layer 2^20), so the
+// count is taken in long double, exact up to 2^64 and far past any real file.
+void check_header_fits_file(const ms::Gpt2Shape& s, int version, size_t file_bytes, const std::string& path) {
+  long double count = 0;
+  for (const auto& t : ms::gpt2_params(s)) {
+    long double n = t.per_layer ? s.n_layer : 1;
+    for (int64_t d : t.shape) n *= static_cast<long double>(d);
+    count += n;
+  }
+  const size_t elem = version == kLlmcVersionBf16 ? 2 : 4;
+  const long double want = static_cast<long double>(kHeaderBytes) + count * elem;
+  if (want != static_cast<long double>(file_bytes)) {
+    throw invalid_argument("{}: llm.c checkpoint has {} bytes, expected {:.0Lf} for the header's model ({:.0Lf} "
+                           "parameters){}",
+                           path, file_bytes, want, count, static_cast<long double>(file_bytes) < want ? ": the file is truncated" : "");
+  }
+}
+
+ms::Gpt2Shape shape_from_header(const int32_t* h, size_t file_bytes, const std::string& path) {
   if (h[0] != kLlmcMagic) {
     throw invalid_argument("{}: not an llm.c GPT-2 checkpoint (magic {}, expected {})", path, h[0],
                            kLlmcMagic);
@@ -53,6 +72,7 @@ ms::Gpt2Shape shape_from_header(const int32_t* h, const std::string& path) {
   } catch (const Error& e) {
     throw invalid_argument("{}: the header describes an impossible model: {}", path, e.what());
   }
+  check_header_fits_file(s, h[1], file_bytes, path);
   return s;
 }
 
@@ -64,7 +84,7 @@ model_spec::Gpt2Shape read_llmc_shape(const std::string& path) {
     throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
                            blob.size(), kHeaderBytes);
   }
-  return shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), path);
+  return shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), blob.size(), path);
 }
 
 void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::ModelPart& part,
@@ -74,7 +94,7 @@ void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::Mo
     throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
                            blob.size(), kHeaderBytes);
   }
-  ms::Gpt2Shape file = shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), path);
+  ms::Gpt2Shape file = shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), blob.size(), path);
   struct Field {
     const char* name;
     int file, config;

@@ -30,14 +30,57 @@ nlohmann::json manifest_json(const ManifestContent& m) {
   return j;
 }
 
+namespace {
+
+// The layout's own rules, each fault naming the manifest and the key: tp, pp, dp >= 1 with
+// dp * tp * pp shards (dp, absent in old manifests, follows from the others), a ZeRO stage of
+// 0-3, and every partition a range inside its part's parameters.
+void check_layout(ShardLayout& l, const std::string& where, bool has_dp) {
+  l.world_size = static_cast<int>(l.partitions.size());
+  if (l.tensor_parallel_size < 1 || l.pipeline_stages < 1) {
+    throw invalid_argument("{}: layout.tensor_parallel_size {} and layout.pipeline_stages {} must be at least 1", where,
+                           l.tensor_parallel_size, l.pipeline_stages);
+  }
+  const int64_t grid = static_cast<int64_t>(l.tensor_parallel_size) * l.pipeline_stages;
+  if (l.world_size == 0 || l.world_size % grid != 0) {
+    throw invalid_argument("{}: layout.partitions has {} entries, not a positive multiple of tp x pp = {}", where,
+                           l.world_size, grid);
+  }
+  if (!has_dp) l.data_parallel_size = static_cast<int>(l.world_size / grid);
+  if (l.data_parallel_size < 1 || l.data_parallel_size * grid != l.world_size) {
+    throw invalid_argument("{}: layout.data_parallel_size {} x tp x pp {} is not the {} shards of layout.partitions",
+                           where, l.data_parallel_size, grid, l.world_size);
+  }
+  if (l.zero_stage < 0 || l.zero_stage > 3) {
+    throw invalid_argument("{}: layout.zero_stage {} is not 0-3", where, l.zero_stage);
+  }
+  if (!l.part_num_params.empty() && l.part_num_params.size() != l.partitions.size()) {
+    throw invalid_argument("{}: layout.part_num_params has {} entries but layout.partitions {}", where,
+                           l.part_num_params.size(), l.partitions.size());
+  }
+  if (l.num_params < 0) throw invalid_argument("{}: layout.num_params {} is negative", where, l.num_params);
+  for (size_t q = 0; q < l.partitions.size(); ++q) {
+    const int64_t part = l.part_num_params.empty() ? l.num_params : l.part_num_params[q];
+    const auto [begin, count] = l.partitions[q];
+    if (part < 0 || begin < 0 || count < 0 || begin > part || count > part - begin) {
+      throw invalid_argument("{}: layout.partitions[{}] = [{}, {}] is not a range inside its part's {} parameters",
+                             where, q, begin, count, part);
+    }
+  }
+}
+
+}  // namespace
+
 ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string& where,
                               const std::string& default_partition) {
   ShardLayout l;
+  bool lay_has_dp = false;
   try {
     const auto& lay = manifest.at("layout");
     l.num_params = lay.at("num_params").get<int64_t>();
     l.tensor_parallel_size = lay.value("tensor_parallel_size", 1);
     l.pipeline_stages = lay.value("pipeline_stages", 1);
+    lay_has_dp = lay.contains("data_parallel_size");
     l.data_parallel_size = lay.value("data_parallel_size", 1);
     l.pipeline_partition = lay.value("pipeline_partition", default_partition);
     l.zero_stage = lay.value("zero_stage", 0);
@@ -46,16 +89,7 @@ ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string&
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
   }
-  l.world_size = static_cast<int>(l.partitions.size());
-  const int grid = l.tensor_parallel_size * l.pipeline_stages;
-  if (l.tensor_parallel_size < 1 || l.pipeline_stages < 1 || l.world_size % grid != 0) {
-    throw invalid_argument("{}: layout.partitions has {} entries, not a multiple of tp x pp = {}", where,
-                           l.world_size, grid);
-  }
-  if (!l.part_num_params.empty() && l.part_num_params.size() != l.partitions.size()) {
-    throw invalid_argument("{}: layout.part_num_params has {} entries but layout.partitions {}", where,
-                           l.part_num_params.size(), l.partitions.size());
-  }
+  check_layout(l, where, lay_has_dp);
   return l;
 }
 

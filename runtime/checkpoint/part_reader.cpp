@@ -74,7 +74,10 @@ struct PartReader::Reshard {
     return cache.emplace(idx, std::move(v)).first->second;
   }
   int old_stage_of(const ms::TensorSlice& ts) const {
-    if (ts.layer < 0) return ts.id == ms::ParamId::kLnfw || ts.id == ms::ParamId::kLnfb ? old_pp - 1 : 0;
+    if (ts.layer < 0) {
+      const bool head = ts.id == ms::ParamId::kLnfw || ts.id == ms::ParamId::kLnfb || ts.id == ms::ParamId::kLmHead;
+      return head ? old_pp - 1 : 0;
+    }
     for (int st = 0; st < old_pp; ++st) {
       const auto& op = old_parts[static_cast<size_t>(st * old_tp)];
       if (ts.layer >= op.layer_begin && ts.layer < op.layer_end) return st;
@@ -99,7 +102,7 @@ struct PartReader::Reshard {
     }
   }
   void read(const std::string& name, const std::string& dtype, size_t elem, int64_t lo, int64_t hi, char* dst) {
-    const auto all = ms::gpt2_params(target.shape);
+    const auto all = ms::model_params(target.shape);
     const auto& part = target.part;
     std::vector<char> full;
     for (const auto& ts : new_layout.tensors) {

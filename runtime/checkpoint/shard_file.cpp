@@ -67,6 +67,29 @@ void ShardWriter::write(const std::string& path) const {
   write_file_atomic(path, blob);
 }
 
+namespace {
+
+// An index entry's shape must describe its bytes: dims >= 0 and, for the dtypes dstrain writes,
+// elements x element size == bytes (found by tests/fuzz: a shape of [-2] or [1000000] over 8
+// bytes was accepted, and its readers sized buffers from the shape).
+void check_entry_shape(const std::string& path, const std::string& name, const std::string& dtype,
+                       const std::vector<int64_t>& shape, uint64_t bytes) {
+  const uint64_t elem = dtype == "f32" ? 4 : dtype == "bf16" || dtype == "f16" ? 2 : dtype == "i64" ? 8 : 0;
+  uint64_t want = elem;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (d < 0) throw invalid_argument("{}: corrupt checkpoint shard index: tensor '{}' has a negative dimension", path, name);
+    overflow = overflow || __builtin_mul_overflow(want, static_cast<uint64_t>(d), &want);
+  }
+  if (elem != 0 && (overflow || want != bytes)) {
+    throw invalid_argument("{}: corrupt checkpoint shard index: tensor '{}' of shape [{}] {} holds {} bytes, not its "
+                           "elements x {}",
+                           path, name, fmt::join(shape, ", "), dtype, bytes, elem);
+  }
+}
+
+}  // namespace
+
 ShardReader::ShardReader(const std::string& path) : path_(path) {
   blob_ = read_file(path, "checkpoint shard");
   const bool v1 = blob_.size() >= kHeaderV1 && std::memcmp(blob_.data(), kMagicV1, 8) == 0;
@@ -105,6 +128,7 @@ ShardReader::ShardReader(const std::string& path) : path_(path) {
         throw invalid_argument("{}: truncated checkpoint shard: tensor '{}' ends past the file end", path,
                                t.at("name").get<std::string>());
       }
+      check_entry_shape(path, t.at("name").get<std::string>(), e.dtype, e.shape, e.bytes);
       index_[t.at("name").get<std::string>()] = std::move(e);
     }
   } catch (const nlohmann::json::exception& e) {

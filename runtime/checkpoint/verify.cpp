@@ -21,7 +21,11 @@ namespace {
 
 bool mixed_precision(const nlohmann::json& m) {
   const auto& c = m.value("config", nlohmann::json::object());
-  auto enabled = [&](const char* k) { return c.contains(k) && c[k].value("enabled", false); };
+  auto enabled = [&](const char* k) {
+    if (!c.is_object() || !c.contains(k) || !c[k].is_object()) return false;
+    auto e = c[k].find("enabled");
+    return e != c[k].end() && e->is_boolean() && e->get<bool>();
+  };
   return enabled("bf16") || enabled("fp16");
 }
 
@@ -55,7 +59,9 @@ VerifyResult verify_checkpoint_dir(const std::string& dir) {
   try {
     m = read_manifest(dir);
     layout = read_shard_layout(m, dir + "/manifest.json", "parameters");
-    res.lines.push_back(fmt::format("ok {}/manifest.json (step {}, {} shard(s))", dir, m.value("step", 0),
+    auto step = m.find("step");  // m is an object: read_shard_layout found its layout in it
+    res.lines.push_back(fmt::format("ok {}/manifest.json (step {}, {} shard(s))", dir,
+                                    step != m.end() && step->is_number_integer() ? step->dump() : std::string("?"),
                                     layout.world_size));
   } catch (const Error& e) {
     fail(e.what());

@@ -13,6 +13,7 @@
 
 #include <fmt/ranges.h>
 
+#include "comm/beacon.h"
 #include "comm/host_comm.h"
 #include "comm/nccl_comm.h"
 #include "common/check.h"
@@ -592,6 +593,10 @@ std::shared_ptr<Comm> Comm::new_group(const std::vector<int>& ranks, const std::
   }
   return make_comm_impl(std::move(sub), abort_store_, my_index, static_cast<int>(ranks.size()),
                         std::move(o), peers_[static_cast<size_t>(rank_)].world_rank);
+}
+
+std::shared_ptr<void> Comm::start_progress_beacon() const {
+  return std::make_shared<ProgressBeacon>(abort_store_, peers_[static_cast<size_t>(rank_)].world_rank);
 }
 
 void* Comm::alloc_buffer(size_t bytes, const CallOptions& call) {

@@ -248,6 +248,10 @@ class Comm {
   // this Comm is in flight; blocks until every rank mapped every region (the timeout).
   void* alloc_buffer(size_t bytes, const CallOptions& call = {});
 
+  // Starts this process's progress beacon (comm/beacon.h) in this group's job-wide key space, under
+  // this rank's world rank: its peers can then tell it slow from hung. Lives as long as the result.
+  std::shared_ptr<void> start_progress_beacon() const;
+
   // Marks this rank failed with `e` before it leaves because of an error of its own (not one of
   // this Comm's): the peers' waits on it end at once, naming this rank and e's message, instead of
   // "closed its communicator" or a timeout; the job-wide abort note carries the message. Never
@@ -272,6 +276,12 @@ class Comm {
     Millis timeout{0};
   };
   static const char* op_name(OpKind k);
+
+  // Busy time, for the wall-clock breakdown: the seconds this group spent running operations of
+  // kind `k` since it was created (cumulative; on the communication thread or inline on the
+  // caller's; send/recv are not counted), read from any thread. Negative where the backend does
+  // not measure it (nccl: the collectives run on a CUDA stream).
+  virtual double busy_seconds(OpKind k) const { return -1.0; }
 
   // What each rank reported at setup.
   struct PeerInfo {

@@ -138,9 +138,15 @@ void GlooComm::watch() {
     bool poll = false;
     for (ActiveWait* w : waits_) {
       if (w->reason.load() != 0) continue;
+      if (now - w->since > Millis(1000)) note_waiting({w->peer});  // alive, waiting; read its beacon
       if (w->deadline.expired()) {
-        w->reason = 1;
-        if (w->recv) w->buf->abortWaitRecv(); else w->buf->abortWaitSend();
+        try {
+          on_deadline(*w->op, {w->peer}, w->since, w->deadline);  // a slow peer moves the deadline on
+        } catch (const Error& e) {
+          w->error = e;
+          w->reason = 1;
+          if (w->recv) w->buf->abortWaitRecv(); else w->buf->abortWaitSend();
+        }
       } else if (now - w->since > Millis(250)) {
         poll = true;
       }
@@ -179,7 +185,7 @@ Error GlooComm::peer_error(int peer, const Op& op, const std::string& gloo_error
 
 GlooComm::WaitResult GlooComm::wait_buf(gloo::transport::UnboundBuffer& buf, bool recv, int peer,
                                         Deadline deadline, const Op& op) {
-  ActiveWait w{&buf, recv, deadline, Clock::now()};
+  ActiveWait w{&buf, recv, deadline, deadline.at() - op.timeout, peer, &op, {0}, std::nullopt};
   {
     std::lock_guard<std::mutex> lock(wmu_);
     waits_.push_back(&w);
@@ -200,6 +206,7 @@ GlooComm::WaitResult GlooComm::wait_buf(gloo::transport::UnboundBuffer& buf, boo
     throw peer_error(peer, op, gloo_error);
   }
   if (ok) return WaitResult::kDone;
+  if (w.reason.load() == 1 && w.error) throw *w.error;
   return w.reason.load() == 2 ? WaitResult::kAbortNote : WaitResult::kDeadline;
 }
 

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <list>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -77,7 +78,10 @@ class GlooComm : public HostComm, public std::enable_shared_from_this<GlooComm> 
     bool recv;
     Deadline deadline;
     Clock::time_point since;
-    std::atomic<int> reason{0};  // 0 running, 1 deadline, 2 abort note
+    int peer = 0;
+    const Op* op = nullptr;
+    std::atomic<int> reason{0};  // 0 running, 1 deadline (error below), 2 abort note
+    std::optional<Error> error;  // why the deadline ended the wait (HostComm::on_deadline)
   };
   std::mutex wmu_;
   std::condition_variable wcv_;

@@ -3,7 +3,10 @@
 // busy machine); otherwise operations queue and the thread runs them one at a time, in order.
 #include "comm/host_comm.h"
 
+#include <algorithm>
+
 #include "common/check.h"
+#include "common/progress.h"
 #include "common/socket.h"
 #include "store/store.h"
 
@@ -39,7 +42,51 @@ void HostWork::finish(std::exception_ptr error) {
 }
 
 HostComm::HostComm(const BackendArgs& args, Backend backend)
-    : Comm(args.store, args.abort_store, args.rank, args.size, args.options, backend, args.peers) {}
+    : Comm(args.store, args.abort_store, args.rank, args.size, args.options, backend, args.peers),
+      peer_progress_(args.abort_store) {}
+
+namespace {
+std::vector<int> world_ranks_of(const std::vector<Comm::PeerInfo>& peers, const std::vector<int>& ranks) {
+  std::vector<int> out;
+  for (int q : ranks) out.push_back(peers[static_cast<size_t>(q)].world_rank);
+  return out;
+}
+}  // namespace
+
+void HostComm::note_waiting(const std::vector<int>& behind) {
+  progress::bump();
+  peer_progress_.poll(world_ranks_of(peers(), behind));
+}
+
+void HostComm::on_deadline(const Op& op, const std::vector<int>& behind, Clock::time_point since, Deadline& dl) {
+  const auto world = world_ranks_of(peers(), behind);
+  std::string who;
+  for (int q : behind) who += (who.empty() ? "" : ", ") + describe_rank(q);
+  if (!peer_progress_.all_have_beacons(world)) {
+    throw Error(ErrorKind::kTimeout,
+                fmt::format("{} timed out after {} waiting for {}", describe(op), net::format_seconds(op.timeout), who),
+                "the rank named may be stuck or slow; its own log says why");
+  }
+  const auto stale = peer_progress_.stale(world, op.timeout);
+  if (!stale.empty()) {
+    const auto it = std::find(world.begin(), world.end(), stale.front());
+    const int q = behind[static_cast<size_t>(it - world.begin())];
+    throw Error(ErrorKind::kTimeout,
+                fmt::format("{}: {} made no progress for {} while this rank waited for it (stopped, stuck in a "
+                            "kernel, or its node is gone)",
+                            describe(op), describe_rank(q), net::format_seconds(op.timeout)),
+                "look at that rank's host and process; comm_timeout sets how long a rank may show no progress");
+  }
+  const auto waited = Clock::now() - since;
+  if (waited >= kMaxSlowFactor * op.timeout) {
+    throw Error(ErrorKind::kTimeout,
+                fmt::format("{} waited {} for {}, which still make progress but never reached this collective",
+                            describe(op),
+                            net::format_seconds(std::chrono::duration_cast<Millis>(waited)), who),
+                "every rank must issue the same collectives in the same order");
+  }
+  dl = Deadline::after(Millis(1000));  // slow, not hung: look again in a second
+}
 
 HostComm::~HostComm() { stop_thread(); }
 
@@ -108,7 +155,10 @@ void HostComm::execute(const Op& op, HostWork& work) {
     }
   }
   try {
+    const auto t0 = Clock::now();
     run(op, Deadline::after(op.timeout));
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
+    busy_ns_[static_cast<size_t>(op.kind)].fetch_add(ns, std::memory_order_relaxed);
     work.finish(nullptr);
   } catch (const Error& e) {
     record_failure(e);
@@ -118,6 +168,10 @@ void HostComm::execute(const Op& op, HostWork& work) {
     record_failure(err);
     work.finish(std::make_exception_ptr(err));
   }
+}
+
+double HostComm::busy_seconds(OpKind k) const {
+  return static_cast<double>(busy_ns_[static_cast<size_t>(k)].load(std::memory_order_relaxed)) * 1e-9;
 }
 
 WorkPtr HostComm::submit(Op op, bool async) {

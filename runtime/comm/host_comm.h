@@ -6,6 +6,8 @@
 // Deliberately not: public. Callers see comm.h only; backends derive from HostComm.
 #pragma once
 
+#include <array>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -15,6 +17,7 @@
 #include <string>
 #include <thread>
 
+#include "comm/beacon.h"
 #include "comm/comm.h"
 #include "common/error.h"
 
@@ -56,6 +59,7 @@ struct Health {
 class HostComm : public Comm {
  public:
   void fail(const Error& e) override { record_failure(e); }
+  double busy_seconds(OpKind k) const override;
 
  protected:
   HostComm(const BackendArgs& args, Backend backend);
@@ -81,6 +85,16 @@ class HostComm : public Comm {
   // Called once when this Comm fails (shm publishes its state to the peers).
   virtual void on_failure(const std::string& message) {}
 
+  // Hung ranks (comm/beacon.h). From a wait loop for `behind` (ranks of this group): this process
+  // is alive and waiting (its progress moves) and the awaited ranks' beacons are read (at most
+  // once a second). Cheap.
+  void note_waiting(const std::vector<int>& behind);
+  // The wait for `behind` passed its deadline `dl` (the operation began at `since`): throws the
+  // hung-rank error naming a rank whose beacon stopped for the timeout, or the plain timeout error
+  // when the ranks publish no beacon; when every awaited rank still makes progress (slow, not
+  // hung) it moves `dl` on and returns, up to kMaxSlowFactor x the timeout.
+  void on_deadline(const Op& op, const std::vector<int>& behind, Clock::time_point since, Deadline& dl);
+
   // The error for an operation issued after the Comm broke.
   Error broken_error(const Op& op);
   const std::shared_ptr<Health>& health() const { return health_; }
@@ -95,6 +109,9 @@ class HostComm : public Comm {
   void loop();
 
   std::shared_ptr<Health> health_ = std::make_shared<Health>();
+  // Nanoseconds spent in run() per OpKind (busy_seconds); send/recv are posted, not run here.
+  static constexpr int kOpKinds = 7;
+  std::array<std::atomic<int64_t>, kOpKinds> busy_ns_{};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -106,6 +123,7 @@ class HostComm : public Comm {
   std::mutex abort_mu_;
   Clock::time_point next_abort_poll_{};
   std::optional<std::string> abort_note_;
+  PeerProgress peer_progress_;
 };
 
 CommPtr make_gloo_comm(BackendArgs args);

@@ -447,7 +447,7 @@ class ShmComm : public GlooComm {
     fp_ = f;
   }
 
-  void wait_arrivals(const Op& op, Deadline dl) {
+  void wait_arrivals(const Op& op, Deadline dl) {  // a copy: a slow peer moves it on
     if (laggard() < 0) return;
     const auto t0 = Clock::now();
     if (spin_) {
@@ -461,10 +461,11 @@ class ShmComm : public GlooComm {
       if (laggard() < 0) return;
     } while (Clock::now() - t0 < std::chrono::microseconds(60));
     auto next_liveness = Clock::now();
+    const auto since = dl.at() - op.timeout;  // when the operation began (the deadline moves)
     for (;;) {
       const int q = laggard();
       if (q < 0) return;
-      check_peers(op, dl, next_liveness);
+      check_peers(op, dl, since, next_liveness);
       hdr()->sleepers.fetch_add(1, std::memory_order_seq_cst);
       const uint32_t b = hdr()->bell.load(std::memory_order_seq_cst);
       if (laggard() >= 0) futex_wait(&hdr()->bell, b, Millis(5));
@@ -473,8 +474,8 @@ class ShmComm : public GlooComm {
   }
 
   // Throws when waiting longer cannot help: a peer closed or failed, died, the job-wide abort
-  // note appeared, or the deadline passed.
-  void check_peers(const Op& op, Deadline dl, Clock::time_point& next_liveness) {
+  // note appeared, or the deadline passed and an awaited rank shows no progress (beacon.h).
+  void check_peers(const Op& op, Deadline& dl, Clock::time_point since, Clock::time_point& next_liveness) {
     std::vector<int> behind;
     for (int q = 0; q < size(); ++q) {
       if (q == rank() || ctl(q).seq.load(std::memory_order_acquire) >= seq_) continue;
@@ -505,15 +506,9 @@ class ShmComm : public GlooComm {
         throw remote_error("{}: aborted while waiting for {}, because another rank failed: {}",
                            describe(op), describe_rank(behind.front()), *note);
       }
+      note_waiting(behind);
     }
-    if (dl.expired()) {
-      std::string who;
-      for (int q : behind) who += (who.empty() ? "" : ", ") + describe_rank(q);
-      throw Error(ErrorKind::kTimeout,
-                  fmt::format("{} timed out after {} waiting for {}", describe(op),
-                              net::format_seconds(op.timeout), who),
-                  "the rank named may be stuck or slow; its own log says why");
-    }
+    if (dl.expired()) on_deadline(op, behind, since, dl);
   }
 
   int next_buffer() { return static_cast<int>(chunk_counter_++ & 1); }

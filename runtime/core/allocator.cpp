@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/progress.h"
 #include "core/cuda_memory_table.h"
 
 namespace ds::rt {
@@ -27,6 +28,7 @@ void touch(void* p, size_t bytes) {
   for (int64_t i = 0; i < n; i++) {
     const size_t off = static_cast<size_t>(i * chunk);
     std::memset(c + off, 0, std::min<size_t>(chunk, bytes - off));
+    progress::bump();  // a long start-up touch is progress, not a hang
   }
 }
 }  // namespace

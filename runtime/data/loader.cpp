@@ -48,7 +48,7 @@ void shuffle_permutation(uint64_t seed, int64_t epoch, int64_t count, std::vecto
   }
 }
 
-DataLoader::DataLoader(const TokenFile& file, const LoaderOptions& options)
+DataLoader::DataLoader(const TokenCorpus& file, const LoaderOptions& options)
     : file_(&file), options_(options) {
   const auto& o = options_;
   auto positive = [&](int64_t v, const char* name) {
@@ -110,11 +110,8 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
       window_index(micro_step_, options_.shuffle ? &perm_ : nullptr) * window_tokens_;
   DS_CHECK(start + window_tokens_ + 1 <= file_->size(), "window at {} past the end ({} tokens)",
            start, file_->size());
-  const uint16_t* w = file_->tokens().data() + start;
-  for (int64_t i = 0; i < window_tokens_; ++i) {
-    inputs[i] = w[i];
-    targets[i] = w[i + 1];
-  }
+  file_->copy(start, window_tokens_, inputs);
+  file_->copy(start + 1, window_tokens_, targets);
   ++micro_step_;
 }
 
@@ -225,7 +222,7 @@ LoaderState LoaderState::from_json(const nlohmann::json& j, const std::string& w
   return s;
 }
 
-ValidationLoader::ValidationLoader(const TokenFile& file, int64_t batch_size, int64_t seq_len,
+ValidationLoader::ValidationLoader(const TokenCorpus& file, int64_t batch_size, int64_t seq_len,
                                    int64_t data_parallel_size, int64_t data_parallel_rank,
                                    int64_t eval_steps)
     : loader_(file, LoaderOptions{batch_size, seq_len, data_parallel_size, data_parallel_rank, 1,

@@ -23,7 +23,10 @@
 // permutation of all W windows drawn from (seed, e) alone (see loader.cpp): the same on every
 // rank and independent of the tensor/pipeline layout and of N and G.
 //
-// Not here: sequence packing across documents, attention masks, multiple files (llm.c shards).
+// The corpus may be many shards (corpus.h): n is their total, and windows read across shard
+// boundaries, so a corpus split into shards gives the same batches as the unsplit file.
+//
+// Not here: sequence packing across documents, attention masks.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +35,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
-#include "data/token_file.h"
+#include "data/corpus.h"
 
 namespace ds::rt::data {
 
@@ -70,14 +73,14 @@ struct LoaderState {
   static LoaderState from_json(const nlohmann::json& j, const std::string& where);
 };
 
-// Reads micro-batches of one rank from a token file. Not thread-safe (one loader per rank). The
-// TokenFile must outlive the loader and stay where it is (the loader keeps its address). The only allocation is the shuffle permutation (W int32),
+// Reads micro-batches of one rank from a corpus. Not thread-safe (one loader per rank). The
+// TokenCorpus must outlive the loader and stay where it is (the loader keeps its address). The only allocation is the shuffle permutation (W int32),
 // made once per epoch; next() allocates nothing.
 class DataLoader {
  public:
   // Throws ds::Error (invalid argument) for B, T, N, G < 1, a rank outside [0, N), or a file too
   // small for one optimizer step (fewer than N*G*B*T + 1 tokens), naming the file.
-  DataLoader(const TokenFile& file, const LoaderOptions& options);
+  DataLoader(const TokenCorpus& file, const LoaderOptions& options);
 
   // Fills inputs[B*T] and targets[B*T] (row-major (B, T)) with this rank's next micro-batch and
   // advances by one micro-step. Buffers are the caller's; their size is the caller's contract.
@@ -107,7 +110,7 @@ class DataLoader {
   int64_t window_index(int64_t micro_step, const std::vector<int32_t>* perm) const;
   void ensure_permutation(int64_t epoch);
 
-  const TokenFile* file_;
+  const TokenCorpus* file_;
   LoaderOptions options_;
   int64_t window_tokens_ = 0;  // B*T
   int64_t windows_ = 0;        // W
@@ -127,7 +130,7 @@ class ValidationLoader {
  public:
   // Throws ds::Error (invalid argument) naming the file when it holds fewer than eval_steps
   // rounds of N windows, or eval_steps < 1.
-  ValidationLoader(const TokenFile& file, int64_t batch_size, int64_t seq_len,
+  ValidationLoader(const TokenCorpus& file, int64_t batch_size, int64_t seq_len,
                    int64_t data_parallel_size, int64_t data_parallel_rank, int64_t eval_steps);
   void begin() { loader_.reset(); }
   void next(int32_t* inputs, int32_t* targets) { loader_.next(inputs, targets); }

@@ -1,4 +1,5 @@
-// llm.c token files: validation at open, mmap for reading, atomic writes.
+// llm.c token files (uint16 and uint32): validation at open, mmap for reading, atomic and
+// streaming writes.
 #include "data/token_file.h"
 
 #include <fcntl.h>
@@ -13,6 +14,7 @@
 #include <cstring>
 #include <utility>
 
+#include "common/check.h"
 #include "common/error.h"
 
 namespace ds::rt::data {
@@ -30,7 +32,82 @@ struct Fd {
   }
 };
 
+// The format a header's magic and version name, or an error naming the file.
+TokenFormat format_of_header(const std::string& path, int32_t magic, int32_t version) {
+  if (magic == kTokenFileMagic || magic == kTokenFileMagicU32) {
+    const bool u16 = magic == kTokenFileMagic;
+    const int32_t want = u16 ? kTokenFileVersion : kTokenFileVersionU32;
+    if (version != want) {
+      throw invalid_argument("token file {}: unsupported version {}, expected {}", path, version,
+                             want);
+    }
+    return u16 ? TokenFormat::kU16 : TokenFormat::kU32;
+  }
+  std::string hint = magic == kLlmcCheckpointMagic
+                         ? "this is an llm.c model checkpoint, not a token file"
+                         : "prepare token files with `dstrain data prepare`";
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("token file {}: wrong magic {}, expected {} (llm.c token file, uint16) "
+                          "or {} (uint32)",
+                          path, magic, kTokenFileMagic, kTokenFileMagicU32),
+              hint);
+}
+
+int32_t checked_count(const std::string& path, size_t n) {
+  if (n > static_cast<size_t>(INT32_MAX)) {
+    throw invalid_argument("token file {}: {} tokens do not fit the header's int32 count "
+                           "(at most {})",
+                           path, n, INT32_MAX);
+  }
+  return static_cast<int32_t>(n);
+}
+
+[[noreturn]] void throw_too_wide(const std::string& path, uint32_t token, int64_t index) {
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("token file {}: token {} at index {} does not fit llm.c's uint16 format "
+                          "(ids up to 65535)",
+                          path, token, index),
+              "a vocabulary over 65,536 needs the uint32 format (data prepare chooses it from "
+              "the tokenizer's vocabulary size)");
+}
+
 }  // namespace
+
+TokenFileHeader parse_token_file_header(std::string_view header, int64_t file_bytes,
+                                        const std::string& path) {
+  if (header.size() < static_cast<size_t>(kTokenFileHeaderBytes) ||
+      file_bytes < kTokenFileHeaderBytes) {
+    throw invalid_argument(
+        "token file {}: truncated header: the file has {} bytes, the header alone is {} bytes "
+        "(256 int32)",
+        path, std::min<int64_t>(file_bytes, static_cast<int64_t>(header.size())),
+        kTokenFileHeaderBytes);
+  }
+  int32_t h[3];
+  std::memcpy(h, header.data(), sizeof(h));
+  const TokenFormat format = format_of_header(path, h[0], h[1]);
+  const int64_t count = h[2];
+  const int64_t expected_bytes = kTokenFileHeaderBytes + token_width(format) * count;
+  if (count < 0 || expected_bytes != file_bytes) {
+    throw invalid_argument(
+        "token file {}: the header says {} tokens ({} bytes with the header) but the file has "
+        "{} bytes",
+        path, count, expected_bytes, file_bytes);
+  }
+  if (count == 0) {
+    throw invalid_argument("token file {}: empty corpus (the header says 0 tokens)", path);
+  }
+  return {format, count};
+}
+
+TokenFormat token_format_for_vocab(int64_t vocab_size) {
+  return vocab_size <= 65536 ? TokenFormat::kU16 : TokenFormat::kU32;
+}
+
+const char* token_format_name(TokenFormat f) {
+  return f == TokenFormat::kU16 ? "uint16 (llm.c, magic 20240520 version 1)"
+                                : "uint32 (llm.c's Llama 3 layout, magic 20240801 version 7)";
+}
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {
   Fd f;
@@ -65,35 +142,12 @@ TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) 
   map_bytes_ = static_cast<size_t>(file_bytes);
 
   try {
-    int32_t header[kTokenFileHeaderInts];
-    std::memcpy(header, map_, sizeof(header));
-    if (header[0] != kTokenFileMagic) {
-      std::string hint = header[0] == kLlmcCheckpointMagic
-                             ? "this is an llm.c model checkpoint, not a token file"
-                             : "prepare token files with `dstrain data prepare`";
-      throw Error(ErrorKind::kInvalidArgument,
-                  fmt::format("token file {}: wrong magic {}, expected {} (llm.c token file)",
-                              path, header[0], kTokenFileMagic),
-                  hint);
-    }
-    if (header[1] != kTokenFileVersion) {
-      throw invalid_argument("token file {}: unsupported version {}, expected {}", path,
-                             header[1], kTokenFileVersion);
-    }
-    const int64_t count = header[2];
-    const int64_t expected_bytes = kTokenFileHeaderBytes + 2 * count;
-    if (count < 0 || expected_bytes != file_bytes) {
-      throw invalid_argument(
-          "token file {}: the header says {} tokens ({} bytes with the header) but the file has "
-          "{} bytes",
-          path, count, expected_bytes, file_bytes);
-    }
-    if (count == 0) {
-      throw invalid_argument("token file {}: empty corpus (the header says 0 tokens)", path);
-    }
+    const TokenFileHeader h = parse_token_file_header(
+        std::string_view(static_cast<const char*>(map_), kTokenFileHeaderBytes), file_bytes, path);
+    format_ = h.format;
+    const int64_t count = h.count;
     count_ = count;
-    tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) +
-                                                kTokenFileHeaderBytes);
+    data_ = static_cast<const char*>(map_) + kTokenFileHeaderBytes;
     ::madvise(map_, map_bytes_, MADV_WILLNEED);
     if (vocab_size > 0) check_vocab(vocab_size);
   } catch (...) {
@@ -108,8 +162,9 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
     : path_(std::move(other.path_)),
       map_(std::exchange(other.map_, nullptr)),
       map_bytes_(std::exchange(other.map_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, nullptr)),
-      count_(std::exchange(other.count_, 0)) {}
+      data_(std::exchange(other.data_, nullptr)),
+      count_(std::exchange(other.count_, 0)),
+      format_(other.format_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -117,8 +172,9 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     path_ = std::move(other.path_);
     map_ = std::exchange(other.map_, nullptr);
     map_bytes_ = std::exchange(other.map_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
     count_ = std::exchange(other.count_, 0);
+    format_ = other.format_;
   }
   return *this;
 }
@@ -127,27 +183,55 @@ void TokenFile::close() noexcept {
   if (map_ != nullptr) ::munmap(map_, map_bytes_);
   map_ = nullptr;
   map_bytes_ = 0;
-  tokens_ = nullptr;
+  data_ = nullptr;
   count_ = 0;
 }
 
-void TokenFile::check_vocab(int64_t vocab_size) const {
-  if (vocab_size <= 0 || vocab_size > 65536) {
-    throw invalid_argument("token file {}: vocab_size {} is out of range (1..65536 for uint16 "
-                           "tokens)",
-                           path_, vocab_size);
+std::span<const uint16_t> TokenFile::tokens() const {
+  DS_CHECK(format_ == TokenFormat::kU16, "{} holds uint32 tokens", path_);
+  return {static_cast<const uint16_t*>(data_), static_cast<size_t>(count_)};
+}
+
+std::span<const uint32_t> TokenFile::tokens32() const {
+  DS_CHECK(format_ == TokenFormat::kU32, "{} holds uint16 tokens", path_);
+  return {static_cast<const uint32_t*>(data_), static_cast<size_t>(count_)};
+}
+
+void TokenFile::copy(int64_t start, int64_t count, int32_t* out) const {
+  DS_CHECK(start >= 0 && count >= 0 && start + count <= count_, "[{}, +{}) in {} tokens", start,
+           count, count_);
+  if (format_ == TokenFormat::kU16) {
+    const uint16_t* p = static_cast<const uint16_t*>(data_) + start;
+    for (int64_t i = 0; i < count; ++i) out[i] = p[i];
+  } else {
+    const uint32_t* p = static_cast<const uint32_t*>(data_) + start;
+    for (int64_t i = 0; i < count; ++i) out[i] = static_cast<int32_t>(p[i]);
   }
-  if (vocab_size == 65536) return;  // every uint16 fits
-  const uint16_t limit = static_cast<uint16_t>(vocab_size);
+}
+
+uint32_t TokenFile::max_token() const {
+  uint32_t m = 0;
+  if (format_ == TokenFormat::kU16) {
+    for (uint16_t t : tokens()) m = std::max<uint32_t>(m, t);
+  } else {
+    for (uint32_t t : tokens32()) m = std::max(m, t);
+  }
+  return m;
+}
+
+void TokenFile::check_vocab(int64_t vocab_size) const {
+  if (vocab_size <= 0) {
+    throw invalid_argument("token file {}: vocab_size {} is out of range (at least 1)", path_,
+                           vocab_size);
+  }
+  if (format_ == TokenFormat::kU16 && vocab_size >= 65536) return;  // every uint16 fits
   // Find the maximum first (vectorises), then locate the first offender only on failure.
-  uint16_t max_token = 0;
-  for (int64_t i = 0; i < count_; ++i) max_token = std::max(max_token, tokens_[i]);
-  if (max_token < limit) return;
+  if (max_token() < static_cast<uint64_t>(vocab_size)) return;
   for (int64_t i = 0; i < count_; ++i) {
-    if (tokens_[i] >= limit) {
+    if (token(i) >= static_cast<uint64_t>(vocab_size)) {
       throw Error(ErrorKind::kInvalidArgument,
                   fmt::format("token file {}: token {} at index {} is >= the model's vocab_size {}",
-                              path_, tokens_[i], i, vocab_size),
+                              path_, token(i), i, vocab_size),
                   "the data was prepared with a larger vocabulary than the model has; prepare it "
                   "with the model's tokenizer or raise model.vocab_size");
     }
@@ -155,40 +239,94 @@ void TokenFile::check_vocab(int64_t vocab_size) const {
 }
 
 void write_token_file(const std::string& path, std::span<const uint16_t> tokens) {
+  std::vector<uint32_t> wide(tokens.begin(), tokens.end());
+  write_token_file(path, wide, TokenFormat::kU16);
+}
+
+void write_token_file(const std::string& path, std::span<const uint32_t> tokens,
+                      TokenFormat format) {
   if (tokens.empty()) {
     throw invalid_argument("token file {}: refusing to write an empty corpus (0 tokens)", path);
   }
-  if (tokens.size() > static_cast<size_t>(INT32_MAX)) {
-    throw invalid_argument("token file {}: {} tokens do not fit the header's int32 count "
-                           "(at most {})",
-                           path, tokens.size(), INT32_MAX);
+  checked_count(path, tokens.size());
+  if (format == TokenFormat::kU16) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] > 0xFFFF) throw_too_wide(path, tokens[i], static_cast<int64_t>(i));
+    }
   }
-  int32_t header[kTokenFileHeaderInts] = {};
-  header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
-  header[2] = static_cast<int32_t>(tokens.size());
+  TokenFileWriter w(path, format);
+  w.append(tokens);
+  w.finish();
+}
 
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) {
-    throw system_error("token file {}: cannot create {}: {}", path, tmp, errno_string(errno));
+TokenFileWriter::TokenFileWriter(std::string path, TokenFormat format)
+    : path_(std::move(path)), tmp_(fmt::format("{}.tmp.{}", path_, ::getpid())), format_(format) {
+  file_ = std::fopen(tmp_.c_str(), "wb");
+  if (file_ == nullptr) {
+    throw system_error("token file {}: cannot create {}: {}", path_, tmp_, errno_string(errno));
   }
-  bool ok = std::fwrite(header, sizeof(header), 1, f) == 1 &&
-            std::fwrite(tokens.data(), sizeof(uint16_t), tokens.size(), f) == tokens.size() &&
-            std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const int32_t header[kTokenFileHeaderInts] = {};
+  if (std::fwrite(header, sizeof(header), 1, file_) != 1) {
+    const int err = errno;
+    std::fclose(file_);
+    file_ = nullptr;
+    std::remove(tmp_.c_str());
+    throw system_error("token file {}: cannot write {}: {}", path_, tmp_, errno_string(err));
+  }
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_.c_str());
+  }
+}
+
+void TokenFileWriter::append(std::span<const uint32_t> tokens) {
+  DS_CHECK(file_ != nullptr, "append after finish on {}", path_);
+  checked_count(path_, static_cast<size_t>(count_) + tokens.size());
+  size_t written;
+  if (format_ == TokenFormat::kU16) {
+    narrow_.resize(tokens.size());
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] > 0xFFFF) throw_too_wide(path_, tokens[i], count_ + static_cast<int64_t>(i));
+      narrow_[i] = static_cast<uint16_t>(tokens[i]);
+    }
+    written = std::fwrite(narrow_.data(), 2, narrow_.size(), file_);
+  } else {
+    written = std::fwrite(tokens.data(), 4, tokens.size(), file_);
+  }
+  if (written != tokens.size()) {
+    throw system_error("token file {}: cannot write {}: {}", path_, tmp_, errno_string(errno));
+  }
+  count_ += static_cast<int64_t>(tokens.size());
+}
+
+void TokenFileWriter::finish() {
+  DS_CHECK(file_ != nullptr, "finish twice on {}", path_);
+  if (count_ == 0) {
+    throw invalid_argument("token file {}: refusing to write an empty corpus (0 tokens)", path_);
+  }
+  int32_t header[3] = {format_ == TokenFormat::kU16 ? kTokenFileMagic : kTokenFileMagicU32,
+                       format_ == TokenFormat::kU16 ? kTokenFileVersion : kTokenFileVersionU32,
+                       static_cast<int32_t>(count_)};
+  bool ok = std::fflush(file_) == 0 && std::fseek(file_, 0, SEEK_SET) == 0 &&
+            std::fwrite(header, sizeof(header), 1, file_) == 1 && std::fflush(file_) == 0 &&
+            ::fsync(::fileno(file_)) == 0;
   int err = errno;
-  if (std::fclose(f) != 0 && ok) {
+  if (std::fclose(file_) != 0 && ok) {
     ok = false;
     err = errno;
   }
+  file_ = nullptr;
   if (!ok) {
-    std::remove(tmp.c_str());
-    throw system_error("token file {}: cannot write {}: {}", path, tmp, errno_string(err));
+    std::remove(tmp_.c_str());
+    throw system_error("token file {}: cannot write {}: {}", path_, tmp_, errno_string(err));
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+  if (std::rename(tmp_.c_str(), path_.c_str()) != 0) {
     err = errno;
-    std::remove(tmp.c_str());
-    throw system_error("token file {}: cannot rename {} into place: {}", path, tmp,
+    std::remove(tmp_.c_str());
+    throw system_error("token file {}: cannot rename {} into place: {}", path_, tmp_,
                        errno_string(err));
   }
 }

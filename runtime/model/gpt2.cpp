@@ -16,6 +16,7 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "common/progress.h"
 #include "kernels/dispatch.h"
 #include "kernels/typed.h"
 
@@ -164,11 +165,21 @@ Gpt2Activations Gpt2::make_activations() {
   return a;
 }
 
+std::unique_ptr<Activations> Gpt2::new_activations() {
+  return std::make_unique<Gpt2Activations>(make_activations());
+}
+
+Gpt2Activations& Gpt2::own(Activations& a) {
+  auto* g = dynamic_cast<Gpt2Activations*>(&a);
+  if (g == nullptr) throw invalid_usage("a GPT-2 model was handed another model's activations");
+  return *g;
+}
+
 TypedPtr Gpt2::param(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || params_.empty()) {
     throw invalid_argument("parameter {} (layer {}) is not held by this model part",
-                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+                           ms::find_param(ms::gpt2_params(shape_), id).name, layer);
   }
   return params() + t->offset;
 }
@@ -177,7 +188,7 @@ TypedPtr Gpt2::grad(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
   if (t == nullptr || grads_.empty()) {
     throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
-                           ms::gpt2_params(shape_)[static_cast<size_t>(id)].name, layer);
+                           ms::find_param(ms::gpt2_params(shape_), id).name, layer);
   }
   return grads() + t->offset;
 }
@@ -327,6 +338,7 @@ void Gpt2::blocks_forward(Gpt2Activations& a, int l0, int l1) {
     const Unit u{UnitKind::kLayer, l};
     const LayerWeights w = layer_weights(unit_params(u));
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    progress::bump();  // comm/beacon.h: a slow step is not a hang
     hooks_->params_done(u);
   }
 }
@@ -362,6 +374,7 @@ void Gpt2::blocks_backward(Gpt2Activations& a, int l0, int l1) {
     // dres holds d(x).
     hooks_->params_done(u);
     hooks_->grads_ready(u);
+    progress::bump();
   }
 }
 

@@ -40,33 +40,12 @@
 #include "core/allocator.h"
 #include "core/typed_ptr.h"
 #include "model/hooks.h"
+#include "model/model.h"
 #include "model_spec/gpt2_spec.h"
 
 namespace ds::rt {
 
-struct Gpt2Options {
-  int B = 1;                 // micro-batch size
-  int T = 1;                 // sequence length, <= shape.seq_len
-  bool recompute = false;    // activation checkpointing of every layer
-  int head_chunk_rows = 0;   // rows of logits at once; 0: model_spec::head_chunk_rows_default
-  bool own_params = true;    // allocate the flat parameter buffer (false: hooks serve parameters)
-  bool own_grads = true;     // allocate the flat gradient buffer (false: hooks serve them)
-  // Where the model's buffers live and its kernels run. Device::kCuda (builds with CUDA): every
-  // buffer is device memory of the current device, kernels run on `cuda_stream` (a cudaStream_t;
-  // nullptr = the legacy default stream) through kern::DeviceScope; params()/grads()/param()/
-  // grad() and the activations are then DEVICE pointers. Token ids are still passed as HOST
-  // pointers (validated on the host, uploaded into a small device buffer, tag workspace, 2*B*T
-  // int32). The mean loss returned by head_* is copied back (synchronising the stream).
-  // With kCuda the hooks are handed device pointers and must work on the device (the runtime's
-  // do when built for it: ZeroEngine / TiedEmbeddingHooks with the same device and stream, and
-  // tensor-parallel regions over an NCCL Comm).
-  Device device = Device::kCpu;
-  void* cuda_stream = nullptr;
-  // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
-  // fp32). Supported: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32.
-  DType dtype = DType::kF32;
-  DType grad_dtype = DType::kF32;
-};
+using Gpt2Options = ModelOptions;  // model.h
 
 // Views of one layer's tensors (this tp rank's part), shapes with Cl = C/tp etc.
 struct LayerWeights {
@@ -95,23 +74,20 @@ struct LayerActs {
 
 class Gpt2;
 
-// The activations of one in-flight micro-batch of one Gpt2 (tag: activations). Movable.
-class Gpt2Activations {
+// The activations of one in-flight micro-batch of one Gpt2 (tag: activations). Movable. `input`
+// and `losses` are the base's.
+class Gpt2Activations : public Activations {
  public:
   Gpt2Activations() = default;
-  TypedPtr input;                    // (B,T,C): encoder output or the previous stage's output
   std::vector<LayerActs> layers;     // indexed by layer - part.layer_begin
   TypedPtr lnf;                      // (B,T,C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T), (B,T)
-  float* losses = nullptr;           // (B,T): per-token loss of the last head call
-  const Buffer& buffer() const { return buf_; }
 
  private:
   friend class Gpt2;
-  Buffer buf_;
 };
 
-class Gpt2 {
+class Gpt2 : public Model {
  public:
   // Validates shape, part and options (invalid_argument naming the value); allocates parameters
   // (tag params), gradients (grads) and shared scratch (activations / workspace), all zeroed and
@@ -119,30 +95,31 @@ class Gpt2 {
   Gpt2(const model_spec::Gpt2Shape& shape, const model_spec::ModelPart& part,
        const Gpt2Options& options, Allocator& alloc, ParallelHooks* hooks = nullptr);
 
-  const model_spec::Gpt2Shape& shape() const { return shape_; }
-  const model_spec::ModelPart& part() const { return part_; }
-  const Gpt2Options& options() const { return opt_; }
-  const model_spec::ParamLayout& layout() const { return layout_; }
+  const model_spec::Gpt2Shape& shape() const override { return shape_; }
+  const model_spec::ModelPart& part() const override { return part_; }
+  const Gpt2Options& options() const override { return opt_; }
+  const model_spec::ParamLayout& layout() const override { return layout_; }
 
   int64_t num_params() const { return layout_.total; }
   DType dtype() const { return opt_.dtype; }
   DType grad_dtype() const { return opt_.grad_dtype; }
-  TypedPtr params() { return {params_.data(), opt_.dtype}; }     // null without own_params
-  TypedPtr grads() { return {grads_.data(), opt_.grad_dtype}; }  // null without own_grads
+  TypedPtr params() override { return {params_.data(), opt_.dtype}; }     // null without own_params
+  TypedPtr grads() override { return {grads_.data(), opt_.grad_dtype}; }  // null without own_grads
   // View of one tensor in the flat parameter / gradient buffer (layer -1 for global tensors).
   // invalid_argument when this part does not hold it.
-  TypedPtr param(model_spec::ParamId id, int layer = -1);
-  TypedPtr grad(model_spec::ParamId id, int layer = -1);
+  TypedPtr param(model_spec::ParamId id, int layer = -1) override;
+  TypedPtr grad(model_spec::ParamId id, int layer = -1) override;
 
   // GPT-2's initialisation (model/init.cpp): normal(0, 0.02), residual projections 0.02/sqrt(2L),
   // biases 0, LayerNorm weights 1. Each element's value depends only on (seed, tensor, layer,
   // element index in the full tensor), never on the layout; with 16-bit storage the fp32 values
   // are rounded to it.
-  void init_weights(uint64_t seed);
-  void zero_grads();
+  void init_weights(uint64_t seed) override;
+  void zero_grads() override;
 
   // One micro-batch's activations (tag activations), zeroed.
   Gpt2Activations make_activations();
+  std::unique_ptr<Activations> new_activations() override;
 
   // ---- pieces ----
   // tokens (B,T) in [0, V): invalid_argument naming the first bad position otherwise.
@@ -159,16 +136,30 @@ class Gpt2 {
   void embed_backward(Gpt2Activations& a, const int32_t* tokens);
 
   // The residual stream's gradient between pieces (B,T,C): pipeline stages recv / send it.
-  TypedPtr d_stream() { return dres_; }
+  TypedPtr d_stream() override { return dres_; }
   // This part's output for a micro-batch (B,T,C): the last layer's out, or the input.
   TypedPtr output(Gpt2Activations& a);
+  TypedPtr output(Activations& a) override { return output(own(a)); }
 
   // ---- the whole part in one call (single stage: embedding, all layers, head) ----
   float forward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets);
   float forward_backward(Gpt2Activations& a, const int32_t* tokens, const int32_t* targets,
                          float grad_scale);
+  using Model::forward;
+  using Model::forward_backward;
+
+  // The pieces on the engines' Activations (made by new_activations; invalid_usage otherwise).
+  void embed_forward(Activations& a, const int32_t* t) override { embed_forward(own(a), t); }
+  void blocks_forward(Activations& a, int l0, int l1) override { blocks_forward(own(a), l0, l1); }
+  float head_forward(Activations& a, const int32_t* t) override { return head_forward(own(a), t); }
+  float head_forward_backward(Activations& a, const int32_t* t, float s) override {
+    return head_forward_backward(own(a), t, s);
+  }
+  void blocks_backward(Activations& a, int l0, int l1) override { blocks_backward(own(a), l0, l1); }
+  void embed_backward(Activations& a, const int32_t* t) override { embed_backward(own(a), t); }
 
  private:
+  static Gpt2Activations& own(Activations& a);
   LayerWeights layer_weights(TypedPtr unit_base) const;
   TypedPtr unit_params(Unit u);
   TypedPtr unit_grads(Unit u);

@@ -75,9 +75,9 @@ void Gpt2::init_weights(uint64_t seed) {
     host.resize(static_cast<size_t>(layout_.total));
     dst = host.data();
   }
-  const auto all = ms::gpt2_params(shape_);
+  const auto all = ms::model_params(shape_);
   for (const auto& ts : layout_.tensors) {
-    const auto& t = all[static_cast<size_t>(ts.id)];
+    const auto& t = ms::find_param(all, ts.id);
     init_tensor_values(dst + ts.offset, t, ts.layer, shape_.n_layer, part_.tp, part_.tp_rank, seed, 0, ts.numel);
   }
   if (!direct) {

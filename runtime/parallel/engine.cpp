@@ -17,7 +17,7 @@ namespace ms = ds::model_spec;
 
 namespace {
 
-comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int world) {
+comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int world, Millis timeout) {
   // The world carries host vectors (loss, norm, peaks): it must be a host backend.
   if (auto b = env::get("DSTRAIN_COMM_BACKEND"); b && *b == "nccl") {
     throw Error(ErrorKind::kInvalidArgument,
@@ -28,6 +28,7 @@ comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int
   }
   comm::CommOptions co;
   co.name = "world";
+  co.timeout = timeout;
   return comm::make_world_comm(std::move(store), rank, world, co);
 }
 
@@ -39,7 +40,7 @@ Engine::Engine(const ms::Gpt2Shape& shape, const EngineSpec& spec, std::shared_p
   part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
   if (spec.world > 1) {
     if (!store) throw invalid_usage("parallel engine: {} ranks but no store to meet through", spec.world);
-    build_groups(std::move(store), spec.pp > 1 && (part_.has_embedding || part_.has_head));
+    build_groups(std::move(store), spec.pp > 1 && shape.tied() && (part_.has_embedding || part_.has_head));
   }
   build_stack(shape, alloc);
 }
@@ -48,7 +49,8 @@ Engine::~Engine() = default;
 
 void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
   const int rank = spec_.rank;
-  host_world_ = HostWorld(make_host_world(store, rank, spec_.world));
+  host_world_ = HostWorld(make_host_world(store, rank, spec_.world, spec_.comm_timeout));
+  beacon_ = host_world_.comm()->start_progress_beacon();
   // The groups that move the model's buffers: on a GPU an NCCL world (device pointers) beside
   // the host world, on the CPU the host world itself.
   data_world_ = host_world_.comm();
@@ -57,6 +59,7 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
     no.name = "world_nccl";
     no.backend = comm::Backend::kNccl;
     no.cuda_device = spec_.cuda_device;
+    no.timeout = spec_.comm_timeout;
     data_world_ = comm::make_world_comm(store, rank, spec_.world, no);
   }
   if (spec_.tp == 1 && spec_.pp == 1) {
@@ -86,10 +89,11 @@ void Engine::build_stack(const ms::Gpt2Shape& shape, Allocator& alloc) {
   zo.device = spec_.device;
   zo.param_dtype = spec_.model.dtype;
   zo.grad_dtype = spec_.model.grad_dtype;
+  zo.tied_head = shape.tied();
   zero_ = std::make_unique<ZeroEngine>(zo, dp_, ms::param_layout(shape, part_), alloc);
   ParallelHooks* below_tp = zero_.get();
   if (tied_) {
-    const auto wte = ms::find_param(ms::gpt2_params(shape), ms::ParamId::kWte);
+    const auto wte = ms::find_param(ms::model_params(shape), ms::ParamId::kWte);
     tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(zero_.get(), ms::local_numel(wte, spec_.tp), alloc,
                                                        spec_.device, nullptr, spec_.model.grad_dtype);
     below_tp = tied_hooks_.get();
@@ -99,17 +103,17 @@ void Engine::build_stack(const ms::Gpt2Shape& shape, Allocator& alloc) {
     tp_hooks_ = std::make_unique<TensorParallelHooks>(tp_, below_tp);
     hooks = tp_hooks_.get();
   }
-  Gpt2Options mo = spec_.model;
+  ModelOptions mo = spec_.model;
   mo.own_params = zero_->model_owns_params();
   mo.own_grads = zero_->model_owns_grads();
   mo.device = spec_.device;
-  model_ = std::make_unique<Gpt2>(shape, part_, mo, alloc, hooks);
+  model_ = make_model(shape, part_, mo, alloc, hooks);
   zero_->attach(model_->params(), model_->grads());
   if (spec_.pp > 1) {
     stage_ = std::make_unique<PipelineStage>(*model_, pp_, tied_, pp_grads_);
     events_ = stage_events(spec_.schedule, spec_.pp, coord_.pp, spec_.micro_batches);
   } else {
-    acts_ = model_->make_activations();
+    acts_ = model_->new_activations();
   }
 }
 

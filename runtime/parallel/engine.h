@@ -44,7 +44,10 @@ struct EngineSpec {
   Device device = Device::kCpu;
   int cuda_device = 0;  // the rank's GPU (LOCAL_RANK) when device is kCuda
   ZeroOptions zero;     // its device is set from `device`
-  Gpt2Options model;    // B, T, recompute; ownership and device are set here
+  ModelOptions model;   // B, T, recompute; ownership and device are set here
+  // How long a rank may show no progress while others wait for it (comm/beacon.h): every group's
+  // CommOptions::timeout, and each rank publishes its progress beacon.
+  Millis comm_timeout{60000};
 };
 
 class Engine {
@@ -59,12 +62,12 @@ class Engine {
   const layout::Topology& topology() const { return topo_; }
   const layout::Coord& coord() const { return coord_; }
   HostWorld& host_world() { return host_world_; }
-  Gpt2& model() { return *model_; }
+  Model& model() { return *model_; }
   ZeroEngine& zero() { return *zero_; }
   TiedEmbeddingHooks* tied_hooks() { return tied_hooks_.get(); }  // null unless first/last stage
   PipelineStage* stage() { return stage_.get(); }                  // null without a pipeline
   const std::vector<Event>& events() const { return events_; }     // this stage's, one step
-  Gpt2Activations& activations() { return acts_; }                 // without a pipeline only
+  Activations& activations() { return *acts_; }                    // without a pipeline only
 
  private:
   void build_groups(std::shared_ptr<store::Store> store, bool tied);
@@ -78,13 +81,14 @@ class Engine {
   // The model's groups (null where the axis has size 1; dp is the model's world itself without
   // tensor and pipeline parallelism).
   comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_;
-  std::unique_ptr<Gpt2> model_;
+  std::shared_ptr<void> beacon_;  // this rank's progress beacon (comm/beacon.h)
+  std::unique_ptr<Model> model_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
   std::unique_ptr<TensorParallelHooks> tp_hooks_;
   std::unique_ptr<ZeroEngine> zero_;
   std::unique_ptr<PipelineStage> stage_;
   std::vector<Event> events_;
-  Gpt2Activations acts_;
+  std::unique_ptr<Activations> acts_;
 };
 
 }  // namespace ds::rt::parallel

@@ -22,7 +22,7 @@ namespace ds::rt::parallel {
 
 namespace ms = ds::model_spec;
 
-PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads)
+PipelineStage::PipelineStage(Model& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads)
     : model_(model), pp_(std::move(pp)), tied_(std::move(tied)), grads_(pp_grads ? std::move(pp_grads) : pp_) {
   if (!pp_) throw invalid_argument("PipelineStage: the pipeline group's Comm is null");
   if (grads_->size() != pp_->size() || grads_->rank() != pp_->rank()) {
@@ -39,11 +39,11 @@ PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, 
         stage(), stages(), part.has_embedding, part.has_head, part.layer_begin, part.layer_end,
         stages() - 1);
   }
-  const bool needs_tied = stages() > 1 && (is_first() || is_last());
+  const bool needs_tied = stages() > 1 && (is_first() || is_last()) && model_.shape().tied();
   if (needs_tied != (tied_ != nullptr)) {
     throw invalid_argument(
         "PipelineStage: stage {} of {} {} a tied-embedding group (it is needed exactly on the "
-        "first and last stage of a pipeline with more than one stage)",
+        "first and last stage of a pipeline with more than one stage, when the embedding is tied)",
         stage(), stages(), needs_tied ? "needs" : "must not have");
   }
   if (tied_ && (tied_->size() != 2 || tied_->rank() != (is_first() ? 0 : 1))) {
@@ -58,7 +58,7 @@ PipelineStage::PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, 
 void PipelineStage::reduce_tied_grads(TypedPtr wte_grad) {
   if (!tied_) return;
   const TypedPtr g = wte_grad ? wte_grad : model_.grad(ms::ParamId::kWte);
-  const auto all = ms::gpt2_params(model_.shape());
+  const auto all = ms::model_params(model_.shape());
   const int64_t n = ms::local_numel(ms::find_param(all, ms::ParamId::kWte), model_.part().tp);
   tied_->all_reduce(g.data, static_cast<size_t>(n), comm_dtype(g.dtype), comm::ReduceOp::kSum);
 }
@@ -92,12 +92,12 @@ void check_schedule(const std::vector<Event>& events, std::span<const MicroBatch
 // micro-batch's first event and given back after its backward.
 class ActivationSlots {
  public:
-  ActivationSlots(std::vector<Gpt2Activations>& acts, int micro_batches, int stage)
+  ActivationSlots(std::vector<std::unique_ptr<Activations>>& acts, int micro_batches, int stage)
       : acts_(acts), slot_(static_cast<size_t>(micro_batches), -1), stage_(stage) {
     for (int i = static_cast<int>(acts.size()) - 1; i >= 0; --i) free_.push_back(i);
   }
   bool holds(int mb) const { return slot_[static_cast<size_t>(mb)] >= 0; }
-  Gpt2Activations& of(int mb) {
+  Activations& of(int mb) {
     int& s = slot_[static_cast<size_t>(mb)];
     if (s < 0) {
       if (free_.empty()) {
@@ -106,7 +106,7 @@ class ActivationSlots {
       s = free_.back();
       free_.pop_back();
     }
-    return acts_[static_cast<size_t>(s)];
+    return *acts_[static_cast<size_t>(s)];
   }
   void release(int mb) {
     free_.push_back(slot_[static_cast<size_t>(mb)]);
@@ -114,7 +114,7 @@ class ActivationSlots {
   }
 
  private:
-  std::vector<Gpt2Activations>& acts_;
+  std::vector<std::unique_ptr<Activations>>& acts_;
   std::vector<int> slot_;
   std::vector<int> free_;
   int stage_;
@@ -129,9 +129,9 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   check_schedule(events, mbs, st, stages());
 
   const int need = peak_in_flight(events);
-  while (static_cast<int>(acts_.size()) < need) acts_.push_back(model_.make_activations());
+  while (static_cast<int>(acts_.size()) < need) acts_.push_back(model_.new_activations());
   ActivationSlots slots(acts_, m, st);
-  auto acts_of = [&](int mb) -> Gpt2Activations& { return slots.of(mb); };
+  auto acts_of = [&](int mb) -> Activations& { return slots.of(mb); };
 
   const auto act_type = comm_dtype(model_.dtype());  // activations and their gradients: the storage type
   const auto n = static_cast<size_t>(btc_);
@@ -158,7 +158,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         pp_->recv(acts_of(e.mb).input.data, n, act_type, st - 1, kActivationTag);
         break;
       case EventKind::kForward: {
-        Gpt2Activations& a = acts_of(e.mb);
+        Activations& a = acts_of(e.mb);
         if (opt.before_event) opt.before_event(e);
         const auto t0 = Clock::now();
         if (is_first()) model_.embed_forward(a, mb.tokens);
@@ -179,7 +179,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         if (!slots.holds(e.mb)) {
           throw invalid_argument("run_schedule (stage {}): backward of micro-batch {} before its forward", st, e.mb);
         }
-        Gpt2Activations& a = acts_of(e.mb);
+        Activations& a = acts_of(e.mb);
         wait(grad_send);
         wait(act_sends[e.mb]);
         if (opt.before_event) opt.before_event(e);
@@ -215,8 +215,8 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
       throw invalid_argument("evaluate: micro-batch {} has no targets on the last stage", i);
     }
   }
-  if (acts_.empty()) acts_.push_back(model_.make_activations());
-  Gpt2Activations& a = acts_.front();
+  if (acts_.empty()) acts_.push_back(model_.new_activations());
+  Activations& a = *acts_.front();
   const auto& part = model_.part();
   const auto n = static_cast<size_t>(btc_);
   RunResult res;

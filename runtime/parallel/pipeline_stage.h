@@ -1,5 +1,5 @@
 // Pipeline parallelism's stage side: the driver that runs one step's schedule (pipeline_schedule.h)
-// on a stage's Gpt2, passing activations (B,T,C) forward and their gradients (B,T,C) backward with
+// on a stage's Model (GPT-2 or Llama), passing activations (B,T,C) forward and their gradients (B,T,C) backward with
 // the pipeline group's send/recv, and summing the tied token-embedding gradient between the first
 // and the last stage. Which layers a stage holds is layout::partition_stages (layout/partition.h).
 //
@@ -10,7 +10,7 @@
 //                 head's logits never wait in memory between forward and backward) then
 //                 blocks_backward; others: recv into d_stream(), blocks_backward; first stage also
 //                 embed_backward.
-// Activation checkpointing (Gpt2Options::recompute) works unchanged inside a stage: the model
+// Activation checkpointing (ModelOptions::recompute) works unchanged inside a stage: the model
 // recomputes each layer in its backward from the layer outputs the micro-batch's activations keep.
 //
 // Deliberately not: the data-parallel / ZeRO reduction (the trainer runs it after run_schedule,
@@ -25,7 +25,7 @@
 
 #include "comm/comm.h"
 #include "core/allocator.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "model_spec/gpt2_spec.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -58,7 +58,7 @@ struct RunOptions {
 struct RunResult {
   // Last stage: the mean loss of each micro-batch, indexed by mb; other stages: empty.
   std::vector<float> losses;
-  int activations_allocated = 0;  // Gpt2Activations held (the schedule's peak in flight)
+  int activations_allocated = 0;  // Activations held (the schedule's peak in flight)
   // Wall time of the schedule (its events and the final waits, before the tied-gradient sum) and
   // the part of it spent in the model's forward and backward (without the hooks' before/after
   // calls). 1 - compute_seconds / seconds is the stage's measured bubble (idle, waiting for its
@@ -80,7 +80,7 @@ class PipelineStage {
   // activation send would wait for the neighbour's matching receive, which that neighbour queues
   // behind its own gradient send; with one group per direction each stream's operations match the
   // neighbour's in order (Megatron batches the pair instead).
-  PipelineStage(Gpt2& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads = nullptr);
+  PipelineStage(Model& model, comm::CommPtr pp, comm::CommPtr tied, comm::CommPtr pp_grads = nullptr);
 
   int stage() const { return pp_->rank(); }
   int stages() const { return pp_->size(); }
@@ -90,7 +90,7 @@ class PipelineStage {
   // Runs this stage's `events` (stage_events(kind, stages(), stage(), mbs.size())) over the
   // micro-batches: compute, sends and receives in list order, sends posted asynchronously (a
   // stage never waits for its neighbour to receive before it computes on), every transfer waited
-  // for before run_schedule returns. Holds one Gpt2Activations per micro-batch in flight
+  // for before run_schedule returns. Holds one Activations per micro-batch in flight
   // (allocated on first use, kept for later runs). Gradients accumulate into the model's (or the
   // hooks') gradient buffers; zeroing them is the caller's. Blocking calls are bounded by the
   // groups' Comm timeouts; a failure (a peer died, a timeout, bad tokens) throws ds::Error and
@@ -99,7 +99,7 @@ class PipelineStage {
                          const RunOptions& options = {});
 
   // Forward only (evaluation): every micro-batch in order through the pipeline (recv, forward,
-  // send; the last stage runs head_forward), one Gpt2Activations, no gradients. Returns the mean
+  // send; the last stage runs head_forward), one Activations, no gradients. Returns the mean
   // loss of each micro-batch on the last stage (empty elsewhere). Same failure behaviour as
   // run_schedule.
   RunResult evaluate(std::span<const MicroBatch> mbs);
@@ -112,10 +112,10 @@ class PipelineStage {
   static constexpr int kGradTag = 12;
 
  private:
-  Gpt2& model_;
+  Model& model_;
   comm::CommPtr pp_, tied_;
   comm::CommPtr grads_;  // the backward direction's group: pp_grads, else pp_
-  std::vector<Gpt2Activations> acts_;
+  std::vector<std::unique_ptr<Activations>> acts_;
   int64_t btc_;
 };
 

@@ -18,6 +18,7 @@
 #include "parallel/zero.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -31,6 +32,24 @@ namespace ms = ds::model_spec;
 namespace tk = kern::typed;
 using comm::DataType;
 using comm::ReduceOp;
+
+namespace {
+
+// Runs f() and adds the seconds it took to `acc` (the exposed-communication counters).
+template <typename F>
+void timed(double& acc, F&& f) {
+  const auto t0 = std::chrono::steady_clock::now();
+  f();
+  acc += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void wait_timed(double& acc, comm::WorkPtr& w) {
+  if (!w) return;
+  timed(acc, [&] { w->wait(); });
+  w.reset();
+}
+
+}  // namespace
 
 
 ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::ParamLayout& layout,
@@ -167,7 +186,7 @@ comm::WorkPtr ZeroEngine::all_reduce(TypedPtr buf, int64_t n, bool async) {
   if (!comm_) return nullptr;
   const DataType t = comm_dtype(buf.dtype);
   if (async) return comm_->all_reduce_async(buf.data, static_cast<size_t>(n), t, ReduceOp::kSum);
-  comm_->all_reduce(buf.data, static_cast<size_t>(n), t, ReduceOp::kSum);
+  timed(reduce_wait_s_, [&] { comm_->all_reduce(buf.data, static_cast<size_t>(n), t, ReduceOp::kSum); });
   return nullptr;
 }
 
@@ -179,7 +198,7 @@ comm::WorkPtr ZeroEngine::reduce_scatter_range(TypedPtr in, int64_t lo, int64_t 
   }
   const DataType t = comm_dtype(in.dtype);
   if (async) return comm_->reduce_scatter_v_async(in.data, out.data, counts, t, ReduceOp::kSum);
-  comm_->reduce_scatter_v(in.data, out.data, counts, t, ReduceOp::kSum);
+  timed(reduce_wait_s_, [&] { comm_->reduce_scatter_v(in.data, out.data, counts, t, ReduceOp::kSum); });
   return nullptr;
 }
 
@@ -196,7 +215,7 @@ comm::WorkPtr ZeroEngine::all_gather_range(int64_t lo, int64_t hi, TypedPtr shar
   auto counts = part_.counts_in(lo, hi);
   const DataType t = comm_dtype(out.dtype);
   if (async) return comm_->all_gather_v_async(in.data, out.data, counts, t);
-  comm_->all_gather_v(in.data, out.data, counts, t);
+  timed(gather_wait_s_, [&] { comm_->all_gather_v(in.data, out.data, counts, t); });
   return nullptr;
 }
 
@@ -219,7 +238,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
   wte_fresh_ = false;
   fill_ = bucket_ready_ = 0;
   if (opt_.stage == 3) {
-    // The order Gpt2::forward / forward_backward ask for units (whole model).
+    // The order Model::forward / forward_backward ask for units (whole model).
     seq_.clear();
     std::vector<int> layers;
     int wpe = -1, lnf = -1;
@@ -234,7 +253,7 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
     if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
     if (wpe >= 0) seq_.push_back(wpe);
     seq_.insert(seq_.end(), layers.begin(), layers.end());
-    if (wte_idx_ >= 0) seq_.push_back(wte_idx_);
+    if (wte_idx_ >= 0 && lnf >= 0 && opt_.tied_head) seq_.push_back(wte_idx_);
     if (lnf >= 0) seq_.push_back(lnf);
     if (backward) seq_.insert(seq_.end(), layers.rbegin(), layers.rend());
     cursor_ = pf_ = 0;
@@ -250,7 +269,7 @@ void ZeroEngine::end_micro_batch() {
   if (opt_.stage < 2) {
     if (reducing_) {
       flush_allreduce();
-      for (auto& w : ar_works_) w->wait();
+      for (auto& w : ar_works_) wait_timed(reduce_wait_s_, w);
       ar_works_.clear();
     }
     reducing_ = false;
@@ -263,8 +282,7 @@ void ZeroEngine::end_micro_batch() {
     for (size_t i = 0; i < gathered_.size(); ++i) {
       auto& g = gathered_[i];
       if (g.buf.empty()) continue;
-      if (g.work) g.work->wait();
-      g.work.reset();
+      wait_timed(gather_wait_s_, g.work);
       live_ -= layout_.units[i].numel;
       pool_[layout_.units[i].numel].push_back(std::move(g.buf));
     }
@@ -298,7 +316,7 @@ void ZeroEngine::gather_params() {
           static_cast<size_t>(std::clamp<int64_t>(part_.count(q) - j * k, 0, k));
     }
     const TypedPtr in = model_params_ + part_.begin(rank_) + std::min(j * k, part_.count(rank_));
-    comm_->all_gather_v(in.data, stage_buf_.data(), counts, comm_dtype(opt_.param_dtype));
+    timed(gather_wait_s_, [&] { comm_->all_gather_v(in.data, stage_buf_.data(), counts, comm_dtype(opt_.param_dtype)); });
     size_t off = 0;
     for (int q = 0; q < size_; ++q) {
       const size_t c = counts[static_cast<size_t>(q)];
@@ -314,6 +332,19 @@ void ZeroEngine::gather_params() {
 void ZeroEngine::all_gather_partitions(TypedPtr full) {
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   all_gather_range(0, part_.total(), full + part_.begin(rank_), full, false);
+}
+
+ZeroEngine::CommTimes ZeroEngine::comm_times() const {
+  CommTimes t;
+  t.reduce_wait_s = reduce_wait_s_;
+  t.gather_wait_s = gather_wait_s_;
+  if (comm_) {
+    using K = comm::Comm::OpKind;
+    const double ar = comm_->busy_seconds(K::kAllReduce), rs = comm_->busy_seconds(K::kReduceScatter);
+    t.reduce_busy_s = ar < 0 || rs < 0 ? -1.0 : ar + rs;
+    t.gather_busy_s = comm_->busy_seconds(K::kAllGather);
+  }
+  return t;
 }
 
 void ZeroEngine::require_host_comm(const char* what) const {
@@ -348,10 +379,7 @@ void ZeroEngine::flush_allreduce() {
 }
 
 void ZeroEngine::complete(Pending& p) {
-  if (p.work) {
-    p.work->wait();
-    p.work.reset();
-  }
+  wait_timed(reduce_wait_s_, p.work);
   if (p.count > 0) tk::add_in_place(grads_of(grad_part_) + p.dst, grads_of(p.out), p.count);
   p.count = 0;
 }
@@ -490,10 +518,7 @@ TypedPtr ZeroEngine::params_needed(Unit unit, TypedPtr resident) {
     prefetched_[i] = false;
     inflight_prefetch_ -= layout_.units[i].numel;
   }
-  if (g.work) {
-    g.work->wait();
-    g.work.reset();
-  }
+  wait_timed(gather_wait_s_, g.work);
   prefetch();
   return params_of(g.buf);
 }

@@ -72,6 +72,9 @@ struct ZeroOptions {
   // element (the backends sum 16-bit values in fp32, comm.h).
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
+  // The head reads the token embedding (GPT-2, a tied Llama): stage 3 prefetches it again before
+  // the final norm unit. An untied Llama's head is its final-norm unit alone.
+  bool tied_head = true;
 };
 
 // What the engine allocated, in elements (for docs, logs and the memory tests).
@@ -144,6 +147,17 @@ class ZeroEngine final : public ParallelHooks {
   void barrier();
 
   const ZeroFootprint& footprint() const { return fp_; }
+
+  // For the wall-clock breakdown, cumulative since construction. `*_wait_s`: seconds the model's
+  // thread was blocked on the dp group (a synchronous collective, or waiting for an asynchronous
+  // one), for the gradient reductions and for the parameter gathers; the exposed communication.
+  // `*_busy_s`: seconds the dp group spent running them (its communication thread included;
+  // negative where the backend does not measure it; 0 with dp 1).
+  struct CommTimes {
+    double reduce_wait_s = 0, gather_wait_s = 0;
+    double reduce_busy_s = 0, gather_busy_s = 0;
+  };
+  CommTimes comm_times() const;
 
   // ---- ParallelHooks ----
   TypedPtr params_needed(Unit unit, TypedPtr resident) override;
@@ -220,6 +234,9 @@ class ZeroEngine final : public ParallelHooks {
   int64_t inflight_prefetch_ = 0;       // prefetched elements not yet asked for
   std::vector<bool> prefetched_;
   Buffer stage_buf_;                    // stage 1/2 chunked all-gather staging
+
+  // comm_times(): blocked seconds so far (the model's thread only writes them).
+  double reduce_wait_s_ = 0, gather_wait_s_ = 0;
 };
 
 }  // namespace ds::rt::parallel

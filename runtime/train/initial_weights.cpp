@@ -8,6 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/llmc_format.h"
 #include "kernels/dispatch.h"
 #include "layout/partition.h"
@@ -20,8 +21,8 @@ namespace ms = ds::model_spec;
 namespace {
 
 // Random initial values of global elements [begin, begin + count) of the part's flat layout.
-void random_values(const Gpt2& model, uint64_t seed, float* dst, int64_t begin, int64_t count) {
-  const auto all = ms::gpt2_params(model.shape());
+void random_values(Model& model, uint64_t seed, float* dst, int64_t begin, int64_t count) {
+  const auto all = ms::model_params(model.shape());
   for (const auto& t : model.layout().tensors) {
     const auto r = layout::intersect(begin, begin + count, t.offset, t.offset + t.numel);
     if (r.size() <= 0) continue;
@@ -34,15 +35,20 @@ void random_values(const Gpt2& model, uint64_t seed, float* dst, int64_t begin, 
 
 void init_weights(parallel::Engine& engine, OptimizerState& state, const std::string& init_from, uint64_t seed,
                   Allocator& alloc) {
-  Gpt2& model = engine.model();
+  Model& model = engine.model();
   const int64_t begin = state.opt_begin(), count = state.opt_count();
   // The fp32 values of the optimizer range, on the host.
   std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {
     std::vector<float> whole(static_cast<size_t>(model.num_params()));
-    ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
+    if (model.shape().llama()) {
+      ckpt::load_hf_llama(init_from, model.shape(), model.part(), whole.data());
+      spdlog::info("initialised weights from Hugging Face safetensors {}", init_from);
+    } else {
+      ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
+      spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
+    }
     std::copy_n(whole.begin() + begin, count, values.begin());
-    spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
   } else {
     random_values(model, seed, values.data(), begin, count);
   }

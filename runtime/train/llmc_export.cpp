@@ -3,7 +3,9 @@
 
 #include <vector>
 
+#include "checkpoint/hf_llama.h"
 #include "checkpoint/llmc_format.h"
+#include "common/error.h"
 #include "common/check.h"
 #include "kernels/dispatch.h"
 #include "layout/partition.h"
@@ -17,7 +19,7 @@ namespace {
 // Step 1: this rank's whole part as fp32 host values.
 std::vector<float> part_on_host(parallel::Engine& engine, OptimizerState& state, Allocator& alloc, Device device) {
   parallel::ZeroEngine& zero = engine.zero();
-  Gpt2& model = engine.model();
+  Model& model = engine.model();
   const int64_t n = model.num_params();
   const bool fp32 = state.precision() == layout::Precision::kFp32;
   const bool full_on_rank = zero.stage() == 0 || (zero.stage() < 3 && fp32);
@@ -35,9 +37,9 @@ std::vector<float> part_on_host(parallel::Engine& engine, OptimizerState& state,
 }
 
 // Step 2 on rank 0: part q's values into the whole model's layout.
-void place_part(const ms::Gpt2Shape& shape, const ms::ModelPart& mp, const ms::ParamLayout& whole,
+void place_part(const ms::ModelShape& shape, const ms::ModelPart& mp, const ms::ParamLayout& whole,
                 std::span<const float> values, std::vector<float>& model) {
-  const auto all = ms::gpt2_params(shape);
+  const auto all = ms::model_params(shape);
   const ms::ParamLayout lay = ms::param_layout(shape, mp);
   DS_CHECK(lay.total == static_cast<int64_t>(values.size()), "export: a part's size differs from its layout");
   for (const auto& ts : lay.tensors) {
@@ -53,15 +55,15 @@ void place_part(const ms::Gpt2Shape& shape, const ms::ModelPart& mp, const ms::P
 
 }  // namespace
 
-void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
-                       layout::StageSplit split, Allocator& alloc, Device device, bool bf16) {
+void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::StageSplit split, Allocator& alloc,
+                       Device device, const std::function<void(const float*)>& write) {
   const kern::DeviceScope scope(device);
   const std::vector<float> part = part_on_host(engine, state, alloc, device);
-  const ms::Gpt2Shape& shape = engine.model().shape();
+  const ms::ModelShape& shape = engine.model().shape();
   const layout::Topology& topo = engine.topology();
   auto& world = engine.host_world();
   if (topo.tp() * topo.pp() == 1) {
-    if (world.rank() == 0) ckpt::save_llmc(path, shape, part.data(), bf16);
+    if (world.rank() == 0) write(part.data());
     return;
   }
   const ms::ParamLayout whole = ms::param_layout(shape, ms::ModelPart::whole(shape));
@@ -74,7 +76,27 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, Optimi
         const auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];
         place_part(shape, mp, whole, values, model);
       },
-      [&] { ckpt::save_llmc(path, shape, model.data(), bf16); });
+      [&] { write(model.data()); });
+}
+
+void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
+                       layout::StageSplit split, Allocator& alloc, Device device, bool bf16) {
+  const ms::ModelShape& shape = engine.model().shape();
+  if (shape.llama()) {
+    throw invalid_argument("--export-llmc writes llm.c's GPT-2 format; a Llama exports with --export-safetensors DIR");
+  }
+  write_whole_model(engine, state, split, alloc, device,
+                    [&](const float* whole) { ckpt::save_llmc(path, shape, whole, bf16); });
+}
+
+void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
+                              layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype) {
+  const ms::ModelShape& shape = engine.model().shape();
+  if (!shape.llama()) {
+    throw invalid_argument("--export-safetensors writes Hugging Face's Llama layout; a GPT-2 exports with --export-llmc");
+  }
+  write_whole_model(engine, state, split, alloc, device,
+                    [&](const float* whole) { ckpt::save_hf_llama(dir, shape, whole, dtype); });
 }
 
 }  // namespace ds::rt::train

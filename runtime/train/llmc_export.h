@@ -1,17 +1,20 @@
-// Writing a run's weights as one llm.c GPT-2 checkpoint (dstrain train --export-llmc), from any
-// layout. Collective over the world:
+// Writing a run's weights as one llm.c GPT-2 checkpoint (dstrain train --export-llmc) or, for a
+// Llama, as Hugging Face safetensors with a config.json (--export-safetensors), from any layout.
+// Collective over the world:
 //   1. each rank's part (its stage's layers, its tp shard) as fp32 weights on the host: the
 //      master weights with mixed precision, assembled from the dp group's partitions where ZeRO
 //      splits them (collective over the dp group);
 //   2. without tensor or pipeline parallelism rank 0 writes it; otherwise dp rank 0 of every
 //      (stage, tp rank) part sends it to rank 0 over the host world, which places every element at
 //      its index in the whole model (model_spec::full_index undoes the tp split; the tied wte
-//      comes from the first and the last stage, which hold the same values) and writes the file.
+//      comes from the first and the last stage, which hold the same values) and writes the files.
 // Every rank returns once the file exists.
 #pragma once
 
+#include <functional>
 #include <string>
 
+#include "checkpoint/safetensors.h"
 #include "core/allocator.h"
 #include "layout/choices.h"
 #include "parallel/engine.h"
@@ -22,5 +25,12 @@ namespace ds::rt::train {
 // `bf16`: llm.c's version 5 file (each fp32 master value rounded to bf16 once), else version 3.
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16 = false);
+// Hugging Face's Llama layout in `dtype` into `dir` (checkpoint/hf_llama.h, save_hf_llama).
+void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
+                              layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype);
+// Steps 1 and 2 above, then `write` on rank 0 with the whole model's fp32 values (the layout of
+// model_spec::param_layout(shape, ModelPart::whole(shape))).
+void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::StageSplit split, Allocator& alloc,
+                       Device device, const std::function<void(const float*)>& write);
 
 }  // namespace ds::rt::train

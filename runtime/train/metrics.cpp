@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "train/monitors.h"
 
 namespace ds::rt::train {
 
@@ -37,8 +38,31 @@ void MetricsReporter::note(const std::string& line) {
   std::fflush(stdout);
 }
 
+void MetricsReporter::add_monitors(std::vector<std::unique_ptr<Monitor>> monitors, int64_t samples_per_step,
+                                   bool fp16) {
+  if (!enabled_) return;
+  for (auto& m : monitors) monitors_.push_back(std::move(m));
+  samples_per_step_ = samples_per_step;
+  fp16_ = fp16;
+}
+
+void MetricsReporter::write_monitors(const StepRecord& r) {
+  if (monitors_.empty()) return;
+  const auto scalars = monitor_scalars(r, fp16_);
+  for (auto it = monitors_.begin(); it != monitors_.end();) {
+    try {
+      (*it)->write(r.step * samples_per_step_, scalars);
+      ++it;
+    } catch (const Error& e) {
+      note(fmt::format("warning: {}; training continues without the {}", e.what(), (*it)->what()));
+      it = monitors_.erase(it);
+    }
+  }
+}
+
 void MetricsReporter::report(const StepRecord& r) {
   if (!enabled_) return;
+  write_monitors(r);
   if (file_) {
     nlohmann::ordered_json j;
     j["step"] = r.step;
@@ -49,6 +73,9 @@ void MetricsReporter::report(const StepRecord& r) {
     j["skipped"] = r.skipped;
     j["tokens_per_s"] = r.tokens_per_s;
     j["ms_per_step"] = r.ms_per_step;
+    j["tflops"] = r.tflops;
+    if (r.mfu) j["mfu"] = *r.mfu;
+    if (r.breakdown) breakdown_to_json(*r.breakdown, j);
     for (const auto& [tag, bytes] : r.peak_bytes) j["peak_bytes_" + tag] = bytes;
     if (r.val_loss) j["val_loss"] = *r.val_loss;
     for (const auto& [k, v] : r.extra.items()) j[k] = v;
@@ -66,12 +93,14 @@ void MetricsReporter::report(const StepRecord& r) {
     auto peak = r.peak_bytes.find("total");
     std::string text = fmt::format(
         "step {:>{}}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.4f} | scale {:g}{} | {:.0f} tok/s | "
-        "{:.1f} ms | peak {}",
+        "{:.1f} ms | {:.3g} TFLOP/s{} | peak {}",
         r.step, std::to_string(r.total_steps).size(), r.total_steps, r.loss, r.lr, r.grad_norm,
-        r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step,
+        r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step, r.tflops,
+        r.mfu ? fmt::format(" | MFU {:.2f}%", *r.mfu * 100) : std::string(),
         peak == r.peak_bytes.end() ? std::string("-") : format_bytes(static_cast<double>(peak->second)));
     if (r.val_loss) text += fmt::format(" | val loss {:.4f}", *r.val_loss);
     note(text);
+    if (r.breakdown) note("  " + breakdown_line(*r.breakdown));
   }
   if (tty_ && r.step < r.total_steps) {
     const int width = 30;

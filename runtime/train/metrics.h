@@ -1,16 +1,21 @@
 // What a training run reports: one record per step, printed as a console line (and a progress
 // bar with ETA when stdout is a terminal) and appended as one JSON object per line to --metrics.
 // Only the reporting rank (rank 0) writes; other ranks construct a silent reporter. A metrics file
-// that stops accepting writes (a full disk) is warned about once; training continues.
+// that stops accepting writes (a full disk) is warned about once; training continues. The
+// reporter also feeds DeepSpeed's monitors (monitors.h: TensorBoard, CSV).
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "train/step_clock.h"
 
 namespace ds::rt::train {
 
@@ -24,10 +29,15 @@ struct StepRecord {
   bool skipped = false;       // fp16 overflow: the update was skipped
   double tokens_per_s = 0;
   double ms_per_step = 0;
+  double tflops = 0;           // achieved model TFLOP/s per rank (throughput.h)
+  std::optional<double> mfu;   // tflops over the peak per rank; none when the peak is unknown
+  std::optional<StepBreakdown> breakdown;  // with wall_clock_breakdown
   std::map<std::string, int64_t> peak_bytes;  // tag -> bytes ("params", ..., "total")
   std::optional<double> val_loss;
   nlohmann::ordered_json extra;  // more fields for the metrics file (e.g. planned bytes)
 };
+
+class Monitor;  // monitors.h
 
 class MetricsReporter {
  public:
@@ -43,6 +53,9 @@ class MetricsReporter {
   void report(const StepRecord& r);
   // A free-form line to the console (rank 0 only), e.g. the plan beside the measured peak.
   void note(const std::string& line);
+  // Monitors (monitors.h) that get every reported step's scalars at step x samples_per_step; one
+  // whose write fails warns once and is dropped, and training continues.
+  void add_monitors(std::vector<std::unique_ptr<Monitor>> monitors, int64_t samples_per_step, bool fp16);
 
  private:
   bool enabled_;
@@ -52,6 +65,10 @@ class MetricsReporter {
   int log_interval_;
   bool tty_;
   bool bar_shown_ = false;
+  std::vector<std::unique_ptr<Monitor>> monitors_;
+  int64_t samples_per_step_ = 0;
+  bool fp16_ = false;
+  void write_monitors(const StepRecord& r);
 };
 
 }  // namespace ds::rt::train

@@ -22,7 +22,7 @@ namespace {
 
 // GPT-2 / llm.c practice: matrices and embeddings decay, biases and LayerNorm weights do not.
 std::vector<optim::DecayRange> decay_ranges(const ms::Gpt2Shape& shape, const ms::ParamLayout& layout) {
-  const auto all = ms::gpt2_params(shape);
+  const auto all = ms::model_params(shape);
   std::vector<optim::DecayRange> out;
   for (const auto& t : layout.tensors) {
     const bool decay = ms::find_param(all, t.id).shape.size() == 2;
@@ -46,7 +46,7 @@ void append_range(RangeList& ranges, int64_t off, int64_t n) {
 }  // namespace
 
 OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device,
-                               Gpt2& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc)
+                               Model& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc)
     : precision_(precision), device_(device), model_(model), zero_(zero) {
   if (cfg.zero.offload_param.device == "cpu" && device == Device::kCuda) {
     throw Error(ErrorKind::kInvalidArgument,
@@ -76,7 +76,7 @@ TypedPtr OptimizerState::partition_params() {
 }
 
 void OptimizerState::compute_norm_ranges(const ms::Gpt2Shape& shape, int tp_rank, int pp) {
-  const auto all = ms::gpt2_params(shape);
+  const auto all = ms::model_params(shape);
   const int64_t lo = part_begin(), hi = lo + part_count(), ob = opt_begin();
   for (const auto& t : model_.layout().tensors) {
     const bool replicated_copy = ms::find_param(all, t.id).split == ms::TpSplit::kReplicated && tp_rank != 0;

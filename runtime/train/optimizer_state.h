@@ -22,7 +22,7 @@
 #include "config/job_config.h"
 #include "core/allocator.h"
 #include "layout/choices.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "optim/adamw.h"
 #include "parallel/zero.h"
 
@@ -36,7 +36,7 @@ class OptimizerState {
   // Allocates the state (tag optimizer; pinned host memory when offloaded) for `zero`'s range of
   // `model`. `tp_rank` and `pp` decide which elements count in the norm. Throws invalid_argument
   // naming the config key for offload_param on a GPU run.
-  OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Gpt2& model,
+  OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Model& model,
                  parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc);
 
   layout::Precision precision() const { return precision_; }
@@ -82,7 +82,7 @@ class OptimizerState {
 
   layout::Precision precision_;
   Device device_;
-  Gpt2& model_;
+  Model& model_;
   parallel::ZeroEngine& zero_;
   bool offload_ = false;
   Buffer master_, exp_avg_, exp_avg_sq_, host_grads_;

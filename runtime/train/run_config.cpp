@@ -21,6 +21,12 @@ ms::Gpt2Shape shape_of(const config::ModelConfig& m) {
   s.vocab_size = m.vocab_size;
   s.padded_vocab_size = m.padded_vocab_size;
   s.seq_len = m.seq_len;
+  s.family = m.type == "llama" ? ms::ModelFamily::kLlama : ms::ModelFamily::kGpt2;
+  s.n_kv_head = m.n_kv_head;
+  s.intermediate_size = m.intermediate_size;
+  s.rope_theta = m.rope_theta;
+  s.norm_eps = m.norm_eps;
+  s.tie_embeddings = m.tie_embeddings;
   return s;
 }
 
@@ -105,6 +111,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   const bool cpu = device == Device::kCpu;
   e.model.dtype = cpu ? dtype_of_precision(c.precision()) : DType::kF32;
   e.model.grad_dtype = cpu ? dtype_of_precision(c.gradient_dtype()) : DType::kF32;
+  e.comm_timeout = Millis(static_cast<int64_t>(c.training.comm_timeout * 1000));
   return e;
 }
 

@@ -22,7 +22,6 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "common/preemption.h"
-#include "common/preemption.h"
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "data/token_file.h"
@@ -37,10 +36,13 @@
 #include "train/initial_weights.h"
 #include "train/llmc_export.h"
 #include "train/metrics.h"
+#include "train/monitors.h"
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/run_config.h"
+#include "train/step_clock.h"
 #include "train/step_math.h"
+#include "train/throughput.h"
 
 namespace ds::rt::train {
 
@@ -58,7 +60,7 @@ struct Trainer::Impl {
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
 
-  std::unique_ptr<data::TokenFile> train_file, val_file;
+  std::unique_ptr<data::TokenCorpus> train_file, val_file;  // one file or shards
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<data::ValidationLoader> val_loader;
   // Declaration order is destruction order reversed: the state before the engine it points into.
@@ -68,6 +70,8 @@ struct Trainer::Impl {
   std::unique_ptr<optim::LrScheduler> schedule;
   std::unique_ptr<optim::LossScaler> scaler;
   int64_t next_step = 1;  // the step the next run() executes
+  double flops_per_token = 0;  // MFU (throughput.h)
+  PeakFlops peak;
 
   int dp() const { return cfg.data_parallel_size; }
   int pp() const { return cfg.pipeline.stages; }
@@ -80,7 +84,8 @@ struct Trainer::Impl {
   void open_data(int dp_rank);
   void build(int local_rank);
   void start_or_resume();
-  double micro_batches(int64_t step, double grad_scale, double* bubble);
+  double micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock);
+  double pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
   double evaluate();
   std::string describe_run() const;
   StepRecord train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step);
@@ -91,7 +96,7 @@ struct Trainer::Impl {
 
 // Data first: a bad corpus should fail before we connect or allocate the model.
 void Trainer::Impl::open_data(int dp_rank) {
-  train_file = std::make_unique<data::TokenFile>(cfg.data.train, cfg.model.vocab_size);
+  train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, cfg.model.vocab_size);
   data::LoaderOptions lo;
   lo.batch_size = B;
   lo.seq_len = T;
@@ -102,7 +107,7 @@ void Trainer::Impl::open_data(int dp_rank) {
   lo.seed = cfg.training.seed;
   loader = std::make_unique<data::DataLoader>(*train_file, lo);
   if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
-    val_file = std::make_unique<data::TokenFile>(cfg.data.val, cfg.model.vocab_size);
+    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.vocab_size);
     val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
   }
 }
@@ -126,6 +131,8 @@ void Trainer::Impl::build(int local_rank) {
                           "tokens");
   schedule = std::make_unique<optim::LrScheduler>(schedule_of(cfg));
   scaler = std::make_unique<optim::LossScaler>(loss_scaler_of(cfg.fp16));
+  flops_per_token = model_flops_per_token(shape);
+  peak = run_peak_flops(cfg, device, engine->model().dtype(), spec.cuda_device);
 }
 
 void Trainer::Impl::start_or_resume() {
@@ -201,45 +208,72 @@ Trainer::~Trainer() = default;
 // (the last stage's with a pipeline). With a pipeline every stage reads the step's micro-batches
 // (the first uses the inputs, the last the targets), ZeRO sees each backward event as a
 // micro-batch, and *bubble gets the share of the schedule's time this stage idled.
-double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bubble) {
+double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock) {
+  const auto scale = static_cast<float>(grad_scale);
+  if (pp() > 1) return pipeline_micro_batches(step, scale, bubble, clock);
   parallel::ZeroEngine& zero = engine->zero();
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
-  const auto scale = static_cast<float>(grad_scale);
+  Model& model = engine->model();
+  Activations& acts = engine->activations();
+  const auto& part = model.part();
   double loss_sum = 0;
-  if (pp() == 1) {
-    for (int g = 0; g < G; ++g) {
-      loader->next(mb_inputs(0), mb_targets(0));
-      zero.begin_micro_batch(g == G - 1, true);
-      loss_sum += engine->model().forward_backward(engine->activations(), mb_inputs(0), mb_targets(0), scale);
-      if (kill_here && g == 0) ::raise(SIGKILL);
-      zero.end_micro_batch();
-    }
-    return loss_sum;
+  // Gpt2::forward_backward's pieces, with a lap after each phase (step_clock.h).
+  for (int g = 0; g < G; ++g) {
+    loader->next(mb_inputs(0), mb_targets(0));
+    clock.lap(Phase::kData);
+    zero.begin_micro_batch(g == G - 1, true);
+    model.embed_forward(acts, mb_inputs(0));
+    model.blocks_forward(acts, part.layer_begin, part.layer_end);
+    clock.lap(Phase::kForward);
+    loss_sum += model.head_forward_backward(acts, mb_targets(0), scale);
+    model.blocks_backward(acts, part.layer_begin, part.layer_end);
+    model.embed_backward(acts, mb_inputs(0));
+    clock.lap(Phase::kBackward);
+    if (kill_here && g == 0) ::raise(SIGKILL);
+    zero.end_micro_batch();
+    clock.lap(Phase::kReduce);
   }
+  return loss_sum;
+}
+
+// With a pipeline every stage reads the step's micro-batches (the first uses the inputs, the last
+// the targets), ZeRO sees each backward event as a micro-batch, and *bubble gets the share of the
+// schedule's time this stage idled. Time outside the compute events is the pipeline's wait.
+double Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock) {
+  parallel::ZeroEngine& zero = engine->zero();
+  const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   std::vector<parallel::MicroBatch> mbs;
   for (int g = 0; g < G; ++g) {
     loader->next(mb_inputs(g), mb_targets(g));
     mbs.push_back({mb_inputs(g), mb_targets(g)});
   }
+  clock.lap(Phase::kData);
   parallel::TiedEmbeddingHooks* tied = engine->tied_hooks();
   parallel::RunOptions ro;
   ro.grad_scale = scale;
   if (tied) ro.wte_grad = tied->wte_grad();
   ro.before_event = [&](const parallel::Event& e) {
+    clock.lap(Phase::kPipeline);
     if (e.kind == parallel::EventKind::kBackward) zero.begin_micro_batch(e.mb == G - 1, true);
   };
   ro.after_event = [&](const parallel::Event& e) {
-    if (e.kind != parallel::EventKind::kBackward) return;
+    const bool backward = e.kind == parallel::EventKind::kBackward;
+    clock.lap(backward ? Phase::kBackward : Phase::kForward);
+    if (!backward) return;
     if (kill_here && e.mb == 0) ::raise(SIGKILL);
     zero.end_micro_batch();
+    clock.lap(Phase::kReduce);
   };
   const auto res = engine->stage()->run_schedule(engine->events(), mbs, ro);
+  clock.lap(Phase::kPipeline);
+  double loss_sum = 0;
   for (float l : res.losses) loss_sum += l;
   *bubble = res.seconds > 0 ? 1.0 - res.compute_seconds / res.seconds : 0.0;
   if (tied) {  // the tied wte gradient, summed over both stages, joins ZeRO's reduction
     zero.begin_micro_batch(true, true);
     tied->hand_over();
     zero.end_micro_batch();
+    clock.lap(Phase::kReduce);
   }
   return loss_sum;
 }
@@ -289,11 +323,12 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   const auto t0 = Clock::now();
   const double global_micro_batches = static_cast<double>(G) * dp();
   parallel::ZeroEngine& zero = engine->zero();
+  StepClock clock(&zero);
   zero.begin_step();
   if (auto* tied = engine->tied_hooks()) tied->zero();
   const double loss_scale = scaler->scale();
   double bubble = -1;
-  const double loss_sum = micro_batches(step, loss_scale / global_micro_batches, &bubble);
+  const double loss_sum = micro_batches(step, loss_scale / global_micro_batches, &bubble, clock);
   const TypedPtr grads = zero.opt_grads();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
     const float inf = std::numeric_limits<float>::infinity();
@@ -301,17 +336,24 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   }
   const StepStats stats = global_step_stats(engine->host_world(), loss_owner() ? loss_sum : 0.0, grads, *state,
                                             global_micro_batches, loss_scale, preempt::requested());
+  clock.lap(Phase::kStats);
   *preempt_after_step = stats.preempt;
   StepRecord r;
   r.lr = schedule->lr();
   r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, grads, *state, *scaler, *schedule);
+  clock.lap(Phase::kOptimizer);
   r.ms_per_step = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (cfg.wall_clock_breakdown) r.breakdown = clock.finish();
   r.step = step;
   r.total_steps = cfg.training.steps;
   r.loss = stats.loss;
   r.grad_norm = stats.grad_norm;
   r.loss_scale = loss_scale;
-  r.tokens_per_s = static_cast<double>(B) * T * global_micro_batches / (r.ms_per_step / 1000.0);
+  const double tokens = static_cast<double>(B) * T * global_micro_batches;
+  r.tokens_per_s = tokens / (r.ms_per_step / 1000.0);
+  const StepFlops f = step_flops(flops_per_token, tokens, r.ms_per_step / 1000.0, world, peak.tflops);
+  r.tflops = f.tflops;
+  if (peak.tflops > 0) r.mfu = f.mfu;
   if (bubble >= 0) r.extra["pipeline_bubble"] = bubble;  // rank 0's: the first stage's
   return r;
 }
@@ -323,7 +365,12 @@ TrainResult Trainer::run() {
   const auto& tc = s.cfg.training;
   const int64_t stop = s.opt.max_steps >= 0 ? std::min(tc.steps, s.opt.max_steps) : tc.steps;
   MetricsReporter reporter(s.rank == 0, s.opt.metrics_path, s.next_step > 1, tc.log_interval);
-  if (s.next_step == 1) reporter.note(s.describe_run());
+  if (s.next_step == 1) {
+    reporter.note(s.describe_run());
+    reporter.note(s.peak.tflops > 0 ? fmt::format("MFU against {:.4g} TFLOP/s per rank ({}); model FLOPs {:.4g} per token",
+                                                  s.peak.tflops, s.peak.source, s.flops_per_token)
+                                    : fmt::format("MFU not reported: {}", s.peak.source));
+  }
   const UpdateSettings settings = update_settings_of(s.cfg);
   s.alloc.reset_peaks();
   const kern::DeviceScope device_scope(s.device);
@@ -333,6 +380,7 @@ TrainResult Trainer::run() {
     math.emplace(s.precision == Precision::kBf16 ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
   }
   try {
+    if (s.rank == 0) reporter.add_monitors(open_monitors(s.cfg, s.next_step > 1), s.cfg.train_batch_size, s.cfg.fp16.enabled);
     s.run_steps(stop, settings, reporter, result);
   } catch (const Error& e) {
     s.engine->host_world().fail(e);  // the peers' waits end naming this rank's error
@@ -377,6 +425,13 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
 void Trainer::export_llmc(const std::string& path, bool bf16) {
   Impl& s = *impl_;
   write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, bf16);
+}
+
+void Trainer::export_safetensors(const std::string& dir, const std::string& dtype) {
+  Impl& s = *impl_;
+  const ckpt::StDtype d = dtype == "bf16" ? ckpt::StDtype::kBF16 : dtype == "fp16" ? ckpt::StDtype::kF16
+                                                                                   : ckpt::StDtype::kF32;
+  write_safetensors_export(dir, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, d);
 }
 
 }  // namespace ds::rt::train

@@ -12,6 +12,7 @@
 
 #include <fstream>
 #include <memory>
+#include <sstream>
 
 #include <gtest/gtest.h>
 
@@ -115,6 +116,41 @@ TEST_F(SshLaunch, SigintStopsBothNodes) {
   job.signal(SIGINT);
   EXPECT_EQ(job.wait(20s), 130) << job.err();
   EXPECT_TRUE(test::wait_gone(all, 5s).empty());
+}
+
+// An agent that stops answering (SIGSTOP: its heartbeat stops with it) fails the job within
+// the agent timeout, naming its node; the launcher kills it over a second connection, so its
+// workers go with it, and the other node is torn down.
+TEST_F(SshLaunch, AStoppedAgentIsNamedAndItsNodeTornDown) {
+  TempDir pids;
+  JobProcess job(launch({"--kill-timeout", "3", "--agent-timeout", "3"}, {"--pid-dir", pids.path(), "--sleep", "120"}),
+                 {}, {}, no_agent());
+  auto all = test::read_pids(pids.path(), 4, 30s);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(all.size(), 4u) << job.err();
+  const pid_t rank2 = std::atoi(test::slurp(pids.path() + "/rank_2.pid").c_str());
+  std::ifstream st("/proc/" + std::to_string(rank2) + "/stat");
+  std::string line;
+  std::getline(st, line);
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  char state;
+  pid_t agent = 0;
+  rest >> state >> agent;
+  ASSERT_GT(agent, 1);
+  job.track(agent);
+  ASSERT_EQ(::kill(agent, SIGSTOP), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int rc = job.wait(60s);
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_NE(rc, -1) << job.err();
+  EXPECT_EQ(rc, 1) << job.err();
+  EXPECT_LE(took, 3 + 10) << job.err();
+  EXPECT_NE(job.err().find("the agent on node 1 (127.0.0.3, pid " + std::to_string(agent) + ") sent nothing"),
+            std::string::npos)
+      << job.err();
+  all.push_back(agent);
+  EXPECT_TRUE(test::wait_gone(all, 10s).empty()) << "a worker or the stopped agent outlived the job";
+  std::cerr << "[ figure ] SIGSTOP of an agent to a failed job in " << took << " s (agent timeout 3 s)\n";
 }
 
 TEST_F(SshLaunch, AnUnknownHostKeyIsAClearError) {

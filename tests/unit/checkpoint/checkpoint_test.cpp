@@ -13,6 +13,7 @@
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/llmc_format.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/shard_file.h"
 #include "checkpoint/verify.h"
 #include "common/error.h"
@@ -326,6 +327,50 @@ TEST_F(LlmcFormat, BadFilesAreNamed) {
   ckpt::write_file_atomic(path("short.bin"), "abc");
   EXPECT_EQ(error_of([&] { read_llmc_shape(path("short.bin")); }),
             path("short.bin") + ": truncated llm.c checkpoint (3 bytes, the header alone is 1024)");
+}
+
+// The inputs tests/fuzz kept (tests/fuzz/regressions/), each now a clear error naming the fault.
+TEST_F(ShardFile, AnIndexWhoseShapeDoesNotDescribeItsBytesIsNamed) {
+  for (const char* name : {"negative-dimension", "shape-larger-than-bytes"}) {
+    std::ifstream in(std::string(DS_SOURCE_DIR "/tests/fuzz/regressions/fuzz_shard_file/") + name, std::ios::binary);
+    std::string blob((std::istreambuf_iterator<char>(in)), {});
+    ckpt::write_file_atomic(path("s.bin"), blob.substr(1));  // byte 0 is the fuzz target's flag
+    EXPECT_NE(error_of([&] { ShardReader r(path("s.bin")); }).find("corrupt checkpoint shard index: tensor 'params'"),
+              std::string::npos)
+        << name;
+  }
+}
+
+TEST_F(CheckpointDir, ALayoutOutsideItsRulesIsNamed) {
+  auto layout_error = [&](const nlohmann::json& lay) {
+    return error_of([&] { read_shard_layout({{"layout", lay}}, "m.json", "parameters"); });
+  };
+  nlohmann::json ok = {{"num_params", 16}, {"data_parallel_size", 2}, {"partitions", {{0, 8}, {8, 8}}}};
+  EXPECT_EQ(layout_error(ok), "<no error>");
+  auto with = [&](const char* k, nlohmann::json v) {
+    auto l = ok;
+    l[k] = v;
+    return layout_error(l);
+  };
+  EXPECT_EQ(with("data_parallel_size", 0), "m.json: layout.data_parallel_size 0 x tp x pp 1 is not the 2 shards of layout.partitions");
+  EXPECT_EQ(with("tensor_parallel_size", 65536).substr(0, 40), "m.json: layout.partitions has 2 entries,");
+  EXPECT_EQ(with("zero_stage", 4), "m.json: layout.zero_stage 4 is not 0-3");
+  EXPECT_EQ(with("part_num_params", {16, 10}),
+            "m.json: layout.partitions[1] = [8, 8] is not a range inside its part's 10 parameters");
+  auto old = ok;
+  old.erase("data_parallel_size");  // older manifests: dp follows from the shards
+  EXPECT_EQ(layout_error(old), "<no error>");
+  EXPECT_EQ(read_shard_layout({{"layout", old}}, "m.json", "parameters").data_parallel_size, 2);
+}
+
+TEST_F(LlmcFormat, AHeaderWhoseModelIsNotTheFileIsNamed) {
+  std::vector<int32_t> h(256, 0);
+  h[0] = kLlmcMagic;
+  h[1] = kLlmcVersionFp32;
+  h[2] = 1024, h[3] = 50257, h[4] = 1 << 20, h[5] = 1, h[6] = 1 << 30, h[7] = 50304;  // overflowed int64 once
+  ckpt::write_file_atomic(path("big.bin"), std::string(reinterpret_cast<const char*>(h.data()), 1024));
+  EXPECT_NE(error_of([&] { read_llmc_shape(path("big.bin")); }).find("parameters): the file is truncated"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -63,7 +63,7 @@ TEST_F(ConfigCli, DeepSpeedConfigValidatesWithWarnings) {
   std::string path = write("ds.json", R"({
   "train_batch_size": 16,
   "gradient_accumulation_steps": 2,
-  "wall_clock_breakdown": false,
+  "memory_breakdown": false,
   "fp16": {"enabled": true, "auto_cast": false}
 })");
   auto r = run_command(dstrain() + " config check " + path + " --world-size 4");
@@ -71,7 +71,7 @@ TEST_F(ConfigCli, DeepSpeedConfigValidatesWithWarnings) {
   EXPECT_EQ(nlohmann::json::parse(r.out)["train_micro_batch_size_per_gpu"], 2);
   EXPECT_NE(r.err.find("warning: " + path + ":5: $.fp16.auto_cast: DeepSpeed key accepted but not acted on"),
             std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("warning: " + path + ":4: $.wall_clock_breakdown: DeepSpeed key accepted"),
+  EXPECT_NE(r.err.find("warning: " + path + ":4: $.memory_breakdown: DeepSpeed key accepted"),
             std::string::npos) << r.err;
   EXPECT_NE(r.err.find("note: valid, but `dstrain train` also needs: model, data.train, training.steps"),
             std::string::npos) << r.err;

@@ -127,8 +127,8 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.model: missing required key \"seq_len\""},
       {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 70000, "seq_len": 64}})", 1,
        "t.json:1: $.model.vocab_size: expected an integer 1-65536, got 70000"},
-      {"{" + mb + R"("model": {"type": "llama", "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "seq_len": 64}})", 1,
-       "t.json:1: $.model.type: expected one of \"gpt2\", got \"llama\""},
+      {"{" + mb + R"("model": {"type": "mamba", "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "seq_len": 64}})", 1,
+       "t.json:1: $.model.type: expected one of \"gpt2\", \"llama\", got \"mamba\""},
       {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "padded_vocab_size": 200, "seq_len": 64}})", 1,
        "t.json:1: $.model.padded_vocab_size: must be >= vocab_size (256), got 200"},
       {"{" + mb + model + R"(, "tensor_parallel": {"size": 8}})", 8,
@@ -140,14 +140,22 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.pipeline.stages: pipeline.stages (8) must not exceed model.n_layer (4)"},
       {"{" + mb + R"("data": {"val": "v.bin"}})", 1,
        "t.json:1: $.data: missing required key \"train\" (the training token file)"},
-      {"{" + mb + R"("data": {"train": ""}})", 1, "t.json:1: $.data.train: expected a non-empty path, got \"\""},
-      {"{" + mb + R"("data": {"train": 7}})", 1, "t.json:1: $.data.train: expected a string, got 7"},
+      {"{" + mb + R"("data": {"train": ""}})", 1,
+       "t.json:1: $.data.train: expected a token file path or glob (a non-empty string), got \"\""},
+      {"{" + mb + R"("data": {"train": 7}})", 1,
+       "t.json:1: $.data.train: expected a token file path or glob (a non-empty string), got 7"},
+      {"{" + mb + R"("data": {"train": ["a.bin", 3]}})", 1,
+       "t.json:1: $.data.train[1]: expected a token file path or glob (a non-empty string), got 3"},
+      {"{" + mb + R"("data": {"train": []}})", 1,
+       "t.json:1: $.data.train: expected at least one token file path or glob, got []"},
       {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
        "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file)"},
       {"{" + mb + R"("training": {"checkpoint_interval": 100}})", 1,
        "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
       {"{" + mb + R"("training": {"device": "tpu"}})", 1,
        "t.json:1: $.training.device: expected one of \"cpu\", \"cuda\", got \"tpu\""},
+      {"{" + mb + R"("training": {"comm_timeout": 0}})", 1,
+       "t.json:1: $.training.comm_timeout: expected a number > 0, got 0"},
       {"{" + mb + R"("training": {"seed": -1}})", 1,
        "t.json:1: $.training.seed: expected an integer 0-18446744073709551615, got -1"},
       {"{" + mb + R"("training": {"steps": 0}})", 1,
@@ -308,6 +316,7 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.training.checkpoint_interval, 0);
   EXPECT_EQ(c.training.keep_last, 0);
   EXPECT_EQ(c.training.device, "cpu");
+  EXPECT_EQ(c.training.comm_timeout, 60);
   EXPECT_TRUE(c.warnings.empty());
 
   auto j = c.to_json();
@@ -322,7 +331,11 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   // Gradients default to the storage type (fp32 here).
   EXPECT_EQ(j["data_types"]["grad_accum_dtype"], "fp32");
   EXPECT_EQ(j["communication_data_type"], "fp32");
-  EXPECT_EQ(j.size(), 19u);
+  EXPECT_EQ(j["wall_clock_breakdown"], false);
+  EXPECT_EQ(j["training"]["peak_tflops"], 0.0);
+  EXPECT_EQ(j["tensorboard"]["enabled"], false);
+  EXPECT_EQ(j["csv_monitor"]["job_name"], "DeepSpeedJobName");
+  EXPECT_EQ(j.size(), 22u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
@@ -426,14 +439,32 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
       "ds.json:11: $.scheduler.params.last_batch_iteration: DeepSpeed key accepted but not acted on "
       "by dstrain (resuming restores the step from the checkpoint)",
       "ds.json:4: $.flops_profiler: DeepSpeed key accepted but not acted on by dstrain",
-      "ds.json:5: $.tensorboard: DeepSpeed key accepted but not acted on by dstrain",
-      "ds.json:3: $.wall_clock_breakdown: DeepSpeed key accepted but not acted on by dstrain",
   };
   EXPECT_EQ(c.warnings, want);
+  // Read: dstrain acts on them.
+  EXPECT_FALSE(c.wall_clock_breakdown);
+  EXPECT_TRUE(c.tensorboard.enabled);
+  EXPECT_EQ(c.tensorboard.output_path, "tb/");  // against the config's directory (none here)
+  EXPECT_EQ(c.tensorboard.job_name, "DeepSpeedJobName");
   EXPECT_TRUE(c.bf16.enabled);
   EXPECT_EQ(c.zero.offload_param.device, "none");
   EXPECT_EQ(c.pipeline.stages, 1);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
+}
+
+// DeepSpeed's tests/torch_compile configs (until 2026) carried fp16's loss-scaling keys inside bf16;
+// DeepSpeed <= 0.17.0 ignored them: warnings here. Any other unknown bf16 key stays an error.
+TEST(JobConfig, Fp16LossScalingKeysInsideBf16AreWarnings) {
+  JobConfig c = parse_job_config(R"({"train_batch_size": 8,
+  "bf16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
+           "min_loss_scale": 1, "initial_scale_power": 15}})", "tc.json", 1);
+  ASSERT_EQ(c.warnings.size(), 5u);
+  EXPECT_EQ(c.warnings[0], "tc.json:2: $.bf16.loss_scale: fp16's loss-scaling key inside bf16, ignored: bf16 needs "
+                           "no loss scaling (DeepSpeed 0.17.0 and older ignore it too; DeepSpeed 0.17.1 and newer "
+                           "reject it, so remove it)");
+  EXPECT_TRUE(c.bf16.enabled);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "bf16": {"enabled": true, "loss_scal": 0}})"),
+            std::vector<std::string>{"t.json:1: $.bf16.loss_scal: unknown key (did you mean \"loss_scale\"?)"});
 }
 
 TEST(JobConfig, DeprecatedZeroFormsAreReadAsDeepSpeedReadsThem) {
@@ -455,12 +486,18 @@ TEST(JobConfig, RelativePathsAreRelativeToTheConfigFile) {
     "data": {"train": "../data/kjv/train.bin", "val": "/abs/val.bin"},
     "training": {"checkpoint_dir": "ckpt/run1"}})";
   JobConfig c = parse_job_config(text, "configs/x.json", 1);
-  EXPECT_EQ(c.data.train, "data/kjv/train.bin");
-  EXPECT_EQ(c.data.val, "/abs/val.bin");
+  using Paths = std::vector<std::string>;
+  EXPECT_EQ(c.data.train, Paths{"data/kjv/train.bin"});
+  EXPECT_EQ(c.data.val, Paths{"/abs/val.bin"});
   EXPECT_EQ(c.model.init_from, "configs/w.bin");
   EXPECT_EQ(c.training.checkpoint_dir, "configs/ckpt/run1");
-  EXPECT_EQ(parse_job_config(text, "/srv/job/x.json", 1).data.train, "/srv/data/kjv/train.bin");
-  EXPECT_EQ(parse_job_config(text, "x.json", 1).data.train, "../data/kjv/train.bin");
+  EXPECT_EQ(parse_job_config(text, "/srv/job/x.json", 1).data.train, Paths{"/srv/data/kjv/train.bin"});
+  EXPECT_EQ(parse_job_config(text, "x.json", 1).data.train, Paths{"../data/kjv/train.bin"});
+  const char* shards = R"({"train_batch_size": 8,
+    "data": {"train": ["s/train_*.bin", "/abs/extra.bin"], "val": "s/val_*.bin"}})";
+  JobConfig sc = parse_job_config(shards, "configs/x.json", 1);
+  EXPECT_EQ(sc.data.train, (Paths{"configs/s/train_*.bin", "/abs/extra.bin"}));
+  EXPECT_EQ(sc.data.val, Paths{"configs/s/val_*.bin"});
   EXPECT_EQ(parse_job_config(text, "", 1).model.init_from, "w.bin");
 }
 
@@ -544,8 +581,8 @@ TEST(JobConfig, TheMainJobConfigIsTheTinyByteLevelModel) {
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.training.device, "cpu");
-  EXPECT_EQ(c.data.train, std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin");
-  EXPECT_EQ(c.data.val, std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin");
+  EXPECT_EQ(c.data.train, std::vector<std::string>{std::string(DS_SOURCE_DIR) + "/data/kjv/train.bin"});
+  EXPECT_EQ(c.data.val, std::vector<std::string>{std::string(DS_SOURCE_DIR) + "/data/kjv/val.bin"});
   EXPECT_TRUE(c.warnings.empty());
 }
 

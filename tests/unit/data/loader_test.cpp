@@ -58,7 +58,7 @@ using V = std::vector<int64_t>;
 // window at 30 ends with token 36; one at 36 would need token 42).
 TEST(Loader, OneRank) {
   Corpus c(40);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   DataLoader l(f, opts(2, 3, 1, 0));
   EXPECT_EQ(l.windows_in_file(), 6);
   EXPECT_EQ(l.steps_per_epoch(), 6);
@@ -68,7 +68,7 @@ TEST(Loader, OneRank) {
 
 TEST(Loader, TwoRanks) {
   Corpus c(40);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   // S = 2 windows per step, E = 3 steps per epoch. First epoch: (k*2 + r)*6.
   DataLoader r0(f, opts(2, 3, 2, 0)), r1(f, opts(2, 3, 2, 1));
   EXPECT_EQ(r0.steps_per_epoch(), 3);
@@ -78,7 +78,7 @@ TEST(Loader, TwoRanks) {
 
 TEST(Loader, FourRanksWrapTogether) {
   Corpus c(40);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   // S = 4, E = floor(6 / 4) = 1. At k = 1 ranks 0 and 1 would still fit (24, 30) but ranks 2
   // and 3 would not (36, 42): every rank starts over.
   std::vector<V> got;
@@ -95,7 +95,7 @@ TEST(Loader, FourRanksWrapTogether) {
 TEST(Loader, FourRanksExactFit) {
   // n = 49: W = floor(48 / 6) = 8, E = 2: windows 0..7, the last (42) ends on the last token.
   Corpus c(49);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   DataLoader r3(f, opts(2, 3, 4, 3));
   EXPECT_EQ(starts(r3, 3), (V{18, 42, 18}));
   DataLoader r0(f, opts(2, 3, 4, 0));
@@ -104,7 +104,7 @@ TEST(Loader, FourRanksExactFit) {
 
 TEST(Loader, AccumulationWrapsAtStepBoundary) {
   Corpus c(40);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   // N = 2, G = 2: S = 4, E = 1, two micro-steps per epoch. Micro-step k reads (k*N + r)*6
   // within the epoch; the wrap never splits a step.
   DataLoader r0(f, opts(2, 3, 2, 0, 2)), r1(f, opts(2, 3, 2, 1, 2));
@@ -114,7 +114,7 @@ TEST(Loader, AccumulationWrapsAtStepBoundary) {
 
 TEST(Loader, LlmcFormulaInFirstEpoch) {
   Corpus c(4000);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   for (int64_t N : {1, 2, 4}) {
     for (int64_t r = 0; r < N; ++r) {
       DataLoader l(f, opts(4, 8, N, r));
@@ -141,7 +141,7 @@ TEST(Loader, ShufflePermutationMatchesDocumentedRecipe) {
 
 TEST(Loader, ShuffleDeterministicPerEpochAndSeed) {
   Corpus c(1000);  // B*T = 6: W = 166 windows
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   DataLoader a(f, opts(2, 3, 1, 0, 1, true, 42)), b(f, opts(2, 3, 1, 0, 1, true, 42)),
       other(f, opts(2, 3, 1, 0, 1, true, 43));
   const V sa = starts(a, 2 * 166), sb = starts(b, 2 * 166), so = starts(other, 166);
@@ -163,7 +163,7 @@ TEST(Loader, ShuffleDeterministicPerEpochAndSeed) {
 // and pipeline layout do not enter the loader at all.
 TEST(Loader, DataParallelLayoutIndependence) {
   Corpus c(1000);  // W = floor(999 / 12) = 83; with S = 4, E = 20 (windows 80..82 unused)
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   for (bool shuffle : {false, true}) {
     DataLoader single(f, opts(3, 4, 1, 0, 4, shuffle, 7));
     const V one = starts(single, 4 * 45);  // crosses two epoch boundaries
@@ -185,7 +185,7 @@ TEST(Loader, DataParallelLayoutIndependence) {
 
 TEST(Loader, StateRoundTripResumesIdentically) {
   Corpus c(1000);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   for (bool shuffle : {false, true}) {
     auto o = opts(2, 3, 2, 1, 3, shuffle, 99);
     DataLoader run(f, o);
@@ -206,7 +206,7 @@ TEST(Loader, StateRoundTripResumesIdentically) {
 
 TEST(Loader, ResumeWithDifferentDataParallelSizeSameGlobalBatch) {
   Corpus c(1000);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   // Saved by rank 0 of N = 2, G = 1 after 30 steps; resumed by one process with G = 2.
   DataLoader r0(f, opts(2, 3, 2, 0, 1, true, 5)), r1(f, opts(2, 3, 2, 1, 1, true, 5));
   starts(r0, 30);
@@ -223,7 +223,7 @@ TEST(Loader, ResumeWithDifferentDataParallelSizeSameGlobalBatch) {
 
 TEST(Loader, ResumeRejectsADifferentStream) {
   Corpus c(1000);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   DataLoader l(f, opts(2, 3, 1, 0, 1, false, 0));
   starts(l, 3);
   const LoaderState s = l.state();
@@ -261,7 +261,7 @@ TEST(Loader, ResumeRejectsADifferentStream) {
 
 TEST(Loader, TooSmallForOneStep) {
   Corpus c(24);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   EXPECT_NO_THROW(DataLoader(f, opts(1, 23, 1, 0)));  // 23 + 1 tokens: exactly one window
   try {
     DataLoader l(f, opts(2, 3, 4, 0));  // W = 3 < S = 4
@@ -284,7 +284,7 @@ TEST(Loader, TooSmallForOneStep) {
 
 TEST(Loader, ValidationReadsFromTheStartEveryTime) {
   Corpus c(100);
-  TokenFile f(c.path);
+  TokenCorpus f(c.path);
   ValidationLoader v(f, 2, 3, 2, 1, 4);  // rank 1 of 2: windows 1, 3, 5, 7
   std::vector<int32_t> in(6), tg(6);
   for (int pass = 0; pass < 2; ++pass) {

@@ -117,7 +117,7 @@ TEST(TokenFile, WrongMagic) {
   auto bytes = raw_file(12345, 1, 2, {1, 2});
   write_bytes(path, bytes.data(), bytes.size());
   EXPECT_EQ(error_of(path),
-            "token file " + path + ": wrong magic 12345, expected 20240520 (llm.c token file)");
+            "token file " + path + ": wrong magic 12345, expected 20240520 (llm.c token file, uint16) or 20240801 (uint32)");
   // An llm.c model checkpoint passed by mistake says so in the hint.
   bytes = raw_file(20240326, 3, 2, {1, 2});
   write_bytes(path, bytes.data(), bytes.size());
@@ -126,7 +126,7 @@ TEST(TokenFile, WrongMagic) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "token file " + path + ": wrong magic 20240326, expected 20240520 (llm.c token file)");
+              "token file " + path + ": wrong magic 20240326, expected 20240520 (llm.c token file, uint16) or 20240801 (uint32)");
     EXPECT_EQ(e.hint(), "this is an llm.c model checkpoint, not a token file");
   }
 }
@@ -189,7 +189,7 @@ TEST(TokenFile, TokenOutsideVocab) {
     FAIL();
   } catch (const Error& e) {
     EXPECT_EQ(std::string(e.what()),
-              "token file " + path + ": vocab_size 0 is out of range (1..65536 for uint16 tokens)");
+              "token file " + path + ": vocab_size 0 is out of range (at least 1)");
   }
 }
 
@@ -205,6 +205,73 @@ TEST(TokenFile, WriterReportsUnwritableDirectory) {
               std::string::npos)
         << e.what();
   }
+}
+
+}  // namespace
+}  // namespace ds::rt::data
+
+namespace ds::rt::data {
+namespace {
+
+TEST(TokenFile, Uint32FormatIsLlmcsLlama3Layout) {
+  TempDir dir;
+  const std::string path = dir.file("u32.bin");
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 128255, 7};
+  write_token_file(path, tokens, TokenFormat::kU32);
+  EXPECT_EQ(std::filesystem::file_size(path), 1024u + 4 * tokens.size());
+  std::ifstream in(path, std::ios::binary);
+  int32_t h[3];
+  in.read(reinterpret_cast<char*>(h), sizeof(h));
+  EXPECT_EQ(h[0], 20240801);
+  EXPECT_EQ(h[1], 7);
+  EXPECT_EQ(h[2], 5);
+  TokenFile f(path, 128256);
+  EXPECT_EQ(f.format(), TokenFormat::kU32);
+  EXPECT_EQ(std::vector<uint32_t>(f.tokens32().begin(), f.tokens32().end()), tokens);
+  EXPECT_EQ(f.max_token(), 128255u);
+  std::vector<int32_t> out(3);
+  f.copy(1, 3, out.data());
+  EXPECT_EQ(out, (std::vector<int32_t>{65535, 65536, 128255}));
+  EXPECT_EQ(error_of(path, 100000), "token file " + path +
+                                        ": token 128255 at index 3 is >= the model's vocab_size 100000");
+  EXPECT_EQ(token_format_for_vocab(65536), TokenFormat::kU16);
+  EXPECT_EQ(token_format_for_vocab(65537), TokenFormat::kU32);
+}
+
+TEST(TokenFile, Uint16IsNeverTruncated) {
+  TempDir dir;
+  const std::string path = dir.file("narrow.bin");
+  try {
+    write_token_file(path, std::vector<uint32_t>{1, 2, 70000}, TokenFormat::kU16);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "token file " + path +
+                                         ": token 70000 at index 2 does not fit llm.c's uint16 "
+                                         "format (ids up to 65535)");
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+  {
+    TokenFileWriter w(path, TokenFormat::kU16);
+    w.append(std::vector<uint32_t>{1, 2});
+    EXPECT_THROW(w.append(std::vector<uint32_t>{3, 65536}), Error);
+  }  // destroyed unfinished: no file, no temporary
+  EXPECT_TRUE(std::filesystem::is_empty(dir.path()));
+}
+
+TEST(TokenFile, StreamingWriterAppendsInOrder) {
+  TempDir dir;
+  const std::string path = dir.file("s.bin");
+  TokenFileWriter w(path, TokenFormat::kU16);
+  w.append(std::vector<uint32_t>{5, 6});
+  w.append(std::vector<uint32_t>{});
+  w.append(std::vector<uint32_t>{7});
+  EXPECT_FALSE(std::filesystem::exists(path));  // only the temporary until finish()
+  w.finish();
+  TokenFile f(path);
+  EXPECT_EQ(std::vector<uint16_t>(f.tokens().begin(), f.tokens().end()),
+            (std::vector<uint16_t>{5, 6, 7}));
+  TokenFileWriter empty(dir.file("e.bin"), TokenFormat::kU32);
+  EXPECT_THROW(empty.finish(), Error);
 }
 
 }  // namespace

@@ -118,6 +118,11 @@ TEST(HostFilters, Table) {
        "error: --include 'worker-0:x': slot 'x' of host 'worker-0' is not a non-negative integer"},
       {{"worker-0@@worker-1", "", -1, -1},
        "error: --include 'worker-0@@worker-1': empty host between '@' separators"},
+      // Found by tests/fuzz (fuzz_hostfile): a slot past int's range once wrapped to slot -1 and was kept.
+      {{"worker-0:4294967295", "", -1, -1},
+       "error: --include 'worker-0:4294967295': host 'worker-0' has no slot 4294967295 (a host has at most 4096 slots)"},
+      {{"", "worker-0:0,999999999990", -1, -1},
+       "error: --exclude 'worker-0:0,999999999990': host 'worker-0' has no slot 999999999990 (a host has at most 4096 slots)"},
       {{"", "", -1, 3}, "error: --num-gpus 3 is more than the 2 slot(s) of host 'worker-2' in hosts"},
       {{"", "", 4, -1}, "error: --num-nodes 4 is more than the 3 host(s) in hosts"},
       {{"", "", 0, -1}, "error: --num-nodes must be at least 1, got 0"},

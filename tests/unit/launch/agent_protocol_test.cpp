@@ -37,6 +37,80 @@ TEST(AgentProtocol, WorldRoundTripsThroughJson) {
   EXPECT_THROW(proto::world_from_json("{\"nodes\": 3}"), Error);
 }
 
+TEST(AgentProtocol, WorldJsonIsCheckedAsTheHostfileIs) {
+  auto error_of = [](const std::string& json) {
+    try {
+      proto::world_from_json(json);
+      return std::string("ok");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(error_of(R"({"nodes":[],"master_addr":"","master_port":1})"), "agent: malformed --world JSON: no nodes");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[]}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: node 0 (a) has no slots");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[1,1]}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: node 0 (a): slots must be distinct, ascending, 0-4095");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[-1]}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: node 0 (a): slots must be distinct, ascending, 0-4095");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":70000})"),
+            "agent: malformed --world JSON: master_port 70000 is not 0-65535");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":0})"), "ok");
+}
+
+TEST(AgentProtocol, AgentMessagesParseWithRangesChecked) {
+  using K = proto::AgentMessage::Kind;
+  auto m = proto::parse_agent_message(R"(out 3 2 a\\b\nc  d)", 4);
+  EXPECT_EQ(m.kind, K::kOut);
+  EXPECT_EQ(m.rank, 3);
+  EXPECT_EQ(m.stream, 2);
+  EXPECT_EQ(m.text, "a\\b\nc  d");
+  m = proto::parse_agent_message("exit 1 signal 9", 2);
+  EXPECT_EQ(m.kind, K::kExit);
+  EXPECT_EQ(m.status.signal, 9);
+  m = proto::parse_agent_message("store 29400 29500", 2);
+  EXPECT_EQ(m.kind, K::kStore);
+  EXPECT_EQ(m.store_port, 29400);
+  EXPECT_EQ(proto::parse_agent_message("done", 2).kind, K::kDone);
+  m = proto::parse_agent_message(proto::msg_beat(4242).substr(0, 9), 2);
+  EXPECT_EQ(m.kind, K::kBeat);
+  EXPECT_EQ(m.pid, 4242);
+  EXPECT_EQ(proto::parse_agent_message("beat -1", 2).kind, K::kMalformed);
+  EXPECT_EQ(proto::parse_agent_message(R"(fatal no\nway)", 2).text, "no\nway");
+  // Out of range: the protocol, broken (the launcher fails the node).
+  m = proto::parse_agent_message("out 4 1 hello", 4);
+  EXPECT_EQ(m.kind, K::kMalformed);
+  EXPECT_EQ(m.text, "rank 4 in 'out' is outside the job's ranks 0-3");
+  EXPECT_EQ(proto::parse_agent_message("exit 0 code 256", 4).kind, K::kMalformed);
+  EXPECT_EQ(proto::parse_agent_message("exit 0 signal 0", 4).kind, K::kMalformed);
+  EXPECT_EQ(proto::parse_agent_message("store 0 29500", 4).kind, K::kMalformed);
+  EXPECT_EQ(proto::parse_agent_message("started 1 -5", 4).kind, K::kMalformed);
+  // Not the protocol's integers: a shell's words, shown as they are.
+  EXPECT_EQ(proto::parse_agent_message("out of the box", 4).kind, K::kText);
+  EXPECT_EQ(proto::parse_agent_message("exit now please ok", 4).kind, K::kText);
+  EXPECT_EQ(proto::parse_agent_message("", 4).kind, K::kText);
+}
+
+TEST(AgentProtocol, LauncherMessagesParseWithFieldsChecked) {
+  using K = proto::LauncherMessage::Kind;
+  auto m = proto::parse_launcher_message("start 10.0.0.1:29400 0 2");
+  EXPECT_EQ(m.kind, K::kStart);
+  EXPECT_EQ(m.store_addr, "10.0.0.1:29400");
+  EXPECT_EQ(m.restart_count, 2);
+  m = proto::parse_launcher_message(R"(env A_1=x\ny=z)");
+  EXPECT_EQ(m.kind, K::kEnv);
+  EXPECT_EQ(m.key, "A_1");
+  EXPECT_EQ(m.value, "x\ny=z");
+  EXPECT_EQ(proto::parse_launcher_message("stop 10").signal, 10);
+  EXPECT_EQ(proto::parse_launcher_message("quit").kind, K::kQuit);
+  EXPECT_EQ(proto::parse_launcher_message("token abc").token, "abc");
+  EXPECT_EQ(proto::parse_launcher_message("hello").kind, K::kUnknown);
+  for (const char* bad : {"start host 0 1", "start h:1 70000 0", "start h:1 0 -1", "start h:1 0", "env =x",
+                          "env 1A=x", "env NOEQUALS", "stop 99", "token "}) {
+    EXPECT_EQ(proto::parse_launcher_message(bad).kind, K::kMalformed) << bad;
+  }
+}
+
 TEST(AgentCommand, CarriesTheWorldButNeverTheToken) {
   JobSpec spec;
   spec.world = make_world({{"a", {0}}, {"b", {0}}}, "", 29500);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "support/run_command.h"
 
 namespace ds {
@@ -60,6 +62,24 @@ TEST(DryRun, BadInputsExitWithClearErrors) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--include: host 'worker-7' is not in the hostfile"), std::string::npos)
       << r.err;
+
+  // A loopback node 0 with a remote node: the remote one could never reach the store.
+  {
+    const std::string hf = ::testing::TempDir() + "/localhost-first.txt";
+    std::ofstream(hf) << "localhost slots=1\nworker-1 slots=1\n";
+    r = run_command(dstrain() + " launch --dry-run -H " + hf + " -- x");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("MASTER_ADDR 'localhost' is a loopback address but node 1 ('worker-1') is another machine"),
+              std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--master-addr"), std::string::npos) << r.err;
+    r = run_command(dstrain() + " launch --dry-run -H " + hf + " --master-addr 10.0.0.5 -- x");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::ofstream(hf) << "worker-0 slots=1\nworker-1 slots=1\n";
+    r = run_command(dstrain() + " launch --dry-run -H " + hf + " --master-addr 127.0.0.1 -- x");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    r = run_command(dstrain() + " launch --dry-run -H " + source_path("hostfiles/loopback-2node.txt") + " -- x");
+    EXPECT_EQ(r.exit_code, 0) << r.err;  // every node on this machine
+  }
 
   r = run_command(dstrain() + " launch --dry-run --nproc-per-node 2 --env BAD -- x");
   EXPECT_EQ(r.exit_code, 2);

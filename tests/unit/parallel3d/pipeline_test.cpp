@@ -7,6 +7,7 @@
 // dp x m micro-batches, within 1e-5 relative. Activation checkpointing inside the stages gives
 // bit-identical results. PipelineStage::evaluate (forward only) gives the same losses.
 #include "layout/partition.h"
+#include "model/gpt2.h"
 #include "parallel/pipeline_stage.h"
 
 #include <gtest/gtest.h>

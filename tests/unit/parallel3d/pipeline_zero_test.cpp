@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "layout/partition.h"
+#include "model/gpt2.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/tensor_parallel.h"
 #include "layout/topology.h"

@@ -207,5 +207,51 @@ TEST(PlanCli, ConfigPaperView) {
   EXPECT_EQ(j["rows"][0]["per_layer"], 2496);
 }
 
+TEST(PlanCli, RecommendSaysWhetherItIsCalibrated) {
+  TinyConfig cfg;
+  const std::string base = dstrain() + " plan --config " + cfg.path() + " --world-size 4 --gpu-mem 40000 --recommend";
+  auto r = run_command(base + " --tokens 1e6");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "built-in constants, NOT calibrated")) << r.out;
+  EXPECT_TRUE(contains(r.out, "to train")) << r.out;
+  EXPECT_TRUE(contains(r.out, "runner-up (#2) against the pick:")) << r.out;
+  EXPECT_TRUE(contains(r.out, "bound by ")) << r.out;
+  r = run_command(base + " --json --tokens 1e6");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["calibration"]["measured"], false);
+  EXPECT_EQ(j["tokens"], 1000000);
+  const auto& first = j["recommendations"][0];
+  EXPECT_TRUE(first["measured_ms"].is_null());
+  EXPECT_NEAR(first["predicted_ms"].get<double>(), 1e3 * first["step_seconds"].get<double>(), 1e-9);
+  EXPECT_GT(first["time_to_train_s"].get<double>(), 0);
+  EXPECT_TRUE(first.contains("runner_up_trades"));
+}
+
+TEST(PlanCli, CalibrationFileErrorsNameThePath) {
+  TinyConfig cfg;
+  const std::string base = dstrain() + " plan --config " + cfg.path() + " --world-size 4 --gpu-mem 40000 --recommend";
+  auto r = run_command(base + " --calibration /nonexistent/calib.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "/nonexistent/calib.json")) << r.err;
+  char tmpl[] = "/tmp/ds_calib_XXXXXX";
+  int fd = mkstemp(tmpl);
+  if (fd >= 0) close(fd);
+  std::ofstream(tmpl) << R"({"format": "dstrain-calibration", "version": 1, "host": 7})";
+  r = run_command(base + " --calibration " + tmpl);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, std::string(tmpl) + ":1: $.host: expected a string, got 7")) << r.err;
+  unlink(tmpl);
+  r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4 --calibration x.json");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "--calibration is read by --recommend")) << r.err;
+  r = run_command(dstrain() + " plan --config " + cfg.path() + " --world-size 4 --measure");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "add --recommend")) << r.err;
+  r = run_command(dstrain() + " plan --calibrate --config " + cfg.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_TRUE(contains(r.err, "-o FILE")) << r.err;
+}
+
 }  // namespace
 }  // namespace ds

@@ -43,8 +43,8 @@ TEST(Recommend, EveryRecommendationFitsAndImpossibleOnesAreAbsent) {
   const int64_t device = plan_memory(s, z3).peak_total() + 1024;
   ASSERT_LT(device, big_peak);
 
-  Hardware hw;
-  auto res = recommend(s, base(), 4, device, hw);
+  const Calibration cal = builtin_calibration(Hardware{});
+  auto res = recommend(s, base(), 4, device, cal, comm_types(Precision::kBf16, Precision::kBf16));
   ASSERT_FALSE(res.fits.empty());
   EXPECT_GT(res.rejected_memory, 0);
   EXPECT_GT(res.rejected_rule, 0);  // tp 4 does not divide 2 heads
@@ -80,18 +80,22 @@ TEST(Recommend, StepTimeModelMovesTheRightWay) {
   pp.pp = 2;
   pp.dp = 2;
   pp.grad_accum = 4;
+  pp.partition = StageSplit::kUniform;
   auto tp = estimate_step_time(s, pp, hw);
-  EXPECT_NEAR(tp.bubble, tp.compute / 4, 1e-15);  // (pp - 1) / m
+  // (pp - 1) / m of a stage's work: the head makes the last stage the slowest, so a little less.
+  EXPECT_GT(tp.bubble, 0);
+  EXPECT_LE(tp.bubble, (tp.compute + tp.tp_comm + tp.pp_comm) / 4 * (1 + 1e-12));
   Layout z3 = l;
   z3.zero_stage = 3;
   EXPECT_GT(estimate_step_time(s, z3, hw).dp_comm, t0.dp_comm);
 }
 
 TEST(Recommend, RejectsBadArguments) {
-  Hardware hw;
-  EXPECT_THROW(recommend(small(), base(), 0, 1 << 30, hw), Error);
-  EXPECT_THROW(recommend(small(), base(), 4, 0, hw), Error);
-  auto res = recommend(small(), base(), 4, 1024, hw);  // nothing fits in 1 KiB
+  const Calibration hw = builtin_calibration(Hardware{});
+  const CommTypes types;
+  EXPECT_THROW(recommend(small(), base(), 0, 1 << 30, hw, types), Error);
+  EXPECT_THROW(recommend(small(), base(), 4, 0, hw, types), Error);
+  auto res = recommend(small(), base(), 4, 1024, hw, types);  // nothing fits in 1 KiB
   EXPECT_TRUE(res.fits.empty());
 }
 

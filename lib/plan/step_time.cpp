@@ -1,0 +1,350 @@
+// The step-time model; its formulas are in step_time.h and docs/planning.md. The lookups pick
+// the measured sample nearest what a layout needs and say nothing when the calibration had it
+// exactly; every fallback (another tp, another precision, another model shape) rescales by FLOPs.
+#include "plan/step_time.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace ds::plan {
+
+namespace {
+
+// FLOPs of one sequence through one layer's forward, the head (fwd + bwd), the embedding.
+double layer_flops(const model_spec::Gpt2Shape& s) {
+  const double T = s.seq_len, C = s.n_embd;
+  return T * (24 * C * C + 4 * T * C);
+}
+double head_flops(const model_spec::Gpt2Shape& s) {
+  return 3.0 * 2 * s.seq_len * s.n_embd * static_cast<double>(s.padded_vocab_size);
+}
+double embed_elems(const model_spec::Gpt2Shape& s) {
+  return static_cast<double>(s.seq_len) * s.n_embd;
+}
+
+PieceTimes builtin_pieces(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b) {
+  PieceTimes p;
+  const double f = b * layer_flops(s) / tp / cal.flops;
+  p.layer_fwd = f + cal.layer_overhead / 3;
+  p.layer_bwd = 2 * f + 2 * cal.layer_overhead / 3;
+  p.head = b * head_flops(s) / tp / cal.flops;
+  return p;
+}
+
+PieceTimes of(const ComputeSample& c) {
+  return {c.layer_fwd, c.layer_bwd, c.embed_fwd, c.embed_bwd, c.head, false};
+}
+
+PieceTimes lerp(const PieceTimes& a, const PieceTimes& b, double w) {
+  auto mix = [w](double x, double y) { return x + (y - x) * w; };
+  return {mix(a.layer_fwd, b.layer_fwd), mix(a.layer_bwd, b.layer_bwd),
+          mix(a.embed_fwd, b.embed_fwd), mix(a.embed_bwd, b.embed_bwd), mix(a.head, b.head), false};
+}
+
+PieceTimes scale(PieceTimes p, double layer, double head, double embed) {
+  p.layer_fwd *= layer;
+  p.layer_bwd *= layer;
+  p.head *= head;
+  p.embed_fwd *= embed;
+  p.embed_bwd *= embed;
+  return p;
+}
+
+// The samples of one (tp, precision, concurrency), sorted by micro-batch.
+std::vector<ComputeSample> pick_samples(const Calibration& cal, int tp, Precision precision,
+                                        int concurrency, bool* tp_exact) {
+  auto has = [&](auto pred) {
+    return std::any_of(cal.compute.begin(), cal.compute.end(), pred);
+  };
+  const bool prec_ok = has([&](const ComputeSample& c) { return c.precision == precision; });
+  const Precision want_prec = prec_ok ? precision : cal.compute.front().precision;
+  *tp_exact = has([&](const ComputeSample& c) { return c.tp == tp && c.precision == want_prec; });
+  const int want_tp = *tp_exact ? tp : 1;
+  int best = -1, smallest = std::numeric_limits<int>::max();
+  for (const auto& c : cal.compute) {
+    if (c.tp != want_tp || c.precision != want_prec) continue;
+    if (c.concurrency <= concurrency) best = std::max(best, c.concurrency);
+    smallest = std::min(smallest, c.concurrency);
+  }
+  const int conc = best > 0 ? best : smallest;
+  std::vector<ComputeSample> out;
+  for (const auto& c : cal.compute) {
+    if (c.tp == want_tp && c.precision == want_prec && c.concurrency == conc) out.push_back(c);
+  }
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return a.micro_batch < b.micro_batch; });
+  return out;
+}
+
+PieceTimes interpolate(const std::vector<ComputeSample>& v, int b) {
+  if (v.size() == 1 || b <= v.front().micro_batch) {
+    const auto& c = b <= v.front().micro_batch ? v.front() : v.back();
+    return scale(of(c), 1.0 * b / c.micro_batch, 1.0 * b / c.micro_batch, 1.0 * b / c.micro_batch);
+  }
+  for (size_t i = 1; i < v.size(); ++i) {
+    if (b <= v[i].micro_batch) {
+      const double w = 1.0 * (b - v[i - 1].micro_batch) / (v[i].micro_batch - v[i - 1].micro_batch);
+      return lerp(of(v[i - 1]), of(v[i]), w);
+    }
+  }
+  const double k = 1.0 * b / v.back().micro_batch;  // per sequence beyond the largest measured
+  return scale(of(v.back()), k, k, k);
+}
+
+bool same_shape(const model_spec::Gpt2Shape& a, const model_spec::Gpt2Shape& b) {
+  return a.n_embd == b.n_embd && a.seq_len == b.seq_len && a.n_head == b.n_head &&
+         a.padded_vocab_size == b.padded_vocab_size;
+}
+
+}  // namespace
+
+const char* collective_name(CollectiveOp op) {
+  switch (op) {
+    case CollectiveOp::kAllReduce: return "all_reduce";
+    case CollectiveOp::kReduceScatter: return "reduce_scatter";
+    case CollectiveOp::kAllGather: return "all_gather";
+    case CollectiveOp::kSendRecv: return "send_recv";
+  }
+  return "?";
+}
+
+double bus_bytes(CollectiveOp op, int n, double bytes) {
+  switch (op) {
+    case CollectiveOp::kAllReduce: return bytes * 2.0 * (n - 1) / n;
+    case CollectiveOp::kReduceScatter:
+    case CollectiveOp::kAllGather: return bytes * (n - 1.0) / n;
+    case CollectiveOp::kSendRecv: return bytes;
+  }
+  return bytes;
+}
+
+double collective_seconds(const CollectiveFit& f, double bytes) {
+  return f.latency + bus_bytes(f.op, f.group_size, bytes) / f.bus_bw;
+}
+
+PieceTimes compute_for(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b,
+                       Precision precision, int concurrency) {
+  if (cal.compute.empty()) return builtin_pieces(cal, s, tp, b);
+  bool tp_exact = true;
+  PieceTimes p = interpolate(pick_samples(cal, tp, precision, concurrency, &tp_exact), b);
+  double layer = 1, head = 1, embed = 1;
+  if (!tp_exact) layer = head = 1.0 / tp;
+  if (!same_shape(cal.shape, s)) {
+    layer *= layer_flops(s) / layer_flops(cal.shape);
+    head *= head_flops(s) / head_flops(cal.shape);
+    embed *= embed_elems(s) / embed_elems(cal.shape);
+    p.scaled = true;
+  }
+  return scale(p, layer, head, embed);
+}
+
+double collective_time(const Calibration& cal, CollectiveOp op, int group_size, bool across_nodes,
+                       int concurrent_groups, double bytes) {
+  if (group_size <= 1 || bytes <= 0) return 0;
+  const CollectiveFit* best = nullptr;
+  double best_cost = 0;
+  for (const auto& f : cal.collectives) {
+    if (f.op != op) continue;
+    // Placement first, then the group size, then the concurrency.
+    const double cost = (f.across_nodes != across_nodes) * 1e6 +
+                        std::fabs(std::log2(1.0 * f.group_size / group_size)) * 1e3 +
+                        std::fabs(std::log2(1.0 * f.concurrent_groups / concurrent_groups));
+    if (!best || cost < best_cost) {
+      best = &f;
+      best_cost = cost;
+    }
+  }
+  if (best) {
+    CollectiveFit f = *best;
+    f.group_size = group_size;  // the bus-bytes factor of the size asked for
+    return collective_seconds(f, bytes);
+  }
+  const double bw = across_nodes ? cal.inter_node_bw : cal.intra_node_bw;
+  return bus_bytes(op, group_size, bytes) / bw;
+}
+
+CommTypes comm_types(Precision storage, Precision grad_type) {
+  return {param_bytes(storage), param_bytes(grad_type)};
+}
+
+double pipeline_schedule(const std::vector<double>& slots, int m) {
+  double sum = 0, mx = 0;
+  for (double t : slots) {
+    sum += t;
+    mx = std::max(mx, t);
+  }
+  return sum + (m - 1) * mx;
+}
+
+double exposed_comm(double total, int buckets, double window, double overlap) {
+  if (total <= 0) return 0;
+  if (overlap <= 0) return total;
+  return std::max(total / std::max(1, buckets), total - window * overlap);
+}
+
+namespace {
+
+// Where the layout's ranks sit and whether a collective can run beside the compute.
+struct Placement {
+  int world = 1, per_node = 1;
+  double overlap = 1;   // 1: a collective runs beside the compute; 0: it takes the compute's core
+};
+
+Placement placement(const Layout& l, const Calibration& cal) {
+  Placement p;
+  p.world = l.world_size();
+  p.per_node = std::max(1, std::min(p.world, cal.ranks_per_node));
+  const int threads = std::max(1, cal.threads_per_rank);
+  if (cal.cpu && cal.cores > 0) p.overlap = cal.cores >= 2 * p.per_node * threads ? 1 : 0;
+  return p;
+}
+
+// How many ranks' worth of compute the node delivers when `ranks` compute at once: ranks x
+// t(alone) / t(together), from the samples at the largest measured concurrency <= ranks. A
+// GPU node (or a CPU calibration without concurrency samples) delivers every rank's.
+double node_capacity(const Calibration& cal, const model_spec::Gpt2Shape& s, const Layout& l, int ranks) {
+  if (!cal.cpu || cal.compute.empty()) return ranks;
+  int conc = 1;
+  for (const auto& c : cal.compute) {
+    if (c.concurrency <= ranks) conc = std::max(conc, c.concurrency);
+  }
+  if (conc == 1) {  // not measured together: assume the cores, one rank per core's worth of threads
+    const int slots = cal.cores > 0 ? std::max(1, cal.cores / std::max(1, cal.threads_per_rank)) : ranks;
+    return std::min(ranks, slots);
+  }
+  const PieceTimes alone = compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1);
+  const PieceTimes together = compute_for(cal, s, l.tp, l.micro_batch, l.precision, conc);
+  const double ratio = (alone.layer_fwd + alone.layer_bwd) / (together.layer_fwd + together.layer_bwd);
+  return std::min<double>(ranks, conc * ratio);
+}
+
+// One pipeline stage's micro-batch, split by kind.
+struct StageMb {
+  double fwd = 0, bwd = 0, recompute = 0, tp = 0, p2p = 0, params = 0;
+  int layers = 0;
+  double slot() const { return fwd + bwd + tp + p2p; }
+};
+
+std::vector<StageMb> stage_micro_batches(const model_spec::Gpt2Shape& s, const Layout& l,
+                                         const Calibration& cal, const Placement& pl,
+                                         const CommTypes& types) {
+  const std::vector<int> bounds = stage_bounds(s, l.pp, l.partition, l.tp);
+  const PieceTimes pc = compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1);
+  const double act = 1.0 * l.micro_batch * s.seq_len * s.n_embd * types.param_bytes;
+  const double ar = collective_time(cal, CollectiveOp::kAllReduce, l.tp, false, pl.world / l.tp, act);
+  const double p2p = l.pp > 1 ? collective_time(cal, CollectiveOp::kSendRecv, 2, pl.world > pl.per_node,
+                                                pl.world / 2, act)
+                              : 0;
+  const double r = l.checkpointing ? 1 : 0;
+  std::vector<StageMb> out;
+  for (int st = 0; st < l.pp; ++st) {
+    const double n = bounds[static_cast<size_t>(st) + 1] - bounds[static_cast<size_t>(st)];
+    const bool first = st == 0, last = st == l.pp - 1;
+    StageMb m;
+    m.layers = static_cast<int>(n);
+    m.fwd = n * pc.layer_fwd + first * pc.embed_fwd;
+    m.recompute = n * r * pc.layer_fwd;
+    m.bwd = n * pc.layer_bwd + m.recompute + last * pc.head + first * pc.embed_bwd;
+    m.tp = ((2 * n + first) + (2 * n * (1 + r) + last)) * ar;
+    m.p2p = last ? 0 : 2 * p2p;
+    model_spec::ModelPart part{bounds[static_cast<size_t>(st)], bounds[static_cast<size_t>(st) + 1],
+                               first, last, l.tp, 0};
+    m.params = static_cast<double>(model_spec::part_param_count(s, part));
+    out.push_back(m);
+  }
+  return out;
+}
+
+// Buckets of `elems` in chunks of `cap` elements: calls and the bytes of one.
+struct Buckets {
+  int count = 1;
+  double bytes = 0;
+};
+Buckets buckets(double elems, int64_t cap, int elem_bytes) {
+  Buckets b;
+  const double c = std::max<double>(1, static_cast<double>(cap));
+  b.count = std::max(1, static_cast<int>(std::ceil(elems / c)));
+  b.bytes = elems / b.count * elem_bytes;
+  return b;
+}
+
+// The data-parallel traffic of the critical stage: sets dp_comm (exposed) and dp_comm_total.
+void data_parallel(const Layout& l, const Calibration& cal, const Placement& pl,
+                   const CommTypes& types, const StageMb& st, StepTime& t) {
+  if (l.dp <= 1) return;
+  const bool across = l.tp * l.dp > pl.per_node;
+  const int groups = pl.world / l.dp;
+  const double ov = l.overlap_comm ? pl.overlap : 0;
+  const double n = st.params, m = l.grad_accum, r = l.checkpointing ? 1 : 0;
+  auto coll = [&](CollectiveOp op, const Buckets& b) {
+    return b.count * collective_time(cal, op, l.dp, across, groups, b.bytes);
+  };
+  const Buckets grad = buckets(n, l.reduce_bucket_size, types.grad_bytes);
+  double exposed = 0, total = 0;
+  if (l.zero_stage <= 1) {
+    total = coll(CollectiveOp::kAllReduce, grad);
+    exposed = exposed_comm(total, grad.count, st.bwd, ov);
+  } else {
+    const double rs = coll(CollectiveOp::kReduceScatter, grad);
+    double fwd_g = 0, bwd_g = 0;
+    int units = 0;
+    if (l.zero_stage == 3) {  // one gather per unit (layer, embeddings), prefetched
+      units = st.layers + 2;
+      fwd_g = coll(CollectiveOp::kAllGather, {units, n / units * types.param_bytes});
+      bwd_g = (1 + r) * fwd_g;
+    }
+    total = m * (rs + fwd_g + bwd_g);
+    exposed = m * (exposed_comm(fwd_g, units, st.fwd, ov) +
+                   exposed_comm(rs + bwd_g, grad.count + units, st.bwd, ov));
+  }
+  if (l.zero_stage == 1 || l.zero_stage == 2) {  // the updated parameters, gathered after the step
+    const Buckets ag = buckets(n, l.allgather_bucket_size * l.dp, types.param_bytes);
+    const double g = coll(CollectiveOp::kAllGather, ag);
+    total += g;
+    exposed += g;
+  }
+  t.dp_comm = exposed;
+  t.dp_comm_total = total;
+}
+
+}  // namespace
+
+StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibration& cal,
+                   const CommTypes& types) {
+  StepTime t;
+  const Placement pl = placement(l, cal);
+  const std::vector<StageMb> stages = stage_micro_batches(s, l, cal, pl, types);
+  std::vector<double> slots;
+  size_t crit = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    slots.push_back(stages[i].slot());
+    if (slots[i] > slots[crit]) crit = i;
+  }
+  const StageMb& st = stages[crit];
+  const double m = l.grad_accum;
+  t.compute = m * (st.fwd + st.bwd);
+  t.recompute = m * st.recompute;
+  t.tp_comm = m * st.tp;
+  t.pp_comm = m * st.p2p;
+  t.bubble = pipeline_schedule(slots, l.grad_accum) - m * st.slot();
+  data_parallel(l, cal, pl, types, st, t);
+  const double shard = l.zero_stage == 0 ? st.params : std::ceil(st.params / l.dp);
+  if (l.offload_optimizer && !cal.cpu) {
+    t.offload = 2 * shard * types.param_bytes / cal.host_link_bw + shard / cal.cpu_adam_rate;
+  } else {
+    t.optimizer = shard / cal.optimizer_rate;
+  }
+  t.overhead = cal.step_overhead;
+  // The node's compute (every rank's, at the rate of a rank alone) through what the node
+  // delivers with all its ranks at once; tp all-reduces keep a whole group waiting.
+  double work = 0;
+  for (const auto& x : stages) work += l.tp * l.dp * m * (x.fwd + x.bwd);
+  work *= 1.0 * pl.per_node / pl.world;
+  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.dp_comm +
+                       t.optimizer + t.offload + t.overhead;
+  t.shared_cores = std::max(0.0, bound - t.total());
+  return t;
+}
+
+}  // namespace ds::plan

@@ -1,0 +1,167 @@
+// The step-time model behind `dstrain plan --recommend`: how long one optimizer step of a layout
+// takes, from what the machine was measured to do (a Calibration: `dstrain plan --calibrate`,
+// calibration.h) or, without a measurement, from built-in constants (Hardware, recommend.h).
+// It counts what the runtime does, piece by piece (runtime/model/gpt2.cpp, runtime/parallel/):
+//
+//   per micro-batch of b sequences, on pipeline stage s with layers [l0, l1):
+//     F_s = (l1 - l0) * (fwd(b) + 2 AR_tp(bTC)) + [first] (embed_fwd(b) + AR_tp(bTC))
+//     B_s = (l1 - l0) * (bwd(b) + 2 AR_tp(bTC) + r * (fwd(b) + 2 AR_tp(bTC)))
+//           + [last] (head(b) + AR_tp(bTC)) + [first] embed_bwd(b)
+//     where fwd/bwd/embed/head are the calibrated seconds of one layer / piece at micro-batch b
+//     for the layout's tp shard (interpolated in b between measured sizes: small micro-batches
+//     run kernels less efficiently), r = 1 with activation checkpointing (the backward
+//     recomputes the forward), AR_tp(x) one tensor-parallel all-reduce of x bytes (on the critical
+//     path: the next kernel needs it).
+//   pipeline (pp > 1), 1F1B and GPipe alike (same bubble, different memory), with the stages'
+//     slots t_s = F_s + B_s + 2 P2P(bTC) (one activation forward, one gradient back):
+//       schedule = sum_s t_s + (m - 1) * max_s t_s
+//     so the bubble is sum_s t_s - max_s t_s: (pp - 1) / (m + pp - 1) of it for equal stages.
+//   no pipeline: schedule = m * (F + B).
+//   data parallelism over dp ranks (bytes: params in the storage type, grads in the config's
+//     gradient / communication type; n = the largest part's parameters):
+//     ZeRO-0/1  one all-reduce of n grads after the last micro-batch's backward, in buckets
+//     ZeRO-2    a reduce-scatter of n grads every micro-batch, in buckets
+//     ZeRO-3    per micro-batch all-gathers of n params in the forward, the backward and (r) the
+//               recomputation, plus the reduce-scatter of the grads
+//     ZeRO-1/2  after the update: an all-gather of the n params
+//     With overlap_comm the gradient collectives run while the backward computes; only what
+//     sticks out counts: exposed = max(last bucket, total - window * overlap), window = the
+//     backward compute they can hide behind (the last micro-batch's for ZeRO-0/1, every one for
+//     ZeRO-2/3). ZeRO-3's gathers are prefetched the same way behind the forward and backward.
+//     overlap = 1 where a collective runs beside the compute (a GPU's copy engines, or a CPU with
+//     a spare core per rank), else 0: on CPUs the shm/Gloo collectives are CPU work themselves.
+//   optimizer = (n or n/dp elements) / optimizer rate; offload (CUDA): 2 n/dp bytes over the
+//     host link + n/dp / CPU Adam rate.
+//   overhead = the calibrated fixed cost of a step.
+//   step = schedule + exposed dp + optimizer + offload + overhead.
+//
+// Shared cores (CPU runs): the pieces above are a rank's alone (concurrency 1), so a pipeline's
+// fill and drain, when few stages compute, run at that speed. When all the node's R ranks
+// compute at once they get what the node delivers: K(R) = c x t_1 / t_c ranks' worth, from the
+// samples at the largest measured concurrency c <= R (R on a GPU node; min(R, cores) without
+// samples together). The step is at least the node's compute through that capacity:
+//   step = max(step above, sum over the node's ranks of m (F + B) / K(R) + tp all-reduces
+//              + exposed dp + optimizer + offload + overhead)
+// The difference is reported as `shared_cores`. Data parallelism keeps every rank busy and pays
+// it in full; a pipeline's idle stages lend their cores to the busy ones, so it pays less.
+// Pure; no I/O.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "model_spec/gpt2_spec.h"
+#include "plan/memory_model.h"
+
+namespace ds::plan {
+
+// One measured compute point: seconds for ONE micro-batch of `micro_batch` sequences (seq_len
+// tokens each) through the pieces of a `tp`-way shard, while `concurrency` ranks of the node
+// computed at once, in `precision`.
+struct ComputeSample {
+  int tp = 1;
+  int concurrency = 1;
+  int micro_batch = 1;
+  Precision precision = Precision::kFp32;
+  double layer_fwd = 0, layer_bwd = 0;  // one transformer layer (bwd without recomputation)
+  double embed_fwd = 0, embed_bwd = 0;  // token + position embedding
+  double head = 0;                      // lnf + lm_head + loss, forward and backward
+};
+
+enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kSendRecv };
+const char* collective_name(CollectiveOp op);  // "all_reduce", ..., "send_recv"
+
+// A collective's cost as latency + bus bytes / bus bandwidth, fitted to measurements.
+// Bus bytes (nccl-tests' convention) of a call on a buffer of `bytes` (all_reduce: the buffer;
+// reduce_scatter: the input; all_gather: the output; send_recv: the message):
+// all_reduce 2 (n-1)/n bytes, reduce_scatter and all_gather (n-1)/n bytes, send_recv bytes.
+struct CollectiveFit {
+  CollectiveOp op = CollectiveOp::kAllReduce;
+  int group_size = 2;
+  int concurrent_groups = 1;  // groups that ran at once while measured (world / group_size)
+  bool across_nodes = false;
+  double latency = 0;  // seconds per call
+  double bus_bw = 0;   // bytes/s
+  std::vector<std::pair<double, double>> points;  // (bytes, seconds) measured, for the record
+};
+double bus_bytes(CollectiveOp op, int group_size, double bytes);
+double collective_seconds(const CollectiveFit& f, double bytes);
+
+// What the machine does, measured or assumed.
+struct Calibration {
+  std::string source = "built-in constants";  // or the calibration file's path
+  bool measured = false;
+  bool cpu = false;           // ranks compute on CPU cores (shared-cores rule applies)
+  int cores = 0;              // cores of a node (CPU runs); 0 = unknown / not shared
+  int threads_per_rank = 1;
+  int ranks_per_node = 8;     // a node's ranks (GPUs per node)
+  model_spec::Gpt2Shape shape;  // the model measured (compute rescales by FLOPs for another)
+  std::vector<ComputeSample> compute;
+  std::vector<CollectiveFit> collectives;
+  double optimizer_rate = 1e9;  // parameters/s of the AdamW update on one rank
+  double host_link_bw = 16e9;   // bytes/s host <-> device (offload)
+  double cpu_adam_rate = 1e9;   // parameters/s of the CPU optimizer (offload)
+  double step_overhead = 0;     // seconds per step outside the pieces above
+  // Built-in constants only (no samples): FLOP/s and seconds per layer per micro-batch.
+  double flops = 125e12;
+  double layer_overhead = 50e-6;
+  double intra_node_bw = 150e9, inter_node_bw = 12.5e9;
+};
+
+// Seconds of one micro-batch through the pieces, at micro-batch b, for the layout's tp, while
+// `concurrency` ranks compute at once (what `compute_for` read, interpolated). `scaled` says the calibration was
+// of another model shape (rescaled by FLOPs).
+struct PieceTimes {
+  double layer_fwd = 0, layer_bwd = 0, embed_fwd = 0, embed_bwd = 0, head = 0;
+  bool scaled = false;
+};
+// Samples of (tp, precision, concurrency) nearest the request: tp and precision exact when
+// measured, else tp 1 scaled by 1/tp and fp32; concurrency the largest measured <= the request
+// (else the smallest). Time is linear in b between measured sizes, and per sequence beyond them.
+PieceTimes compute_for(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b,
+                       Precision precision, int concurrency);
+
+// Seconds of one collective of `bytes` over a group of `group_size` ranks, `concurrent_groups`
+// of them at once: the fit with that op, size and placement (nearest size and concurrency when
+// not measured exactly), or the built-in bandwidths.
+double collective_time(const Calibration& cal, CollectiveOp op, int group_size, bool across_nodes,
+                       int concurrent_groups, double bytes);
+
+struct StepTime {
+  double compute = 0;       // the slowest stage's forward + backward pieces, m micro-batches
+  double recompute = 0;     // of which activation recomputation
+  double tp_comm = 0;       // tensor-parallel all-reduces on the critical path
+  double bubble = 0;        // pipeline fill and drain
+  double pp_comm = 0;       // pipeline send/recv
+  double dp_comm = 0;       // exposed data-parallel traffic (ZeRO reduce/gather)
+  double dp_comm_total = 0; // all of it, hidden or not (not in total())
+  double optimizer = 0;     // the update of this rank's optimizer partition
+  double offload = 0;       // host link and CPU optimizer
+  double overhead = 0;      // fixed per-step cost (calibrated) + per-layer launch overhead
+  double shared_cores = 0;  // extra time because the node's ranks share too few cores
+  double total() const {
+    return compute + tp_comm + bubble + pp_comm + dp_comm + optimizer + offload + overhead +
+           shared_cores;
+  }
+};
+
+// Bytes per element a collective moves: params in the storage type, grads in `grad_type`.
+struct CommTypes {
+  int param_bytes = 4;
+  int grad_bytes = 4;
+};
+CommTypes comm_types(Precision storage, Precision grad_type);
+
+// The step of layout `l` on the calibrated machine. Throws what stage_bounds throws.
+StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibration& cal,
+                   const CommTypes& types);
+
+// The pipeline's schedule length for the stages' slot times and m micro-batches (see above).
+double pipeline_schedule(const std::vector<double>& slots, int m);
+// Exposed seconds of `total` communication issued in `buckets` equal buckets behind a compute
+// `window`, with overlap factor `overlap` (0 or 1): max(total / buckets, total - window *
+// overlap), and all of it without overlap.
+double exposed_comm(double total, int buckets, double window, double overlap);
+
+}  // namespace ds::plan

@@ -1,0 +1,60 @@
+// Rotary position embeddings in Hugging Face's rotate_half convention (the first half of a head
+// pairs with the second), from precomputed cos/sin tables. The rotation is orthogonal, so the
+// backward is the same rotation by -angle.
+#include <cmath>
+
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/llama_kernels.h"
+
+namespace ds::rt::cpu {
+
+namespace {
+
+// sign +1: forward rotation; -1: its transpose.
+template <typename T>
+void rope_apply(T* x, const float* cos, const float* sin, int B, int T_, int heads, int hd, int stride, int offset,
+                float sign) {
+  const int h2 = hd / 2;
+  const int64_t rows = static_cast<int64_t>(B) * T_;
+#pragma omp parallel for schedule(static) if (rows * heads * hd >= kParallelWork)
+  for (int64_t r = 0; r < rows; r++) {
+    const int t = static_cast<int>(r % T_);
+    const float* c = cos + static_cast<int64_t>(t) * h2;
+    const float* s = sin + static_cast<int64_t>(t) * h2;
+    for (int h = 0; h < heads; h++) {
+      T* v = x + r * stride + offset + static_cast<int64_t>(h) * hd;
+      for (int i = 0; i < h2; i++) {
+        const float a = static_cast<float>(v[i]), b = static_cast<float>(v[i + h2]);
+        const float sn = sign * s[i];
+        v[i] = static_cast<T>(a * c[i] - b * sn);
+        v[i + h2] = static_cast<T>(b * c[i] + a * sn);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rope_tables(float* cos, float* sin, int T, int hd, double theta) {
+  const int h2 = hd / 2;
+  for (int i = 0; i < h2; i++) {
+    const double inv_freq = 1.0 / std::pow(theta, static_cast<double>(2 * i) / hd);
+    for (int t = 0; t < T; t++) {
+      const double a = t * inv_freq;
+      cos[static_cast<int64_t>(t) * h2 + i] = static_cast<float>(std::cos(a));
+      sin[static_cast<int64_t>(t) * h2 + i] = static_cast<float>(std::sin(a));
+    }
+  }
+}
+
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
+                  int offset) {
+  rope_apply(x, cos, sin, B, T, heads, hd, stride, offset, 1.0f);
+}
+
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
+                   int offset) {
+  rope_apply(dx, cos, sin, B, T, heads, hd, stride, offset, -1.0f);
+}
+
+}  // namespace ds::rt::cpu

@@ -1,0 +1,37 @@
+// The family-independent parts of the Model interface: the whole-part passes and the factory.
+#include "model/model.h"
+
+#include "common/error.h"
+#include "model/gpt2.h"
+#include "model/llama.h"
+
+namespace ds::rt {
+
+float Model::forward(Activations& a, const int32_t* tokens, const int32_t* targets) {
+  if (!part().has_embedding || !part().has_head) {
+    throw invalid_usage("forward() runs a whole model; a pipeline stage runs the pieces");
+  }
+  embed_forward(a, tokens);
+  blocks_forward(a, part().layer_begin, part().layer_end);
+  return head_forward(a, targets);
+}
+
+float Model::forward_backward(Activations& a, const int32_t* tokens, const int32_t* targets, float grad_scale) {
+  if (!part().has_embedding || !part().has_head) {
+    throw invalid_usage("forward_backward() runs a whole model; a pipeline stage runs the pieces");
+  }
+  embed_forward(a, tokens);
+  blocks_forward(a, part().layer_begin, part().layer_end);
+  const float loss = head_forward_backward(a, targets, grad_scale);
+  blocks_backward(a, part().layer_begin, part().layer_end);
+  embed_backward(a, tokens);
+  return loss;
+}
+
+std::unique_ptr<Model> make_model(const model_spec::ModelShape& shape, const model_spec::ModelPart& part,
+                                  const ModelOptions& options, Allocator& alloc, ParallelHooks* hooks) {
+  if (shape.llama()) return std::make_unique<Llama>(shape, part, options, alloc, hooks);
+  return std::make_unique<Gpt2>(shape, part, options, alloc, hooks);
+}
+
+}  // namespace ds::rt

@@ -1,0 +1,102 @@
+// The interface the engines drive, whatever the model family: one part of a model (a pipeline
+// stage's layers, a tensor-parallel shard) with its flat parameters and gradients, run in pieces.
+// Gpt2 (gpt2.h) and Llama (llama.h) implement it; the trainer, the pipeline stage, ZeRO and the
+// checkpoints see only this. The contract of every piece is the one gpt2.h states (loss and
+// gradients, accumulation, recompute, storage types, devices, hooks); each family's header adds
+// its own math and buffers.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/allocator.h"
+#include "core/typed_ptr.h"
+#include "model/hooks.h"
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::rt {
+
+struct ModelOptions {
+  int B = 1;                 // micro-batch size
+  int T = 1;                 // sequence length, <= shape.seq_len
+  bool recompute = false;    // activation checkpointing of every layer
+  int head_chunk_rows = 0;   // rows of logits at once; 0: model_spec::head_chunk_rows_default
+  bool own_params = true;    // allocate the flat parameter buffer (false: hooks serve parameters)
+  bool own_grads = true;     // allocate the flat gradient buffer (false: hooks serve them)
+  // Where the model's buffers live and its kernels run. Device::kCuda (builds with CUDA): every
+  // buffer is device memory of the current device, kernels run on `cuda_stream` (a cudaStream_t;
+  // nullptr = the legacy default stream) through kern::DeviceScope; params()/grads()/param()/
+  // grad() and the activations are then DEVICE pointers. Token ids are still passed as HOST
+  // pointers (validated on the host, uploaded into a small device buffer, tag workspace, 2*B*T
+  // int32). The mean loss returned by head_* is copied back (synchronising the stream).
+  // With kCuda the hooks are handed device pointers and must work on the device (the runtime's
+  // do when built for it: ZeroEngine / TiedEmbeddingHooks with the same device and stream, and
+  // tensor-parallel regions over an NCCL Comm). Llama runs on the CPU only for now.
+  Device device = Device::kCpu;
+  void* cuda_stream = nullptr;
+  // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
+  // fp32). Supported: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32 (Llama: fp32 for now).
+  DType dtype = DType::kF32;
+  DType grad_dtype = DType::kF32;
+};
+
+// One in-flight micro-batch's activations (tag activations), opaque to the engines but for the
+// stage input and the losses. Movable; made by Model::new_activations.
+class Activations {
+ public:
+  Activations() = default;
+  virtual ~Activations() = default;
+  Activations(Activations&&) = default;
+  Activations& operator=(Activations&&) = default;
+
+  TypedPtr input;          // (B,T,C): encoder output or the previous stage's output
+  float* losses = nullptr;  // (B,T): per-token loss of the last head call
+  const Buffer& buffer() const { return buf_; }
+
+ protected:
+  Buffer buf_;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+
+  virtual const model_spec::ModelShape& shape() const = 0;
+  virtual const model_spec::ModelPart& part() const = 0;
+  virtual const ModelOptions& options() const = 0;
+  virtual const model_spec::ParamLayout& layout() const = 0;
+  int64_t num_params() const { return layout().total; }
+  DType dtype() const { return options().dtype; }
+  DType grad_dtype() const { return options().grad_dtype; }
+  virtual TypedPtr params() = 0;  // null without own_params
+  virtual TypedPtr grads() = 0;   // null without own_grads
+  // One tensor in the flat buffers (layer -1 for global tensors); invalid_argument when absent.
+  virtual TypedPtr param(model_spec::ParamId id, int layer = -1) = 0;
+  virtual TypedPtr grad(model_spec::ParamId id, int layer = -1) = 0;
+  // Layout-independent initial weights (init.h): element values depend only on (seed, tensor,
+  // layer, index in the full tensor).
+  virtual void init_weights(uint64_t seed) = 0;
+  virtual void zero_grads() = 0;
+
+  virtual std::unique_ptr<Activations> new_activations() = 0;
+
+  // ---- pieces (gpt2.h states their contract) ----
+  virtual void embed_forward(Activations& a, const int32_t* tokens) = 0;
+  virtual void blocks_forward(Activations& a, int l0, int l1) = 0;
+  virtual float head_forward(Activations& a, const int32_t* targets) = 0;
+  virtual float head_forward_backward(Activations& a, const int32_t* targets, float grad_scale) = 0;
+  virtual void blocks_backward(Activations& a, int l0, int l1) = 0;
+  virtual void embed_backward(Activations& a, const int32_t* tokens) = 0;
+  virtual TypedPtr d_stream() = 0;
+  virtual TypedPtr output(Activations& a) = 0;
+
+  // The whole part in one call (embedding, all layers, head).
+  float forward(Activations& a, const int32_t* tokens, const int32_t* targets);
+  float forward_backward(Activations& a, const int32_t* tokens, const int32_t* targets, float grad_scale);
+};
+
+// Builds the model of shape.family (Gpt2 or Llama).
+std::unique_ptr<Model> make_model(const model_spec::ModelShape& shape, const model_spec::ModelPart& part,
+                                  const ModelOptions& options, Allocator& alloc, ParallelHooks* hooks = nullptr);
+
+}  // namespace ds::rt
