@@ -12,6 +12,8 @@ find_package(Gloo CONFIG REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 pkg_check_modules(LIBSSH2 REQUIRED IMPORTED_TARGET libssh2)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
+# oneDNN (libdnnl-dev): the CPU matmuls (runtime/kernels/cpu/onednn.h).
+find_package(dnnl CONFIG REQUIRED)
 if(DSTRAIN_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

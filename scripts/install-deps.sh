@@ -16,7 +16,7 @@ packages=(
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
   libssh2-1-dev libssl-dev
   libboost-dev libboost-filesystem-dev
-  libgloo-dev libopenblas-dev
+  libgloo-dev libopenblas-dev libdnnl-dev
   libgtest-dev libgmock-dev
   openssh-server openssh-client procps iproute2
   slurm-wlm munge openmpi-bin mpich

@@ -289,8 +289,11 @@ std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& par
     v.push_back({"dqkv", BT * C3l, ActScope::kShared, ws});
     v.push_back({"datty", BT * Cl, ActScope::kShared, ws});
     v.push_back({"dfch", BT * C4l, ActScope::kShared, ws});
-    v.push_back({"att_scratch",
-                 static_cast<int64_t>(std::max(0, cfg.num_threads)) * 2 * cfg.T * cfg.T,
+    // Per thread two (T, T) score tiles; with 16-bit storage also one head's q, k, v, out, dout,
+    // dq, dk, dv in fp32 (8 x T x hs), as runtime/kernels/cpu/attention.cpp converts them.
+    const int64_t hs = s.n_embd / s.n_head;
+    const int64_t per_thread = 2 * static_cast<int64_t>(cfg.T) * cfg.T + (cfg.storage_bytes == 4 ? 0 : 8 * cfg.T * hs);
+    v.push_back({"att_scratch", static_cast<int64_t>(std::max(0, cfg.num_threads)) * per_thread,
                  ActScope::kShared, ws, true});
   }
   return v;

@@ -204,7 +204,7 @@ struct ActConfig {
   int B = 1;
   int T = 1;
   bool recompute = false;     // activation checkpointing: keep only each layer's output
-  int num_threads = 1;        // attention keeps 2 x (T, T) scratch per thread (0: none, CUDA)
+  int num_threads = 1;        // attention keeps 2 x (T, T) (+ 8 x T x hs at 16 bits) scratch per thread (0: none, CUDA)
   int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
   int storage_bytes = 4;      // bytes per element of the storage type (fp32 4; bf16, fp16 2)
 };

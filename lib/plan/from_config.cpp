@@ -48,6 +48,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.schedule = c.pipeline.schedule;
   l.partition = c.pipeline.partition;
   l.precision = c.precision();
+  l.grad_precision = c.gradient_dtype();
   in.grad_precision = c.gradient_dtype();
   l.device = c.training.device == "cuda" ? DeviceKind::kCuda : DeviceKind::kCpu;
   l.overlap_comm = c.zero.overlap_comm;

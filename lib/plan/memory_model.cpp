@@ -105,7 +105,10 @@ const RankMemory& MemoryPlan::peak_rank() const {
   return *best;
 }
 
-int storage_bytes(const Layout&) { return 4; }
+int storage_bytes(const Layout& l) { return l.device == DeviceKind::kCuda ? 4 : param_bytes(l.precision); }
+int grad_bytes(const Layout& l) {
+  return l.device == DeviceKind::kCuda ? 4 : param_bytes(l.grad_precision.value_or(l.precision));
+}
 
 namespace {
 
@@ -202,7 +205,7 @@ Part part_memory(const ms::Gpt2Shape& s, const Layout& l, const std::vector<int>
 
 // World rank `rank` of a part: the tags that depend on its dp rank (its ZeRO shard).
 RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
-  const int64_t sb = storage_bytes(l);
+  const int64_t sb = storage_bytes(l), gb = grad_bytes(l);
   // On a CPU run host memory is the device memory: offloading moves nothing.
   const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
@@ -216,7 +219,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   (offload_par ? r.cpu : r.params) += param_elems * sb;
   // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
   const int nb = l.overlap_comm ? 2 : 1;
-  r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * sb;
+  r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * gb;
   // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
   // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
   // whatever the precision and the gradients AdamW reads on the CPU, all in pinned host memory.
@@ -229,8 +232,8 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
   // allgather_bucket_size is smaller than a partition)
   if (l.zero_stage >= 2) {
-    r.comm += nb * std::min(part.bucket, mine) * sb;
-    if (part.wte > 0) r.comm += std::min(part.wte, mine) * sb;
+    r.comm += nb * std::min(part.bucket, mine) * gb;
+    if (part.wte > 0) r.comm += std::min(part.wte, mine) * gb;
   }
   if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride()) {
     r.comm += l.allgather_bucket_size * l.dp * sb;
@@ -256,10 +259,10 @@ void add_notes(MemoryPlan& plan) {
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, layout::precision_name(l.precision),
-                                              l.precision != Precision::kFp32 ? " values in fp32 buffers" : "",
+                                              l.precision != Precision::kFp32 && pb == 4 ? " values in fp32 buffers (GPU)" : "",
                                               l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", l.dp) : "")});
   if (offload_par) plan.notes.back().text += ", offloaded to CPU";
-  plan.notes.push_back({"grads", fmt::format("{} B per element{}", pb,
+  plan.notes.push_back({"grads", fmt::format("{} B per element{}", grad_bytes(l),
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
                                                                              l.zero_stage, l.dp, l.overlap_comm ? 2 : 1) : "")});
   if (l.pp > 1 && (part.has_embedding || part.has_head)) plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";

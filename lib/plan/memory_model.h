@@ -49,6 +49,9 @@ struct Layout {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   StageSplit partition = StageSplit::kParameters;
   Precision precision = Precision::kFp32;
+  // The gradients' type (data_types.grad_accum_dtype / communication_data_type); nullopt: the
+  // storage type (the config's default).
+  std::optional<Precision> grad_precision;
   DeviceKind device = DeviceKind::kCpu;
   bool overlap_comm = false;  // zero_optimization.overlap_comm (resolved): two gradient buckets
   int64_t reduce_bucket_size = 500000000;
@@ -66,10 +69,12 @@ int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp
 int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
-// Bytes per stored parameter/gradient element: 4 whatever the precision and device, because the
-// runtime keeps 16-bit values in fp32 buffers (bf16/fp16 round the values; on a GPU bf16 also
-// runs the matmuls on bf16 tensor cores). param_bytes is what a 16-bit store would need.
+// Bytes per stored parameter and activation element (the storage type): param_bytes(precision)
+// on the CPU; 4 on a GPU, where the runtime keeps fp32 buffers (bf16 runs the matmuls on bf16
+// tensor cores; the CUDA dispatch has no 16-bit kernels yet).
 int storage_bytes(const Layout& l);
+// Bytes per gradient element (grad_precision, else the storage type); 4 on a GPU.
+int grad_bytes(const Layout& l);
 
 // How ZeRO splits a flat buffer of `total` elements over dp ranks: layout::Partition
 // (lib/layout/partition.h), the very class the runtime's ZeRO engine uses. stride =
@@ -138,14 +143,14 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 // its (stage, tp_rank) part, hooked model -> TensorParallelHooks (allocate nothing) ->
 // TiedEmbeddingHooks (pp > 1, first and last stage) -> ZeroEngine over its dp group with the
 // part's param_layout; Adam's state over the engine's range. n = elements of the rank's part
-// (param_layout), mine = its ZeRO partition count, sb = storage_bytes, units = the layout's
+// (param_layout), mine = its ZeRO partition count, sb = storage_bytes, gb = grad_bytes, units = the layout's
 // units (wte, wpe, layers, lnf), m = gradient_accumulation_steps:
 //   params      stages 0-2: n * sb (the model's flat buffer)
 //               stage 3: (mine + persistent + gathered) * sb, where persistent = units of at most
 //               stage3_param_persistence_threshold elements, gathered = the other non-layer
 //               units once each + min(layers, 1 + prefetch / layer, max_live / layer) layer
 //               buffers (pooled by size, never shrunk); into cpu instead with offload_param on CUDA
-//   grads       stages 0-1: n * sb; stages 2-3: (mine + buckets x cap + wte) * sb, with
+//   grads       stages 0-1: n * gb; stages 2-3: (mine + buckets x cap + wte) * gb, with
 //               buckets = 2 when overlap_comm else 1, cap = max(largest unit but wte,
 //               min(reduce_bucket_size, elements of the units but wte)), wte = the token
 //               embedding's own gradient buffer when the part holds it; with pp > 1 the first
@@ -158,8 +163,8 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 //               one Gpt2Activations; pp > 1 no trainer-level one, the PipelineStage's one per
 //               micro-batch at the schedule's peak (in_flight_micro_batches)
 //   comm        stages 2-3: buckets x min(cap, mine) + min(wte, mine) reduce-scatter receive
-//               buffers; stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
-//               all-gather staging buffer of allgather_bucket_size x dp; all x sb
+//               buffers (x gb); stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
+//               all-gather staging buffer of allgather_bucket_size x dp (x sb)
 //   workspace   model_spec's shared workspace buffers (bytes as above) + the token ids: 8 B per token
 //               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
 // Throws what validate_layout throws.

@@ -21,6 +21,7 @@
 #include <cstring>
 
 #include <span>
+#include <type_traits>
 
 #include "common/error.h"
 #include "core/allocator.h"
@@ -109,99 +110,143 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
                  int lda, const float* B, int ldb, float beta, float* C, int ldc) {
   DS_KERN(gemm, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-inline void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe,
-                            int B, int T, int C) {
-  DS_KERN(encoder_forward, out, inp, wte, wpe, B, T, C);
+// DS_KERN_S(name, args...): as DS_KERN for fp32 storage (S and, where the kernel has one, G
+// float); 16-bit storage runs the CPU template and, inside a CUDA scope, throws (no CUDA kernel
+// takes 16-bit buffers through the dispatch yet; the module's *_bf16 kernels are reached by the
+// CUDA tests only).
+[[noreturn]] inline void no_cuda_kernel(const char* name, DType s) {
+  throw invalid_usage("{}: no CUDA kernel for {} storage yet: train on CUDA in fp32, or on the CPU", name,
+                      dtype_name(s));
 }
-inline void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp,
-                             int B, int T, int C) {
-  DS_KERN(encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+#define DS_KERN_S(fp32, name, ...)                                        \
+  do {                                                                    \
+    if constexpr (fp32) {                                                 \
+      DS_KERN(name, __VA_ARGS__);                                         \
+    } else {                                                              \
+      if (on_cuda()) no_cuda_kernel(#name, dtype_of<S>);                  \
+      return cpu::name(__VA_ARGS__);                                      \
+    }                                                                     \
+  } while (0)
+template <typename S, typename G = S>
+inline constexpr bool kF32 = std::is_same_v<S, float> && std::is_same_v<G, float>;
+
+template <typename S>
+inline void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C) {
+  DS_KERN_S(kF32<S>, encoder_forward, out, inp, wte, wpe, B, T, C);
 }
-inline void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T,
-                                  int C, int v0, int Vl) {
-  DS_KERN(encoder_forward_vocab, out, inp, wte, B, T, C, v0, Vl);
+template <typename S, typename G>
+inline void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
+  DS_KERN_S((kF32<S, G>), encoder_backward, dwte, dwpe, dout, inp, B, T, C);
 }
-inline void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B,
-                                   int T, int C, int v0, int Vl) {
-  DS_KERN(encoder_backward_vocab, dwte, dout, inp, B, T, C, v0, Vl);
+template <typename S>
+inline void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
+                                  int Vl) {
+  DS_KERN_S(kF32<S>, encoder_forward_vocab, out, inp, wte, B, T, C, v0, Vl);
 }
-inline void add_position(float* out, const float* wpe, int B, int T, int C) {
-  DS_KERN(add_position, out, wpe, B, T, C);
+template <typename S, typename G>
+inline void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C, int v0,
+                                   int Vl) {
+  DS_KERN_S((kF32<S, G>), encoder_backward_vocab, dwte, dout, inp, B, T, C, v0, Vl);
 }
-inline void layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
-                              const float* weight, const float* bias, int B, int T, int C) {
-  DS_KERN(layernorm_forward, out, mean, rstd, inp, weight, bias, B, T, C);
+template <typename S>
+inline void add_position(S* out, const S* wpe, int B, int T, int C) {
+  DS_KERN_S(kF32<S>, add_position, out, wpe, B, T, C);
 }
-inline void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                               const float* inp, const float* weight, const float* mean,
-                               const float* rstd, int B, int T, int C) {
-  DS_KERN(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
+template <typename S>
+inline void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight, const S* bias,
+                              int B, int T, int C) {
+  DS_KERN_S(kF32<S>, layernorm_forward, out, mean, rstd, inp, weight, bias, B, T, C);
 }
-inline void matmul_forward(float* out, const float* inp, const float* weight, const float* bias,
-                           int B, int T, int C, int OC) {
-  DS_KERN(matmul_forward, out, inp, weight, bias, B, T, C, OC);
+template <typename S, typename G>
+inline void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
+                               const float* mean, const float* rstd, int B, int T, int C) {
+  DS_KERN_S((kF32<S, G>), layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
 }
-inline void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                            const float* inp, const float* weight, int B, int T, int C, int OC) {
-  DS_KERN(matmul_backward, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
+template <typename S>
+inline void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C, int OC) {
+  DS_KERN_S(kF32<S>, matmul_forward, out, inp, weight, bias, B, T, C, OC);
 }
-inline void add_bias(float* out, const float* bias, int N, int OC) {
-  DS_KERN(add_bias, out, bias, N, OC);
+template <typename S, typename G>
+inline void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight, int B,
+                            int T, int C, int OC) {
+  DS_KERN_S((kF32<S, G>), matmul_backward, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
 }
-inline size_t attention_scratch_floats(int T) {
+template <typename S>
+inline void add_bias(S* out, const S* bias, int N, int OC) {
+  DS_KERN_S(kF32<S>, add_bias, out, bias, N, OC);
+}
+// Floats of attention scratch for storage of `storage_bytes` (cpu::attention_scratch_floats).
+inline size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4) {
   if (on_cuda()) return 0;
-  return cpu::attention_scratch_floats(T);
+  return cpu::attention_scratch_floats(T, hs, storage_bytes);
 }
-inline void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B,
-                              int T, int C, int NH) {
-  DS_KERN(attention_forward, out, lse, qkv, scratch, B, T, C, NH);
+template <typename S>
+inline void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C, int NH) {
+  DS_KERN_S(kF32<S>, attention_forward, out, lse, qkv, scratch, B, T, C, NH);
 }
-inline void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                               const float* lse, float* scratch, int B, int T, int C, int NH) {
-  DS_KERN(attention_backward, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH);
+template <typename S>
+inline void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                               float* scratch, int B, int T, int C, int NH) {
+  DS_KERN_S(kF32<S>, attention_backward, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH);
 }
-inline void gelu_forward(float* out, const float* inp, int64_t N) {
-  DS_KERN(gelu_forward, out, inp, N);
+template <typename S>
+inline void gelu_forward(S* out, const S* inp, int64_t N) {
+  DS_KERN_S(kF32<S>, gelu_forward, out, inp, N);
 }
-inline void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
-  DS_KERN(gelu_backward, dinp, inp, dout, N);
+template <typename S>
+inline void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N) {
+  DS_KERN_S(kF32<S>, gelu_backward, dinp, inp, dout, N);
 }
-inline void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
-  DS_KERN(residual_forward, out, inp1, inp2, N);
+template <typename S>
+inline void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N) {
+  DS_KERN_S(kF32<S>, residual_forward, out, inp1, inp2, N);
 }
-inline void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N) {
-  DS_KERN(residual_backward, dinp1, dinp2, dout, N);
+template <typename S>
+inline void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N) {
+  DS_KERN_S(kF32<S>, residual_backward, dinp1, dinp2, dout, N);
 }
-inline int64_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets,
-                                    int N, int V, int Vp) {
-  if (on_cuda()) {
-    cuda_kernels().crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
-    return 0;
+template <typename S>
+inline int64_t crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
+                                    int Vp) {
+  if constexpr (kF32<S>) {
+    if (on_cuda()) {
+      cuda_kernels().crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
+      return 0;
+    }
+  } else if (on_cuda()) {
+    no_cuda_kernel("crossentropy_forward", dtype_of<S>);
   }
   return cpu::crossentropy_forward(losses, logits, targets, N, V, Vp);
 }
-inline int64_t crossentropy_softmax_backward(float* losses, float* logits_to_dlogits,
-                                             const int32_t* targets, float dloss, int N, int V,
-                                             int Vp) {
-  if (on_cuda()) {
-    cuda_kernels().crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V,
-                                                 Vp, nullptr, cuda_stream());
-    return 0;
+template <typename S>
+inline int64_t crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
+                                             float dloss, int N, int V, int Vp) {
+  if constexpr (kF32<S>) {
+    if (on_cuda()) {
+      cuda_kernels().crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp, nullptr,
+                                                   cuda_stream());
+      return 0;
+    }
+  } else if (on_cuda()) {
+    no_cuda_kernel("crossentropy_softmax_backward", dtype_of<S>);
   }
   return cpu::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp);
 }
-inline void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V) {
-  DS_KERN(vocab_ce_max, mx, logits, N, Vl, v0, V);
+template <typename S>
+inline void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V) {
+  DS_KERN_S(kF32<S>, vocab_ce_max, mx, logits, N, Vl, v0, V);
 }
-inline void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
-                          const int32_t* targets, int N, int Vl, int v0, int V) {
-  DS_KERN(vocab_ce_sums, sumexp, tlogit, logits, mx, targets, N, Vl, v0, V);
+template <typename S>
+inline void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx, const int32_t* targets,
+                          int N, int Vl, int v0, int V) {
+  DS_KERN_S(kF32<S>, vocab_ce_sums, sumexp, tlogit, logits, mx, targets, N, Vl, v0, V);
 }
-inline void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx,
-                            const float* sumexp, const float* tlogit, const int32_t* targets,
-                            float dloss, int N, int Vl, int v0, int V) {
-  DS_KERN(vocab_ce_finish, losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl,
-          v0, V);
+template <typename S>
+inline void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
+                            const float* tlogit, const int32_t* targets, float dloss, int N, int Vl, int v0,
+                            int V) {
+  DS_KERN_S(kF32<S>, vocab_ce_finish, losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl, v0,
+            V);
 }
 inline void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N) {
   DS_KERN(convert_f32_to_bf16, out, inp, N);
@@ -216,8 +261,25 @@ inline void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N) {
   DS_KERN(convert_f16_to_f32, out, inp, N);
 }
 
-inline void add_in_place(float* dst, const float* src, int64_t N) {
-  DS_KERN(add_in_place, dst, src, N);
+template <typename S>
+inline void add_in_place(S* dst, const S* src, int64_t N) {
+  DS_KERN_S(kF32<S>, add_in_place, dst, src, N);
+}
+// dst (N, type D) = src (N, type S) rounded once (a copy when D == S); on CUDA the module's
+// fp32 <-> bf16 / fp16 conversions.
+template <typename D, typename S>
+inline void convert(D* dst, const S* src, int64_t N) {
+  if (on_cuda()) {
+    const CudaKernelTable& k = cuda_kernels();
+    auto u16 = [](auto* p) { return reinterpret_cast<uint16_t*>(const_cast<std::remove_const_t<std::remove_pointer_t<decltype(p)>>*>(p)); };
+    if constexpr (std::is_same_v<D, S>) return copy(dst, src, static_cast<size_t>(N) * sizeof(S));
+    else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, bf16>) return k.convert_f32_to_bf16(u16(dst), src, N, cuda_stream());
+    else if constexpr (std::is_same_v<S, float> && std::is_same_v<D, f16>) return k.convert_f32_to_f16(u16(dst), src, N, cuda_stream());
+    else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, bf16>) return k.convert_bf16_to_f32(dst, u16(src), N, cuda_stream());
+    else if constexpr (std::is_same_v<D, float> && std::is_same_v<S, f16>) return k.convert_f16_to_f32(dst, u16(src), N, cuda_stream());
+    else no_cuda_kernel("convert", dtype_of<S>);
+  }
+  cpu::convert(dst, src, N);
 }
 inline void round_to_bf16_in_place(float* x, int64_t N) { DS_KERN(round_to_bf16_in_place, x, N); }
 inline void round_to_f16_in_place(float* x, int64_t N) { DS_KERN(round_to_f16_in_place, x, N); }
@@ -226,8 +288,13 @@ inline void round_to_f16_in_place(float* x, int64_t N) { DS_KERN(round_to_f16_in
 
 // Sum of squares in double, on the host either way (inside a CUDA scope: deterministic device
 // reduction, then a synchronising copy of the one double).
-inline double sum_of_squares(const float* x, int64_t n) {
-  if (on_cuda()) return cuda_kernels().sum_of_squares_to_host(x, n, cuda_stream());
+template <typename S>
+inline double sum_of_squares(const S* x, int64_t n) {
+  if constexpr (kF32<S>) {
+    if (on_cuda()) return cuda_kernels().sum_of_squares_to_host(x, n, cuda_stream());
+  } else if (on_cuda()) {
+    no_cuda_kernel("sum_of_squares", dtype_of<S>);
+  }
   return cpu::sum_of_squares(x, n);
 }
 // cpu::adamw_update_partition; inside a CUDA scope one fused kernel per run of equal decay.
@@ -244,7 +311,35 @@ inline void adamw_update_partition(const AdamWStep& s, float* params, const floa
   }
   cpu::adamw_update_partition(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay);
 }
+// cpu::adamw_update_partition_mixed (G gradients, rounded copy into S); inside a CUDA scope the
+// module's fused kernel where it has the combination (fp32 or bf16 gradients, bf16 or no copy).
+template <typename G, typename S>
+inline void adamw_update_partition_mixed(const AdamWStep& s, float* params, const G* grads, float* exp_avg,
+                                         float* exp_avg_sq, int64_t begin, int64_t count,
+                                         std::span<const DecayRange> decay, S* params_out) {
+  if (on_cuda()) {
+    constexpr bool g_ok = std::is_same_v<G, float> || std::is_same_v<G, bf16>;
+    constexpr bool s_ok = std::is_same_v<S, bf16>;
+    if constexpr (g_ok && s_ok) {
+      const CudaKernelTable& k = cuda_kernels();
+      cpu::for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
+        uint16_t* out = params_out != nullptr ? reinterpret_cast<uint16_t*>(params_out + o) : nullptr;
+        if constexpr (std::is_same_v<G, float>) {
+          k.adamw_update(s, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d, out, cuda_stream());
+        } else {
+          k.adamw_update_bf16_grads(s, params + o, reinterpret_cast<const uint16_t*>(grads + o), exp_avg + o,
+                                    exp_avg_sq + o, n, d, out, cuda_stream());
+        }
+      });
+      return;
+    } else {
+      no_cuda_kernel("adamw_update_partition_mixed", dtype_of<S>);
+    }
+  }
+  cpu::adamw_update_partition_mixed(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay, params_out);
+}
 
+#undef DS_KERN_S
 #undef DS_KERN
 
 }  // namespace ds::rt::kern

@@ -87,12 +87,6 @@ void OptimizerState::compute_norm_ranges(const ms::Gpt2Shape& shape, int tp_rank
   }
 }
 
-void OptimizerState::round_to_precision(TypedPtr x, int64_t n) const {
-  if (x.dtype != DType::kF32) return;  // real 16-bit storage: already rounded
-  if (precision_ == layout::Precision::kBf16) kern::round_to_bf16_in_place(x.f32(), n);
-  if (precision_ == layout::Precision::kFp16) kern::round_to_f16_in_place(x.f32(), n);
-}
-
 void OptimizerState::init_from_f32(const float* values) {
   if (has_master()) {
     kern::copy(master_.as<float>(), values, static_cast<size_t>(opt_count()) * sizeof(float));
@@ -112,7 +106,6 @@ void OptimizerState::after_load() {
 void OptimizerState::sync_model_from_master() {
   if (has_master()) {
     kern::typed::from_f32(zero_.opt_params(), master_.as<float>(), opt_count());
-    round_to_precision(zero_.opt_params(), opt_count());
   }
   zero_.gather_params();
 }
@@ -121,8 +114,8 @@ void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double g
   ++adam_steps_;
   const optim::AdamWStep step = optim::adamw_step_scalars(adamw, adam_steps_, lr, grad_scale);
   const int64_t n = opt_count();
-  // AdamW writes the rounded weights into the model's range in the same pass (a 16-bit model), or
-  // updates its fp32 weights in place (no master).
+  // AdamW writes the rounded weights into the model's 16-bit range in the same pass, or updates
+  // its fp32 weights in place (no master).
   const TypedPtr params_out = zero_.opt_params();
   if (offload_) {
     // ZeRO-Offload: the gradients down (synchronous), AdamW on the CPU, the master weights back
@@ -138,7 +131,6 @@ void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double g
   }
   kern::typed::adamw_update_partition(step, master_params(), grads, exp_avg(), exp_avg_sq(), opt_begin(), n, decay_,
                                       params_out);
-  round_to_precision(params_out, n);  // 16-bit values emulated in fp32 buffers
   zero_.gather_params();
 }
 

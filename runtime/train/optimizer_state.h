@@ -3,10 +3,11 @@
 // [opt_begin, opt_begin + opt_count) (the whole model at stage 0, this rank's partition from
 // stage 1); the decay table; which gradient elements this rank counts in the global norm.
 //
-// Precision: the model stores its parameters in its storage type (bf16/fp16, or fp32 holding
-// values rounded to bf16/fp16 where the model emulates 16-bit storage); the master copy is fp32
-// and AdamW updates it, writing the rounded weights into the model's range in the same pass;
-// ZeRO then gathers them. Gradients are read in the model's gradient type.
+// Precision: the model stores its parameters in its storage type (2-byte bf16/fp16 buffers, or
+// fp32); with 16 bits the partition keeps the fp32 master copy plus m and v (12 bytes per
+// element), AdamW updates the master and writes the weights rounded once into the model's
+// 16-bit range in the same pass; ZeRO then gathers them. Gradients are read in the model's
+// gradient type (kernels/typed.h).
 // ZeRO-Offload (zero_optimization.offload_optimizer.device "cpu" on a GPU run): the state lives
 // in pinned host memory and AdamW runs on the CPU; each update brings the reduced gradients down
 // and sends the master weights back up. On a CPU run the state is host memory anyway.
@@ -64,9 +65,6 @@ class OptimizerState {
   int64_t adam_steps() const { return adam_steps_; }
   void set_adam_steps(int64_t n) { adam_steps_ = n; }
 
-  // Where the model emulates 16-bit storage in fp32 buffers: x rounded in place to the precision
-  // (nothing otherwise).
-  void round_to_precision(TypedPtr x, int64_t n) const;
   // A fresh run's initial weights given as the fp32 values of the optimizer range (on the model's
   // device): into the master copy (or the parameters), then the model's rounded copy and ZeRO's
   // gathers.

@@ -72,6 +72,15 @@ UpdateSettings update_settings_of(const config::JobConfig& c) {
   return u;
 }
 
+DType dtype_of_precision(layout::Precision p) {
+  switch (p) {
+    case layout::Precision::kFp32: return DType::kF32;
+    case layout::Precision::kBf16: return DType::kBF16;
+    case layout::Precision::kFp16: return DType::kF16;
+  }
+  return DType::kF32;
+}
+
 parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int local_rank, Device device) {
   parallel::EngineSpec e;
   e.rank = rank;
@@ -95,6 +104,13 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.model.B = static_cast<int>(c.train_micro_batch_size_per_gpu);
   e.model.T = c.model.seq_len;
   e.model.recompute = c.activation_checkpointing.enabled;
+  // Mixed precision: parameters, activations and their gradients in the 16-bit storage type;
+  // parameter gradients in grad_accum_dtype / communication_data_type (the storage type unless
+  // the config says fp32).
+  // The CUDA dispatch has no 16-bit kernels yet (kernels/dispatch.h): GPU runs keep fp32 buffers.
+  const bool cpu = device == Device::kCpu;
+  e.model.dtype = cpu ? dtype_of_precision(c.precision()) : DType::kF32;
+  e.model.grad_dtype = cpu ? dtype_of_precision(c.gradient_dtype()) : DType::kF32;
   e.comm_timeout = Millis(static_cast<int64_t>(c.training.comm_timeout * 1000));
   return e;
 }

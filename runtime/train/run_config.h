@@ -21,6 +21,10 @@ optim::LrScheduleConfig schedule_of(const config::JobConfig& c);
 optim::LossScalerConfig loss_scaler_of(const config::Fp16Config& f);
 UpdateSettings update_settings_of(const config::JobConfig& c);
 // The engine of world rank `rank` (GPU `local_rank` when device is kCuda).
+// The data plane's element type of a precision (fp32, bf16, fp16).
+DType dtype_of_precision(layout::Precision p);
+// The parallel engine's spec; the model's storage type is the config's precision and its
+// gradients' type the config's gradient_dtype().
 parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int local_rank, Device device);
 // The rank's device: the CPU, or the GPU given by LOCAL_RANK (torchrun's and DeepSpeed's
 // contract), made current before anything allocates on it or an NCCL group binds to it. Loads

@@ -334,7 +334,6 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
     const float inf = std::numeric_limits<float>::infinity();
     kern::typed::from_host_f32(grads, &inf, 1);
   }
-  if (precision == Precision::kFp16) state->round_to_precision(grads, state->opt_count());
   const StepStats stats = global_step_stats(engine->host_world(), loss_owner() ? loss_sum : 0.0, grads, *state,
                                             global_micro_batches, loss_scale, preempt::requested());
   clock.lap(Phase::kStats);

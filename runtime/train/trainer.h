@@ -16,10 +16,13 @@
 // fp16's overflow check, the clip coefficient, AdamW on this rank's range, the master weights back
 // into the model (rounded to bf16/fp16 when enabled), ZeRO's gathers, the LR schedule.
 //
-// Precision on CPU: kernels compute in fp32. With bf16 or fp16 the model's parameters hold values
-// rounded to that type (stored in fp32 buffers), the optimizer keeps fp32 master weights (tag
-// optimizer), and fp16 gradients are rounded to fp16 after accumulation, so an overflow shows as
-// inf exactly as in a 16-bit buffer; the dynamic loss scaler then skips the step.
+// Precision on CPU: kernels compute in fp32 (bf16 matmuls on oneDNN's bf16 kernels with fp32
+// accumulation). With bf16 or fp16 the model's parameters, activations and their gradients are
+// 2-byte buffers of that type, parameter gradients are in the config's gradient type (the storage
+// type by default), the optimizer keeps fp32 master weights, m and v (tag optimizer), and an fp16
+// overflow is a real inf in an fp16 buffer; the dynamic loss scaler then skips the step.
+// On CUDA the 16-bit kernels are not routed yet: bf16/fp16 runs keep fp32 buffers there
+// (run_config.cpp) and bf16 multiplies on tensor cores.
 //
 // Collectives: nothing in runtime/train calls a Comm. The engine's pieces (ZeRO, the pipeline
 // stage, the tensor-parallel regions) own the model's collectives; the bookkeeping ones (the

@@ -75,4 +75,50 @@ void adamw_update_partition(const kern::AdamWStep& s, float* params, const float
   });
 }
 
+namespace {
+// adamw_update with G gradients and the rounded copy into S (null: none).
+template <typename G, typename S>
+void adamw_update_mixed(const kern::AdamWStep& s, float* __restrict params, const G* __restrict grads,
+                        float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n, bool decay,
+                        S* __restrict params_out) {
+  const float b1 = s.beta1, b2 = s.beta2, one_b1 = s.one_minus_beta1, one_b2 = s.one_minus_beta2;
+  const float eps = s.eps, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
+  const float gs = s.grad_scale;
+  const bool decoupled = decay && s.adam_w_mode && s.weight_decay != 0.0f;
+  const bool l2 = decay && !s.adam_w_mode && s.weight_decay != 0.0f;
+  const float decay_factor = s.decay_factor, wd = s.weight_decay;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t i = 0; i < n; ++i) {
+    float p = params[i];
+    float g = to_f32(grads[i]) * gs;
+    if (l2) g += wd * p;
+    if (decoupled) p *= decay_factor;
+    const float m = b1 * exp_avg[i] + one_b1 * g;
+    const float v = b2 * exp_avg_sq[i] + one_b2 * (g * g);
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    const float denom = std::sqrt(v) / bc2_sqrt + eps;
+    p = p - step_size * (m / denom);
+    params[i] = p;
+    if (params_out != nullptr) params_out[i] = from_f32<S>(p);
+  }
+}
+}  // namespace
+
+template <typename G, typename S>
+void adamw_update_partition_mixed(const kern::AdamWStep& s, float* params, const G* grads, float* exp_avg,
+                                  float* exp_avg_sq, int64_t begin, int64_t count,
+                                  std::span<const kern::DecayRange> decay, S* params_out) {
+  for_each_decay_run(begin, count, decay, [&](int64_t o, int64_t n, bool d) {
+    adamw_update_mixed(s, params + o, grads + o, exp_avg + o, exp_avg_sq + o, n, d,
+                       params_out != nullptr ? params_out + o : nullptr);
+  });
+}
+
+#define DS_INST_GS(G, S)                                                                                  \
+  template void adamw_update_partition_mixed<G, S>(const kern::AdamWStep&, float*, const G*, float*, float*, \
+                                                   int64_t, int64_t, std::span<const kern::DecayRange>, S*);
+#define DS_INST_G(G) DS_INST_GS(G, float) DS_INST_GS(G, ::ds::rt::bf16) DS_INST_GS(G, ::ds::rt::f16)
+DS_FOR_EACH_STORAGE(DS_INST_G)
+
 }  // namespace ds::rt::cpu

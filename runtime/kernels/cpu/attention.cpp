@@ -7,10 +7,13 @@
 // Backward recomputes P = exp(S - lse) the same way (no (T,T) activation is kept), then
 //   dP = dO V^T, D_t = dO[t] . O[t], dS = scale * P * (dP - D_t),
 //   dQ = dS K, dK = dS^T Q, dV = P^T dO          (gemms; the upper triangle of P and dS is 0).
+// With 16-bit storage each (b, h) head's q, k, v (and o, dO) are converted to fp32 in the
+// thread's scratch, the fp32 code runs on them, and the results are rounded once into place.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
@@ -49,82 +52,139 @@ using namespace attention_rows;
 constexpr int kRows = 64;
 
 // Scores of rows [r0, r1) against keys [0, r1), into tile rows r0.. (row stride T).
-void scores(float* S, const float* q, const float* k, int r0, int r1, int C3, int T, int hs,
+void scores(float* S, const float* q, const float* k, int r0, int r1, int ldq, int T, int hs,
             float scale) {
-  gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * C3, C3, k, C3, 0.0f,
+  gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * ldq, ldq, k, ldq, 0.0f,
        S + static_cast<int64_t>(r0) * T, T);
+}
+
+
+// One head's forward over fp32 q, k, v (row stride ldq) into o (row stride ldo) and l (T):
+// the fp32 algorithm above; S is the thread's (T, T) tile.
+void head_forward(float* o, int ldo, float* l, const float* q, const float* k, const float* v,
+                  int ldq, float* S, int T, int hs, float scale) {
+  for (int r0 = 0; r0 < T; r0 += kRows) {
+    const int r1 = std::min(T, r0 + kRows);
+    scores(S, q, k, r0, r1, ldq, T, hs, scale);
+    for (int t = r0; t < r1; t++) l[t] = softmax_row(S + static_cast<int64_t>(t) * T, t, r1);
+    gemm(false, false, r1 - r0, hs, r1, 1.0f, S + static_cast<int64_t>(r0) * T, T, v, ldq, 0.0f,
+         o + static_cast<int64_t>(r0) * ldo, ldo);
+  }
+}
+
+// One head's backward: dq, dk, dv (row stride ldq, overwritten) from q, k, v (stride ldq), o and
+// dO (stride ldo) and l; P and dS are the thread's two (T, T) tiles.
+void head_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
+                   int ldq, const float* o, const float* dO, int ldo, const float* l, float* P,
+                   float* dS, int T, int hs, float scale) {
+  for (int r0 = 0; r0 < T; r0 += kRows) {
+    const int r1 = std::min(T, r0 + kRows);
+    scores(P, q, k, r0, r1, ldq, T, hs, scale);
+    // dP rows [r0, r1) = dO V^T over keys [0, r1).
+    gemm(false, true, r1 - r0, r1, hs, 1.0f, dO + static_cast<int64_t>(r0) * ldo, ldo, v, ldq, 0.0f,
+         dS + static_cast<int64_t>(r0) * T, T);
+    for (int t = r0; t < r1; t++) {
+      float* prow = P + static_cast<int64_t>(t) * T;
+      probs_row(prow, l[t], t, T);
+      const float D = vdot(dO + static_cast<int64_t>(t) * ldo, o + static_cast<int64_t>(t) * ldo, hs);
+      dscores_row(dS + static_cast<int64_t>(t) * T, prow, D, scale, t, T);
+    }
+    // dQ rows [r0, r1) = dS K over keys [0, r1).
+    gemm(false, false, r1 - r0, hs, r1, 1.0f, dS + static_cast<int64_t>(r0) * T, T, k, ldq, 0.0f,
+         dq + static_cast<int64_t>(r0) * ldq, ldq);
+  }
+  // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal).
+  gemm(true, false, T, hs, T, 1.0f, dS, T, q, ldq, 0.0f, dk, ldq);
+  gemm(true, false, T, hs, T, 1.0f, P, T, dO, ldo, 0.0f, dv, ldq);
+}
+
+// Rows of width hs between a strided typed buffer and a dense fp32 one (T rows).
+template <typename S>
+void gather_rows(float* dst, const S* src, int ld, int T, int hs) {
+  for (int t = 0; t < T; t++) {
+    for (int i = 0; i < hs; i++) dst[static_cast<int64_t>(t) * hs + i] = to_f32(src[static_cast<int64_t>(t) * ld + i]);
+  }
+}
+template <typename S>
+void scatter_rows(S* dst, int ld, const float* src, int T, int hs) {
+  for (int t = 0; t < T; t++) {
+    for (int i = 0; i < hs; i++) dst[static_cast<int64_t>(t) * ld + i] = from_f32<S>(src[static_cast<int64_t>(t) * hs + i]);
+  }
+}
+
+size_t per_thread_floats(int T, int hs, int storage_bytes) {
+  return 2 * static_cast<size_t>(T) * T + (storage_bytes == 4 ? 0 : 8 * static_cast<size_t>(T) * hs);
 }
 }  // namespace
 
-size_t attention_scratch_floats(int T) {
-  return static_cast<size_t>(omp_get_max_threads()) * 2 * static_cast<size_t>(T) * T;
+size_t attention_scratch_floats(int T, int hs, int storage_bytes) {
+  return static_cast<size_t>(omp_get_max_threads()) * per_thread_floats(T, hs, storage_bytes);
 }
 
-void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH) {
+template <typename S>
+void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
     const int b = bh / NH, h = bh % NH;
-    float* S = scratch + static_cast<size_t>(omp_get_thread_num()) * 2 * T * T;
-    const float* q = qkv + static_cast<int64_t>(b) * T * C3 + h * hs;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    float* o = out + static_cast<int64_t>(b) * T * C + h * hs;
+    float* tile = scratch + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    const S* q = qkv + static_cast<int64_t>(b) * T * C3 + h * hs;
+    S* o = out + static_cast<int64_t>(b) * T * C + h * hs;
     float* l = lse + static_cast<int64_t>(bh) * T;
-    for (int r0 = 0; r0 < T; r0 += kRows) {
-      const int r1 = std::min(T, r0 + kRows);
-      scores(S, q, k, r0, r1, C3, T, hs, scale);
-      for (int t = r0; t < r1; t++) l[t] = softmax_row(S + static_cast<int64_t>(t) * T, t, r1);
-      gemm(false, false, r1 - r0, hs, r1, 1.0f, S + static_cast<int64_t>(r0) * T, T, v, C3, 0.0f,
-           o + static_cast<int64_t>(r0) * C, C);
+    if constexpr (std::is_same_v<S, float>) {
+      head_forward(o, C, l, q, q + C, q + 2 * C, C3, tile, T, hs, scale);
+    } else {
+      const int64_t th = static_cast<int64_t>(T) * hs;
+      float* f = tile + 2 * static_cast<size_t>(T) * T;  // q, k, v, o of this head in fp32
+      for (int part = 0; part < 3; part++) gather_rows(f + part * th, q + part * C, C3, T, hs);
+      head_forward(f + 3 * th, hs, l, f, f + th, f + 2 * th, hs, tile, T, hs, scale);
+      scatter_rows(o, C, f + 3 * th, T, hs);
     }
   }
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* scratch, int B, int T, int C, int NH) {
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                        float* scratch, int B, int T, int C, int NH) {
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
     const int b = bh / NH, h = bh % NH;
-    float* P = scratch + static_cast<size_t>(omp_get_thread_num()) * 2 * T * T;
+    float* P = scratch + static_cast<size_t>(omp_get_thread_num()) * per_thread;
     float* dS = P + static_cast<size_t>(T) * T;
     const int64_t qoff = static_cast<int64_t>(b) * T * C3 + h * hs;
-    const float* q = qkv + qoff;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
     const int64_t ooff = static_cast<int64_t>(b) * T * C + h * hs;
-    const float* o = out + ooff;
-    const float* dO = dout + ooff;
     const float* l = lse + static_cast<int64_t>(bh) * T;
-    float* dq = dqkv + qoff;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    for (int r0 = 0; r0 < T; r0 += kRows) {
-      const int r1 = std::min(T, r0 + kRows);
-      scores(P, q, k, r0, r1, C3, T, hs, scale);
-      // dP rows [r0, r1) = dO V^T over keys [0, r1).
-      gemm(false, true, r1 - r0, r1, hs, 1.0f, dO + static_cast<int64_t>(r0) * C, C, v, C3, 0.0f,
-           dS + static_cast<int64_t>(r0) * T, T);
-      for (int t = r0; t < r1; t++) {
-        float* prow = P + static_cast<int64_t>(t) * T;
-        probs_row(prow, l[t], t, T);
-        const float D = vdot(dO + static_cast<int64_t>(t) * C, o + static_cast<int64_t>(t) * C, hs);
-        dscores_row(dS + static_cast<int64_t>(t) * T, prow, D, scale, t, T);
-      }
-      // dQ rows [r0, r1) = dS K over keys [0, r1).
-      gemm(false, false, r1 - r0, hs, r1, 1.0f, dS + static_cast<int64_t>(r0) * T, T, k, C3, 0.0f,
-           dq + static_cast<int64_t>(r0) * C3, C3);
+    if constexpr (std::is_same_v<S, float>) {
+      const float* q = qkv + qoff;
+      float* dq = dqkv + qoff;
+      head_backward(dq, dq + C, dq + 2 * C, q, q + C, q + 2 * C, C3, out + ooff, dout + ooff, C, l, P,
+                    dS, T, hs, scale);
+    } else {
+      // q, k, v, o, dO, then dq, dk, dv: this head in fp32 after the two tiles.
+      const int64_t th = static_cast<int64_t>(T) * hs;
+      float* f = dS + static_cast<size_t>(T) * T;
+      for (int part = 0; part < 3; part++) gather_rows(f + part * th, qkv + qoff + part * C, C3, T, hs);
+      gather_rows(f + 3 * th, out + ooff, C, T, hs);
+      gather_rows(f + 4 * th, dout + ooff, C, T, hs);
+      float* d = f + 5 * th;
+      head_backward(d, d + th, d + 2 * th, f, f + th, f + 2 * th, hs, f + 3 * th, f + 4 * th, hs, l, P,
+                    dS, T, hs, scale);
+      for (int part = 0; part < 3; part++) scatter_rows(dqkv + qoff + part * C, C3, d + part * th, T, hs);
     }
-    // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal).
-    gemm(true, false, T, hs, T, 1.0f, dS, T, q, C3, 0.0f, dk, C3);
-    gemm(true, false, T, hs, T, 1.0f, P, T, dO, C, 0.0f, dv, C3);
   }
 }
+
+#define DS_INST_S(S)                                                                               \
+  template void attention_forward<S>(S*, float*, const S*, float*, int, int, int, int);            \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, float*, int, \
+                                      int, int, int);
+DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

@@ -1,5 +1,5 @@
-// GELU (tanh approximation) and residual add, forward and backward; the in-place add and
-// storage-precision rounding the parallel engines and the trainer use.
+// GELU (tanh approximation) and residual add, forward and backward, over any storage type
+// (kernels.h: S); the in-place add the parallel engines use; fp32 rounding helpers for tests.
 #include <algorithm>
 #include <cmath>
 
@@ -13,62 +13,71 @@ namespace {
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr int64_t kChunk = 16384;
 
-DS_SIMD_CLONES
-void gelu_chunk(float* out, const float* x, int64_t n) {
+template <typename S>
+DS_SIMD_CLONES void gelu_chunk(S* out, const S* inp, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    const float u = kGeluScale * (x[i] + 0.044715f * x[i] * x[i] * x[i]);
-    out[i] = 0.5f * x[i] * (1.0f + vtanh(u));
+    const float x = to_f32(inp[i]);
+    const float u = kGeluScale * (x + 0.044715f * x * x * x);
+    out[i] = from_f32<S>(0.5f * x * (1.0f + vtanh(u)));
   }
 }
 
-DS_SIMD_CLONES
-void gelu_backward_chunk(float* dx, const float* x, const float* dy, int64_t n) {
+template <typename S>
+DS_SIMD_CLONES void gelu_backward_chunk(S* dx, const S* x, const S* dy, int64_t n) {
   for (int64_t i = 0; i < n; i++) {
-    const float xi = x[i];
+    const float xi = to_f32(x[i]);
     const float u = kGeluScale * (xi + 0.044715f * xi * xi * xi);
     const float th = vtanh(u);
     const float sech2 = 1.0f - th * th;
     const float grad =
         0.5f * (1.0f + th) + 0.5f * xi * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
-    dx[i] = grad * dy[i];
+    dx[i] = from_f32<S>(grad * to_f32(dy[i]));
+  }
+}
+
+template <typename S>
+DS_SIMD_CLONES void add_chunk(S* out, const S* a, const S* b, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = from_f32<S>(to_f32(a[i]) + to_f32(b[i]));
+}
+
+// f(lo, n) over [0, N) in chunks of kChunk, in parallel when N is large enough.
+template <typename F>
+void for_chunks(int64_t N, F f) {
+  const int64_t nchunks = (N + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (N >= kParallelWork)
+  for (int64_t c = 0; c < nchunks; c++) {
+    const int64_t lo = c * kChunk;
+    f(lo, std::min(kChunk, N - lo));
   }
 }
 }  // namespace
 
-void gelu_forward(float* out, const float* inp, int64_t N) {
-  const int64_t nchunks = (N + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (N >= kParallelWork)
-  for (int64_t c = 0; c < nchunks; c++) {
-    const int64_t lo = c * kChunk;
-    gelu_chunk(out + lo, inp + lo, std::min(kChunk, N - lo));
-  }
+template <typename S>
+void gelu_forward(S* out, const S* inp, int64_t N) {
+  for_chunks(N, [&](int64_t lo, int64_t n) { gelu_chunk(out + lo, inp + lo, n); });
 }
 
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N) {
-  const int64_t nchunks = (N + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) if (N >= kParallelWork)
-  for (int64_t c = 0; c < nchunks; c++) {
-    const int64_t lo = c * kChunk;
-    gelu_backward_chunk(dinp + lo, inp + lo, dout + lo, std::min(kChunk, N - lo));
-  }
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N) {
+  for_chunks(N, [&](int64_t lo, int64_t n) { gelu_backward_chunk(dinp + lo, inp + lo, dout + lo, n); });
 }
 
-void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N) {
-#pragma omp parallel for schedule(static) if (N >= kParallelWork)
-  for (int64_t i = 0; i < N; i++) out[i] = inp1[i] + inp2[i];
+template <typename S>
+void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N) {
+  for_chunks(N, [&](int64_t lo, int64_t n) { add_chunk(out + lo, inp1 + lo, inp2 + lo, n); });
 }
 
-void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N) {
-#pragma omp parallel for schedule(static) if (N >= kParallelWork)
-  for (int64_t i = 0; i < N; i++) {
-    dinp1[i] += dout[i];
-    dinp2[i] += dout[i];
-  }
+template <typename S>
+void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N) {
+  for_chunks(N, [&](int64_t lo, int64_t n) {
+    add_chunk(dinp1 + lo, dinp1 + lo, dout + lo, n);
+    add_chunk(dinp2 + lo, dinp2 + lo, dout + lo, n);
+  });
 }
 
-void add_in_place(float* dst, const float* src, int64_t N) {
-#pragma omp parallel for schedule(static) if (N >= kParallelWork)
-  for (int64_t i = 0; i < N; i++) dst[i] += src[i];
+template <typename S>
+void add_in_place(S* dst, const S* src, int64_t N) {
+  for_chunks(N, [&](int64_t lo, int64_t n) { add_chunk(dst + lo, dst + lo, src + lo, n); });
 }
 
 void round_to_bf16_in_place(float* x, int64_t N) {
@@ -80,5 +89,13 @@ void round_to_f16_in_place(float* x, int64_t N) {
 #pragma omp parallel for schedule(static) if (N >= kParallelWork)
   for (int64_t i = 0; i < N; i++) x[i] = f16_to_f32(f32_to_f16(x[i]));
 }
+
+#define DS_INST_S(S)                                                     \
+  template void gelu_forward<S>(S*, const S*, int64_t);                  \
+  template void gelu_backward<S>(S*, const S*, const S*, int64_t);       \
+  template void residual_forward<S>(S*, const S*, const S*, int64_t);    \
+  template void residual_backward<S>(S*, S*, const S*, int64_t);         \
+  template void add_in_place<S>(S*, const S*, int64_t);
+DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

@@ -1,10 +1,31 @@
-// CPU kernels of the GPT-2 model, llm.c style: free functions over raw fp32 buffers, outputs
-// first, then inputs, then shapes. Every forward has a backward twin. The CUDA kernels will have
-// the same signatures plus a stream (runtime/kernels/cuda); runtime/kernels/dispatch.h is the only
-// place that picks between them.
+// CPU kernels of the GPT-2 model, llm.c style: free functions over raw buffers, outputs first,
+// then inputs, then shapes. Every forward has a backward twin. The CUDA kernels have the same
+// signatures plus a stream (runtime/kernels/cuda); runtime/kernels/dispatch.h is the only place
+// that picks between them.
 //
 // Legend: B = batch, T = time, C = channels, OC = output channels, NH = heads, hs = C / NH,
 // V = real vocabulary, Vp = padded vocabulary (row stride of the logits).
+//
+// ---- element types: how a kernel is templated (follow this for new kernels) ----------------------
+// Two template parameters, named the same in every kernel:
+//   S  the STORAGE type of parameters, activations and activation gradients: float, bf16 or f16
+//      (core/dtype.h; bf16/f16 are 2-byte structs holding the bit pattern);
+//   G  the type of PARAMETER GRADIENTS (dweight, dbias, dwte, ...): S itself, or float (gradients
+//      accumulated in fp32 under 16-bit storage, data_types.grad_accum_dtype = fp32).
+// Statistics are always float whatever S: LayerNorm mean/rstd, attention lse and scratch, losses,
+// the vocab-parallel loss statistics. Arithmetic is always fp32: a kernel reads S with to_f32(x),
+// computes in float and writes from_f32<S>(value) (round to nearest even) ONCE per output element;
+// accumulating outputs (+=) read, add in fp32 and round once. For S = float both are the identity,
+// so the fp32 kernels are the same loops they always were.
+// Instantiation: the templates are defined in the .cpp files and explicitly instantiated there for
+// every combination with DS_FOR_EACH_STORAGE(X) (X(S): float, bf16, f16) or
+// DS_FOR_EACH_STORAGE_GRAD(X) (X(S, G): (float, float), (bf16, bf16), (bf16, float), (f16, f16),
+// (f16, float)); kernels/typed.h switches on run-time dtypes into exactly these. A kernel used
+// only with one type (the optimizer's fp32 master) keeps plain float parameters. An output that
+// may be null is declared std::type_identity_t<S>* / <G>* (not deduced), so a caller's nullptr
+// does not stop S and G from being deduced from the other arguments.
+// Matmuls (matmul_forward/backward) run on oneDNN (cpu/onednn.h): fp32, and bf16 on bf16 matrix
+// instructions with fp32 accumulation; fp16 converts to fp32 around the fp32 primitive.
 //
 // Conventions (every function):
 // - Buffers do not alias unless a function says so. Shapes are row-major, in comments.
@@ -14,17 +35,26 @@
 // - Threading: each kernel parallelises itself with OpenMP over omp_get_max_threads() threads
 //   (and BLAS runs single-threaded inside them, see gemm()); calling one from inside an OpenMP
 //   parallel region runs it on the calling thread. Results do not depend on the thread count
-//   except for the order of float sums in gemm reductions inside OpenBLAS (deterministic for a
-//   fixed thread count).
-// - No allocation: scratch comes from the caller (attention's `scratch`).
+//   except for the order of float sums in gemm reductions inside OpenBLAS/oneDNN (deterministic
+//   for a fixed thread count and machine).
+// - No allocation: scratch comes from the caller (attention's `scratch`). Exception: the oneDNN
+//   fallback for 16-bit matmuls where the processor has no primitive (cpu/onednn.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <type_traits>
+#include <string>
 
+#include "core/dtype.h"
 #include "kernels/adamw_step.h"
+
+#define DS_FOR_EACH_STORAGE(X) X(float) X(::ds::rt::bf16) X(::ds::rt::f16)
+#define DS_FOR_EACH_STORAGE_GRAD(X)                                                  \
+  X(float, float) X(::ds::rt::bf16, ::ds::rt::bf16) X(::ds::rt::bf16, float)          \
+  X(::ds::rt::f16, ::ds::rt::f16) X(::ds::rt::f16, float)
 
 namespace ds::rt::cpu {
 
@@ -53,43 +83,52 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // ---- encoder: token + position embedding ------------------------------------------------------
 
 // out (B,T,C) = wte[inp[b,t]] + wpe[t]. inp (B,T) token ids in [0, V); wte (V,C); wpe (maxT,C).
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C);
+template <typename S>
+void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C);
 // dwte, dwpe accumulate; either may be null.
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                      int T, int C);
+template <typename S, typename G>
+void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C);
 
 // Vocabulary-parallel variants (tensor parallelism): this rank holds rows [v0, v0 + Vl) of wte
 // (Vl rows). Forward writes the token embedding of tokens in that range and 0 for the others (the
 // sum over the tp group is the full embedding); backward accumulates dwte for tokens in range.
-void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
-                           int v0, int Vl);
-void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
-                            int C, int v0, int Vl);
+template <typename S>
+void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
+                           int Vl);
+template <typename S, typename G>
+void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C,
+                            int v0, int Vl);
 // out (B,T,C) += wpe[t] (maxT,C).
-void add_position(float* out, const float* wpe, int B, int T, int C);
+template <typename S>
+void add_position(S* out, const S* wpe, int B, int T, int C);
 
 // ---- layernorm (eps 1e-5) ---------------------------------------------------------------------
 
 // out (B,T,C), mean (B,T), rstd (B,T) from inp (B,T,C), weight (C), bias (C).
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int B, int T, int C);
+template <typename S>
+void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
+                       const S* bias, int B, int T, int C);
 // dinp ACCUMULATES (it is the residual stream's gradient); dweight, dbias accumulate.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int B, int T, int C);
+template <typename S, typename G>
+void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int B, int T,
+                        int C);
 
-// ---- matmul with bias -------------------------------------------------------------------------
+// ---- matmul with bias (oneDNN, cpu/onednn.h) -----------------------------------------------------
 
-// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC). bias may be null.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int T, int C, int OC);
+// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC). bias may be null (oneDNN adds it in
+// the same primitive).
+template <typename S>
+void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
+                    int OC);
 // dinp (B,T,C) = dout @ weight (overwritten; skipped when null); dweight (OC,C) += dout^T @ inp;
 // dbias (OC) += column sums of dout (skipped when null).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int B, int T, int C, int OC);
+template <typename S, typename G>
+void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
+                     int B, int T, int C, int OC);
 // out (N,OC) += bias (OC), row by row.
-void add_bias(float* out, const float* bias, int N, int OC);
+template <typename S>
+void add_bias(S* out, const S* bias, int N, int OC);
 
 // ---- causal multi-head self-attention -----------------------------------------------------------
 
@@ -98,30 +137,39 @@ void add_bias(float* out, const float* bias, int N, int OC);
 // from q, k and lse. Nothing of size (B,NH,T,T) is ever stored.
 //   qkv (B,T,3C): q, k, v side by side, head h at channels [h*hs, (h+1)*hs) of each.
 //   out (B,T,C), lse (B,NH,T).
-//   scratch: attention_scratch_floats(T) floats (forward uses half of it).
-size_t attention_scratch_floats(int T);  // 2 x T x T per OpenMP thread
-void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH);
+//   scratch: attention_scratch_floats(T, hs, sizeof(S)) floats. Per OpenMP thread: 2 x T x T
+//   (the score tiles); with 16-bit S also 8 x T x hs, the head's q, k, v, out, dout and dq, dk,
+//   dv in fp32 (each head is converted once and runs the fp32 code).
+size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4);
+template <typename S>
+void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C,
+                       int NH);
 // dqkv (B,T,3C) overwritten. `out` is the forward's output.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* scratch, int B, int T, int C, int NH);
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                        float* scratch, int B, int T, int C, int NH);
 
 // ---- GELU (tanh approximation) -----------------------------------------------------------------
 
-void gelu_forward(float* out, const float* inp, int64_t N);
+template <typename S>
+void gelu_forward(S* out, const S* inp, int64_t N);
 // dinp = gelu'(inp) * dout, overwritten; dinp may alias dout.
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N);
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N);
 
 // ---- residual -----------------------------------------------------------------------------------
 
 // out = inp1 + inp2; out may alias either input.
-void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N);
+template <typename S>
+void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N);
 // dinp1 += dout, dinp2 += dout (both accumulate).
-void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N);
+template <typename S>
+void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N);
 // dst += src (gradient accumulation of the parallel engines); must not overlap.
-void add_in_place(float* dst, const float* src, int64_t N);
-// x = the nearest bf16 (fp16) value of x, in place, rounding as core/dtype.h: the storage
-// precision of mixed-precision parameters kept in fp32 buffers.
+template <typename S>
+void add_in_place(S* dst, const S* src, int64_t N);
+// x = the nearest bf16 (fp16) value of x, in place, rounding as core/dtype.h (tests and the
+// CUDA comparison use it; training stores 16-bit values in 16-bit buffers).
 void round_to_bf16_in_place(float* x, int64_t N);
 void round_to_f16_in_place(float* x, int64_t N);
 
@@ -129,28 +177,33 @@ void round_to_f16_in_place(float* x, int64_t N);
 
 // losses (N) = -log softmax(logits[n, :V])[targets[n]]; logits (N,Vp), columns >= V ignored.
 // Returns the number of targets outside [0, V) (their loss is NaN); 0 when all are valid.
-int64_t crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N,
-                             int V, int Vp);
+template <typename S>
+int64_t crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
+                             int Vp);
 // As crossentropy_forward, and turns logits into dlogits IN PLACE:
 // dlogits[n, v] = (softmax[n, v] - [v == targets[n]]) * dloss for v < V, 0 for V <= v < Vp.
-int64_t crossentropy_softmax_backward(float* losses, float* logits_to_dlogits,
-                                      const int32_t* targets, float dloss, int N, int V, int Vp);
+template <typename S>
+int64_t crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
+                                      float dloss, int N, int V, int Vp);
 
 // Vocabulary-parallel cross-entropy (Megatron's): logits (N, Vl) are this rank's columns
 // [v0, v0 + Vl) of the full vocabulary; columns at or past the real vocabulary V are ignored.
 // Between the phases the caller reduces over the tp group: max after phase 1, sums after phase 2.
 // Phase 1: mx (N) = max of the rank's valid logits (-inf when it has none).
-void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V);
+template <typename S>
+void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V);
 // Phase 2 (mx now the global max): sumexp (N) = sum exp(logit - mx) of the valid columns;
 // tlogit (N) = the target's logit when this rank holds it, else 0.
-void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
+template <typename S>
+void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx,
                    const int32_t* targets, int N, int Vl, int v0, int V);
 // Phase 3 (sums now global): losses (N) = mx + log(sumexp) - tlogit; when logits_to_dlogits is
 // not null (training) the logits become dlogits in place: (softmax - [v == target]) * dloss, 0 for
 // invalid columns.
-void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx,
-                     const float* sumexp, const float* tlogit, const int32_t* targets,
-                     float dloss, int N, int Vl, int v0, int V);
+template <typename S>
+void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
+                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
+                     int v0, int V);
 
 // ---- element type conversion (round to nearest even) ----------------------------------------------
 
@@ -158,6 +211,9 @@ void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N);
 void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N);
 void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N);
 void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N);
+// out (N, type D) = inp (N, type S) converted through fp32 (rounded once); D == S is a copy.
+template <typename D, typename S>
+void convert(D* out, const S* inp, int64_t N);
 
 // ---- the optimizer's passes over flat fp32 buffers (kernels/adamw_step.h) --------------------------
 
@@ -177,13 +233,30 @@ void for_each_decay_run(int64_t begin, int64_t count, std::span<const kern::Deca
 void adamw_update_partition(const kern::AdamWStep& s, float* params, const float* grads,
                             float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t count,
                             std::span<const kern::DecayRange> decay);
+// Mixed precision: the fp32 master `params` updated with gradients of type G, and when
+// params_out is not null the updated weights rounded into it (type S, the model's working copy)
+// in the same pass. Same formula, element for element, as adamw_update.
+template <typename G, typename S>
+void adamw_update_partition_mixed(const kern::AdamWStep& s, float* params, const G* grads,
+                                  float* exp_avg, float* exp_avg_sq, int64_t begin, int64_t count,
+                                  std::span<const kern::DecayRange> decay, S* params_out);
 
 // Sum of x[i]^2 accumulated in double; inf/nan inputs make it non-finite. Deterministic for a
 // given thread count (each thread sums one contiguous block; blocks are added in thread order).
-double sum_of_squares(const float* x, int64_t n);
-// x[i] *= coef; nothing to do when coef == 1.
-void scale_in_place(float* x, int64_t n, float coef);
+template <typename S>
+double sum_of_squares(const S* x, int64_t n);
+// x[i] *= coef (rounded once); nothing to do when coef == 1.
+template <typename S>
+void scale_in_place(S* x, int64_t n, float coef);
 // True when every element is finite (no inf, no nan).
-bool all_finite(const float* x, int64_t n);
+template <typename S>
+bool all_finite(const S* x, int64_t n);
+
+// ---- what ran ---------------------------------------------------------------------------------------
+
+// One line per matmul implementation used so far in this process: "fp32 matmul: brg:avx512_core"
+// (oneDNN's implementation string), "bf16 matmul: ..." or "... fp32 fallback" where oneDNN had no
+// 16-bit primitive. For `dstrain report` and the run's summary.
+std::string kernel_report();
 
 }  // namespace ds::rt::cpu

@@ -1,4 +1,5 @@
-// LayerNorm forward and backward (eps 1e-5, biased variance, as PyTorch and llm.c).
+// LayerNorm forward and backward (eps 1e-5, biased variance, as PyTorch and llm.c), over any
+// storage type (kernels.h: S, G); mean and rstd are fp32, every sum is in fp32.
 #include <algorithm>
 #include <cmath>
 
@@ -8,61 +9,66 @@
 namespace ds::rt::cpu {
 
 namespace {
-DS_SIMD_CLONES
-void ln_row(float* o, float* mean_out, float* rstd_out, const float* x, const float* w,
-            const float* b, int C) {
+template <typename S>
+DS_SIMD_CLONES void ln_row(S* o, float* mean_out, float* rstd_out, const S* x, const S* w,
+                           const S* b, int C) {
   const float m = vsum(x, C) / static_cast<float>(C);
   float acc[kLanes] = {};
   int c0 = 0;
   for (; c0 + kLanes <= C; c0 += kLanes) {
-    for (int j = 0; j < kLanes; j++) acc[j] += (x[c0 + j] - m) * (x[c0 + j] - m);
+    for (int j = 0; j < kLanes; j++) {
+      const float d = to_f32(x[c0 + j]) - m;
+      acc[j] += d * d;
+    }
   }
-  for (; c0 < C; c0++) acc[0] += (x[c0] - m) * (x[c0] - m);
+  for (; c0 < C; c0++) acc[0] += (to_f32(x[c0]) - m) * (to_f32(x[c0]) - m);
   const float var = vsum(acc, kLanes);
   const float s = 1.0f / std::sqrt(var / static_cast<float>(C) + 1e-5f);
-  for (int c = 0; c < C; c++) o[c] = (x[c] - m) * s * w[c] + b[c];
+  for (int c = 0; c < C; c++) o[c] = from_f32<S>((to_f32(x[c]) - m) * s * to_f32(w[c]) + to_f32(b[c]));
   *mean_out = m;
   *rstd_out = s;
 }
 
-DS_SIMD_CLONES
-void ln_row_backward(float* dx, const float* dy, const float* x, const float* w, float m, float s,
-                     int C) {
+template <typename S>
+DS_SIMD_CLONES void ln_row_backward(S* dx, const S* dy, const S* x, const S* w, float m, float s,
+                                    int C) {
   // dx += s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dy * w.
   float aa[kLanes] = {}, bb[kLanes] = {};
   int c0 = 0;
   for (; c0 + kLanes <= C; c0 += kLanes) {
     for (int j = 0; j < kLanes; j++) {
-      const float dn = dy[c0 + j] * w[c0 + j];
+      const float dn = to_f32(dy[c0 + j]) * to_f32(w[c0 + j]);
       aa[j] += dn;
-      bb[j] += dn * (x[c0 + j] - m) * s;
+      bb[j] += dn * (to_f32(x[c0 + j]) - m) * s;
     }
   }
   for (; c0 < C; c0++) {
-    const float dn = dy[c0] * w[c0];
+    const float dn = to_f32(dy[c0]) * to_f32(w[c0]);
     aa[0] += dn;
-    bb[0] += dn * (x[c0] - m) * s;
+    bb[0] += dn * (to_f32(x[c0]) - m) * s;
   }
   const float a = vsum(aa, kLanes) / static_cast<float>(C);
   const float b = vsum(bb, kLanes) / static_cast<float>(C);
   for (int c = 0; c < C; c++) {
-    const float n = (x[c] - m) * s;
-    dx[c] += s * (dy[c] * w[c] - a - n * b);
+    const float n = (to_f32(x[c]) - m) * s;
+    dx[c] = from_f32<S>(to_f32(dx[c]) + s * (to_f32(dy[c]) * to_f32(w[c]) - a - n * b));
   }
 }
 }  // namespace
 
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int B, int T, int C) {
+template <typename S>
+void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
+                       const S* bias, int B, int T, int C) {
 #pragma omp parallel for schedule(static) if (int64_t{B} * T * C >= kParallelWork)
   for (int64_t r = 0; r < static_cast<int64_t>(B) * T; r++) {
     ln_row(out + r * C, mean + r, rstd + r, inp + r * C, weight, bias, C);
   }
 }
 
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int B, int T, int C) {
+template <typename S, typename G>
+void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int B, int T,
+                        int C) {
   const int64_t N = static_cast<int64_t>(B) * T;
 #pragma omp parallel if (int64_t{B} * T * C >= kParallelWork)
   {
@@ -78,20 +84,28 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
       const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);
       float dw[kBlock] = {}, db[kBlock] = {};
       for (int64_t r = 0; r < N; r++) {
-        const float* dy = dout + r * C;
-        const float* x = inp + r * C;
+        const S* dy = dout + r * C;
+        const S* x = inp + r * C;
         const float m = mean[r], s = rstd[r];
         for (int c = c0; c < c1; c++) {
-          dw[c - c0] += dy[c] * (x[c] - m) * s;
-          db[c - c0] += dy[c];
+          dw[c - c0] += to_f32(dy[c]) * (to_f32(x[c]) - m) * s;
+          db[c - c0] += to_f32(dy[c]);
         }
       }
       for (int c = c0; c < c1; c++) {
-        dweight[c] += dw[c - c0];
-        dbias[c] += db[c - c0];
+        dweight[c] = from_f32<G>(to_f32(dweight[c]) + dw[c - c0]);
+        dbias[c] = from_f32<G>(to_f32(dbias[c]) + db[c - c0]);
       }
     }
   }
 }
+
+#define DS_INST_S(S) \
+  template void layernorm_forward<S>(S*, float*, float*, const S*, const S*, const S*, int, int, int);
+#define DS_INST_SG(S, G)                                                                                \
+  template void layernorm_backward<S, G>(S*, G*, std::type_identity_t<G>*, const S*, const S*, const S*, const float*, \
+                                         const float*, int, int, int);
+DS_FOR_EACH_STORAGE(DS_INST_S)
+DS_FOR_EACH_STORAGE_GRAD(DS_INST_SG)
 
 }  // namespace ds::rt::cpu

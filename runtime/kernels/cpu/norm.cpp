@@ -1,4 +1,4 @@
-// Norms over flat fp32 buffers. sum_of_squares gives each thread one contiguous block and adds
+// Norms over flat buffers of any storage type (fp32 arithmetic, double sums). sum_of_squares gives each thread one contiguous block and adds
 // the blocks' sums in thread order, so the result depends on the thread count but not on timing.
 #include <omp.h>
 
@@ -15,18 +15,23 @@ constexpr int kMaxThreads = 256;
 
 // Sum of squares of x[0, n) in double with 8 independent accumulators (a fixed order, so still
 // deterministic), which lets the compiler vectorise without reassociating.
-double block_sum_of_squares(const float* x, int64_t n) {
+template <typename S>
+double block_sum_of_squares(const S* x, int64_t n) {
   double acc[8] = {};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) acc[j] += static_cast<double>(x[i + j]) * x[i + j];
+    for (int j = 0; j < 8; ++j) {
+      const double v = to_f32(x[i + j]);
+      acc[j] += v * v;
+    }
   }
-  for (; i < n; ++i) acc[0] += static_cast<double>(x[i]) * x[i];
+  for (; i < n; ++i) acc[0] += static_cast<double>(to_f32(x[i])) * to_f32(x[i]);
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 }  // namespace
 
-double sum_of_squares(const float* x, int64_t n) {
+template <typename S>
+double sum_of_squares(const S* x, int64_t n) {
   if (n < kParallelMin) return block_sum_of_squares(x, n);
   double partial[kMaxThreads] = {};
   const int threads = std::min(omp_get_max_threads(), kMaxThreads);
@@ -44,18 +49,26 @@ double sum_of_squares(const float* x, int64_t n) {
   return total;
 }
 
-void scale_in_place(float* x, int64_t n, float coef) {
+template <typename S>
+void scale_in_place(S* x, int64_t n, float coef) {
   if (coef == 1.0f) return;
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) x[i] *= coef;
+  for (int64_t i = 0; i < n; ++i) x[i] = from_f32<S>(to_f32(x[i]) * coef);
 }
 
-bool all_finite(const float* x, int64_t n) {
+template <typename S>
+bool all_finite(const S* x, int64_t n) {
   // Branch-free accumulation so the loop vectorises: x - x is 0 for finite x, nan otherwise.
   float acc = 0.0f;
 #pragma omp parallel for schedule(static) reduction(+ : acc) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) acc += x[i] - x[i];
+  for (int64_t i = 0; i < n; ++i) acc += to_f32(x[i]) - to_f32(x[i]);
   return acc == 0.0f;
 }
+
+#define DS_INST_S(S)                                        \
+  template double sum_of_squares<S>(const S*, int64_t);     \
+  template void scale_in_place<S>(S*, int64_t, float);      \
+  template bool all_finite<S>(const S*, int64_t);
+DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/dtype.h"
+
 namespace ds::rt::cpu {
 
 // exp(x) with < 2 ulp error for x in [-87, 88] (Cephes' expf polynomial, Cody-Waite reduction);
@@ -39,38 +41,45 @@ inline float vtanh(float x) { return 1.0f - 2.0f / (vexp(2.0f * x) + 1.0f); }
 // depend on the ISA the loader picked beyond the lane count.
 constexpr int kLanes = 16;
 
-inline float vsum(const float* x, int n) {
+// The reductions read any storage type (core/dtype.h's to_f32) and sum in fp32.
+template <typename S>
+inline float vsum(const S* x, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; j++) acc[j] += x[i + j];
+    for (int j = 0; j < kLanes; j++) acc[j] += to_f32(x[i + j]);
   }
-  for (; i < n; i++) acc[0] += x[i];
+  for (; i < n; i++) acc[0] += to_f32(x[i]);
   float s = 0.0f;
   for (int j = 0; j < kLanes; j++) s += acc[j];
   return s;
 }
 
-inline float vdot(const float* a, const float* b, int n) {
+template <typename A, typename B>
+inline float vdot(const A* a, const B* b, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < kLanes; j++) acc[j] += to_f32(a[i + j]) * to_f32(b[i + j]);
   }
-  for (; i < n; i++) acc[0] += a[i] * b[i];
+  for (; i < n; i++) acc[0] += to_f32(a[i]) * to_f32(b[i]);
   float s = 0.0f;
   for (int j = 0; j < kLanes; j++) s += acc[j];
   return s;
 }
 
-inline float vmax(const float* x, int n) {
+template <typename S>
+inline float vmax(const S* x, int n) {
   float acc[kLanes];
   for (int j = 0; j < kLanes; j++) acc[j] = -INFINITY;
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; j++) acc[j] = x[i + j] > acc[j] ? x[i + j] : acc[j];
+    for (int j = 0; j < kLanes; j++) {
+      const float v = to_f32(x[i + j]);
+      acc[j] = v > acc[j] ? v : acc[j];
+    }
   }
-  for (; i < n; i++) acc[0] = x[i] > acc[0] ? x[i] : acc[0];
+  for (; i < n; i++) acc[0] = to_f32(x[i]) > acc[0] ? to_f32(x[i]) : acc[0];
   float m = acc[0];
   for (int j = 1; j < kLanes; j++) m = acc[j] > m ? acc[j] : m;
   return m;
@@ -97,13 +106,14 @@ inline float vexp_inplace_sum(float* x, float shift, int n) {
 }
 
 // sum of exp(x[i] - shift), x unchanged.
-inline float vexp_sum(const float* x, float shift, int n) {
+template <typename S>
+inline float vexp_sum(const S* x, float shift, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; j++) acc[j] += vexp(x[i + j] - shift);
+    for (int j = 0; j < kLanes; j++) acc[j] += vexp(to_f32(x[i + j]) - shift);
   }
-  for (; i < n; i++) acc[0] += vexp(x[i] - shift);
+  for (; i < n; i++) acc[0] += vexp(to_f32(x[i]) - shift);
   float s = 0.0f;
   for (int j = 0; j < kLanes; j++) s += acc[j];
   return s;

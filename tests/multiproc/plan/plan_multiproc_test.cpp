@@ -42,6 +42,8 @@ struct Layout {
   std::string schedule = "1f1b";
   std::string partition = "uniform";
   bool checkpointing = false;
+  std::string precision = "fp32";  // "bf16" / "fp16": 2-byte storage
+  std::string grad_accum = "";     // data_types.grad_accum_dtype when not empty
   int world() const { return tp * pp * dp; }
 };
 
@@ -65,6 +67,13 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
   // 4 layers (pp 2 splits them), C = 32, micro-batch 2 of 16 tokens, 4 micro-batches per step on
   // every data-parallel rank (1F1B keeps 2 in flight on the first of 2 stages).
   static json config(const Layout& l) {
+    json c = base_config(l);
+    if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
+    if (l.precision == "fp16") c["fp16"] = {{"enabled", true}};
+    if (!l.grad_accum.empty()) c["data_types"] = {{"grad_accum_dtype", l.grad_accum}};
+    return c;
+  }
+  static json base_config(const Layout& l) {
     return {
         {"train_micro_batch_size_per_gpu", 2},
         {"gradient_accumulation_steps", 4},
@@ -133,6 +142,29 @@ Layout data_parallel(int dp, int stage) {
             {"stage3_max_live_parameters", 30000}};
   return l;
 }
+
+// The layout at 16 bits: every 2-byte tag (params, grads, activations, comm buffers) and the
+// fp32 statistics and optimizer state, held to the plan the same way.
+Layout sixteen(Layout l, const std::string& precision = "bf16", const std::string& grad_accum = "") {
+  l.name += "_" + precision + (grad_accum.empty() ? "" : "_grads_" + grad_accum);
+  l.precision = precision;
+  l.grad_accum = grad_accum;
+  return l;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    SixteenBit, PlanMultiproc,
+    ::testing::Values(sixteen(data_parallel(2, 0)), sixteen(data_parallel(2, 1)), sixteen(data_parallel(2, 2)),
+                      sixteen(data_parallel(2, 3)), sixteen(data_parallel(4, 2)),
+                      sixteen(data_parallel(2, 2), "bf16", "fp32"), sixteen(data_parallel(2, 1), "fp16"),
+                      sixteen(Layout{"tp2", 2, 1, 1}), sixteen(Layout{"pp2_1f1b", 1, 2, 1}),
+                      sixteen(Layout{"pp4_zero2_checkpointing", 1, 4, 1,
+                                     json{{"stage", 2}, {"reduce_bucket_size", 3000}}, "1f1b", "uniform", true}),
+                      sixteen(Layout{"tp2_pp2_dp2_zero2", 2, 2, 2, json{{"stage", 2}, {"reduce_bucket_size", 3000}}}),
+                      sixteen(Layout{"tp2_dp2_zero3", 2, 1, 2,
+                                     json{{"stage", 3}, {"stage3_param_persistence_threshold", 100},
+                                          {"stage3_prefetch_bucket_size", 10000}}})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, PlanMultiproc,

@@ -212,8 +212,8 @@ TEST_F(TrainMultiproc, ACheckpointFromDp2ResumesAtDp4) {
 }
 
 // 16-bit training with data parallelism: bf16 at stage 3 follows the single-process bf16 curve
-// (within bf16's resolution); an
-// fp16 overflow on rank 0's partition alone skips the step on every rank (otherwise the ranks'
+// (within bf16's resolution); an fp16 overflow (a real inf in the fp16 gradient buffer) on rank 0's
+// partition alone skips the step on every rank (otherwise the ranks'
 // weights would part and the curve would leave the single-process one).
 TEST_F(TrainMultiproc, SixteenBitPrecisionAndAnOverflowOnOneRankSkipEverywhere) {
   auto bf = config(3);
@@ -242,7 +242,9 @@ TEST_F(TrainMultiproc, SixteenBitPrecisionAndAnOverflowOnOneRankSkipEverywhere) 
     double want = f1.metrics[i]["loss"].get<double>();
     EXPECT_EQ(f2.metrics[i]["skipped"], f1.metrics[i]["skipped"]) << "fp16 step " << i + 1;
     EXPECT_EQ(f2.metrics[i]["loss_scale"], f1.metrics[i]["loss_scale"]) << "fp16 step " << i + 1;
-    EXPECT_LE(std::abs(f2.metrics[i]["loss"].get<double>() - want), 1e-5 * want) << "fp16 step " << i + 1;
+    // fp16 gradients: dp 2 sums the two ranks' fp16 gradients in fp32 and rounds once, the single
+    // process adds each micro-batch into its fp16 buffer; roundings differ (2^-11 relative).
+    EXPECT_LE(std::abs(f2.metrics[i]["loss"].get<double>() - want), 1e-3 * want) << "fp16 step " << i + 1;
   }
 }
 

@@ -97,14 +97,21 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   }
 }
 
-TEST(MemoryModel, CpuKeepsSixteenBitValuesInFp32Buffers) {
+TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   Layout l;
   l.precision = Precision::kBf16;
   l.micro_batch = 2;
   auto r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, 1920 * 4);
-  EXPECT_EQ(r.grads, 1920 * 4);
-  EXPECT_EQ(r.optimizer, 1920 * 12);
+  EXPECT_EQ(r.params, 1920 * 2);
+  EXPECT_EQ(r.grads, 1920 * 2);
+  EXPECT_EQ(r.optimizer, 1920 * 12);  // fp32 master + m + v
+  l.grad_precision = Precision::kFp32;  // grad_accum_dtype fp32
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].grads, 1920 * 4);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, 1920 * 2);
+  l.grad_precision.reset();
+  l.device = DeviceKind::kCuda;  // the GPU keeps fp32 buffers
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, 1920 * 4);
+  l.device = DeviceKind::kCpu;
   l.zero_stage = 1;
   l.offload_optimizer = true;  // host memory is the device memory: nothing moves
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].optimizer, 1920 * 12);

@@ -1,0 +1,209 @@
+// oneDNN matmuls with a process-wide primitive cache (cpu/onednn.h).
+//
+// Why a cache keyed by shapes: a oneDNN primitive is specialised for its shapes, strides and
+// types (it JIT-compiles its kernel when created, which costs ~0.1-1 ms); a training step issues
+// the same few dozen products every step, so each key is created once and reused.
+// Why per-thread streams and scratchpads: a dnnl::stream is not meant to be shared between threads
+// that execute at the same time, and oneDNN's library-managed scratchpad is one global buffer in
+// Debian's build (no concurrent execution), which gave wrong products when two ranks ran as
+// threads of one process; each thread keeps its own, grown to the largest primitive's need.
+#include "kernels/cpu/onednn.h"
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+#include <vector>
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "common/error.h"
+#include "kernels/cpu/kernels.h"
+
+namespace ds::rt::cpu::onednn {
+
+namespace {
+using dt = dnnl::memory::data_type;
+using Dims = dnnl::memory::dims;
+
+std::atomic<Backend> g_backend{Backend::kOneDnn};
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::kF32: return dt::f32;
+    case DType::kBF16: return dt::bf16;
+    case DType::kF16: return dt::f16;
+  }
+  return dt::undef;
+}
+
+using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_t, int, int, bool, bool>;
+
+struct Prim {
+  dnnl::matmul prim;
+  dnnl::memory::desc a, b, bias, c, scratch;
+};
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+dnnl::stream& thread_stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+struct Cache {
+  std::mutex mu;
+  std::map<Key, std::shared_ptr<Prim>> prims;          // nullptr: oneDNN has no primitive
+  std::vector<std::pair<std::string, std::string>> used;  // (input type, impl) in first-use order
+};
+Cache& cache() {
+  static Cache c;
+  return c;
+}
+
+std::shared_ptr<Prim> create(DType in, Operand A, Operand B, bool bias, DType out, int64_t ldc, int M, int N,
+                             int K, bool accumulate) {
+  auto p = std::make_shared<Prim>();
+  p->a = dnnl::memory::desc(Dims{M, K}, to_dnnl(in), Dims{A.stride0, A.stride1});
+  p->b = dnnl::memory::desc(Dims{K, N}, to_dnnl(in), Dims{B.stride0, B.stride1});
+  p->c = dnnl::memory::desc(Dims{M, N}, to_dnnl(out), Dims{ldc, 1});
+  if (bias) p->bias = dnnl::memory::desc(Dims{1, N}, to_dnnl(in), Dims{N, 1});
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  try {
+    auto d = bias ? dnnl::matmul::desc(p->a, p->b, p->bias, p->c) : dnnl::matmul::desc(p->a, p->b, p->c);
+    dnnl::matmul::primitive_desc pd(d, attr, engine());
+    p->prim = dnnl::matmul(pd);
+    p->scratch = pd.scratchpad_desc();
+    const std::string impl = pd.impl_info_str();
+    auto& used = cache().used;
+    const std::string type = dtype_name(in);
+    bool seen = false;
+    for (auto& u : used) seen = seen || (u.first == type && u.second == impl);
+    if (!seen) used.emplace_back(type, impl);
+  } catch (const dnnl::error& e) {
+    if (in == DType::kF32) throw system_error("oneDNN has no fp32 matmul for {}x{}x{}: {}", M, N, K, e.what());
+    return nullptr;
+  }
+  return p;
+}
+
+// The cached primitive of this product, or nullptr where oneDNN has none.
+std::shared_ptr<Prim> lookup(DType in, Operand A, Operand B, bool bias, DType out, int64_t ldc, int M, int N,
+                             int K, bool accumulate) {
+  const Key key{M, N, K, A.stride0, A.stride1, B.stride0, B.stride1, ldc, static_cast<int>(in),
+                static_cast<int>(out), bias, accumulate};
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.prims.find(key);
+  if (it == c.prims.end()) it = c.prims.emplace(key, create(in, A, B, bias, out, ldc, M, N, K, accumulate)).first;
+  return it->second;
+}
+
+void run(const Prim& p, const void* A, const void* B, const void* bias, void* C) {
+  const dnnl::engine& e = engine();
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, dnnl::memory(p.a, e, const_cast<void*>(A))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(p.b, e, const_cast<void*>(B))},
+      {DNNL_ARG_DST, dnnl::memory(p.c, e, C)}};
+  if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, e, const_cast<void*>(bias)));
+  // The scratchpad is this thread's: oneDNN's own (library mode) is one global buffer unless the
+  // library was built for concurrent execution, and ranks run as threads in the tests.
+  thread_local std::vector<char> scratch;
+  if (scratch.size() < p.scratch.get_size()) scratch.resize(p.scratch.get_size());
+  args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(p.scratch, e, scratch.data()));
+  p.prim.execute(thread_stream(), args);
+  thread_stream().wait();
+}
+
+// Dense fp32 copy of a strided (rows, cols) operand of type `in`.
+void to_dense_f32(std::vector<float>& dst, DType in, Operand X, int rows, int cols) {
+  dst.resize(static_cast<size_t>(rows) * cols);
+  for (int i = 0; i < rows; i++) {
+    for (int j = 0; j < cols; j++) {
+      const int64_t at = i * X.stride0 + j * X.stride1;
+      float v = 0.0f;
+      if (in == DType::kF32) v = static_cast<const float*>(X.data)[at];
+      if (in == DType::kBF16) v = to_f32(static_cast<const bf16*>(X.data)[at]);
+      if (in == DType::kF16) v = to_f32(static_cast<const f16*>(X.data)[at]);
+      dst[static_cast<size_t>(i) * cols + j] = v;
+    }
+  }
+}
+
+void matmul_f32(Operand A, Operand B, const float* bias, float* C, int64_t ldc, int M, int N, int K,
+                bool accumulate) {
+  if (g_backend.load(std::memory_order_relaxed) == Backend::kOpenBlas && (A.stride0 == 1 || A.stride1 == 1) &&
+      (B.stride0 == 1 || B.stride1 == 1)) {
+    const bool ta = A.stride1 != 1, tb = B.stride1 != 1;
+    const int lda = static_cast<int>(ta ? A.stride1 : A.stride0), ldb = static_cast<int>(tb ? B.stride1 : B.stride0);
+    gemm(ta, tb, M, N, K, 1.0f, static_cast<const float*>(A.data), lda, static_cast<const float*>(B.data), ldb,
+         accumulate ? 1.0f : 0.0f, C, static_cast<int>(ldc));
+    if (bias != nullptr) add_bias(C, bias, M, N);
+    return;
+  }
+  auto p = lookup(DType::kF32, A, B, bias != nullptr, DType::kF32, ldc, M, N, K, accumulate);
+  run(*p, A.data, B.data, bias, C);
+}
+
+// 16-bit product through fp32: operands converted, the fp32 primitive, C rounded once.
+void matmul_convert(DType in, Operand A, Operand B, const void* bias, DType out, void* C, int64_t ldc, int M,
+                    int N, int K, bool accumulate) {
+  thread_local std::vector<float> a, b, c, bb;
+  to_dense_f32(a, in, A, M, K);
+  to_dense_f32(b, in, B, K, N);
+  if (bias != nullptr) to_dense_f32(bb, in, Operand{bias, 0, 1}, 1, N);
+  c.assign(static_cast<size_t>(M) * N, 0.0f);
+  if (accumulate) to_dense_f32(c, out, Operand{C, ldc, 1}, M, N);
+  matmul_f32(Operand{a.data(), K, 1}, Operand{b.data(), N, 1}, bias != nullptr ? bb.data() : nullptr, c.data(),
+             N, M, N, K, accumulate);
+  for (int i = 0; i < M; i++) {
+    const float* src = c.data() + static_cast<size_t>(i) * N;
+    if (out == DType::kF32) convert(static_cast<float*>(C) + i * ldc, src, N);
+    if (out == DType::kBF16) convert(static_cast<bf16*>(C) + i * ldc, src, N);
+    if (out == DType::kF16) convert(static_cast<f16*>(C) + i * ldc, src, N);
+  }
+  std::lock_guard<std::mutex> lock(cache().mu);
+  auto& used = cache().used;
+  const std::string type = dtype_name(in), impl = "converted to fp32";
+  bool seen = false;
+  for (auto& u : used) seen = seen || (u.first == type && u.second == impl);
+  if (!seen) used.emplace_back(type, impl);
+}
+}  // namespace
+
+void set_backend(Backend b) { g_backend.store(b); }
+Backend backend() { return g_backend.load(); }
+
+void matmul(DType in, Operand A, Operand B, const void* bias, DType out, void* C, int64_t ldc, int M, int N,
+            int K, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  if (in == DType::kF32) {
+    return matmul_f32(A, B, static_cast<const float*>(bias), static_cast<float*>(C), ldc, M, N, K, accumulate);
+  }
+  if (g_backend.load(std::memory_order_relaxed) == Backend::kOneDnn) {
+    if (auto p = lookup(in, A, B, bias != nullptr, out, ldc, M, N, K, accumulate)) {
+      return run(*p, A.data, B.data, bias, C);
+    }
+  }
+  matmul_convert(in, A, B, bias, out, C, ldc, M, N, K, accumulate);
+}
+
+std::string report() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::string s;
+  for (const auto& [type, impl] : c.used) s += (s.empty() ? "" : "; ") + type + " matmul: " + impl;
+  return s;
+}
+
+}  // namespace ds::rt::cpu::onednn
