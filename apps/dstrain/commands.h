@@ -25,5 +25,6 @@ void add_config_command(CLI::App& app, std::vector<Command>& out);
 void add_data_command(CLI::App& app, std::vector<Command>& out);
 void add_checkpoint_command(CLI::App& app, std::vector<Command>& out);
 void add_token_command(CLI::App& app, std::vector<Command>& out);
+void add_sample_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli
