@@ -12,8 +12,18 @@ find_package(Gloo CONFIG REQUIRED)
 find_package(OpenMP REQUIRED COMPONENTS CXX)
 pkg_check_modules(LIBSSH2 REQUIRED IMPORTED_TARGET libssh2)
 pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
-# oneDNN (libdnnl-dev): the CPU matmuls (runtime/kernels/cpu/onednn.h).
-find_package(dnnl CONFIG REQUIRED)
+# oneDNN (libdnnl-dev): the CPU matmuls (runtime/kernels/cpu/onednn.h). Found by hand, not through
+# Debian's dnnl-config.cmake: that one also asks for the OpenCL headers (ocl-icd-opencl-dev, only
+# a recommendation of libdnnl-dev), which the CPU engine never uses.
+find_path(DNNL_INCLUDE_DIR oneapi/dnnl/dnnl.hpp)
+find_library(DNNL_LIBRARY dnnl)
+if(NOT DNNL_INCLUDE_DIR OR NOT DNNL_LIBRARY)
+  message(FATAL_ERROR "oneDNN not found (oneapi/dnnl/dnnl.hpp, libdnnl.so): apt-get install libdnnl-dev, "
+                      "or run scripts/install-deps.sh")
+endif()
+add_library(DNNL::dnnl UNKNOWN IMPORTED)
+set_target_properties(DNNL::dnnl PROPERTIES IMPORTED_LOCATION "${DNNL_LIBRARY}"
+                                            INTERFACE_INCLUDE_DIRECTORIES "${DNNL_INCLUDE_DIR}")
 if(DSTRAIN_BUILD_TESTS)
   find_package(GTest CONFIG REQUIRED)
 endif()

@@ -86,6 +86,7 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_choice("device", out.device, {"cpu", "cuda"});
   s.get_number("comm_timeout", out.comm_timeout, 0, kInf, /*lo_open=*/true);
   s.get_number("peak_tflops", out.peak_tflops, 0);
+  s.get_int("sample_interval", out.sample_interval, 0);
   s.finish();
   if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
     ctx.error(s.child("checkpoint_interval"),
@@ -106,7 +107,8 @@ Json training_to_json(const TrainingConfig& c) {
               {"keep_last", c.keep_last},
               {"device", c.device},
               {"comm_timeout", c.comm_timeout},
-              {"peak_tflops", c.peak_tflops}};
+              {"peak_tflops", c.peak_tflops},
+              {"sample_interval", c.sample_interval}};
 }
 
 void read_checkpoint(Section& root) {

@@ -83,6 +83,8 @@ struct TrainingConfig {
   // The peak TFLOP/s of one rank's device, for MFU; 0 = the GPU table, or a matmul measured at
   // start-up on a CPU (runtime/train/throughput.h).
   double peak_tflops = 0;
+  // Print a short sample of generated text every N steps (rank 0, as llm.c does); 0 = never.
+  int sample_interval = 0;
 };
 
 struct Fp16Config {

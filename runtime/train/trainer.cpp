@@ -40,6 +40,7 @@
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/run_config.h"
+#include "train/sampling.h"
 #include "train/step_clock.h"
 #include "train/step_math.h"
 #include "train/throughput.h"
@@ -72,6 +73,7 @@ struct Trainer::Impl {
   int64_t next_step = 1;  // the step the next run() executes
   double flops_per_token = 0;  // MFU (throughput.h)
   PeakFlops peak;
+  std::unique_ptr<TextCodec> codec;  // with training.sample_interval (sampling.h)
 
   int dp() const { return cfg.data_parallel_size; }
   int pp() const { return cfg.pipeline.stages; }
@@ -91,6 +93,8 @@ struct Trainer::Impl {
   StepRecord train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step);
   void run_steps(int64_t stop, const UpdateSettings& settings, MetricsReporter& reporter, TrainResult& result);
   void record_peaks(StepRecord& r);
+  void check_sampling();
+  void print_sample(int64_t step, MetricsReporter& reporter);
   void note_planned_memory(StepRecord& r, MetricsReporter& reporter);
 };
 
@@ -193,6 +197,7 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options) :
   s.T = s.cfg.model.seq_len;
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
   s.precision = s.cfg.precision();
+  s.check_sampling();
   s.build(local_rank);
   try {
     s.start_or_resume();
@@ -315,6 +320,36 @@ void Trainer::Impl::note_planned_memory(StepRecord& r, MetricsReporter& reporter
   note_plan_beside_peaks(r, reporter, cfg, rank);
 }
 
+// training.sample_interval samples from rank 0's model, so rank 0 must hold all of it.
+void Trainer::Impl::check_sampling() {
+  if (cfg.training.sample_interval <= 0) return;
+  if (cfg.model.type != "gpt2") {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: $.training.sample_interval: sampling during training runs GPT-2 models only; "
+                            "this model is {}", cfg.path, cfg.model.type),
+                "set training.sample_interval to 0");
+  }
+  if (cfg.tensor_parallel.size > 1 || pp() > 1 || cfg.zero.stage == 3) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: $.training.sample_interval: samples need the whole model on rank 0, but this layout "
+                            "splits it (tensor_parallel.size {}, pipeline.stages {}, ZeRO stage {})",
+                            cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage),
+                "sample from a checkpoint instead: dstrain sample --checkpoint DIR");
+  }
+  codec = codec_for(cfg.model.vocab_size, &cfg);
+}
+
+// llm.c's sample: 64 tokens from a newline at temperature 1, a seed per step.
+void Trainer::Impl::print_sample(int64_t step, MetricsReporter& reporter) {
+  Model& model = engine->model();
+  std::vector<float> params(static_cast<size_t>(model.num_params()));
+  kern::typed::to_host_f32(params.data(), model.params(), model.num_params());
+  GenerateOptions o;
+  o.tokens = 64;
+  o.seed = cfg.training.seed + static_cast<uint64_t>(step);
+  reporter.note(fmt::format("sample at step {}:\n---\n{}\n---", step, generate_text(shape, params.data(), *codec, o)));
+}
+
 std::string Trainer::Impl::describe_run() const { return describe_training(cfg, engine->zero().stage()); }
 
 // One optimizer step: the micro-batches' forward and backward, the global statistics and the
@@ -403,6 +438,7 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
     }
     if (step == result.first_step) s.note_planned_memory(r, reporter);
     reporter.report(r);
+    if (s.codec && s.rank == 0 && step % tc.sample_interval == 0) s.print_sample(step, reporter);
     result.losses.push_back(r.loss);
     result.last_step = step;
     s.next_step = step + 1;

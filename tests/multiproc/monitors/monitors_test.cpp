@@ -4,7 +4,10 @@
 // TensorBoard event files, read back by an independent Python reader (its own CRC-32C and
 // protobuf decoder), and the CSV monitor's files hold the --metrics values step by step; an
 // unwritable output_path stops the run before training, a monitor that fails to write later
-// warns once and training continues.
+// warns once and training continues; `dstrain sample` is deterministic for a seed, greedy
+// sampling from a checkpoint trained on a repeated string reproduces it (from the checkpoint and
+// from its llm.c export), training.sample_interval prints samples, and a config for another model
+// is an error naming both.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -260,6 +263,92 @@ TEST_F(Monitors, AMonitorThatCannotWriteWarnsOnceAndTrainingContinues) {
   EXPECT_NE(r.out.find("warning: cannot write " + dir_->path() + "/tb_full/DeepSpeedJobName/events.out.tfevents."),
             std::string::npos)
       << r.out;
+}
+
+class Sampling : public ::testing::Test {
+ protected:
+  static constexpr const char* kText = "the quick brown fox jumps over the lazy dog. ";
+  // A byte-level model trained to recite kText, checkpointed and exported once for the suite.
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::string text;
+    while (text.size() < 20000) text += kText;
+    std::vector<uint16_t> toks(text.begin(), text.end());
+    rt::data::write_token_file(dir_->path() + "/text.bin", toks);
+    json cfg = model_config(400);
+    cfg["training"]["checkpoint_dir"] = dir_->path() + "/ckpt";
+    cfg["training"]["checkpoint_interval"] = 400;
+    cfg["training"]["sample_interval"] = 200;
+    auto r = test::run_train_job(dir_->path(), "recite", 1, cfg, {"--export-llmc", dir_->path() + "/recite.llmc"}, 300s);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    train_out_ = new std::string(r.out);
+    final_loss_ = r.metrics.back()["loss"].get<double>();
+  }
+  static void TearDownTestSuite() {
+    delete dir_;
+    delete train_out_;
+  }
+  static json model_config(int steps, int layers = 2) {
+    return {
+        {"train_micro_batch_size_per_gpu", 8},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.0}}}}},
+        {"model",
+         {{"type", "gpt2"}, {"n_layer", layers}, {"n_head", 4}, {"n_embd", 64}, {"vocab_size", 256}, {"seq_len", 64}}},
+        {"data", {{"train", dir_->path() + "/text.bin"}}},
+        {"training", {{"steps", steps}, {"seed", 5}, {"log_interval", 40}}},
+    };
+  }
+  static test::CommandResult sample(const std::string& args) {
+    return test::run_command("OMP_NUM_THREADS=1 " + std::string(DS_DSTRAIN_BIN) + " sample " + args);
+  }
+  static TempDir* dir_;
+  static std::string* train_out_;
+  static double final_loss_;
+};
+TempDir* Sampling::dir_ = nullptr;
+std::string* Sampling::train_out_ = nullptr;
+double Sampling::final_loss_ = 0;
+
+TEST_F(Sampling, GreedyReproducesTheTrainedString) {
+  ASSERT_LT(final_loss_, 0.1) << "the model did not learn the string";
+  const std::string want = std::string("the quick") + std::string(kText).substr(9) + kText;
+  for (const std::string& from : {"--checkpoint " + dir_->path() + "/ckpt", "--checkpoint " + dir_->path() +
+                                      "/ckpt/step_00000400", "--init-from " + dir_->path() + "/recite.llmc"}) {
+    const auto r = sample(from + " --prompt 'the quick' --tokens 50 --top-k 1");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, want.substr(0, 9 + 50) + "\n") << from;
+    EXPECT_NE(r.err.find("byte-level tokenizer"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(Sampling, DeterministicForASeed) {
+  const std::string args = "--checkpoint " + dir_->path() + "/ckpt --tokens 40 --temperature 1.5 ";
+  const auto a = sample(args + "--seed 7"), b = sample(args + "--seed 7");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  EXPECT_EQ(a.out.size(), 40u + 1) << "40 bytes and a newline";
+}
+
+TEST_F(Sampling, SampleIntervalPrintsSamplesWhileTraining) {
+  EXPECT_NE(train_out_->find("sample at step 200:\n---\n"), std::string::npos) << *train_out_;
+  EXPECT_NE(train_out_->find("sample at step 400:\n---\n"), std::string::npos) << *train_out_;
+}
+
+TEST_F(Sampling, ACheckpointForAnotherModelIsAnError) {
+  const std::string other = dir_->path() + "/other.json";
+  std::ofstream(other) << model_config(10, 3).dump();
+  const auto r = sample("--checkpoint " + dir_->path() + "/ckpt --config " + other + " --tokens 4");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("holds GPT-2 (L=2 H=4 C=64 V=256 Vp=256 T=64), but " + other +
+                       "'s model is GPT-2 (L=3 H=4 C=64 V=256 Vp=256 T=64)"),
+            std::string::npos)
+      << r.err;
+  const auto none = sample("--checkpoint " + dir_->path() + " --tokens 4");
+  EXPECT_NE(none.exit_code, 0);
+  EXPECT_NE(none.err.find("is not a dstrain checkpoint: no manifest.json and no latest"), std::string::npos) << none.err;
+  const auto both = sample("--tokens 4");
+  EXPECT_NE(both.exit_code, 0);
+  EXPECT_NE(both.err.find("needs exactly one of --checkpoint DIR and --init-from FILE"), std::string::npos) << both.err;
 }
 
 }  // namespace

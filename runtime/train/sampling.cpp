@@ -1,0 +1,185 @@
+// Loading a model for sampling and generating text (sampling.h).
+#include "train/sampling.h"
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/llmc_format.h"
+#include "checkpoint/part_reader.h"
+#include "common/error.h"
+#include "data/tokenizer.h"
+#include "kernels/dispatch.h"
+#include "train/run_config.h"
+
+namespace ds::rt::train {
+
+namespace fs = std::filesystem;
+namespace ms = ds::model_spec;
+
+namespace {
+
+class ByteCodec final : public TextCodec {
+ public:
+  explicit ByteCodec(int vocab) : vocab_(vocab) {}
+  std::string name() const override { return "byte-level"; }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    std::vector<int32_t> out;
+    for (size_t i = 0; i < text.size(); ++i) {
+      const int b = static_cast<unsigned char>(text[i]);
+      if (b >= vocab_) {
+        throw invalid_argument("the prompt's byte {} (0x{:02x}) at offset {} is outside the model's byte-level "
+                               "vocabulary of {}", b, b, i, vocab_);
+      }
+      out.push_back(b);
+    }
+    return out;
+  }
+  std::string decode(const std::vector<int32_t>& tokens) const override { return data::decode_bytes(tokens); }
+  int32_t start_token() const override { return '\n' < vocab_ ? '\n' : 0; }
+
+ private:
+  int vocab_;
+};
+
+// One of data/tokenizer.h's tokenizers (GPT-2 BPE, SentencePiece, llm.c's decode-only file).
+class TokenizerCodec final : public TextCodec {
+ public:
+  TokenizerCodec(std::unique_ptr<data::Tokenizer> tok, std::string from) : tok_(std::move(tok)), from_(std::move(from)) {}
+  std::string name() const override { return from_; }
+  std::vector<int32_t> encode(const std::string& text) const override {
+    if (!tok_->can_encode()) {
+      throw invalid_argument("the {} tokenizer decodes only: pass --tokenizer gpt2 --vocab DIR to give a prompt",
+                             tok_->name());
+    }
+    const auto ids = tok_->encode(text);
+    return {ids.begin(), ids.end()};
+  }
+  std::string decode(const std::vector<int32_t>& tokens) const override {
+    const std::vector<uint32_t> ids(tokens.begin(), tokens.end());
+    return tok_->decode(ids);
+  }
+  int32_t start_token() const override {
+    const int64_t d = tok_->document_token();
+    return d >= 0 ? static_cast<int32_t>(d) : (tok_->name() == "llmc" ? 50256 : 0);
+  }
+
+ private:
+  std::unique_ptr<data::Tokenizer> tok_;
+  std::string from_;
+};
+
+std::string describe(const ms::Gpt2Shape& s) {
+  return fmt::format("GPT-2 (L={} H={} C={} V={} Vp={} T={})", s.n_layer, s.n_head, s.n_embd, s.vocab_size,
+                     s.padded_vocab_size, s.seq_len);
+}
+
+}  // namespace
+
+std::unique_ptr<TextCodec> codec_for(int vocab_size, const config::JobConfig* cfg, const data::TokenizerSpec* spec) {
+  (void)cfg;
+  if (spec != nullptr && spec->kind != "byte") {
+    auto tok = data::open_tokenizer(*spec);
+    if (tok->vocab_size() > vocab_size) {
+      throw invalid_argument("the {} tokenizer ({}) has {} ids, more than the model's vocabulary of {}", tok->name(),
+                             spec->path, tok->vocab_size(), vocab_size);
+    }
+    return std::make_unique<TokenizerCodec>(std::move(tok), spec->kind + " " + spec->path);
+  }
+  if (vocab_size <= data::kByteVocabSize) return std::make_unique<ByteCodec>(vocab_size);
+  throw Error(ErrorKind::kInvalidArgument,
+              fmt::format("no tokenizer given for a vocabulary of {} tokens (byte-level covers {})", vocab_size,
+                          data::kByteVocabSize),
+              "pass the run's tokenizer: --tokenizer gpt2 --vocab DIR, --tokenizer sentencepiece --spm-model FILE "
+              "or --tokenizer llmc --llmc-tokenizer gpt2_tokenizer.bin");
+}
+
+SamplingModel load_checkpoint_model(const std::string& dir_in) {
+  std::string dir = dir_in;
+  if (!fs::exists(fs::path(dir) / "manifest.json")) {
+    if (!fs::exists(fs::path(dir) / "latest")) {
+      throw Error(ErrorKind::kInvalidArgument,
+                  fmt::format("{} is not a dstrain checkpoint: no manifest.json and no latest", dir),
+                  "pass a step directory (step_N) or a training.checkpoint_dir");
+    }
+    dir = *ckpt::latest_checkpoint(dir);
+  }
+  const auto m = ckpt::read_manifest(dir);
+  const std::string where = dir + "/manifest.json";
+  const auto old = ckpt::read_shard_layout(m, where, "parameters");
+  SamplingModel out;
+  try {
+    out.config = config::parse_job_config(m.at("config").dump(), "", old.world_size);
+    out.shape = shape_of(out.config->model);
+    out.source = fmt::format("checkpoint {} (step {})", dir, m.at("step").get<int64_t>());
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
+  } catch (const config::ConfigError& e) {
+    throw invalid_argument("{}: the manifest's config does not parse: {}", where, e.what());
+  }
+  if (old.num_params != ms::param_count(out.shape)) {
+    throw invalid_argument("{}: holds {} parameters, but its config's model {} has {}", where, old.num_params,
+                           describe(out.shape), ms::param_count(out.shape));
+  }
+  ckpt::PartTarget target{out.shape, ms::ModelPart::whole(out.shape), 1, 0, old.pipeline_partition};
+  ckpt::PartReader reader(dir, old, target);
+  const int64_t n = ms::param_count(out.shape);
+  out.params.resize(static_cast<size_t>(n));
+  const std::string name = reader.has("master") ? "master" : "params";
+  const std::string stored = reader.dtype_of(name);
+  if (stored == "f32" || stored.empty()) {
+    reader.read(name, 0, n, out.params.data());
+  } else {
+    const DType t = stored == "bf16" ? DType::kBF16 : DType::kF16;
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    reader.read(name, t, 0, n, h.data());
+    if (t == DType::kBF16) kern::convert_bf16_to_f32(out.params.data(), h.data(), n);
+    else kern::convert_f16_to_f32(out.params.data(), h.data(), n);
+  }
+  return out;
+}
+
+SamplingModel load_llmc_model(const std::string& path) {
+  SamplingModel out;
+  out.shape = ckpt::read_llmc_shape(path);
+  out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
+  ckpt::load_llmc(path, out.shape, ms::ModelPart::whole(out.shape), out.params.data());
+  out.source = "llm.c file " + path;
+  return out;
+}
+
+void require_same_model(const SamplingModel& model, const config::JobConfig& cfg) {
+  const ms::Gpt2Shape want = shape_of(cfg.model);
+  const ms::Gpt2Shape& got = model.shape;
+  if (got.n_layer != want.n_layer || got.n_head != want.n_head || got.n_embd != want.n_embd ||
+      got.vocab_size != want.vocab_size || got.padded_vocab_size != want.padded_vocab_size ||
+      got.seq_len != want.seq_len) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{} holds {}, but {}'s model is {}", model.source, describe(got), cfg.path, describe(want)),
+                "sample with the config the checkpoint was trained with, or without --config");
+  }
+}
+
+std::string generate_text(const ms::Gpt2Shape& shape, const float* params, const TextCodec& codec,
+                          const GenerateOptions& o) {
+  std::vector<int32_t> tokens = o.prompt.empty() ? std::vector<int32_t>{codec.start_token()} : codec.encode(o.prompt);
+  if (static_cast<int>(tokens.size()) > shape.seq_len) {
+    throw invalid_argument("the prompt is {} tokens, more than the model's context of {} (model.seq_len)",
+                           tokens.size(), shape.seq_len);
+  }
+  Gpt2Generator gen(shape, params);
+  std::mt19937_64 rng(o.seed);
+  const float* logits = nullptr;
+  for (int32_t t : tokens) logits = gen.feed(t);
+  std::vector<int32_t> out;
+  for (int i = 0; i < o.tokens; ++i) {
+    const int32_t next = sample_token(logits, shape.vocab_size, o.sample, rng);
+    out.push_back(next);
+    if (gen.position() >= shape.seq_len) break;
+    logits = gen.feed(next);
+  }
+  return o.prompt + codec.decode(out);
+}
+
+}  // namespace ds::rt::train
