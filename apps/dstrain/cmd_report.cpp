@@ -1,9 +1,11 @@
 // `dstrain report`: what this build is made of and what this machine offers: compiler, every
-// dependency's version, CUDA and NCCL found or not, GPUs and their memory, CPU cores.
+// dependency's version, CUDA and NCCL found or not, GPUs and their memory, CPU cores, and the CPU
+// matmul kernels oneDNN picks on this processor (one small product per storage type, run here).
 #include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -13,10 +15,29 @@
 #include "core/cuda_module.h"
 #include "core/device.h"
 #include "dstrain/build_info.h"
+#include "kernels/cpu/kernels.h"
 
 namespace ds::cli {
 
 namespace {
+
+// One 64x64x64 matmul per storage type, so that oneDNN says which implementation it dispatches
+// to on this processor (the same primitives training creates; kernels/cpu/onednn.h).
+template <typename S>
+void run_one_matmul() {
+  const int B = 1, T = 64, C = 64, OC = 64;
+  std::vector<S> inp(static_cast<size_t>(T) * C, rt::from_f32<S>(0.5f));
+  std::vector<S> w(static_cast<size_t>(OC) * C, rt::from_f32<S>(0.25f));
+  std::vector<S> out(static_cast<size_t>(T) * OC);
+  rt::cpu::matmul_forward<S>(out.data(), inp.data(), w.data(), nullptr, B, T, C, OC);
+}
+
+std::string cpu_matmul_kernels() {
+  run_one_matmul<float>();
+  run_one_matmul<rt::bf16>();
+  run_one_matmul<rt::f16>();
+  return rt::cpu::kernel_report();
+}
 
 struct ReportOptions {
   bool env = false;
@@ -41,6 +62,7 @@ int run_report(const ReportOptions& o) {
   row("Gloo", DSTRAIN_GLOO_VERSION);
   row("OpenBLAS", DSTRAIN_OPENBLAS_VERSION);
   row("GoogleTest", DSTRAIN_GTEST_VERSION);
+  row("oneDNN", rt::cpu::onednn_version());
 
   auto acc = rt::query_accelerators();
   std::cout << "\naccelerators\n";
@@ -63,6 +85,8 @@ int run_report(const ReportOptions& o) {
                              format_bytes(static_cast<double>(g.total_bytes)), g.sm_major,
                              g.sm_minor);
   }
+  std::cout << "\nCPU matmul kernels (oneDNN's choice on this processor)\n";
+  for (const auto& part : split(cpu_matmul_kernels(), ';')) std::cout << "  " << trim(part) << "\n";
   std::cout << "\nhost\n";
   row("CPU cores", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)));
   row("memory", format_bytes(static_cast<double>(sysconf(_SC_PHYS_PAGES)) *

@@ -258,5 +258,7 @@ bool all_finite(const S* x, int64_t n);
 // (oneDNN's implementation string), "bf16 matmul: ..." or "... fp32 fallback" where oneDNN had no
 // 16-bit primitive. For `dstrain report` and the run's summary.
 std::string kernel_report();
+// oneDNN's version, "3.x.y (commit ...)", as the library linked at run time reports it.
+std::string onednn_version();
 
 }  // namespace ds::rt::cpu

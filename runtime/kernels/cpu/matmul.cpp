@@ -61,6 +61,7 @@ void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identi
 }
 
 std::string kernel_report() { return onednn::report(); }
+std::string onednn_version() { return onednn::version(); }
 
 #define DS_INST_S(S)                                                                   \
   template void add_bias<S>(S*, const S*, int, int);                                   \

@@ -21,6 +21,7 @@
 
 #include "common/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu::onednn {
 
@@ -125,19 +126,64 @@ void run(const Prim& p, const void* A, const void* B, const void* bias, void* C)
   thread_stream().wait();
 }
 
-// Dense fp32 copy of a strided (rows, cols) operand of type `in`.
+// Dense fp32 copy of a strided (rows, cols) operand of type S. Row-major operands (stride1 1)
+// widen row by row; transposed ones (stride0 1) in 64x64 tiles, reading along the source's
+// contiguous dimension. Rows or tiles are split across the OpenMP threads; the loops are
+// compiled for AVX-512/AVX2 as well (DS_SIMD_CLONES), so the 16-bit widening vectorises.
+template <typename S>
+DS_SIMD_CLONES void widen_row(float* dst, const S* src, int n) {
+  for (int j = 0; j < n; j++) dst[j] = to_f32(src[j]);
+}
+
+template <typename S>
+DS_SIMD_CLONES void widen_tile(float* dst, int ldd, const S* src, int64_t lds, int rows, int cols) {
+  // dst[i * ldd + j] = src[i + j * lds]: the source is contiguous along i.
+  for (int j = 0; j < cols; j++) {
+    for (int i = 0; i < rows; i++) dst[static_cast<int64_t>(i) * ldd + j] = to_f32(src[i + j * lds]);
+  }
+}
+
+template <typename S>
+void to_dense_f32_typed(float* dst, const S* src, Operand X, int rows, int cols) {
+  const bool big = static_cast<int64_t>(rows) * cols >= kParallelWork;
+  if (X.stride1 == 1 || cols == 1) {
+#pragma omp parallel for schedule(static) if (big)
+    for (int i = 0; i < rows; i++) widen_row(dst + static_cast<int64_t>(i) * cols, src + i * X.stride0, cols);
+    return;
+  }
+  if (X.stride0 == 1) {
+    constexpr int kTile = 64;
+    const int ti = (rows + kTile - 1) / kTile, tj = (cols + kTile - 1) / kTile;
+#pragma omp parallel for schedule(static) if (big)
+    for (int t = 0; t < ti * tj; t++) {
+      const int i0 = (t / tj) * kTile, j0 = (t % tj) * kTile;
+      widen_tile(dst + static_cast<int64_t>(i0) * cols + j0, cols, src + i0 + j0 * X.stride1, X.stride1,
+                 std::min(kTile, rows - i0), std::min(kTile, cols - j0));
+    }
+    return;
+  }
+  for (int i = 0; i < rows; i++) {
+    for (int j = 0; j < cols; j++) dst[static_cast<int64_t>(i) * cols + j] = to_f32(src[i * X.stride0 + j * X.stride1]);
+  }
+}
+
 void to_dense_f32(std::vector<float>& dst, DType in, Operand X, int rows, int cols) {
   dst.resize(static_cast<size_t>(rows) * cols);
-  for (int i = 0; i < rows; i++) {
-    for (int j = 0; j < cols; j++) {
-      const int64_t at = i * X.stride0 + j * X.stride1;
-      float v = 0.0f;
-      if (in == DType::kF32) v = static_cast<const float*>(X.data)[at];
-      if (in == DType::kBF16) v = to_f32(static_cast<const bf16*>(X.data)[at]);
-      if (in == DType::kF16) v = to_f32(static_cast<const f16*>(X.data)[at]);
-      dst[static_cast<size_t>(i) * cols + j] = v;
-    }
-  }
+  if (in == DType::kF32) to_dense_f32_typed(dst.data(), static_cast<const float*>(X.data), X, rows, cols);
+  if (in == DType::kBF16) to_dense_f32_typed(dst.data(), static_cast<const bf16*>(X.data), X, rows, cols);
+  if (in == DType::kF16) to_dense_f32_typed(dst.data(), static_cast<const f16*>(X.data), X, rows, cols);
+}
+
+// C's rows rounded from the dense fp32 result, split across the threads.
+template <typename S>
+DS_SIMD_CLONES void narrow_row(S* dst, const float* src, int n) {
+  for (int j = 0; j < n; j++) dst[j] = from_f32<S>(src[j]);
+}
+
+template <typename S>
+void store_rows(void* C, int64_t ldc, const float* c, int M, int N) {
+#pragma omp parallel for schedule(static) if (static_cast<int64_t>(M) * N >= kParallelWork)
+  for (int i = 0; i < M; i++) narrow_row(static_cast<S*>(C) + i * ldc, c + static_cast<int64_t>(i) * N, N);
 }
 
 void matmul_f32(Operand A, Operand B, const float* bias, float* C, int64_t ldc, int M, int N, int K,
@@ -162,16 +208,13 @@ void matmul_convert(DType in, Operand A, Operand B, const void* bias, DType out,
   to_dense_f32(a, in, A, M, K);
   to_dense_f32(b, in, B, K, N);
   if (bias != nullptr) to_dense_f32(bb, in, Operand{bias, 0, 1}, 1, N);
-  c.assign(static_cast<size_t>(M) * N, 0.0f);
+  c.resize(static_cast<size_t>(M) * N);  // the product overwrites it unless accumulating
   if (accumulate) to_dense_f32(c, out, Operand{C, ldc, 1}, M, N);
   matmul_f32(Operand{a.data(), K, 1}, Operand{b.data(), N, 1}, bias != nullptr ? bb.data() : nullptr, c.data(),
              N, M, N, K, accumulate);
-  for (int i = 0; i < M; i++) {
-    const float* src = c.data() + static_cast<size_t>(i) * N;
-    if (out == DType::kF32) convert(static_cast<float*>(C) + i * ldc, src, N);
-    if (out == DType::kBF16) convert(static_cast<bf16*>(C) + i * ldc, src, N);
-    if (out == DType::kF16) convert(static_cast<f16*>(C) + i * ldc, src, N);
-  }
+  if (out == DType::kF32) store_rows<float>(C, ldc, c.data(), M, N);
+  if (out == DType::kBF16) store_rows<bf16>(C, ldc, c.data(), M, N);
+  if (out == DType::kF16) store_rows<f16>(C, ldc, c.data(), M, N);
   std::lock_guard<std::mutex> lock(cache().mu);
   auto& used = cache().used;
   const std::string type = dtype_name(in), impl = "converted to fp32";
@@ -204,6 +247,15 @@ std::string report() {
   std::string s;
   for (const auto& [type, impl] : c.used) s += (s.empty() ? "" : "; ") + type + " matmul: " + impl;
   return s;
+}
+
+std::string version() {
+  const dnnl_version_t* v = dnnl_version();
+  const std::string hash = v->hash != nullptr ? v->hash : "N/A";
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch) + " (" +
+         (hash == "N/A" ? "" : "commit " + hash + ", ") + "CPU runtime " +
+         (v->cpu_runtime == DNNL_RUNTIME_OMP ? "OpenMP" : v->cpu_runtime == DNNL_RUNTIME_SEQ ? "sequential" : "other") +
+         ")";
 }
 
 }  // namespace ds::rt::cpu::onednn

@@ -42,5 +42,7 @@ Backend backend();
 // "fp32 matmul: brg:avx512_core; bf16 matmul: brg:avx512_core_bf16": each (input type ->
 // implementation) pair used so far, in first-use order; "" before the first matmul.
 std::string report();
+// The linked library's version and commit.
+std::string version();
 
 }  // namespace ds::rt::cpu::onednn
