@@ -3,6 +3,8 @@
 // through the store (who is on which host), backend selection, thread ranks for tests.
 #include "comm/comm.h"
 
+#include <atomic>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -225,8 +227,45 @@ WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
     case OpKind::kBarrier:
       break;
   }
+  count_traffic(op, es);
   return submit(std::move(op), async);
 }
+
+namespace {
+std::atomic<uint64_t> g_bytes_sent{0};
+}  // namespace
+
+// The ring algorithm's bytes per rank: what a bandwidth-bound backend moves whatever its
+// implementation (the shm backend copies through shared memory, Gloo's ring sends exactly this).
+void Comm::count_traffic(const Op& op, size_t es) const {
+  const double n = size_;
+  if (size_ <= 1) return;
+  double bytes = 0;
+  switch (op.kind) {
+    case OpKind::kAllReduce:
+      bytes = 2.0 * (n - 1) / n * static_cast<double>(op.count * es);
+      break;
+    case OpKind::kBroadcast:
+      bytes = (n - 1) / n * static_cast<double>(op.count * es);
+      break;
+    case OpKind::kReduceScatter:
+    case OpKind::kAllGather: {
+      size_t total = 0;
+      for (size_t c : op.counts) total += c;
+      bytes = (n - 1) / n * static_cast<double>(total * es);
+      break;
+    }
+    case OpKind::kSend:
+      bytes = static_cast<double>(op.count * es);
+      break;
+    case OpKind::kRecv:
+    case OpKind::kBarrier:
+      break;
+  }
+  g_bytes_sent.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+}
+
+uint64_t bytes_sent_by_this_process() { return g_bytes_sent.load(std::memory_order_relaxed); }
 
 CountLayout count_layout(std::span<const size_t> counts) {
   CountLayout l;

@@ -152,6 +152,12 @@ using WorkPtr = std::shared_ptr<Work>;
 // Thread safety. Calls may come from several threads, but the order in which they are issued is
 // the order the group runs them, so one thread per Comm is the sane usage. rank(), size(),
 // name() and host_of() are immutable.
+// Bytes this process has sent through every Comm since it started, as the ring algorithm counts
+// them per rank: all_reduce 2(n-1)/n of the buffer, reduce_scatter and all_gather (n-1)/n of the
+// whole (sum of counts), broadcast (n-1)/n, send the buffer; recv and barrier nothing. Groups
+// of one send nothing. For the metrics' comm_bytes_sent (bench/zero_bench.sh reports it).
+uint64_t bytes_sent_by_this_process();
+
 class Comm {
  public:
   virtual ~Comm() = default;
@@ -300,6 +306,9 @@ class Comm {
   virtual WorkPtr submit(Op op, bool async) = 0;
   // alloc_buffer's backend part; the default is ordinary memory owned by the Comm.
   virtual void* allocate_registered(size_t bytes, Millis timeout);
+
+  // Adds op's bytes to bytes_sent_by_this_process().
+  void count_traffic(const Op& op, size_t element_size) const;
 
   // "all_reduce on group 'dp' (rank 0 of 4)"
   std::string describe(const Op& op) const;

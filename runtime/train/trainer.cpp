@@ -25,6 +25,7 @@
 #include "core/allocator.h"
 #include "data/loader.h"
 #include "data/token_file.h"
+#include "comm/comm.h"
 #include "kernels/cuda_kernel_table.h"
 #include "kernels/dispatch.h"
 #include "kernels/typed.h"
@@ -356,6 +357,7 @@ std::string Trainer::Impl::describe_run() const { return describe_training(cfg, 
 // update (step_math.h). Returns its record without the peaks and the validation loss.
 StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step) {
   const auto t0 = Clock::now();
+  const uint64_t sent0 = comm::bytes_sent_by_this_process();
   const double global_micro_batches = static_cast<double>(G) * dp();
   parallel::ZeroEngine& zero = engine->zero();
   StepClock clock(&zero);
@@ -390,6 +392,8 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   r.tflops = f.tflops;
   if (peak.tflops > 0) r.mfu = f.mfu;
   if (bubble >= 0) r.extra["pipeline_bubble"] = bubble;  // rank 0's: the first stage's
+  // This rank's bytes through the collectives of this step (comm/comm.h's ring count).
+  r.extra["comm_bytes_sent"] = comm::bytes_sent_by_this_process() - sent0;
   return r;
 }
 
@@ -436,7 +440,10 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
       r.val_loss = s.evaluate();
       result.last_val_loss = r.val_loss;
     }
-    if (step == result.first_step) s.note_planned_memory(r, reporter);
+    if (step == result.first_step) {
+      s.note_planned_memory(r, reporter);
+      if (s.device == Device::kCpu) reporter.note("CPU kernels: " + cpu::kernel_report());
+    }
     reporter.report(r);
     if (s.codec && s.rank == 0 && step % tc.sample_interval == 0) s.print_sample(step, reporter);
     result.losses.push_back(r.loss);
