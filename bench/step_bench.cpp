@@ -1,17 +1,22 @@
-// step_bench: ms per fp32 training step (forward + backward + AdamW) and tokens/s of the GPT-2
-// model on the CPU, for issue 4's S and M configs, beside the same model in PyTorch
-// (bench/torch_step.py, run with /usr/bin/python3 in the same environment when python3-torch is
-// installed), with the ratio.
+// step_bench: ms per training step (forward + backward + AdamW) and tokens/s of the GPT-2 model
+// on the CPU, for issue 4's S and M configs, at fp32 and at bf16 (2-byte parameters, gradients
+// and activations, an fp32 master + m + v, as `dstrain train` with bf16.enabled), beside the same
+// model in PyTorch (bench/torch_step.py, run with /usr/bin/python3 in the same environment when
+// python3-torch is installed) at fp32 and with torch.autocast("cpu", dtype=torch.bfloat16), with
+// the ratios. Also the matmul rate (GFLOP/s) of one 4096x768x768 product on oneDNN fp32, oneDNN
+// bf16 and OpenBLAS sgemm.
 //
-//   step_bench [--config S|M|all] [--steps N] [--warmup N] [--threads N] [--recompute]
-//              [--head-rows N] [--gemm split|blas] [--no-torch] [--best-env]
+//   step_bench [--config S|M|all] [--precision fp32|bf16|all] [--steps N] [--warmup N]
+//              [--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch]
+//              [--no-matmul] [--best-env]
 //
 // --best-env runs BOTH sides with OMP_WAIT_POLICY=PASSIVE and jemalloc preloaded (the issue's
 // "PyTorch at its best"): this process re-executes itself with that environment, since libgomp
 // reads its wait policy before main.
 //
-// Not a test: it prints figures and never fails on them. The AdamW here is a local fused loop
-// (the trainer's is runtime/optim); it is a small part of the step either way.
+// Not a test: it prints figures and never fails on them. fp32 steps run a local fused AdamW loop;
+// bf16 steps the kernels' mixed-precision AdamW (the trainer's: fp32 master, rounded into the bf16
+// parameters in the same pass).
 #include <omp.h>
 
 #include <algorithm>
@@ -28,6 +33,7 @@
 
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/onednn.h"
 #include "model/gpt2.h"
 
 using namespace ds::rt;
@@ -75,12 +81,12 @@ double median(std::vector<double> v) {
 }
 
 // Runs bench/torch_step.py; returns its ms/step or a negative value when it could not run.
-double run_torch(const BenchConfig& c, int steps, int warmup, int threads, bool best,
-                 double& cpu) {
+double run_torch(const BenchConfig& c, const std::string& precision, int steps, int warmup, int threads,
+                 bool best, double& cpu) {
   const std::string script = std::string(DS_SOURCE_DIR) + "/bench/torch_step.py";
   std::string env = "OMP_NUM_THREADS=" + std::to_string(threads) + " ";
   if (best) env += std::string("OMP_WAIT_POLICY=PASSIVE LD_PRELOAD=") + kJemalloc + " ";
-  const std::string cmd = env + "/usr/bin/python3 " + script + " --config " + c.name +
+  const std::string cmd = env + "/usr/bin/python3 " + script + " --config " + c.name + " --precision " + precision +
                           " --steps " + std::to_string(steps) + " --warmup " +
                           std::to_string(warmup) + " --threads " + std::to_string(threads) +
                           " 2>&1";
@@ -99,12 +105,137 @@ double run_torch(const BenchConfig& c, int steps, int warmup, int threads, bool 
   return ms;
 }
 
+
+// GFLOP/s of C (4096x768) = A (4096x768) B (768x768), the median of 20 products after 3 warm-ups.
+void matmul_rates(int threads) {
+  const int M = 4096, K = 768, N = 768;
+  std::vector<float> a32(static_cast<size_t>(M) * K), b32(static_cast<size_t>(K) * N), c32(static_cast<size_t>(M) * N);
+  for (size_t i = 0; i < a32.size(); i++) a32[i] = 0.001f * static_cast<float>(i % 997) - 0.5f;
+  for (size_t i = 0; i < b32.size(); i++) b32[i] = 0.001f * static_cast<float>(i % 991) - 0.5f;
+  std::vector<bf16> a16(a32.size()), b16(b32.size()), c16(c32.size());
+  cpu::convert(a16.data(), a32.data(), static_cast<int64_t>(a32.size()));
+  cpu::convert(b16.data(), b32.data(), static_cast<int64_t>(b32.size()));
+  auto rate = [&](DType t, cpu::onednn::Backend backend) {
+    cpu::onednn::set_backend(backend);
+    const void* A = t == DType::kF32 ? static_cast<const void*>(a32.data()) : a16.data();
+    const void* B = t == DType::kF32 ? static_cast<const void*>(b32.data()) : b16.data();
+    void* C = t == DType::kF32 ? static_cast<void*>(c32.data()) : c16.data();
+    std::vector<double> ms;
+    for (int i = 0; i < 23; i++) {
+      const auto t0 = std::chrono::steady_clock::now();
+      cpu::onednn::matmul(t, {A, K, 1}, {B, N, 1}, nullptr, t, C, N, M, N, K, false);
+      const double d = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (i >= 3) ms.push_back(d);
+    }
+    cpu::onednn::set_backend(cpu::onednn::Backend::kOneDnn);
+    return 2.0 * M * N * K / (median(ms) * 1e6);
+  };
+  const double f32 = rate(DType::kF32, cpu::onednn::Backend::kOneDnn);
+  const double bf = rate(DType::kBF16, cpu::onednn::Backend::kOneDnn);
+  const double blas = rate(DType::kF32, cpu::onednn::Backend::kOpenBlas);
+  std::printf("matmul 4096x768x768, %d threads: oneDNN fp32 %.0f GFLOP/s, oneDNN bf16 %.0f GFLOP/s, OpenBLAS sgemm "
+              "%.0f GFLOP/s (%s)\n", threads, f32, bf, blas, cpu::kernel_report().c_str());
+  std::fflush(stdout);
+}
+
+// One model at one storage type: prints its line and returns the median ms per step.
+double bench_model(const BenchConfig& c, DType dtype, int steps, int warmup, bool recompute, int head_rows) {
+  const bool half = dtype != DType::kF32;
+  Allocator alloc;
+  Gpt2Options opt{c.B, c.T, recompute};
+  opt.head_chunk_rows = head_rows;
+  opt.dtype = dtype;
+  opt.grad_dtype = dtype;
+  Gpt2 model(c.shape, ms::ModelPart::whole(c.shape), opt, alloc);
+  model.init_weights(1337);
+  auto acts = model.make_activations();
+  const int64_t n = model.num_params();
+  Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m");
+  Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v");
+  Buffer master;
+  if (half) {
+    master = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "fp32 master");
+    cpu::convert(master.as<float>(), static_cast<const bf16*>(model.params().data), n);
+  }
+  std::memset(m.as<float>(), 0, static_cast<size_t>(n) * 4);
+  std::memset(v.as<float>(), 0, static_cast<size_t>(n) * 4);
+  std::vector<int32_t> in(static_cast<size_t>(c.B) * c.T), tg(in.size());
+  uint32_t x = 1;
+  for (size_t i = 0; i < in.size(); i++) {
+    x = x * 1664525u + 1013904223u;
+    in[i] = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(c.shape.vocab_size));
+  }
+  for (size_t i = 0; i + 1 < in.size(); i++) tg[i] = in[i + 1];
+  tg.back() = 0;
+  std::vector<double> times, fwd_bwd, cpu_times;
+  double pieces[5] = {};
+  float loss = 0;
+  for (int s = 0; s < warmup + steps; s++) {
+    const double c0 = cpu_ms();
+    const auto t0 = std::chrono::steady_clock::now();
+    model.zero_grads();
+    // The pieces forward_backward runs, timed one by one.
+    auto lap = [&, tp = t0](int k) mutable {
+      const auto now = std::chrono::steady_clock::now();
+      if (s >= warmup) pieces[k] += std::chrono::duration<double, std::milli>(now - tp).count();
+      tp = now;
+    };
+    model.embed_forward(acts, in.data());
+    lap(0);
+    model.blocks_forward(acts, 0, c.shape.n_layer);
+    lap(1);
+    loss = model.head_forward_backward(acts, tg.data(), 1.0f);
+    lap(2);
+    model.blocks_backward(acts, 0, c.shape.n_layer);
+    lap(3);
+    model.embed_backward(acts, in.data());
+    lap(4);
+    const auto t1 = std::chrono::steady_clock::now();
+    if (half) {
+      kern::AdamWStep st;
+      st.lr = 1e-4f;
+      st.beta1 = 0.9f;
+      st.beta2 = 0.999f;
+      st.one_minus_beta1 = 0.1f;
+      st.one_minus_beta2 = 0.001f;
+      st.eps = 1e-8f;
+      st.step_size = st.lr / (1.0f - std::pow(0.9f, static_cast<float>(s + 1)));
+      st.bc2_sqrt = std::sqrt(1.0f - std::pow(0.999f, static_cast<float>(s + 1)));
+      cpu::adamw_update_partition_mixed<bf16, bf16>(st, master.as<float>(), static_cast<const bf16*>(model.grads().data),
+                                                    m.as<float>(), v.as<float>(), 0, n, {},
+                                                    static_cast<bf16*>(model.params().data));
+    } else {
+      adamw(model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n, s + 1);
+    }
+    const auto t2 = std::chrono::steady_clock::now();
+    if (s >= warmup) {
+      cpu_times.push_back(cpu_ms() - c0);
+      times.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
+      fwd_bwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+  }
+  const double ms_step = median(times);
+  const auto st = alloc.stats();
+  std::printf("dstrain %s %s params %.2fM B=%d T=%d: ms_per_step %.1f (fwd+bwd %.1f, min %.1f) "
+              "cpu_ms_per_step %.1f tokens_per_s %.0f loss %.4f peak_MiB %.1f (params %.1f grads %.1f optimizer %.1f "
+              "activations %.1f workspace %.1f)\n",
+              c.name, half ? "bf16" : "fp32", n / 1e6, c.B, c.T, ms_step, median(fwd_bwd),
+              *std::min_element(times.begin(), times.end()), median(cpu_times), c.B * c.T / (ms_step / 1e3), loss,
+              st.peak_total / 1048576.0, st.peak[0] / 1048576.0, st.peak[1] / 1048576.0, st.peak[2] / 1048576.0,
+              st.peak[3] / 1048576.0, st.peak[5] / 1048576.0);
+  std::printf("  mean ms: embed_fwd %.1f blocks_fwd %.1f head_fwd_bwd %.1f blocks_bwd %.1f embed_bwd %.1f\n",
+              pieces[0] / steps, pieces[1] / steps, pieces[2] / steps, pieces[3] / steps, pieces[4] / steps);
+  std::fflush(stdout);
+  return ms_step;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string which = "all";
   int steps = 10, warmup = 2, threads = 2;
-  bool recompute = false, torch = true, torch_best = false;
+  std::string precision = "all";
+  bool recompute = false, torch = true, torch_best = false, matmul = true;
   int head_rows = 0;
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
@@ -124,11 +255,14 @@ int main(int argc, char** argv) {
     else if (a == "--gemm") cpu::set_gemm_threading(next() == "blas" ? cpu::GemmThreading::kBlas
                                                                     : cpu::GemmThreading::kSplit);
     else if (a == "--no-torch") torch = false;
+    else if (a == "--no-matmul") matmul = false;
+    else if (a == "--precision") precision = next();
     else if (a == "--best-env") torch_best = true;
     else {
       std::fprintf(stderr,
-                   "usage: step_bench [--config S|M|all] [--steps N] [--warmup N] [--threads N] "
-                   "[--recompute] [--head-rows N] [--gemm split|blas] [--no-torch] [--best-env]\n");
+                   "usage: step_bench [--config S|M|all] [--precision fp32|bf16|all] [--steps N] [--warmup N] "
+                   "[--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch] [--no-matmul] "
+                   "[--best-env]\n");
       return 2;
     }
   }
@@ -148,83 +282,44 @@ int main(int argc, char** argv) {
               threads, cpu::gemm_threading() == cpu::GemmThreading::kSplit ? "split" : "blas",
               recompute ? "on" : "off", coretype != nullptr ? coretype : "(unset)",
               wait != nullptr ? wait : "(unset)", torch_best ? ", jemalloc preloaded" : "");
+  if (matmul) matmul_rates(threads);
+  struct Row { std::string name; double ms; };
   for (const auto& c : kConfigs) {
     if (which != "all" && which != c.name) continue;
-    Allocator alloc;
-    Gpt2Options opt{c.B, c.T, recompute};
-    opt.head_chunk_rows = head_rows;
-    Gpt2 model(c.shape, ms::ModelPart::whole(c.shape), opt, alloc);
-    model.init_weights(1337);
-    auto acts = model.make_activations();
-    const int64_t n = model.num_params();
-    Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m");
-    Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v");
-    std::vector<int32_t> in(static_cast<size_t>(c.B) * c.T), tg(in.size());
-    uint32_t x = 1;
-    for (size_t i = 0; i < in.size(); i++) {
-      x = x * 1664525u + 1013904223u;
-      in[i] = static_cast<int32_t>((x >> 8) % static_cast<uint32_t>(c.shape.vocab_size));
+    std::vector<Row> rows;
+    for (const char* p : {"fp32", "bf16"}) {
+      if (precision != "all" && precision != p) continue;
+      const double ms = bench_model(c, std::string(p) == "bf16" ? DType::kBF16 : DType::kF32, steps, warmup,
+                                    recompute, head_rows);
+      rows.push_back({std::string("dstrain ") + p, ms});
     }
-    for (size_t i = 0; i + 1 < in.size(); i++) tg[i] = in[i + 1];
-    tg.back() = 0;
-    std::vector<double> times, fwd_bwd;
-    double pieces[5] = {};
-    float loss = 0;
-    std::vector<double> cpu_times;
-    for (int s = 0; s < warmup + steps; s++) {
-      const double c0 = cpu_ms();
-      const auto t0 = std::chrono::steady_clock::now();
-      model.zero_grads();
-      // The pieces forward_backward runs, timed one by one.
-      auto lap = [&, tp = t0](int k) mutable {
-        const auto now = std::chrono::steady_clock::now();
-        if (s >= warmup) pieces[k] += std::chrono::duration<double, std::milli>(now - tp).count();
-        tp = now;
-      };
-      model.embed_forward(acts, in.data());
-      lap(0);
-      model.blocks_forward(acts, 0, c.shape.n_layer);
-      lap(1);
-      loss = model.head_forward_backward(acts, tg.data(), 1.0f);
-      lap(2);
-      model.blocks_backward(acts, 0, c.shape.n_layer);
-      lap(3);
-      model.embed_backward(acts, in.data());
-      lap(4);
-      const auto t1 = std::chrono::steady_clock::now();
-      adamw(model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n, s + 1);
-      const auto t2 = std::chrono::steady_clock::now();
-      if (s >= warmup) {
-        cpu_times.push_back(cpu_ms() - c0);
-        times.push_back(std::chrono::duration<double, std::milli>(t2 - t0).count());
-        fwd_bwd.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-      }
-    }
-    const double ms_step = median(times);
-    const auto st = alloc.stats();
-    std::printf("dstrain %s params %.2fM B=%d T=%d: ms_per_step %.1f (fwd+bwd %.1f, min %.1f) "
-                "cpu_ms_per_step %.1f tokens_per_s %.0f loss %.4f peak_MiB %.1f (params %.1f grads %.1f optimizer %.1f "
-                "activations %.1f workspace %.1f)\n",
-                c.name, n / 1e6, c.B, c.T, ms_step, median(fwd_bwd),
-                *std::min_element(times.begin(), times.end()), median(cpu_times), c.B * c.T / (ms_step / 1e3), loss,
-                st.peak_total / 1048576.0, st.peak[0] / 1048576.0, st.peak[1] / 1048576.0,
-                st.peak[2] / 1048576.0, st.peak[3] / 1048576.0, st.peak[5] / 1048576.0);
-    std::printf("  mean ms: embed_fwd %.1f blocks_fwd %.1f head_fwd_bwd %.1f blocks_bwd %.1f "
-                "embed_bwd %.1f\n",
-                pieces[0] / steps, pieces[1] / steps, pieces[2] / steps, pieces[3] / steps,
-                pieces[4] / steps);
-    std::fflush(stdout);
     if (torch) {
-      double tcpu = -1;
-      const double tms = run_torch(c, steps, warmup, threads, torch_best, tcpu);
-      if (tms > 0) {
-        std::printf("ratio %s: torch %.1f ms / dstrain %.1f ms = %.2fx (cpu time: %.2fx)\n",
-                    c.name, tms, ms_step, tms / ms_step, tcpu / median(cpu_times));
-      } else {
-        std::printf("ratio %s: PyTorch peer did not run (python3-torch missing?)\n", c.name);
+      for (const char* p : {"fp32", "bf16"}) {
+        if (precision != "all" && precision != p) continue;
+        double tcpu = -1;
+        const double tms = run_torch(c, p, steps, warmup, threads, torch_best, tcpu);
+        if (tms > 0) {
+          rows.push_back({std::string("torch ") + (std::string(p) == "bf16" ? "bf16 autocast" : "fp32"), tms});
+        } else {
+          std::printf("torch %s %s: the PyTorch peer did not run (python3-torch missing?)\n", c.name, p);
+        }
       }
-      std::fflush(stdout);
     }
+    auto find = [&](const std::string& n) {
+      for (const auto& r : rows) {
+        if (r.name == n) return r.ms;
+      }
+      return -1.0;
+    };
+    std::printf("summary %s:", c.name);
+    for (const auto& r : rows) std::printf("  %s %.1f ms", r.name.c_str(), r.ms);
+    std::printf("\n");
+    const double d32 = find("dstrain fp32"), d16 = find("dstrain bf16"), t32 = find("torch fp32"),
+                 t16 = find("torch bf16 autocast");
+    if (d32 > 0 && t32 > 0) std::printf("ratio %s fp32: torch / dstrain = %.2fx\n", c.name, t32 / d32);
+    if (d16 > 0 && t16 > 0) std::printf("ratio %s bf16: torch autocast / dstrain = %.2fx\n", c.name, t16 / d16);
+    if (d16 > 0 && d32 > 0) std::printf("ratio %s: dstrain bf16 / dstrain fp32 = %.2fx\n", c.name, d16 / d32);
+    std::fflush(stdout);
   }
   return 0;
 }

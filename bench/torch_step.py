@@ -2,9 +2,11 @@
 """PyTorch peer of bench/step_bench: the same GPT-2 (llm.c's architecture: tied lm_head, tanh
 GELU, pre-LayerNorm, no dropout) and the same fp32 step (forward, backward, AdamW) for issue 4's
 S and M configs; prints "torch <config> ms_per_step <median>". step_bench runs it with
-/usr/bin/python3 (Debian's python3-torch 1.13) in the same environment.
+/usr/bin/python3 (Debian's python3-torch 1.13) in the same environment. --precision bf16 runs the
+forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (fp32 parameters and
+optimizer, PyTorch's CPU mixed precision); fp32 runs without it.
 
-  /usr/bin/python3 bench/torch_step.py --config S --steps 10 --warmup 2 --threads 2"""
+  /usr/bin/python3 bench/torch_step.py --config S --precision fp32 --steps 10 --warmup 2 --threads 2"""
 import argparse
 import math
 import statistics
@@ -75,6 +77,7 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -88,14 +91,18 @@ def main():
         c0 = time.process_time()
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(idx, tgt)
+        if a.precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = model(idx, tgt)
+        else:
+            loss = model(idx, tgt)
         loss.backward()
         opt.step()
         if s >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
             cpu.append((time.process_time() - c0) * 1e3)
     n = sum(p.numel() for p in model.parameters())
-    print(f"torch {a.config} ms_per_step {statistics.median(times):.1f} "
+    print(f"torch {a.config}-{a.precision} ms_per_step {statistics.median(times):.1f} "
           f"cpu_ms_per_step {statistics.median(cpu):.1f} params {n / 1e6:.2f}M "
           f"loss {loss.item():.4f} threads {torch.get_num_threads()}")
 
