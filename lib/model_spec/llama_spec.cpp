@@ -133,8 +133,12 @@ std::vector<ActBuffer> llama_activations(const ModelShape& s, const ModelPart& p
     v.push_back({"datty", BT * NHl * hd, ActScope::kShared, ws});
     v.push_back({"dgu", BT * 2 * Il, ActScope::kShared, ws});
     v.push_back({"dact", BT * Il, ActScope::kShared, ws});
-    v.push_back({"att_scratch", static_cast<int64_t>(std::max(0, cfg.num_threads)) * 2 * cfg.T * cfg.T,
-                 ActScope::kShared, ws, true});
+    // Per thread two (T, T) score tiles; with 16-bit storage also 8 x T x hd for the fp32 copies of
+    // the heads (runtime/kernels/cpu/attention_gqa.cpp: a kv head's k, v, dk, dv and a query head's
+    // q, out, dout, dq), as GPT-2's attention has.
+    const int64_t per_thread = 2 * static_cast<int64_t>(cfg.T) * cfg.T + (cfg.storage_bytes == 4 ? 0 : 8 * cfg.T * hd);
+    v.push_back({"att_scratch", static_cast<int64_t>(std::max(0, cfg.num_threads)) * per_thread, ActScope::kShared,
+                 ws, true});
     v.push_back({"rope_cos", static_cast<int64_t>(cfg.T) * (hd / 2), ActScope::kShared, ws, true});
     v.push_back({"rope_sin", static_cast<int64_t>(cfg.T) * (hd / 2), ActScope::kShared, ws, true});
   }

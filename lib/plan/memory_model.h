@@ -30,7 +30,8 @@ using layout::PipelineSchedule;
 using layout::Precision;
 using layout::StageSplit;
 // Where the job runs (training.device): on CPU host memory is the device memory (offload moves
-// nothing). On both the runtime stores 16-bit parameter and gradient values in fp32 buffers.
+// nothing). The CPU stores 16-bit values in 2-byte buffers; CUDA keeps them in fp32 buffers
+// (storage_bytes, grad_bytes below).
 enum class DeviceKind { kCpu, kCuda };
 
 

@@ -18,46 +18,11 @@
 #include "common/error.h"
 #include "core/typed_ptr.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed_call.h"
 
 namespace ds::rt::kern::typed {
 
-namespace detail {
-
-template <typename S>
-S* as(TypedPtr p, const char* what) {
-  if (p.data != nullptr && p.dtype != dtype_of<S>) {
-    throw invalid_usage("{}: a {} buffer where {} was expected", what, dtype_name(p.dtype),
-                        dtype_name(dtype_of<S>));
-  }
-  return static_cast<S*>(p.data);
-}
-
-[[noreturn]] inline void unsupported(const char* what, DType t, DType g) {
-  throw invalid_usage("{}: storage {} with gradients {} is not a supported combination", what, dtype_name(t),
-                      dtype_name(g));
-}
-
-}  // namespace detail
-
-// Runs `body` with the C++ types S (storage) and G (parameter gradients) of dtypes s and g: the
-// combinations cpu/kernels.h instantiates (DS_FOR_EACH_STORAGE_GRAD), then returns.
-#define DS_TYPED_CASE(s, g, S_, G_, body)                                                       \
-  if ((s) == ::ds::rt::dtype_of<S_> && (g) == ::ds::rt::dtype_of<G_>) {                        \
-    using S [[maybe_unused]] = S_;                                                              \
-    using G [[maybe_unused]] = G_;                                                              \
-    body;                                                                                       \
-    return;                                                                                     \
-  }
-#define DS_TYPED_CALL(what, s, g, body)                                                         \
-  do {                                                                                          \
-    DS_TYPED_CASE(s, g, float, float, body)                                                     \
-    DS_TYPED_CASE(s, g, ::ds::rt::bf16, ::ds::rt::bf16, body)                                   \
-    DS_TYPED_CASE(s, g, ::ds::rt::bf16, float, body)                                            \
-    DS_TYPED_CASE(s, g, ::ds::rt::f16, ::ds::rt::f16, body)                                     \
-    DS_TYPED_CASE(s, g, ::ds::rt::f16, float, body)                                             \
-    ::ds::rt::kern::typed::detail::unsupported(what, (s), (g));                                 \
-  } while (0)
-#define DS_AS(X, p) ::ds::rt::kern::typed::detail::as<X>((p), __func__)
+// DS_TYPED_CALL and DS_AS: kernels/typed_call.h.
 
 inline void encoder_forward(TypedPtr out, const int32_t* inp, TypedPtr wte, TypedPtr wpe, int B, int T, int C) {
   DS_TYPED_CALL("encoder_forward", out.dtype, out.dtype,
@@ -233,9 +198,5 @@ inline void adamw_update_partition(const AdamWStep& s, float* master, TypedPtr g
 }
 // dst (n elements of its type) = the fp32 values src on the same device, rounded.
 inline void from_f32(TypedPtr dst, const float* src, int64_t n) { convert(dst, TypedPtr(src), n); }
-
-#undef DS_AS
-#undef DS_TYPED_CALL
-#undef DS_TYPED_CASE
 
 }  // namespace ds::rt::kern::typed

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -71,9 +72,10 @@ Llama::Llama(const ms::ModelShape& shape, const ms::ModelPart& part, const Model
   if (opt_.device != Device::kCpu) {
     throw invalid_argument("model.type llama runs on the CPU only for now (training.device \"cpu\")");
   }
-  if (opt_.dtype != DType::kF32 || opt_.grad_dtype != DType::kF32) {
-    throw invalid_argument("model.type llama trains in fp32 only for now (storage {}, gradients {}): disable bf16/fp16",
-                           dtype_name(opt_.dtype), dtype_name(opt_.grad_dtype));
+  if (opt_.grad_dtype != opt_.dtype && opt_.grad_dtype != DType::kF32) {
+    throw invalid_argument("ModelOptions: gradients of type {} for {} storage: gradients are stored in the storage "
+                           "type or in fp32",
+                           dtype_name(opt_.grad_dtype), dtype_name(opt_.dtype));
   }
   C_ = shape_.n_embd;
   hd_ = shape_.head_dim();
@@ -187,11 +189,19 @@ void Llama::init_weights(uint64_t seed) {
     throw invalid_usage("init_weights on a model built without its own parameters: generate each shard with "
                         "init_tensor_values");
   }
+  // fp32 values, straight into fp32 parameters; through a host vector rounded into 16-bit ones.
+  std::vector<float> host;
+  float* dst = params_.as<float>();
+  if (opt_.dtype != DType::kF32) {
+    host.resize(static_cast<size_t>(layout_.total));
+    dst = host.data();
+  }
   const auto all = ms::model_params(shape_);
   for (const auto& ts : layout_.tensors) {
-    init_tensor_values(params_.as<float>() + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer,
-                       part_.tp, part_.tp_rank, seed, 0, ts.numel);
+    init_tensor_values(dst + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer, part_.tp, part_.tp_rank,
+                       seed, 0, ts.numel);
   }
+  if (!host.empty()) tk::from_host_f32(params(), host.data(), layout_.total);
 }
 
 void Llama::zero_grads() {

@@ -17,7 +17,10 @@
 // Tensor parallelism (part.tp > 1): q/k/v column-split by heads (kv heads split too: n_kv_head
 // must divide by tp), o_proj row-split, gate/up column-split, down_proj row-split, vocabulary-
 // parallel embedding, lm_head and loss; the model calls the same tp hooks as GPT-2's.
-// Not yet: CUDA (the kernels are CPU-only) and 16-bit storage (fp32 only): invalid_argument.
+// Storage as Gpt2's (gpt2.h): parameters and activations in the storage type (fp32, bf16, fp16),
+// parameter gradients in the gradient type (the storage type or fp32); RMSNorm's rstd, attention's
+// lse and scratch, the RoPE tables, the losses and the vocab-parallel loss statistics stay fp32.
+// Not yet: CUDA (the kernels are CPU-only): invalid_argument.
 // Thread safety: one thread drives a Llama at a time.
 #pragma once
 
@@ -84,7 +87,8 @@ class Llama : public Model {
   TypedPtr grads() override { return {grads_.data(), opt_.grad_dtype}; }
   TypedPtr param(model_spec::ParamId id, int layer = -1) override;
   TypedPtr grad(model_spec::ParamId id, int layer = -1) override;
-  // normal(0, 0.02) for every matrix (HF's initializer_range), 1 for the norms; layout-independent.
+  // normal(0, 0.02) for every matrix (HF's initializer_range), 1 for the norms; layout-independent;
+  // with 16-bit storage the fp32 values are rounded to it.
   void init_weights(uint64_t seed) override;
   void zero_grads() override;
 

@@ -45,10 +45,7 @@ void dscores_row(float* dp, const float* p, float D, float scale, int t, int wid
   for (int j = t + 1; j < width; j++) dp[j] = 0.0f;
 }
 
-}  // namespace attention_rows
-
 namespace {
-using namespace attention_rows;
 constexpr int kRows = 64;
 
 // Scores of rows [r0, r1) against keys [0, r1), into tile rows r0.. (row stride T).
@@ -57,10 +54,8 @@ void scores(float* S, const float* q, const float* k, int r0, int r1, int ldq, i
   gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * ldq, ldq, k, ldq, 0.0f,
        S + static_cast<int64_t>(r0) * T, T);
 }
+}  // namespace
 
-
-// One head's forward over fp32 q, k, v (row stride ldq) into o (row stride ldo) and l (T):
-// the fp32 algorithm above; S is the thread's (T, T) tile.
 void head_forward(float* o, int ldo, float* l, const float* q, const float* k, const float* v,
                   int ldq, float* S, int T, int hs, float scale) {
   for (int r0 = 0; r0 < T; r0 += kRows) {
@@ -72,11 +67,9 @@ void head_forward(float* o, int ldo, float* l, const float* q, const float* k, c
   }
 }
 
-// One head's backward: dq, dk, dv (row stride ldq, overwritten) from q, k, v (stride ldq), o and
-// dO (stride ldo) and l; P and dS are the thread's two (T, T) tiles.
 void head_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
                    int ldq, const float* o, const float* dO, int ldo, const float* l, float* P,
-                   float* dS, int T, int hs, float scale) {
+                   float* dS, int T, int hs, float scale, float beta) {
   for (int r0 = 0; r0 < T; r0 += kRows) {
     const int r1 = std::min(T, r0 + kRows);
     scores(P, q, k, r0, r1, ldq, T, hs, scale);
@@ -93,29 +86,18 @@ void head_backward(float* dq, float* dk, float* dv, const float* q, const float*
     gemm(false, false, r1 - r0, hs, r1, 1.0f, dS + static_cast<int64_t>(r0) * T, T, k, ldq, 0.0f,
          dq + static_cast<int64_t>(r0) * ldq, ldq);
   }
-  // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal).
-  gemm(true, false, T, hs, T, 1.0f, dS, T, q, ldq, 0.0f, dk, ldq);
-  gemm(true, false, T, hs, T, 1.0f, P, T, dO, ldo, 0.0f, dv, ldq);
-}
-
-// Rows of width hs between a strided typed buffer and a dense fp32 one (T rows).
-template <typename S>
-void gather_rows(float* dst, const S* src, int ld, int T, int hs) {
-  for (int t = 0; t < T; t++) {
-    for (int i = 0; i < hs; i++) dst[static_cast<int64_t>(t) * hs + i] = to_f32(src[static_cast<int64_t>(t) * ld + i]);
-  }
-}
-template <typename S>
-void scatter_rows(S* dst, int ld, const float* src, int T, int hs) {
-  for (int t = 0; t < T; t++) {
-    for (int i = 0; i < hs; i++) dst[static_cast<int64_t>(t) * ld + i] = from_f32<S>(src[static_cast<int64_t>(t) * hs + i]);
-  }
+  // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal), onto beta * themselves.
+  gemm(true, false, T, hs, T, 1.0f, dS, T, q, ldq, beta, dk, ldq);
+  gemm(true, false, T, hs, T, 1.0f, P, T, dO, ldo, beta, dv, ldq);
 }
 
 size_t per_thread_floats(int T, int hs, int storage_bytes) {
   return 2 * static_cast<size_t>(T) * T + (storage_bytes == 4 ? 0 : 8 * static_cast<size_t>(T) * hs);
 }
-}  // namespace
+
+}  // namespace attention_rows
+
+using namespace attention_rows;
 
 size_t attention_scratch_floats(int T, int hs, int storage_bytes) {
   return static_cast<size_t>(omp_get_max_threads()) * per_thread_floats(T, hs, storage_bytes);

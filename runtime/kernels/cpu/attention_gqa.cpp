@@ -1,26 +1,29 @@
 // Causal grouped-query attention, forward and backward, with k and v read in place from the
-// qkv rows (never expanded to NH heads). The math per query head is attention.cpp's (flash-
-// style, one (T,T) tile per thread, backward recomputing the probabilities from the lse):
+// qkv rows (never expanded to NH heads). The math per query head is attention.cpp's, and so is
+// the code (attention_rows.h: flash-style, one (T,T) tile per thread, backward recomputing the
+// probabilities from the lse):
 //   S = scale Q K^T,  P = softmax over j <= t,  O = P V;
 //   dP = dO V^T,  dS = scale P (dP - rowsum(dO o O)),  dQ = dS K,  dK += dS^T Q,  dV += P^T dO.
 // The only change is which k/v columns a query head reads, and that the backward walks a kv
 // head's group of query heads in one task, summing their dK and dV in head order (beta 1 after
 // the first), so the result does not depend on the thread count.
+// With 16-bit storage the heads are copied to fp32 in the thread's scratch (attention.cpp's way):
+// the forward copies its query head and the kv head it reads; the backward copies the kv head
+// once, sums the group's dK and dV in fp32 and rounds them once at the end, and rounds each query
+// head's dQ as it is done.
 #include <omp.h>
 
-#include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/llama_kernels.h"
-#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
 
 namespace {
 using namespace attention_rows;
-constexpr int kRows = 64;
 
 struct Geometry {
   int T, NH, KV, hd;
@@ -32,87 +35,86 @@ struct Geometry {
   int64_t v_col(int g) const { return static_cast<int64_t>(NH + KV + g) * hd; }
 };
 
-// One query head's forward: q, k, v point at the head's first row; out at its output columns.
-void head_forward(float* o, float* l, const float* q, const float* k, const float* v, float* S, const Geometry& G,
-                  float scale) {
-  const int T = G.T, hd = G.hd;
-  const int64_t st = G.stride(), os = G.ostride();
-  for (int r0 = 0; r0 < T; r0 += kRows) {
-    const int r1 = std::min(T, r0 + kRows);
-    gemm(false, true, r1 - r0, r1, hd, scale, q + r0 * st, static_cast<int>(st), k, static_cast<int>(st), 0.0f,
-         S + static_cast<int64_t>(r0) * T, T);
-    for (int t = r0; t < r1; t++) l[t] = softmax_row(S + static_cast<int64_t>(t) * T, t, r1);
-    gemm(false, false, r1 - r0, hd, r1, 1.0f, S + static_cast<int64_t>(r0) * T, T, v, static_cast<int>(st), 0.0f,
-         o + r0 * os, static_cast<int>(os));
-  }
-}
-
-struct HeadGrads {
-  float *dq, *dk, *dv;
-  float beta;  // 0 for the group's first head (dk, dv overwritten), then 1 (summed)
-};
-
-void head_backward(const HeadGrads& d, const float* dO, const float* o, const float* l, const float* q,
-                   const float* k, const float* v, float* P, const Geometry& G, float scale) {
-  const int T = G.T, hd = G.hd;
-  const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
-  float* dS = P + static_cast<size_t>(T) * T;
-  for (int r0 = 0; r0 < T; r0 += kRows) {
-    const int r1 = std::min(T, r0 + kRows);
-    gemm(false, true, r1 - r0, r1, hd, scale, q + static_cast<int64_t>(r0) * st, st, k, st, 0.0f,
-         P + static_cast<int64_t>(r0) * T, T);
-    gemm(false, true, r1 - r0, r1, hd, 1.0f, dO + static_cast<int64_t>(r0) * os, os, v, st, 0.0f,
-         dS + static_cast<int64_t>(r0) * T, T);
-    for (int t = r0; t < r1; t++) {
-      float* prow = P + static_cast<int64_t>(t) * T;
-      probs_row(prow, l[t], t, T);
-      const float D = vdot(dO + static_cast<int64_t>(t) * os, o + static_cast<int64_t>(t) * os, hd);
-      dscores_row(dS + static_cast<int64_t>(t) * T, prow, D, scale, t, T);
-    }
-    gemm(false, false, r1 - r0, hd, r1, 1.0f, dS + static_cast<int64_t>(r0) * T, T, k, st, 0.0f,
-         d.dq + static_cast<int64_t>(r0) * st, st);
-  }
-  gemm(true, false, T, hd, T, 1.0f, dS, T, q, st, d.beta, d.dk, st);
-  gemm(true, false, T, hd, T, 1.0f, P, T, dO, os, d.beta, d.dv, st);
-}
-
 }  // namespace
 
-void attention_gqa_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T, int NH, int KV,
-                           int hd) {
+template <typename S>
+void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV, int hd) {
   const Geometry G{T, NH, KV, hd};
+  const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
     const int b = bh / NH, h = bh % NH, g = h / G.group();
-    float* S = scratch + static_cast<size_t>(omp_get_thread_num()) * 2 * T * T;
-    const float* row0 = qkv + static_cast<int64_t>(b) * T * G.stride();
-    head_forward(out + static_cast<int64_t>(b) * T * G.ostride() + G.q_col(h), lse + static_cast<int64_t>(bh) * T,
-                 row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), S, G, scale);
+    float* tile = scratch + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    const S* row0 = qkv + static_cast<int64_t>(b) * T * st;
+    S* o = out + static_cast<int64_t>(b) * T * os + G.q_col(h);
+    float* l = lse + static_cast<int64_t>(bh) * T;
+    if constexpr (std::is_same_v<S, float>) {
+      head_forward(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale);
+    } else {
+      const int64_t th = static_cast<int64_t>(T) * hd;
+      float* f = tile + 2 * static_cast<size_t>(T) * T;  // q, k, v, o of this head in fp32
+      gather_rows(f, row0 + G.q_col(h), st, T, hd);
+      gather_rows(f + th, row0 + G.k_col(g), st, T, hd);
+      gather_rows(f + 2 * th, row0 + G.v_col(g), st, T, hd);
+      head_forward(f + 3 * th, hd, l, f, f + th, f + 2 * th, hd, tile, T, hd, scale);
+      scatter_rows(o, os, f + 3 * th, T, hd);
+    }
   }
 }
 
-void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                            float* scratch, int B, int T, int NH, int KV, int hd) {
+template <typename S>
+void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, float* scratch,
+                            int B, int T, int NH, int KV, int hd) {
   const Geometry G{T, NH, KV, hd};
+  const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * KV > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bg = 0; bg < B * KV; bg++) {
     const int b = bg / KV, g = bg % KV;
-    float* P = scratch + static_cast<size_t>(omp_get_thread_num()) * 2 * T * T;
-    const int64_t rbase = static_cast<int64_t>(b) * T * G.stride(), obase = static_cast<int64_t>(b) * T * G.ostride();
-    const float* row0 = qkv + rbase;
-    float* drow0 = dqkv + rbase;
-    for (int j = 0; j < G.group(); j++) {
-      const int h = g * G.group() + j;
-      const HeadGrads d{drow0 + G.q_col(h), drow0 + G.k_col(g), drow0 + G.v_col(g), j == 0 ? 0.0f : 1.0f};
-      head_backward(d, dout + obase + G.q_col(h), out + obase + G.q_col(h),
-                    lse + (static_cast<int64_t>(b) * NH + h) * T, row0 + G.q_col(h), row0 + G.k_col(g),
-                    row0 + G.v_col(g), P, G, scale);
+    float* P = scratch + static_cast<size_t>(omp_get_thread_num()) * per_thread;
+    float* dS = P + static_cast<size_t>(T) * T;
+    const int64_t rbase = static_cast<int64_t>(b) * T * st, obase = static_cast<int64_t>(b) * T * os;
+    const S* row0 = qkv + rbase;
+    S* drow0 = dqkv + rbase;
+    if constexpr (std::is_same_v<S, float>) {
+      for (int j = 0; j < G.group(); j++) {
+        const int h = g * G.group() + j;
+        head_backward(drow0 + G.q_col(h), drow0 + G.k_col(g), drow0 + G.v_col(g), row0 + G.q_col(h),
+                      row0 + G.k_col(g), row0 + G.v_col(g), st, out + obase + G.q_col(h), dout + obase + G.q_col(h),
+                      os, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd, scale, j == 0 ? 0.0f : 1.0f);
+      }
+    } else {
+      // k, v, dk, dv of the kv head, then q, o, dO, dq of the query head at hand, in fp32.
+      const int64_t th = static_cast<int64_t>(T) * hd;
+      float* k = dS + static_cast<size_t>(T) * T;
+      float *v = k + th, *dk = k + 2 * th, *dv = k + 3 * th, *q = k + 4 * th, *o = k + 5 * th, *dO = k + 6 * th,
+            *dq = k + 7 * th;
+      gather_rows(k, row0 + G.k_col(g), st, T, hd);
+      gather_rows(v, row0 + G.v_col(g), st, T, hd);
+      for (int j = 0; j < G.group(); j++) {
+        const int h = g * G.group() + j;
+        gather_rows(q, row0 + G.q_col(h), st, T, hd);
+        gather_rows(o, out + obase + G.q_col(h), os, T, hd);
+        gather_rows(dO, dout + obase + G.q_col(h), os, T, hd);
+        head_backward(dq, dk, dv, q, k, v, hd, o, dO, hd, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd,
+                      scale, j == 0 ? 0.0f : 1.0f);
+        scatter_rows(drow0 + G.q_col(h), st, dq, T, hd);
+      }
+      scatter_rows(drow0 + G.k_col(g), st, dk, T, hd);
+      scatter_rows(drow0 + G.v_col(g), st, dv, T, hd);
     }
   }
 }
+
+#define DS_INST_S(S)                                                                                            \
+  template void attention_gqa_forward<S>(S*, float*, const S*, float*, int, int, int, int, int);               \
+  template void attention_gqa_backward<S>(S*, const S*, const S*, const S*, const float*, float*, int, int, int, \
+                                          int, int);
+DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

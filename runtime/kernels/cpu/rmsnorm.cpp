@@ -1,6 +1,7 @@
 // RMSNorm forward and backward (Llama's: no mean, no bias). With r = rstd and xhat = x r:
 //   y = xhat w,   dx = r (dy w - xhat mean(dy w xhat)),   dw = sum over rows of dy xhat.
-// Row math in fp32 whatever the storage type T (a template for the 16-bit types to come).
+// Row math in fp32 whatever the storage type (kernels.h: S, G); rstd is fp32; each output is
+// rounded once (dinp after its accumulation, dweight after the rows' fp32 sum is added).
 #include <algorithm>
 #include <cmath>
 
@@ -12,54 +13,56 @@ namespace ds::rt::cpu {
 
 namespace {
 
-template <typename T>
-float sum_squares_row(const T* x, int C) {
+template <typename S>
+float sum_squares_row(const S* x, int C) {
   float acc[kLanes] = {};
   int c0 = 0;
   for (; c0 + kLanes <= C; c0 += kLanes) {
     for (int j = 0; j < kLanes; j++) {
-      const float v = static_cast<float>(x[c0 + j]);
+      const float v = to_f32(x[c0 + j]);
       acc[j] += v * v;
     }
   }
-  for (; c0 < C; c0++) acc[0] += static_cast<float>(x[c0]) * static_cast<float>(x[c0]);
+  for (; c0 < C; c0++) acc[0] += to_f32(x[c0]) * to_f32(x[c0]);
   return vsum(acc, kLanes);
 }
 
-template <typename T>
-void rms_row(T* o, float* rstd_out, const T* x, const T* w, int C, float eps) {
+template <typename S>
+void rms_row(S* o, float* rstd_out, const S* x, const S* w, int C, float eps) {
   const float s = 1.0f / std::sqrt(sum_squares_row(x, C) / static_cast<float>(C) + eps);
-  for (int c = 0; c < C; c++) o[c] = static_cast<T>(static_cast<float>(x[c]) * s * static_cast<float>(w[c]));
+  for (int c = 0; c < C; c++) o[c] = from_f32<S>(to_f32(x[c]) * s * to_f32(w[c]));
   *rstd_out = s;
 }
 
-template <typename T>
-void rms_row_backward(T* dx, const T* dy, const T* x, const T* w, float s, int C) {
+template <typename S>
+void rms_row_backward(S* dx, const S* dy, const S* x, const S* w, float s, int C) {
   float acc[kLanes] = {};
   int c0 = 0;
   for (; c0 + kLanes <= C; c0 += kLanes) {
     for (int j = 0; j < kLanes; j++) {
       const int c = c0 + j;
-      acc[j] += static_cast<float>(dy[c]) * static_cast<float>(w[c]) * static_cast<float>(x[c]);
+      acc[j] += to_f32(dy[c]) * to_f32(w[c]) * to_f32(x[c]);
     }
   }
-  for (; c0 < C; c0++) acc[0] += static_cast<float>(dy[c0]) * static_cast<float>(w[c0]) * static_cast<float>(x[c0]);
+  for (; c0 < C; c0++) acc[0] += to_f32(dy[c0]) * to_f32(w[c0]) * to_f32(x[c0]);
   const float b = vsum(acc, kLanes) * s * s / static_cast<float>(C);  // mean(dy w xhat) / r
   for (int c = 0; c < C; c++) {
-    const float xv = static_cast<float>(x[c]);
-    dx[c] = static_cast<T>(static_cast<float>(dx[c]) + s * (static_cast<float>(dy[c]) * static_cast<float>(w[c]) - xv * b));
+    const float xv = to_f32(x[c]);
+    dx[c] = from_f32<S>(to_f32(dx[c]) + s * (to_f32(dy[c]) * to_f32(w[c]) - xv * b));
   }
 }
 
-template <typename T>
-void rmsnorm_forward_t(T* out, float* rstd, const T* inp, const T* weight, int64_t N, int C, float eps) {
+}  // namespace
+
+template <typename S>
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps) {
 #pragma omp parallel for schedule(static) if (N * C >= kParallelWork)
   for (int64_t r = 0; r < N; r++) rms_row(out + r * C, rstd + r, inp + r * C, weight, C, eps);
 }
 
-template <typename T, typename G>
-void rmsnorm_backward_t(T* dinp, G* dweight, const T* dout, const T* inp, const T* weight, const float* rstd,
-                        int64_t N, int C) {
+template <typename S, typename G>
+void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
+                      int64_t N, int C) {
 #pragma omp parallel if (N * C >= kParallelWork)
   {
 #pragma omp for schedule(static)
@@ -72,24 +75,19 @@ void rmsnorm_backward_t(T* dinp, G* dweight, const T* dout, const T* inp, const 
       const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);
       float dw[kBlock] = {};
       for (int64_t r = 0; r < N; r++) {
-        const T* dy = dout + r * C;
-        const T* x = inp + r * C;
-        for (int c = c0; c < c1; c++) dw[c - c0] += static_cast<float>(dy[c]) * static_cast<float>(x[c]) * rstd[r];
+        const S* dy = dout + r * C;
+        const S* x = inp + r * C;
+        for (int c = c0; c < c1; c++) dw[c - c0] += to_f32(dy[c]) * to_f32(x[c]) * rstd[r];
       }
-      for (int c = c0; c < c1; c++) dweight[c] = static_cast<G>(static_cast<float>(dweight[c]) + dw[c - c0]);
+      for (int c = c0; c < c1; c++) dweight[c] = from_f32<G>(to_f32(dweight[c]) + dw[c - c0]);
     }
   }
 }
 
-}  // namespace
-
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int C, float eps) {
-  rmsnorm_forward_t(out, rstd, inp, weight, N, C, eps);
-}
-
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int64_t N, int C) {
-  rmsnorm_backward_t(dinp, dweight, dout, inp, weight, rstd, N, C);
-}
+#define DS_INST_S(S) template void rmsnorm_forward<S>(S*, float*, const S*, const S*, int64_t, int, float);
+#define DS_INST_SG(S, G) \
+  template void rmsnorm_backward<S, G>(S*, G*, const S*, const S*, const S*, const float*, int64_t, int);
+DS_FOR_EACH_STORAGE(DS_INST_S)
+DS_FOR_EACH_STORAGE_GRAD(DS_INST_SG)
 
 }  // namespace ds::rt::cpu

@@ -3,7 +3,8 @@
 // and each rank's measured peak bytes per allocator tag (rank 0's last metrics line) must equal
 // plan::predicted_rank_memory for that rank within 5%, for data parallelism with ZeRO 0-3, tensor
 // parallelism, pipelines (1F1B and GPipe, uniform and parameter partitions), their combinations
-// and activation checkpointing. Prints the worst relative difference of every layout.
+// and activation checkpointing; at 16 bits the same for GPT-2 and a few Llama layouts. Prints the
+// worst relative difference of every layout.
 //
 // Not here: the single-process layouts (tests/unit/plan/held_to_reality_test.cpp), the losses of
 // these layouts (tests/multiproc/train).
@@ -44,6 +45,7 @@ struct Layout {
   bool checkpointing = false;
   std::string precision = "fp32";  // "bf16" / "fp16": 2-byte storage
   std::string grad_accum = "";     // data_types.grad_accum_dtype when not empty
+  bool llama = false;              // the Llama model (GQA, SwiGLU, RMSNorm) instead of GPT-2
   int world() const { return tp * pp * dp; }
 };
 
@@ -73,6 +75,13 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
     if (!l.grad_accum.empty()) c["data_types"] = {{"grad_accum_dtype", l.grad_accum}};
     return c;
   }
+  static json gpt2_model() {
+    return {{"type", "gpt2"}, {"n_layer", 4}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 32}, {"seq_len", 16}};
+  }
+  static json llama_model() {
+    return {{"type", "llama"}, {"n_layer", 4},  {"n_head", 4},     {"n_kv_head", 2},
+            {"n_embd", 32},    {"intermediate_size", 48}, {"vocab_size", 32}, {"seq_len", 16}};
+  }
   static json base_config(const Layout& l) {
     return {
         {"train_micro_batch_size_per_gpu", 2},
@@ -82,8 +91,7 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
         {"pipeline", {{"stages", l.pp}, {"schedule", l.schedule}, {"partition", l.partition}}},
         {"tensor_parallel", {{"size", l.tp}}},
         {"activation_checkpointing", {{"enabled", l.checkpointing}}},
-        {"model",
-         {{"type", "gpt2"}, {"n_layer", 4}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 32}, {"seq_len", 16}}},
+        {"model", l.llama ? llama_model() : gpt2_model()},
         {"data", {{"train", *dir_ / "train.bin"}, {"shuffle", false}}},
         {"training", {{"steps", 2}, {"log_interval", 1}, {"device", "cpu"}}},
     };
@@ -164,6 +172,20 @@ INSTANTIATE_TEST_SUITE_P(
                       sixteen(Layout{"tp2_dp2_zero3", 2, 1, 2,
                                      json{{"stage", 3}, {"stage3_param_persistence_threshold", 100},
                                           {"stage3_prefetch_bucket_size", 10000}}})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+
+Layout llama(Layout l) {
+  l.name = "llama_" + l.name;
+  l.llama = true;
+  return l;
+}
+
+// Llama at bf16 (GQA's smaller k/v, SwiGLU's width, fp32 rstd, lse, scratch and RoPE tables):
+// one process, tp 2 (one kv head per rank), ZeRO-2 at dp 2, pp 2.
+INSTANTIATE_TEST_SUITE_P(
+    LlamaSixteenBit, PlanMultiproc,
+    ::testing::Values(llama(sixteen(Layout{"single", 1, 1, 1})), llama(sixteen(Layout{"tp2", 2, 1, 1})),
+                      llama(sixteen(data_parallel(2, 2))), llama(sixteen(Layout{"pp2_1f1b", 1, 2, 1}))),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
