@@ -246,11 +246,13 @@ std::string metrics_figure_svg(const std::vector<MetricsRun>& runs) {
   SvgWriter svg(kWidth, height);
   svg.rect(0, 0, kWidth, height, "#ffffff");
   draw_legend(svg, runs, kPad, has_val);
-  if (any_series(runs, loss)) {
-    draw_panel(svg, {main_left, main_top, kWidth - main_left - main_right, main_h}, step_axis(runs, 9), loss,
-               runs, 10);
-  }
+  // One step range for every panel; the wide panel gets finer ticks when they fit that range.
   const Axis small_x = step_axis(runs, 5);
+  Axis main_x = step_axis(runs, 9);
+  if (main_x.lo != small_x.lo || main_x.hi != small_x.hi) main_x = small_x;
+  if (any_series(runs, loss)) {
+    draw_panel(svg, {main_left, main_top, kWidth - main_left - main_right, main_h}, main_x, loss, runs, 10);
+  }
   for (size_t i = 0; i < small.size(); ++i) {
     const double cx = kPad + static_cast<double>(i % kCols) * cell_w;
     const double cy = small_top + static_cast<double>(i / kCols) * cell_h + title;
