@@ -45,8 +45,8 @@ int run_plot(const PlotOptions& o) {
                 "-o plot.svg (our own SVG) or -o plot.png (through rsvg-convert)");
   }
   if (o.labels.size() > o.metrics.size()) {
-    throw invalid_argument("--label given {} times for {} metrics file{}", o.labels.size(), o.metrics.size(),
-                           o.metrics.size() == 1 ? "" : "s");
+    throw invalid_argument("--label given {} times for {} metrics file{}", o.labels.size(),
+                           o.metrics.size(), o.metrics.size() == 1 ? "" : "s");
   }
   std::vector<plot::MetricsRun> runs;
   for (size_t i = 0; i < o.metrics.size(); ++i) {
@@ -59,7 +59,8 @@ int run_plot(const PlotOptions& o) {
   } else {
     write_text_file(o.output, svg);
   }
-  std::cout << fmt::format("wrote {} ({} run{})\n", o.output, runs.size(), runs.size() == 1 ? "" : "s");
+  std::cout << fmt::format("wrote {} ({} run{})\n", o.output, runs.size(),
+                           runs.size() == 1 ? "" : "s");
   return 0;
 }
 
@@ -68,10 +69,12 @@ int run_plot(const PlotOptions& o) {
 void add_plot_command(CLI::App& app, std::vector<Command>& out) {
   auto o = std::make_shared<PlotOptions>();
   auto* sub = app.add_subcommand(
-      "plot", "draw training curves from --metrics files: loss, val loss, lr, tokens/s, peak memory");
+      "plot",
+      "draw training curves from --metrics files: loss, val loss, lr, tokens/s, peak memory");
   sub->add_option("metrics", o->metrics, "metrics files (JSONL) that dstrain train --metrics wrote")
       ->required();
-  sub->add_option("-o,--output", o->output, "the picture: FILE.svg, or FILE.png (needs rsvg-convert)")
+  sub->add_option("-o,--output", o->output,
+                  "the picture: FILE.svg, or FILE.png (needs rsvg-convert)")
       ->capture_default_str();
   sub->add_option("--label", o->labels,
                   "legend name of the next metrics file, in order (default: the file's stem)")

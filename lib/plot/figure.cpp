@@ -30,11 +30,13 @@ const std::string kAxisColour = "#555555", kGridColour = "#e6e6e6", kTextColour 
 
 struct Line {
   std::string field;
-  std::string dash;   // empty: solid
+  std::string dash;  // empty: solid
   bool markers = false;
 };
 
-Line solid(std::string field) { return {std::move(field), "", false}; }
+Line solid(std::string field) {
+  return {std::move(field), "", false};
+}
 
 struct PanelSpec {
   std::string title;
@@ -57,7 +59,9 @@ double run_width(size_t r, size_t runs) {
   return r < kWidths.size() ? kWidths[r] : 1.0;
 }
 
-double text_width(const std::string& s, double font) { return 0.6 * font * static_cast<double>(s.size()); }
+double text_width(const std::string& s, double font) {
+  return 0.6 * font * static_cast<double>(s.size());
+}
 
 bool any_series(const std::vector<MetricsRun>& runs, const PanelSpec& p) {
   for (const auto& r : runs)
@@ -78,8 +82,8 @@ bool all_zero(const std::vector<MetricsRun>& runs, const std::string& field) {
 
 // The memory tags of every run: the trainer's in its order, then any other by name.
 std::vector<std::string> memory_tags(const std::vector<MetricsRun>& runs) {
-  static const std::array<const char*, 7> kOrder = {"params", "grads", "optimizer", "activations",
-                                                    "comm", "workspace", "total"};
+  static const std::array<const char*, 7> kOrder = {
+      "params", "grads", "optimizer", "activations", "comm", "workspace", "total"};
   std::set<std::string> seen;
   for (const auto& r : runs)
     for (const auto& [field, s] : r.series)
@@ -131,14 +135,16 @@ void draw_panel(SvgWriter& svg, const Box& b, const Axis& xa, const PanelSpec& p
     const double y = py(ya.ticks[i]);
     svg.line({b.x, y}, {b.x + b.w, y}, grid);
     svg.line({b.x - 4, y}, {b.x, y}, tick);
-    svg.text({b.x - 7, y + kTickFont * 0.35}, y_labels[i], {kTickFont, Anchor::kEnd, 0, false, kTextColour});
+    svg.text({b.x - 7, y + kTickFont * 0.35}, y_labels[i],
+             {kTickFont, Anchor::kEnd, 0, false, kTextColour});
   }
   const auto x_labels = tick_labels(xa);
   for (size_t i = 0; i < xa.ticks.size(); ++i) {
     const double x = px(xa.ticks[i]);
     svg.line({x, b.y}, {x, b.y + b.h}, grid);
     svg.line({x, b.y + b.h}, {x, b.y + b.h + 4}, tick);
-    svg.text({x, b.y + b.h + 6 + kTickFont}, x_labels[i], {kTickFont, Anchor::kMiddle, 0, false, kTextColour});
+    svg.text({x, b.y + b.h + 6 + kTickFont}, x_labels[i],
+             {kTickFont, Anchor::kMiddle, 0, false, kTextColour});
   }
   const Stroke frame{kAxisColour, 1, ""};
   svg.rect(b.x, b.y, b.w, b.h, "none", &frame);
@@ -161,7 +167,8 @@ void draw_panel(SvgWriter& svg, const Box& b, const Axis& xa, const PanelSpec& p
       }
       svg.polyline(pts, {run_colour(r), run_width(r, runs.size()), l.dash});
       if (l.markers)
-        for (const auto& pt : pts) svg.circle(pt, 1.2 + 0.7 * run_width(r, runs.size()), run_colour(r));
+        for (const auto& pt : pts)
+          svg.circle(pt, 1.2 + 0.7 * run_width(r, runs.size()), run_colour(r));
     }
   }
 }
@@ -175,7 +182,8 @@ double draw_legend(SvgWriter& svg, const std::vector<MetricsRun>& runs, double y
     bool marker;
   };
   std::vector<Entry> entries;
-  for (size_t r = 0; r < runs.size(); ++r) entries.push_back({runs[r].label, run_colour(r), "", false});
+  for (size_t r = 0; r < runs.size(); ++r)
+    entries.push_back({runs[r].label, run_colour(r), "", false});
   entries.push_back({"train loss", kAxisColour, "", false});
   if (has_val) entries.push_back({"val loss", kAxisColour, "6 4", true});
   const double row = kLegendFont + 9, swatch = 26;
@@ -232,7 +240,8 @@ std::string metrics_figure_svg(const std::vector<MetricsRun>& runs) {
   // Layout first (the height depends on it), drawing second.
   constexpr int kCols = 3;
   const double main_left = 86, main_right = 24, main_h = 380, below = 52, title = 28;
-  const double cell_w = (kWidth - 2 * kPad) / kCols, small_left = 76, small_right = 18, small_h = 150;
+  const double cell_w = (kWidth - 2 * kPad) / kCols, small_left = 76, small_right = 18,
+               small_h = 150;
   const double cell_h = title + small_h + below + 8;
   const int rows = static_cast<int>((small.size() + kCols - 1) / kCols);
 
@@ -251,13 +260,14 @@ std::string metrics_figure_svg(const std::vector<MetricsRun>& runs) {
   Axis main_x = step_axis(runs, 9);
   if (main_x.lo != small_x.lo || main_x.hi != small_x.hi) main_x = small_x;
   if (any_series(runs, loss)) {
-    draw_panel(svg, {main_left, main_top, kWidth - main_left - main_right, main_h}, main_x, loss, runs, 10);
+    draw_panel(svg, {main_left, main_top, kWidth - main_left - main_right, main_h}, main_x, loss,
+               runs, 10);
   }
   for (size_t i = 0; i < small.size(); ++i) {
     const double cx = kPad + static_cast<double>(i % kCols) * cell_w;
     const double cy = small_top + static_cast<double>(i / kCols) * cell_h + title;
-    draw_panel(svg, {cx + small_left, cy, cell_w - small_left - small_right, small_h}, small_x, small[i], runs,
-               5);
+    draw_panel(svg, {cx + small_left, cy, cell_w - small_left - small_right, small_h}, small_x,
+               small[i], runs, 5);
   }
   if (!left_out.empty()) {
     std::string names;

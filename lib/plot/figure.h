@@ -9,10 +9,11 @@
 //              other tag by name), three to a row
 //
 // With several runs the first is drawn widest and each later one narrower on top of it, so
-// identical curves stay visible. Every panel shares the step axis (the union of the runs' steps). A panel is drawn only if some
-// run has its field; a memory tag that is 0 at every step of every run is left out and named in
-// a note under the panels. Each series of each run is exactly one <polyline> (the validation
-// loss also has a <circle> per point); axes, grid and legend use <line>, <rect> and <text> only.
+// identical curves stay visible. Every panel shares the step axis (the union of the runs'
+// steps). A panel is drawn only if some run has its field; a memory tag that is 0 at every step
+// of every run is left out and named in a note under the panels. Each series of each run is
+// exactly one <polyline> (the validation loss also has a <circle> per point); axes, grid and
+// legend use <line>, <rect> and <text> only.
 #pragma once
 
 #include <string>

@@ -17,7 +17,8 @@ namespace ds::plot {
 
 namespace {
 
-const char* kHint = "a metrics file holds one JSON object per line, as `dstrain train --metrics FILE` writes";
+const char* kHint =
+    "a metrics file holds one JSON object per line, as `dstrain train --metrics FILE` writes";
 
 Error bad_line(const std::string& path, int64_t line, const std::string& what) {
   return Error(ErrorKind::kInvalidArgument, fmt::format("{}:{}: {}", path, line, what), kHint);
@@ -67,7 +68,8 @@ MetricsRun read_metrics_file(const std::string& path) {
     for (const auto& [key, value] : j.items()) {
       if (!is_plotted_field(key) || value.is_null()) continue;
       if (!value.is_number()) {
-        throw bad_line(path, line_no, fmt::format("\"{}\" must be a number, got {}", key, shown(value)));
+        throw bad_line(path, line_no,
+                       fmt::format("\"{}\" must be a number, got {}", key, shown(value)));
       }
       fields[key] = value.get<double>();
     }
@@ -75,7 +77,8 @@ MetricsRun read_metrics_file(const std::string& path) {
   }
   if (in.bad()) throw system_error("cannot read metrics file {}: {}", path, errno_string(errno));
   if (records.empty()) {
-    throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: no metrics records (the file is empty)", path),
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: no metrics records (the file is empty)", path),
                 "plot a run after its first step");
   }
   MetricsRun run;

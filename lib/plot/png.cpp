@@ -29,7 +29,8 @@ std::optional<std::string> find_on_path(const std::string& program) {
     if (dir.empty()) continue;
     const std::string p = dir + "/" + program;
     struct stat st {};
-    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0) return p;
+    if (::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(p.c_str(), X_OK) == 0)
+      return p;
   }
   return std::nullopt;
 }
@@ -39,7 +40,8 @@ class TempFile {
   explicit TempFile(const std::string& contents) {
     path_ = (std::filesystem::temp_directory_path() / "dstrain-plot-XXXXXX.svg").string();
     const int fd = ::mkstemps(path_.data(), 4);
-    if (fd < 0) throw system_error("cannot create a temporary file {}: {}", path_, errno_string(errno));
+    if (fd < 0)
+      throw system_error("cannot create a temporary file {}: {}", path_, errno_string(errno));
     size_t done = 0;
     while (done < contents.size()) {
       const ssize_t n = ::write(fd, contents.data() + done, contents.size() - done);
@@ -124,7 +126,8 @@ void write_png(const std::string& svg, const std::string& png_path, Deadline dea
   int status = 0;
   while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
   }
-  if (timed_out) throw timeout_error("rsvg-convert did not finish writing {} in time (killed)", png_path);
+  if (timed_out)
+    throw timeout_error("rsvg-convert did not finish writing {} in time (killed)", png_path);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::string tail(trim(err_text));
     if (tail.size() > 400) tail = "..." + tail.substr(tail.size() - 400);

@@ -20,17 +20,20 @@ std::string num(double v) {
 }
 
 std::string stroke_attrs(const Stroke& s) {
-  std::string a = fmt::format(R"( stroke="{}" stroke-width="{}")", xml_escape(s.colour), num(s.width));
+  std::string a =
+      fmt::format(R"( stroke="{}" stroke-width="{}")", xml_escape(s.colour), num(s.width));
   if (!s.dash.empty()) a += fmt::format(R"( stroke-dasharray="{}")", xml_escape(s.dash));
-  if (s.opacity < 1) a += fmt::format(R"( stroke-opacity="{}")", num(s.opacity));
   return a;
 }
 
 const char* anchor_name(Anchor a) {
   switch (a) {
-    case Anchor::kMiddle: return "middle";
-    case Anchor::kEnd: return "end";
-    case Anchor::kStart: break;
+    case Anchor::kMiddle:
+      return "middle";
+    case Anchor::kEnd:
+      return "end";
+    case Anchor::kStart:
+      break;
   }
   return "start";
 }
@@ -42,11 +45,21 @@ std::string xml_escape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&apos;"; break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20 && c != '\t' && c != '\n') {
           out += ' ';
@@ -62,8 +75,9 @@ SvgWriter::SvgWriter(double width, double height) : width_(width), height_(heigh
 
 void SvgWriter::rect(double x, double y, double w, double h, const std::string& fill,
                      const Stroke* stroke) {
-  body_ += fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"{}/>)", num(x), num(y),
-                       num(w), num(h), xml_escape(fill), stroke ? stroke_attrs(*stroke) : "");
+  body_ +=
+      fmt::format(R"(<rect x="{}" y="{}" width="{}" height="{}" fill="{}"{}/>)", num(x), num(y),
+                  num(w), num(h), xml_escape(fill), stroke ? stroke_attrs(*stroke) : "");
   body_ += '\n';
 }
 
@@ -95,12 +109,13 @@ void SvgWriter::circle(Point c, double r, const std::string& fill) {
 }
 
 void SvgWriter::text(Point at, std::string_view s, const TextStyle& style) {
-  std::string attrs = fmt::format(R"( x="{}" y="{}" font-size="{}" text-anchor="{}" fill="{}")",
-                                  num(at.x), num(at.y), num(style.size), anchor_name(style.anchor),
-                                  xml_escape(style.colour));
+  std::string attrs =
+      fmt::format(R"( x="{}" y="{}" font-size="{}" text-anchor="{}" fill="{}")", num(at.x),
+                  num(at.y), num(style.size), anchor_name(style.anchor), xml_escape(style.colour));
   if (style.bold) attrs += R"( font-weight="bold")";
   if (style.rotate != 0) {
-    attrs += fmt::format(" transform=\"rotate({} {} {})\"", num(style.rotate), num(at.x), num(at.y));
+    attrs +=
+        fmt::format(" transform=\"rotate({} {} {})\"", num(style.rotate), num(at.x), num(at.y));
   }
   body_ += fmt::format("<text{}>{}</text>\n", attrs, xml_escape(s));
 }

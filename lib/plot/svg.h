@@ -19,8 +19,7 @@ struct Point {
 struct Stroke {
   std::string colour = "#000000";
   double width = 1;
-  std::string dash;  // empty: solid; else stroke-dasharray ("6 4")
-  double opacity = 1;  // stroke-opacity: below 1, overlapping lines show through each other
+  std::string dash;    // empty: solid; else stroke-dasharray ("6 4")
 };
 
 enum class Anchor { kStart, kMiddle, kEnd };

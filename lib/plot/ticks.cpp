@@ -83,7 +83,8 @@ std::vector<std::string> tick_labels(const Axis& axis) {
       s = fmt::format("{:.{}f}{}", t / scale, decimals_for(axis.step / scale), mega ? "M" : "k");
     } else if (axis.step < 1e-3) {
       const int exp = static_cast<int>(std::floor(std::log10(std::abs(t)) + 1e-9));
-      const int digits = std::max(0, exp - static_cast<int>(std::floor(std::log10(axis.step) + 1e-9)));
+      const int digits =
+          std::max(0, exp - static_cast<int>(std::floor(std::log10(axis.step) + 1e-9)));
       std::string m = fmt::format("{:.{}f}", t / std::pow(10.0, exp), digits);
       trim_zeros(m);
       s = fmt::format("{}e{}", m, exp);

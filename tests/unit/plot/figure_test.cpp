@@ -67,9 +67,10 @@ TEST_F(PlotFigure, PointsAreInStepOrder) {
 
 TEST_F(PlotFigure, LegendAndAxisLabels) {
   auto svg = draw();
-  for (const char* t : {"fp32", "bf16 <&> run", "train loss", "val loss", "loss", "loss (nats)", "lr",
-                        "tokens/s", "MiB", "step", "learning rate", "throughput", "peak memory: params",
-                        "peak memory: total", "peak memory not drawn (0 at every step): comm"}) {
+  for (const char* t :
+       {"fp32", "bf16 <&> run", "train loss", "val loss", "loss", "loss (nats)", "lr", "tokens/s",
+        "MiB", "step", "learning rate", "throughput", "peak memory: params", "peak memory: total",
+        "peak memory not drawn (0 at every step): comm"}) {
     EXPECT_TRUE(has_text(svg, t)) << t;
   }
   EXPECT_FALSE(has_text(svg, "peak memory: comm"));

@@ -42,7 +42,8 @@ TEST(PlotMetricsFile, NullIsAGapAndTheLastRecordOfAStepWins) {
   const auto path = dir.file("resumed.jsonl");
   // Steps 1-3, then a resume from step 1's checkpoint repeats 2 and 3; a NaN loss is null.
   write(path,
-        "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.5,\"val_loss\":2.6}\n{\"step\":3,\"loss\":null}\n"
+        "{\"step\":1,\"loss\":3.0}\n{\"step\":2,\"loss\":2.5,\"val_loss\":2.6}\n{\"step\":3,"
+        "\"loss\":null}\n"
         "\n{\"step\":2,\"loss\":2.4}\n{\"step\":3,\"loss\":2.2,\"skipped\":true}\n");
   auto run = read_metrics_file(path);
   EXPECT_EQ(run.series["loss"].steps, (std::vector<int64_t>{1, 2, 3}));
@@ -62,7 +63,8 @@ TEST(PlotMetricsFile, RankCopiesAndOtherFieldsAreIgnored) {
 TEST(PlotMetricsFile, BadInputNamesTheFileAndLine) {
   ScratchDir dir;
   const auto missing = dir.file("missing.jsonl");
-  EXPECT_EQ(error_of(missing), "cannot read metrics file " + missing + ": No such file or directory");
+  EXPECT_EQ(error_of(missing),
+            "cannot read metrics file " + missing + ": No such file or directory");
 
   const auto p = dir.file("bad.jsonl");
   write(p, "{\"step\":1,\"loss\":3}\n{\"step\":2,\"loss\":\n");

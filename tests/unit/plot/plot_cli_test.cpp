@@ -81,7 +81,9 @@ TEST_F(PlotCli, FailingRsvgConvertIsAnErrorWithItsMessage) {
   chmod((bin + "/rsvg-convert").c_str(), 0755);
   auto r = plot("a.jsonl -o out.png", "PATH=" + bin + ":/usr/bin:/bin");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "dstrain: error: rsvg-convert failed writing out.png (exit code 3): cannot render: out of luck\n");
+  EXPECT_EQ(r.err,
+            "dstrain: error: rsvg-convert failed writing out.png (exit code 3): cannot render: out "
+            "of luck\n");
 }
 
 TEST_F(PlotCli, BadInputIsAnErrorNamingFileAndLine) {
@@ -90,11 +92,13 @@ TEST_F(PlotCli, BadInputIsAnErrorNamingFileAndLine) {
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
             "dstrain: error: bad.jsonl:2: not a JSON object\n"
-            "hint: a metrics file holds one JSON object per line, as `dstrain train --metrics FILE` writes\n");
+            "hint: a metrics file holds one JSON object per line, as `dstrain train --metrics "
+            "FILE` writes\n");
   test::write(dir_.file("nostep.jsonl"), "{\"loss\":3}\n");
   r = plot("nostep.jsonl");
   EXPECT_EQ(r.exit_code, 2);
-  EXPECT_EQ(r.err.substr(0, r.err.find('\n')), "dstrain: error: nostep.jsonl:1: the record has no \"step\"");
+  EXPECT_EQ(r.err.substr(0, r.err.find('\n')),
+            "dstrain: error: nostep.jsonl:1: the record has no \"step\"");
   r = plot("missing.jsonl");
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err,
@@ -112,7 +116,8 @@ TEST_F(PlotCli, OutputMustBeSvgOrPng) {
             "hint: -o plot.svg (our own SVG) or -o plot.png (through rsvg-convert)\n");
   r = plot("a.jsonl -o /nonexistent/dir/out.svg");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_EQ(r.err, "dstrain: error: cannot write /nonexistent/dir/out.svg: No such file or directory\n");
+  EXPECT_EQ(r.err,
+            "dstrain: error: cannot write /nonexistent/dir/out.svg: No such file or directory\n");
 }
 
 }  // namespace

@@ -34,7 +34,9 @@ class ScratchDir {
   std::string path_;
 };
 
-inline void write(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+inline void write(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
 
 // A run of `steps` steps: loss falling from `loss0`, val_loss every 5 steps, a warmup lr, tokens/s,
 // peaks for params, total and comm (always 0), and a --metrics-all-ranks copy to be ignored.

@@ -17,15 +17,19 @@ TEST(PlotSvg, WritesElementsWithShortNumbers) {
   w.polyline({}, {});
   w.text({10, 20}, "loss & more", {12, Anchor::kMiddle, -90, true, "#000000"});
   const std::string doc = w.finish();
-  EXPECT_NE(doc.find(R"(<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="100" height="50" viewBox="0 0 100 50")"),
-            std::string::npos)
+  EXPECT_NE(
+      doc.find(
+          R"(<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="100" height="50" viewBox="0 0 100 50")"),
+      std::string::npos)
       << doc;
   EXPECT_NE(doc.find(R"(points="1,2.5 3.33,4")"), std::string::npos) << doc;
   EXPECT_NE(doc.find(R"(stroke-dasharray="6 4")"), std::string::npos) << doc;
   EXPECT_NE(doc.find(R"x(transform="rotate(-90 10 20)")x"), std::string::npos) << doc;
   EXPECT_NE(doc.find(">loss &amp; more</text>"), std::string::npos) << doc;
   size_t n = 0;
-  for (size_t at = doc.find("<polyline"); at != std::string::npos; at = doc.find("<polyline", at + 1)) ++n;
+  for (size_t at = doc.find("<polyline"); at != std::string::npos;
+       at = doc.find("<polyline", at + 1))
+    ++n;
   EXPECT_EQ(n, 1u);  // an empty point list writes nothing
 }
 

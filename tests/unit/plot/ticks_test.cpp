@@ -36,7 +36,8 @@ TEST(PlotTicks, LossAxisCoversTheDataAtRoundValues) {
 
 TEST(PlotTicks, LearningRatesInScientificNotation) {
   auto a = nice_axis(0, 1e-3, 5);
-  EXPECT_EQ(tick_labels(a), (std::vector<std::string>{"0", "2e-4", "4e-4", "6e-4", "8e-4", "1e-3"}));
+  EXPECT_EQ(tick_labels(a),
+            (std::vector<std::string>{"0", "2e-4", "4e-4", "6e-4", "8e-4", "1e-3"}));
   a = nice_axis(0, 6e-4, 5);
   EXPECT_EQ(tick_labels(a), (std::vector<std::string>{"0", "2e-4", "4e-4", "6e-4"}));
   a = nice_axis(1e-3, 1.5e-3, 5);
