@@ -101,7 +101,7 @@ int run_train(const TrainCmdOptions& o) {
 
 void add_train_command(CLI::App& app, std::vector<Command>& out) {
   auto o = std::make_shared<TrainCmdOptions>();
-  auto* sub = app.add_subcommand("train", "train a GPT-2 model in this process (what every rank of "
+  auto* sub = app.add_subcommand("train", "train a GPT-2 or Llama model in this process (what every rank of "
                                           "`dstrain launch` runs)");
   sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
   sub->add_option("--init-from", o->train.init_from, "start from this llm.c GPT-2 checkpoint");
