@@ -1,12 +1,14 @@
-// step_bench: ms per training step (forward + backward + AdamW) and tokens/s of the GPT-2 model
-// on the CPU, for issue 4's S and M configs, at fp32 and at bf16 (2-byte parameters, gradients
-// and activations, an fp32 master + m + v, as `dstrain train` with bf16.enabled), beside the same
-// model in PyTorch (bench/torch_step.py, run with /usr/bin/python3 in the same environment when
-// python3-torch is installed) at fp32 and with torch.autocast("cpu", dtype=torch.bfloat16), with
-// the ratios. Also the matmul rate (GFLOP/s) of one 4096x768x768 product on oneDNN fp32, oneDNN
-// bf16 and OpenBLAS sgemm.
+// step_bench: ms per training step (forward + backward + AdamW) and tokens/s on the CPU of the
+// GPT-2 model for issue 4's S and M configs and of a Llama (L: GQA, SwiGLU, RMSNorm, RoPE; issue
+// 19), at fp32 and at bf16 (2-byte parameters, gradients and activations, an fp32 master + m + v,
+// as `dstrain train` with bf16.enabled), beside the same model in PyTorch (bench/torch_step.py,
+// bench/torch_llama_step.py, run with /usr/bin/python3 in the same environment when python3-torch
+// is installed) at fp32 and with torch.autocast("cpu", dtype=torch.bfloat16), with the ratios.
+// Both families are built through the Model interface (runtime/model/model.h, make_model). Also
+// the matmul rate (GFLOP/s) of one 4096x768x768 product on oneDNN fp32, oneDNN bf16 and OpenBLAS
+// sgemm.
 //
-//   step_bench [--config S|M|all] [--precision fp32|bf16|all] [--steps N] [--warmup N]
+//   step_bench [--config S|M|L|all] [--precision fp32|bf16|all] [--steps N] [--warmup N]
 //              [--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch]
 //              [--no-matmul] [--best-env]
 //
@@ -22,6 +24,7 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <memory>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -34,7 +37,7 @@
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 
 using namespace ds::rt;
 namespace ms = ds::model_spec;
@@ -45,13 +48,17 @@ constexpr const char* kJemalloc = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
 struct BenchConfig {
   const char* name;
-  ms::Gpt2Shape shape;
+  ms::ModelShape shape;
   int B, T;
+  const char* torch_script;  // the PyTorch peer, under bench/
 };
 
+// L, NH, C, V, Vp, maxT (Llama also KV, I: untied lm_head, rope_theta 1e4, norm_eps 1e-5).
 const BenchConfig kConfigs[] = {
-    {"S", ms::Gpt2Shape{4, 4, 256, 4096, 4096, 128}, 8, 128},
-    {"M", ms::Gpt2Shape{6, 6, 384, 50304, 50304, 256}, 4, 256},
+    {"S", ms::ModelShape{4, 4, 256, 4096, 4096, 128}, 8, 128, "torch_step.py"},
+    {"M", ms::ModelShape{6, 6, 384, 50304, 50304, 256}, 4, 256, "torch_step.py"},
+    {"L", ms::ModelShape{4, 4, 256, 4096, 4096, 128, ms::ModelFamily::kLlama, 2, 704}, 8, 128,
+     "torch_llama_step.py"},
 };
 
 void adamw(float* p, const float* g, float* m, float* v, int64_t n, int step) {
@@ -80,10 +87,10 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Runs bench/torch_step.py; returns its ms/step or a negative value when it could not run.
+// Runs the config's PyTorch peer; returns its ms/step or a negative value when it could not run.
 double run_torch(const BenchConfig& c, const std::string& precision, int steps, int warmup, int threads,
                  bool best, double& cpu) {
-  const std::string script = std::string(DS_SOURCE_DIR) + "/bench/torch_step.py";
+  const std::string script = std::string(DS_SOURCE_DIR) + "/bench/" + c.torch_script;
   std::string env = "OMP_NUM_THREADS=" + std::to_string(threads) + " ";
   if (best) env += std::string("OMP_WAIT_POLICY=PASSIVE LD_PRELOAD=") + kJemalloc + " ";
   const std::string cmd = env + "/usr/bin/python3 " + script + " --config " + c.name + " --precision " + precision +
@@ -142,13 +149,15 @@ void matmul_rates(int threads) {
 double bench_model(const BenchConfig& c, DType dtype, int steps, int warmup, bool recompute, int head_rows) {
   const bool half = dtype != DType::kF32;
   Allocator alloc;
-  Gpt2Options opt{c.B, c.T, recompute};
+  ModelOptions opt{c.B, c.T, recompute};
   opt.head_chunk_rows = head_rows;
   opt.dtype = dtype;
   opt.grad_dtype = dtype;
-  Gpt2 model(c.shape, ms::ModelPart::whole(c.shape), opt, alloc);
+  const std::unique_ptr<Model> owned = make_model(c.shape, ms::ModelPart::whole(c.shape), opt, alloc);
+  Model& model = *owned;
   model.init_weights(1337);
-  auto acts = model.make_activations();
+  const std::unique_ptr<Activations> owned_acts = model.new_activations();
+  Activations& acts = *owned_acts;
   const int64_t n = model.num_params();
   Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m");
   Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v");
@@ -260,7 +269,7 @@ int main(int argc, char** argv) {
     else if (a == "--best-env") torch_best = true;
     else {
       std::fprintf(stderr,
-                   "usage: step_bench [--config S|M|all] [--precision fp32|bf16|all] [--steps N] [--warmup N] "
+                   "usage: step_bench [--config S|M|L|all] [--precision fp32|bf16|all] [--steps N] [--warmup N] "
                    "[--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch] [--no-matmul] "
                    "[--best-env]\n");
       return 2;

@@ -265,7 +265,9 @@ void add_notes(MemoryPlan& plan) {
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", grad_bytes(l),
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
                                                                              l.zero_stage, l.dp, l.overlap_comm ? 2 : 1) : "")});
-  if (l.pp > 1 && (part.has_embedding || part.has_head)) plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";
+  if (l.pp > 1 && s.tied() && (part.has_embedding || part.has_head)) {
+    plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";
+  }
   plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
@@ -286,10 +288,11 @@ void add_notes(MemoryPlan& plan) {
   }
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
-  plan.notes.push_back({"workspace", fmt::format("backward scratch, {}, logits chunk, token ids{}",
+  plan.notes.push_back({"workspace", fmt::format("backward scratch, {}{}, logits chunk, token ids{}",
                                                  l.device == DeviceKind::kCuda
                                                      ? std::string("no attention scratch (CUDA)")
                                                      : fmt::format("attention scratch for {} thread(s)", l.num_threads),
+                                                 s.llama() ? ", RoPE tables (fp32)" : "",
                                                  l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                           : std::string())});
 }

@@ -117,6 +117,61 @@ TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].optimizer, 1920 * 12);
 }
 
+// A tiny untied Llama by hand: L = 2, NH = 2, KV = 1, C = 8 (hd 4), I = 12, V = Vp = 16, T = 4.
+//   one layer: input_layernorm 8 + q_proj 64 + k_proj 32 + v_proj 32 + o_proj 64
+//              + post_attention_layernorm 8 + gate_proj 96 + up_proj 96 + down_proj 96 = 496
+//   embed_tokens 128; norm 8 and lm_head 128 (the final-norm unit, on the last stage)
+// Activations for B = 2 (BT = 8), elements (* = fp32 whatever the storage type):
+//   per layer: ln1 64, ln1_rstd* 8, qkv 8 x (2 + 2) x 4 = 128, atty 64, att_lse* 16, res2 64,
+//              ln2 64, ln2_rstd* 8, gu 192, act 96, out 64 = 768 (32 of them fp32)
+//   per micro-batch: input 64; head: lnf 64, lnf_rstd* 8, losses* 8
+//   workspace: dres 64, dln 64, dqkv 128, datty 64, dgu 192, dact 96, att_scratch* 2 x 4 x 4 = 32
+//              (+ 8 x 4 x 4 = 128 at 16 bits), rope_cos* 8, rope_sin* 8, logits 8 x 16 = 128
+model_spec::ModelShape tiny_llama() {
+  model_spec::ModelShape s = tiny();
+  s.family = model_spec::ModelFamily::kLlama;
+  s.n_kv_head = 1;
+  s.intermediate_size = 12;
+  return s;
+}
+
+TEST(MemoryModel, TinyLlamaPipelineByHand) {
+  Layout l;
+  l.pp = 2;
+  l.micro_batch = 2;
+  l.grad_accum = 4;
+  auto p = plan_memory(tiny_llama(), l);
+  const auto& s0 = p.ranks[0];
+  const auto& s1 = p.ranks[1];
+  EXPECT_EQ(s0.local_params, 128 + 496);
+  EXPECT_EQ(s1.local_params, 496 + 8 + 128);  // the untied lm_head lives with the final norm
+  // no tied-wte gradient buffer: the lm_head is a tensor of its own
+  EXPECT_EQ(s0.grads, (128 + 496) * 4);
+  EXPECT_EQ(s1.grads, (496 + 136) * 4);
+  EXPECT_EQ(s0.optimizer, (128 + 496) * 8);
+  EXPECT_EQ(s0.activations, 2 * (64 + 768) * 4);  // 1F1B: 2 in flight on stage 0
+  EXPECT_EQ(s1.activations, 1 * (64 + 768 + 80) * 4);
+  // workspace: no logits on stage 0; token ids of all 4 micro-batches, 8 B per token
+  EXPECT_EQ(s0.workspace, (784 - 128) * 4 + 4 * 64);
+  EXPECT_EQ(s1.workspace, 784 * 4 + 4 * 64);
+  for (const auto& n : p.notes) EXPECT_EQ(n.text.find("tied-wte"), std::string::npos) << n.text;
+}
+
+TEST(MemoryModel, TinyLlamaAtBf16KeepsItsStatisticsInFp32) {
+  Layout l;
+  l.precision = Precision::kBf16;
+  l.micro_batch = 2;
+  auto r = plan_memory(tiny_llama(), l).ranks[0];
+  const int64_t n = 128 + 2 * 496 + 136;
+  EXPECT_EQ(r.params, n * 2);
+  EXPECT_EQ(r.grads, n * 2);
+  EXPECT_EQ(r.optimizer, n * 12);  // fp32 master + m + v
+  // per layer 736 x 2 + 32 x 4; input 64 x 2; head lnf 64 x 2 + (8 + 8) x 4
+  EXPECT_EQ(r.activations, 64 * 2 + 2 * (736 * 2 + 32 * 4) + 64 * 2 + 16 * 4);
+  // 16-bit: dres .. dact and logits 736 x 2; fp32: att_scratch (32 + 128) and the RoPE tables 16
+  EXPECT_EQ(r.workspace, 736 * 2 + (160 + 16) * 4 + 64);
+}
+
 TEST(MemoryModel, UnevenPartitionsGiveTheLastRankLess) {
   Layout l;
   l.dp = 7;
