@@ -47,6 +47,8 @@ struct Layout {
   bool llama = false;              // the Llama model (GQA, SwiGLU, RMSNorm) instead of GPT-2
   int world() const { return tp * pp * dp; }
 };
+// gtest lists a parameter by this (ctest's test names carry it), not by its bytes.
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 
 class PlanMultiproc : public ::testing::TestWithParam<Layout> {
  public:

@@ -57,6 +57,9 @@ struct Layout {
            std::to_string(zero_stage) + "_" + model() + (checkpointing ? "_recompute" : "");
   }
 };
+// gtest prints a parameter in the test's listing (and so in ctest's test names): its name, not
+// its bytes (which hold the std::string's pointer, different in every run).
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
 
 class LlamaLayouts : public ::testing::TestWithParam<Layout> {
  public:
