@@ -111,6 +111,12 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
   SamplingModel out;
   try {
     out.config = config::parse_job_config(m.at("config").dump(), "", old.world_size);
+    if (out.config->model.type != "gpt2") {
+      throw Error(ErrorKind::kInvalidArgument,
+                  fmt::format("{}: holds a {} model; dstrain sample generates from GPT-2 models only", where,
+                              out.config->model.type),
+                  "a Llama checkpoint exports to Hugging Face safetensors (dstrain train --export-safetensors DIR)");
+    }
     out.shape = shape_of(out.config->model);
     out.source = fmt::format("checkpoint {} (step {})", dir, m.at("step").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {

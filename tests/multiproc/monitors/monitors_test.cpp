@@ -351,5 +351,20 @@ TEST_F(Sampling, ACheckpointForAnotherModelIsAnError) {
   EXPECT_NE(both.err.find("needs exactly one of --checkpoint DIR and --init-from FILE"), std::string::npos) << both.err;
 }
 
+// A Llama checkpoint: an error naming the model family, not a crash reading it as GPT-2's layout.
+TEST_F(Sampling, ALlamaCheckpointIsAnErrorNamingTheModel) {
+  json cfg = model_config(2);
+  cfg["model"] = {{"type", "llama"}, {"n_layer", 2}, {"n_head", 4}, {"n_kv_head", 2}, {"n_embd", 64},
+                  {"intermediate_size", 176}, {"vocab_size", 256}, {"seq_len", 64}};
+  cfg["training"]["checkpoint_dir"] = dir_->path() + "/llama_ckpt";
+  cfg["training"]["checkpoint_interval"] = 2;
+  auto t = test::run_train_job(dir_->path(), "llama", 1, cfg, {}, 120s);
+  ASSERT_EQ(t.rc, 0) << t.err;
+  const auto r = sample("--checkpoint " + dir_->path() + "/llama_ckpt --tokens 4");
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("holds a llama model; dstrain sample generates from GPT-2 models only"), std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace ds
