@@ -53,6 +53,26 @@ TEST_P(CommTest, ReportsRankSizeBackendAndHosts) {
   }
 }
 
+// bytes_sent_by_this_process counts what the ring algorithm moves per rank; here the 4 ranks
+// are threads of one process, so each collective adds 4 ranks' worth.
+TEST_P(CommTest, CountsTheRingAlgorithmsBytesPerRank) {
+  auto cs = comms(4);
+  std::vector<std::vector<uint8_t>> a(4, std::vector<uint8_t>(4000 * 2)), b(4, std::vector<uint8_t>(4000 * 2));
+  const uint64_t before = bytes_sent_by_this_process();
+  run_on_threads(cs, [&](Comm& c) {
+    auto& x = a[static_cast<size_t>(c.rank())];
+    auto& y = b[static_cast<size_t>(c.rank())];
+    c.all_reduce(x.data(), 4000, DataType::kBFloat16, ReduceOp::kSum);   // 2 * 3/4 * 8000 B
+    c.reduce_scatter(x.data(), y.data(), 1000, DataType::kBFloat16, ReduceOp::kSum);  // 3/4 * 8000 B
+    c.all_gather(y.data(), x.data(), 1000, DataType::kBFloat16);          // 3/4 * 8000 B
+  });
+  EXPECT_EQ(bytes_sent_by_this_process() - before, 4u * (12000 + 6000 + 6000));
+  auto one = comms(1);
+  const uint64_t mid = bytes_sent_by_this_process();
+  one[0]->all_reduce(a[0].data(), 4000, DataType::kBFloat16, ReduceOp::kSum);
+  EXPECT_EQ(bytes_sent_by_this_process(), mid) << "a group of one sends nothing";
+}
+
 TEST_P(CommTest, AllReduceEveryDtypeAndOpAcrossSizes) {
   for (int n : {1, 2, 3, 4}) {
     auto cs = comms(n);
