@@ -11,7 +11,11 @@
 # what other load disturbs least.
 #
 #   bench/strategy_bench.sh [build-dir]    env: WORLDS="2 4" BATCH=4 STEPS=4 OUT=dir
-#                                              THREADS=1 RECALIBRATE=1 LIMIT=N
+#                                              THREADS=1 RECALIBRATE=1 LIMIT=N PASSES=2
+#
+# The layouts are measured in a shuffled order (--measure-shuffle), PASSES times (another order
+# each pass), each keeping its fastest: a load change during the run then scatters over the
+# ranking instead of lining up with it.
 #
 # OUT keeps calib<W>.json, measured<W>.json (the --measure JSON) and load<W>.txt (uptime before
 # and after), so the figures can be re-analysed against a changed model without measuring again:
@@ -26,6 +30,7 @@ WORLDS=${WORLDS:-"2 4"}
 BATCH=${BATCH:-4}
 STEPS=${STEPS:-4}
 THREADS=${THREADS:-1}
+PASSES=${PASSES:-2}
 RECALIBRATE=${RECALIBRATE:-1}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
@@ -50,7 +55,7 @@ for w in $WORLDS; do
     "$BIN" plan --calibrate --config "$cfg" --nproc-per-node "$w" --threads "$THREADS" -o "$OUT/calib$w.json"
   fi
   "$BIN" plan --recommend --config "$cfg" --world-size "$w" --gpu-mem 16GiB --threads "$THREADS" \
-    --calibration "$OUT/calib$w.json" --measure --measure-steps "$STEPS" --top "${LIMIT:-100000}" --json \
+    --calibration "$OUT/calib$w.json" --measure --measure-steps "$STEPS" --measure-shuffle --measure-passes "$PASSES" --top "${LIMIT:-100000}" --json \
     > "$OUT/measured$w.json" 2> "$OUT/measure$w.log"
   echo "   done: load $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%H:%M:%S)" | tee -a "$OUT/load$w.txt"
   /usr/bin/python3 bench/strategy_stats.py "$OUT/measured$w.json"
