@@ -95,7 +95,7 @@ const float* Gpt2Generator::feed(int32_t token) {
   for (int l = 0; l < s_.n_layer; ++l) layer(l, x_.data());
   float mean, rstd;
   kern::layernorm_forward(ln_.data(), &mean, &rstd, x_.data(), p(ParamId::kLnfw), p(ParamId::kLnfb), 1, 1, C);
-  kern::matmul_forward(logits_.data(), ln_.data(), p(ParamId::kWte), nullptr, 1, 1, C, s_.padded_vocab_size);
+  kern::matmul_forward<float>(logits_.data(), ln_.data(), p(ParamId::kWte), nullptr, 1, 1, C, s_.padded_vocab_size);
   ++pos_;
   return logits_.data();
 }
@@ -123,7 +123,7 @@ std::vector<float> full_forward_logits(const ms::Gpt2Shape& s, const float* para
   }
   kern::layernorm_forward(ln.data(), mean.data(), rstd.data(), x.data(), p(ParamId::kLnfw), p(ParamId::kLnfb), 1, T, C);
   std::vector<float> logits(static_cast<size_t>(T) * Vp);
-  kern::matmul_forward(logits.data(), ln.data(), p(ParamId::kWte), nullptr, 1, T, C, Vp);
+  kern::matmul_forward<float>(logits.data(), ln.data(), p(ParamId::kWte), nullptr, 1, T, C, Vp);
   return logits;
 }
 
