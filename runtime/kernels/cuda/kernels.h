@@ -28,8 +28,10 @@
 //   these kernels (attention's head size) throw ds::Error up front.
 //
 // bf16: buffers named *_bf16 hold bfloat16 bit patterns (uint16_t), rounded to nearest even exactly
-// as core/dtype.h's f32_to_bf16. In every bf16 variant the PARAMETER GRADIENTS stay fp32 (they
-// accumulate across micro-batches); activations, their gradients and parameters are bf16.
+// as core/dtype.h's f32_to_bf16. In every *_bf16 variant the PARAMETER GRADIENTS stay fp32;
+// activations, their gradients and parameters are bf16. These predate the typed twins (namespace
+// typed, below: bf16 of core/dtype.h, gradients of either type), run the same kernels and are
+// kept for the tests that call them; the dispatch calls the typed twins.
 #pragma once
 
 #include <cstddef>
@@ -201,8 +203,9 @@ void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 
 // The CPU templates' signatures (cpu/kernels.h: the same S and G, the same shapes, accumulation
 // and null rules) plus a stream. Instantiated for S = bf16 (core/dtype.h, the model's 2-byte
-// buffers) with G = bf16 or float (the parameter gradients; grad_accum_dtype fp32), and most of
-// them for S = float too, which is what the fp32 functions above run. Like the CPU templates, each
+// buffers) with G = bf16 or float (the parameter gradients; grad_accum_dtype fp32), and for
+// S = G = float too, which is what the fp32 functions above run (the matmuls: the other way
+// round, typed<float> is the fp32 function). Like the CPU templates, each
 // kernel reads S, computes in fp32 and rounds every output ONCE (an accumulating output: read, add
 // in fp32, round once); the statistics stay fp32 (mean/rstd, lse, losses, the vocab-parallel
 // statistics). Where the order of rounding differs from the CPU's (at most one rounding per output
