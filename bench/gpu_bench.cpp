@@ -2,14 +2,17 @@
 // GPU, through the model's device path (Gpt2Options::device = kCuda, runtime/kernels/cuda).
 //
 //   gpu_bench [--model 124m|350m|all] [--batch B] [--seq T] [--steps N] [--warmup N]
-//             [--math bf16|fp32] [--recompute] [--peak-tflops P] [--fp32-peak-tflops P]
-//             [--device D]
+//             [--math bf16|fp32] [--storage fp32|bf16] [--recompute] [--peak-tflops P]
+//             [--fp32-peak-tflops P] [--device D]
 //
-// What it measures, honestly: parameters, activations, gradients and optimizer state are fp32 in
-// memory. --math bf16 (the default) runs the matrix products (cuBLAS/cuBLASLt, every weight
-// matmul) as bf16 tensor-core multiplies with fp32 accumulation (cuda::MatmulMath::kBf16, the
-// math meant for bf16.enabled on the GPU); --math fp32 keeps cuBLAS's fp32 math. Either way the
-// rest (LayerNorm, GELU, a simple warp-per-row attention, AdamW) runs in fp32 on CUDA cores. MFU is
+// What it measures, honestly: with --storage fp32 (the default) parameters, activations,
+// gradients and optimizer state are fp32 in memory; --math bf16 (the default) runs the matrix
+// products (cuBLAS/cuBLASLt, every weight matmul) as bf16 tensor-core multiplies with fp32
+// accumulation (cuda::MatmulMath::kBf16); --math fp32 keeps cuBLAS's fp32 math. Either way the
+// rest (LayerNorm, GELU, a simple warp-per-row attention, AdamW) runs in fp32 on CUDA cores.
+// --storage bf16 is what bf16.enabled trains with on a GPU: bf16 parameters, activations and
+// gradients (the bf16 twins of every kernel, GEMMs over bf16 with fp32 accumulation; --math does
+// not apply), fp32 master weights, m and v, AdamW rounding into the bf16 parameters. MFU is
 //   (6 x params + 12 x n_layer x n_embd x T) x tokens/s / peak
 // (PaLM's appendix B count: weights and attention, forward + backward) against the peak of the
 // math that ran: the bf16 dense peak (790 TFLOP/s for an H200, --peak-tflops) with bf16,
@@ -45,6 +48,7 @@ struct Options {
   int B = 8, T = 1024, steps = 10, warmup = 2, device = 0;
   bool recompute = false;
   bool bf16_math = true;
+  bool bf16_storage = false;
   double peak_tflops = 790, fp32_peak_tflops = 67;
 };
 
@@ -73,12 +77,20 @@ void run(const Options& o, const std::string& name) {
   Gpt2Options go{o.B, o.T};
   go.recompute = o.recompute;
   go.device = Device::kCuda;
+  if (o.bf16_storage) go.dtype = go.grad_dtype = DType::kBF16;
   Gpt2 model(s, ms::ModelPart::whole(s), go, alloc);
   model.init_weights(1);
   auto acts = model.make_activations();
   const int64_t n = model.num_params();
   Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m", Device::kCuda);
   Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v", Device::kCuda);
+  // bf16 storage: the fp32 master weights beside the bf16 parameters.
+  Buffer master;
+  auto* pbits = static_cast<uint16_t*>(model.params().data);
+  if (o.bf16_storage) {
+    master = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "master", Device::kCuda);
+    cu().convert_bf16_to_f32(master.as<float>(), pbits, n, nullptr);
+  }
   optim::AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   const size_t bt = static_cast<size_t>(o.B) * o.T;
@@ -91,8 +103,13 @@ void run(const Options& o, const std::string& name) {
     model.zero_grads();
     loss = model.forward_backward(acts, tok.data(), tgt.data(), 1.0f);
     const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
-    cu().adamw_update(st, model.params().f32(), model.grads().f32(), m.as<float>(),
-                       v.as<float>(), n, true, nullptr, nullptr);
+    if (o.bf16_storage) {
+      cu().adamw_update_bf16_grads(st, master.as<float>(), static_cast<const uint16_t*>(model.grads().data),
+                                   m.as<float>(), v.as<float>(), n, true, pbits, nullptr);
+    } else {
+      cu().adamw_update(st, model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n,
+                        true, nullptr, nullptr);
+    }
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
       std::exit(1);
@@ -110,15 +127,16 @@ void run(const Options& o, const std::string& name) {
   const double mfu_bf16 = 100.0 * achieved / (o.peak_tflops * 1e12);
   const double mfu_fp32 = 100.0 * achieved / (o.fp32_peak_tflops * 1e12);
   // The headline MFU is against the peak of the math that ran; the other one follows.
+  const bool bf16 = o.bf16_math || o.bf16_storage;
   std::printf(
-      "gpt2-%s math %s (fp32 storage) B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
+      "gpt2-%s math %s (%s storage) B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
       "MFU %.2f%% of %.0f TFLOP/s %s (%.2f%% of %.0f %s); params %.1fM; allocator peak %.2f GiB, "
       "device cache reserved %.2f GiB\n",
-      name.c_str(), o.bf16_math ? "bf16" : "fp32", o.B, o.T, o.recompute ? " recompute" : "",
-      seconds / o.steps * 1e3, tok_s, achieved / 1e12, o.bf16_math ? mfu_bf16 : mfu_fp32,
-      o.bf16_math ? o.peak_tflops : o.fp32_peak_tflops, o.bf16_math ? "bf16" : "fp32",
-      o.bf16_math ? mfu_fp32 : mfu_bf16, o.bf16_math ? o.fp32_peak_tflops : o.peak_tflops,
-      o.bf16_math ? "fp32" : "bf16", static_cast<double>(n) / 1e6,
+      name.c_str(), bf16 ? "bf16" : "fp32", o.bf16_storage ? "bf16" : "fp32", o.B, o.T,
+      o.recompute ? " recompute" : "", seconds / o.steps * 1e3, tok_s, achieved / 1e12,
+      bf16 ? mfu_bf16 : mfu_fp32, bf16 ? o.peak_tflops : o.fp32_peak_tflops, bf16 ? "bf16" : "fp32",
+      bf16 ? mfu_fp32 : mfu_bf16, bf16 ? o.fp32_peak_tflops : o.peak_tflops, bf16 ? "fp32" : "bf16",
+      static_cast<double>(n) / 1e6,
       static_cast<double>(alloc.peak_total()) / (1 << 30),
       static_cast<double>(cache.peak_reserved_bytes) / (1 << 30));
 }
@@ -150,6 +168,13 @@ int main(int argc, char** argv) {
         return 2;
       }
       o.bf16_math = m == "bf16";
+    } else if (a == "--storage") {
+      const std::string m = next();
+      if (m != "bf16" && m != "fp32") {
+        std::fprintf(stderr, "gpu_bench: --storage must be fp32 or bf16, got '%s'\n", m.c_str());
+        return 2;
+      }
+      o.bf16_storage = m == "bf16";
     }
     else if (a == "--peak-tflops") o.peak_tflops = std::atof(next());
     else if (a == "--fp32-peak-tflops") o.fp32_peak_tflops = std::atof(next());
@@ -173,11 +198,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   const auto& g = acc.gpus[static_cast<size_t>(o.device)];
-  std::printf("gpu_bench on [%d] %s, %.0f GiB, sm_%d%d, CUDA runtime %s, driver %s; matmul math "
-              "%s\n",
-              o.device, g.name.c_str(), static_cast<double>(g.total_bytes) / (1 << 30), g.sm_major,
-              g.sm_minor, acc.cuda_runtime.c_str(), acc.cuda_driver.c_str(),
-              o.bf16_math ? "bf16 (CUBLAS_COMPUTE_32F_FAST_16BF)" : "fp32");
+  std::printf("gpu_bench on [%d] %s, %.0f GiB, sm_%d%d, CUDA runtime %s, driver %s; %s\n", o.device,
+              g.name.c_str(), static_cast<double>(g.total_bytes) / (1 << 30), g.sm_major, g.sm_minor,
+              acc.cuda_runtime.c_str(), acc.cuda_driver.c_str(),
+              o.bf16_storage ? "bf16 storage (bf16 GEMMs, CUBLAS_COMPUTE_32F)"
+                             : o.bf16_math ? "fp32 storage, matmul math bf16 (CUBLAS_COMPUTE_32F_FAST_16BF)"
+                                           : "fp32 storage, matmul math fp32");
   try {
     if (o.model == "all") {
       run(o, "124m");

@@ -369,7 +369,8 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::P
   if (!o.tokens.empty()) report.tokens = static_cast<int64_t>(plan::parse_count_flag(o.tokens, "--tokens"));
   report.shown = static_cast<size_t>(o.top > 0 ? o.top : 10);
   auto res = plan::recommend(in.shape, in.layout, w.world_size, device.bytes, cal,
-                             plan::comm_types(in.layout.precision, in.grad_precision));
+                             plan::comm_types(in.layout.precision, in.grad_precision,
+                                               in.layout.device == plan::DeviceKind::kCuda));
   if (o.measure) {
     const size_t k = std::min(res.fits.size(), static_cast<size_t>(o.top > 0 ? o.top : 3));
     report.shown = std::max(report.shown, k);

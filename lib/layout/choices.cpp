@@ -26,6 +26,10 @@ const char* precision_name(Precision p) {
   return "?";
 }
 
+Precision stored_precision(Precision p, bool cuda) {
+  return cuda && p == Precision::kFp16 ? Precision::kFp32 : p;
+}
+
 const char* schedule_name(PipelineSchedule s) { return s == PipelineSchedule::k1F1B ? "1f1b" : "gpipe"; }
 
 std::optional<PipelineSchedule> parse_schedule(std::string_view text) {

@@ -14,6 +14,10 @@ namespace ds::layout {
 // The storage precision of the parameters the model computes with (bf16.enabled / fp16.enabled).
 enum class Precision { kFp32, kBf16, kFp16 };
 const char* precision_name(Precision p);  // "fp32", "bf16", "fp16"
+// The type the runtime stores values of precision `p` in (parameters, activations, gradients),
+// shared so that the plan counts what the runtime allocates: `p` itself on the CPU; on a GPU
+// (cuda) fp32 and bf16 as such, fp16 in fp32 buffers (there are no fp16 CUDA kernels).
+Precision stored_precision(Precision p, bool cuda);
 
 // The pipeline schedule (pipeline.schedule): "1f1b" or "gpipe".
 enum class PipelineSchedule { k1F1B, kGPipe };

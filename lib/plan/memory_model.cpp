@@ -105,9 +105,11 @@ const RankMemory& MemoryPlan::peak_rank() const {
   return *best;
 }
 
-int storage_bytes(const Layout& l) { return l.device == DeviceKind::kCuda ? 4 : param_bytes(l.precision); }
+int storage_bytes(const Layout& l) {
+  return param_bytes(layout::stored_precision(l.precision, l.device == DeviceKind::kCuda));
+}
 int grad_bytes(const Layout& l) {
-  return l.device == DeviceKind::kCuda ? 4 : param_bytes(l.grad_precision.value_or(l.precision));
+  return param_bytes(layout::stored_precision(l.grad_precision.value_or(l.precision), l.device == DeviceKind::kCuda));
 }
 
 namespace {
@@ -222,10 +224,11 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * gb;
   // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
   // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
-  // whatever the precision and the gradients AdamW reads on the CPU, all in pinned host memory.
+  // whatever the precision and the gradients AdamW reads on the CPU (in their type), all in
+  // pinned host memory.
   const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
   if (offload_opt) {
-    r.cpu += opt_elems * (kAdamStateBytes + 4 + 4);
+    r.cpu += opt_elems * (kAdamStateBytes + 4 + gb);
   } else {
     r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
   }

@@ -30,8 +30,7 @@ using layout::PipelineSchedule;
 using layout::Precision;
 using layout::StageSplit;
 // Where the job runs (training.device): on CPU host memory is the device memory (offload moves
-// nothing). The CPU stores 16-bit values in 2-byte buffers; CUDA keeps them in fp32 buffers
-// (storage_bytes, grad_bytes below).
+// nothing). The type of the stored buffers on each: layout::stored_precision.
 enum class DeviceKind { kCpu, kCuda };
 
 
@@ -70,11 +69,11 @@ int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp
 int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
-// Bytes per stored parameter and activation element (the storage type): param_bytes(precision)
-// on the CPU; 4 on a GPU, where the runtime keeps fp32 buffers (bf16 runs the matmuls on bf16
-// tensor cores; the CUDA dispatch has no 16-bit kernels yet).
+// Bytes per stored parameter and activation element (the storage type): param_bytes of
+// layout::stored_precision(precision, on a GPU): 2 for bf16 on either device and fp16 on the CPU;
+// 4 for fp32, and for fp16 on a GPU (fp32 buffers: no fp16 CUDA kernels).
 int storage_bytes(const Layout& l);
-// Bytes per gradient element (grad_precision, else the storage type); 4 on a GPU.
+// Bytes per gradient element (grad_precision, else the storage type), stored as storage_bytes says.
 int grad_bytes(const Layout& l);
 
 // How ZeRO splits a flat buffer of `total` elements over dp ranks: layout::Partition

@@ -50,7 +50,7 @@ Calibration builtin_calibration(const Hardware& hw) {
 }
 
 StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw) {
-  return step_time(s, l, builtin_calibration(hw), comm_types(l.precision, l.precision));
+  return step_time(s, l, builtin_calibration(hw), comm_types(l.precision, l.precision, l.device == DeviceKind::kCuda));
 }
 
 namespace {

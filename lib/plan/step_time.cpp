@@ -164,8 +164,8 @@ double collective_time(const Calibration& cal, CollectiveOp op, int group_size, 
   return bus_bytes(op, group_size, bytes) / bw;
 }
 
-CommTypes comm_types(Precision storage, Precision grad_type) {
-  return {param_bytes(storage), param_bytes(grad_type)};
+CommTypes comm_types(Precision storage, Precision grad_type, bool cuda) {
+  return {param_bytes(layout::stored_precision(storage, cuda)), param_bytes(layout::stored_precision(grad_type, cuda))};
 }
 
 double pipeline_schedule(const std::vector<double>& slots, int m) {

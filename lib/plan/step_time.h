@@ -146,12 +146,13 @@ struct StepTime {
   }
 };
 
-// Bytes per element a collective moves: params in the storage type, grads in `grad_type`.
+// Bytes per element a collective moves: params in the storage type, grads in `grad_type`, each
+// as the run stores it (layout::stored_precision: on a GPU (cuda) fp16 travels in fp32 buffers).
 struct CommTypes {
   int param_bytes = 4;
   int grad_bytes = 4;
 };
-CommTypes comm_types(Precision storage, Precision grad_type);
+CommTypes comm_types(Precision storage, Precision grad_type, bool cuda = false);
 
 // The step of layout `l` on the calibrated machine. Throws what stage_bounds throws.
 StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibration& cal,

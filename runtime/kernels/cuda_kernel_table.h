@@ -24,10 +24,40 @@ namespace ds::rt::kern {
   X(adamw_update) X(adamw_update_bf16_grads) X(sum_of_squares) X(sum_of_squares_to_host)             \
   X(scale_in_place) X(set_matmul_math) X(matmul_math) X(current_stream)
 
+// The 16-bit storage twins (kernels/cuda/kernels.h, namespace typed), by name: the kernels of the
+// storage type S alone, and those that also take the parameter-gradient type G.
+#define DS_CUDA_TYPED_S_ENTRIES(X)                                                                \
+  X(encoder_forward) X(encoder_forward_vocab) X(add_position) X(layernorm_forward)                \
+  X(matmul_forward) X(add_bias) X(attention_forward) X(attention_backward) X(gelu_forward)        \
+  X(gelu_backward) X(residual_forward) X(residual_backward) X(add_in_place)                       \
+  X(crossentropy_forward) X(crossentropy_softmax_backward) X(vocab_ce_max) X(vocab_ce_sums)       \
+  X(vocab_ce_finish) X(sum_of_squares_to_host) X(scale_in_place)
+#define DS_CUDA_TYPED_SG_ENTRIES(X) \
+  X(encoder_backward) X(encoder_backward_vocab) X(layernorm_backward) X(matmul_backward)
+
+// S = bf16 with bf16 parameter gradients (every typed kernel).
+struct CudaBf16Kernels {
+#define DS_CUDA_TABLE_MEMBER(name) decltype(&cuda::typed::name<bf16>) name;
+#define DS_CUDA_TABLE_MEMBER_G(name) decltype(&cuda::typed::name<bf16, bf16>) name;
+  DS_CUDA_TYPED_S_ENTRIES(DS_CUDA_TABLE_MEMBER)
+  DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_MEMBER_G)
+#undef DS_CUDA_TABLE_MEMBER
+#undef DS_CUDA_TABLE_MEMBER_G
+};
+// S = bf16 with fp32 parameter gradients (grad_accum_dtype fp32): the kernels that take G; the
+// others are CudaBf16Kernels'.
+struct CudaBf16Fp32GradKernels {
+#define DS_CUDA_TABLE_MEMBER_G(name) decltype(&cuda::typed::name<bf16, float>) name;
+  DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_MEMBER_G)
+#undef DS_CUDA_TABLE_MEMBER_G
+};
+
 struct CudaKernelTable {
 #define DS_CUDA_TABLE_MEMBER(name) decltype(&cuda::name) name;
   DS_CUDA_KERNEL_ENTRIES(DS_CUDA_TABLE_MEMBER)
 #undef DS_CUDA_TABLE_MEMBER
+  CudaBf16Kernels bf16;
+  CudaBf16Fp32GradKernels bf16_fp32_grads;
 };
 
 // The module's table, loaded on first use; throws as core/cuda_module.h says, `purpose` naming

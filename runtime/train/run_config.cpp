@@ -107,10 +107,11 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   // Mixed precision: parameters, activations and their gradients in the 16-bit storage type;
   // parameter gradients in grad_accum_dtype / communication_data_type (the storage type unless
   // the config says fp32).
-  // The CUDA dispatch has no 16-bit kernels yet (kernels/dispatch.h): GPU runs keep fp32 buffers.
-  const bool cpu = device == Device::kCpu;
-  e.model.dtype = cpu ? dtype_of_precision(c.precision()) : DType::kF32;
-  e.model.grad_dtype = cpu ? dtype_of_precision(c.gradient_dtype()) : DType::kF32;
+  // On a GPU bf16 is stored as such (the CUDA dispatch's bf16 twins) and fp16 in fp32 buffers
+  // (no fp16 CUDA kernels): layout::stored_precision, which the plan counts with.
+  const bool cuda = device == Device::kCuda;
+  e.model.dtype = dtype_of_precision(layout::stored_precision(c.precision(), cuda));
+  e.model.grad_dtype = dtype_of_precision(layout::stored_precision(c.gradient_dtype(), cuda));
   e.comm_timeout = Millis(static_cast<int64_t>(c.training.comm_timeout * 1000));
   return e;
 }

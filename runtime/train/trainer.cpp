@@ -412,12 +412,9 @@ TrainResult Trainer::run() {
   }
   const UpdateSettings settings = update_settings_of(s.cfg);
   s.alloc.reset_peaks();
+  // bf16 on a GPU stores bf16 buffers, whose products are bf16 GEMMs with fp32 accumulation
+  // (cuda::typed); no fp32 product is left for cuda::MatmulMath to change.
   const kern::DeviceScope device_scope(s.device);
-  // bf16 on a GPU: the matmuls multiply in bf16 on tensor cores (fp32 accumulate and storage).
-  std::optional<kern::ScopedCudaMatmulMath> math;
-  if (s.device == Device::kCuda) {
-    math.emplace(s.precision == Precision::kBf16 ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
-  }
   try {
     if (s.rank == 0) reporter.add_monitors(open_monitors(s.cfg, s.next_step > 1), s.cfg.train_batch_size, s.cfg.fp16.enabled);
     s.run_steps(stop, settings, reporter, result);

@@ -21,8 +21,9 @@
 // 2-byte buffers of that type, parameter gradients are in the config's gradient type (the storage
 // type by default), the optimizer keeps fp32 master weights, m and v (tag optimizer), and an fp16
 // overflow is a real inf in an fp16 buffer; the dynamic loss scaler then skips the step.
-// On CUDA the 16-bit kernels are not routed yet: bf16/fp16 runs keep fp32 buffers there
-// (run_config.cpp) and bf16 multiplies on tensor cores.
+// On CUDA the same holds for bf16 (the dispatch's bf16 CUDA twins; GEMMs over bf16 with fp32
+// accumulation); fp16 has no CUDA kernels and keeps fp32 buffers there (layout::stored_precision,
+// run_config.cpp), with the loss scaler as on the CPU.
 //
 // Collectives: nothing in runtime/train calls a Comm. The engine's pieces (ZeRO, the pipeline
 // stage, the tensor-parallel regions) own the model's collectives; the bookkeeping ones (the

@@ -14,6 +14,9 @@
 //   Every output row is written by exactly one warp: no atomics, no scratch, deterministic.
 // Cost: O(T^2 hs) work like any exact attention, but K/V rows are re-read from L2 by every warp;
 // expect far below the tensor-core peak. cuDNN's fused attention is the upgrade path.
+// Storage: the kernels are templated over the storage type S of qkv, out, dout and dqkv (fp32 or
+// bf16, read through ld and written through st: fp32 arithmetic, each output rounded once); lse
+// is fp32 either way.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -34,7 +37,8 @@ struct Shape {
   float scale;
 };
 
-__global__ void attention_forward_kernel(float* out, float* lse, const float* qkv, Shape sh) {
+template <typename S>
+__global__ void attention_forward_kernel(S* out, float* lse, const S* qkv, Shape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -42,24 +46,24 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
   const int64_t bh = row / sh.T;
   const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
   const int C3 = 3 * sh.C;
-  const float* base = qkv + int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
-  const float* q = base + int64_t{t} * C3;
+  const S* base = qkv + int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
+  const S* q = base + int64_t{t} * C3;
   float qr[kRegs], acc[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    qr[i] = d < sh.hs ? q[d] : 0.0f;
+    qr[i] = d < sh.hs ? ld(q + d) : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j <= t; j++) {
-    const float* k = base + int64_t{j} * C3 + sh.C;
-    const float* v = k + sh.C;
+    const S* k = base + int64_t{j} * C3 + sh.C;
+    const S* v = k + sh.C;
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) s += qr[i] * k[d];
+      if (d < sh.hs) s += qr[i] * ld(k + d);
     }
     s = warp_sum(s) * sh.scale;
     const float m_new = fmaxf(m, s);
@@ -69,22 +73,23 @@ __global__ void attention_forward_kernel(float* out, float* lse, const float* qk
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) acc[i] = acc[i] * corr + p * v[d];
+      if (d < sh.hs) acc[i] = acc[i] * corr + p * ld(v + d);
     }
     m = m_new;
   }
-  float* o = out + (int64_t{b} * sh.T + t) * sh.C + int64_t{h} * sh.hs;
+  S* o = out + (int64_t{b} * sh.T + t) * sh.C + int64_t{h} * sh.hs;
   const float inv = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    if (d < sh.hs) o[d] = acc[i] * inv;
+    if (d < sh.hs) st(o + d, acc[i] * inv);
   }
   if (lane == 0) lse[bh * sh.T + t] = m + logf(l);
 }
 
-__global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, const float* qkv,
-                                             const float* out, const float* lse, Shape sh) {
+template <typename S>
+__global__ void attention_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                             const float* lse, Shape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -94,29 +99,29 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
   const int C3 = 3 * sh.C;
   const int64_t qoff = int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
   const int64_t ooff = (int64_t{b} * sh.T + t) * sh.C + int64_t{h} * sh.hs;
-  const float* base = qkv + qoff;
-  const float* q = base + int64_t{t} * C3;
+  const S* base = qkv + qoff;
+  const S* q = base + int64_t{t} * C3;
   float qr[kRegs], dor[kRegs], orr[kRegs], acc[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
     const bool in = d < sh.hs;
-    qr[i] = in ? q[d] : 0.0f;
-    dor[i] = in ? dout[ooff + d] : 0.0f;
-    orr[i] = in ? out[ooff + d] : 0.0f;
+    qr[i] = in ? ld(q + d) : 0.0f;
+    dor[i] = in ? ld(dout + ooff + d) : 0.0f;
+    orr[i] = in ? ld(out + ooff + d) : 0.0f;
     acc[i] = 0.0f;
   }
   const float l = lse[bh * sh.T + t];
   for (int j = 0; j <= t; j++) {
-    const float* k = base + int64_t{j} * C3 + sh.C;
-    const float* v = k + sh.C;
+    const S* k = base + int64_t{j} * C3 + sh.C;
+    const S* v = k + sh.C;
     float s = 0.0f, dpd = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
       if (d < sh.hs) {
-        s += qr[i] * k[d];
-        dpd += dor[i] * (v[d] - orr[i]);
+        s += qr[i] * ld(k + d);
+        dpd += dor[i] * (ld(v + d) - orr[i]);
       }
     }
     s = warp_sum(s) * sh.scale;
@@ -125,19 +130,20 @@ __global__ void attention_backward_dq_kernel(float* dqkv, const float* dout, con
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) acc[i] += ds * k[d];
+      if (d < sh.hs) acc[i] += ds * ld(k + d);
     }
   }
-  float* dq = dqkv + qoff + int64_t{t} * C3;
+  S* dq = dqkv + qoff + int64_t{t} * C3;
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    if (d < sh.hs) dq[d] = acc[i];
+    if (d < sh.hs) st(dq + d, acc[i]);
   }
 }
 
-__global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, const float* qkv,
-                                              const float* out, const float* lse, Shape sh) {
+template <typename S>
+__global__ void attention_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                              const float* lse, Shape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -147,31 +153,31 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
   const int C3 = 3 * sh.C;
   const int64_t qoff = int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
   const int64_t obase = int64_t{b} * sh.T * sh.C + int64_t{h} * sh.hs;
-  const float* base = qkv + qoff;
-  const float* k = base + int64_t{j} * C3 + sh.C;
-  const float* v = k + sh.C;
+  const S* base = qkv + qoff;
+  const S* k = base + int64_t{j} * C3 + sh.C;
+  const S* v = k + sh.C;
   float kr[kRegs], vr[kRegs], dk[kRegs], dv[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
     const bool in = d < sh.hs;
-    kr[i] = in ? k[d] : 0.0f;
-    vr[i] = in ? v[d] : 0.0f;
+    kr[i] = in ? ld(k + d) : 0.0f;
+    vr[i] = in ? ld(v + d) : 0.0f;
     dk[i] = 0.0f;
     dv[i] = 0.0f;
   }
   const float* lrow = lse + bh * sh.T;
   for (int t = j; t < sh.T; t++) {
-    const float* q = base + int64_t{t} * C3;
-    const float* dO = dout + obase + int64_t{t} * sh.C;
-    const float* o = out + obase + int64_t{t} * sh.C;
+    const S* q = base + int64_t{t} * C3;
+    const S* dO = dout + obase + int64_t{t} * sh.C;
+    const S* o = out + obase + int64_t{t} * sh.C;
     float s = 0.0f, dpd = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
       if (d < sh.hs) {
-        s += q[d] * kr[i];
-        dpd += dO[d] * (vr[i] - o[d]);
+        s += ld(q + d) * kr[i];
+        dpd += ld(dO + d) * (vr[i] - ld(o + d));
       }
     }
     s = warp_sum(s) * sh.scale;
@@ -182,19 +188,19 @@ __global__ void attention_backward_dkv_kernel(float* dqkv, const float* dout, co
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
       if (d < sh.hs) {
-        dk[i] += ds * q[d];
-        dv[i] += p * dO[d];
+        dk[i] += ds * ld(q + d);
+        dv[i] += p * ld(dO + d);
       }
     }
   }
-  float* dkp = dqkv + qoff + int64_t{j} * C3 + sh.C;
-  float* dvp = dkp + sh.C;
+  S* dkp = dqkv + qoff + int64_t{j} * C3 + sh.C;
+  S* dvp = dkp + sh.C;
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
     if (d < sh.hs) {
-      dkp[d] = dk[i];
-      dvp[d] = dv[i];
+      st(dkp + d, dk[i]);
+      st(dvp + d, dv[i]);
     }
   }
 }
@@ -213,28 +219,53 @@ Shape make_shape(int B, int T, int C, int NH) {
 
 size_t attention_scratch_floats(int /*T*/) { return 0; }
 
-void attention_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B, int T,
-                       int C, int NH, cudaStream_t stream) {
+namespace typed {
+
+template <typename S>
+void attention_forward(S* out, float* lse, const S* qkv, float* /*scratch*/, int B, int T, int C,
+                       int NH, cudaStream_t stream) {
   const Shape sh = make_shape(B, T, C, NH);
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
-  attention_forward_kernel<<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(out, lse, qkv,
-                                                                                     sh);
+  attention_forward_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(out, lse,
+                                                                                        qkv, sh);
   DS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
 }
 
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* /*scratch*/, int B, int T, int C, int NH,
-                        cudaStream_t stream) {
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                        float* /*scratch*/, int B, int T, int C, int NH, cudaStream_t stream) {
   const Shape sh = make_shape(B, T, C, NH);
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
-  attention_backward_dq_kernel<<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
+  attention_backward_dq_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
       dqkv, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");
-  attention_backward_dkv_kernel<<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
+  attention_backward_dkv_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
       dqkv, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("attention_backward_dkv_kernel");
+}
+
+#define DS_CUDA_INST_S(S)                                                                        \
+  template void attention_forward<S>(S*, float*, const S*, float*, int, int, int, int,           \
+                                     cudaStream_t);                                              \
+  template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, float*,    \
+                                      int, int, int, int, cudaStream_t);
+DS_CUDA_INST_S(float)
+DS_CUDA_INST_S(Bf16)
+#undef DS_CUDA_INST_S
+
+}  // namespace typed
+
+void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
+                       int C, int NH, cudaStream_t stream) {
+  typed::attention_forward(out, lse, qkv, scratch, B, T, C, NH, stream);
+}
+
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                        const float* lse, float* scratch, int B, int T, int C, int NH,
+                        cudaStream_t stream) {
+  typed::attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, stream);
 }
 
 }  // namespace ds::rt::cuda

@@ -13,12 +13,20 @@
 // MatmulMath (kernels.h): cuBLAS's default fp32 math (cublasSgemm; cuBLASLt CUBLAS_COMPUTE_32F)
 // or CUBLAS_COMPUTE_32F_FAST_16BF (cublasGemmEx and cuBLASLt over fp32 storage: bf16 tensor-core
 // multiplies, fp32 accumulation).
+//
+// bf16 storage (kernels.h, namespace typed): the same products over CUDA_R_16BF operands with
+// CUBLAS_COMPUTE_32F, whatever the MatmulMath. Every output is rounded once, as oneDNN's on the
+// CPU: the forward's bias goes in through the cuBLASLt epilogue, or is copied into the output
+// first and the GEMM runs with beta = 1 (cuBLAS adds beta * C in fp32 before its one rounding);
+// dweight += dout^T inp is a GEMM with beta = 1 whose C is the gradient buffer in its own type
+// (bf16, or fp32 for grad_accum_dtype fp32).
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <map>
+#include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
@@ -76,20 +84,43 @@ cublasHandle_t blas_on(cudaStream_t stream) {
 
 cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// dbias[c] += sum over rows of dout[r, c]. Block (32, 8): 32 columns, 8 row strides, fixed order.
-__global__ void column_sum_kernel(float* dbias, const float* dout, int64_t rows, int OC) {
+// dbias[c] += sum over rows of dout[r, c] (fp32 sum, one rounding into G). Block (32, 8): 32
+// columns, 8 row strides, fixed order.
+template <typename S, typename G>
+__global__ void column_sum_kernel(G* dbias, const S* dout, int64_t rows, int OC) {
   __shared__ float part[8][32];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
   if (c < OC) {
-    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) s += dout[r * OC + c];
+    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) s += ld(dout + r * OC + c);
   }
   part[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
   if (threadIdx.y == 0 && c < OC) {
     for (int y = 1; y < 8; y++) s += part[y][threadIdx.x];
-    dbias[c] += s;
+    st(dbias + c, ld(dbias + c) + s);
   }
+}
+
+template <typename S, typename G>
+void column_sum(G* dbias, const S* dout, int64_t rows, int OC, cudaStream_t stream) {
+  if (dbias == nullptr || OC <= 0) return;
+  column_sum_kernel<S, G><<<blocks_for(OC, 32), dim3(32, 8), 0, stream>>>(dbias, dout, rows, OC);
+  DS_CUDA_CHECK_LAUNCH("column_sum_kernel");
+}
+
+// out[r, c] = bias[c] for the n = rows * OC elements of out (a copy: no rounding).
+template <typename S>
+__global__ void bias_rows_kernel(S* out, const S* bias, int OC, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = bias[i % OC];
+  }
+}
+
+template <typename G>
+constexpr cudaDataType_t cuda_type() {
+  return std::is_same_v<G, float> ? CUDA_R_32F : CUDA_R_16BF;
 }
 
 // The largest power of two (at most 256) dividing the address.
@@ -103,15 +134,17 @@ uint32_t alignment_of(const void* p) {
 // out^T (OC, BT) = W^T-as-stored ... see the file comment: cublasLtMatmul with A = weight
 // (stored column-major as (C, OC), transposed), B = inp (stored (C, BT)), D = out (stored (OC, BT)),
 // and the bias (OC) added to every column of D. Returns false when cuBLASLt has no algorithm.
-bool lt_matmul_bias(float* out, const float* inp, const float* weight, const float* bias, int BT,
-                    int C, int OC, cudaStream_t stream) {
+// `type` is the storage of all four (CUDA_R_32F or CUDA_R_16BF), `compute` cuBLAS's compute type.
+bool lt_matmul_bias(void* out, const void* inp, const void* weight, const void* bias,
+                    cudaDataType_t type, cublasComputeType_t compute, int BT, int C, int OC,
+                    cudaStream_t stream) {
   Handles& h = handles();
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t la = nullptr, lb = nullptr, ld_ = nullptr;
   cublasLtMatmulPreference_t pref = nullptr;
   bool ok = false;
   try {
-    DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, fp32_compute_type(), CUDA_R_32F));
+    DS_CUBLAS_CHECK(cublasLtMatmulDescCreate(&desc, compute, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     DS_CUBLAS_CHECK(
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -122,9 +155,9 @@ bool lt_matmul_bias(float* out, const float* inp, const float* weight, const flo
         cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
     DS_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                    sizeof(bias)));
-    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, C, OC, C));
-    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, C, BT, C));
-    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld_, CUDA_R_32F, OC, BT, OC));
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, type, C, OC, C));
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, type, C, BT, C));
+    DS_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&ld_, type, OC, BT, OC));
     DS_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     const uint64_t ws = kLtWorkspaceBytes;
     DS_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(
@@ -186,13 +219,24 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
                                fp32_compute_type(), CUBLAS_GEMM_DEFAULT));
 }
 
+namespace {
+// Row-major C (type ctype) = alpha * op(A) op(B) + beta * C over bf16 A and B, fp32 accumulation
+// (CUBLAS_COMPUTE_32F), alpha and beta applied in fp32 before the one rounding of C.
+void gemm_bf16_operands(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                        const void* A, int lda, const void* B, int ldb, float beta, void* C,
+                        cudaDataType_t ctype, int ldc, cudaStream_t stream) {
+  if (M <= 0 || N <= 0) return;
+  DS_CUBLAS_CHECK(cublasGemmEx(blas_on(stream), op(trans_b), op(trans_a), N, M, K, &alpha, B,
+                               CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, ctype, ldc,
+                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+}  // namespace
+
 void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const uint16_t* A,
                int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc,
                cudaStream_t stream) {
-  if (M <= 0 || N <= 0) return;
-  DS_CUBLAS_CHECK(cublasGemmEx(blas_on(stream), op(trans_b), op(trans_a), N, M, K, &alpha, B,
-                               CUDA_R_16BF, ldb, A, CUDA_R_16BF, lda, &beta, C, CUDA_R_16BF, ldc,
-                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  gemm_bf16_operands(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, CUDA_R_16BF, ldc,
+                     stream);
 }
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
@@ -202,7 +246,7 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
   // cuBLASLt's bias epilogue only with a 16-byte aligned bias (no preference describes the bias
   // alignment; llm.c requires the same); otherwise the plain product and add_bias.
   if (bias != nullptr && C > 0 && alignment_of(bias) >= 16 &&
-      lt_matmul_bias(out, inp, weight, bias, BT, C, OC, stream)) {
+      lt_matmul_bias(out, inp, weight, bias, CUDA_R_32F, fp32_compute_type(), BT, C, OC, stream)) {
     return;
   }
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, stream);
@@ -215,10 +259,64 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   if (BT <= 0) return;
   if (dinp != nullptr) gemm(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C, stream);
   gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
-  if (dbias != nullptr && OC > 0) {
-    column_sum_kernel<<<blocks_for(OC, 32), dim3(32, 8), 0, stream>>>(dbias, dout, BT, OC);
-    DS_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  column_sum(dbias, dout, BT, OC, stream);
+}
+
+namespace typed {
+
+template <typename S>
+void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
+                    int OC, cudaStream_t stream) {
+  if constexpr (std::is_same_v<S, float>) {
+    cuda::matmul_forward(out, inp, weight, bias, B, T, C, OC, stream);
+  } else {
+    const int BT = B * T;
+    if (BT <= 0 || OC <= 0) return;
+    if (bias != nullptr && C > 0 && alignment_of(bias) >= 16 &&
+        lt_matmul_bias(out, inp, weight, bias, CUDA_R_16BF, CUBLAS_COMPUTE_32F, BT, C, OC, stream)) {
+      return;
+    }
+    float beta = 0.0f;
+    if (bias != nullptr) {
+      const int64_t n = int64_t{BT} * OC;
+      bias_rows_kernel<S><<<elementwise_blocks(n, 256), 256, 0, stream>>>(out, bias, OC, n);
+      DS_CUDA_CHECK_LAUNCH("bias_rows_kernel");
+      beta = 1.0f;
+    }
+    gemm_bf16_operands(false, true, BT, OC, C, 1.0f, inp, C, weight, C, beta, out, CUDA_R_16BF, OC,
+                       stream);
   }
 }
+
+template <typename S, typename G>
+void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+                     int B, int T, int C, int OC, cudaStream_t stream) {
+  if constexpr (std::is_same_v<S, float>) {
+    cuda::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, stream);
+  } else {
+    const int BT = B * T;
+    if (BT <= 0) return;
+    if (dinp != nullptr) {
+      gemm_bf16_operands(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
+                         CUDA_R_16BF, C, stream);
+    }
+    gemm_bf16_operands(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight,
+                       cuda_type<G>(), C, stream);
+    column_sum(dbias, dout, BT, OC, stream);
+  }
+}
+
+template void matmul_forward<float>(float*, const float*, const float*, const float*, int, int,
+                                    int, int, cudaStream_t);
+template void matmul_forward<Bf16>(Bf16*, const Bf16*, const Bf16*, const Bf16*, int, int, int,
+                                   int, cudaStream_t);
+template void matmul_backward<float, float>(float*, float*, float*, const float*, const float*,
+                                            const float*, int, int, int, int, cudaStream_t);
+template void matmul_backward<Bf16, Bf16>(Bf16*, Bf16*, Bf16*, const Bf16*, const Bf16*,
+                                          const Bf16*, int, int, int, int, cudaStream_t);
+template void matmul_backward<Bf16, float>(Bf16*, float*, float*, const Bf16*, const Bf16*,
+                                           const Bf16*, int, int, int, int, cudaStream_t);
+
+}  // namespace typed
 
 }  // namespace ds::rt::cuda

@@ -1,20 +1,21 @@
 // Device-side helpers shared by the .cu files: bf16 bit conversions identical to core/dtype.h
-// (round to nearest even, NaN kept quiet), fp32/bf16 loads and stores through one overload set,
-// warp and block reductions, launch-size arithmetic. Only for nvcc.
+// (round to nearest even, NaN kept quiet), fp32/bf16 loads, stores and atomic adds through one
+// overload set (so a kernel templated over the storage type reads ld(p) and writes st(p, v) for
+// both), warp and block reductions, launch-size arithmetic. Only for nvcc.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/cuda/check.h"
 
 namespace ds::rt::cuda {
 
-// bf16 storage: a distinct type so overloads tell it from fp16 bits.
-struct Bf16 {
-  uint16_t bits;
-};
+// bf16 storage: the model's own 2-byte type (core/dtype.h), distinct from fp16 bits, so the
+// kernels' templates take the dispatch's pointers as they are.
+using Bf16 = ::ds::rt::bf16;
 
 __device__ inline float bf16_bits_to_f32(uint16_t h) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
@@ -30,6 +31,18 @@ __device__ inline float ld(const float* p) { return *p; }
 __device__ inline float ld(const Bf16* p) { return bf16_bits_to_f32(p->bits); }
 __device__ inline void st(float* p, float v) { *p = v; }
 __device__ inline void st(Bf16* p, float v) { p->bits = f32_to_bf16_bits(v); }
+
+// *p += v with one rounding of the sum, atomically. bf16: a compare-and-swap loop on the 16 bits
+// that rounds with st()'s formula, so the rounding is core/dtype.h's by construction.
+__device__ inline void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ inline void atomic_add(Bf16* p, float v) {
+  auto* a = reinterpret_cast<unsigned short*>(p);
+  unsigned short old = *a, assumed = 0;
+  do {
+    assumed = old;
+    old = atomicCAS(a, assumed, f32_to_bf16_bits(bf16_bits_to_f32(assumed) + v));
+  } while (old != assumed);
+}
 
 inline Bf16* as_bf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }
 inline const Bf16* as_bf16(const uint16_t* p) { return reinterpret_cast<const Bf16*>(p); }

@@ -1,5 +1,8 @@
-// Element-wise CUDA kernels: embeddings, GELU, residual, bias, type conversions and the fused
-// AdamW step. Grid-stride loops over flat buffers, fp32 arithmetic, bf16 through ld/st.
+// Element-wise CUDA kernels: embeddings, GELU, residual, bias, type conversions, the fused AdamW
+// step and the gradient norm's sum of squares. Grid-stride loops over flat buffers, fp32
+// arithmetic, every kernel templated over the storage type S (and the gradient type G) and
+// reading/writing it through ld/st (device_util.cuh): the fp32 entry points and the bf16 twins
+// (kernels.h, namespace typed) are the same kernels.
 // Deliberately simple (one element per thread per iteration, no vectorised loads): they are
 // memory-bound and correct first; tune with a profiler on a real GPU.
 #include <cuda_fp16.h>
@@ -30,8 +33,8 @@ __global__ void encoder_forward_kernel(T* out, const int32_t* inp, const T* wte,
 }
 
 // dwte[inp[bt], c] += dout[bt, c] (atomic: the same token may repeat in the batch).
-template <typename T>
-__global__ void encoder_backward_wte_kernel(float* dwte, const T* dout, const int32_t* inp, int C,
+template <typename T, typename G>
+__global__ void encoder_backward_wte_kernel(G* dwte, const T* dout, const int32_t* inp, int C,
                                             int64_t n, int v0, int Vl) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
@@ -39,38 +42,40 @@ __global__ void encoder_backward_wte_kernel(float* dwte, const T* dout, const in
     const int c = static_cast<int>(i % C);
     const int v = inp[bt] - v0;
     if (v < 0 || v >= Vl) continue;
-    atomicAdd(dwte + int64_t{v} * C + c, ld(dout + i));
+    atomic_add(dwte + int64_t{v} * C + c, ld(dout + i));
   }
 }
 
 // dwpe[t, c] += sum over b of dout[b, t, c]: one thread per (t, c), no race, fixed order.
-template <typename T>
-__global__ void encoder_backward_wpe_kernel(float* dwpe, const T* dout, int B, int T_, int C) {
+template <typename T, typename G>
+__global__ void encoder_backward_wpe_kernel(G* dwpe, const T* dout, int B, int T_, int C) {
   const int64_t n = int64_t{T_} * C;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     float s = 0.0f;
     for (int b = 0; b < B; b++) s += ld(dout + int64_t{b} * n + i);
-    dwpe[i] += s;
+    st(dwpe + i, ld(dwpe + i) + s);
   }
 }
 
-__global__ void encoder_forward_vocab_kernel(float* out, const int32_t* inp, const float* wte,
-                                             int C, int64_t n, int v0, int Vl) {
+template <typename T>
+__global__ void encoder_forward_vocab_kernel(T* out, const int32_t* inp, const T* wte, int C,
+                                             int64_t n, int v0, int Vl) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t bt = i / C;
     const int c = static_cast<int>(i % C);
     const int v = inp[bt] - v0;
-    out[i] = (v < 0 || v >= Vl) ? 0.0f : wte[int64_t{v} * C + c];
+    st(out + i, (v < 0 || v >= Vl) ? 0.0f : ld(wte + int64_t{v} * C + c));
   }
 }
 
-__global__ void add_position_kernel(float* out, const float* wpe, int T_, int C, int64_t n) {
+template <typename T>
+__global__ void add_position_kernel(T* out, const T* wpe, int T_, int C, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t tc = i % (int64_t{T_} * C);
-    out[i] += wpe[tc];
+    st(out + i, ld(out + i) + ld(wpe + tc));
   }
 }
 
@@ -118,10 +123,11 @@ __global__ void residual_backward_kernel(T* d1, T* d2, const T* dout, int64_t n)
   }
 }
 
-__global__ void add_in_place_kernel(float* dst, const float* src, int64_t n) {
+template <typename T>
+__global__ void add_in_place_kernel(T* dst, const T* src, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    dst[i] += src[i];
+    st(dst + i, ld(dst + i) + ld(src + i));
   }
 }
 
@@ -139,10 +145,11 @@ __global__ void round_to_f16_kernel(float* x, int64_t n) {
   }
 }
 
-__global__ void add_bias_kernel(float* out, const float* bias, int OC, int64_t n) {
+template <typename T>
+__global__ void add_bias_kernel(T* out, const T* bias, int OC, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    out[i] += bias[i % OC];
+    st(out + i, ld(out + i) + ld(bias + i % OC));
   }
 }
 
@@ -224,11 +231,12 @@ __device__ inline double block_sum_d(double v) {
   return t;
 }
 
-__global__ void sum_squares_partial_kernel(double* partial, const float* x, int64_t n) {
+template <typename T>
+__global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
   double s = 0.0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const double v = x[i];
+    const double v = ld(x + i);
     s += v * v;
   }
   s = block_sum_d(s);
@@ -242,27 +250,26 @@ __global__ void sum_squares_final_kernel(double* out, const double* partial, int
   if (threadIdx.x == 0) *out = s;
 }
 
-__global__ void scale_kernel(float* x, int64_t n, float coef) {
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float coef) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    x[i] *= coef;
+    st(x + i, ld(x + i) * coef);
   }
 }
 
-}  // namespace
-
-void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
-                    cudaStream_t stream) {
-  sum_squares_partial_kernel<<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
-                                                                         n > 0 ? n : 0);
+template <typename T>
+void sum_of_squares_impl(double* out, double* scratch, const T* x, int64_t n, cudaStream_t stream) {
+  sum_squares_partial_kernel<T><<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
+                                                                            n > 0 ? n : 0);
   DS_CUDA_CHECK_LAUNCH("sum_squares_partial_kernel");
   sum_squares_final_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kSumSquaresBlocks);
   DS_CUDA_CHECK_LAUNCH("sum_squares_final_kernel");
 }
 
-double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream) {
-  // One scratch of 1 + kSumSquaresBlocks doubles per (thread, device), kept for the thread's
-  // life (a few KiB, outside the tagged accounting like the cuBLAS workspace).
+// One scratch of 1 + kSumSquaresBlocks doubles per (thread, device), kept for the thread's life
+// (a few KiB, outside the tagged accounting like the cuBLAS workspace).
+double* norm_scratch() {
   struct Scratch {
     int device = -1;
     double* mem = nullptr;
@@ -279,17 +286,14 @@ double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream) {
     DS_CUDA_CHECK(cudaMalloc(&scratch.mem, (1 + kSumSquaresBlocks) * sizeof(double)));
     scratch.device = device;
   }
-  sum_of_squares(scratch.mem, scratch.mem + 1, x, n, stream);
-  double out = 0.0;
-  DS_CUDA_CHECK(cudaMemcpyAsync(&out, scratch.mem, sizeof(double), cudaMemcpyDeviceToHost, stream));
-  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return out;
+  return scratch.mem;
 }
 
-void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
-  if (n <= 0 || coef == 1.0f) return;
-  scale_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(x, n, coef);
-  DS_CUDA_CHECK_LAUNCH("scale_kernel");
+}  // namespace
+
+void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
+                    cudaStream_t stream) {
+  sum_of_squares_impl(out, scratch, x, n, stream);
 }
 
 // Every launcher returns early on empty work: a grid of 0 blocks is a launch error.
@@ -300,99 +304,190 @@ void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
     DS_CUDA_CHECK_LAUNCH(#kernel);                                                  \
   } while (0)
 
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C, cudaStream_t stream) {
+// ---- the typed kernels (kernels.h, namespace typed) ----
+
+namespace typed {
+
+template <typename S>
+void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C,
+                     cudaStream_t stream) {
   const int64_t n = int64_t{B} * T * C;
-  DS_ELEMENTWISE(encoder_forward_kernel<float>, n, out, inp, wte, wpe, T, C, n);
+  DS_ELEMENTWISE(encoder_forward_kernel<S>, n, out, inp, wte, wpe, T, C, n);
 }
 
-void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
-                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream) {
+template <typename S, typename G>
+void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C,
+                      cudaStream_t stream) {
   const int64_t n = int64_t{B} * T * C;
-  DS_ELEMENTWISE(encoder_forward_kernel<Bf16>, n, as_bf16(out), inp, as_bf16(wte), as_bf16(wpe),
-                 T, C, n);
-}
-
-namespace {
-template <typename T>
-void encoder_backward_impl(float* dwte, float* dwpe, const T* dout, const int32_t* inp, int B,
-                           int T_, int C, cudaStream_t stream) {
-  const int64_t n = int64_t{B} * T_ * C;
   if (n <= 0) return;
   if (dwte != nullptr) {
-    encoder_backward_wte_kernel<T><<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+    encoder_backward_wte_kernel<S, G><<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
         dwte, dout, inp, C, n, 0, 0x7fffffff);
     DS_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
   }
   if (dwpe != nullptr) {
-    const int64_t tc = int64_t{T_} * C;
-    encoder_backward_wpe_kernel<T><<<elementwise_blocks(tc, kThreads), kThreads, 0, stream>>>(
-        dwpe, dout, B, T_, C);
+    const int64_t tc = int64_t{T} * C;
+    encoder_backward_wpe_kernel<S, G><<<elementwise_blocks(tc, kThreads), kThreads, 0, stream>>>(
+        dwpe, dout, B, T, C);
     DS_CUDA_CHECK_LAUNCH("encoder_backward_wpe_kernel");
   }
 }
-}  // namespace
 
+template <typename S>
+void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
+                           int Vl, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(encoder_forward_vocab_kernel<S>, n, out, inp, wte, C, n, v0, Vl);
+}
+
+template <typename S, typename G>
+void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C, int v0,
+                            int Vl, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  if (n <= 0) return;
+  encoder_backward_wte_kernel<S, G><<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(
+      dwte, dout, inp, C, n, v0, Vl);
+  DS_CUDA_CHECK_LAUNCH("encoder_backward_wte_kernel");
+}
+
+template <typename S>
+void add_position(S* out, const S* wpe, int B, int T, int C, cudaStream_t stream) {
+  const int64_t n = int64_t{B} * T * C;
+  DS_ELEMENTWISE(add_position_kernel<S>, n, out, wpe, T, C, n);
+}
+
+template <typename S>
+void gelu_forward(S* out, const S* inp, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_forward_kernel<S>, N, out, inp, N);
+}
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(gelu_backward_kernel<S>, N, dinp, inp, dout, N);
+}
+template <typename S>
+void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_forward_kernel<S>, N, out, inp1, inp2, N);
+}
+template <typename S>
+void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(residual_backward_kernel<S>, N, dinp1, dinp2, dout, N);
+}
+template <typename S>
+void add_in_place(S* dst, const S* src, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(add_in_place_kernel<S>, N, dst, src, N);
+}
+template <typename S>
+void add_bias(S* out, const S* bias, int N, int OC, cudaStream_t stream) {
+  const int64_t n = int64_t{N} * OC;
+  DS_ELEMENTWISE(add_bias_kernel<S>, n, out, bias, OC, n);
+}
+
+template <typename S>
+double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream) {
+  double* scratch = norm_scratch();
+  sum_of_squares_impl(scratch, scratch + 1, x, n, stream);
+  double out = 0.0;
+  DS_CUDA_CHECK(cudaMemcpyAsync(&out, scratch, sizeof(double), cudaMemcpyDeviceToHost, stream));
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return out;
+}
+
+template <typename S>
+void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream) {
+  if (coef == 1.0f) return;
+  DS_ELEMENTWISE(scale_kernel<S>, n, x, n, coef);
+}
+
+#define DS_CUDA_INST_S(S)                                                                       \
+  template void encoder_forward<S>(S*, const int32_t*, const S*, const S*, int, int, int,       \
+                                   cudaStream_t);                                               \
+  template void encoder_forward_vocab<S>(S*, const int32_t*, const S*, int, int, int, int, int, \
+                                         cudaStream_t);                                         \
+  template void add_position<S>(S*, const S*, int, int, int, cudaStream_t);                     \
+  template void gelu_forward<S>(S*, const S*, int64_t, cudaStream_t);                           \
+  template void gelu_backward<S>(S*, const S*, const S*, int64_t, cudaStream_t);                \
+  template void residual_forward<S>(S*, const S*, const S*, int64_t, cudaStream_t);             \
+  template void residual_backward<S>(S*, S*, const S*, int64_t, cudaStream_t);                  \
+  template void add_in_place<S>(S*, const S*, int64_t, cudaStream_t);                           \
+  template void add_bias<S>(S*, const S*, int, int, cudaStream_t);                              \
+  template double sum_of_squares_to_host<S>(const S*, int64_t, cudaStream_t);                   \
+  template void scale_in_place<S>(S*, int64_t, float, cudaStream_t);
+#define DS_CUDA_INST_SG(S, G)                                                                    \
+  template void encoder_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int,          \
+                                       cudaStream_t);                                            \
+  template void encoder_backward_vocab<S, G>(G*, const S*, const int32_t*, int, int, int, int,   \
+                                             int, cudaStream_t);
+DS_CUDA_INST_S(float)
+DS_CUDA_INST_S(Bf16)
+DS_CUDA_INST_SG(float, float)
+DS_CUDA_INST_SG(Bf16, Bf16)
+DS_CUDA_INST_SG(Bf16, float)
+#undef DS_CUDA_INST_S
+#undef DS_CUDA_INST_SG
+
+}  // namespace typed
+
+// ---- the fp32 entry points and the uint16_t bf16 variants: the typed kernels ----
+
+void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
+                     int T, int C, cudaStream_t stream) {
+  typed::encoder_forward(out, inp, wte, wpe, B, T, C, stream);
+}
+void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
+                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream) {
+  typed::encoder_forward(as_bf16(out), inp, as_bf16(wte), as_bf16(wpe), B, T, C, stream);
+}
 void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
                       int T, int C, cudaStream_t stream) {
-  encoder_backward_impl(dwte, dwpe, dout, inp, B, T, C, stream);
+  typed::encoder_backward(dwte, dwpe, dout, inp, B, T, C, stream);
 }
-
 void encoder_backward_bf16(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* inp,
                            int B, int T, int C, cudaStream_t stream) {
-  encoder_backward_impl(dwte, dwpe, as_bf16(dout), inp, B, T, C, stream);
+  typed::encoder_backward(dwte, dwpe, as_bf16(dout), inp, B, T, C, stream);
 }
-
 void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
                            int v0, int Vl, cudaStream_t stream) {
-  const int64_t n = int64_t{B} * T * C;
-  DS_ELEMENTWISE(encoder_forward_vocab_kernel, n, out, inp, wte, C, n, v0, Vl);
+  typed::encoder_forward_vocab(out, inp, wte, B, T, C, v0, Vl, stream);
 }
-
 void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
                             int C, int v0, int Vl, cudaStream_t stream) {
-  const int64_t n = int64_t{B} * T * C;
-  DS_ELEMENTWISE(encoder_backward_wte_kernel<float>, n, dwte, dout, inp, C, n, v0, Vl);
+  typed::encoder_backward_vocab(dwte, dout, inp, B, T, C, v0, Vl, stream);
 }
-
 void add_position(float* out, const float* wpe, int B, int T, int C, cudaStream_t stream) {
-  const int64_t n = int64_t{B} * T * C;
-  DS_ELEMENTWISE(add_position_kernel, n, out, wpe, T, C, n);
+  typed::add_position(out, wpe, B, T, C, stream);
 }
-
 void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_forward_kernel<float>, N, out, inp, N);
+  typed::gelu_forward(out, inp, N, stream);
 }
 void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
                    cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_backward_kernel<float>, N, dinp, inp, dout, N);
+  typed::gelu_backward(dinp, inp, dout, N, stream);
 }
 void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_forward_kernel<Bf16>, N, as_bf16(out), as_bf16(inp), N);
+  typed::gelu_forward(as_bf16(out), as_bf16(inp), N, stream);
 }
 void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t N,
                         cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_backward_kernel<Bf16>, N, as_bf16(dinp), as_bf16(inp), as_bf16(dout), N);
+  typed::gelu_backward(as_bf16(dinp), as_bf16(inp), as_bf16(dout), N, stream);
 }
 void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N,
                       cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_forward_kernel<float>, N, out, inp1, inp2, N);
+  typed::residual_forward(out, inp1, inp2, N, stream);
 }
 void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N,
                        cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_backward_kernel<float>, N, dinp1, dinp2, dout, N);
+  typed::residual_backward(dinp1, dinp2, dout, N, stream);
 }
 void residual_forward_bf16(uint16_t* out, const uint16_t* inp1, const uint16_t* inp2, int64_t N,
                            cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_forward_kernel<Bf16>, N, as_bf16(out), as_bf16(inp1), as_bf16(inp2), N);
+  typed::residual_forward(as_bf16(out), as_bf16(inp1), as_bf16(inp2), N, stream);
 }
 void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* dout, int64_t N,
                             cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_backward_kernel<Bf16>, N, as_bf16(dinp1), as_bf16(dinp2),
-                 as_bf16(dout), N);
+  typed::residual_backward(as_bf16(dinp1), as_bf16(dinp2), as_bf16(dout), N, stream);
 }
 void add_in_place(float* dst, const float* src, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(add_in_place_kernel, N, dst, src, N);
+  typed::add_in_place(dst, src, N, stream);
 }
 void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream) {
   DS_ELEMENTWISE(round_to_bf16_kernel, N, x, N);
@@ -401,8 +496,13 @@ void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream) {
   DS_ELEMENTWISE(round_to_f16_kernel, N, x, N);
 }
 void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
-  const int64_t n = int64_t{N} * OC;
-  DS_ELEMENTWISE(add_bias_kernel, n, out, bias, OC, n);
+  typed::add_bias(out, bias, N, OC, stream);
+}
+double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream) {
+  return typed::sum_of_squares_to_host(x, n, stream);
+}
+void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
+  typed::scale_in_place(x, n, coef, stream);
 }
 
 void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream) {

@@ -28,13 +28,16 @@
 //   these kernels (attention's head size) throw ds::Error up front.
 //
 // bf16: buffers named *_bf16 hold bfloat16 bit patterns (uint16_t), rounded to nearest even exactly
-// as core/dtype.h's f32_to_bf16. In every bf16 variant the PARAMETER GRADIENTS stay fp32 (they
-// accumulate across micro-batches); activations, their gradients and parameters are bf16.
+// as core/dtype.h's f32_to_bf16. In every *_bf16 variant the PARAMETER GRADIENTS stay fp32;
+// activations, their gradients and parameters are bf16. These predate the typed twins (namespace
+// typed, below: bf16 of core/dtype.h, gradients of either type), run the same kernels and are
+// kept for the tests that call them; the dispatch calls the typed twins.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "kernels/adamw_step.h"
 
 struct CUstream_st;
@@ -195,6 +198,108 @@ void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cud
 double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream);
 // x[i] *= coef; nothing is launched when coef == 1.
 void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
+
+// ---- 16-bit storage: the twins of the CPU templates (what kernels/dispatch.h routes bf16 to) -----
+
+// The CPU templates' signatures (cpu/kernels.h: the same S and G, the same shapes, accumulation
+// and null rules) plus a stream. Instantiated for S = bf16 (core/dtype.h, the model's 2-byte
+// buffers) with G = bf16 or float (the parameter gradients; grad_accum_dtype fp32), and for
+// S = G = float too, which is what the fp32 functions above run (the matmuls: the other way
+// round, typed<float> is the fp32 function). Like the CPU templates, each
+// kernel reads S, computes in fp32 and rounds every output ONCE (an accumulating output: read, add
+// in fp32, round once); the statistics stay fp32 (mean/rstd, lse, losses, the vocab-parallel
+// statistics). Where the order of rounding differs from the CPU's (at most one rounding per output
+// here, sometimes fewer than the CPU's), the function says so. No fp16 instantiations: fp16
+// storage has no CUDA kernels and the dispatch refuses it by name.
+// Matrix products: cuBLASLt / cublasGemmEx over CUDA_R_16BF operands with CUBLAS_COMPUTE_32F (fp32
+// accumulation, tensor cores); MatmulMath (below) does not apply to them.
+namespace typed {
+
+template <typename S>
+void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C,
+                     cudaStream_t stream);
+// dwte through a compare-and-swap loop per element (each addition rounded once, as on the CPU, in
+// no fixed order); dwpe one thread per (t, c): the B rows summed in fp32, then one rounding (the
+// CPU rounds after each row).
+template <typename S, typename G>
+void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C,
+                      cudaStream_t stream);
+template <typename S>
+void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
+                           int Vl, cudaStream_t stream);
+template <typename S, typename G>
+void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C, int v0,
+                            int Vl, cudaStream_t stream);
+template <typename S>
+void add_position(S* out, const S* wpe, int B, int T, int C, cudaStream_t stream);
+
+template <typename S>
+void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
+                       const S* bias, int B, int T, int C, cudaStream_t stream);
+template <typename S, typename G>
+void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int B, int T, int C,
+                        cudaStream_t stream);
+
+// bias (may be null) added in fp32 before the one rounding of out: cuBLASLt's bias epilogue, or
+// (no algorithm, or a bias not 16-byte aligned) the bias copied into out and a GEMM with beta = 1.
+template <typename S>
+void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
+                    int OC, cudaStream_t stream);
+// dinp (skipped when null) overwritten; dweight += dout^T inp with G as cuBLAS's C type (read,
+// accumulated in fp32, rounded once); dbias += fp32 column sums of dout, rounded once.
+template <typename S, typename G>
+void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
+                     int B, int T, int C, int OC, cudaStream_t stream);
+template <typename S>
+void add_bias(S* out, const S* bias, int N, int OC, cudaStream_t stream);
+
+// As attention_forward/backward above (one warp per row, no scratch: `scratch` is ignored), q, k,
+// v, out and dout read from S, outputs rounded once; lse fp32.
+template <typename S>
+void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C,
+                       int NH, cudaStream_t stream);
+template <typename S>
+void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                        float* scratch, int B, int T, int C, int NH, cudaStream_t stream);
+
+template <typename S>
+void gelu_forward(S* out, const S* inp, int64_t N, cudaStream_t stream);
+template <typename S>
+void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N, cudaStream_t stream);
+template <typename S>
+void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N, cudaStream_t stream);
+template <typename S>
+void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N, cudaStream_t stream);
+template <typename S>
+void add_in_place(S* dst, const S* src, int64_t N, cudaStream_t stream);
+
+// bad_targets as crossentropy_forward above (device, may be null).
+template <typename S>
+void crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
+                          int Vp, int* bad_targets, cudaStream_t stream);
+template <typename S>
+void crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
+                                   float dloss, int N, int V, int Vp, int* bad_targets,
+                                   cudaStream_t stream);
+template <typename S>
+void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V, cudaStream_t stream);
+template <typename S>
+void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx,
+                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream);
+template <typename S>
+void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
+                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
+                     int v0, int V, cudaStream_t stream);
+
+// sum_of_squares_to_host and scale_in_place above over S (the gradient norm and clip of 16-bit
+// gradients): squares summed in double, x[i] = x[i] * coef rounded once.
+template <typename S>
+double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
+template <typename S>
+void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream);
+
+}  // namespace typed
 
 // ---- matmul precision (per host thread) ----------------------------------------------------------
 

@@ -38,6 +38,16 @@ DS_CUDA_EXPORT const ds::rt::kern::CudaKernelTable* ds_cuda_kernel_table() {
 #define DS_CUDA_TABLE_FILL(name) t.name = &cuda::name;
     DS_CUDA_KERNEL_ENTRIES(DS_CUDA_TABLE_FILL)
 #undef DS_CUDA_TABLE_FILL
+    using ds::rt::bf16;
+#define DS_CUDA_TABLE_FILL(name) t.bf16.name = &cuda::typed::name<bf16>;
+#define DS_CUDA_TABLE_FILL_G(name) t.bf16.name = &cuda::typed::name<bf16, bf16>;
+    DS_CUDA_TYPED_S_ENTRIES(DS_CUDA_TABLE_FILL)
+    DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_FILL_G)
+#undef DS_CUDA_TABLE_FILL_G
+#define DS_CUDA_TABLE_FILL_G(name) t.bf16_fp32_grads.name = &cuda::typed::name<bf16, float>;
+    DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_FILL_G)
+#undef DS_CUDA_TABLE_FILL_G
+#undef DS_CUDA_TABLE_FILL
     return t;
   }();
   return &table;

@@ -1,7 +1,10 @@
 // Row-wise CUDA kernels: LayerNorm forward/backward and the fused softmax + cross-entropy (full
 // and vocabulary-parallel). LayerNorm rows get one warp each; cross-entropy rows (a vocabulary
 // of ~50k) one block each. Parameter gradients of LayerNorm are column sums done by one thread
-// column per channel over every row, in a fixed order (deterministic, no atomics).
+// column per channel over every row, in a fixed order (deterministic, no atomics). Every kernel is
+// templated over the storage type (and LayerNorm's backward over the gradient type): the fp32
+// entry points and the bf16 twins (kernels.h, namespace typed) are the same kernels; statistics
+// are fp32 whatever the storage.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda/device_util.cuh"
@@ -69,8 +72,8 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
 }
 
 // Block (32, 8): threadIdx.x picks the channel in a group of 32, threadIdx.y strides the rows.
-template <typename T>
-__global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, const T* dout,
+template <typename T, typename G>
+__global__ void layernorm_backward_params_kernel(G* dweight, G* dbias, const T* dout,
                                                  const T* inp, const float* mean,
                                                  const float* rstd, int64_t rows, int C) {
   __shared__ float sw[8][32];
@@ -92,8 +95,8 @@ __global__ void layernorm_backward_params_kernel(float* dweight, float* dbias, c
       dw += sw[y][threadIdx.x];
       db += sb[y][threadIdx.x];
     }
-    dweight[c] += dw;
-    dbias[c] += db;
+    st(dweight + c, ld(dweight + c) + dw);
+    st(dbias + c, ld(dbias + c) + db);
   }
 }
 
@@ -107,8 +110,8 @@ void layernorm_forward_impl(T* out, float* mean, float* rstd, const T* inp, cons
   DS_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
-template <typename T>
-void layernorm_backward_impl(T* dinp, float* dweight, float* dbias, const T* dout, const T* inp,
+template <typename T, typename G>
+void layernorm_backward_impl(T* dinp, G* dweight, G* dbias, const T* dout, const T* inp,
                              const T* weight, const float* mean, const float* rstd, int B, int T_,
                              int C, cudaStream_t stream) {
   const int64_t rows = int64_t{B} * T_;
@@ -117,7 +120,7 @@ void layernorm_backward_impl(T* dinp, float* dweight, float* dbias, const T* dou
       <<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp, weight,
                                                                        mean, rstd, rows, C);
   DS_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
-  layernorm_backward_params_kernel<T><<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(
+  layernorm_backward_params_kernel<T, G><<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(
       dweight, dbias, dout, inp, mean, rstd, rows, C);
   DS_CUDA_CHECK_LAUNCH("layernorm_backward_params_kernel");
 }
@@ -170,32 +173,35 @@ void crossentropy_impl(float* losses, T* logits, const int32_t* targets, float d
 
 // ---- vocabulary-parallel cross-entropy ----
 
-__global__ void vocab_ce_max_kernel(float* mx, const float* logits, int Vl, int nv) {
+template <typename T>
+__global__ void vocab_ce_max_kernel(float* mx, const T* logits, int Vl, int nv) {
   __shared__ float red[32];
-  const float* x = logits + int64_t{blockIdx.x} * Vl;
+  const T* x = logits + int64_t{blockIdx.x} * Vl;
   float m = -INFINITY;
-  for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, x[v]);
+  for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, ld(x + v));
   m = block_max(m, red);
   if (threadIdx.x == 0) mx[blockIdx.x] = m;
 }
 
-__global__ void vocab_ce_sums_kernel(float* sumexp, float* tlogit, const float* logits,
+template <typename T>
+__global__ void vocab_ce_sums_kernel(float* sumexp, float* tlogit, const T* logits,
                                      const float* mx, const int32_t* targets, int Vl, int v0,
                                      int nv) {
   __shared__ float red[32];
-  const float* x = logits + int64_t{blockIdx.x} * Vl;
+  const T* x = logits + int64_t{blockIdx.x} * Vl;
   const float m = mx[blockIdx.x];
   float s = 0.0f;
-  for (int v = threadIdx.x; v < nv; v += blockDim.x) s += expf(x[v] - m);
+  for (int v = threadIdx.x; v < nv; v += blockDim.x) s += expf(ld(x + v) - m);
   s = block_sum(s, red);
   if (threadIdx.x == 0) {
     sumexp[blockIdx.x] = s;
     const int t = targets[blockIdx.x] - v0;
-    tlogit[blockIdx.x] = (t >= 0 && t < nv) ? x[t] : 0.0f;
+    tlogit[blockIdx.x] = (t >= 0 && t < nv) ? ld(x + t) : 0.0f;
   }
 }
 
-__global__ void vocab_ce_finish_kernel(float* losses, float* logits, const float* mx,
+template <typename T>
+__global__ void vocab_ce_finish_kernel(float* losses, T* logits, const float* mx,
                                        const float* sumexp, const float* tlogit,
                                        const int32_t* targets, float dloss, int Vl, int v0,
                                        int nv) {
@@ -203,16 +209,16 @@ __global__ void vocab_ce_finish_kernel(float* losses, float* logits, const float
   const float m = mx[n], s = sumexp[n];
   if (threadIdx.x == 0) losses[n] = m + logf(s) - tlogit[n];
   if (logits == nullptr) return;
-  float* x = logits + n * Vl;
+  T* x = logits + n * Vl;
   const float scale = dloss / s;
   const int t = targets[n] - v0;
   for (int v = threadIdx.x; v < Vl; v += blockDim.x) {
     float d = 0.0f;
     if (v < nv) {
-      d = expf(x[v] - m) * scale;
+      d = expf(ld(x + v) - m) * scale;
       if (v == t) d -= dloss;
     }
-    x[v] = d;
+    st(x + v, d);
   }
 }
 
@@ -223,73 +229,143 @@ int valid_columns(int Vl, int v0, int V) {
 
 }  // namespace
 
+// ---- the typed kernels (kernels.h, namespace typed) ----
+
+namespace typed {
+
+template <typename S>
+void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
+                       const S* bias, int B, int T, int C, cudaStream_t stream) {
+  layernorm_forward_impl(out, mean, rstd, inp, weight, bias, B, T, C, stream);
+}
+template <typename S, typename G>
+void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
+                        const S* weight, const float* mean, const float* rstd, int B, int T, int C,
+                        cudaStream_t stream) {
+  layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, stream);
+}
+template <typename S>
+void crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
+                          int Vp, int* bad_targets, cudaStream_t stream) {
+  crossentropy_impl<S, false>(losses, const_cast<S*>(logits), targets, 0.0f, N, V, Vp,
+                              bad_targets, stream);
+}
+template <typename S>
+void crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
+                                   float dloss, int N, int V, int Vp, int* bad_targets,
+                                   cudaStream_t stream) {
+  crossentropy_impl<S, true>(losses, logits_to_dlogits, targets, dloss, N, V, Vp, bad_targets,
+                             stream);
+}
+template <typename S>
+void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_max_kernel<S><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      mx, logits, Vl, valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_max_kernel");
+}
+template <typename S>
+void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx,
+                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_sums_kernel<S><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      sumexp, tlogit, logits, mx, targets, Vl, v0, valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_sums_kernel");
+}
+template <typename S>
+void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
+                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
+                     int v0, int V, cudaStream_t stream) {
+  if (N <= 0) return;
+  vocab_ce_finish_kernel<S><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+      losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, Vl, v0,
+      valid_columns(Vl, v0, V));
+  DS_CUDA_CHECK_LAUNCH("vocab_ce_finish_kernel");
+}
+
+#define DS_CUDA_INST_S(S)                                                                          \
+  template void layernorm_forward<S>(S*, float*, float*, const S*, const S*, const S*, int, int,   \
+                                     int, cudaStream_t);                                           \
+  template void crossentropy_forward<S>(float*, const S*, const int32_t*, int, int, int, int*,     \
+                                        cudaStream_t);                                             \
+  template void crossentropy_softmax_backward<S>(float*, S*, const int32_t*, float, int, int, int, \
+                                                 int*, cudaStream_t);                              \
+  template void vocab_ce_max<S>(float*, const S*, int, int, int, int, cudaStream_t);               \
+  template void vocab_ce_sums<S>(float*, float*, const S*, const float*, const int32_t*, int, int,  \
+                                 int, int, cudaStream_t);                                          \
+  template void vocab_ce_finish<S>(float*, S*, const float*, const float*, const float*,           \
+                                   const int32_t*, float, int, int, int, int, cudaStream_t);
+#define DS_CUDA_INST_SG(S, G)                                                                      \
+  template void layernorm_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, const float*,  \
+                                         const float*, int, int, int, cudaStream_t);
+DS_CUDA_INST_S(float)
+DS_CUDA_INST_S(Bf16)
+DS_CUDA_INST_SG(float, float)
+DS_CUDA_INST_SG(Bf16, Bf16)
+DS_CUDA_INST_SG(Bf16, float)
+#undef DS_CUDA_INST_S
+#undef DS_CUDA_INST_SG
+
+}  // namespace typed
+
+// ---- the fp32 entry points and the uint16_t bf16 variants: the typed kernels ----
+
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int B, int T, int C, cudaStream_t stream) {
-  layernorm_forward_impl(out, mean, rstd, inp, weight, bias, B, T, C, stream);
+  typed::layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, C, stream);
 }
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int B, int T, int C, cudaStream_t stream) {
-  layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, stream);
+  typed::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, stream);
 }
 void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
                             const uint16_t* weight, const uint16_t* bias, int B, int T, int C,
                             cudaStream_t stream) {
-  layernorm_forward_impl(as_bf16(out), mean, rstd, as_bf16(inp), as_bf16(weight), as_bf16(bias),
-                         B, T, C, stream);
+  typed::layernorm_forward(as_bf16(out), mean, rstd, as_bf16(inp), as_bf16(weight), as_bf16(bias),
+                           B, T, C, stream);
 }
 void layernorm_backward_bf16(uint16_t* dinp, float* dweight, float* dbias, const uint16_t* dout,
                              const uint16_t* inp, const uint16_t* weight, const float* mean,
                              const float* rstd, int B, int T, int C, cudaStream_t stream) {
-  layernorm_backward_impl(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
-                          as_bf16(weight), mean, rstd, B, T, C, stream);
+  typed::layernorm_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
+                            as_bf16(weight), mean, rstd, B, T, C, stream);
 }
 
 void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
                           int Vp, int* bad_targets, cudaStream_t stream) {
-  crossentropy_impl<float, false>(losses, const_cast<float*>(logits), targets, 0.0f, N, V, Vp,
-                                  bad_targets, stream);
+  typed::crossentropy_forward(losses, logits, targets, N, V, Vp, bad_targets, stream);
 }
 void crossentropy_softmax_backward(float* losses, float* logits_to_dlogits, const int32_t* targets,
                                    float dloss, int N, int V, int Vp, int* bad_targets,
                                    cudaStream_t stream) {
-  crossentropy_impl<float, true>(losses, logits_to_dlogits, targets, dloss, N, V, Vp, bad_targets,
-                                 stream);
+  typed::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp,
+                                       bad_targets, stream);
 }
 void crossentropy_forward_bf16(float* losses, const uint16_t* logits, const int32_t* targets, int N,
                                int V, int Vp, int* bad_targets, cudaStream_t stream) {
-  crossentropy_impl<Bf16, false>(losses, const_cast<Bf16*>(as_bf16(logits)), targets, 0.0f, N, V,
-                                 Vp, bad_targets, stream);
+  typed::crossentropy_forward(losses, as_bf16(logits), targets, N, V, Vp, bad_targets, stream);
 }
 void crossentropy_softmax_backward_bf16(float* losses, uint16_t* logits_to_dlogits,
                                         const int32_t* targets, float dloss, int N, int V, int Vp,
                                         int* bad_targets, cudaStream_t stream) {
-  crossentropy_impl<Bf16, true>(losses, as_bf16(logits_to_dlogits), targets, dloss, N, V, Vp,
-                                bad_targets, stream);
+  typed::crossentropy_softmax_backward(losses, as_bf16(logits_to_dlogits), targets, dloss, N, V,
+                                       Vp, bad_targets, stream);
 }
 
 void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V,
                   cudaStream_t stream) {
-  if (N <= 0) return;
-  vocab_ce_max_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
-      mx, logits, Vl, valid_columns(Vl, v0, V));
-  DS_CUDA_CHECK_LAUNCH("vocab_ce_max_kernel");
+  typed::vocab_ce_max(mx, logits, N, Vl, v0, V, stream);
 }
 void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
                    const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream) {
-  if (N <= 0) return;
-  vocab_ce_sums_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
-      sumexp, tlogit, logits, mx, targets, Vl, v0, valid_columns(Vl, v0, V));
-  DS_CUDA_CHECK_LAUNCH("vocab_ce_sums_kernel");
+  typed::vocab_ce_sums(sumexp, tlogit, logits, mx, targets, N, Vl, v0, V, stream);
 }
 void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx, const float* sumexp,
                      const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
                      int v0, int V, cudaStream_t stream) {
-  if (N <= 0) return;
-  vocab_ce_finish_kernel<<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
-      losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, Vl, v0,
-      valid_columns(Vl, v0, V));
-  DS_CUDA_CHECK_LAUNCH("vocab_ce_finish_kernel");
+  typed::vocab_ce_finish(losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl, v0,
+                         V, stream);
 }
 
 }  // namespace ds::rt::cuda

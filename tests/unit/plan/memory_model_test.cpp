@@ -55,38 +55,38 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   l.zero_stage = 3;
   l.micro_batch = 2;
   l.precision = Precision::kBf16;
-  l.device = DeviceKind::kCuda;  // bf16 values in fp32 buffers, as on the CPU
+  l.device = DeviceKind::kCuda;  // bf16 buffers (2 bytes), as on the CPU
   auto r = plan_memory(tiny(), l).ranks[0];
   // partition: stride = ceil(1920 / 2) = 960 (a multiple of 16); every unit is below the
   // persistence threshold (1e5), so all 1920 elements stay resident besides the shard
-  EXPECT_EQ(r.params, (960 + 1920) * 4);
+  EXPECT_EQ(r.params, (960 + 1920) * 2);
   // grads: partition 960 + one bucket of max(872, min(5e8, 32 + 872 + 872 + 16 = 1792)) + wte 128
-  EXPECT_EQ(r.grads, (960 + 1792 + 128) * 4);
+  EXPECT_EQ(r.grads, (960 + 1792 + 128) * 2);
   EXPECT_EQ(r.optimizer, 960 * 12);  // m, v and the fp32 master copy
   // receive buffers: min(1792, 960) + min(128, 960)
-  EXPECT_EQ(r.comm, (960 + 128) * 4);
+  EXPECT_EQ(r.comm, (960 + 128) * 2);
   // no persistence, no prefetch: wte + wpe + lnf gathered once each, one layer buffer
   l.stage3_param_persistence_threshold = 0;
   l.stage3_prefetch_bucket_size = 0;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 4);
+  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 2);
   // prefetch room for one layer: two layer buffers
   l.stage3_prefetch_bucket_size = 872;
-  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, (960 + 176 + 2 * 872) * 4);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, (960 + 176 + 2 * 872) * 2);
   // overlap_comm: two buckets and two receive buffers
   l.overlap_comm = true;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.grads, (960 + 2 * 1792 + 128) * 4);
-  EXPECT_EQ(r.comm, (2 * 960 + 128) * 4);
+  EXPECT_EQ(r.grads, (960 + 2 * 1792 + 128) * 2);
+  EXPECT_EQ(r.comm, (2 * 960 + 128) * 2);
   l.overlap_comm = false;
   l.stage3_prefetch_bucket_size = 0;
-  // offload_optimizer: m, v, an fp32 master and the gradients for the CPU's AdamW in pinned host
-  // memory (16 B per partition element), nothing of the optimizer on the GPU
+  // offload_optimizer: m, v, an fp32 master and the bf16 gradients for the CPU's AdamW in pinned
+  // host memory (14 B per partition element), nothing of the optimizer on the GPU
   l.offload_optimizer = true;
   r = plan_memory(tiny(), l).ranks[0];
-  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 4);
+  EXPECT_EQ(r.params, (960 + 128 + 32 + 16 + 872) * 2);
   EXPECT_EQ(r.optimizer, 0);
-  EXPECT_EQ(r.cpu, 960 * 16);
+  EXPECT_EQ(r.cpu, 960 * 14);
   // offload_param: the runtime does not offload ZeRO-3 partitions on a GPU, so the plan refuses
   l.offload_param = true;
   try {
@@ -109,8 +109,17 @@ TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].grads, 1920 * 4);
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, 1920 * 2);
   l.grad_precision.reset();
-  l.device = DeviceKind::kCuda;  // the GPU keeps fp32 buffers
+  l.device = DeviceKind::kCuda;  // bf16 buffers on the GPU too
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, 1920 * 2);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].grads, 1920 * 2);
+  l.grad_precision = Precision::kFp32;
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].grads, 1920 * 4);
+  l.grad_precision.reset();
+  l.precision = Precision::kFp16;  // no fp16 CUDA kernels: fp32 buffers on the GPU
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].params, 1920 * 4);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].grads, 1920 * 4);
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].optimizer, 1920 * 12);  // the runtime keeps a master
+  l.precision = Precision::kBf16;
   l.device = DeviceKind::kCpu;
   l.zero_stage = 1;
   l.offload_optimizer = true;  // host memory is the device memory: nothing moves
