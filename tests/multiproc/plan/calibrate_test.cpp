@@ -73,9 +73,14 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
   }
   EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "send_recv"}));
   EXPECT_GT(f.cal.optimizer_rate, 0);
+  // The fixed cost per step: measured (the config's own layout as a job), never negative.
+  EXPECT_GE(f.cal.step_overhead, 0);
+  EXPECT_NE(r.out.find("fixed cost per step (the config's own layout, measured less modelled)"), std::string::npos)
+      << r.out;
 
   r = test::run_command(test::dstrain() + " plan --recommend --config " + cfg + " --world-size 2 --gpu-mem 1GiB" +
-                        " --threads 1 --calibration " + calib + " --measure --top 2 --measure-steps 2 --json");
+                        " --threads 1 --calibration " + calib +
+                        " --measure --top 2 --measure-steps 2 --measure-shuffle --measure-passes 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
   const auto j = nlohmann::json::parse(r.out);
   EXPECT_EQ(j["calibration"]["measured"], true);
@@ -87,6 +92,10 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
     ASSERT_TRUE(e["measured_ms"].is_number()) << e.dump() << r.err;
     EXPECT_GT(e["measured_ms"].get<double>(), 0);
   }
+  // Two passes: every layout ran twice.
+  size_t runs = 0;
+  for (size_t at = r.err.find("measuring "); at != std::string::npos; at = r.err.find("measuring ", at + 1)) ++runs;
+  EXPECT_EQ(runs, 4u) << r.err;
 }
 
 }  // namespace
