@@ -12,11 +12,13 @@ namespace ds::rt::cpu {
 namespace {
 // Below this many elements the OpenMP fork/join costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
-}  // namespace
 
-void adamw_update(const kern::AdamWStep& s, float* __restrict params, const float* __restrict grads,
-                  float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n,
-                  bool decay) {
+// The one AdamW loop: G gradients, and the updated fp32 value rounded into S (params_out null:
+// none). fp32 training is G = S = float without params_out (adamw_update).
+template <typename G, typename S>
+void adamw_update_mixed(const kern::AdamWStep& s, float* __restrict params, const G* __restrict grads,
+                        float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n, bool decay,
+                        S* __restrict params_out) {
   const float b1 = s.beta1, b2 = s.beta2, one_b1 = s.one_minus_beta1, one_b2 = s.one_minus_beta2;
   const float eps = s.eps, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
   const float gs = s.grad_scale;
@@ -26,7 +28,7 @@ void adamw_update(const kern::AdamWStep& s, float* __restrict params, const floa
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
   for (int64_t i = 0; i < n; ++i) {
     float p = params[i];
-    float g = grads[i] * gs;
+    float g = to_f32(grads[i]) * gs;
     if (l2) g += wd * p;
     if (decoupled) p *= decay_factor;
     const float m = b1 * exp_avg[i] + one_b1 * g;
@@ -34,8 +36,16 @@ void adamw_update(const kern::AdamWStep& s, float* __restrict params, const floa
     exp_avg[i] = m;
     exp_avg_sq[i] = v;
     const float denom = std::sqrt(v) / bc2_sqrt + eps;
-    params[i] = p - step_size * (m / denom);
+    p = p - step_size * (m / denom);
+    params[i] = p;
+    if (params_out != nullptr) params_out[i] = from_f32<S>(p);
   }
+}
+}  // namespace
+
+void adamw_update(const kern::AdamWStep& s, float* params, const float* grads, float* exp_avg,
+                  float* exp_avg_sq, int64_t n, bool decay) {
+  adamw_update_mixed<float, float>(s, params, grads, exp_avg, exp_avg_sq, n, decay, nullptr);
 }
 
 void for_each_decay_run(int64_t begin, int64_t count, std::span<const kern::DecayRange> decay,
@@ -75,35 +85,6 @@ void adamw_update_partition(const kern::AdamWStep& s, float* params, const float
   });
 }
 
-namespace {
-// adamw_update with G gradients and the rounded copy into S (null: none).
-template <typename G, typename S>
-void adamw_update_mixed(const kern::AdamWStep& s, float* __restrict params, const G* __restrict grads,
-                        float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n, bool decay,
-                        S* __restrict params_out) {
-  const float b1 = s.beta1, b2 = s.beta2, one_b1 = s.one_minus_beta1, one_b2 = s.one_minus_beta2;
-  const float eps = s.eps, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
-  const float gs = s.grad_scale;
-  const bool decoupled = decay && s.adam_w_mode && s.weight_decay != 0.0f;
-  const bool l2 = decay && !s.adam_w_mode && s.weight_decay != 0.0f;
-  const float decay_factor = s.decay_factor, wd = s.weight_decay;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t i = 0; i < n; ++i) {
-    float p = params[i];
-    float g = to_f32(grads[i]) * gs;
-    if (l2) g += wd * p;
-    if (decoupled) p *= decay_factor;
-    const float m = b1 * exp_avg[i] + one_b1 * g;
-    const float v = b2 * exp_avg_sq[i] + one_b2 * (g * g);
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    const float denom = std::sqrt(v) / bc2_sqrt + eps;
-    p = p - step_size * (m / denom);
-    params[i] = p;
-    if (params_out != nullptr) params_out[i] = from_f32<S>(p);
-  }
-}
-}  // namespace
 
 template <typename G, typename S>
 void adamw_update_partition_mixed(const kern::AdamWStep& s, float* params, const G* grads, float* exp_avg,
