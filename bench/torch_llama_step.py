@@ -17,12 +17,15 @@ attention softmax runs in fp32 (eager_attention_forward's softmax(dtype=float32)
 Not here: HF's KV cache, dropout (attention_dropout 0), padding masks; the golden model's float64
 check (make_llama_golden.py)."""
 import argparse
-import statistics
-import time
+import os
+import sys
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_step import time_steps  # noqa: E402  the same timed loop as the GPT-2 peer
 
 CONFIGS = {  # L, NH, KV, C, I, V, maxT, B, T
     "L": (4, 4, 2, 256, 704, 4096, 128, 8, 128),
@@ -121,28 +124,9 @@ def main():
     torch.manual_seed(0)
     L, NH, KV, C, I, V, maxT, B, T = CONFIGS[a.config]
     model = Llama(L, NH, KV, C, I, V, maxT)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     idx = torch.randint(0, V, (B, T))
     tgt = torch.roll(idx, -1, 1)
-    times, cpu = [], []
-    for s in range(a.warmup + a.steps):
-        c0 = time.process_time()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        if a.precision == "bf16":
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = model(idx, tgt)
-        else:
-            loss = model(idx, tgt)
-        loss.backward()
-        opt.step()
-        if s >= a.warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-            cpu.append((time.process_time() - c0) * 1e3)
-    n = sum(p.numel() for p in model.parameters())
-    print(f"torch {a.config}-{a.precision} ms_per_step {statistics.median(times):.1f} "
-          f"cpu_ms_per_step {statistics.median(cpu):.1f} params {n / 1e6:.2f}M "
-          f"loss {loss.item():.4f} threads {torch.get_num_threads()}")
+    time_steps(model, idx, tgt, a)
 
 
 if __name__ == "__main__":

@@ -83,9 +83,16 @@ def main():
     torch.manual_seed(0)
     L, NH, C, V, maxT, B, T = CONFIGS[a.config]
     model = GPT(L, NH, C, V, maxT)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     idx = torch.randint(0, V, (B, T))
     tgt = torch.roll(idx, -1, 1)
+    time_steps(model, idx, tgt, a)
+
+
+def time_steps(model, idx, tgt, a):
+    """The timed steps (zero_grad, forward and loss, backward, AdamW) of `model` on one batch, as
+    both peers run them; prints the line step_bench reads. `a`: the parsed arguments (config,
+    precision, steps, warmup)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.0)
     times, cpu = [], []
     for s in range(a.warmup + a.steps):
         c0 = time.process_time()
