@@ -9,12 +9,14 @@
 namespace ds::rt::kern {
 
 // Every entry point of kernels/cuda/llama_kernels.h, by name.
-#define DS_CUDA_LLAMA_KERNEL_ENTRIES(X)                                                              \
-  X(rmsnorm_forward) X(rmsnorm_backward) X(rmsnorm_forward_bf16) X(rmsnorm_backward_bf16)            \
-  X(rmsnorm_backward_bf16_gbf16) X(rope_forward) X(rope_backward) X(rope_forward_bf16)               \
-  X(rope_backward_bf16) X(swiglu_forward) X(swiglu_backward) X(swiglu_forward_bf16)                  \
-  X(swiglu_backward_bf16) X(attention_gqa_forward) X(attention_gqa_backward)                         \
+// clang-format off
+#define DS_CUDA_LLAMA_KERNEL_ENTRIES(X)                                                    \
+  X(rmsnorm_forward) X(rmsnorm_backward) X(rmsnorm_forward_bf16) X(rmsnorm_backward_bf16)  \
+  X(rmsnorm_backward_bf16_gbf16) X(rope_forward) X(rope_backward) X(rope_forward_bf16)     \
+  X(rope_backward_bf16) X(swiglu_forward) X(swiglu_backward) X(swiglu_forward_bf16)        \
+  X(swiglu_backward_bf16) X(attention_gqa_forward) X(attention_gqa_backward)               \
   X(attention_gqa_forward_bf16) X(attention_gqa_backward_bf16)
+// clang-format on
 
 struct LlamaCudaKernels {
 #define DS_CUDA_LLAMA_TABLE_MEMBER(name) decltype(&cuda::name) name;

@@ -28,71 +28,94 @@ namespace ds::rt::kern::llama {
 namespace detail {
 
 [[noreturn]] inline void no_cuda(const char* what, DType s, DType g) {
-  throw invalid_usage("{}: no CUDA kernel for {} storage with {} gradients: the Llama kernels run on CUDA at fp32 "
-                      "or bf16 storage (train in fp32 or bf16 on CUDA, or fp16 on the CPU)",
-                      what, dtype_name(s), dtype_name(g));
+  throw invalid_usage(
+      "{}: no CUDA kernel for {} storage with {} gradients: the Llama kernels run on CUDA at fp32 "
+      "or bf16 storage (train in fp32 or bf16 on CUDA, or fp16 on the CPU)",
+      what, dtype_name(s), dtype_name(g));
 }
 template <typename S>
 inline constexpr bool kIsF32 = std::is_same_v<S, float>;
 template <typename S>
 inline constexpr bool kIsBf16 = std::is_same_v<S, bf16>;
 // bf16 storage as the module's uint16_t bits.
-inline uint16_t* bits(bf16* p) { return reinterpret_cast<uint16_t*>(p); }
-inline const uint16_t* bits(const bf16* p) { return reinterpret_cast<const uint16_t*>(p); }
-inline const LlamaCudaKernels& cu() { return llama_cuda_kernels(); }
+inline uint16_t* bits(bf16* p) {
+  return reinterpret_cast<uint16_t*>(p);
+}
+inline const uint16_t* bits(const bf16* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+inline const LlamaCudaKernels& cu() {
+  return llama_cuda_kernels();
+}
 
 }  // namespace detail
 
-// ---- typed kernels: the CPU template, or inside a CUDA scope the module's twin -------------------
+// ---- typed kernels: the CPU template, or inside a CUDA scope the module's twin ----------------
 
 template <typename S>
-void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps) {
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
+                     float eps) {
   using namespace detail;
   if (on_cuda()) {
-    if constexpr (kIsF32<S>) return cu().rmsnorm_forward(out, rstd, inp, weight, N, C, eps, cuda_stream());
-    else if constexpr (kIsBf16<S>) {
-      return cu().rmsnorm_forward_bf16(bits(out), rstd, bits(inp), bits(weight), N, C, eps, cuda_stream());
-    } else no_cuda("rmsnorm_forward", dtype_of<S>, dtype_of<S>);
+    if constexpr (kIsF32<S>) {
+      return cu().rmsnorm_forward(out, rstd, inp, weight, N, C, eps, cuda_stream());
+    } else if constexpr (kIsBf16<S>) {
+      return cu().rmsnorm_forward_bf16(bits(out), rstd, bits(inp), bits(weight), N, C, eps,
+                                       cuda_stream());
+    } else {
+      no_cuda("rmsnorm_forward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::rmsnorm_forward(out, rstd, inp, weight, N, C, eps);
 }
 template <typename S, typename G>
-void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
-                      int64_t N, int C) {
+void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
+                      const float* rstd, int64_t N, int C) {
   using namespace detail;
   if (on_cuda()) {
     if constexpr (kIsF32<S> && kIsF32<G>) {
       return cu().rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C, cuda_stream());
     } else if constexpr (kIsBf16<S> && kIsF32<G>) {
-      return cu().rmsnorm_backward_bf16(bits(dinp), dweight, bits(dout), bits(inp), bits(weight), rstd, N, C,
-                                        cuda_stream());
+      return cu().rmsnorm_backward_bf16(bits(dinp), dweight, bits(dout), bits(inp), bits(weight),
+                                        rstd, N, C, cuda_stream());
     } else if constexpr (kIsBf16<S> && kIsBf16<G>) {
-      return cu().rmsnorm_backward_bf16_gbf16(bits(dinp), bits(dweight), bits(dout), bits(inp), bits(weight), rstd,
-                                              N, C, cuda_stream());
-    } else no_cuda("rmsnorm_backward", dtype_of<S>, dtype_of<G>);
+      return cu().rmsnorm_backward_bf16_gbf16(bits(dinp), bits(dweight), bits(dout), bits(inp),
+                                              bits(weight), rstd, N, C, cuda_stream());
+    } else {
+      no_cuda("rmsnorm_backward", dtype_of<S>, dtype_of<G>);
+    }
   }
   cpu::rmsnorm_backward(dinp, dweight, dout, inp, weight, rstd, N, C);
 }
 template <typename S>
-void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride, int offset) {
+void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset) {
   using namespace detail;
   if (on_cuda()) {
-    if constexpr (kIsF32<S>) return cu().rope_forward(x, cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
-    else if constexpr (kIsBf16<S>) {
-      return cu().rope_forward_bf16(bits(x), cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
-    } else no_cuda("rope_forward", dtype_of<S>, dtype_of<S>);
+    if constexpr (kIsF32<S>) {
+      return cu().rope_forward(x, cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
+    } else if constexpr (kIsBf16<S>) {
+      return cu().rope_forward_bf16(bits(x), cos, sin, B, T, heads, hd, stride, offset,
+                                    cuda_stream());
+    } else {
+      no_cuda("rope_forward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::rope_forward(x, cos, sin, B, T, heads, hd, stride, offset);
 }
 template <typename S>
-void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                   int offset) {
+void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset) {
   using namespace detail;
   if (on_cuda()) {
-    if constexpr (kIsF32<S>) return cu().rope_backward(dx, cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
-    else if constexpr (kIsBf16<S>) {
-      return cu().rope_backward_bf16(bits(dx), cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
-    } else no_cuda("rope_backward", dtype_of<S>, dtype_of<S>);
+    if constexpr (kIsF32<S>) {
+      return cu().rope_backward(dx, cos, sin, B, T, heads, hd, stride, offset, cuda_stream());
+    } else if constexpr (kIsBf16<S>) {
+      return cu().rope_backward_bf16(bits(dx), cos, sin, B, T, heads, hd, stride, offset,
+                                     cuda_stream());
+    } else {
+      no_cuda("rope_backward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::rope_backward(dx, cos, sin, B, T, heads, hd, stride, offset);
 }
@@ -100,9 +123,13 @@ template <typename S>
 void swiglu_forward(S* out, const S* gu, int64_t N, int I) {
   using namespace detail;
   if (on_cuda()) {
-    if constexpr (kIsF32<S>) return cu().swiglu_forward(out, gu, N, I, cuda_stream());
-    else if constexpr (kIsBf16<S>) return cu().swiglu_forward_bf16(bits(out), bits(gu), N, I, cuda_stream());
-    else no_cuda("swiglu_forward", dtype_of<S>, dtype_of<S>);
+    if constexpr (kIsF32<S>) {
+      return cu().swiglu_forward(out, gu, N, I, cuda_stream());
+    } else if constexpr (kIsBf16<S>) {
+      return cu().swiglu_forward_bf16(bits(out), bits(gu), N, I, cuda_stream());
+    } else {
+      no_cuda("swiglu_forward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::swiglu_forward(out, gu, N, I);
 }
@@ -110,79 +137,94 @@ template <typename S>
 void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I) {
   using namespace detail;
   if (on_cuda()) {
-    if constexpr (kIsF32<S>) return cu().swiglu_backward(dgu, dout, gu, N, I, cuda_stream());
-    else if constexpr (kIsBf16<S>) {
+    if constexpr (kIsF32<S>) {
+      return cu().swiglu_backward(dgu, dout, gu, N, I, cuda_stream());
+    } else if constexpr (kIsBf16<S>) {
       return cu().swiglu_backward_bf16(bits(dgu), bits(dout), bits(gu), N, I, cuda_stream());
-    } else no_cuda("swiglu_backward", dtype_of<S>, dtype_of<S>);
+    } else {
+      no_cuda("swiglu_backward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::swiglu_backward(dgu, dout, gu, N, I);
 }
 template <typename S>
-void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV, int hd) {
+void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH,
+                           int KV, int hd) {
   using namespace detail;
   if (on_cuda()) {
     if constexpr (kIsF32<S>) {
       return cu().attention_gqa_forward(out, lse, qkv, scratch, B, T, NH, KV, hd, cuda_stream());
     } else if constexpr (kIsBf16<S>) {
-      return cu().attention_gqa_forward_bf16(bits(out), lse, bits(qkv), scratch, B, T, NH, KV, hd, cuda_stream());
-    } else no_cuda("attention_gqa_forward", dtype_of<S>, dtype_of<S>);
+      return cu().attention_gqa_forward_bf16(bits(out), lse, bits(qkv), scratch, B, T, NH, KV, hd,
+                                             cuda_stream());
+    } else {
+      no_cuda("attention_gqa_forward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::attention_gqa_forward(out, lse, qkv, scratch, B, T, NH, KV, hd);
 }
 template <typename S>
-void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, float* scratch,
-                            int B, int T, int NH, int KV, int hd) {
+void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                            float* scratch, int B, int T, int NH, int KV, int hd) {
   using namespace detail;
   if (on_cuda()) {
     if constexpr (kIsF32<S>) {
-      return cu().attention_gqa_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd, cuda_stream());
+      return cu().attention_gqa_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd,
+                                         cuda_stream());
     } else if constexpr (kIsBf16<S>) {
-      return cu().attention_gqa_backward_bf16(bits(dqkv), bits(dout), bits(qkv), bits(out), lse, scratch, B, T, NH,
-                                              KV, hd, cuda_stream());
-    } else no_cuda("attention_gqa_backward", dtype_of<S>, dtype_of<S>);
+      return cu().attention_gqa_backward_bf16(bits(dqkv), bits(dout), bits(qkv), bits(out), lse,
+                                              scratch, B, T, NH, KV, hd, cuda_stream());
+    } else {
+      no_cuda("attention_gqa_backward", dtype_of<S>, dtype_of<S>);
+    }
   }
   cpu::attention_gqa_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd);
 }
 
-// ---- TypedPtr buffers -------------------------------------------------------------------------
+// ---- TypedPtr buffers ------------------------------------------------------------------------
 
-inline void rmsnorm_forward(TypedPtr out, float* rstd, TypedPtr inp, TypedPtr weight, int64_t N, int C, float eps) {
-  DS_TYPED_CALL("rmsnorm_forward", out.dtype, out.dtype,
-                llama::rmsnorm_forward(DS_AS(S, out), rstd, DS_AS(S, inp), DS_AS(S, weight), N, C, eps));
+inline void rmsnorm_forward(TypedPtr out, float* rstd, TypedPtr inp, TypedPtr weight, int64_t N,
+                            int C, float eps) {
+  DS_TYPED_CALL(
+      "rmsnorm_forward", out.dtype, out.dtype,
+      llama::rmsnorm_forward(DS_AS(S, out), rstd, DS_AS(S, inp), DS_AS(S, weight), N, C, eps));
 }
-inline void rmsnorm_backward(TypedPtr dinp, TypedPtr dweight, TypedPtr dout, TypedPtr inp, TypedPtr weight,
-                             const float* rstd, int64_t N, int C) {
+inline void rmsnorm_backward(TypedPtr dinp, TypedPtr dweight, TypedPtr dout, TypedPtr inp,
+                             TypedPtr weight, const float* rstd, int64_t N, int C) {
   DS_TYPED_CALL("rmsnorm_backward", dinp.dtype, dweight.dtype,
-                llama::rmsnorm_backward(DS_AS(S, dinp), DS_AS(G, dweight), DS_AS(S, dout), DS_AS(S, inp),
-                                        DS_AS(S, weight), rstd, N, C));
+                llama::rmsnorm_backward(DS_AS(S, dinp), DS_AS(G, dweight), DS_AS(S, dout),
+                                        DS_AS(S, inp), DS_AS(S, weight), rstd, N, C));
 }
-inline void rope_forward(TypedPtr x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                         int offset) {
+inline void rope_forward(TypedPtr x, const float* cos, const float* sin, int B, int T, int heads,
+                         int hd, int stride, int offset) {
   DS_TYPED_CALL("rope_forward", x.dtype, x.dtype,
                 llama::rope_forward(DS_AS(S, x), cos, sin, B, T, heads, hd, stride, offset));
 }
-inline void rope_backward(TypedPtr dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                          int stride, int offset) {
+inline void rope_backward(TypedPtr dx, const float* cos, const float* sin, int B, int T, int heads,
+                          int hd, int stride, int offset) {
   DS_TYPED_CALL("rope_backward", dx.dtype, dx.dtype,
                 llama::rope_backward(DS_AS(S, dx), cos, sin, B, T, heads, hd, stride, offset));
 }
 inline void swiglu_forward(TypedPtr out, TypedPtr gu, int64_t N, int I) {
-  DS_TYPED_CALL("swiglu_forward", out.dtype, out.dtype, llama::swiglu_forward(DS_AS(S, out), DS_AS(S, gu), N, I));
+  DS_TYPED_CALL("swiglu_forward", out.dtype, out.dtype,
+                llama::swiglu_forward(DS_AS(S, out), DS_AS(S, gu), N, I));
 }
 inline void swiglu_backward(TypedPtr dgu, TypedPtr dout, TypedPtr gu, int64_t N, int I) {
   DS_TYPED_CALL("swiglu_backward", dgu.dtype, dgu.dtype,
                 llama::swiglu_backward(DS_AS(S, dgu), DS_AS(S, dout), DS_AS(S, gu), N, I));
 }
-inline void attention_gqa_forward(TypedPtr out, float* lse, TypedPtr qkv, float* scratch, int B, int T, int NH,
-                                  int KV, int hd) {
-  DS_TYPED_CALL("attention_gqa_forward", out.dtype, out.dtype,
-                llama::attention_gqa_forward(DS_AS(S, out), lse, DS_AS(S, qkv), scratch, B, T, NH, KV, hd));
+inline void attention_gqa_forward(TypedPtr out, float* lse, TypedPtr qkv, float* scratch, int B,
+                                  int T, int NH, int KV, int hd) {
+  DS_TYPED_CALL(
+      "attention_gqa_forward", out.dtype, out.dtype,
+      llama::attention_gqa_forward(DS_AS(S, out), lse, DS_AS(S, qkv), scratch, B, T, NH, KV, hd));
 }
-inline void attention_gqa_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse,
-                                   float* scratch, int B, int T, int NH, int KV, int hd) {
+inline void attention_gqa_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out,
+                                   const float* lse, float* scratch, int B, int T, int NH, int KV,
+                                   int hd) {
   DS_TYPED_CALL("attention_gqa_backward", dqkv.dtype, dqkv.dtype,
-                llama::attention_gqa_backward(DS_AS(S, dqkv), DS_AS(S, dout), DS_AS(S, qkv), DS_AS(S, out), lse,
-                                              scratch, B, T, NH, KV, hd));
+                llama::attention_gqa_backward(DS_AS(S, dqkv), DS_AS(S, dout), DS_AS(S, qkv),
+                                              DS_AS(S, out), lse, scratch, B, T, NH, KV, hd));
 }
 
 }  // namespace ds::rt::kern::llama

@@ -37,8 +37,8 @@ constexpr int kRegs = kMaxHeadSize / 32;
 // ---- RMSNorm ----
 
 template <typename S>
-__global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* inp, const S* weight, int64_t rows, int C,
-                                       float eps) {
+__global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* inp, const S* weight,
+                                       int64_t rows, int C, float eps) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (r >= rows) return;
@@ -74,13 +74,14 @@ __global__ void rmsnorm_backward_dinp_kernel(S* dinp, const S* dout, const S* in
 
 // Block (32, 8): threadIdx.x picks the channel in a group of 32, threadIdx.y strides the rows.
 template <typename S, typename G>
-__global__ void rmsnorm_backward_dweight_kernel(G* dweight, const S* dout, const S* inp, const float* rstd,
-                                                int64_t rows, int C) {
+__global__ void rmsnorm_backward_dweight_kernel(G* dweight, const S* dout, const S* inp,
+                                                const float* rstd, int64_t rows, int C) {
   __shared__ float sw[8][32];
   const int c = blockIdx.x * 32 + threadIdx.x;
   float dw = 0.0f;
   if (c < C) {
-    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) dw += ld(dout + r * C + c) * ld(inp + r * C + c) * rstd[r];
+    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y)
+      dw += ld(dout + r * C + c) * ld(inp + r * C + c) * rstd[r];
   }
   sw[threadIdx.y][threadIdx.x] = dw;
   __syncthreads();
@@ -91,22 +92,23 @@ __global__ void rmsnorm_backward_dweight_kernel(G* dweight, const S* dout, const
 }
 
 template <typename S>
-void rmsnorm_forward_impl(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps,
-                          cudaStream_t stream) {
+void rmsnorm_forward_impl(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
+                          float eps, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  rmsnorm_forward_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(out, rstd, inp, weight, N,
-                                                                                         C, eps);
+  rmsnorm_forward_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
+      out, rstd, inp, weight, N, C, eps);
   DS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
 
 template <typename S, typename G>
-void rmsnorm_backward_impl(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
-                           int64_t N, int C, cudaStream_t stream) {
+void rmsnorm_backward_impl(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
+                           const float* rstd, int64_t N, int C, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  rmsnorm_backward_dinp_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp,
-                                                                                               weight, rstd, N, C);
+  rmsnorm_backward_dinp_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
+      dinp, dout, inp, weight, rstd, N, C);
   DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dinp_kernel");
-  rmsnorm_backward_dweight_kernel<S, G><<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(dweight, dout, inp, rstd, N, C);
+  rmsnorm_backward_dweight_kernel<S, G>
+      <<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(dweight, dout, inp, rstd, N, C);
   DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dweight_kernel");
 }
 
@@ -121,7 +123,8 @@ struct RopeShape {
 template <typename S>
 __global__ void rope_kernel(S* x, const float* cos, const float* sin, RopeShape sh, float sign) {
   const int h2 = sh.hd / 2;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < sh.pairs; i += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < sh.pairs;
+       i += int64_t{gridDim.x} * blockDim.x) {
     const int p = static_cast<int>(i % h2);
     const int64_t rh = i / h2;
     const int h = static_cast<int>(rh % sh.heads);
@@ -138,28 +141,33 @@ __global__ void rope_kernel(S* x, const float* cos, const float* sin, RopeShape 
 void check_rope(int hd, const char* what) {
   if (hd <= 0 || hd % 2 != 0) {
     throw_cuda_error(what, "shape check", __FILE__, __LINE__, 0,
-                     ("the head size must be even and positive (RoPE rotates pairs); got hd=" + std::to_string(hd))
+                     ("the head size must be even and positive (RoPE rotates pairs); got hd=" +
+                      std::to_string(hd))
                          .c_str());
   }
 }
 
 template <typename S>
-void rope_impl(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride, int offset,
-               float sign, cudaStream_t stream) {
+void rope_impl(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+               int stride, int offset, float sign, cudaStream_t stream) {
   check_rope(hd, sign > 0 ? "rope_forward" : "rope_backward");
   const RopeShape sh{T, heads, hd, stride, offset, int64_t{B} * T * heads * (hd / 2)};
   if (sh.pairs <= 0) return;
-  rope_kernel<S><<<elementwise_blocks(sh.pairs, kThreads), kThreads, 0, stream>>>(x, cos, sin, sh, sign);
+  rope_kernel<S>
+      <<<elementwise_blocks(sh.pairs, kThreads), kThreads, 0, stream>>>(x, cos, sin, sh, sign);
   DS_CUDA_CHECK_LAUNCH("rope_kernel");
 }
 
 // ---- SwiGLU ----
 
-__device__ inline float sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+__device__ inline float sigmoid(float g) {
+  return 1.0f / (1.0f + expf(-g));
+}
 
 template <typename S>
 __global__ void swiglu_forward_kernel(S* out, const S* gu, int64_t n, int I) {
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n; k += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = k / I;
     const int i = static_cast<int>(k % I);
     const S* g = gu + row * 2 * I;
@@ -170,7 +178,8 @@ __global__ void swiglu_forward_kernel(S* out, const S* gu, int64_t n, int I) {
 
 template <typename S>
 __global__ void swiglu_backward_kernel(S* dgu, const S* dout, const S* gu, int64_t n, int I) {
-  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n; k += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t k = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; k < n;
+       k += int64_t{gridDim.x} * blockDim.x) {
     const int64_t row = k / I;
     const int i = static_cast<int>(k % I);
     const S* g = gu + row * 2 * I;
@@ -191,10 +200,12 @@ void swiglu_forward_impl(S* out, const S* gu, int64_t N, int I, cudaStream_t str
 }
 
 template <typename S>
-void swiglu_backward_impl(S* dgu, const S* dout, const S* gu, int64_t N, int I, cudaStream_t stream) {
+void swiglu_backward_impl(S* dgu, const S* dout, const S* gu, int64_t N, int I,
+                          cudaStream_t stream) {
   const int64_t n = N * I;
   if (n <= 0) return;
-  swiglu_backward_kernel<S><<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(dgu, dout, gu, n, I);
+  swiglu_backward_kernel<S>
+      <<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(dgu, dout, gu, n, I);
   DS_CUDA_CHECK_LAUNCH("swiglu_backward_kernel");
 }
 
@@ -213,10 +224,11 @@ struct GqaShape {
 
 GqaShape make_gqa_shape(int B, int T, int NH, int KV, int hd, const char* what) {
   if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0 || hd > kMaxHeadSize) {
-    throw_cuda_error(what, "shape check", __FILE__, __LINE__, 0,
-                     ("need NH a positive multiple of KV and 0 < hd <= 256; got NH=" + std::to_string(NH) +
-                      " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd))
-                         .c_str());
+    throw_cuda_error(
+        what, "shape check", __FILE__, __LINE__, 0,
+        ("need NH a positive multiple of KV and 0 < hd <= 256; got NH=" + std::to_string(NH) +
+         " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd))
+            .c_str());
   }
   return GqaShape{B, T, NH, KV, hd, 1.0f / sqrtf(static_cast<float>(hd))};
 }
@@ -272,8 +284,8 @@ __global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh
 }
 
 template <typename S>
-__global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                                       GqaShape sh) {
+__global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                       const float* lse, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -326,8 +338,8 @@ __global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, con
 }
 
 template <typename S>
-__global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                                        GqaShape sh) {
+__global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                        const float* lse, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.KV * sh.T) return;
@@ -392,25 +404,27 @@ __global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, co
 }
 
 template <typename S>
-void gqa_forward_impl(S* out, float* lse, const S* qkv, int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
+void gqa_forward_impl(S* out, float* lse, const S* qkv, int B, int T, int NH, int KV, int hd,
+                      cudaStream_t stream) {
   const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_forward");
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
-  gqa_forward_kernel<S><<<blocks_for(rows * 32, kAttThreads), kAttThreads, 0, stream>>>(out, lse, qkv, sh);
+  gqa_forward_kernel<S>
+      <<<blocks_for(rows * 32, kAttThreads), kAttThreads, 0, stream>>>(out, lse, qkv, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_forward_kernel");
 }
 
 template <typename S>
-void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B, int T, int NH,
-                       int KV, int hd, cudaStream_t stream) {
+void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B,
+                       int T, int NH, int KV, int hd, cudaStream_t stream) {
   const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_backward");
   const int64_t qrows = int64_t{B} * NH * T, kvrows = int64_t{B} * KV * T;
   if (qrows <= 0) return;
-  gqa_backward_dq_kernel<S><<<blocks_for(qrows * 32, kAttThreads), kAttThreads, 0, stream>>>(dqkv, dout, qkv, out,
-                                                                                            lse, sh);
+  gqa_backward_dq_kernel<S><<<blocks_for(qrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
+      dqkv, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_backward_dq_kernel");
-  gqa_backward_dkv_kernel<S><<<blocks_for(kvrows * 32, kAttThreads), kAttThreads, 0, stream>>>(dqkv, dout, qkv, out,
-                                                                                              lse, sh);
+  gqa_backward_dkv_kernel<S><<<blocks_for(kvrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
+      dqkv, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_backward_dkv_kernel");
 }
 
@@ -418,49 +432,54 @@ void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const
 
 // ---- the entry points (llama_kernels.h) ----
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int C, float eps,
-                     cudaStream_t stream) {
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int C, float eps, cudaStream_t stream) {
   rmsnorm_forward_impl(out, rstd, inp, weight, N, C, eps, stream);
 }
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int64_t N, int C, cudaStream_t stream) {
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int C,
+                      cudaStream_t stream) {
   rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }
-void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const uint16_t* inp, const uint16_t* weight, int64_t N, int C,
-                          float eps, cudaStream_t stream) {
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const uint16_t* inp, const uint16_t* weight,
+                          int64_t N, int C, float eps, cudaStream_t stream) {
   rmsnorm_forward_impl(as_bf16(out), rstd, as_bf16(inp), as_bf16(weight), N, C, eps, stream);
 }
-void rmsnorm_backward_bf16(uint16_t* dinp, float* dweight, const uint16_t* dout, const uint16_t* inp,
-                           const uint16_t* weight, const float* rstd, int64_t N, int C, cudaStream_t stream) {
-  rmsnorm_backward_impl(as_bf16(dinp), dweight, as_bf16(dout), as_bf16(inp), as_bf16(weight), rstd, N, C, stream);
+void rmsnorm_backward_bf16(uint16_t* dinp, float* dweight, const uint16_t* dout,
+                           const uint16_t* inp, const uint16_t* weight, const float* rstd,
+                           int64_t N, int C, cudaStream_t stream) {
+  rmsnorm_backward_impl(as_bf16(dinp), dweight, as_bf16(dout), as_bf16(inp), as_bf16(weight), rstd,
+                        N, C, stream);
 }
-void rmsnorm_backward_bf16_gbf16(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout, const uint16_t* inp,
-                                 const uint16_t* weight, const float* rstd, int64_t N, int C, cudaStream_t stream) {
-  rmsnorm_backward_impl(as_bf16(dinp), as_bf16(dweight), as_bf16(dout), as_bf16(inp), as_bf16(weight), rstd, N, C,
-                        stream);
+void rmsnorm_backward_bf16_gbf16(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
+                                 const uint16_t* inp, const uint16_t* weight, const float* rstd,
+                                 int64_t N, int C, cudaStream_t stream) {
+  rmsnorm_backward_impl(as_bf16(dinp), as_bf16(dweight), as_bf16(dout), as_bf16(inp),
+                        as_bf16(weight), rstd, N, C, stream);
 }
 
-void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                  int offset, cudaStream_t stream) {
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset, cudaStream_t stream) {
   rope_impl(x, cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
 }
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                   int offset, cudaStream_t stream) {
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset, cudaStream_t stream) {
   rope_impl(dx, cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
 }
-void rope_forward_bf16(uint16_t* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                       int offset, cudaStream_t stream) {
+void rope_forward_bf16(uint16_t* x, const float* cos, const float* sin, int B, int T, int heads,
+                       int hd, int stride, int offset, cudaStream_t stream) {
   rope_impl(as_bf16(x), cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
 }
-void rope_backward_bf16(uint16_t* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                        int stride, int offset, cudaStream_t stream) {
+void rope_backward_bf16(uint16_t* dx, const float* cos, const float* sin, int B, int T, int heads,
+                        int hd, int stride, int offset, cudaStream_t stream) {
   rope_impl(as_bf16(dx), cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
 }
 
 void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream) {
   swiglu_forward_impl(out, gu, N, I, stream);
 }
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I, cudaStream_t stream) {
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I,
+                     cudaStream_t stream) {
   swiglu_backward_impl(dgu, dout, gu, N, I, stream);
 }
 void swiglu_forward_bf16(uint16_t* out, const uint16_t* gu, int64_t N, int I, cudaStream_t stream) {
@@ -471,22 +490,24 @@ void swiglu_backward_bf16(uint16_t* dgu, const uint16_t* dout, const uint16_t* g
   swiglu_backward_impl(as_bf16(dgu), as_bf16(dout), as_bf16(gu), N, I, stream);
 }
 
-void attention_gqa_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B, int T, int NH, int KV,
-                           int hd, cudaStream_t stream) {
+void attention_gqa_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B,
+                           int T, int NH, int KV, int hd, cudaStream_t stream) {
   gqa_forward_impl(out, lse, qkv, B, T, NH, KV, hd, stream);
 }
-void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                            float* /*scratch*/, int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
+void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, float* /*scratch*/, int B, int T, int NH, int KV,
+                            int hd, cudaStream_t stream) {
   gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
 }
-void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* /*scratch*/, int B, int T,
-                                int NH, int KV, int hd, cudaStream_t stream) {
+void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* /*scratch*/,
+                                int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
   gqa_forward_impl(as_bf16(out), lse, as_bf16(qkv), B, T, NH, KV, hd, stream);
 }
-void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                                 const float* lse, float* /*scratch*/, int B, int T, int NH, int KV, int hd,
-                                 cudaStream_t stream) {
-  gqa_backward_impl(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), lse, B, T, NH, KV, hd, stream);
+void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                                 const uint16_t* out, const float* lse, float* /*scratch*/, int B,
+                                 int T, int NH, int KV, int hd, cudaStream_t stream) {
+  gqa_backward_impl(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), lse, B, T, NH, KV, hd,
+                    stream);
 }
 
 }  // namespace ds::rt::cuda

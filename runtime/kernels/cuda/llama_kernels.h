@@ -34,39 +34,43 @@ namespace ds::rt::cuda {
 // ---- RMSNorm: one warp per row; dweight by a (32, 8) block per 32 channels, fixed order ---------
 
 // out (N,C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps).
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N, int C, float eps,
-                     cudaStream_t stream);
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int C, float eps, cudaStream_t stream);
 // dinp ACCUMULATES (+=), dweight accumulates.
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, int64_t N, int C, cudaStream_t stream);
-void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const uint16_t* inp, const uint16_t* weight, int64_t N, int C,
-                          float eps, cudaStream_t stream);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int C,
+                      cudaStream_t stream);
+void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const uint16_t* inp, const uint16_t* weight,
+                          int64_t N, int C, float eps, cudaStream_t stream);
 // bf16 dinp, fp32 dweight.
-void rmsnorm_backward_bf16(uint16_t* dinp, float* dweight, const uint16_t* dout, const uint16_t* inp,
-                           const uint16_t* weight, const float* rstd, int64_t N, int C, cudaStream_t stream);
+void rmsnorm_backward_bf16(uint16_t* dinp, float* dweight, const uint16_t* dout,
+                           const uint16_t* inp, const uint16_t* weight, const float* rstd,
+                           int64_t N, int C, cudaStream_t stream);
 // bf16 dinp and dweight (the fp32 column sum is added to dweight and rounded once).
-void rmsnorm_backward_bf16_gbf16(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout, const uint16_t* inp,
-                                 const uint16_t* weight, const float* rstd, int64_t N, int C, cudaStream_t stream);
+void rmsnorm_backward_bf16_gbf16(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
+                                 const uint16_t* inp, const uint16_t* weight, const float* rstd,
+                                 int64_t N, int C, cudaStream_t stream);
 
 // ---- rotary embeddings (rotate_half), in place, one thread per rotated pair ---------------------
 
 // As cpu::rope_forward: `heads` heads of hd values `offset` elements into each row of x (row
 // stride `stride`; row b*T + t has position t); cos/sin (T, hd/2) fp32 on the device (computed
 // on the host by cpu::rope_tables and uploaded once). backward: the transpose rotation.
-void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                  int offset, cudaStream_t stream);
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                   int offset, cudaStream_t stream);
-void rope_forward_bf16(uint16_t* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                       int offset, cudaStream_t stream);
-void rope_backward_bf16(uint16_t* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                        int stride, int offset, cudaStream_t stream);
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset, cudaStream_t stream);
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset, cudaStream_t stream);
+void rope_forward_bf16(uint16_t* x, const float* cos, const float* sin, int B, int T, int heads,
+                       int hd, int stride, int offset, cudaStream_t stream);
+void rope_backward_bf16(uint16_t* dx, const float* cos, const float* sin, int B, int T, int heads,
+                        int hd, int stride, int offset, cudaStream_t stream);
 
 // ---- SwiGLU: silu(gate) * up over the stacked (gate | up) rows, grid-stride --------------------
 
 // gu (N, 2I), out (N, I). backward: dgu (N, 2I) overwritten.
 void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream);
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I, cudaStream_t stream);
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I,
+                     cudaStream_t stream);
 void swiglu_forward_bf16(uint16_t* out, const uint16_t* gu, int64_t N, int I, cudaStream_t stream);
 void swiglu_backward_bf16(uint16_t* dgu, const uint16_t* dout, const uint16_t* gu, int64_t N, int I,
                           cudaStream_t stream);
@@ -78,17 +82,18 @@ void swiglu_backward_bf16(uint16_t* dgu, const uint16_t* dout, const uint16_t* g
 // (the model's att_scratch is 0 floats on CUDA, as GPT-2's). Throws ds::Error up front when hd is
 // odd or above kMaxHeadSize, or NH is not a multiple of KV.
 // Forward: one warp per (b, h, query row), online softmax (GPT-2's attention.cu).
-void attention_gqa_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T, int NH, int KV,
-                           int hd, cudaStream_t stream);
+void attention_gqa_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
+                           int NH, int KV, int hd, cudaStream_t stream);
 // dqkv (B,T,(NH+2KV)hd) overwritten. dq: one warp per (b, h, query row); dk, dv: one warp per
 // (b, kv head, key row), walking the group's query heads in head order and every later query row,
 // summing in fp32 registers and writing once (no atomics, no scratch, deterministic).
-void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out, const float* lse,
-                            float* scratch, int B, int T, int NH, int KV, int hd, cudaStream_t stream);
-void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* scratch, int B, int T,
-                                int NH, int KV, int hd, cudaStream_t stream);
-void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
-                                 const float* lse, float* scratch, int B, int T, int NH, int KV, int hd,
-                                 cudaStream_t stream);
+void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, float* scratch, int B, int T, int NH, int KV, int hd,
+                            cudaStream_t stream);
+void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* scratch,
+                                int B, int T, int NH, int KV, int hd, cudaStream_t stream);
+void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                                 const uint16_t* out, const float* lse, float* scratch, int B,
+                                 int T, int NH, int KV, int hd, cudaStream_t stream);
 
 }  // namespace ds::rt::cuda

@@ -94,7 +94,8 @@ void train_and_compare(const Case& c) {
   cpu.init_weights(42);
   gpu.init_weights(42);
   const int64_t n = cpu.num_params();
-  ASSERT_EQ(download(gpu.params().f32(), n), std::vector<float>(cpu.params().f32(), cpu.params().f32() + n));
+  ASSERT_EQ(download(gpu.params().f32(), n),
+            std::vector<float>(cpu.params().f32(), cpu.params().f32() + n));
 
   auto ca = cpu.make_activations();
   auto ga = gpu.make_activations();
@@ -104,13 +105,16 @@ void train_and_compare(const Case& c) {
     EXPECT_EQ(gpu_alloc.current(tag), cpu_alloc.current(tag)) << mem_tag_name(tag);
   }
   ms::ActConfig cfg{kB, kT, c.recompute, 0, c.head_chunk_rows, 4};
-  if (cfg.head_chunk_rows == 0) cfg.head_chunk_rows = std::min(ms::head_chunk_rows_default(s, kB, kT, 1), kB * kT);
+  if (cfg.head_chunk_rows == 0)
+    cfg.head_chunk_rows = std::min(ms::head_chunk_rows_default(s, kB, kT, 1), kB * kT);
   const auto totals = ms::activation_totals(s, ms::ModelPart::whole(s), cfg);
   EXPECT_EQ(gpu_alloc.current(MemTag::kWorkspace), totals.shared_workspace_bytes + 2 * kB * kT * 4);
 
   std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
-  Buffer gm = gpu_alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "m", Device::kCuda);
-  Buffer gv = gpu_alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "v", Device::kCuda);
+  Buffer gm =
+      gpu_alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "m", Device::kCuda);
+  Buffer gv =
+      gpu_alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "v", Device::kCuda);
   optim::AdamWConfig acfg;
   acfg.weight_decay = 0.1;
   for (int step = 1; step <= 5; step++) {
@@ -124,30 +128,43 @@ void train_and_compare(const Case& c) {
     if (step == 1) {
       EXPECT_NEAR(lc, std::log(static_cast<float>(s.vocab_size)), 0.1) << "init loss near ln V";
       EXPECT_TRUE(test::close(download(gpu.grads().f32(), n),
-                              std::vector<float>(cpu.grads().f32(), cpu.grads().f32() + n), 1e-3, 1e-5));
+                              std::vector<float>(cpu.grads().f32(), cpu.grads().f32() + n), 1e-3,
+                              1e-5));
       // The residual stream's gradient after the whole backward, d(embedding output).
       const int64_t btc = int64_t{kB} * kT * s.n_embd;
       EXPECT_TRUE(test::close(download(gpu.d_stream().f32(), btc),
-                              std::vector<float>(cpu.d_stream().f32(), cpu.d_stream().f32() + btc), 1e-3, 1e-6));
+                              std::vector<float>(cpu.d_stream().f32(), cpu.d_stream().f32() + btc),
+                              1e-3, 1e-6));
       // Forward only gives the same loss.
       EXPECT_NEAR(gpu.forward(ga, tok.data(), tgt.data()), lc, 1e-4 * std::fabs(lc));
     }
     const auto st = optim::adamw_step_scalars(acfg, step, 1e-3);
     cpu::adamw_update(st, cpu.params().f32(), cpu.grads().f32(), m.data(), v.data(), n, true);
-    cu().adamw_update(st, gpu.params().f32(), gpu.grads().f32(), gm.as<float>(), gv.as<float>(), n, true, nullptr,
-                      nullptr);
+    cu().adamw_update(st, gpu.params().f32(), gpu.grads().f32(), gm.as<float>(), gv.as<float>(), n,
+                      true, nullptr, nullptr);
   }
   // As gpt2_cuda_test.cpp: Adam normalises each update, so an element whose gradient is ~0 up to
   // rounding may move by up to 2 * lr per step either way; the losses above are the real check.
   EXPECT_TRUE(test::close(download(gpu.params().f32(), n),
-                          std::vector<float>(cpu.params().f32(), cpu.params().f32() + n), 1e-3, 1e-2));
+                          std::vector<float>(cpu.params().f32(), cpu.params().f32() + n), 1e-3,
+                          1e-2));
 }
 
-TEST_F(LlamaCuda, GroupedQueryMatchesTheCpu) { train_and_compare({"gqa KV 2"}); }
-TEST_F(LlamaCuda, MultiQueryMatchesTheCpu) { train_and_compare({"mqa KV 1", 1}); }
-TEST_F(LlamaCuda, TiedEmbeddingsMatchTheCpu) { train_and_compare({"tied", 2, true}); }
-TEST_F(LlamaCuda, ActivationCheckpointingMatchesTheCpu) { train_and_compare({"recompute", 2, false, true}); }
-TEST_F(LlamaCuda, HeadInChunksMatchesTheCpu) { train_and_compare({"head chunks of 24 rows", 2, false, false, 24}); }
+TEST_F(LlamaCuda, GroupedQueryMatchesTheCpu) {
+  train_and_compare({"gqa KV 2"});
+}
+TEST_F(LlamaCuda, MultiQueryMatchesTheCpu) {
+  train_and_compare({"mqa KV 1", 1});
+}
+TEST_F(LlamaCuda, TiedEmbeddingsMatchTheCpu) {
+  train_and_compare({"tied", 2, true});
+}
+TEST_F(LlamaCuda, ActivationCheckpointingMatchesTheCpu) {
+  train_and_compare({"recompute", 2, false, true});
+}
+TEST_F(LlamaCuda, HeadInChunksMatchesTheCpu) {
+  train_and_compare({"head chunks of 24 rows", 2, false, false, 24});
+}
 
 TEST_F(LlamaCuda, BadTokensAreRejectedOnTheHostBeforeUpload) {
   const auto s = small({"bad tokens"});
