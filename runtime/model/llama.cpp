@@ -69,8 +69,9 @@ Llama::Llama(const ms::ModelShape& shape, const ms::ModelPart& part, const Model
     throw invalid_argument("micro-batch shape B={} T={} is invalid: need B > 0 and 0 < T <= model.seq_len ({})",
                            opt_.B, opt_.T, shape_.seq_len);
   }
-  if (opt_.device != Device::kCpu) {
-    throw invalid_argument("model.type llama runs on the CPU only for now (training.device \"cpu\")");
+  if (opt_.device == Device::kCudaHost) {
+    throw invalid_argument("ModelOptions::device: pinned host memory (kCudaHost) is for offload buffers; a Llama "
+                           "runs on kCpu or kCuda");
   }
   if (opt_.grad_dtype != opt_.dtype && opt_.grad_dtype != DType::kF32) {
     throw invalid_argument("ModelOptions: gradients of type {} for {} storage: gradients are stored in the storage "
@@ -84,11 +85,19 @@ Llama::Llama(const ms::ModelShape& shape, const ms::ModelPart& part, const Model
   Il_ = shape_.intermediate_size / part_.tp;
   Vp_l_ = shape_.padded_vocab_size / part_.tp;
   layout_ = ms::param_layout(shape_, part_);
+  const Device dev = opt_.device;
   const size_t n = static_cast<size_t>(layout_.total);
-  if (opt_.own_params) params_ = alloc_.allocate(n * dtype_size(opt_.dtype), MemTag::kParams, "llama parameters");
-  if (opt_.own_grads) grads_ = alloc_.allocate(n * dtype_size(opt_.grad_dtype), MemTag::kGrads, "llama gradients");
+  if (opt_.own_params) params_ = alloc_.allocate(n * dtype_size(opt_.dtype), MemTag::kParams, "llama parameters", dev);
+  if (opt_.own_grads) {
+    grads_ = alloc_.allocate(n * dtype_size(opt_.grad_dtype), MemTag::kGrads, "llama gradients", dev);
+  }
+  if (dev == Device::kCuda) {
+    dev_ids_ = alloc_.allocate(2 * static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t), MemTag::kWorkspace,
+                               "llama device token ids", dev);
+  }
   threads_ = omp_get_max_threads();
-  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, threads_, opt_.head_chunk_rows,
+  // The CUDA attention needs no scratch: att_scratch is 0 floats there (as GPT-2's).
+  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda ? 0 : threads_, opt_.head_chunk_rows,
                     static_cast<int>(dtype_size(opt_.dtype))};
   head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
@@ -96,7 +105,29 @@ Llama::Llama(const ms::ModelShape& shape, const ms::ModelPart& part, const Model
   cfg.head_chunk_rows = head_rows_;
   act_list_ = ms::llama_activations(shape_, part_, cfg);
   allocate_shared();
-  if (rope_cos_ != nullptr) cpu::rope_tables(rope_cos_, rope_sin_, opt_.T, hd_, shape_.rope_theta);
+  if (rope_cos_ != nullptr) upload_rope_tables();
+}
+
+// The RoPE tables for T positions, computed on the host (fp32) and, on CUDA, copied once to the
+// device.
+void Llama::upload_rope_tables() {
+  const size_t n = static_cast<size_t>(opt_.T) * (hd_ / 2);
+  if (opt_.device != Device::kCuda) return cpu::rope_tables(rope_cos_, rope_sin_, opt_.T, hd_, shape_.rope_theta);
+  std::vector<float> cs(n), sn(n);
+  cpu::rope_tables(cs.data(), sn.data(), opt_.T, hd_, shape_.rope_theta);
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  kern::copy_from_host(rope_cos_, cs.data(), n * sizeof(float));
+  kern::copy_from_host(rope_sin_, sn.data(), n * sizeof(float));
+}
+
+// Token ids for the kernels: the host ids on the CPU; on CUDA uploaded into slot 0 (inputs) or 1
+// (targets) of the device buffer. Inside the caller's DeviceScope.
+const int32_t* Llama::ids_for_kernels(const int32_t* host, int slot) {
+  if (opt_.device != Device::kCuda) return host;
+  const size_t n = static_cast<size_t>(opt_.B) * opt_.T;
+  int32_t* dst = dev_ids_.as<int32_t>() + static_cast<size_t>(slot) * n;
+  kern::copy_from_host(dst, host, n * sizeof(int32_t));
+  return dst;
 }
 
 void Llama::allocate_shared() {
@@ -105,8 +136,9 @@ void Llama::allocate_shared() {
   for (const auto& b : act_list_) {
     if (b.scope == ms::ActScope::kShared) (b.tag == ms::ActTag::kActivations ? act_bytes : ws_bytes) += b.bytes(sb);
   }
-  shared_act_ = alloc_.allocate(static_cast<size_t>(act_bytes), MemTag::kActivations, "llama shared activations");
-  shared_ws_ = alloc_.allocate(static_cast<size_t>(ws_bytes), MemTag::kWorkspace, "llama workspace");
+  shared_act_ = alloc_.allocate(static_cast<size_t>(act_bytes), MemTag::kActivations, "llama shared activations",
+                                opt_.device);
+  shared_ws_ = alloc_.allocate(static_cast<size_t>(ws_bytes), MemTag::kWorkspace, "llama workspace", opt_.device);
   char* pa = static_cast<char*>(shared_act_.data());
   char* pw = static_cast<char*>(shared_ws_.data());
   for (const auto& b : act_list_) {
@@ -148,7 +180,8 @@ LlamaActivations Llama::make_activations() {
     if (b.scope == ms::ActScope::kPerLayer) total += b.bytes(sb) * nl;
     if (b.scope == ms::ActScope::kPerMicroBatch) total += b.bytes(sb);
   }
-  a.buf_ = alloc_.allocate(static_cast<size_t>(total), MemTag::kActivations, "llama micro-batch activations");
+  a.buf_ = alloc_.allocate(static_cast<size_t>(total), MemTag::kActivations, "llama micro-batch activations",
+                           opt_.device);
   a.layers.assign(static_cast<size_t>(nl), recompute_);
   char* cursor = static_cast<char*>(a.buf_.data());
   for (const auto& b : act_list_) {
@@ -189,10 +222,11 @@ void Llama::init_weights(uint64_t seed) {
     throw invalid_usage("init_weights on a model built without its own parameters: generate each shard with "
                         "init_tensor_values");
   }
-  // fp32 values, straight into fp32 parameters; through a host vector rounded into 16-bit ones.
+  // fp32 values, straight into fp32 CPU parameters; else through a host vector, rounded to the
+  // storage type and copied to the model's device.
   std::vector<float> host;
   float* dst = params_.as<float>();
-  if (opt_.dtype != DType::kF32) {
+  if (opt_.dtype != DType::kF32 || opt_.device != Device::kCpu) {
     host.resize(static_cast<size_t>(layout_.total));
     dst = host.data();
   }
@@ -201,10 +235,13 @@ void Llama::init_weights(uint64_t seed) {
     init_tensor_values(dst + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer, part_.tp, part_.tp_rank,
                        seed, 0, ts.numel);
   }
-  if (!host.empty()) tk::from_host_f32(params(), host.data(), layout_.total);
+  if (host.empty()) return;
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tk::from_host_f32(params(), host.data(), layout_.total);
 }
 
 void Llama::zero_grads() {
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   if (!grads_.empty()) kern::fill_zero(grads_.data(), grads_.bytes());
 }
 
@@ -235,7 +272,7 @@ void Llama::check_layers(int l0, int l1, const char* what) const {
     throw invalid_argument("{}: layers [{}, {}) are not within this part's [{}, {})", what, l0, l1, part_.layer_begin,
                            part_.layer_end);
   }
-  if (omp_get_max_threads() > threads_) {
+  if (opt_.device != Device::kCuda && omp_get_max_threads() > threads_) {
     throw invalid_usage("{}: OpenMP now has {} threads but the model was built for {}: build the model after setting "
                         "the thread count",
                         what, omp_get_max_threads(), threads_);
@@ -267,6 +304,8 @@ void Llama::embed_forward(Activations& act, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_forward on a part without the embedding");
   check_tokens(tokens, "input");
   LlamaActivations& a = own(act);
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding};
   tk::encoder_forward_vocab(a.input, tokens, unit_params(wte), opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
   if (part_.tp > 1) hooks_->tp_reduce_forward(a.input, static_cast<int64_t>(opt_.B) * opt_.T * C_);
@@ -275,6 +314,8 @@ void Llama::embed_forward(Activations& act, const int32_t* tokens) {
 
 void Llama::embed_backward(Activations&, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding};
   tk::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
   hooks_->grads_ready(wte);
@@ -325,6 +366,7 @@ void Llama::layer_backward(LlamaLayerActs& a, TypedPtr x, const LlamaLayerWeight
 void Llama::blocks_forward(Activations& act, int l0, int l1) {
   check_layers(l0, l1, "blocks_forward");
   LlamaActivations& a = own(act);
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
     const Unit u{UnitKind::kLayer, l};
     const LlamaLayerWeights w = layer_weights(unit_params(u));
@@ -337,6 +379,7 @@ void Llama::blocks_forward(Activations& act, int l0, int l1) {
 void Llama::blocks_backward(Activations& act, int l0, int l1) {
   check_layers(l0, l1, "blocks_backward");
   LlamaActivations& a = own(act);
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l1 - 1; l >= l0; l--) {
     const Unit u{UnitKind::kLayer, l};
     const LlamaLayerWeights w = layer_weights(unit_params(u));
@@ -388,6 +431,8 @@ void Llama::head_chunks(LlamaActivations& a, const int32_t* targets, TypedPtr w,
 float Llama::head(LlamaActivations& a, const int32_t* targets, bool backward, float grad_scale) {
   if (!part_.has_head) throw invalid_usage("head on a part without the head");
   check_tokens(targets, "target");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  targets = ids_for_kernels(targets, 1);
   const int BT = opt_.B * opt_.T;
   const bool tied = shape_.tied();
   const Unit wte{UnitKind::kTokenEmbedding}, lnf{UnitKind::kFinalNorm};
@@ -411,8 +456,16 @@ float Llama::head(LlamaActivations& a, const int32_t* targets, bool backward, fl
   }
   if (tied) hooks_->params_done(wte);
   hooks_->params_done(lnf);
+  // The per-token losses, on the host (on CUDA a copy back: the one synchronisation per micro-batch).
+  const float* losses = a.losses;
+  std::vector<float> host_losses;
+  if (opt_.device == Device::kCuda) {
+    host_losses.resize(static_cast<size_t>(BT));
+    kern::copy_to_host(host_losses.data(), a.losses, host_losses.size() * sizeof(float));
+    losses = host_losses.data();
+  }
   double sum = 0.0;
-  for (int i = 0; i < BT; i++) sum += a.losses[i];
+  for (int i = 0; i < BT; i++) sum += losses[i];
   return static_cast<float>(sum / BT);
 }
 

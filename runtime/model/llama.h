@@ -20,7 +20,12 @@
 // Storage as Gpt2's (gpt2.h): parameters and activations in the storage type (fp32, bf16, fp16),
 // parameter gradients in the gradient type (the storage type or fp32); RMSNorm's rstd, attention's
 // lse and scratch, the RoPE tables, the losses and the vocab-parallel loss statistics stay fp32.
-// Not yet: CUDA (the kernels are CPU-only): invalid_argument.
+// Devices as Gpt2's (model.h, ModelOptions::device): with Device::kCuda every buffer (the RoPE
+// tables included, computed on the host and uploaded once) is device memory, each piece opens a
+// kern::DeviceScope so the kernels are the CUDA twins (kernels/llama_typed.h; fp32 storage, or
+// bf16 where the rest of the CUDA dispatch has it), token ids are validated on the host and
+// uploaded (2*B*T int32, tag workspace), the losses come back to average them. att_scratch is
+// 0 floats on CUDA (the CUDA attention needs none).
 // Thread safety: one thread drives a Llama at a time.
 #pragma once
 
@@ -113,6 +118,8 @@ class Llama : public Model {
   void layer_forward(LlamaLayerActs& a, TypedPtr x, const LlamaLayerWeights& w, bool full);
   void layer_backward(LlamaLayerActs& a, TypedPtr x, const LlamaLayerWeights& w, const LlamaLayerWeights& g);
   float head(LlamaActivations& a, const int32_t* targets, bool backward, float grad_scale);
+  void upload_rope_tables();
+  const int32_t* ids_for_kernels(const int32_t* host, int slot);
   void head_chunks(LlamaActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
   void check_layers(int l0, int l1, const char* what) const;
   void check_tokens(const int32_t* ids, const char* what) const;
@@ -131,6 +138,7 @@ class Llama : public Model {
   int C_ = 0, hd_ = 0, NHl_ = 0, KVl_ = 0, Il_ = 0, Vp_l_ = 0;
   Buffer params_, grads_;
   Buffer shared_act_, shared_ws_;
+  Buffer dev_ids_;  // CUDA: (2, B, T) int32 token ids (inputs, targets) uploaded per call
   LlamaLayerActs recompute_{};
   TypedPtr dres_, dln_, dqkv_, datty_, dgu_, dact_, logits_;
   float *att_scratch_ = nullptr, *ce_stats_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;

@@ -31,11 +31,12 @@ struct ModelOptions {
   // int32). The mean loss returned by head_* is copied back (synchronising the stream).
   // With kCuda the hooks are handed device pointers and must work on the device (the runtime's
   // do when built for it: ZeroEngine / TiedEmbeddingHooks with the same device and stream, and
-  // tensor-parallel regions over an NCCL Comm). Llama runs on the CPU only for now.
+  // tensor-parallel regions over an NCCL Comm). Gpt2 and Llama both run on either device.
   Device device = Device::kCpu;
   void* cuda_stream = nullptr;
   // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
-  // fp32). Supported: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32 (Llama: fp32 for now).
+  // fp32). Supported on the CPU: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32; inside a CUDA
+  // scope what the dispatch has (kernels/dispatch.h, kernels/llama_typed.h; the trainer keeps fp32).
   DType dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
 };

@@ -2,8 +2,8 @@
 # GPU smoke test for a box with G >= 1 GPUs: what CI would run there. Builds with CUDA ON (unless
 # BUILD already has it), then:
 #   1. dstrain report: the GPUs, their memory, driver, CUDA runtime, NCCL version;
-#   2. every `cuda` test (kernels vs their CPU twins, bf16 matmul math, device allocator, GPT-2 on
-#      one GPU vs the CPU run, NCCL collectives over all visible GPUs);
+#   2. every `cuda` test (GPT-2's and Llama's kernels vs their CPU twins, bf16 matmul math, device
+#      allocator, GPT-2 and a Llama on one GPU vs the CPU run, NCCL collectives over all GPUs);
 #   3. training through `dstrain launch --nproc-per-node G` on the GPUs (bf16 storage: bf16
 #      buffers and GEMMs, gradients over NCCL as bf16), compared step by step with the same job on
 #      the CPU (bf16 storage too) with the same
@@ -213,7 +213,7 @@ fi
 echo "== configure and build ($build, CUDA ON)"
 cmake -S "$here" -B "$build" -G Ninja -DDSTRAIN_CUDA=ON >/dev/null
 cmake --build "$build" -j "$jobs" --target dstrain test_cuda_kernels test_cuda_allocator \
-  test_gpt2_cuda test_comm_nccl test_block_cache gpu_bench
+  test_gpt2_cuda test_comm_nccl test_block_cache gpu_bench test_llama_cuda_kernels test_llama_cuda
 mkdir -p "$out"
 
 echo "== dstrain report"

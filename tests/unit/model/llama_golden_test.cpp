@@ -21,6 +21,7 @@
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "core/allocator.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "kernels/typed.h"
 #include "model/llama.h"
@@ -215,4 +216,27 @@ TEST(LlamaGolden, SixteenBitInitialWeightsAreTheFp32OnesRounded) {
   }
   o.grad_dtype = DType::kF16;  // bf16 storage with fp16 gradients is not a combination
   EXPECT_THROW(Llama(g.shape, ms::ModelPart::whole(g.shape), o, alloc), ds::Error);
+}
+
+// A Llama on Device::kCuda is built as GPT-2's (no "CPU only" refusal any more): without a usable
+// GPU the first device allocation is the error, naming the buffer; pinned host memory is not a
+// model device. With a GPU, tests/gpu/model/llama_cuda_test.cpp runs it against the CPU.
+TEST(LlamaGolden, OnCudaWithoutAGpuTheAllocatorNamesTheBuffer) {
+  const Golden g = read_golden();
+  Allocator alloc;
+  ModelOptions o;
+  o.B = g.B;
+  o.T = g.T;
+  o.device = Device::kCudaHost;
+  EXPECT_THROW(Llama(g.shape, ms::ModelPart::whole(g.shape), o, alloc), ds::Error);
+  if (gpu_count() > 0) GTEST_SKIP() << "a GPU is visible: the cuda tests cover a Llama on it";
+  o.device = Device::kCuda;
+  try {
+    Llama m(g.shape, ms::ModelPart::whole(g.shape), o, alloc);
+    FAIL() << "a CUDA Llama was built without a GPU";
+  } catch (const ds::Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("llama parameters"), std::string::npos) << what;
+    EXPECT_EQ(what.find("CPU only"), std::string::npos) << what;
+  }
 }

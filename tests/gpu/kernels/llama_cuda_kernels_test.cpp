@@ -1,0 +1,302 @@
+// The Llama CUDA kernels (kernels/cuda/llama_kernels.h, through the module's table) against their
+// CPU twins (kernels/cpu/llama_kernels.h) on the same random inputs: RMSNorm, RoPE, SwiGLU and
+// grouped-query attention, forward and backward.
+// - fp32: element-wise outputs within 1e-5 relative (+ 1e-6 absolute where a difference of two
+//   products may cancel); RMSNorm's dweight and the attention's outputs within 1e-4 (sums in
+//   another order); the attention backward within 1e-3 relative / 1e-4 absolute, as GPT-2's
+//   (cuda_kernels_test.cpp: the GPU folds dP - D into one dot product).
+// - bf16 storage (bf16 or fp32 parameter gradients): the CPU template on the same bf16 inputs,
+//   within 2e-2 relative (a rounding or two of bf16 where the two sum in another order); the fp32
+//   statistics (rstd, lse) within 1e-5.
+// - The TypedPtr dispatch (kernels/llama_typed.h) inside a CUDA DeviceScope runs the module's
+//   kernel, and refuses fp16 storage there by the kernel's name.
+// Attention runs multi-head (KV = NH), grouped (KV = 2) and multi-query (KV = 1), head sizes 16 to
+// 128, T past 64. Skips itself (reported as skipped) without a GPU. NOT RUN YET: no GPU was
+// available where this was written; the first run on one is its first run.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "core/dtype.h"
+#include "core/typed_ptr.h"
+#include "gpu/cuda_test_util.h"
+#include "kernels/cpu/kernels.h"
+#include "kernels/cpu/llama_kernels.h"
+#include "kernels/cuda_llama_table.h"
+#include "kernels/dispatch.h"
+#include "kernels/llama_typed.h"
+
+namespace ds::rt {
+namespace {
+
+using test::close;
+using test::DeviceArray;
+using test::random_floats;
+
+constexpr double kTight = 1e-5;  // element-wise fp32
+constexpr double kSum = 1e-4;    // fp32 sums in another order
+constexpr double kBf16 = 2e-2;   // bf16 storage
+
+const kern::LlamaCudaKernels& lcu() {
+  return kern::llama_cuda_kernels("the Llama cuda tests");
+}
+
+class LlamaCudaKernels : public test::CudaStreamTest {
+ protected:
+  void SetUp() override {
+    test::CudaStreamTest::SetUp();
+    omp_set_num_threads(2);
+  }
+};
+
+// bf16 bits of fp32 values (rounded once, as core/dtype.h), and back.
+std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
+}
+std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
+}
+bf16* as_bf(std::vector<uint16_t>& v) {
+  return reinterpret_cast<bf16*>(v.data());
+}
+
+// ---- RMSNorm ----
+
+TEST_F(LlamaCudaKernels, RmsNormForwardBackward) {
+  const int N = 26, C = 200;  // C not a multiple of 32
+  const float eps = 1e-5f;
+  auto x = random_floats(size_t{N} * C, 1, 2.0f), w = random_floats(C, 2),
+       dy = random_floats(size_t{N} * C, 3);
+  auto dx = random_floats(size_t{N} * C, 4),
+       dw = random_floats(C, 5);  // both accumulate onto these
+  std::vector<float> out(size_t{N} * C), rstd(N);
+  DeviceArray<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(out.size()), grstd(N);
+  cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  lcu().rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
+  EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
+  EXPECT_TRUE(close(grstd.download(), rstd, kTight, 0));
+  cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+  lcu().rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N, C,
+                         stream_);
+  EXPECT_TRUE(close(gdx.download(), dx, kTight, 1e-5));
+  EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-5));
+}
+
+TEST_F(LlamaCudaKernels, RmsNormBf16WithBf16AndFp32Gradients) {
+  const int N = 19, C = 72;
+  const float eps = 1e-5f;
+  auto x = to_bf16(random_floats(size_t{N} * C, 1, 2.0f)), w = to_bf16(random_floats(C, 2));
+  auto dy = to_bf16(random_floats(size_t{N} * C, 3)),
+       dx0 = to_bf16(random_floats(size_t{N} * C, 4));
+  auto dw32 = random_floats(C, 5);
+  auto dw16 = to_bf16(dw32);
+  std::vector<uint16_t> out(size_t{N} * C);
+  std::vector<float> rstd(N);
+  cpu::rmsnorm_forward(as_bf(out), rstd.data(), as_bf(x), as_bf(w), N, C, eps);
+  DeviceArray<uint16_t> gx(x), gw(w), gdy(dy), gout(out.size());
+  DeviceArray<float> grstd(N);
+  lcu().rmsnorm_forward_bf16(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
+  EXPECT_TRUE(close(from_bf16(gout.download()), from_bf16(out), kBf16, 1e-3));
+  EXPECT_TRUE(close(grstd.download(), rstd, kTight, 0));
+  // fp32 parameter gradients.
+  {
+    auto dx = dx0;
+    auto dw = dw32;
+    DeviceArray<uint16_t> gdx(dx);
+    DeviceArray<float> gdw(dw);
+    cpu::rmsnorm_backward(as_bf(dx), dw.data(), as_bf(dy), as_bf(x), as_bf(w), rstd.data(), N, C);
+    lcu().rmsnorm_backward_bf16(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N,
+                                C, stream_);
+    EXPECT_TRUE(close(from_bf16(gdx.download()), from_bf16(dx), kBf16, 1e-2));
+    EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-4));
+  }
+  // bf16 parameter gradients.
+  {
+    auto dx = dx0;
+    auto dw = dw16;
+    DeviceArray<uint16_t> gdx(dx), gdw(dw);
+    cpu::rmsnorm_backward(as_bf(dx), as_bf(dw), as_bf(dy), as_bf(x), as_bf(w), rstd.data(), N, C);
+    lcu().rmsnorm_backward_bf16_gbf16(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(),
+                                      grstd.get(), N, C, stream_);
+    EXPECT_TRUE(close(from_bf16(gdx.download()), from_bf16(dx), kBf16, 1e-2));
+    EXPECT_TRUE(close(from_bf16(gdw.download()), from_bf16(dw), kBf16, 1e-2));
+  }
+}
+
+// ---- RoPE ----
+
+TEST_F(LlamaCudaKernels, RopeForwardBackwardInsideWiderRows) {
+  struct Case {
+    int B, T, heads, hd, stride, offset;
+  };
+  for (const Case& c : {Case{2, 17, 3, 8, 30, 4}, Case{1, 70, 6, 64, 6 * 64 + 128, 0},
+                        Case{2, 9, 2, 128, 512, 256}}) {
+    std::vector<float> cs(size_t(c.T) * c.hd / 2), sn(cs.size());
+    cpu::rope_tables(cs.data(), sn.data(), c.T, c.hd, 10000.0);
+    auto x = random_floats(size_t(c.B) * c.T * c.stride, 1);
+    DeviceArray<float> gx(x), gcs(cs), gsn(sn);
+    const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) +
+                             " hd " + std::to_string(c.hd);
+    cpu::rope_forward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
+    lcu().rope_forward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+                       stream_);
+    EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6))
+        << what;  // columns outside the heads untouched
+    cpu::rope_backward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
+    lcu().rope_backward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+                        stream_);
+    EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6)) << what;
+    // bf16: the same rotation of bf16 values, rounded once per element.
+    auto xb = to_bf16(random_floats(size_t(c.B) * c.T * c.stride, 2));
+    DeviceArray<uint16_t> gxb(xb);
+    cpu::rope_forward(as_bf(xb), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
+    lcu().rope_forward_bf16(gxb.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
+                            c.offset, stream_);
+    EXPECT_TRUE(close(from_bf16(gxb.download()), from_bf16(xb), kBf16, 1e-2)) << what;
+    cpu::rope_backward(as_bf(xb), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride,
+                       c.offset);
+    lcu().rope_backward_bf16(gxb.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
+                             c.offset, stream_);
+    EXPECT_TRUE(close(from_bf16(gxb.download()), from_bf16(xb), kBf16, 1e-2)) << what;
+  }
+}
+
+TEST_F(LlamaCudaKernels, RopeRejectsAnOddHeadSize) {
+  DeviceArray<float> buf(64);
+  EXPECT_THROW(lcu().rope_forward(buf.get(), buf.get(), buf.get(), 1, 2, 1, 7, 7, 0, stream_),
+               ds::Error);
+}
+
+// ---- SwiGLU ----
+
+TEST_F(LlamaCudaKernels, SwigluForwardBackward) {
+  const int64_t N = 37;
+  const int I = 100;
+  auto gu = random_floats(size_t(N) * 2 * I, 1, 3.0f), dy = random_floats(size_t(N) * I, 2);
+  std::vector<float> out(size_t(N) * I), dgu(gu.size());
+  DeviceArray<float> ggu(gu), gdy(dy), gout(out.size()), gdgu(gu.size());
+  cpu::swiglu_forward(out.data(), gu.data(), N, I);
+  lcu().swiglu_forward(gout.get(), ggu.get(), N, I, stream_);
+  EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
+  cpu::swiglu_backward(dgu.data(), dy.data(), gu.data(), N, I);
+  lcu().swiglu_backward(gdgu.get(), gdy.get(), ggu.get(), N, I, stream_);
+  EXPECT_TRUE(close(gdgu.download(), dgu, kTight, 1e-6));
+  // bf16.
+  auto gub = to_bf16(gu), dyb = to_bf16(dy);
+  std::vector<uint16_t> outb(out.size()), dgub(gu.size());
+  DeviceArray<uint16_t> gg(gub), gd(dyb), go(outb.size()), gdg(dgub.size());
+  cpu::swiglu_forward(as_bf(outb), as_bf(gub), N, I);
+  lcu().swiglu_forward_bf16(go.get(), gg.get(), N, I, stream_);
+  EXPECT_TRUE(close(from_bf16(go.download()), from_bf16(outb), kBf16, 1e-3));
+  cpu::swiglu_backward(as_bf(dgub), as_bf(dyb), as_bf(gub), N, I);
+  lcu().swiglu_backward_bf16(gdg.get(), gd.get(), gg.get(), N, I, stream_);
+  EXPECT_TRUE(close(from_bf16(gdg.download()), from_bf16(dgub), kBf16, 1e-3));
+}
+
+// ---- grouped-query attention ----
+
+struct GqaCase {
+  int B, T, NH, KV, hd;
+  std::string name() const {
+    return "B " + std::to_string(B) + " T " + std::to_string(T) + " NH " + std::to_string(NH) +
+           " KV " + std::to_string(KV) + " hd " + std::to_string(hd);
+  }
+  size_t qkv() const { return size_t(B) * T * (NH + 2 * KV) * hd; }
+  size_t out() const { return size_t(B) * T * NH * hd; }
+  size_t lse() const { return size_t(B) * NH * T; }
+};
+constexpr GqaCase kGqaCases[] = {
+    {2, 67, 4, 2, 16}, {1, 130, 8, 1, 64}, {2, 40, 3, 3, 80}, {1, 64, 8, 2, 128}};
+
+TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardFp32) {
+  for (const GqaCase& c : kGqaCases) {
+    auto qkv = random_floats(c.qkv(), 1), dout = random_floats(c.out(), 2);
+    std::vector<float> out(c.out()), lse(c.lse()), dqkv(c.qkv()),
+        scratch(cpu::attention_scratch_floats(c.T, c.hd, 4));
+    cpu::attention_gqa_forward(out.data(), lse.data(), qkv.data(), scratch.data(), c.B, c.T, c.NH,
+                               c.KV, c.hd);
+    cpu::attention_gqa_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
+                                scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    DeviceArray<float> gqkv(qkv), gdout(dout), gout(c.out()), glse(c.lse()), gdqkv(c.qkv());
+    lcu().attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH, c.KV,
+                                c.hd, stream_);
+    EXPECT_TRUE(close(gout.download(), out, kSum, 1e-5)) << c.name();
+    EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
+    // Backward from the CPU's saved out and lse, so only the backward is compared; dqkv starts
+    // non-zero on the device: every element (q, k and v columns) must be overwritten.
+    DeviceArray<float> cout(out), clse(lse), gd(random_floats(c.qkv(), 3));
+    lcu().attention_gqa_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), nullptr,
+                                 c.B, c.T, c.NH, c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(gd.download(), dqkv, 1e-3, 1e-4)) << c.name();
+  }
+}
+
+TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardBf16) {
+  for (const GqaCase& c : kGqaCases) {
+    auto qkv = to_bf16(random_floats(c.qkv(), 1)), dout = to_bf16(random_floats(c.out(), 2));
+    std::vector<uint16_t> out(c.out()), dqkv(c.qkv());
+    std::vector<float> lse(c.lse()), scratch(cpu::attention_scratch_floats(c.T, c.hd, 2));
+    cpu::attention_gqa_forward(as_bf(out), lse.data(), as_bf(qkv), scratch.data(), c.B, c.T, c.NH,
+                               c.KV, c.hd);
+    cpu::attention_gqa_backward(as_bf(dqkv), as_bf(dout), as_bf(qkv), as_bf(out), lse.data(),
+                                scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    DeviceArray<uint16_t> gqkv(qkv), gdout(dout), gout(c.out()), cout(out), gd(c.qkv());
+    DeviceArray<float> glse(c.lse()), clse(lse);
+    lcu().attention_gqa_forward_bf16(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH,
+                                     c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(from_bf16(gout.download()), from_bf16(out), kBf16, 1e-2)) << c.name();
+    EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
+    lcu().attention_gqa_backward_bf16(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(),
+                                      nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(from_bf16(gd.download()), from_bf16(dqkv), kBf16, 2e-2)) << c.name();
+  }
+}
+
+TEST_F(LlamaCudaKernels, GqaAttentionRejectsBadShapes) {
+  DeviceArray<float> buf(16);
+  // head size above kMaxHeadSize, and NH not a multiple of KV.
+  EXPECT_THROW(lcu().attention_gqa_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 1, 1,
+                                           512, stream_),
+               ds::Error);
+  EXPECT_THROW(lcu().attention_gqa_backward(buf.get(), buf.get(), buf.get(), buf.get(), buf.get(),
+                                            nullptr, 1, 1, 3, 2, 16, stream_),
+               ds::Error);
+}
+
+// ---- the TypedPtr dispatch inside a CUDA scope ----
+
+TEST_F(LlamaCudaKernels, TypedDispatchRunsTheCudaTwinInsideACudaScope) {
+  const int64_t N = 5;
+  const int I = 48;
+  auto gu = random_floats(size_t(N) * 2 * I, 1);
+  std::vector<float> out(size_t(N) * I);
+  cpu::swiglu_forward(out.data(), gu.data(), N, I);
+  DeviceArray<float> ggu(gu), gout(out.size());
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    kern::llama::swiglu_forward(TypedPtr(gout.get()), TypedPtr(ggu.get()), N, I);
+  }
+  EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
+  // fp16 storage has no CUDA twin: an error naming the kernel, nothing launched.
+  DeviceArray<uint16_t> h(size_t(N) * 2 * I);
+  kern::DeviceScope scope(Device::kCuda, stream_);
+  try {
+    kern::llama::swiglu_forward(TypedPtr(h.get(), DType::kF16), TypedPtr(h.get(), DType::kF16), N,
+                                I);
+    ADD_FAILURE() << "fp16 storage ran inside a CUDA scope";
+  } catch (const ds::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("swiglu_forward"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace ds::rt
