@@ -176,10 +176,16 @@ TEST_F(SlurmJobs, RequeueCheckpointsAndTheRequeuedJobEndsOnTheUninterruptedLoss)
       << cluster_->job_field(id, "JobState") << "\n"
       << test::slurp(script + ".out");
   std::string out = test::slurp(script + ".out");
-  EXPECT_NE(out.find("dstrain: job preempted: all 4 rank(s) finished their step, wrote a "
-                     "checkpoint and exited 75"),
-            std::string::npos)
-      << out;
+  // The launcher's summary of the first run: "job preempted" when every agent's exit-75 reports
+  // reached it. On a requeue Slurm also cancels the step and srun then forces its tasks' end
+  // ("srun: forcing job termination"), which can cut an agent's stream before its last reports
+  // are relayed: the launcher then says "job interrupted by SIGTERM" (seen about 1 run in 20).
+  // Either way every rank wrote the checkpoint, which is what the requeued run resumes from
+  // (checked below, step by step).
+  const bool preempted_summary = out.find("dstrain: job preempted: all 4 rank(s) finished their step, wrote a "
+                                          "checkpoint and exited 75") != std::string::npos;
+  const bool interrupted_summary = out.find("dstrain: job interrupted by SIGTERM") != std::string::npos;
+  EXPECT_TRUE(preempted_summary || interrupted_summary) << out;
   EXPECT_NE(out.find("resuming from the latest checkpoint"), std::string::npos) << out;
   // The metrics hold the first run's steps 1..k and the requeued run's k+1..600, each once.
   auto m = test::read_metrics(metrics);
