@@ -392,30 +392,6 @@ int run_calibration_worker(const std::string& config, const std::string& dir) {
   return 0;
 }
 
-// The fixed cost of a step that none of the pieces measures (zeroing the gradients, the loss and
-// norm reductions, the loader, the step's bookkeeping): the config's own layout run as a real job
-// (through dstrain launch, 6 steps, its fastest after the first) less what the model predicts for
-// it without that cost; never negative. 0 when the job cannot run (said on stderr).
-double measure_step_overhead(const CalibrateRequest& r, const plan::Calibration& measured, int nproc, int threads) {
-  int world = nproc;
-  if (!r.hostfile.empty()) {
-    world = 0;
-    for (const auto& h : config::load_hostfile(r.hostfile).hosts) world += h.slots;
-  }
-  const plan::PlanInput in = plan::model_plan_input(r.config, world, threads);
-  plan::Calibration cal = measured;
-  cal.step_overhead = 0;
-  const double modelled =
-      plan::step_time(in.shape, in.layout, cal, plan::comm_types(in.layout.precision, in.grad_precision)).total();
-  MeasureRequest req{r.config, r.hostfile, world, threads, 6, false};
-  const double ms = measure_layout(req, in.layout);
-  if (ms <= 0) {
-    std::cerr << "the config's own layout did not run: the fixed cost per step is left at 0\n";
-    return 0;
-  }
-  return std::max(0.0, ms / 1e3 - modelled);
-}
-
 int run_calibrate(const CalibrateRequest& r) {
   if (r.output.empty()) throw invalid_argument("--calibrate needs -o FILE (the calibration file to write)");
   if (!r.hostfile.empty() && r.nproc_per_node > 0) {
@@ -440,10 +416,7 @@ int run_calibrate(const CalibrateRequest& r) {
                 "the whole log is " + log);
   }
   const std::string made = dir + "/calibration.json";
-  plan::CalibrationFile f = plan::read_calibration(made);  // what --recommend will accept
-  if (!r.config.empty()) f.cal.step_overhead = measure_step_overhead(r, f.cal, nproc, threads);
-  std::ofstream(made) << plan::calibration_json(f.cal, f.meta).dump(2) << "\n";
-  f = plan::read_calibration(made);
+  const plan::CalibrationFile f = plan::read_calibration(made);  // what --recommend will accept
   fs::copy_file(made, r.output, fs::copy_options::overwrite_existing);
   fs::remove_all(dir);
   std::cout << fmt::format("wrote {} in {:.0f} s: {} compute samples, {} collective fits on {} ({} backend, "
@@ -451,10 +424,6 @@ int run_calibrate(const CalibrateRequest& r) {
                            r.output, std::chrono::duration<double>(Clock::now() - t0).count(),
                            f.cal.compute.size(), f.cal.collectives.size(), f.meta.host, f.meta.backend,
                            f.cal.ranks_per_node, f.cal.cores, f.cal.optimizer_rate / 1e6);
-  if (!r.config.empty()) {
-    std::cout << fmt::format("fixed cost per step (the config's own layout, measured less modelled): {:.1f} ms\n",
-                             f.cal.step_overhead * 1e3);
-  }
   std::cout << fmt::format("use it: dstrain plan --recommend --calibration {} --config ...\n", r.output);
   return 0;
 }
