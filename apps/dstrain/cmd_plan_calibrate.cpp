@@ -118,6 +118,11 @@ int env_int(const char* name, int fallback) {
 // The least disturbed of a few repetitions: on a shared machine the minimum is the figure
 // other load inflates least, for the calibration and the measured steps alike.
 double fastest(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
 
 // ---- the worker ------------------------------------------------------------------------------
 
@@ -143,8 +148,12 @@ rt::DType dtype_of(layout::Precision p) {
          : p == layout::Precision::kFp16 ? rt::DType::kF16 : rt::DType::kF32;
 }
 
-// Fastest seconds of each piece over a few repetitions of one micro-batch of b sequences.
-plan::ComputeSample time_pieces(const Worker& w, int tp, int b) {
+// Seconds of each piece over a few repetitions of one micro-batch of b sequences: the fastest
+// repetition (what other load inflates least), or with `typical` the median: when several of
+// the node's ranks compute at once, each rank's fastest repetition is one in which it happened
+// to have a core to itself (4 ranks on 2 cores: the fastest was ~1x a rank alone, the median
+// ~2x), and the point of those samples is how much the ranks slow each other.
+plan::ComputeSample time_pieces(const Worker& w, int tp, int b, bool typical) {
   rt::Allocator alloc;
   rt::Gpt2Options opt;
   opt.B = b;
@@ -180,11 +189,12 @@ plan::ComputeSample time_pieces(const Worker& w, int tp, int b) {
   c.tp = tp;
   c.micro_batch = b;
   c.precision = w.precision;
-  c.embed_fwd = fastest(t[0]);
-  c.layer_fwd = fastest(t[1]);
-  c.head = fastest(t[2]);
-  c.layer_bwd = fastest(t[3]);
-  c.embed_bwd = fastest(t[4]);
+  const auto pick = [typical](std::vector<double>& v) { return typical ? median(v) : fastest(v); };
+  c.embed_fwd = pick(t[0]);
+  c.layer_fwd = pick(t[1]);
+  c.head = pick(t[2]);
+  c.layer_bwd = pick(t[3]);
+  c.embed_bwd = pick(t[4]);
   return c;
 }
 
@@ -206,7 +216,7 @@ void measure_compute(Worker& w, plan::Calibration& cal) {
       for (int b : doubling(w.max_micro_batch)) {
         w.comm->barrier();
         plan::ComputeSample c;
-        if (w.local_rank < conc) c = time_pieces(w, tp, b);
+        if (w.local_rank < conc) c = time_pieces(w, tp, b, /*typical=*/conc > 1);
         c.tp = tp, c.micro_batch = b, c.precision = w.precision, c.concurrency = conc;
         c.layer_fwd = w.slowest(c.layer_fwd);
         c.layer_bwd = w.slowest(c.layer_bwd);
