@@ -73,10 +73,6 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
   }
   EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "send_recv"}));
   EXPECT_GT(f.cal.optimizer_rate, 0);
-  // The fixed cost per step: measured (the config's own layout as a job), never negative.
-  EXPECT_GE(f.cal.step_overhead, 0);
-  EXPECT_NE(r.out.find("fixed cost per step (the config's own layout, measured less modelled)"), std::string::npos)
-      << r.out;
 
   r = test::run_command(test::dstrain() + " plan --recommend --config " + cfg + " --world-size 2 --gpu-mem 1GiB" +
                         " --threads 1 --calibration " + calib +
