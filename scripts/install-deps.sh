@@ -10,6 +10,7 @@
 #
 #   scripts/install-deps.sh          build + test + main-job dependencies
 #   scripts/install-deps.sh --bench  also the benchmark peers (python3-torch, jemalloc, hyperfine)
+#                                    and jq, which the bench/*.sh scripts read metrics with
 set -euo pipefail
 
 packages=(
@@ -30,7 +31,7 @@ packages=(
 # package's own encoder for the expected ids. A node from elsewhere (nodesource) brings its own.
 if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
 if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch libjemalloc2 hyperfine)
+  packages+=(python3-torch libjemalloc2 hyperfine jq)
 fi
 
 missing=()
