@@ -25,18 +25,14 @@ int run_sample(const SampleCmdOptions& o) {
   }
   rt::train::SamplingModel model =
       o.checkpoint.empty() ? rt::train::load_llmc_model(o.init_from) : rt::train::load_checkpoint_model(o.checkpoint);
-  std::optional<config::JobConfig> cfg = model.config;
-  if (!o.config.empty()) {
-    cfg = config::load_job_config(o.config, 1);
-    rt::train::require_same_model(model, *cfg);
-  }
+  if (!o.config.empty()) rt::train::require_same_model(model, config::load_job_config(o.config, 1));
   rt::data::TokenizerSpec spec;
   if (!o.tokenizer.empty()) {
     spec.kind = o.tokenizer;
     spec.path = o.tokenizer == "gpt2" ? o.vocab : o.tokenizer == "llmc" ? o.llmc : o.spm_model;
   }
   const auto codec =
-      rt::train::codec_for(model.shape.vocab_size, cfg ? &*cfg : nullptr, o.tokenizer.empty() ? nullptr : &spec);
+      rt::train::codec_for(model.shape.vocab_size, o.tokenizer.empty() ? nullptr : &spec);
   std::cerr << "dstrain: sampling " << o.gen.tokens << " tokens from " << model.source << " (" << codec->name()
             << " tokenizer, seed " << o.gen.seed << ")\n";
   std::cout << rt::train::generate_text(model.shape, model.params.data(), *codec, o.gen) << "\n";

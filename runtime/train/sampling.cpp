@@ -62,7 +62,7 @@ class TokenizerCodec final : public TextCodec {
   }
   int32_t start_token() const override {
     const int64_t d = tok_->document_token();
-    return d >= 0 ? static_cast<int32_t>(d) : (tok_->name() == "llmc" ? 50256 : 0);
+    return d >= 0 ? static_cast<int32_t>(d) : 0;  // llm.c's file gives its EOT; no document token: 0
   }
 
  private:
@@ -77,8 +77,7 @@ std::string describe(const ms::Gpt2Shape& s) {
 
 }  // namespace
 
-std::unique_ptr<TextCodec> codec_for(int vocab_size, const config::JobConfig* cfg, const data::TokenizerSpec* spec) {
-  (void)cfg;
+std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* spec) {
   if (spec != nullptr && spec->kind != "byte") {
     auto tok = data::open_tokenizer(*spec);
     if (tok->vocab_size() > vocab_size) {
@@ -110,14 +109,14 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
   const auto old = ckpt::read_shard_layout(m, where, "parameters");
   SamplingModel out;
   try {
-    out.config = config::parse_job_config(m.at("config").dump(), "", old.world_size);
-    if (out.config->model.type != "gpt2") {
+    const config::JobConfig run = config::parse_job_config(m.at("config").dump(), "", old.world_size);
+    if (run.model.type != "gpt2") {
       throw Error(ErrorKind::kInvalidArgument,
                   fmt::format("{}: holds a {} model; dstrain sample generates from GPT-2 models only", where,
-                              out.config->model.type),
+                              run.model.type),
                   "a Llama checkpoint exports to Hugging Face safetensors (dstrain train --export-safetensors DIR)");
     }
-    out.shape = shape_of(out.config->model);
+    out.shape = shape_of(run.model);
     out.source = fmt::format("checkpoint {} (step {})", dir, m.at("step").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());

@@ -34,17 +34,15 @@ class TextCodec {
   virtual int32_t start_token() const = 0;
 };
 
-// The tokenizer for a model of `vocab_size` tokens under `cfg` (may be null: no config): `spec`
-// when given (not null, not "byte"), else byte-level; an error naming the options when the
-// vocabulary is larger than byte-level and no tokenizer is given.
-std::unique_ptr<TextCodec> codec_for(int vocab_size, const config::JobConfig* cfg,
-                                     const data::TokenizerSpec* spec = nullptr);
+// The tokenizer for a model of `vocab_size` tokens: `spec` when given (not null, not "byte"),
+// else byte-level; an error naming the options when the vocabulary is larger than byte-level
+// and no tokenizer is given.
+std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* spec = nullptr);
 
 struct SamplingModel {
   model_spec::Gpt2Shape shape;
   std::vector<float> params;  // whole model, fp32, flat layout
   std::string source;         // "checkpoint DIR (step N)" or "llm.c file F", for messages
-  std::optional<config::JobConfig> config;  // the run's config (a checkpoint's manifest); none for llm.c files
 };
 
 // A dstrain checkpoint: DIR is a step directory (with manifest.json) or a training.checkpoint_dir

@@ -337,7 +337,7 @@ void Trainer::Impl::check_sampling() {
                             cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage),
                 "sample from a checkpoint instead: dstrain sample --checkpoint DIR");
   }
-  codec = codec_for(cfg.model.vocab_size, &cfg);
+  codec = codec_for(cfg.model.vocab_size);
 }
 
 // llm.c's sample: 64 tokens from a newline at temperature 1, a seed per step.

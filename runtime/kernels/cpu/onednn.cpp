@@ -66,6 +66,15 @@ Cache& cache() {
   return c;
 }
 
+// Records (input type, implementation) for report(), once each; the caller holds cache().mu.
+void note_used(const std::string& type, const std::string& impl) {
+  auto& used = cache().used;
+  for (const auto& u : used) {
+    if (u.first == type && u.second == impl) return;
+  }
+  used.emplace_back(type, impl);
+}
+
 std::shared_ptr<Prim> create(DType in, Operand A, Operand B, bool bias, DType out, int64_t ldc, int M, int N,
                              int K, bool accumulate) {
   auto p = std::make_shared<Prim>();
@@ -85,12 +94,7 @@ std::shared_ptr<Prim> create(DType in, Operand A, Operand B, bool bias, DType ou
     dnnl::matmul::primitive_desc pd(d, attr, engine());
     p->prim = dnnl::matmul(pd);
     p->scratch = pd.scratchpad_desc();
-    const std::string impl = pd.impl_info_str();
-    auto& used = cache().used;
-    const std::string type = dtype_name(in);
-    bool seen = false;
-    for (auto& u : used) seen = seen || (u.first == type && u.second == impl);
-    if (!seen) used.emplace_back(type, impl);
+    note_used(dtype_name(in), pd.impl_info_str());
   } catch (const dnnl::error& e) {
     if (in == DType::kF32) throw system_error("oneDNN has no fp32 matmul for {}x{}x{}: {}", M, N, K, e.what());
     return nullptr;
@@ -215,12 +219,12 @@ void matmul_convert(DType in, Operand A, Operand B, const void* bias, DType out,
   if (out == DType::kF32) store_rows<float>(C, ldc, c.data(), M, N);
   if (out == DType::kBF16) store_rows<bf16>(C, ldc, c.data(), M, N);
   if (out == DType::kF16) store_rows<f16>(C, ldc, c.data(), M, N);
-  std::lock_guard<std::mutex> lock(cache().mu);
-  auto& used = cache().used;
-  const std::string type = dtype_name(in), impl = "converted to fp32";
-  bool seen = false;
-  for (auto& u : used) seen = seen || (u.first == type && u.second == impl);
-  if (!seen) used.emplace_back(type, impl);
+  // Noted once per input type, not on every product (this runs every step).
+  static std::atomic<bool> noted[3];
+  if (!noted[static_cast<int>(in)].exchange(true)) {
+    std::lock_guard<std::mutex> lock(cache().mu);
+    note_used(dtype_name(in), "converted to fp32");
+  }
 }
 }  // namespace
 

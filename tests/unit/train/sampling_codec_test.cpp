@@ -12,7 +12,7 @@ namespace ds::rt::train {
 namespace {
 
 TEST(SamplingCodec, ByteLevelForSmallVocabularies) {
-  const auto c = codec_for(256, nullptr);
+  const auto c = codec_for(256);
   EXPECT_EQ(c->name(), "byte-level");
   EXPECT_EQ(c->encode("Hi"), (std::vector<int32_t>{'H', 'i'}));
   EXPECT_EQ(c->decode({'o', 'k'}), "ok");
@@ -22,7 +22,7 @@ TEST(SamplingCodec, ByteLevelForSmallVocabularies) {
 TEST(SamplingCodec, Gpt2BpeRoundTripsAndStartsFromEndOfText) {
   DS_REQUIRE_GPT2_VOCAB();
   const data::TokenizerSpec spec{"gpt2", test::gpt2_vocab_dir()};
-  const auto c = codec_for(50304, nullptr, &spec);  // GPT-2's padded vocabulary
+  const auto c = codec_for(50304, &spec);  // GPT-2's padded vocabulary
   const auto ids = c->encode("In the beginning God created the heaven and the earth.");
   EXPECT_EQ(ids.front(), 818);  // "In"
   EXPECT_EQ(c->decode(ids), "In the beginning God created the heaven and the earth.");
@@ -31,7 +31,7 @@ TEST(SamplingCodec, Gpt2BpeRoundTripsAndStartsFromEndOfText) {
 
 TEST(SamplingCodec, ALargeVocabularyWithoutATokenizerIsAnErrorNamingTheOptions) {
   try {
-    codec_for(50304, nullptr);
+    codec_for(50304);
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("no tokenizer given for a vocabulary of 50304 tokens"), std::string::npos)
@@ -43,7 +43,7 @@ TEST(SamplingCodec, ALargeVocabularyWithoutATokenizerIsAnErrorNamingTheOptions) 
 TEST(SamplingCodec, ATokenizerLargerThanTheModelIsAnError) {
   DS_REQUIRE_GPT2_VOCAB();
   const data::TokenizerSpec spec{"gpt2", test::gpt2_vocab_dir()};
-  EXPECT_THROW(codec_for(1024, nullptr, &spec), Error);
+  EXPECT_THROW(codec_for(1024, &spec), Error);
 }
 
 }  // namespace
