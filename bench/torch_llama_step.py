@@ -16,7 +16,6 @@ attention softmax runs in fp32 (eager_attention_forward's softmax(dtype=float32)
 
 Not here: HF's KV cache, dropout (attention_dropout 0), padding masks; the golden model's float64
 check (make_llama_golden.py)."""
-import argparse
 import os
 import sys
 
@@ -25,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_step import time_steps  # noqa: E402  the same timed loop as the GPT-2 peer
+from torch_step import parse_args, time_steps  # noqa: E402  the GPT-2 peer's command line and timed loop
 
 CONFIGS = {  # L, NH, KV, C, I, V, maxT, B, T
     "L": (4, 4, 2, 256, 704, 4096, 128, 8, 128),
@@ -113,15 +112,7 @@ class Llama(nn.Module):  # LlamaForCausalLM, untied lm_head
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="L", choices=sorted(CONFIGS))
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
-    a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-    torch.manual_seed(0)
+    a = parse_args(CONFIGS, "L")
     L, NH, KV, C, I, V, maxT, B, T = CONFIGS[a.config]
     model = Llama(L, NH, KV, C, I, V, maxT)
     idx = torch.randint(0, V, (B, T))

@@ -72,8 +72,19 @@ class GPT(nn.Module):
 
 
 def main():
+    a = parse_args(CONFIGS, "S")
+    L, NH, C, V, maxT, B, T = CONFIGS[a.config]
+    model = GPT(L, NH, C, V, maxT)
+    idx = torch.randint(0, V, (B, T))
+    tgt = torch.roll(idx, -1, 1)
+    time_steps(model, idx, tgt, a)
+
+
+def parse_args(configs, default):
+    """Both peers' command line (--config, --steps, --warmup, --threads, --precision); sets
+    torch's thread count and seed."""
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config", default="S", choices=sorted(CONFIGS))
+    ap.add_argument("--config", default=default, choices=sorted(configs))
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
@@ -81,11 +92,7 @@ def main():
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    L, NH, C, V, maxT, B, T = CONFIGS[a.config]
-    model = GPT(L, NH, C, V, maxT)
-    idx = torch.randint(0, V, (B, T))
-    tgt = torch.roll(idx, -1, 1)
-    time_steps(model, idx, tgt, a)
+    return a
 
 
 def time_steps(model, idx, tgt, a):
