@@ -1,6 +1,7 @@
 #include "launch/agent_protocol.h"
 
 #include <cctype>
+#include <cstdint>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -62,6 +63,16 @@ std::string world_to_json(const World& world) {
 
 namespace {
 
+// An integer field of the --world JSON, read only when it is a JSON integer in [lo, hi]:
+// nlohmann's get<int>() converts a float or a wider integer without checking its range.
+int world_int(const nlohmann::json& v, const char* what, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) throw invalid_argument("agent: malformed --world JSON: {} must be an integer, got {}", what, v.dump());
+  if (v.is_number_unsigned() ? v.get<uint64_t>() > static_cast<uint64_t>(hi) : (v.get<int64_t>() < lo || v.get<int64_t>() > hi)) {
+    throw invalid_argument("agent: malformed --world JSON: {} {} is not {}-{}", what, v.dump(), lo, hi);
+  }
+  return static_cast<int>(v.get<int64_t>());
+}
+
 // The checks the hostfile and the filters make on the launcher's side, made again on what
 // arrives: a node needs a host and distinct, ascending slots 0-4095.
 void check_world_nodes(const std::vector<config::NodeSlots>& nodes) {
@@ -86,11 +97,14 @@ World world_from_json(std::string_view text) {
     auto j = nlohmann::json::parse(text);
     std::vector<config::NodeSlots> nodes;
     for (const auto& n : j.at("nodes")) {
-      nodes.push_back({n.at("host").get<std::string>(), n.at("slots").get<std::vector<int>>()});
+      const auto& slot_list = n.at("slots");
+      if (!slot_list.is_array()) throw invalid_argument("agent: malformed --world JSON: slots must be an array, got {}", slot_list.dump());
+      std::vector<int> slots;
+      for (const auto& s : slot_list) slots.push_back(world_int(s, "slot", INT32_MIN, INT32_MAX));
+      nodes.push_back({n.at("host").get<std::string>(), std::move(slots)});
     }
     check_world_nodes(nodes);
-    const int port = j.at("master_port").get<int>();
-    if (port < 0 || port > 65535) throw invalid_argument("agent: malformed --world JSON: master_port {} is not 0-65535", port);
+    const int port = world_int(j.at("master_port"), "master_port", 0, 65535);
     return make_world(nodes, j.at("master_addr").get<std::string>(), port);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("agent: malformed --world JSON: {}", e.what());

@@ -56,6 +56,17 @@ TEST(AgentProtocol, WorldJsonIsCheckedAsTheHostfileIs) {
   EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":70000})"),
             "agent: malformed --world JSON: master_port 70000 is not 0-65535");
   EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":0})"), "ok");
+  // Floats and out-of-range integers are refused, never cast (the fuzzer's find: a 40-digit port).
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":4444444444444444444444444444444444444444})"),
+            "agent: malformed --world JSON: master_port must be an integer, got 4.4444444444444446e+39");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0]}],"master_addr":"","master_port":18446744073709551615})"),
+            "agent: malformed --world JSON: master_port 18446744073709551615 is not 0-65535");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[0.5]}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: slot must be an integer, got 0.5");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":[5000000000]}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: slot 5000000000 is not -2147483648-2147483647");
+  EXPECT_EQ(error_of(R"({"nodes":[{"host":"a","slots":3}],"master_addr":"","master_port":1})"),
+            "agent: malformed --world JSON: slots must be an array, got 3");
 }
 
 TEST(AgentProtocol, AgentMessagesParseWithRangesChecked) {
