@@ -5,7 +5,7 @@
 //                micro-batch 1, 2, 4, ... 16 (capped by the config's batch), for each tp shard
 //                size the node allows, while 1, 2, 4, ... of the node's ranks compute at once
 //                (the others wait): how much slower a rank gets when ranks share cores;
-//   collectives  all_reduce, reduce_scatter and all_gather at 64 KiB, 1 MiB and 8 MiB for every
+//   collectives  all_reduce, reduce_scatter and all_gather at 64 KiB, 256 KiB, 1, 4 and 8 MiB for every
 //                group size dividing the world, all groups of a size at once (as a layout runs
 //                them), and send/recv between neighbours; each fitted to latency + bus bytes /
 //                bandwidth (calibration.h). Across nodes too when the hostfile has several;
@@ -149,10 +149,13 @@ rt::DType dtype_of(layout::Precision p) {
 }
 
 // Seconds of each piece over a few repetitions of one micro-batch of b sequences: the fastest
-// repetition (what other load inflates least), or with `typical` the median: when several of
-// the node's ranks compute at once, each rank's fastest repetition is one in which it happened
-// to have a core to itself (4 ranks on 2 cores: the fastest was ~1x a rank alone, the median
-// ~2x), and the point of those samples is how much the ranks slow each other.
+// repetition (what other load inflates least), or with `typical` the median: when more of the
+// node's ranks compute at once than it has cores for, each rank's fastest repetition is one in
+// which it happened to have a core to itself (4 ranks on 2 cores: the fastest was ~1x a rank
+// alone, the median ~2x), and the point of those samples is how much the ranks slow each other.
+// While every rank has its cores the fastest stays right: the median there only adds the noise
+// the alone samples leave out (2 ranks on 2 cores: median 1.10x alone, fastest 1.0x, and the
+// measured steps ran at the alone speed).
 plan::ComputeSample time_pieces(const Worker& w, int tp, int b, bool typical) {
   rt::Allocator alloc;
   rt::Gpt2Options opt;
@@ -216,7 +219,7 @@ void measure_compute(Worker& w, plan::Calibration& cal) {
       for (int b : doubling(w.max_micro_batch)) {
         w.comm->barrier();
         plan::ComputeSample c;
-        if (w.local_rank < conc) c = time_pieces(w, tp, b, /*typical=*/conc > 1);
+        if (w.local_rank < conc) c = time_pieces(w, tp, b, /*typical=*/conc * w.threads > w.cores);
         c.tp = tp, c.micro_batch = b, c.precision = w.precision, c.concurrency = conc;
         c.layer_fwd = w.slowest(c.layer_fwd);
         c.layer_bwd = w.slowest(c.layer_bwd);
@@ -235,7 +238,7 @@ double time_collective(Worker& w, comm::Comm& g, plan::CollectiveOp op, size_t b
   std::vector<float> in(n, 1.0f), out(n, 0.0f);
   const size_t part = n / static_cast<size_t>(g.size());
   std::vector<double> t;
-  for (int rep = 0; rep < 5; ++rep) {
+  for (int rep = 0; rep < 8; ++rep) {
     w.comm->barrier();
     const auto t0 = Clock::now();
     switch (op) {
@@ -264,7 +267,7 @@ void measure_group_shape(Worker& w, plan::Calibration& cal, int g, bool strided)
   for (int r : members) across = across || r / w.local_world != members[0] / w.local_world;
   auto grp = w.comm->new_group(members, fmt::format("calib-{}{}-{}", strided ? "s" : "c", g,
                                                     strided ? w.rank % groups : w.rank / g));
-  const size_t sizes[] = {size_t{64} << 10, size_t{1} << 20, size_t{8} << 20};
+  const size_t sizes[] = {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{8} << 20};
   const plan::CollectiveOp ops[] = {plan::CollectiveOp::kAllReduce, plan::CollectiveOp::kReduceScatter,
                                     plan::CollectiveOp::kAllGather};
   for (auto op : ops) {

@@ -50,7 +50,7 @@ CalibrationFile parse_calibration(const std::string& text, const std::string& so
 nlohmann::ordered_json calibration_json(const Calibration& c, const CalibrationMeta& meta);
 
 // Least-squares latency + bus bytes / bandwidth through (bytes, seconds) points of one op and
-// group size; latency clamped to >= 0, bandwidth to > 0. Needs at least one point.
+// group size, in relative error (each point weighted 1 / seconds^2); latency clamped to >= 0, bandwidth to > 0. Needs at least one point.
 CollectiveFit fit_collective(CollectiveOp op, int group_size, int concurrent_groups,
                              bool across_nodes, const std::vector<std::pair<double, double>>& points);
 

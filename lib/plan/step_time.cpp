@@ -177,6 +177,88 @@ double pipeline_schedule(const std::vector<double>& slots, int m) {
   return sum + (m - 1) * mx;
 }
 
+namespace {
+
+// A stage's compute events in the runtime's order (runtime/parallel/pipeline_schedule.h):
+// forward mb = +mb + 1, backward mb = -(mb + 1).
+std::vector<int> stage_order(PipelineSchedule schedule, int stages, int stage, int m) {
+  std::vector<int> out;
+  if (schedule == PipelineSchedule::kGPipe) {
+    for (int i = 0; i < m; ++i) out.push_back(i + 1);
+    for (int i = 0; i < m; ++i) out.push_back(-(i + 1));
+    return out;
+  }
+  const int warm = std::min(stages - stage - 1, m);
+  int f = 0, b = 0;
+  for (; f < warm; ++f) out.push_back(f + 1);
+  while (f < m) {
+    out.push_back(++f);
+    out.push_back(-(++b));
+  }
+  while (b < m) out.push_back(-(++b));
+  return out;
+}
+
+}  // namespace
+
+double shared_core_pipeline(const std::vector<StageWork>& stages, int m, PipelineSchedule schedule,
+                            double handoff, int ranks_per_stage,
+                            const std::function<double(int)>& capacity) {
+  const int p = static_cast<int>(stages.size());
+  if (p == 0 || m < 1) return 0;
+  constexpr double kNever = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<int>> order(static_cast<size_t>(p));
+  for (int s = 0; s < p; ++s) order[static_cast<size_t>(s)] = stage_order(schedule, p, s, m);
+  // done[s][2 mb + (0 fwd | 1 bwd)]: when that event ended on stage s (kNever: not yet).
+  std::vector<std::vector<double>> done(static_cast<size_t>(p), std::vector<double>(2 * static_cast<size_t>(m), kNever));
+  std::vector<size_t> next(static_cast<size_t>(p), 0);
+  std::vector<double> left(static_cast<size_t>(p), 0);  // work left of the running event, alone-speed seconds
+  std::vector<bool> running(static_cast<size_t>(p), false);
+  // When stage s may start its next event: its input's producer ended + handoff (kNever: not yet).
+  auto ready_at = [&](int s) {
+    const int ev = order[static_cast<size_t>(s)][next[static_cast<size_t>(s)]];
+    const int mb = std::abs(ev) - 1;
+    if (ev > 0) return s == 0 ? 0.0 : done[static_cast<size_t>(s) - 1][2 * static_cast<size_t>(mb)] + handoff;
+    if (s == p - 1) return done[static_cast<size_t>(s)][2 * static_cast<size_t>(mb)];  // its own forward
+    return done[static_cast<size_t>(s) + 1][2 * static_cast<size_t>(mb) + 1] + handoff;
+  };
+  double now = 0;
+  int finished = 0;
+  while (finished < p) {
+    int active = 0;
+    for (int s = 0; s < p; ++s) {  // start what can start
+      const auto i = static_cast<size_t>(s);
+      if (!running[i] && next[i] < order[i].size() && ready_at(s) <= now) {
+        running[i] = true;
+        left[i] = order[i][next[i]] > 0 ? stages[i].fwd : stages[i].bwd;
+      }
+      active += running[i];
+    }
+    const int k = active * ranks_per_stage;
+    const double rate = k > 0 ? std::min(1.0, capacity(k) / k) : 1.0;
+    double step = kNever;
+    for (int s = 0; s < p; ++s) {
+      const auto i = static_cast<size_t>(s);
+      if (running[i]) step = std::min(step, left[i] / rate);
+      else if (next[i] < order[i].size()) step = std::min(step, ready_at(s) - now);
+    }
+    if (!(step < kNever)) break;  // nothing can move: cannot happen for these schedules
+    step = std::max(0.0, step);
+    now += step;
+    for (int s = 0; s < p; ++s) {
+      const auto i = static_cast<size_t>(s);
+      if (!running[i]) continue;
+      left[i] -= step * rate;
+      if (left[i] > 1e-12 * std::max(1.0, now)) continue;
+      const int ev = order[i][next[i]];
+      done[i][2 * static_cast<size_t>(std::abs(ev) - 1) + (ev < 0)] = now;
+      running[i] = false;
+      if (++next[i] == order[i].size()) ++finished;
+    }
+  }
+  return now;
+}
+
 double exposed_comm(double total, int buckets, double window, double overlap) {
   if (total <= 0) return 0;
   if (overlap <= 0) return total;
@@ -222,6 +304,8 @@ double node_capacity(const Calibration& cal, const model_spec::Gpt2Shape& s, con
 // One pipeline stage's micro-batch, split by kind.
 struct StageMb {
   double fwd = 0, bwd = 0, recompute = 0, tp = 0, p2p = 0, params = 0;
+  double tp_fwd = 0;   // of tp, the forward's all-reduces
+  double handoff = 0;  // one send/recv to a neighbour stage
   int layers = 0;
   double slot() const { return fwd + bwd + tp + p2p; }
 };
@@ -246,8 +330,10 @@ std::vector<StageMb> stage_micro_batches(const model_spec::Gpt2Shape& s, const L
     m.fwd = n * pc.layer_fwd + first * pc.embed_fwd;
     m.recompute = n * r * pc.layer_fwd;
     m.bwd = n * pc.layer_bwd + m.recompute + last * pc.head + first * pc.embed_bwd;
-    m.tp = ((2 * n + first) + (2 * n * (1 + r) + last)) * ar;
+    m.tp_fwd = (2 * n + first) * ar;
+    m.tp = m.tp_fwd + (2 * n * (1 + r) + last) * ar;
     m.p2p = last ? 0 : 2 * p2p;
+    m.handoff = p2p;
     model_spec::ModelPart part{bounds[static_cast<size_t>(st)], bounds[static_cast<size_t>(st) + 1],
                                first, last, l.tp, 0};
     m.params = static_cast<double>(model_spec::part_param_count(s, part));
@@ -327,7 +413,8 @@ StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibr
   t.recompute = m * st.recompute;
   t.tp_comm = m * st.tp;
   t.pp_comm = m * st.p2p;
-  t.bubble = pipeline_schedule(slots, l.grad_accum) - m * st.slot();
+  const double schedule = pipeline_schedule(slots, l.grad_accum);
+  t.bubble = schedule - m * st.slot();
   data_parallel(l, cal, pl, types, st, t);
   const double shard = l.zero_stage == 0 ? st.params : std::ceil(st.params / l.dp);
   if (l.offload_optimizer && !cal.cpu) {
@@ -344,6 +431,14 @@ StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibr
   const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.dp_comm +
                        t.optimizer + t.offload + t.overhead;
   t.shared_cores = std::max(0.0, bound - t.total());
+  if (l.pp > 1) {  // a pipeline's stages share the cores only while they compute at once
+    std::vector<StageWork> work_of;
+    for (const auto& x : stages) work_of.push_back({x.fwd + x.tp_fwd, x.bwd + x.tp - x.tp_fwd});
+    const int per_stage = std::max(1, static_cast<int>(std::lround(1.0 * l.tp * l.dp * pl.per_node / pl.world)));
+    const double shared = shared_core_pipeline(work_of, l.grad_accum, l.schedule, st.handoff, per_stage,
+                                               [&](int k) { return node_capacity(cal, s, l, std::min(k, pl.per_node)); });
+    t.shared_cores = std::max(t.shared_cores, shared - schedule);
+  }
   return t;
 }
 

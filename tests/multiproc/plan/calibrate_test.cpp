@@ -68,7 +68,7 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
   for (const auto& c : f.cal.collectives) {
     ops.insert(plan::collective_name(c.op));
     EXPECT_EQ(c.group_size, 2);
-    EXPECT_EQ(c.points.size(), 3u);
+    EXPECT_EQ(c.points.size(), 5u);  // 64 KiB, 256 KiB, 1, 4, 8 MiB
     EXPECT_GT(c.bus_bw, 0);
   }
   EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "send_recv"}));

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "plan/step_time.h"
 
@@ -166,12 +167,17 @@ TEST(StepTime, RanksSharingCores) {
   const StepTime dp = step_time(s, layout(1, 4, 1), c, {});
   EXPECT_NEAR(dp.compute, 4 * 3e-3, 1e-12);                       // one rank's, alone
   EXPECT_NEAR(dp.compute + dp.shared_cores, 4 * 4 * 3e-3 / K, 1e-9);  // 4 ranks' / K
-  // A 4-stage pipeline: its schedule runs at the speed of a rank alone, its steady state is
-  // bound by the node.
+  // A 4-stage pipeline: its schedule at the speed of a rank alone, then the stages sharing the
+  // cores while they compute at once (shared_core_pipeline, checked by hand below): at least
+  // both the schedule and the node's compute through K.
   const StepTime pp = step_time(s, layout(4, 1, 8), c, {});
   const double slot = 3e-3;  // one layer per stage
   EXPECT_NEAR(pp.compute + pp.bubble, (8 + 3) * slot, 1e-12);
-  EXPECT_NEAR(pp.total(), std::max((8 + 3) * slot, 4 * 8 * slot / K), 1e-9);
+  const double shared = shared_core_pipeline(std::vector<StageWork>(4, StageWork{1e-3, 2e-3}), 8,
+                                             PipelineSchedule::k1F1B, 0, 1,
+                                             [&](int k) { return k == 1 ? 1.0 : K; });
+  EXPECT_NEAR(pp.total(), shared, 1e-9);
+  EXPECT_GE(pp.total(), std::max((8 + 3) * slot, 4 * 8 * slot / K) - 1e-12);
   // One micro-batch through 2 stages on 2 ranks: never two ranks at once, so no penalty.
   c.ranks_per_node = 2;
   const StepTime one = step_time(s, layout(2, 1, 1), c, {});
@@ -180,6 +186,28 @@ TEST(StepTime, RanksSharingCores) {
   // Data parallelism on the same 2 ranks pays for computing together.
   const StepTime two = step_time(s, layout(1, 2, 1), c, {});
   EXPECT_NEAR(two.total() - two.dp_comm, 2 * 4 * 3e-3 / K, 1e-9);
+}
+
+TEST(StepTime, SharedCorePipelineByHand) {
+  const std::vector<StageWork> two(2, StageWork{1, 2});
+  auto every = [](int k) { return 1.0 * k; };  // a core per rank
+  auto one_core = [](int) { return 1.0; };
+  // Cores enough: (m + pp - 1) slots, both schedules (1F1B: s0 F1 F2 B1 F3 B2 F4 B3 B4).
+  EXPECT_NEAR(shared_core_pipeline(two, 4, PipelineSchedule::k1F1B, 0, 1, every), 5 * 3, 1e-12);
+  EXPECT_NEAR(shared_core_pipeline(two, 4, PipelineSchedule::kGPipe, 0, 1, every), 5 * 3, 1e-12);
+  EXPECT_NEAR(pipeline_schedule({3, 3}, 4), 15, 1e-12);
+  // Handoffs on the edges: F [0,1], +0.5, F [1.5,2.5], B [2.5,4.5], +0.5, B [5,7].
+  EXPECT_NEAR(shared_core_pipeline(two, 1, PipelineSchedule::k1F1B, 0.5, 1, every), 7, 1e-12);
+  // One core, one micro-batch: the stages never compute at once, nothing to share.
+  EXPECT_NEAR(shared_core_pipeline(two, 1, PipelineSchedule::k1F1B, 0, 1, one_core), 6, 1e-12);
+  // One core, GPipe over 2: s0 F1 [0,1]; s0 F2 and s1 F1 at half speed [1,3]; s1 F2 [3,4];
+  // s1 B1 [4,6]; s1 B2 and s0 B1 at half speed [6,10]; s0 B2 [10,12]: the total work, the core
+  // never idle.
+  EXPECT_NEAR(shared_core_pipeline(two, 2, PipelineSchedule::kGPipe, 0, 1, one_core), 12, 1e-12);
+  // Two ranks per stage (dp 2): on two cores a stage alone runs at full speed, on one at half.
+  auto two_cores = [](int k) { return std::min(2.0, 1.0 * k); };
+  EXPECT_NEAR(shared_core_pipeline(two, 1, PipelineSchedule::k1F1B, 0, 2, two_cores), 6, 1e-12);
+  EXPECT_NEAR(shared_core_pipeline(two, 1, PipelineSchedule::k1F1B, 0, 2, one_core), 12, 1e-12);
 }
 
 TEST(StepTime, CollectiveLookupAndBusBytes) {
