@@ -179,7 +179,8 @@ double pipeline_schedule(const std::vector<double>& slots, int m) {
 
 namespace {
 
-// A stage's compute events in the runtime's order (runtime/parallel/pipeline_schedule.h):
+// A stage's compute events in the runtime's order (runtime/parallel/pipeline_schedule.h, restated:
+// lib/plan never links runtime/; StepTime.SharedCorePipelineByHand spells one order out):
 // forward mb = +mb + 1, backward mb = -(mb + 1).
 std::vector<int> stage_order(PipelineSchedule schedule, int stages, int stage, int m) {
   std::vector<int> out;
@@ -435,8 +436,10 @@ StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibr
     std::vector<StageWork> work_of;
     for (const auto& x : stages) work_of.push_back({x.fwd + x.tp_fwd, x.bwd + x.tp - x.tp_fwd});
     const int per_stage = std::max(1, static_cast<int>(std::lround(1.0 * l.tp * l.dp * pl.per_node / pl.world)));
+    std::vector<double> capacity(static_cast<size_t>(pl.per_node) + 1, 0);  // by ranks computing, looked up once
+    for (int k = 1; k <= pl.per_node; ++k) capacity[static_cast<size_t>(k)] = node_capacity(cal, s, l, k);
     const double shared = shared_core_pipeline(work_of, l.grad_accum, l.schedule, st.handoff, per_stage,
-                                               [&](int k) { return node_capacity(cal, s, l, std::min(k, pl.per_node)); });
+                                               [&](int k) { return capacity[static_cast<size_t>(std::min(k, pl.per_node))]; });
     t.shared_cores = std::max(t.shared_cores, shared - schedule);
   }
   return t;
