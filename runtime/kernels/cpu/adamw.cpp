@@ -4,8 +4,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include <omp.h>
+
 #include "common/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
 
@@ -13,24 +16,24 @@ namespace {
 // Below this many elements the OpenMP fork/join costs more than it saves.
 constexpr int64_t kParallelMin = 1 << 15;
 
-// The one AdamW loop: G gradients, and the updated fp32 value rounded into S (params_out null:
-// none). fp32 training is G = S = float without params_out (adamw_update).
+// The one AdamW loop over [0, n): G gradients, and the updated fp32 value rounded into S
+// (params_out null: none). fp32 training is G = S = float without params_out (adamw_update).
+// Multi-versioned (vmath.h): the sqrt, divide and 16-bit conversions vectorise at AVX-512.
 template <typename G, typename S>
-void adamw_update_mixed(const kern::AdamWStep& s, float* __restrict params, const G* __restrict grads,
-                        float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n, bool decay,
-                        S* __restrict params_out) {
+DS_SIMD_CLONES void adamw_chunk(const kern::AdamWStep& s, float* __restrict params, const G* __restrict grads,
+                                float* __restrict exp_avg, float* __restrict exp_avg_sq, int64_t n, bool decay,
+                                S* __restrict params_out) {
   const float b1 = s.beta1, b2 = s.beta2, one_b1 = s.one_minus_beta1, one_b2 = s.one_minus_beta2;
   const float eps = s.eps, step_size = s.step_size, bc2_sqrt = s.bc2_sqrt;
   const float gs = s.grad_scale;
   const bool decoupled = decay && s.adam_w_mode && s.weight_decay != 0.0f;
   const bool l2 = decay && !s.adam_w_mode && s.weight_decay != 0.0f;
-  const float decay_factor = s.decay_factor, wd = s.weight_decay;
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  const float decay_factor = decoupled ? s.decay_factor : 1.0f;
+  const float wd = l2 ? s.weight_decay : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
     float p = params[i];
-    float g = to_f32(grads[i]) * gs;
-    if (l2) g += wd * p;
-    if (decoupled) p *= decay_factor;
+    const float g = to_f32(grads[i]) * gs + wd * p;
+    p *= decay_factor;
     const float m = b1 * exp_avg[i] + one_b1 * g;
     const float v = b2 * exp_avg_sq[i] + one_b2 * (g * g);
     exp_avg[i] = m;
@@ -39,6 +42,27 @@ void adamw_update_mixed(const kern::AdamWStep& s, float* __restrict params, cons
     p = p - step_size * (m / denom);
     params[i] = p;
     if (params_out != nullptr) params_out[i] = from_f32<S>(p);
+  }
+}
+
+// adamw_chunk over [0, n), split into one contiguous range per thread.
+template <typename G, typename S>
+void adamw_update_mixed(const kern::AdamWStep& s, float* params, const G* grads, float* exp_avg,
+                        float* exp_avg_sq, int64_t n, bool decay, S* params_out) {
+  if (n < kParallelMin) {
+    adamw_chunk(s, params, grads, exp_avg, exp_avg_sq, n, decay, params_out);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    // Ranges rounded to 16 elements, so every thread's vector loop starts aligned alike.
+    const int64_t per = ((n + nt - 1) / nt + 15) / 16 * 16;
+    const int64_t lo = std::min(n, t * per), hi = std::min(n, lo + per);
+    if (hi > lo) {
+      adamw_chunk(s, params + lo, grads + lo, exp_avg + lo, exp_avg_sq + lo, hi - lo, decay,
+                  params_out != nullptr ? params_out + lo : nullptr);
+    }
   }
 }
 }  // namespace
