@@ -8,7 +8,9 @@
 //   dP = dO V^T, D_t = dO[t] . O[t], dS = scale * P * (dP - D_t),
 //   dQ = dS K, dK = dS^T Q, dV = P^T dO          (gemms; the upper triangle of P and dS is 0).
 // With 16-bit storage each (b, h) head's q, k, v (and o, dO) are converted to fp32 in the
-// thread's scratch, the fp32 code runs on them, and the results are rounded once into place.
+// thread's scratch, the fp32 code runs on them, and the results are rounded once into place;
+// except at bf16 on a processor with AVX512-BF16 (T and hs even), where the head runs on bf16
+// operands with fp32 sums (attention_bf16.cpp), as PyTorch's autocast runs it.
 #include <omp.h>
 
 #include <algorithm>
@@ -108,6 +110,7 @@ void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, 
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
+  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hs);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
@@ -118,6 +121,8 @@ void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, 
     float* l = lse + static_cast<int64_t>(bh) * T;
     if constexpr (std::is_same_v<S, float>) {
       head_forward(o, C, l, q, q + C, q + 2 * C, C3, tile, T, hs, scale);
+    } else if (bf16_dot) {
+      if constexpr (std::is_same_v<S, bf16>) head_forward_bf16(o, C, l, q, q + C, q + 2 * C, C3, tile, T, hs, scale);
     } else {
       const int64_t th = static_cast<int64_t>(T) * hs;
       float* f = tile + 2 * static_cast<size_t>(T) * T;  // q, k, v, o of this head in fp32
@@ -134,6 +139,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
   const int hs = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
+  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hs);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
@@ -148,6 +154,13 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
       float* dq = dqkv + qoff;
       head_backward(dq, dq + C, dq + 2 * C, q, q + C, q + 2 * C, C3, out + ooff, dout + ooff, C, l, P,
                     dS, T, hs, scale);
+    } else if (bf16_dot) {
+      if constexpr (std::is_same_v<S, bf16>) {
+        const bf16* q = qkv + qoff;
+        bf16* dq = dqkv + qoff;
+        head_backward_bf16(dq, dq + C, dq + 2 * C, q, q + C, q + 2 * C, C3, out + ooff, dout + ooff, C, l, P, T,
+                           hs, scale);
+      }
     } else {
       // q, k, v, o, dO, then dq, dk, dv: this head in fp32 after the two tiles.
       const int64_t th = static_cast<int64_t>(T) * hs;

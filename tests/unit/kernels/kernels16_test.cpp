@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn.h"
 #include "unit/kernels/grad_check.h"
@@ -120,6 +121,12 @@ TYPED_TEST(Kernels16, MatmulForwardAndBackwardAgainstFp32) {
 
 TYPED_TEST(Kernels16, AttentionForwardAndBackward) {
   using S = TypeParam;
+  // The fp32-compute path at bf16 too; the bf16 dot-product path (P and dS rounded to bf16) has
+  // its own test against this one (attention_bf16_dot_test.cpp).
+  bf16_dot::set_enabled(false);
+  struct Restore {
+    ~Restore() { bf16_dot::set_enabled(true); }
+  } restore;
   for (auto [B, T, C, NH] : {std::tuple{2, 5, 8, 2}, std::tuple{1, 70, 12, 3}}) {
     const int hs = C / NH;
     auto qkv = randn(static_cast<size_t>(B) * T * 3 * C, 1), dy = randn(static_cast<size_t>(B) * T * C, 2);
