@@ -1,10 +1,11 @@
 // Fused softmax + cross-entropy over the real vocabulary [0, V) of (N, Vp) logits of any storage
 // type (kernels.h: S); losses and every sum are fp32. With fp32 logits the softmax is written in
-// place and scaled (one exp per element); with 16-bit logits the exponentials are summed first
-// and each dlogit is computed and rounded once (two exps per element, one rounding).
+// place and scaled (one exp per element); with 16-bit logits the exponentials go to an fp32 row
+// of the thread's and each dlogit is computed from it and rounded once (one exp, one rounding).
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
+#include <vector>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vmath.h"
@@ -31,16 +32,30 @@ float row_softmax_scaled(float* x, float dloss, int V, int Vp) {
 }
 
 // The same for 16-bit x: x[v] <- exp(x[v] - mx) * dloss / sum, rounded once; x[V..Vp) <- 0.
-// `tgt` (in [0, V)) also gets -dloss before its one rounding.
+// `tgt` (in [0, V)) also gets -dloss before its one rounding. The exponentials are kept in fp32
+// in e (V floats, the thread's) between the sum and the scaling, so each is computed once.
 template <typename S>
-DS_SIMD_CLONES float row_softmax_scaled_16(S* x, float dloss, int tgt, int V, int Vp) {
+DS_SIMD_CLONES float row_softmax_scaled_16(S* x, float* e, float dloss, int tgt, int V, int Vp) {
   const float mx = vmax(x, V);
-  const float sum = vexp_sum(x, mx, V);
+  float acc[kLanes] = {};
+  int v = 0;
+  for (; v + kLanes <= V; v += kLanes) {
+    for (int j = 0; j < kLanes; j++) {
+      e[v + j] = vexp(to_f32(x[v + j]) - mx);
+      acc[j] += e[v + j];
+    }
+  }
+  for (; v < V; v++) {
+    e[v] = vexp(to_f32(x[v]) - mx);
+    acc[0] += e[v];
+  }
+  float sum = 0.0f;
+  for (int j = 0; j < kLanes; j++) sum += acc[j];
   const float scale = dloss / sum;
-  const float xt = to_f32(x[tgt]);
-  for (int v = 0; v < V; v++) x[v] = from_f32<S>(vexp(to_f32(x[v]) - mx) * scale);
-  for (int v = V; v < Vp; v++) x[v] = from_f32<S>(0.0f);
-  x[tgt] = from_f32<S>(vexp(xt - mx) * scale - dloss);
+  const float et = e[tgt];
+  for (v = 0; v < V; v++) x[v] = from_f32<S>(e[v] * scale);
+  for (v = V; v < Vp; v++) x[v] = from_f32<S>(0.0f);
+  x[tgt] = from_f32<S>(et * scale - dloss);
   return mx + std::log(sum);
 }
 
@@ -64,7 +79,11 @@ int64_t crossentropy(float* losses, S* logits, const int32_t* targets, float dlo
       losses[n] = row_softmax_scaled(x, dloss, V, Vp) - xt;
       x[tgt] -= dloss;
     } else {
-      losses[n] = row_softmax_scaled_16(x, dloss, tgt, V, Vp) - xt;
+      // The exponentials' row: the thread's, grown once to the vocabulary (not a tracked buffer:
+      // V floats per thread, 200 KB at GPT-2's vocabulary).
+      thread_local std::vector<float> e;
+      if (e.size() < static_cast<size_t>(V)) e.resize(V);
+      losses[n] = row_softmax_scaled_16(x, e.data(), dloss, tgt, V, Vp) - xt;
     }
   }
   return bad;
