@@ -38,6 +38,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn.h"
 #include "model/model.h"
+#include "optim/adamw.h"
 
 using namespace ds::rt;
 namespace ms = ds::model_spec;
@@ -60,19 +61,6 @@ const BenchConfig kConfigs[] = {
     {"L", ms::ModelShape{4, 4, 256, 4096, 4096, 128, ms::ModelFamily::kLlama, 2, 704}, 8, 128,
      "torch_llama_step.py"},
 };
-
-void adamw(float* p, const float* g, float* m, float* v, int64_t n, int step) {
-  const float lr = 1e-4f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.0f;
-  const float bc1 = 1.0f - std::pow(b1, static_cast<float>(step));
-  const float bc2 = 1.0f - std::pow(b2, static_cast<float>(step));
-#pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; i++) {
-    const float gi = g[i];
-    m[i] = b1 * m[i] + (1 - b1) * gi;
-    v[i] = b2 * v[i] + (1 - b2) * gi * gi;
-    p[i] -= lr * ((m[i] / bc1) / (std::sqrt(v[i] / bc2) + eps) + wd * p[i]);
-  }
-}
 
 // CPU time of the whole process (all threads), ms: with one thread, a measure of work that
 // other load on the machine does not inflate.
@@ -200,21 +188,18 @@ double bench_model(const BenchConfig& c, DType dtype, int steps, int warmup, boo
     model.embed_backward(acts, in.data());
     lap(4);
     const auto t1 = std::chrono::steady_clock::now();
+    // The trainer's AdamW at both precisions: lr 1e-4, betas 0.9/0.999, eps 1e-8, no decay.
+    optim::AdamWConfig adam;
+    adam.lr = 1e-4;
+    adam.weight_decay = 0.0;
+    const kern::AdamWStep st = optim::adamw_step_scalars(adam, s + 1, adam.lr);
     if (half) {
-      kern::AdamWStep st;
-      st.lr = 1e-4f;
-      st.beta1 = 0.9f;
-      st.beta2 = 0.999f;
-      st.one_minus_beta1 = 0.1f;
-      st.one_minus_beta2 = 0.001f;
-      st.eps = 1e-8f;
-      st.step_size = st.lr / (1.0f - std::pow(0.9f, static_cast<float>(s + 1)));
-      st.bc2_sqrt = std::sqrt(1.0f - std::pow(0.999f, static_cast<float>(s + 1)));
       cpu::adamw_update_partition_mixed<bf16, bf16>(st, master.as<float>(), static_cast<const bf16*>(model.grads().data),
                                                     m.as<float>(), v.as<float>(), 0, n, {},
                                                     static_cast<bf16*>(model.params().data));
     } else {
-      adamw(model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n, s + 1);
+      cpu::adamw_update_partition(st, model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), 0, n,
+                                  {});
     }
     const auto t2 = std::chrono::steady_clock::now();
     if (s >= warmup) {
