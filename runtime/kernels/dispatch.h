@@ -79,12 +79,13 @@ class DeviceScope {
 
 inline bool on_cuda() { return kernel_context().device == Device::kCuda; }
 
-// Memory moves of the model's buffers, routed like the kernels: on the CPU plain memset/memcpy;
+// Memory moves of the model's buffers, routed like the kernels: on the CPU memset (in parallel when
+// large, cpu::fill_zero) and memcpy;
 // inside a CUDA scope stream-ordered CUDA copies (copy_to_host returns when the data is there,
 // copy_from_host when the host source may be reused).
 inline void fill_zero(void* p, size_t bytes) {
   if (on_cuda()) return cuda_memory().memset_zero_async(p, bytes, kernel_context().stream);
-  if (bytes > 0) std::memset(p, 0, bytes);
+  cpu::fill_zero(p, bytes);
 }
 inline void copy_to_host(void* dst, const void* src, size_t bytes) {
   if (on_cuda()) return cuda_memory().copy_to_host(dst, src, bytes, kernel_context().stream);

@@ -1,7 +1,11 @@
 // GELU (tanh approximation) and residual add, forward and backward, over any storage type
-// (kernels.h: S); the in-place add the parallel engines use; fp32 rounding helpers for tests.
+// (kernels.h: S); the in-place add the parallel engines use; the parallel memset of large buffers;
+// fp32 rounding helpers for tests.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+
+#include <omp.h>
 
 #include "core/dtype.h"
 #include "kernels/cpu/kernels.h"
@@ -78,6 +82,21 @@ void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N) {
 template <typename S>
 void add_in_place(S* dst, const S* src, int64_t N) {
   for_chunks(N, [&](int64_t lo, int64_t n) { add_chunk(dst + lo, dst + lo, src + lo, n); });
+}
+
+void fill_zero(void* p, size_t bytes) {
+  constexpr size_t kChunk = size_t{1} << 20;
+  auto* c = static_cast<char*>(p);
+  if (bytes < 2 * kChunk || omp_in_parallel()) {
+    if (bytes > 0) std::memset(c, 0, bytes);
+    return;
+  }
+  const int64_t n = static_cast<int64_t>((bytes + kChunk - 1) / kChunk);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; i++) {
+    const size_t off = static_cast<size_t>(i) * kChunk;
+    std::memset(c + off, 0, std::min(kChunk, bytes - off));
+  }
 }
 
 void round_to_bf16_in_place(float* x, int64_t N) {

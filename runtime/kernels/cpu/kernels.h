@@ -168,6 +168,9 @@ void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N);
 // dst += src (gradient accumulation of the parallel engines); must not overlap.
 template <typename S>
 void add_in_place(S* dst, const S* src, int64_t N);
+// bytes of zeros at p, split across the OpenMP threads when large (a gradient buffer's memset is
+// otherwise the one serial pass of a step).
+void fill_zero(void* p, size_t bytes);
 // x = the nearest bf16 (fp16) value of x, in place, rounding as core/dtype.h (tests and the
 // CUDA comparison use it; training stores 16-bit values in 16-bit buffers).
 void round_to_bf16_in_place(float* x, int64_t N);

@@ -11,16 +11,31 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
+
+namespace {
+// The row loops are multi-versioned (vmath.h) so the 16-bit conversions vectorise.
+template <typename S>
+DS_SIMD_CLONES void add_bias_row(S* o, const S* bias, int OC) {
+  for (int j = 0; j < OC; j++) o[j] = from_f32<S>(to_f32(o[j]) + to_f32(bias[j]));
+}
+
+// acc[j - j0] += dout[n][j] over all rows n, for the columns [j0, j1).
+template <typename S>
+DS_SIMD_CLONES void column_sums(float* acc, const S* dout, int N, int OC, int j0, int j1) {
+  for (int n = 0; n < N; n++) {
+    const S* d = dout + static_cast<int64_t>(n) * OC;
+    for (int j = j0; j < j1; j++) acc[j - j0] += to_f32(d[j]);
+  }
+}
+}  // namespace
 
 template <typename S>
 void add_bias(S* out, const S* bias, int N, int OC) {
 #pragma omp parallel for schedule(static) if (int64_t{N} * OC >= kParallelWork)
-  for (int n = 0; n < N; n++) {
-    S* o = out + static_cast<int64_t>(n) * OC;
-    for (int j = 0; j < OC; j++) o[j] = from_f32<S>(to_f32(o[j]) + to_f32(bias[j]));
-  }
+  for (int n = 0; n < N; n++) add_bias_row(out + static_cast<int64_t>(n) * OC, bias, OC);
 }
 
 template <typename S>
@@ -39,10 +54,7 @@ void bias_backward(G* dbias, const S* dout, int N, int OC) {
   for (int jb = 0; jb < nblocks; jb++) {
     const int j0 = jb * kBlock, j1 = std::min(OC, j0 + kBlock);
     float acc[kBlock] = {};
-    for (int n = 0; n < N; n++) {
-      const S* d = dout + static_cast<int64_t>(n) * OC;
-      for (int j = j0; j < j1; j++) acc[j - j0] += to_f32(d[j]);
-    }
+    column_sums(acc, dout, N, OC, j0, j1);
     for (int j = j0; j < j1; j++) dbias[j] = from_f32<G>(to_f32(dbias[j]) + acc[j - j0]);
   }
 }
