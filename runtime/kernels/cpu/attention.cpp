@@ -158,8 +158,12 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
       if constexpr (std::is_same_v<S, bf16>) {
         const bf16* q = qkv + qoff;
         bf16* dq = dqkv + qoff;
-        head_backward_bf16(dq, dq + C, dq + 2 * C, q, q + C, q + 2 * C, C3, out + ooff, dout + ooff, C, l, P, T,
-                           hs, scale);
+        float* dK = P + bf16_dot_head_backward_floats(T, hs);
+        float* dV = dK + static_cast<int64_t>(T) * hs;
+        head_backward_bf16(dq, dK, dV, q, q + C, q + 2 * C, C3, out + ooff, dout + ooff, C, l, P, T, hs, scale,
+                           0.0f);
+        round_head_rows(dq + C, C3, dK, T, hs);
+        round_head_rows(dq + 2 * C, C3, dV, T, hs);
       }
     } else {
       // q, k, v, o, dO, then dq, dk, dv: this head in fp32 after the two tiles.

@@ -6,7 +6,8 @@
 //   q, k, v, o and dO are read as they are stored (already bf16);
 //   P and dS are rounded to bf16 where they enter a product (P V, dS K, dS^T Q, P^T dO); the
 //   softmax, the log-sum-exp, D_t and dS itself are computed in fp32;
-//   outputs are accumulated in fp32 and rounded once into the bf16 buffers.
+//   outputs are accumulated in fp32 and rounded once into the bf16 buffers (dK and dV are left in
+//   fp32 for the caller, who sums a grouped-query kv head's over its query heads first).
 // The operands are repacked into pair words once per head (k and v transposed, q, k, dO with
 // consecutive rows paired); P and dS are paired in place in their own tiles, so this path needs no
 // scratch beyond the 16-bit path's (per_thread_floats).
@@ -40,7 +41,7 @@ size_t bf16_dot_head_forward_floats(int T, int hs) {
   return static_cast<size_t>(T) * T + 2 * static_cast<size_t>(T) * hs;
 }
 size_t bf16_dot_head_backward_floats(int T, int hs) {
-  return 2 * static_cast<size_t>(T) * T + static_cast<size_t>(T) * hs * 11 / 2;
+  return 2 * static_cast<size_t>(T) * T + static_cast<size_t>(T) * hs * 7 / 2;
 }
 
 DS_SIMD_CLONES
@@ -71,9 +72,9 @@ void head_forward_bf16(bf16* o, int ldo, float* l, const bf16* q, const bf16* k,
 }
 
 DS_SIMD_CLONES
-void head_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, int ldq,
+void head_backward_bf16(bf16* dq, float* dK, float* dV, const bf16* q, const bf16* k, const bf16* v, int ldq,
                         const bf16* o, const bf16* dO, int ldo, const float* l, float* work, int T, int hs,
-                        float scale) {
+                        float scale, float beta) {
   const int64_t TT = static_cast<int64_t>(T) * T, Th = static_cast<int64_t>(T) * hs;
   float* P = work;        // (T, T): scores, then P, then P's rows paired into words
   float* dS = P + TT;     // (T, T): dP, then dS, then dS's rows paired into words
@@ -82,9 +83,7 @@ void head_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* q, const bf16*
   uint32_t* Kp = Vt + Th / 2;  // k, q, dO with rows paired: (T/2, hs) words
   uint32_t* Qp = Kp + Th / 2;
   uint32_t* dOp = Qp + Th / 2;
-  float* dQ = reinterpret_cast<float*>(dOp + Th / 2);  // (T, hs) fp32 each
-  float* dK = dQ + Th;
-  float* dV = dK + Th;
+  float* dQ = reinterpret_cast<float*>(dOp + Th / 2);  // (T, hs) fp32
   bf16_dot::pairs_transposed(Kt, T, bits(k), ldq, T, hs);
   bf16_dot::pairs_transposed(Vt, T, bits(v), ldq, T, hs);
   bf16_dot::pairs_from_rows(Kp, hs, bits(k), ldq, T, hs);
@@ -117,11 +116,11 @@ void head_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* q, const bf16*
   // dK = dS^T q and dV = P^T dO over all rows (zeros above the diagonal): the paired rows of dS
   // and P read as A with pairs down the columns (word (m, kp) at kp * T + m).
   bf16_dot::pairs_from_rows_f32_inplace(dS, T, 0, T, T);
-  bf16_dot::gemm(T, hs, T / 2, words(dS), 1, T, Qp, hs, 1.0f, 0.0f, dK, hs);
-  bf16_dot::gemm(T, hs, T / 2, words(P), 1, T, dOp, hs, 1.0f, 0.0f, dV, hs);
+  bf16_dot::gemm(T, hs, T / 2, words(dS), 1, T, Qp, hs, 1.0f, beta, dK, hs);
+  bf16_dot::gemm(T, hs, T / 2, words(P), 1, T, dOp, hs, 1.0f, beta, dV, hs);
   round_rows(dq, ldq, dQ, T, hs);
-  round_rows(dk, ldq, dK, T, hs);
-  round_rows(dv, ldq, dV, T, hs);
 }
+
+void round_head_rows(bf16* dst, int64_t ld, const float* src, int T, int hs) { round_rows(dst, ld, src, T, hs); }
 
 }  // namespace ds::rt::cpu::attention_rows

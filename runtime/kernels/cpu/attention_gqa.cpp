@@ -7,7 +7,9 @@
 // The only change is which k/v columns a query head reads, and that the backward walks a kv
 // head's group of query heads in one task, summing their dK and dV in head order (beta 1 after
 // the first), so the result does not depend on the thread count.
-// With 16-bit storage the heads are copied to fp32 in the thread's scratch (attention.cpp's way):
+// At bf16 on AVX512-BF16 the heads run on bf16 operands (attention_bf16.cpp, as in attention.cpp),
+// the group's dK and dV summed in fp32 and rounded once. Otherwise, with 16-bit storage the heads
+// are copied to fp32 in the thread's scratch (attention.cpp's way):
 // the forward copies its query head and the kv head it reads; the backward copies the kv head
 // once, sums the group's dK and dV in fp32 and rounds them once at the end, and rounds each query
 // head's dQ as it is done.
@@ -43,6 +45,7 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int
   const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
+  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hd);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {
@@ -53,6 +56,10 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int
     float* l = lse + static_cast<int64_t>(bh) * T;
     if constexpr (std::is_same_v<S, float>) {
       head_forward(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale);
+    } else if (bf16_dot) {
+      if constexpr (std::is_same_v<S, bf16>) {
+        head_forward_bf16(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale);
+      }
     } else {
       const int64_t th = static_cast<int64_t>(T) * hd;
       float* f = tile + 2 * static_cast<size_t>(T) * T;  // q, k, v, o of this head in fp32
@@ -72,6 +79,7 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
   const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
+  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hd);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * KV > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bg = 0; bg < B * KV; bg++) {
@@ -87,6 +95,20 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
         head_backward(drow0 + G.q_col(h), drow0 + G.k_col(g), drow0 + G.v_col(g), row0 + G.q_col(h),
                       row0 + G.k_col(g), row0 + G.v_col(g), st, out + obase + G.q_col(h), dout + obase + G.q_col(h),
                       os, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd, scale, j == 0 ? 0.0f : 1.0f);
+      }
+    } else if (bf16_dot) {
+      if constexpr (std::is_same_v<S, bf16>) {
+        // The group's dK and dV summed in fp32 after the head's work area, rounded once.
+        float* dK = P + bf16_dot_head_backward_floats(T, hd);
+        float* dV = dK + static_cast<int64_t>(T) * hd;
+        for (int j = 0; j < G.group(); j++) {
+          const int h = g * G.group() + j;
+          head_backward_bf16(drow0 + G.q_col(h), dK, dV, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st,
+                             out + obase + G.q_col(h), dout + obase + G.q_col(h), os,
+                             lse + (static_cast<int64_t>(b) * NH + h) * T, P, T, hd, scale, j == 0 ? 0.0f : 1.0f);
+        }
+        round_head_rows(drow0 + G.k_col(g), st, dK, T, hd);
+        round_head_rows(drow0 + G.v_col(g), st, dV, T, hd);
       }
     } else {
       // k, v, dk, dv of the kv head, then q, o, dO, dq of the query head at hand, in fp32.

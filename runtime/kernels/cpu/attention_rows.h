@@ -34,17 +34,21 @@ void head_backward(float* dq, float* dk, float* dv, const float* q, const float*
                    float scale, float beta = 0.0f);
 
 // The same two on bf16 operands and the bf16 dot-product instruction (attention_bf16.cpp), where
-// bf16_dot_head_supported(T, hs): q, k, v, o, dO as stored, outputs rounded once into dq, dk, dv
-// (overwritten) and o; `work` holds bf16_dot_head_{forward,backward}_floats(T, hs) floats, which
-// the 16-bit path's per_thread_floats covers.
+// bf16_dot_head_supported(T, hs): q, k, v, o, dO as stored; o and dq rounded once into place; dK
+// and dV (dense (T, hs) fp32) = beta * themselves + this head's part, for the caller to round
+// (round_head_rows) once its kv head is done. `work` holds bf16_dot_head_{forward,backward}_floats
+// (T, hs) floats (the backward's excluding dK and dV); with dK and dV that is within the 16-bit
+// path's per_thread_floats.
 bool bf16_dot_head_supported(int T, int hs);
 size_t bf16_dot_head_forward_floats(int T, int hs);
 size_t bf16_dot_head_backward_floats(int T, int hs);
 void head_forward_bf16(bf16* o, int ldo, float* l, const bf16* q, const bf16* k, const bf16* v, int ldq,
                        float* work, int T, int hs, float scale);
-void head_backward_bf16(bf16* dq, bf16* dk, bf16* dv, const bf16* q, const bf16* k, const bf16* v, int ldq,
+void head_backward_bf16(bf16* dq, float* dK, float* dV, const bf16* q, const bf16* k, const bf16* v, int ldq,
                         const bf16* o, const bf16* dO, int ldo, const float* l, float* work, int T, int hs,
-                        float scale);
+                        float scale, float beta);
+// T rows of hs dense fp32 values rounded into a strided bf16 buffer (row stride ld).
+void round_head_rows(bf16* dst, int64_t ld, const float* src, int T, int hs);
 
 // Scratch floats per thread: the two (T, T) tiles, and at 16 bits (storage_bytes 2) also 8 x T x hs
 // for the fp32 copies of the head's operands and results.

@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/llama_kernels.h"
 #include "unit/kernels/grad_check.h"
 #include "unit/kernels/sixteen.h"
 
@@ -157,6 +158,36 @@ TEST_F(Bf16Dot, AttentionMatchesTheFp32ComputePath) {
     bf16_dot::set_enabled(true);
     attention_backward(dqkv.data(), dy16.data(), qkv16.data(), out.data(), lse.data(), scratch.data(), B, T, C, NH);
     expect_near_in_norm("attention dqkv", tof(dqkv_ref), tof(dqkv));
+  }
+}
+
+// Grouped-query attention (Llama): the same comparison, the group's dK and dV summed in fp32.
+TEST_F(Bf16Dot, GroupedQueryAttentionMatchesTheFp32ComputePath) {
+  struct Case {
+    int B, T, NH, KV, hd;
+  };
+  for (const Case c : {Case{2, 128, 4, 2, 64}, Case{1, 70, 6, 2, 8}, Case{2, 96, 4, 1, 32}}) {
+    SCOPED_TRACE(testing::Message() << "B " << c.B << " T " << c.T << " NH " << c.NH << " KV " << c.KV);
+    const int st = (c.NH + 2 * c.KV) * c.hd, os = c.NH * c.hd;
+    auto qkv = randn(static_cast<size_t>(c.B) * c.T * st, 7), dy = randn(static_cast<size_t>(c.B) * c.T * os, 8);
+    const auto qkv16 = to16<bf16>(qkv), dy16 = to16<bf16>(dy);
+    std::vector<float> scratch(attention_scratch_floats(c.T, c.hd, 2));
+    std::vector<float> lse_ref(static_cast<size_t>(c.B) * c.NH * c.T), lse(lse_ref.size());
+    std::vector<bf16> out_ref(dy16.size()), out(dy16.size());
+    bf16_dot::set_enabled(false);
+    attention_gqa_forward(out_ref.data(), lse_ref.data(), qkv16.data(), scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    bf16_dot::set_enabled(true);
+    attention_gqa_forward(out.data(), lse.data(), qkv16.data(), scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    expect_near_in_norm("gqa out", tof(out_ref), tof(out));
+    for (size_t i = 0; i < lse.size(); i++) ASSERT_NEAR(lse[i], lse_ref[i], 1e-5 * (1 + std::fabs(lse_ref[i]))) << i;
+    std::vector<bf16> dqkv_ref(qkv16.size()), dqkv(qkv16.size());
+    bf16_dot::set_enabled(false);
+    attention_gqa_backward(dqkv_ref.data(), dy16.data(), qkv16.data(), out.data(), lse.data(), scratch.data(), c.B,
+                           c.T, c.NH, c.KV, c.hd);
+    bf16_dot::set_enabled(true);
+    attention_gqa_backward(dqkv.data(), dy16.data(), qkv16.data(), out.data(), lse.data(), scratch.data(), c.B, c.T,
+                           c.NH, c.KV, c.hd);
+    expect_near_in_norm("gqa dqkv", tof(dqkv_ref), tof(dqkv));
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/error.h"
 #include "core/dtype.h"
+#include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/llama_kernels.h"
 #include "kernels/llama_typed.h"
@@ -99,6 +100,11 @@ TYPED_TEST(LlamaKernels16, SwiGluForwardAndBackward) {
 
 TYPED_TEST(LlamaKernels16, GroupedQueryAttentionForwardAndBackward) {
   using S = TypeParam;
+  // The fp32-compute path at bf16 too (the bf16 dot-product path: attention_bf16_dot_test.cpp).
+  bf16_dot::set_enabled(false);
+  struct Restore {
+    ~Restore() { bf16_dot::set_enabled(true); }
+  } restore;
   struct Case {
     int B, T, NH, KV, hd;
   };
