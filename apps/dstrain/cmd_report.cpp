@@ -1,6 +1,7 @@
 // `dstrain report`: what this build is made of and what this machine offers: compiler, every
 // dependency's version, CUDA and NCCL found or not, GPUs and their memory, CPU cores, and the CPU
-// matmul kernels oneDNN picks on this processor (one small product per storage type, run here).
+// matmul kernels oneDNN picks on this processor (one small product per storage type, run here) and
+// the path bf16 attention takes (one small bf16 attention).
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,10 +33,20 @@ void run_one_matmul() {
   rt::cpu::matmul_forward<S>(out.data(), inp.data(), w.data(), nullptr, B, T, C, OC);
 }
 
+// One bf16 attention (T 64, one head of 64), so the report says which path bf16 attention takes.
+void run_one_bf16_attention() {
+  const int B = 1, T = 64, C = 64, NH = 1;
+  std::vector<rt::bf16> qkv(static_cast<size_t>(T) * 3 * C, rt::from_f32<rt::bf16>(0.125f));
+  std::vector<rt::bf16> out(static_cast<size_t>(T) * C);
+  std::vector<float> lse(static_cast<size_t>(T) * NH), scratch(rt::cpu::attention_scratch_floats(T, C / NH, 2));
+  rt::cpu::attention_forward<rt::bf16>(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, C, NH);
+}
+
 std::string cpu_matmul_kernels() {
   run_one_matmul<float>();
   run_one_matmul<rt::bf16>();
   run_one_matmul<rt::f16>();
+  run_one_bf16_attention();
   return rt::cpu::kernel_report();
 }
 
@@ -85,7 +96,7 @@ int run_report(const ReportOptions& o) {
                              format_bytes(static_cast<double>(g.total_bytes)), g.sm_major,
                              g.sm_minor);
   }
-  std::cout << "\nCPU matmul kernels (oneDNN's choice on this processor)\n";
+  std::cout << "\nCPU kernels (oneDNN's matmul choice on this processor; the bf16 attention path)\n";
   for (const auto& part : split(cpu_matmul_kernels(), ';')) std::cout << "  " << trim(part) << "\n";
   std::cout << "\nhost\n";
   row("CPU cores", std::to_string(sysconf(_SC_NPROCESSORS_ONLN)));

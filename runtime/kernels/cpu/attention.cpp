@@ -14,7 +14,9 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <string>
 #include <type_traits>
 
 #include "kernels/cpu/attention_rows.h"
@@ -101,6 +103,19 @@ size_t per_thread_floats(int T, int hs, int storage_bytes) {
 
 using namespace attention_rows;
 
+namespace {
+// The path the last bf16 attention took (for attention_report): 0 none yet, 1 dot products, 2 fp32.
+std::atomic<int> g_bf16_path{0};
+}  // namespace
+
+std::string attention_report() {
+  switch (g_bf16_path.load(std::memory_order_relaxed)) {
+    case 1: return "bf16 attention: avx512_bf16 dot products";
+    case 2: return "bf16 attention: fp32 compute";
+    default: return "";
+  }
+}
+
 size_t attention_scratch_floats(int T, int hs, int storage_bytes) {
   return static_cast<size_t>(omp_get_max_threads()) * per_thread_floats(T, hs, storage_bytes);
 }
@@ -111,6 +126,7 @@ void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
   const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hs);
+  if constexpr (std::is_same_v<S, bf16>) g_bf16_path.store(bf16_dot ? 1 : 2, std::memory_order_relaxed);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {

@@ -259,8 +259,11 @@ bool all_finite(const S* x, int64_t n);
 
 // One line per matmul implementation used so far in this process: "fp32 matmul: brg:avx512_core"
 // (oneDNN's implementation string), "bf16 matmul: ..." or "... fp32 fallback" where oneDNN had no
-// 16-bit primitive. For `dstrain report` and the run's summary.
+// 16-bit primitive; then, once a bf16 attention has run, which path it took ("bf16 attention:
+// avx512_bf16 dot products" or "... fp32 compute"). For `dstrain report` and the run's summary.
 std::string kernel_report();
+// The bf16 attention part of kernel_report() ("" until a bf16 attention ran).
+std::string attention_report();
 // oneDNN's version, "3.x.y (commit ...)", as the library linked at run time reports it.
 std::string onednn_version();
 

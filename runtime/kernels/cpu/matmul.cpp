@@ -72,7 +72,10 @@ void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identi
   if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 
-std::string kernel_report() { return onednn::report(); }
+std::string kernel_report() {
+  const std::string m = onednn::report(), a = attention_report();
+  return a.empty() ? m : m.empty() ? a : m + "; " + a;
+}
 std::string onednn_version() { return onednn::version(); }
 
 #define DS_INST_S(S)                                                                   \

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "common/half.h"
@@ -159,6 +160,13 @@ TEST_F(Bf16Dot, AttentionMatchesTheFp32ComputePath) {
     attention_backward(dqkv.data(), dy16.data(), qkv16.data(), out.data(), lse.data(), scratch.data(), B, T, C, NH);
     expect_near_in_norm("attention dqkv", tof(dqkv_ref), tof(dqkv));
   }
+  // The run's kernel line names the path the last bf16 attention took.
+  EXPECT_NE(kernel_report().find("bf16 attention: avx512_bf16 dot products"), std::string::npos) << kernel_report();
+  bf16_dot::set_enabled(false);
+  std::vector<bf16> qkv(64 * 3 * 8, from_f32<bf16>(0.5f)), out(64 * 8);
+  std::vector<float> lse(64), scratch(attention_scratch_floats(64, 8, 2));
+  attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), 1, 64, 8, 1);
+  EXPECT_NE(kernel_report().find("bf16 attention: fp32 compute"), std::string::npos) << kernel_report();
 }
 
 // Grouped-query attention (Llama): the same comparison, the group's dK and dV summed in fp32.
