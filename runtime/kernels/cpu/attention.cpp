@@ -108,6 +108,8 @@ namespace {
 std::atomic<int> g_bf16_path{0};
 }  // namespace
 
+void attention_rows::note_bf16_path(bool dot) { g_bf16_path.store(dot ? 1 : 2, std::memory_order_relaxed); }
+
 std::string attention_report() {
   switch (g_bf16_path.load(std::memory_order_relaxed)) {
     case 1: return "bf16 attention: avx512_bf16 dot products";
@@ -126,7 +128,7 @@ void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const size_t per_thread = per_thread_floats(T, hs, sizeof(S));
   const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hs);
-  if constexpr (std::is_same_v<S, bf16>) g_bf16_path.store(bf16_dot ? 1 : 2, std::memory_order_relaxed);
+  if constexpr (std::is_same_v<S, bf16>) note_bf16_path(bf16_dot);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * C >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {

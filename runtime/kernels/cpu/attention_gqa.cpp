@@ -46,6 +46,7 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
   const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hd);
+  if constexpr (std::is_same_v<S, bf16>) note_bf16_path(bf16_dot);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bh = 0; bh < B * NH; bh++) {

@@ -47,6 +47,8 @@ void head_forward_bf16(bf16* o, int ldo, float* l, const bf16* q, const bf16* k,
 void head_backward_bf16(bf16* dq, float* dK, float* dV, const bf16* q, const bf16* k, const bf16* v, int ldq,
                         const bf16* o, const bf16* dO, int ldo, const float* l, float* work, int T, int hs,
                         float scale, float beta);
+// Records which path a bf16 attention forward took, for kernel_report().
+void note_bf16_path(bool dot);
 // T rows of hs dense fp32 values rounded into a strided bf16 buffer (row stride ld).
 void round_head_rows(bf16* dst, int64_t ld, const float* src, int T, int hs);
 
