@@ -112,6 +112,66 @@ DS_BF16_TARGET void pairs_from_rows_f32_avx512(float* x, int64_t ld, int r0, int
     }
   }
 }
+
+// 16 x 16 blocks of words transposed in registers (32-bit, then 64-bit interleaves within the
+// 128-bit lanes, then two rounds of lane shuffles); the edges word by word.
+DS_BF16_TARGET void pairs_transposed_avx512(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows,
+                                            int cols) {
+  const int wc = cols / 2, rb = rows / 16 * 16, cb = wc / 16 * 16;
+  for (int r0 = 0; r0 < rb; r0 += 16) {
+    for (int w0 = 0; w0 < cb; w0 += 16) {
+      __m512i r[16], t[16], u[16];
+#pragma GCC unroll 16
+      for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512(x + (r0 + i) * ldx + 2 * w0);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+      }
+      // u[4i + j], lane L: word column 4L + j of rows 4i .. 4i+3.
+#pragma GCC unroll 4
+      for (int i = 0; i < 4; i++) {
+        u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+      }
+#pragma GCC unroll 4
+      for (int j = 0; j < 4; j++) {
+        const __m512i p0 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x44), p1 = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xee);
+        const __m512i q0 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x44);
+        const __m512i q1 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xee);
+        uint32_t* d = dst + static_cast<int64_t>(w0 + j) * ldd + r0;
+        _mm512_storeu_si512(d, _mm512_shuffle_i32x4(p0, q0, 0x88));
+        _mm512_storeu_si512(d + 4 * ldd, _mm512_shuffle_i32x4(p0, q0, 0xdd));
+        _mm512_storeu_si512(d + 8 * ldd, _mm512_shuffle_i32x4(p1, q1, 0x88));
+        _mm512_storeu_si512(d + 12 * ldd, _mm512_shuffle_i32x4(p1, q1, 0xdd));
+      }
+    }
+  }
+  auto word = [&](int r, int kp) {
+    uint32_t w;
+    std::memcpy(&w, x + r * ldx + 2 * kp, 4);
+    dst[kp * ldd + r] = w;
+  };
+  for (int r = 0; r < rb; r++) {
+    for (int kp = cb; kp < wc; kp++) word(r, kp);
+  }
+  for (int r = rb; r < rows; r++) {
+    for (int kp = 0; kp < wc; kp++) word(r, kp);
+  }
+}
+
+// The generic loop, compiled for AVX-512 (it vectorises as it is).
+DS_BF16_TARGET void pairs_from_rows_avx512(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows,
+                                           int cols) {
+  for (int kp = 0; kp < rows / 2; kp++) {
+    const uint16_t* lo = x + 2 * kp * ldx;
+    const uint16_t* hi = lo + ldx;
+    uint32_t* d = dst + kp * ldd;
+    for (int c = 0; c < cols; c++) d[c] = static_cast<uint32_t>(lo[c]) | (static_cast<uint32_t>(hi[c]) << 16);
+  }
+}
 #endif
 }  // namespace
 
@@ -140,6 +200,9 @@ void gemm(int M, int N, int Kp, const uint32_t* A, int64_t sam, int64_t sak, con
 }
 
 void pairs_transposed(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows, int cols) {
+#if defined(__x86_64__)
+  if (cpu_has_bf16_dot()) return pairs_transposed_avx512(dst, ldd, x, ldx, rows, cols);
+#endif
   // Blocks of 16 rows: each source row's words are read once and scattered down 16 columns.
   constexpr int kB = 16;
   for (int r0 = 0; r0 < rows; r0 += kB) {
@@ -156,6 +219,9 @@ void pairs_transposed(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx
 }
 
 void pairs_from_rows(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows, int cols) {
+#if defined(__x86_64__)
+  if (cpu_has_bf16_dot()) return pairs_from_rows_avx512(dst, ldd, x, ldx, rows, cols);
+#endif
   for (int kp = 0; kp < rows / 2; kp++) {
     const uint16_t* lo = x + 2 * kp * ldx;
     const uint16_t* hi = lo + ldx;
