@@ -2,8 +2,18 @@
 #include <algorithm>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
+
+namespace {
+// o[c] = a[c] + b[c] in fp32, rounded once; o may be a. Multi-versioned (vmath.h) so the 16-bit
+// conversions vectorise.
+template <typename D, typename A, typename B>
+DS_SIMD_CLONES void add_row(D* o, const A* a, const B* b, int n) {
+  for (int c = 0; c < n; c++) o[c] = from_f32<D>(to_f32(a[c]) + to_f32(b[c]));
+}
+}  // namespace
 
 template <typename S>
 void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C) {
@@ -13,7 +23,7 @@ void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int
     S* o = out + bt * C;
     const S* w = wte + static_cast<int64_t>(inp[bt]) * C;
     const S* p = wpe + static_cast<int64_t>(t) * C;
-    for (int c = 0; c < C; c++) o[c] = from_f32<S>(to_f32(w[c]) + to_f32(p[c]));
+    add_row(o, w, p, C);
   }
 }
 
@@ -31,11 +41,11 @@ void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, con
       const S* d = dout + bt * C;
       if (dwte != nullptr) {
         G* w = dwte + static_cast<int64_t>(inp[bt]) * C;
-        for (int c = c0; c < c1; c++) w[c] = from_f32<G>(to_f32(w[c]) + to_f32(d[c]));
+        add_row(w + c0, w + c0, d + c0, c1 - c0);
       }
       if (dwpe != nullptr) {
         G* p = dwpe + static_cast<int64_t>(t) * C;
-        for (int c = c0; c < c1; c++) p[c] = from_f32<G>(to_f32(p[c]) + to_f32(d[c]));
+        add_row(p + c0, p + c0, d + c0, c1 - c0);
       }
     }
   }
@@ -70,7 +80,7 @@ void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, i
       if (v < 0 || v >= Vl) continue;
       const S* d = dout + bt * C;
       G* w = dwte + static_cast<int64_t>(v) * C;
-      for (int c = c0; c < c1; c++) w[c] = from_f32<G>(to_f32(w[c]) + to_f32(d[c]));
+      add_row(w + c0, w + c0, d + c0, c1 - c0);
     }
   }
 }
@@ -81,7 +91,7 @@ void add_position(S* out, const S* wpe, int B, int T, int C) {
   for (int64_t bt = 0; bt < static_cast<int64_t>(B) * T; bt++) {
     S* o = out + bt * C;
     const S* p = wpe + (bt % T) * C;
-    for (int c = 0; c < C; c++) o[c] = from_f32<S>(to_f32(o[c]) + to_f32(p[c]));
+    add_row(o, o, p, C);
   }
 }
 

@@ -27,15 +27,16 @@ float sum_squares_row(const S* x, int C) {
   return vsum(acc, kLanes);
 }
 
+// The row loops are multi-versioned (vmath.h) so the 16-bit conversions vectorise.
 template <typename S>
-void rms_row(S* o, float* rstd_out, const S* x, const S* w, int C, float eps) {
+DS_SIMD_CLONES void rms_row(S* o, float* rstd_out, const S* x, const S* w, int C, float eps) {
   const float s = 1.0f / std::sqrt(sum_squares_row(x, C) / static_cast<float>(C) + eps);
   for (int c = 0; c < C; c++) o[c] = from_f32<S>(to_f32(x[c]) * s * to_f32(w[c]));
   *rstd_out = s;
 }
 
 template <typename S>
-void rms_row_backward(S* dx, const S* dy, const S* x, const S* w, float s, int C) {
+DS_SIMD_CLONES void rms_row_backward(S* dx, const S* dy, const S* x, const S* w, float s, int C) {
   float acc[kLanes] = {};
   int c0 = 0;
   for (; c0 + kLanes <= C; c0 += kLanes) {
@@ -49,6 +50,17 @@ void rms_row_backward(S* dx, const S* dy, const S* x, const S* w, float s, int C
   for (int c = 0; c < C; c++) {
     const float xv = to_f32(x[c]);
     dx[c] = from_f32<S>(to_f32(dx[c]) + s * (to_f32(dy[c]) * to_f32(w[c]) - xv * b));
+  }
+}
+
+// dw[c - c0] = sum over rows of dy xhat, channels [c0, c1).
+template <typename S>
+DS_SIMD_CLONES void weight_grad_block(float* dw, const S* dout, const S* inp, const float* rstd, int64_t N, int C,
+                                      int c0, int c1) {
+  for (int64_t r = 0; r < N; r++) {
+    const S* dy = dout + r * C;
+    const S* x = inp + r * C;
+    for (int c = c0; c < c1; c++) dw[c - c0] += to_f32(dy[c]) * to_f32(x[c]) * rstd[r];
   }
 }
 
@@ -74,11 +86,7 @@ void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S*
     for (int cb = 0; cb < nblocks; cb++) {
       const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);
       float dw[kBlock] = {};
-      for (int64_t r = 0; r < N; r++) {
-        const S* dy = dout + r * C;
-        const S* x = inp + r * C;
-        for (int c = c0; c < c1; c++) dw[c - c0] += to_f32(dy[c]) * to_f32(x[c]) * rstd[r];
-      }
+      weight_grad_block(dw, dout, inp, rstd, N, C, c0, c1);
       for (int c = c0; c < c1; c++) dweight[c] = from_f32<G>(to_f32(dweight[c]) + dw[c - c0]);
     }
   }

@@ -6,10 +6,23 @@
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/llama_kernels.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
 
 namespace {
+
+// One head's pairs (i, i + h2) rotated; multi-versioned (vmath.h) so the 16-bit conversions
+// vectorise.
+template <typename S>
+DS_SIMD_CLONES void rope_head(S* v, const float* c, const float* s, int h2, float sign) {
+  for (int i = 0; i < h2; i++) {
+    const float a = to_f32(v[i]), b = to_f32(v[i + h2]);
+    const float sn = sign * s[i];
+    v[i] = from_f32<S>(a * c[i] - b * sn);
+    v[i + h2] = from_f32<S>(b * c[i] + a * sn);
+  }
+}
 
 // sign +1: forward rotation; -1: its transpose.
 template <typename S>
@@ -22,15 +35,7 @@ void rope_apply(S* x, const float* cos, const float* sin, int B, int T, int head
     const int t = static_cast<int>(r % T);
     const float* c = cos + static_cast<int64_t>(t) * h2;
     const float* s = sin + static_cast<int64_t>(t) * h2;
-    for (int h = 0; h < heads; h++) {
-      S* v = x + r * stride + offset + static_cast<int64_t>(h) * hd;
-      for (int i = 0; i < h2; i++) {
-        const float a = to_f32(v[i]), b = to_f32(v[i + h2]);
-        const float sn = sign * s[i];
-        v[i] = from_f32<S>(a * c[i] - b * sn);
-        v[i + h2] = from_f32<S>(b * c[i] + a * sn);
-      }
-    }
+    for (int h = 0; h < heads; h++) rope_head(x + r * stride + offset + static_cast<int64_t>(h) * hd, c, s, h2, sign);
   }
 }
 
