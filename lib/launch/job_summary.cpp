@@ -1,6 +1,8 @@
 // The one summary line of a job and its exit status, for every backend (job_summary.h).
 #include "launch/job_summary.h"
 
+#include <csignal>
+
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
@@ -20,8 +22,22 @@ bool is_preemption(const Failure& f) {
   return f.rank >= 0 && f.status.signal == 0 && f.status.code == preempt::kPreemptedExitCode;
 }
 
+bool is_teardown_death(const JobOutcome& o) {
+  if (!o.failure || o.failure->rank < 0 || o.stop_signal == 0) return false;
+  const int sig = o.failure->status.signal;
+  return sig == SIGTERM || sig == SIGINT || sig == SIGHUP || sig == SIGKILL;
+}
+
 int finish(OutputMux& mux, const JobOutcome& o) {
   std::string after = o.restarts > 0 ? fmt::format(" after {} restart(s)", o.restarts) : "";
+  if (is_teardown_death(o)) {
+    // The job was being torn down around the launcher (a scheduler cancelling or requeueing it
+    // signals the ranks and the launcher within moments of each other): the rank's death is part
+    // of the interruption, not a failure of its own.
+    mux.note(fmt::format("dstrain: job interrupted by {}{}: every rank was stopped ({} first); exit status {}",
+                         signal_name(o.stop_signal), after, describe_failure(*o.failure), 128 + o.stop_signal));
+    return 128 + o.stop_signal;
+  }
   if (o.preempted) {
     mux.note(
         fmt::format("dstrain: job preempted{}: all {} rank(s) finished their step, wrote a "

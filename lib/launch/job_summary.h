@@ -40,8 +40,14 @@ struct JobOutcome {
 // True for a failure that is a rank's preemption exit (no restart answers it).
 bool is_preemption(const Failure& f);
 
+// True when the first failure is a rank killed by SIGTERM, SIGINT, SIGHUP or SIGKILL and the
+// launcher was stopped by a signal too: a teardown from outside (Slurm cancelling or requeueing
+// the job signals the ranks and the launcher), summed up as the interruption it is.
+bool is_teardown_death(const JobOutcome& outcome);
+
 // Prints the summary through `mux` and returns the job's exit status: 75 when preempted, else
-// 1 for a node-level failure, the first failing rank's status, 128+signal when interrupted, 0.
+// 128+signal when interrupted (a teardown death included: is_teardown_death), 1 for a
+// node-level failure, the first failing rank's status, 0.
 int finish(OutputMux& mux, const JobOutcome& outcome);
 
 }  // namespace ds::launch

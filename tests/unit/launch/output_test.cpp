@@ -1,9 +1,11 @@
-// Line splitting, rank sets and the output multiplexer (console through pipes, log files).
+// Line splitting, rank sets, the output multiplexer (console through pipes, log files) and the
+// job summary line.
 #include "launch/output.h"
 
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -11,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "launch/job_summary.h"
 
 namespace ds::launch {
 namespace {
@@ -87,6 +90,47 @@ TEST(OutputMux, PrefixesFiltersAndLogs) {
   EXPECT_EQ(s1.str(), "hello\noops\n----- dstrain: restart 1 -----\n");
   for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
   std::filesystem::remove_all(dir);
+}
+
+// The summary line and exit status of each way a job ends (job_summary.h).
+std::string summary_of(const JobOutcome& o, int* status) {
+  int err[2];
+  EXPECT_EQ(::pipe2(err, O_NONBLOCK), 0);
+  {
+    OutputMux mux(OutputOptions{}, 1, err[1]);
+    *status = finish(mux, o);
+  }
+  std::string s = drain(err[0]);
+  ::close(err[0]);
+  ::close(err[1]);
+  return s;
+}
+
+TEST(JobSummary, ARankKilledWhileTheLauncherIsSignalledIsAnInterruption) {
+  JobOutcome o;
+  o.world_size = 4;
+  o.failure = Failure{0, "n1", ExitStatus{0, SIGTERM}, {}};
+  o.stop_signal = SIGTERM;  // Slurm's requeue signals the ranks and the launcher moments apart
+  int status = 0;
+  EXPECT_EQ(summary_of(o, &status),
+            "dstrain: job interrupted by SIGTERM: every rank was stopped (rank 0 on n1 was killed by signal 15 "
+            "(SIGTERM) first); exit status 143\n");
+  EXPECT_EQ(status, 143);
+  // A rank that crashed on its own stays the failure, signal or not.
+  o.failure = Failure{2, "n2", ExitStatus{0, SIGSEGV}, {}};
+  EXPECT_NE(summary_of(o, &status).find("dstrain: job failed: rank 2 on n2 was killed by signal 11 (SIGSEGV)"),
+            std::string::npos);
+  EXPECT_EQ(status, 128 + SIGSEGV);
+  o.failure = Failure{1, "n1", ExitStatus{3, 0}, {}};
+  EXPECT_NE(summary_of(o, &status).find("dstrain: job failed: rank 1 on n1 exited with exit code 3"),
+            std::string::npos);
+  EXPECT_EQ(status, 3);
+  // A SIGTERM death without the launcher being signalled is a failure.
+  o.failure = Failure{0, "n1", ExitStatus{0, SIGTERM}, {}};
+  o.stop_signal = 0;
+  EXPECT_NE(summary_of(o, &status).find("dstrain: job failed: rank 0 on n1 was killed by signal 15"),
+            std::string::npos);
+  EXPECT_EQ(status, 143);
 }
 
 }  // namespace
