@@ -14,8 +14,10 @@
 
 #if defined(__x86_64__)
 // GCC 12's AVX-512 headers start some conversions from _mm512_undefined_*(), which its
-// -Wmaybe-uninitialized reports inside the header.
+// -Wmaybe-uninitialized reports inside the header (clang has no such warning).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #define DS_BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 #endif
