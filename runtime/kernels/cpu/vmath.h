@@ -117,8 +117,10 @@ inline float vexp_sum(const S* x, float shift, int n) {
 
 }  // namespace ds::rt::cpu
 
-// Multi-versioned hot loops: the loader picks the widest ISA the CPU has.
-#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+// Multi-versioned hot loops: the loader picks the widest ISA the CPU has. GCC only: clang (14)
+// refuses target_clones on the function templates these are, so a clang build runs them at the
+// baseline ISA (as sanitizer builds do).
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__clang__)
 #define DS_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define DS_SIMD_CLONES
