@@ -27,19 +27,16 @@ const uint16_t* bits(const bf16* p) { return reinterpret_cast<const uint16_t*>(p
 const uint32_t* words(const bf16* p) { return reinterpret_cast<const uint32_t*>(p); }
 const uint32_t* words(const float* p) { return reinterpret_cast<const uint32_t*>(p); }
 
-// T rows of hs fp32 values (dense) rounded into a strided bf16 buffer.
-void round_rows(bf16* dst, int64_t ld, const float* src, int T, int hs) {
+}  // namespace
+
+void round_head_rows(bf16* dst, int64_t ld, const float* src, int T, int hs) {
   for (int t = 0; t < T; t++) {
     bf16_dot::round_row(reinterpret_cast<uint16_t*>(dst + t * ld), src + static_cast<int64_t>(t) * hs, hs);
   }
 }
-}  // namespace
 
 bool bf16_dot_head_supported(int T, int hs) { return bf16_dot::available() && T % 2 == 0 && hs % 2 == 0; }
 
-size_t bf16_dot_head_forward_floats(int T, int hs) {
-  return static_cast<size_t>(T) * T + 2 * static_cast<size_t>(T) * hs;
-}
 size_t bf16_dot_head_backward_floats(int T, int hs) {
   return 2 * static_cast<size_t>(T) * T + static_cast<size_t>(T) * hs * 7 / 2;
 }
@@ -68,7 +65,7 @@ void head_forward_bf16(bf16* o, int ldo, float* l, const bf16* q, const bf16* k,
     // O rows [r0, r1) = P v over keys [0, r1): P's rows are T words apart.
     bf16_dot::gemm(r1 - r0, hs, r1 / 2, words(Sr), T, 1, Vp, hs, 1.0f, 0.0f, O + static_cast<int64_t>(r0) * hs, hs);
   }
-  round_rows(o, ldo, O, T, hs);
+  round_head_rows(o, ldo, O, T, hs);
 }
 
 DS_SIMD_CLONES
@@ -118,9 +115,8 @@ void head_backward_bf16(bf16* dq, float* dK, float* dV, const bf16* q, const bf1
   bf16_dot::pairs_from_rows_f32_inplace(dS, T, 0, T, T);
   bf16_dot::gemm(T, hs, T / 2, words(dS), 1, T, Qp, hs, 1.0f, beta, dK, hs);
   bf16_dot::gemm(T, hs, T / 2, words(P), 1, T, dOp, hs, 1.0f, beta, dV, hs);
-  round_rows(dq, ldq, dQ, T, hs);
+  round_head_rows(dq, ldq, dQ, T, hs);
 }
 
-void round_head_rows(bf16* dst, int64_t ld, const float* src, int T, int hs) { round_rows(dst, ld, src, T, hs); }
 
 }  // namespace ds::rt::cpu::attention_rows

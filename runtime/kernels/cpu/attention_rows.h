@@ -36,11 +36,10 @@ void head_backward(float* dq, float* dk, float* dv, const float* q, const float*
 // The same two on bf16 operands and the bf16 dot-product instruction (attention_bf16.cpp), where
 // bf16_dot_head_supported(T, hs): q, k, v, o, dO as stored; o and dq rounded once into place; dK
 // and dV (dense (T, hs) fp32) = beta * themselves + this head's part, for the caller to round
-// (round_head_rows) once its kv head is done. `work` holds bf16_dot_head_{forward,backward}_floats
-// (T, hs) floats (the backward's excluding dK and dV); with dK and dV that is within the 16-bit
-// path's per_thread_floats.
+// (round_head_rows) once its kv head is done. `work` is the thread's per_thread_floats(T, hs, 2):
+// the forward uses T*T + 2*T*hs of it, the backward bf16_dot_head_backward_floats(T, hs) (dK and
+// dV go after that).
 bool bf16_dot_head_supported(int T, int hs);
-size_t bf16_dot_head_forward_floats(int T, int hs);
 size_t bf16_dot_head_backward_floats(int T, int hs);
 void head_forward_bf16(bf16* o, int ldo, float* l, const bf16* q, const bf16* k, const bf16* v, int ldq,
                        float* work, int T, int hs, float scale);

@@ -27,6 +27,29 @@ namespace ds::rt::cpu::bf16_dot {
 namespace {
 std::atomic<bool> g_enabled{true};
 
+// The portable loops, shared by the generic entry points and (inlined, for AVX-512) the
+// processor-specific ones.
+// Words of rows [r0, r1) and word columns [kp0, kp1) of X transposed into dst.
+inline void transpose_words(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int r0, int r1, int kp0,
+                            int kp1) {
+  for (int r = r0; r < r1; r++) {
+    for (int kp = kp0; kp < kp1; kp++) {
+      uint32_t w;
+      std::memcpy(&w, x + r * ldx + 2 * kp, 4);
+      dst[kp * ldd + r] = w;
+    }
+  }
+}
+
+inline void pair_rows(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows, int cols) {
+  for (int kp = 0; kp < rows / 2; kp++) {
+    const uint16_t* lo = x + 2 * kp * ldx;
+    const uint16_t* hi = lo + ldx;
+    uint32_t* d = dst + kp * ldd;
+    for (int c = 0; c < cols; c++) d[c] = static_cast<uint32_t>(lo[c]) | (static_cast<uint32_t>(hi[c]) << 16);
+  }
+}
+
 #if defined(__x86_64__)
 bool cpu_has_bf16_dot() {
   static const bool has = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -151,28 +174,14 @@ DS_BF16_TARGET void pairs_transposed_avx512(uint32_t* dst, int64_t ldd, const ui
       }
     }
   }
-  auto word = [&](int r, int kp) {
-    uint32_t w;
-    std::memcpy(&w, x + r * ldx + 2 * kp, 4);
-    dst[kp * ldd + r] = w;
-  };
-  for (int r = 0; r < rb; r++) {
-    for (int kp = cb; kp < wc; kp++) word(r, kp);
-  }
-  for (int r = rb; r < rows; r++) {
-    for (int kp = 0; kp < wc; kp++) word(r, kp);
-  }
+  transpose_words(dst, ldd, x, ldx, 0, rb, cb, wc);
+  transpose_words(dst, ldd, x, ldx, rb, rows, 0, wc);
 }
 
-// The generic loop, compiled for AVX-512 (it vectorises as it is).
-DS_BF16_TARGET void pairs_from_rows_avx512(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows,
-                                           int cols) {
-  for (int kp = 0; kp < rows / 2; kp++) {
-    const uint16_t* lo = x + 2 * kp * ldx;
-    const uint16_t* hi = lo + ldx;
-    uint32_t* d = dst + kp * ldd;
-    for (int c = 0; c < cols; c++) d[c] = static_cast<uint32_t>(lo[c]) | (static_cast<uint32_t>(hi[c]) << 16);
-  }
+// The portable loop, compiled for AVX-512 (it vectorises as it is).
+DS_BF16_TARGET void pair_rows_avx512(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows,
+                                     int cols) {
+  pair_rows(dst, ldd, x, ldx, rows, cols);
 }
 #endif
 }  // namespace
@@ -205,31 +214,14 @@ void pairs_transposed(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx
 #if defined(__x86_64__)
   if (cpu_has_bf16_dot()) return pairs_transposed_avx512(dst, ldd, x, ldx, rows, cols);
 #endif
-  // Blocks of 16 rows: each source row's words are read once and scattered down 16 columns.
-  constexpr int kB = 16;
-  for (int r0 = 0; r0 < rows; r0 += kB) {
-    const int r1 = rows - r0 < kB ? rows : r0 + kB;
-    for (int kp = 0; kp < cols / 2; kp++) {
-      uint32_t* d = dst + kp * ldd;
-      for (int r = r0; r < r1; r++) {
-        uint32_t w;
-        std::memcpy(&w, x + r * ldx + 2 * kp, 4);
-        d[r] = w;
-      }
-    }
-  }
+  transpose_words(dst, ldd, x, ldx, 0, rows, 0, cols / 2);
 }
 
 void pairs_from_rows(uint32_t* dst, int64_t ldd, const uint16_t* x, int64_t ldx, int rows, int cols) {
 #if defined(__x86_64__)
-  if (cpu_has_bf16_dot()) return pairs_from_rows_avx512(dst, ldd, x, ldx, rows, cols);
+  if (cpu_has_bf16_dot()) return pair_rows_avx512(dst, ldd, x, ldx, rows, cols);
 #endif
-  for (int kp = 0; kp < rows / 2; kp++) {
-    const uint16_t* lo = x + 2 * kp * ldx;
-    const uint16_t* hi = lo + ldx;
-    uint32_t* d = dst + kp * ldd;
-    for (int c = 0; c < cols; c++) d[c] = static_cast<uint32_t>(lo[c]) | (static_cast<uint32_t>(hi[c]) << 16);
-  }
+  pair_rows(dst, ldd, x, ldx, rows, cols);
 }
 
 void pairs_from_rows_f32_inplace(float* x, int64_t ld, int r0, int r1, int cols) {

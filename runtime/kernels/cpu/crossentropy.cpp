@@ -37,24 +37,11 @@ float row_softmax_scaled(float* x, float dloss, int V, int Vp) {
 template <typename S>
 DS_SIMD_CLONES float row_softmax_scaled_16(S* x, float* e, float dloss, int tgt, int V, int Vp) {
   const float mx = vmax(x, V);
-  float acc[kLanes] = {};
-  int v = 0;
-  for (; v + kLanes <= V; v += kLanes) {
-    for (int j = 0; j < kLanes; j++) {
-      e[v + j] = vexp(to_f32(x[v + j]) - mx);
-      acc[j] += e[v + j];
-    }
-  }
-  for (; v < V; v++) {
-    e[v] = vexp(to_f32(x[v]) - mx);
-    acc[0] += e[v];
-  }
-  float sum = 0.0f;
-  for (int j = 0; j < kLanes; j++) sum += acc[j];
+  const float sum = vexp_into_sum(e, x, mx, V);
   const float scale = dloss / sum;
   const float et = e[tgt];
-  for (v = 0; v < V; v++) x[v] = from_f32<S>(e[v] * scale);
-  for (v = V; v < Vp; v++) x[v] = from_f32<S>(0.0f);
+  for (int v = 0; v < V; v++) x[v] = from_f32<S>(e[v] * scale);
+  for (int v = V; v < Vp; v++) x[v] = from_f32<S>(0.0f);
   x[tgt] = from_f32<S>(et * scale - dloss);
   return mx + std::log(sum);
 }

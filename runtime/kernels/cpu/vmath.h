@@ -81,25 +81,29 @@ inline float vmax(const S* x, int n) {
   return m;
 }
 
-// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
-inline float vexp_inplace_sum(float* x, float shift, int n) {
+// e[i] = exp(x[i] - shift) for x of any storage type; returns the sum of the e[i]. e may be x
+// (fp32, in place).
+template <typename S>
+inline float vexp_into_sum(float* e, const S* x, float shift, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
     for (int j = 0; j < kLanes; j++) {
-      const float e = vexp(x[i + j] - shift);
-      x[i + j] = e;
-      acc[j] += e;
+      e[i + j] = vexp(to_f32(x[i + j]) - shift);
+      acc[j] += e[i + j];
     }
   }
   for (; i < n; i++) {
-    x[i] = vexp(x[i] - shift);
-    acc[0] += x[i];
+    e[i] = vexp(to_f32(x[i]) - shift);
+    acc[0] += e[i];
   }
   float s = 0.0f;
   for (int j = 0; j < kLanes; j++) s += acc[j];
   return s;
 }
+
+// x[i] = exp(x[i] - shift) in place; returns the sum of the new values.
+inline float vexp_inplace_sum(float* x, float shift, int n) { return vexp_into_sum(x, x, shift, n); }
 
 // sum of exp(x[i] - shift), x unchanged.
 template <typename S>
