@@ -31,10 +31,15 @@ DS_SIMD_CLONES void gelu_backward_chunk(S* dx, const S* x, const S* dy, int64_t 
   for (int64_t i = 0; i < n; i++) {
     const float xi = to_f32(x[i]);
     const float u = kGeluScale * (xi + 0.044715f * xi * xi * xi);
-    const float th = vtanh(u);
-    const float sech2 = 1.0f - th * th;
+    // With e = exp(2u): 1 + tanh(u) = 2e / (1 + e) and sech^2(u) = 4e / (1 + e)^2, free of the
+    // cancellation 1 + tanh and 1 - tanh^2 suffer in the tail (x < -3), where they left only a
+    // few correct bits (docs/gpu.md, "GELU backward"). The CUDA kernel computes the same.
+    const float e = vexp(std::min(2.0f * u, 80.0f));  // tanh(40) is 1 in float; 1 / (1 + e) stays normal
+    const float r = 1.0f / (1.0f + e);
+    const float one_plus_th = 2.0f * e * r;
+    const float sech2 = 2.0f * one_plus_th * r;
     const float grad =
-        0.5f * (1.0f + th) + 0.5f * xi * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
+        0.5f * one_plus_th + 0.5f * xi * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * xi * xi);
     dx[i] = from_f32<S>(grad * to_f32(dy[i]));
   }
 }

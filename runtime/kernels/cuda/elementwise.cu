@@ -97,10 +97,13 @@ __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64
        i += int64_t{gridDim.x} * blockDim.x) {
     const float x = ld(inp + i);
     const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    const float th = tanhf(u);
-    const float sech2 = 1.0f - th * th;
+    // 1 + tanh(u) and sech^2(u) from e = exp(2u), without cancellation (as the CPU kernel).
+    const float e = expf(fminf(2.0f * u, 80.0f));
+    const float r = 1.0f / (1.0f + e);
+    const float one_plus_th = 2.0f * e * r;
+    const float sech2 = 2.0f * one_plus_th * r;
     const float grad =
-        0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+        0.5f * one_plus_th + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
     st(dinp + i, grad * ld(dout + i));
   }
 }

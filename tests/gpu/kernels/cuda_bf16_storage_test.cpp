@@ -381,7 +381,12 @@ TEST_F(CudaBf16, AdamWMixedUpdatesTheMasterAndRoundsIntoTheParams) {
                                         params.data());
     }
     EXPECT_TRUE(close(dmaster.download(), master, 1e-5, 1e-7)) << gname<G>();
-    EXPECT_TRUE(close(dm.download(), m, 1e-5, 1e-8)) << gname<G>();
+    // m = beta1 m + (1 - beta1) g cancels where the two terms (up to ~0.3 here) nearly meet; nvcc
+    // contracts it into an FMA, the CPU build does not, and the two land a few float32 ulps of the
+    // terms apart (ulp(0.25) = 3e-8). A float64 replay of these inputs put the one element the
+    // first H200 run flagged (3039, bf16 grads) at 0.00024006257: the GPU's 0.00024006513 is 0.2
+    // ulp from it, the CPU's 0.00024005026 0.8 ulp. A tolerance, not a bug: 1e-7 absolute.
+    EXPECT_TRUE(close(dm.download(), m, 1e-5, 1e-7)) << gname<G>();
     EXPECT_TRUE(close(f32(dparams.download()), f32(params), 1e-2, 1e-6)) << gname<G>();
   });
 }

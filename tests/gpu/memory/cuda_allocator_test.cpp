@@ -62,7 +62,10 @@ TEST_F(CudaAllocator, PinnedHostBuffers) {
   Allocator a;
   Buffer b = a.allocate(size_t{1} << 20, MemTag::kOptimizer, "offload", Device::kCudaHost);
   EXPECT_EQ(b.device(), Device::kCudaHost);
-  EXPECT_EQ(a.current(MemTag::kOptimizer), int64_t{1} << 20);
+  // Pinned host memory is counted apart (MemStats::pinned_*, the trainer's
+  // peak_bytes_pinned_host), whatever its tag: the per-tag figures stay the GPU's.
+  EXPECT_EQ(a.current(MemTag::kOptimizer), 0);
+  EXPECT_EQ(a.stats().pinned_current, int64_t{1} << 20);
   for (size_t i = 0; i < b.bytes(); i += 4096) ASSERT_EQ(b.as<char>()[i], 0);
   cudaPointerAttributes attr{};
   DS_ASSERT_CUDA(cudaPointerGetAttributes(&attr, b.data()));
@@ -75,6 +78,8 @@ TEST_F(CudaAllocator, PinnedHostBuffers) {
   EXPECT_EQ(x, 3.0f);
   b.reset();
   EXPECT_EQ(a.current(MemTag::kOptimizer), static_cast<int64_t>(d.bytes()));
+  EXPECT_EQ(a.stats().pinned_current, 0);
+  EXPECT_EQ(a.stats().pinned_peak, int64_t{1} << 20);
 }
 
 TEST_F(CudaAllocator, OutOfMemoryNamesTheBuffer) {

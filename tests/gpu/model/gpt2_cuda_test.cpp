@@ -76,8 +76,12 @@ void train_and_compare(bool recompute) {
     if (tag == MemTag::kWorkspace) continue;  // + the device token ids (2*B*T int32)
     EXPECT_EQ(gpu_alloc.current(tag), cpu_alloc.current(tag)) << mem_tag_name(tag);
   }
-  EXPECT_EQ(gpu_alloc.current(MemTag::kWorkspace),
-            cpu_alloc.current(MemTag::kWorkspace) + 2 * kB * kT * 4);
+  // The GPU's workspace is model_spec's list without the CPU attention scratch (no threads: the
+  // CUDA attention needs none), plus the device token ids (2*B*T int32): what the plan counts.
+  ms::ActConfig gpu_cfg{kB, kT, recompute, 0, 0, 4};
+  gpu_cfg.head_chunk_rows = ms::head_chunk_rows_default(s, kB, kT);
+  const auto gpu_totals = ms::activation_totals(s, ms::ModelPart::whole(s), gpu_cfg);
+  EXPECT_EQ(gpu_alloc.current(MemTag::kWorkspace), gpu_totals.shared_workspace_bytes + 2 * kB * kT * 4);
 
   // AdamW state: host vectors for the CPU, device buffers for the GPU.
   std::vector<float> m(static_cast<size_t>(n)), v(static_cast<size_t>(n));
