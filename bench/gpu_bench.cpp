@@ -1,30 +1,32 @@
-// gpu_bench: tokens/s and MFU of GPT-2 training steps (forward + backward + fused AdamW) on ONE
-// GPU, through the model's device path (Gpt2Options::device = kCuda, runtime/kernels/cuda).
+// gpu_bench: tokens/s and MFU of training steps (forward + backward + fused AdamW) on ONE GPU,
+// through the models' device path (ModelOptions::device = kCuda, runtime/kernels/cuda).
 //
-//   gpu_bench [--model 124m|350m|all] [--batch B] [--seq T] [--steps N] [--warmup N]
-//             [--math bf16|fp32] [--storage fp32|bf16] [--recompute] [--peak-tflops P]
-//             [--fp32-peak-tflops P] [--device D]
+//   gpu_bench [--model 124m|350m|llama-1b|all] [--batch B] [--seq T] [--steps N] [--warmup N]
+//             [--math bf16|fp32] [--storage fp32|bf16] [--attention flash|exact] [--recompute]
+//             [--peak-tflops P] [--device D]
 //
+// Models: GPT-2 124M and 350M (llm.c's shapes), and llama-1b, a Llama of TinyLlama-1.1B's shape
+// (22 layers, C 2048, 32 query heads over 4 kv heads, SwiGLU 5632, vocabulary 32000) at --seq.
 // What it measures, honestly: with --storage fp32 (the default) parameters, activations,
-// gradients and optimizer state are fp32 in memory; --math bf16 (the default) runs the matrix
-// products (cuBLAS/cuBLASLt, every weight matmul) as bf16 tensor-core multiplies with fp32
-// accumulation (cuda::MatmulMath::kBf16); --math fp32 keeps cuBLAS's fp32 math. Either way the
-// rest (LayerNorm, GELU, a simple warp-per-row attention, AdamW) runs in fp32 on CUDA cores.
-// --storage bf16 is what bf16.enabled trains with on a GPU: bf16 parameters, activations and
-// gradients (the bf16 twins of every kernel, GEMMs over bf16 with fp32 accumulation; --math does
-// not apply), fp32 master weights, m and v, AdamW rounding into the bf16 parameters. MFU is
-//   (6 x params + 12 x n_layer x n_embd x T) x tokens/s / peak
-// (PaLM's appendix B count: weights and attention, forward + backward) against the peak of the
-// math that ran: the bf16 dense peak (790 TFLOP/s for an H200, --peak-tflops) with bf16,
-// the fp32 peak (--fp32-peak-tflops, 67 for an H100/H200 SXM) with fp32; the other figure is
-// printed too. Without a GPU it says so and exits 0.
-// Not a test: it prints figures and never fails on them.
+// gradients and optimizer state are fp32 in memory; --math bf16 (the default) runs the weight
+// matmuls as bf16 tensor-core multiplies with fp32 accumulation (cuda::MatmulMath::kBf16); --math
+// fp32 keeps cuBLAS's fp32 math; the rest (norms, GELU/SwiGLU, the exact attention, AdamW) runs
+// in fp32 on CUDA cores. --storage bf16 is what bf16.enabled trains with on a GPU: bf16
+// parameters, activations and gradients (the bf16 twins of every kernel, GEMMs over bf16 with fp32
+// accumulation; --math does not apply), the attention on the tensor cores (flash_attention.cu;
+// --attention exact runs the warp-per-row kernels instead), fp32 master weights, m and v.
+// MFU is the trainer's (runtime/train/throughput.h, docs/training.md): model FLOPs per token
+// 6N + 6·L·C·T (llm.c's count) times tokens/s, over the dense peak of the part for the math that
+// ran (the same table the trainer reads: H200/H100 989.4 bf16 and 67 fp32, A100 312 / 19.5), or
+// --peak-tflops. Without a GPU it says so and exits 0. Not a test: it prints figures and never
+// fails on them.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,8 +34,9 @@
 #include "core/device.h"
 #include "core/cuda_memory_table.h"
 #include "kernels/cuda_kernel_table.h"
-#include "model/gpt2.h"
+#include "model/model.h"
 #include "optim/adamw.h"
+#include "train/throughput.h"
 
 using namespace ds::rt;
 namespace ms = ds::model_spec;
@@ -49,13 +52,21 @@ struct Options {
   bool recompute = false;
   bool bf16_math = true;
   bool bf16_storage = false;
-  double peak_tflops = 790, fp32_peak_tflops = 67;
+  bool flash = true;
+  double peak_tflops = 0;  // 0: the table's
 };
 
-ms::Gpt2Shape shape_of(const std::string& name) {
-  if (name == "124m") return ms::Gpt2Shape::gpt2_124m();
-  if (name == "350m") return ms::Gpt2Shape{24, 16, 1024, 50257, 50304, 1024};
-  std::fprintf(stderr, "gpu_bench: --model must be 124m, 350m or all, got '%s'\n", name.c_str());
+ms::ModelShape shape_of(const std::string& name, int T) {
+  if (name == "124m") return ms::ModelShape::gpt2_124m();
+  if (name == "350m") return ms::ModelShape{24, 16, 1024, 50257, 50304, 1024};
+  if (name == "llama-1b") {
+    ms::ModelShape s{22, 32, 2048, 32000, 32000, T};
+    s.family = ms::ModelFamily::kLlama;
+    s.n_kv_head = 4;
+    s.intermediate_size = 5632;
+    return s;
+  }
+  std::fprintf(stderr, "gpu_bench: --model must be 124m, 350m, llama-1b or all, got '%s'\n", name.c_str());
   std::exit(2);
 }
 
@@ -69,24 +80,29 @@ std::vector<int32_t> random_ids(uint32_t seed, size_t n, int V) {
   return v;
 }
 
-void run(const Options& o, const std::string& name) {
-  const auto s = shape_of(name);
-  const kern::ScopedCudaMatmulMath math(o.bf16_math ? cuda::MatmulMath::kBf16
-                                                : cuda::MatmulMath::kFp32);
+void run(const Options& o, const std::string& name, const std::string& gpu_name) {
+  const auto s = shape_of(name, o.T);
+  if (o.T > s.seq_len) {
+    std::fprintf(stderr, "gpu_bench: --seq %d is beyond %s's %d positions\n", o.T, name.c_str(), s.seq_len);
+    std::exit(2);
+  }
+  const kern::ScopedCudaMatmulMath math(o.bf16_math ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
+  const kern::ScopedCudaAttentionKernel attention(o.flash ? cuda::AttentionKernel::kFlash
+                                                          : cuda::AttentionKernel::kExact);
   Allocator alloc;
-  Gpt2Options go{o.B, o.T};
-  go.recompute = o.recompute;
-  go.device = Device::kCuda;
-  if (o.bf16_storage) go.dtype = go.grad_dtype = DType::kBF16;
-  Gpt2 model(s, ms::ModelPart::whole(s), go, alloc);
-  model.init_weights(1);
-  auto acts = model.make_activations();
-  const int64_t n = model.num_params();
+  ModelOptions mo{o.B, o.T};
+  mo.recompute = o.recompute;
+  mo.device = Device::kCuda;
+  if (o.bf16_storage) mo.dtype = mo.grad_dtype = DType::kBF16;
+  auto model = make_model(s, ms::ModelPart::whole(s), mo, alloc);
+  model->init_weights(1);
+  auto acts = model->new_activations();
+  const int64_t n = model->num_params();
   Buffer m = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam m", Device::kCuda);
   Buffer v = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "adam v", Device::kCuda);
   // bf16 storage: the fp32 master weights beside the bf16 parameters.
   Buffer master;
-  auto* pbits = static_cast<uint16_t*>(model.params().data);
+  auto* pbits = static_cast<uint16_t*>(model->params().data);
   if (o.bf16_storage) {
     master = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "master", Device::kCuda);
     cu().convert_bf16_to_f32(master.as<float>(), pbits, n, nullptr);
@@ -100,14 +116,14 @@ void run(const Options& o, const std::string& name) {
     const auto tok = random_ids(2u * static_cast<uint32_t>(step), bt, s.vocab_size);
     const auto tgt = random_ids(2u * static_cast<uint32_t>(step) + 1u, bt, s.vocab_size);
     const auto t0 = std::chrono::steady_clock::now();
-    model.zero_grads();
-    loss = model.forward_backward(acts, tok.data(), tgt.data(), 1.0f);
+    model->zero_grads();
+    loss = model->forward_backward(*acts, tok.data(), tgt.data(), 1.0f);
     const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
     if (o.bf16_storage) {
-      cu().adamw_update_bf16_grads(st, master.as<float>(), static_cast<const uint16_t*>(model.grads().data),
+      cu().adamw_update_bf16_grads(st, master.as<float>(), static_cast<const uint16_t*>(model->grads().data),
                                    m.as<float>(), v.as<float>(), n, true, pbits, nullptr);
     } else {
-      cu().adamw_update(st, model.params().f32(), model.grads().f32(), m.as<float>(), v.as<float>(), n,
+      cu().adamw_update(st, model->params().f32(), model->grads().f32(), m.as<float>(), v.as<float>(), n,
                         true, nullptr, nullptr);
     }
     if (cudaDeviceSynchronize() != cudaSuccess) {
@@ -120,24 +136,23 @@ void run(const Options& o, const std::string& name) {
                 step <= o.warmup ? "  (warm-up)" : "");
   }
   const double tok_s = static_cast<double>(bt) * o.steps / seconds;
-  const double flops_per_token =
-      6.0 * static_cast<double>(n) + 12.0 * s.n_layer * s.n_embd * static_cast<double>(o.T);
-  const double achieved = flops_per_token * tok_s;
-  const auto cache = cuda_memory().device_cache_stats(o.device);
-  const double mfu_bf16 = 100.0 * achieved / (o.peak_tflops * 1e12);
-  const double mfu_fp32 = 100.0 * achieved / (o.fp32_peak_tflops * 1e12);
-  // The headline MFU is against the peak of the math that ran; the other one follows.
+  ms::ModelShape counted = s;
+  counted.seq_len = o.T;  // the attention term counts the run's sequence length
   const bool bf16 = o.bf16_math || o.bf16_storage;
+  const double peak =
+      o.peak_tflops > 0 ? o.peak_tflops
+                        : train::gpu_peak_tflops(gpu_name, bf16 ? ds::layout::Precision::kBf16 : ds::layout::Precision::kFp32)
+                              .value_or(0.0);
+  const auto f = train::step_flops(train::model_flops_per_token(counted), static_cast<double>(bt) * o.steps, seconds,
+                                   1, peak);
+  const auto cache = cuda_memory().device_cache_stats(o.device);
   std::printf(
-      "gpt2-%s math %s (%s storage) B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
-      "MFU %.2f%% of %.0f TFLOP/s %s (%.2f%% of %.0f %s); params %.1fM; allocator peak %.2f GiB, "
-      "device cache reserved %.2f GiB\n",
-      name.c_str(), bf16 ? "bf16" : "fp32", o.bf16_storage ? "bf16" : "fp32", o.B, o.T,
-      o.recompute ? " recompute" : "", seconds / o.steps * 1e3, tok_s, achieved / 1e12,
-      bf16 ? mfu_bf16 : mfu_fp32, bf16 ? o.peak_tflops : o.fp32_peak_tflops, bf16 ? "bf16" : "fp32",
-      bf16 ? mfu_fp32 : mfu_bf16, bf16 ? o.fp32_peak_tflops : o.peak_tflops, bf16 ? "fp32" : "bf16",
-      static_cast<double>(n) / 1e6,
-      static_cast<double>(alloc.peak_total()) / (1 << 30),
+      "%s math %s (%s storage, %s attention) B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
+      "MFU %.2f%% of %.1f TFLOP/s %s; params %.1fM; allocator peak %.2f GiB, device cache reserved %.2f GiB\n",
+      name.c_str(), bf16 ? "bf16" : "fp32", o.bf16_storage ? "bf16" : "fp32",
+      o.bf16_storage && o.flash ? "flash" : "exact", o.B, o.T, o.recompute ? " recompute" : "",
+      seconds / o.steps * 1e3, tok_s, f.tflops, f.mfu * 100, peak, bf16 ? "bf16" : "fp32",
+      static_cast<double>(n) / 1e6, static_cast<double>(alloc.peak_total()) / (1 << 30),
       static_cast<double>(cache.peak_reserved_bytes) / (1 << 30));
 }
 
@@ -176,16 +191,23 @@ int main(int argc, char** argv) {
       }
       o.bf16_storage = m == "bf16";
     }
+    else if (a == "--attention") {
+      const std::string m = next();
+      if (m != "flash" && m != "exact") {
+        std::fprintf(stderr, "gpu_bench: --attention must be flash or exact, got '%s'\n", m.c_str());
+        return 2;
+      }
+      o.flash = m == "flash";
+    }
     else if (a == "--peak-tflops") o.peak_tflops = std::atof(next());
-    else if (a == "--fp32-peak-tflops") o.fp32_peak_tflops = std::atof(next());
     else {
       std::fprintf(stderr, "gpu_bench: unknown option %s (see the header of bench/gpu_bench.cpp)\n",
                    a.c_str());
       return 2;
     }
   }
-  if (o.B < 1 || o.T < 1 || o.T > 1024 || o.steps < 1 || o.warmup < 0) {
-    std::fprintf(stderr, "gpu_bench: need --batch >= 1, 1 <= --seq <= 1024, --steps >= 1\n");
+  if (o.B < 1 || o.T < 1 || o.steps < 1 || o.warmup < 0) {
+    std::fprintf(stderr, "gpu_bench: need --batch >= 1, --seq >= 1, --steps >= 1\n");
     return 2;
   }
   const auto acc = query_accelerators();
@@ -206,10 +228,9 @@ int main(int argc, char** argv) {
                                            : "fp32 storage, matmul math fp32");
   try {
     if (o.model == "all") {
-      run(o, "124m");
-      run(o, "350m");
+      for (const char* name : {"124m", "350m", "llama-1b"}) run(o, name, g.name);
     } else {
-      run(o, o.model);
+      run(o, o.model, g.name);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpu_bench: %s\n", e.what());

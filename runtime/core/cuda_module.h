@@ -28,7 +28,7 @@
 namespace ds::rt {
 
 // Bumped whenever an exported table or entry point changes shape.
-inline constexpr int kCudaModuleAbi = 2;  // 2: the kernel table's bf16 twins and the Llama table
+inline constexpr int kCudaModuleAbi = 3;  // 3: flash attention and the attention-kernel setting in the table
 inline constexpr const char* kCudaModuleFile = "libdstrain_cuda.so";
 
 // Whether this build produced the module (DSTRAIN_CUDA found nvcc and NCCL, or was ON).

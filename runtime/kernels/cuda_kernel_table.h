@@ -22,7 +22,9 @@ namespace ds::rt::kern {
   X(crossentropy_softmax_backward_bf16) X(vocab_ce_max) X(vocab_ce_sums) X(vocab_ce_finish)           \
   X(convert_f32_to_bf16) X(convert_bf16_to_f32) X(convert_f32_to_f16) X(convert_f16_to_f32)          \
   X(adamw_update) X(adamw_update_bf16_grads) X(sum_of_squares) X(sum_of_squares_to_host)             \
-  X(scale_in_place) X(set_matmul_math) X(matmul_math) X(current_stream)
+  X(scale_in_place) X(set_matmul_math) X(matmul_math) X(current_stream)                            \
+  X(flash_attention_supported) X(flash_attention_forward_bf16) X(flash_attention_backward_bf16)      \
+  X(set_attention_kernel) X(attention_kernel)
 
 // The 16-bit storage twins (kernels/cuda/kernels.h, namespace typed), by name: the kernels of the
 // storage type S alone, and those that also take the parameter-gradient type G.
@@ -63,6 +65,21 @@ struct CudaKernelTable {
 // The module's table, loaded on first use; throws as core/cuda_module.h says, `purpose` naming
 // what asked for CUDA.
 const CudaKernelTable& cuda_kernels(const char* purpose = "a CUDA kernel");
+
+// Sets this thread's CUDA attention kernel (cuda::AttentionKernel) for a scope and restores the
+// previous one at its end.
+class ScopedCudaAttentionKernel {
+ public:
+  explicit ScopedCudaAttentionKernel(cuda::AttentionKernel k) : prev_(cuda_kernels().attention_kernel()) {
+    cuda_kernels().set_attention_kernel(k);
+  }
+  ~ScopedCudaAttentionKernel() { cuda_kernels().set_attention_kernel(prev_); }
+  ScopedCudaAttentionKernel(const ScopedCudaAttentionKernel&) = delete;
+  ScopedCudaAttentionKernel& operator=(const ScopedCudaAttentionKernel&) = delete;
+
+ private:
+  cuda::AttentionKernel prev_;
+};
 
 // Sets this thread's CUDA matmul math (cuda::MatmulMath) for a scope and restores the previous
 // one at its end.

@@ -21,8 +21,10 @@
 
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
 
 namespace ds::rt::cuda {
@@ -227,6 +229,13 @@ void attention_forward(S* out, float* lse, const S* qkv, float* /*scratch*/, int
   const Shape sh = make_shape(B, T, C, NH);
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (use_flash_attention(sh.hs, out, qkv, out, qkv)) {
+      flash_attention_forward_bf16(reinterpret_cast<uint16_t*>(out), lse,
+                                   reinterpret_cast<const uint16_t*>(qkv), B, T, NH, NH, sh.hs, stream);
+      return;
+    }
+  }
   attention_forward_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(out, lse,
                                                                                         qkv, sh);
   DS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
@@ -238,6 +247,14 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
   const Shape sh = make_shape(B, T, C, NH);
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (use_flash_attention(sh.hs, dqkv, dout, qkv, out)) {
+      flash_attention_backward_bf16(reinterpret_cast<uint16_t*>(dqkv), reinterpret_cast<const uint16_t*>(dout),
+                                    reinterpret_cast<const uint16_t*>(qkv), reinterpret_cast<const uint16_t*>(out),
+                                    lse, B, T, NH, NH, sh.hs, stream);
+      return;
+    }
+  }
   attention_backward_dq_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
       dqkv, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");

@@ -301,6 +301,29 @@ void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream);
 
 }  // namespace typed
 
+// ---- flash attention on the tensor cores (bf16 storage) --------------------------------------------
+
+// Causal grouped-query attention over bf16 buffers (flash_attention.cu): qkv (B,T,(NH+2KV)hd), q
+// heads then k heads then v heads (GPT-2's (B,T,3C) is KV = NH), out (B,T,NH hd), lse (B,NH,T)
+// fp32, the layouts and saved values of the exact kernels above and of attention_gqa_* (llama).
+// FlashAttention-2's schedule on bf16 mma with fp32 accumulation; P and dS are rounded to bf16
+// where they enter a product. dqkv is overwritten; no atomics (deterministic). hd must be one of
+// flash_attention_supported's and every pointer 16-byte aligned; otherwise ds::Error up front.
+bool flash_attention_supported(int hd);  // hd in {16, 32, 64, 80, 96, 128}
+void flash_attention_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, int B, int T,
+                                  int NH, int KV, int hd, cudaStream_t stream);
+void flash_attention_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                                   const uint16_t* out, const float* lse, int B, int T, int NH,
+                                   int KV, int hd, cudaStream_t stream);
+
+// Which kernels THIS host thread's bf16 attention calls run (attention_forward/backward<bf16>,
+// attention_gqa_*_bf16): kFlash (the default) where flash_attention_supported(hd) and the
+// buffers are 16-byte aligned, the exact warp-per-row kernels otherwise; kExact always the exact
+// ones (the reference). fp32 storage always runs the exact kernels. Host state read at each call.
+enum class AttentionKernel { kFlash, kExact };
+void set_attention_kernel(AttentionKernel k);
+AttentionKernel attention_kernel();
+
 // ---- matmul precision (per host thread) ----------------------------------------------------------
 
 // How THIS host thread's fp32 matrix products compute: gemm, matmul_forward (the cuBLASLt bias

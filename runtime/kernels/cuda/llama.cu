@@ -23,6 +23,8 @@
 #include <string>
 
 #include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/flash_attention.cuh"
+#include "kernels/cuda/kernels.h"
 #include "kernels/cuda/llama_kernels.h"
 
 namespace ds::rt::cuda {
@@ -501,11 +503,19 @@ void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, co
 }
 void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* /*scratch*/,
                                 int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
+  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, out, qkv, out, qkv)) {
+    flash_attention_forward_bf16(out, lse, qkv, B, T, NH, KV, hd, stream);
+    return;
+  }
   gqa_forward_impl(as_bf16(out), lse, as_bf16(qkv), B, T, NH, KV, hd, stream);
 }
 void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                                  const uint16_t* out, const float* lse, float* /*scratch*/, int B,
                                  int T, int NH, int KV, int hd, cudaStream_t stream) {
+  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, dqkv, dout, qkv, out)) {
+    flash_attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
+    return;
+  }
   gqa_backward_impl(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), lse, B, T, NH, KV, hd,
                     stream);
 }
