@@ -24,10 +24,12 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <type_traits>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -48,6 +50,8 @@ struct Handles {
   cublasHandle_t blas = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* workspace = nullptr;
+  float* scratch = nullptr;  // reduction_scratch (column_sums.cuh)
+  size_t scratch_floats = 0;
 };
 
 // Per-thread handles by device; released at thread exit (errors then are ignored: the context may
@@ -56,6 +60,7 @@ struct ThreadHandles {
   std::map<int, Handles> by_device;
   ~ThreadHandles() {
     for (auto& [dev, h] : by_device) {
+      if (h.scratch != nullptr) cudaFree(h.scratch);
       if (h.workspace != nullptr) cudaFree(h.workspace);
       if (h.lt != nullptr) cublasLtDestroy(h.lt);
       if (h.blas != nullptr) cublasDestroy(h.blas);
@@ -76,6 +81,26 @@ Handles& handles() {
   return th.by_device.emplace(dev, h).first->second;
 }
 
+}  // namespace
+
+float* reduction_scratch(size_t floats) {
+  Handles& h = handles();
+  if (floats > h.scratch_floats) {
+    if (h.scratch != nullptr) {
+      DS_CUDA_CHECK(cudaDeviceSynchronize());  // a queued kernel may still read the old buffer
+      DS_CUDA_CHECK(cudaFree(h.scratch));
+      h.scratch = nullptr;
+      h.scratch_floats = 0;
+    }
+    const size_t n = std::max<size_t>(floats, size_t{1} << 18);  // 1 MiB at least
+    DS_CUDA_CHECK(cudaMalloc(&h.scratch, n * sizeof(float)));
+    h.scratch_floats = n;
+  }
+  return h.scratch;
+}
+
+namespace {
+
 cublasHandle_t blas_on(cudaStream_t stream) {
   cublasHandle_t h = handles().blas;
   DS_CUBLAS_CHECK(cublasSetStream(h, stream));
@@ -84,29 +109,24 @@ cublasHandle_t blas_on(cudaStream_t stream) {
 
 cublasOperation_t op(bool trans) { return trans ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
-// dbias[c] += sum over rows of dout[r, c] (fp32 sum, one rounding into G). Block (32, 8): 32
-// columns, 8 row strides, fixed order.
-template <typename S, typename G>
-__global__ void column_sum_kernel(G* dbias, const S* dout, int64_t rows, int OC) {
-  __shared__ float part[8][32];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float s = 0.0f;
-  if (c < OC) {
-    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) s += ld(dout + r * OC + c);
-  }
-  part[threadIdx.y][threadIdx.x] = s;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < OC) {
-    for (int y = 1; y < 8; y++) s += part[y][threadIdx.x];
-    st(dbias + c, ld(dbias + c) + s);
-  }
-}
+// dbias[c] += sum over rows of dout[r, c] (fp32 sums in a fixed order, one rounding into G),
+// over row chunks (column_sums.cuh).
+template <typename S>
+struct BiasTerm {
+  const S* dout;
+  int OC;
+  __device__ void operator()(int64_t r, int c, float (&acc)[1]) const { acc[0] += ld(dout + r * OC + c); }
+};
+template <typename G>
+struct AddInto {
+  G* out;
+  __device__ void operator()(int c, const float (&sum)[1]) const { st(out + c, ld(out + c) + sum[0]); }
+};
 
 template <typename S, typename G>
 void column_sum(G* dbias, const S* dout, int64_t rows, int OC, cudaStream_t stream) {
   if (dbias == nullptr || OC <= 0) return;
-  column_sum_kernel<S, G><<<blocks_for(OC, 32), dim3(32, 8), 0, stream>>>(dbias, dout, rows, OC);
-  DS_CUDA_CHECK_LAUNCH("column_sum_kernel");
+  column_sums::run<1>(rows, OC, BiasTerm<S>{dout, OC}, AddInto<G>{dbias}, stream);
 }
 
 // out[r, c] = bias[c] for the n = rows * OC elements of out (a copy: no rounding).

@@ -22,6 +22,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
@@ -74,24 +75,23 @@ __global__ void rmsnorm_backward_dinp_kernel(S* dinp, const S* dout, const S* in
   }
 }
 
-// Block (32, 8): threadIdx.x picks the channel in a group of 32, threadIdx.y strides the rows.
-template <typename S, typename G>
-__global__ void rmsnorm_backward_dweight_kernel(G* dweight, const S* dout, const S* inp,
-                                                const float* rstd, int64_t rows, int C) {
-  __shared__ float sw[8][32];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float dw = 0.0f;
-  if (c < C) {
-    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y)
-      dw += ld(dout + r * C + c) * ld(inp + r * C + c) * rstd[r];
+// dweight[c] += sum_r dout[r,c] inp[r,c] rstd[r]: fp32 sums over row chunks in a fixed order
+// (column_sums.cuh), one rounding into G.
+template <typename S>
+struct RmsNormWeightTerm {
+  const S* dout;
+  const S* inp;
+  const float* rstd;
+  int C;
+  __device__ void operator()(int64_t r, int c, float (&acc)[1]) const {
+    acc[0] += ld(dout + r * C + c) * ld(inp + r * C + c) * rstd[r];
   }
-  sw[threadIdx.y][threadIdx.x] = dw;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; y++) dw += sw[y][threadIdx.x];
-    st(dweight + c, ld(dweight + c) + dw);
-  }
-}
+};
+template <typename G>
+struct AddWeight {
+  G* dweight;
+  __device__ void operator()(int c, const float (&sum)[1]) const { st(dweight + c, ld(dweight + c) + sum[0]); }
+};
 
 template <typename S>
 void rmsnorm_forward_impl(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
@@ -109,9 +109,7 @@ void rmsnorm_backward_impl(S* dinp, G* dweight, const S* dout, const S* inp, con
   rmsnorm_backward_dinp_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
       dinp, dout, inp, weight, rstd, N, C);
   DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dinp_kernel");
-  rmsnorm_backward_dweight_kernel<S, G>
-      <<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(dweight, dout, inp, rstd, N, C);
-  DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dweight_kernel");
+  column_sums::run<1>(N, C, RmsNormWeightTerm<S>{dout, inp, rstd, C}, AddWeight<G>{dweight}, stream);
 }
 
 // ---- RoPE ----

@@ -7,6 +7,7 @@
 // are fp32 whatever the storage.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
 
@@ -71,34 +72,30 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   }
 }
 
-// Block (32, 8): threadIdx.x picks the channel in a group of 32, threadIdx.y strides the rows.
-template <typename T, typename G>
-__global__ void layernorm_backward_params_kernel(G* dweight, G* dbias, const T* dout,
-                                                 const T* inp, const float* mean,
-                                                 const float* rstd, int64_t rows, int C) {
-  __shared__ float sw[8][32];
-  __shared__ float sb[8][32];
-  const int c = blockIdx.x * 32 + threadIdx.x;
-  float dw = 0.0f, db = 0.0f;
-  if (c < C) {
-    for (int64_t r = threadIdx.y; r < rows; r += blockDim.y) {
-      const float dy = ld(dout + r * C + c);
-      dw += dy * (ld(inp + r * C + c) - mean[r]) * rstd[r];
-      db += dy;
-    }
+// dweight[c] += sum_r dout[r,c] (inp[r,c] - mean[r]) rstd[r], dbias[c] += sum_r dout[r,c]: fp32 sums
+// over row chunks in a fixed order (column_sums.cuh), one rounding into G.
+template <typename T>
+struct LayerNormParamTerms {
+  const T* dout;
+  const T* inp;
+  const float* mean;
+  const float* rstd;
+  int C;
+  __device__ void operator()(int64_t r, int c, float (&acc)[2]) const {
+    const float dy = ld(dout + r * C + c);
+    acc[0] += dy * (ld(inp + r * C + c) - mean[r]) * rstd[r];
+    acc[1] += dy;
   }
-  sw[threadIdx.y][threadIdx.x] = dw;
-  sb[threadIdx.y][threadIdx.x] = db;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < 8; y++) {
-      dw += sw[y][threadIdx.x];
-      db += sb[y][threadIdx.x];
-    }
-    st(dweight + c, ld(dweight + c) + dw);
-    st(dbias + c, ld(dbias + c) + db);
+};
+template <typename G>
+struct AddWeightAndBias {
+  G* dweight;
+  G* dbias;
+  __device__ void operator()(int c, const float (&sum)[2]) const {
+    st(dweight + c, ld(dweight + c) + sum[0]);
+    st(dbias + c, ld(dbias + c) + sum[1]);
   }
-}
+};
 
 template <typename T>
 void layernorm_forward_impl(T* out, float* mean, float* rstd, const T* inp, const T* weight,
@@ -120,9 +117,8 @@ void layernorm_backward_impl(T* dinp, G* dweight, G* dbias, const T* dout, const
       <<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp, weight,
                                                                        mean, rstd, rows, C);
   DS_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
-  layernorm_backward_params_kernel<T, G><<<blocks_for(C, 32), dim3(32, 8), 0, stream>>>(
-      dweight, dbias, dout, inp, mean, rstd, rows, C);
-  DS_CUDA_CHECK_LAUNCH("layernorm_backward_params_kernel");
+  column_sums::run<2>(rows, C, LayerNormParamTerms<T>{dout, inp, mean, rstd, C}, AddWeightAndBias<G>{dweight, dbias},
+                      stream);
 }
 
 // ---- fused softmax + cross-entropy: one block per row ----
