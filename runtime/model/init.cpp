@@ -1,4 +1,4 @@
-// GPT-2 weight initialisation from a counter-based generator: element i of tensor t (layer l) is
+// Weight initialisation from a counter-based generator: element i of tensor t (layer l) is
 // a pure function of (seed, t, l, i), with i its index in the FULL tensor. Any shard (tensor-
 // parallel rank, ZeRO partition, pipeline stage) generates its part alone and every layout starts
 // from the same model.
@@ -8,9 +8,6 @@
 #include <vector>
 
 #include "common/error.h"
-#include "kernels/dispatch.h"
-#include "kernels/typed.h"
-#include "model/gpt2.h"
 #include "model/init.h"
 
 namespace ds::rt {
@@ -58,31 +55,6 @@ void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_l
       v = static_cast<float>(std * init_normal(seed, id, layer, full));
     }
     dst[i] = v;
-  }
-}
-
-void Gpt2::init_weights(uint64_t seed) {
-  if (params_.empty()) {
-    throw invalid_usage("init_weights on a model built without its own parameters: generate "
-                        "each shard with init_tensor_values");
-  }
-  // fp32 values on the host (transient, outside the allocator), then into the storage type on the
-  // model's device; on an fp32 CPU model straight into the parameters.
-  const bool direct = opt_.device == Device::kCpu && opt_.dtype == DType::kF32;
-  std::vector<float> host;
-  float* dst = direct ? params_.as<float>() : nullptr;
-  if (!direct) {
-    host.resize(static_cast<size_t>(layout_.total));
-    dst = host.data();
-  }
-  const auto all = ms::model_params(shape_);
-  for (const auto& ts : layout_.tensors) {
-    const auto& t = ms::find_param(all, ts.id);
-    init_tensor_values(dst + ts.offset, t, ts.layer, shape_.n_layer, part_.tp, part_.tp_rank, seed, 0, ts.numel);
-  }
-  if (!direct) {
-    kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
-    kern::typed::from_host_f32(params(), host.data(), layout_.total);
   }
 }
 

@@ -1,7 +1,8 @@
-// GPT-2 initial weights, layout-independent: each element is a pure function of (seed, tensor,
-// layer, index in the full tensor), so a shard generates its part alone. Values: normal(0, 0.02)
-// for wte, wpe, qkvw, fcw; 0.02/sqrt(2L) for the residual projections (attprojw, fcprojw);
-// zeros for biases; ones for LayerNorm weights (GPT-2 / llm.c).
+// Initial weights, layout-independent: each element is a pure function of (seed, tensor,
+// layer, index in the full tensor), so a shard generates its part alone. The value kind is the
+// tensor's (model_spec InitKind): GPT-2 as llm.c (normal(0, 0.02), 0.02/sqrt(2L) for the residual
+// projections, zeros for biases, ones for LayerNorm weights); Llama as Hugging Face (normal(0,
+// 0.02), norms 1).
 #pragma once
 
 #include <cstdint>

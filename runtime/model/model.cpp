@@ -2,8 +2,7 @@
 #include "model/model.h"
 
 #include "common/error.h"
-#include "model/gpt2.h"
-#include "model/llama.h"
+#include "model/decoder.h"
 
 namespace ds::rt {
 
@@ -30,8 +29,7 @@ float Model::forward_backward(Activations& a, const int32_t* tokens, const int32
 
 std::unique_ptr<Model> make_model(const model_spec::ModelShape& shape, const model_spec::ModelPart& part,
                                   const ModelOptions& options, Allocator& alloc, ParallelHooks* hooks) {
-  if (shape.llama()) return std::make_unique<Llama>(shape, part, options, alloc, hooks);
-  return std::make_unique<Gpt2>(shape, part, options, alloc, hooks);
+  return std::make_unique<Decoder>(shape, part, options, alloc, hooks);
 }
 
 }  // namespace ds::rt

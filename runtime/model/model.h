@@ -1,9 +1,8 @@
 // The interface the engines drive, whatever the model family: one part of a model (a pipeline
 // stage's layers, a tensor-parallel shard) with its flat parameters and gradients, run in pieces.
-// Gpt2 (gpt2.h) and Llama (llama.h) implement it; the trainer, the pipeline stage, ZeRO and the
-// checkpoints see only this. The contract of every piece is the one gpt2.h states (loss and
-// gradients, accumulation, recompute, storage types, devices, hooks); each family's header adds
-// its own math and buffers.
+// The one decoder (decoder.h) implements it for every family; the trainer, the pipeline stage, ZeRO
+// and the checkpoints see only this. The contract of every piece is the one decoder.h states (loss
+// and gradients, accumulation, recompute, storage types, devices, hooks).
 #pragma once
 
 #include <cstdint>
@@ -31,7 +30,7 @@ struct ModelOptions {
   // int32). The mean loss returned by head_* is copied back (synchronising the stream).
   // With kCuda the hooks are handed device pointers and must work on the device (the runtime's
   // do when built for it: ZeroEngine / TiedEmbeddingHooks with the same device and stream, and
-  // tensor-parallel regions over an NCCL Comm). Gpt2 and Llama both run on either device.
+  // tensor-parallel regions over an NCCL Comm). Every family runs on either device.
   Device device = Device::kCpu;
   void* cuda_stream = nullptr;
   // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
@@ -96,7 +95,7 @@ class Model {
   float forward_backward(Activations& a, const int32_t* tokens, const int32_t* targets, float grad_scale);
 };
 
-// Builds the model of shape.family (Gpt2 or Llama).
+// Builds the one decoder (decoder.h) for shape.family.
 std::unique_ptr<Model> make_model(const model_spec::ModelShape& shape, const model_spec::ModelPart& part,
                                   const ModelOptions& options, Allocator& alloc, ParallelHooks* hooks = nullptr);
 

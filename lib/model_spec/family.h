@@ -1,0 +1,59 @@
+// A model family described once: the block recipe the one decoder (runtime/model/decoder.h) runs,
+// where each of a layer's roles sits in the family's parameter table, and the family's tensor and
+// activation lists. Code outside model_spec and the model asks this description instead of
+// switching on a family name; a new family is one more entry here (family.cpp) plus its
+// parameter and activation lists and the kernels it needs, if any.
+#pragma once
+
+#include <optional>
+#include <vector>
+
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::model_spec {
+
+enum class NormKind { kLayerNorm, kRmsNorm };  // LayerNorm: weight and bias, mean and rstd kept
+enum class PositionKind { kLearned, kRope };   // learned: a position embedding (wpe) added once
+enum class MlpKind { kGelu, kSwiGlu };         // GELU: up (H), gelu, down; SwiGLU: gate|up (2H), silu*up, down
+
+// The ParamIds of one layer's tensors by the role they play in the block, and of the final norm;
+// nullopt where the family has no such tensor (biases, a RMSNorm's bias). qkv_w is the first of
+// the q, k, v rows (adjacent in the flat layout, one matmul); up_w likewise the first of gate|up.
+struct LayerRoles {
+  ParamId norm1_w;
+  std::optional<ParamId> norm1_b;
+  ParamId qkv_w;
+  std::optional<ParamId> qkv_b;
+  ParamId proj_w;
+  std::optional<ParamId> proj_b;
+  ParamId norm2_w;
+  std::optional<ParamId> norm2_b;
+  ParamId up_w;
+  std::optional<ParamId> up_b;
+  ParamId down_w;
+  std::optional<ParamId> down_b;
+  ParamId final_norm_w;
+  std::optional<ParamId> final_norm_b;
+};
+
+struct FamilyDescription {
+  ModelFamily family;
+  const char* name;  // "gpt2", "llama": config's model.type
+  NormKind norm;
+  PositionKind positions;
+  MlpKind mlp;
+  bool grouped_query;  // reads model.n_kv_head (else KV = NH)
+  LayerRoles roles;
+  std::vector<ParamTensor> (*params)(const ModelShape&);
+  std::vector<ActBuffer> (*activations)(const ModelShape&, const ModelPart&, const ActConfig&);
+};
+
+const FamilyDescription& family_of(ModelFamily f);
+inline const FamilyDescription& family_of(const ModelShape& s) { return family_of(s.family); }
+
+// Key/value heads (NH for a multi-head family) and the MLP's hidden width H (4C for GELU, I for
+// SwiGLU), whole model.
+int kv_heads(const ModelShape& s);
+int mlp_width(const ModelShape& s);
+
+}  // namespace ds::model_spec

@@ -1,0 +1,551 @@
+// The one decoder's forward and backward over flat buffers. See decoder.h for the contract; the
+// family (model_spec/family.h) picks the norm, the positions and the MLP at the few places they
+// differ, and everything else (attention as grouped-query for every family, the projections into
+// the residual buffers, the head in chunks, the hooks at their named points) is one path.
+#include "model/decoder.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "common/check.h"
+#include "common/error.h"
+#include "common/progress.h"
+#include "kernels/dispatch.h"
+#include "kernels/llama_typed.h"
+#include "kernels/typed.h"
+#include "model/init.h"
+
+namespace ds::rt {
+
+namespace ms = model_spec;
+namespace tk = kern::typed;  // the model's kernels take TypedPtr buffers
+namespace lk = kern::llama;  // RMSNorm, RoPE, SwiGLU and grouped-query attention
+using ms::ParamId;
+using ms::UnitKind;
+
+namespace {
+
+ParallelHooks& default_hooks() {
+  static ParallelHooks h;
+  return h;
+}
+
+// A layer's buffers by their model_spec names (both families' names): storage-typed views or fp32
+// statistics.
+struct LayerSlot {
+  const char* name;
+  TypedPtr DecoderLayerActs::*typed;
+  float* DecoderLayerActs::*stat;
+};
+constexpr LayerSlot kLayerSlots[] = {
+    {"ln1", &DecoderLayerActs::ln1, nullptr},
+    {"ln1_mean", nullptr, &DecoderLayerActs::ln1_mean},
+    {"ln1_rstd", nullptr, &DecoderLayerActs::ln1_rstd},
+    {"qkv", &DecoderLayerActs::qkv, nullptr},
+    {"atty", &DecoderLayerActs::atty, nullptr},
+    {"att_lse", nullptr, &DecoderLayerActs::att_lse},
+    {"res2", &DecoderLayerActs::res2, nullptr},
+    {"ln2", &DecoderLayerActs::ln2, nullptr},
+    {"ln2_mean", nullptr, &DecoderLayerActs::ln2_mean},
+    {"ln2_rstd", nullptr, &DecoderLayerActs::ln2_rstd},
+    {"fch", &DecoderLayerActs::mlp_h, nullptr},
+    {"gu", &DecoderLayerActs::mlp_h, nullptr},
+    {"fch_gelu", &DecoderLayerActs::mlp_act, nullptr},
+    {"act", &DecoderLayerActs::mlp_act, nullptr},
+    {"out", &DecoderLayerActs::out, nullptr},
+};
+
+const LayerSlot* layer_slot(const std::string& name) {
+  for (const auto& s : kLayerSlots) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const ModelOptions& options, Allocator& alloc,
+                 ParallelHooks* hooks)
+    : shape_(shape), part_(part), opt_(options), family_(ms::family_of(shape)), alloc_(alloc),
+      hooks_(hooks != nullptr ? hooks : &default_hooks()) {
+  shape_.validate();
+  part_.validate(shape_);
+  if (opt_.B <= 0 || opt_.T <= 0 || opt_.T > shape_.seq_len) {
+    throw invalid_argument("micro-batch shape B={} T={} is invalid: need B > 0 and 0 < T <= model.seq_len ({})",
+                           opt_.B, opt_.T, shape_.seq_len);
+  }
+  if (opt_.device == Device::kCudaHost) {
+    throw invalid_argument("ModelOptions::device: pinned host memory (kCudaHost) is for offload buffers; the model "
+                           "runs on kCpu or kCuda");
+  }
+  if (opt_.grad_dtype != opt_.dtype && opt_.grad_dtype != DType::kF32) {
+    throw invalid_argument("ModelOptions: gradients of type {} for {} storage: gradients are stored in the storage "
+                           "type or in fp32",
+                           dtype_name(opt_.grad_dtype), dtype_name(opt_.dtype));
+  }
+  layer_norm_ = family_.norm == ms::NormKind::kLayerNorm;
+  rope_ = family_.positions == ms::PositionKind::kRope;
+  swiglu_ = family_.mlp == ms::MlpKind::kSwiGlu;
+  norm_eps_ = static_cast<float>(shape_.norm_eps);
+  C_ = shape_.n_embd;
+  hd_ = shape_.head_dim();
+  NHl_ = shape_.n_head / part_.tp;
+  KVl_ = ms::kv_heads(shape_) / part_.tp;
+  Hl_ = ms::mlp_width(shape_) / part_.tp;
+  Vp_l_ = shape_.padded_vocab_size / part_.tp;
+  layout_ = ms::param_layout(shape_, part_);
+  const Device dev = opt_.device;
+  const size_t n = static_cast<size_t>(layout_.total);
+  const std::string name = family_.name;
+  if (opt_.own_params) params_ = alloc_.allocate(n * dtype_size(opt_.dtype), MemTag::kParams, name + " parameters", dev);
+  if (opt_.own_grads) {
+    grads_ = alloc_.allocate(n * dtype_size(opt_.grad_dtype), MemTag::kGrads, name + " gradients", dev);
+  }
+  if (dev == Device::kCuda) {
+    dev_ids_ = alloc_.allocate(2 * static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t), MemTag::kWorkspace,
+                               name + " device token ids", dev);
+  }
+  threads_ = omp_get_max_threads();
+  // The CUDA attention needs no scratch (kern attention_scratch_floats is 0 there).
+  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda ? 0 : threads_, opt_.head_chunk_rows,
+                    static_cast<int>(dtype_size(opt_.dtype))};
+  head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
+                                       : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
+  head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
+  cfg.head_chunk_rows = head_rows_;
+  act_list_ = family_.activations(shape_, part_, cfg);
+  allocate_shared();
+  if (rope_cos_ != nullptr) upload_rope_tables();
+}
+
+void Decoder::allocate_shared() {
+  const int sb = static_cast<int>(dtype_size(opt_.dtype));
+  int64_t act_bytes = 0, ws_bytes = 0;
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kShared) (b.tag == ms::ActTag::kActivations ? act_bytes : ws_bytes) += b.bytes(sb);
+  }
+  const std::string name = family_.name;
+  shared_act_ = alloc_.allocate(static_cast<size_t>(act_bytes), MemTag::kActivations, name + " shared activations",
+                                opt_.device);
+  shared_ws_ = alloc_.allocate(static_cast<size_t>(ws_bytes), MemTag::kWorkspace, name + " workspace", opt_.device);
+  char* pa = static_cast<char*>(shared_act_.data());
+  char* pw = static_cast<char*>(shared_ws_.data());
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kShared) place_buffer(b, b.tag == ms::ActTag::kActivations ? pa : pw, &recompute_, nullptr);
+  }
+  // GELU's backward runs in place in the MLP's input gradient; SwiGLU's needs its own.
+  if (!dmlp_act_) dmlp_act_ = dmlp_h_;
+}
+
+// The RoPE tables for T positions, computed on the host (fp32) and, on CUDA, copied once to the
+// device.
+void Decoder::upload_rope_tables() {
+  const size_t n = static_cast<size_t>(opt_.T) * (hd_ / 2);
+  if (opt_.device != Device::kCuda) return cpu::rope_tables(rope_cos_, rope_sin_, opt_.T, hd_, shape_.rope_theta);
+  std::vector<float> cs(n), sn(n);
+  cpu::rope_tables(cs.data(), sn.data(), opt_.T, hd_, shape_.rope_theta);
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  kern::copy_from_host(rope_cos_, cs.data(), n * sizeof(float));
+  kern::copy_from_host(rope_sin_, sn.data(), n * sizeof(float));
+}
+
+void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb) {
+  const std::string& nm = b.name;
+  TypedPtr* typed = nullptr;
+  float** stat = nullptr;
+  if (const LayerSlot* s = layer_slot(nm); s != nullptr && layer != nullptr) {
+    if (s->typed != nullptr) typed = &(layer->*(s->typed));
+    else stat = &(layer->*(s->stat));
+  } else if (mb != nullptr) {
+    typed = nm == "input" ? &mb->input : nm == "lnf" ? &mb->lnf : nullptr;
+    stat = nm == "lnf_mean" ? &mb->lnf_mean : nm == "lnf_rstd" ? &mb->lnf_rstd : nm == "losses" ? &mb->losses : nullptr;
+  } else {
+    typed = nm == "dres" ? &dres_ : nm == "dln" ? &dln_ : nm == "dqkv" ? &dqkv_ : nm == "datty" ? &datty_
+          : nm == "dfch" || nm == "dgu" ? &dmlp_h_ : nm == "dact" ? &dmlp_act_ : nm == "logits" ? &logits_ : nullptr;
+    stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nm == "rope_cos" ? &rope_cos_
+         : nm == "rope_sin" ? &rope_sin_ : nullptr;
+  }
+  DS_CHECK((typed != nullptr) != (stat != nullptr), "activation buffer {} has no view", nm);
+  DS_CHECK((stat != nullptr) == b.fp32, "activation buffer {}: statistic or storage type mixed up", nm);
+  if (typed != nullptr) *typed = TypedPtr(cursor, opt_.dtype);
+  if (stat != nullptr) *stat = reinterpret_cast<float*>(cursor);
+  cursor += b.bytes(static_cast<int>(dtype_size(opt_.dtype)));
+}
+
+DecoderActivations Decoder::make_activations() {
+  DecoderActivations a;
+  const int nl = part_.layer_end - part_.layer_begin;
+  const int sb = static_cast<int>(dtype_size(opt_.dtype));
+  int64_t total = 0;
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kPerLayer) total += b.bytes(sb) * nl;
+    if (b.scope == ms::ActScope::kPerMicroBatch) total += b.bytes(sb);
+  }
+  a.buf_ = alloc_.allocate(static_cast<size_t>(total), MemTag::kActivations,
+                           std::string(family_.name) + " micro-batch activations", opt_.device);
+  a.layers.assign(static_cast<size_t>(nl), recompute_);
+  char* cursor = static_cast<char*>(a.buf_.data());
+  for (const auto& b : act_list_) {
+    if (b.scope == ms::ActScope::kPerMicroBatch) place_buffer(b, cursor, nullptr, &a);
+    if (b.scope != ms::ActScope::kPerLayer) continue;
+    for (auto& la : a.layers) place_buffer(b, cursor, &la, nullptr);
+  }
+  DS_CHECK(cursor == static_cast<char*>(a.buf_.data()) + total);
+  return a;
+}
+
+std::unique_ptr<Activations> Decoder::new_activations() {
+  return std::make_unique<DecoderActivations>(make_activations());
+}
+
+DecoderActivations& Decoder::own(Activations& a) {
+  auto* d = dynamic_cast<DecoderActivations*>(&a);
+  if (d == nullptr) throw invalid_usage("a decoder was handed activations it did not make");
+  return *d;
+}
+
+TypedPtr Decoder::param(ParamId id, int layer) {
+  const auto* t = layout_.find_tensor(id, layer);
+  if (t == nullptr || params_.empty()) {
+    throw invalid_argument("parameter {} (layer {}) is not held by this model part",
+                           ms::find_param(family_.params(shape_), id).name, layer);
+  }
+  return params() + t->offset;
+}
+
+TypedPtr Decoder::grad(ParamId id, int layer) {
+  const auto* t = layout_.find_tensor(id, layer);
+  if (t == nullptr || grads_.empty()) {
+    throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
+                           ms::find_param(family_.params(shape_), id).name, layer);
+  }
+  return grads() + t->offset;
+}
+
+void Decoder::init_weights(uint64_t seed) {
+  if (params_.empty()) {
+    throw invalid_usage("init_weights on a model built without its own parameters: generate each shard with "
+                        "init_tensor_values");
+  }
+  // fp32 values on the host (transient, outside the allocator), then into the storage type on the
+  // model's device; on an fp32 CPU model straight into the parameters.
+  const bool direct = opt_.device == Device::kCpu && opt_.dtype == DType::kF32;
+  std::vector<float> host;
+  float* dst = direct ? params_.as<float>() : nullptr;
+  if (!direct) {
+    host.resize(static_cast<size_t>(layout_.total));
+    dst = host.data();
+  }
+  const auto all = family_.params(shape_);
+  for (const auto& ts : layout_.tensors) {
+    init_tensor_values(dst + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer, part_.tp, part_.tp_rank,
+                       seed, 0, ts.numel);
+  }
+  if (direct) return;
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tk::from_host_f32(params(), host.data(), layout_.total);
+}
+
+void Decoder::zero_grads() {
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  if (!grads_.empty()) kern::fill_zero(grads_.data(), grads_.bytes());
+}
+
+const int32_t* Decoder::ids_for_kernels(const int32_t* host, int slot) {
+  if (opt_.device != Device::kCuda) return host;
+  const size_t n = static_cast<size_t>(opt_.B) * opt_.T;
+  int32_t* dst = dev_ids_.as<int32_t>() + static_cast<size_t>(slot) * n;
+  kern::copy_from_host(dst, host, n * sizeof(int32_t));
+  return dst;
+}
+
+DecoderLayerWeights Decoder::layer_weights(TypedPtr base) const {
+  const ms::LayerRoles& r = family_.roles;
+  auto at = [&](ParamId id) { return base + layout_.offset_in_unit(id); };
+  auto opt = [&](const std::optional<ParamId>& id) { return id ? at(*id) : TypedPtr(); };
+  return DecoderLayerWeights{at(r.norm1_w), opt(r.norm1_b), at(r.qkv_w),  opt(r.qkv_b),
+                             at(r.proj_w),  opt(r.proj_b),  at(r.norm2_w), opt(r.norm2_b),
+                             at(r.up_w),    opt(r.up_b),    at(r.down_w), opt(r.down_b)};
+}
+
+TypedPtr Decoder::unit_params(Unit u) {
+  const auto* s = layout_.find_unit(u.kind, u.layer);
+  DS_CHECK(s != nullptr, "unit not in this part");
+  const TypedPtr p = hooks_->params_needed(u, params_.empty() ? TypedPtr() : params() + s->offset);
+  if (!p) {
+    throw invalid_usage("no parameters for a model unit (layer {}): the model was built without its own parameters "
+                        "and the parallel hooks returned none",
+                        u.layer);
+  }
+  return p;
+}
+
+TypedPtr Decoder::unit_grads(Unit u) {
+  const auto* s = layout_.find_unit(u.kind, u.layer);
+  DS_CHECK(s != nullptr, "unit not in this part");
+  const TypedPtr g = hooks_->grads_needed(u, grads_.empty() ? TypedPtr() : grads() + s->offset);
+  if (!g) {
+    throw invalid_usage("no gradient buffer for a model unit (layer {}): the model was built without its own "
+                        "gradients and the parallel hooks returned none",
+                        u.layer);
+  }
+  return g;
+}
+
+void Decoder::check_layers(int l0, int l1, const char* what) const {
+  if (l0 < part_.layer_begin || l1 > part_.layer_end || l0 > l1) {
+    throw invalid_argument("{}: layers [{}, {}) are not within this part's [{}, {})", what, l0, l1, part_.layer_begin,
+                           part_.layer_end);
+  }
+  if (opt_.device != Device::kCuda && omp_get_max_threads() > threads_) {
+    throw invalid_usage("{}: OpenMP now has {} threads but the model was built for {}: build the model after setting "
+                        "the thread count",
+                        what, omp_get_max_threads(), threads_);
+  }
+}
+
+void Decoder::check_tokens(const int32_t* ids, const char* what) const {
+  const int64_t BT = static_cast<int64_t>(opt_.B) * opt_.T;
+  for (int64_t i = 0; i < BT; i++) {
+    if (ids[i] < 0 || ids[i] >= shape_.vocab_size) {
+      throw invalid_argument("{} token {} at position {} (row {}, column {}) is outside the vocabulary [0, {})", what,
+                             ids[i], i, i / opt_.T, i % opt_.T, shape_.vocab_size);
+    }
+  }
+}
+
+TypedPtr Decoder::layer_input(DecoderActivations& a, int l) {
+  return l == part_.layer_begin ? a.input : a.layers[static_cast<size_t>(l - 1 - part_.layer_begin)].out;
+}
+
+TypedPtr Decoder::output(DecoderActivations& a) { return a.layers.empty() ? a.input : a.layers.back().out; }
+
+// ---- embedding -----------------------------------------------------------------------------------
+
+void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
+  if (!part_.has_embedding) throw invalid_usage("embed_forward on a part without the embedding");
+  check_tokens(tokens, "input");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
+  const int64_t BTC = static_cast<int64_t>(opt_.B) * opt_.T * C_;
+  const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
+  const TypedPtr pte = unit_params(wte);
+  const TypedPtr ppe = rope_ ? TypedPtr() : unit_params(wpe);
+  if (!rope_ && part_.tp == 1) {
+    tk::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);  // tokens and positions in one pass
+  } else {
+    // Vocabulary-parallel (tp 1 holds every row): each rank embeds the tokens of its rows, the
+    // group sums, then a learned position embedding (replicated) is added once.
+    tk::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
+    if (part_.tp > 1) hooks_->tp_reduce_forward(a.input, BTC);
+    if (!rope_) tk::add_position(a.input, ppe, opt_.B, opt_.T, C_);
+  }
+  hooks_->params_done(wte);
+  if (!rope_) hooks_->params_done(wpe);
+}
+
+void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
+  if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  tokens = ids_for_kernels(tokens, 0);
+  const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
+  if (!rope_ && part_.tp == 1) {
+    tk::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  } else {
+    tk::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
+    if (!rope_) tk::encoder_backward(TypedPtr(), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+  }
+  if (!rope_) hooks_->grads_ready(wpe);
+  hooks_->grads_ready(wte);
+}
+
+// ---- decoder blocks ------------------------------------------------------------------------------
+
+void Decoder::norm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr x, TypedPtr w, TypedPtr b) {
+  if (layer_norm_) {
+    tk::layernorm_forward(out, mean, rstd, x, w, b, opt_.B, opt_.T, C_);
+  } else {
+    lk::rmsnorm_forward(out, rstd, x, w, static_cast<int64_t>(opt_.B) * opt_.T, C_, norm_eps_);
+  }
+}
+
+void Decoder::norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout, TypedPtr x, TypedPtr w,
+                            const float* mean, const float* rstd) {
+  if (layer_norm_) {
+    tk::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, opt_.B, opt_.T, C_);
+  } else {
+    lk::rmsnorm_backward(dx, dw, dout, x, w, rstd, static_cast<int64_t>(opt_.B) * opt_.T, C_);
+  }
+}
+
+void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full) {
+  const int B = opt_.B, T = opt_.T, C = C_;
+  const int64_t BT = static_cast<int64_t>(B) * T, BTC = BT * C;
+  const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
+  norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.norm1_w, w.norm1_b);
+  tk::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
+  if (rope_) lk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
+  lk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
+  // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
+  tk::matmul_forward(a.res2, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
+  hooks_->tp_reduce_forward(a.res2, BTC);
+  if (w.proj_b) tk::add_bias(a.res2, w.proj_b, B * T, C);
+  tk::residual_forward(a.res2, a.res2, x, BTC);
+  norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2_w, w.norm2_b);
+  tk::matmul_forward(a.mlp_h, a.ln2, w.up_w, w.up_b, B, T, C, UPl);
+  if (swiglu_) {
+    lk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
+  } else {
+    tk::gelu_forward(a.mlp_act, a.mlp_h, BT * Hl_);
+  }
+  if (!full) return;  // a recompute for backward needs nothing past here
+  tk::matmul_forward(a.out, a.mlp_act, w.down_w, TypedPtr(), B, T, Hl_, C);
+  hooks_->tp_reduce_forward(a.out, BTC);
+  if (w.down_b) tk::add_bias(a.out, w.down_b, B * T, C);
+  tk::residual_forward(a.out, a.out, a.res2, BTC);
+}
+
+void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
+                             const DecoderLayerWeights& g) {
+  const int B = opt_.B, T = opt_.T, C = C_;
+  const int64_t BT = static_cast<int64_t>(B) * T, BTC = BT * C;
+  const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
+  // dres holds d(out). MLP: out = res2 + down(act(up(norm2(res2)))).
+  tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, dres_, a.mlp_act, w.down_w, B, T, Hl_, C);
+  if (swiglu_) {
+    lk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
+  } else {
+    tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
+  }
+  tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, a.ln2, w.up_w, B, T, C, UPl);
+  hooks_->tp_reduce_backward(dln_, BTC);
+  norm_backward(dres_, g.norm2_w, g.norm2_b, dln_, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
+  // dres holds d(res2). Attention: res2 = x + proj(attn(positions(qkv(norm1(x))))).
+  tk::matmul_backward(datty_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, B, T, Ql, C);
+  lk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
+  if (rope_) lk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
+  tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, B, T, C, QKVl);
+  hooks_->tp_reduce_backward(dln_, BTC);
+  norm_backward(dres_, g.norm1_w, g.norm1_b, dln_, x, w.norm1_w, a.ln1_mean, a.ln1_rstd);
+  // dres holds d(x).
+}
+
+void Decoder::blocks_forward(DecoderActivations& a, int l0, int l1) {
+  check_layers(l0, l1, "blocks_forward");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  for (int l = l0; l < l1; l++) {
+    const Unit u{UnitKind::kLayer, l};
+    const DecoderLayerWeights w = layer_weights(unit_params(u));
+    layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    progress::bump();  // comm/beacon.h: a slow step is not a hang
+    hooks_->params_done(u);
+  }
+}
+
+void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
+  check_layers(l0, l1, "blocks_backward");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  for (int l = l1 - 1; l >= l0; l--) {
+    const Unit u{UnitKind::kLayer, l};
+    const DecoderLayerWeights w = layer_weights(unit_params(u));
+    const DecoderLayerWeights g = layer_weights(unit_grads(u));
+    DecoderLayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
+    const TypedPtr x = layer_input(a, l);
+    if (opt_.recompute) layer_forward(la, x, w, false);
+    layer_backward(la, x, w, g);  // dres: d(out) -> d(x)
+    hooks_->params_done(u);
+    hooks_->grads_ready(u);
+    progress::bump();
+  }
+}
+
+// ---- head: final norm, lm_head (or the tied embedding), loss -------------------------------------
+
+void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward,
+                          float dloss) {
+  const int C = C_, BT = opt_.B * opt_.T, V = shape_.vocab_size, Vp = Vp_l_;
+  int64_t bad = 0;
+  for (int r0 = 0; r0 < BT; r0 += head_rows_) {
+    const int rows = std::min(head_rows_, BT - r0);
+    const TypedPtr xin = a.lnf + static_cast<int64_t>(r0) * C;
+    const TypedPtr dx = dln_ + static_cast<int64_t>(r0) * C;
+    tk::matmul_forward(logits_, xin, w, TypedPtr(), 1, rows, C, Vp);
+    if (part_.tp > 1) {
+      // Vocabulary-parallel loss: global row max, then global sums, then losses and dlogits.
+      const int v0 = part_.tp_rank * Vp_l_;
+      float *mx = ce_stats_, *sumexp = ce_stats_ + rows, *tlogit = ce_stats_ + 2 * rows;
+      tk::vocab_ce_max(mx, logits_, rows, Vp, v0, V);
+      hooks_->tp_loss_reduce_max(mx, rows);
+      tk::vocab_ce_sums(sumexp, tlogit, logits_, mx, targets + r0, rows, Vp, v0, V);
+      hooks_->tp_loss_reduce_sum(ce_stats_ + rows, 2 * static_cast<int64_t>(rows));
+      tk::vocab_ce_finish(a.losses + r0, backward ? logits_ : TypedPtr(), mx, sumexp, tlogit, targets + r0, dloss,
+                          rows, Vp, v0, V);
+      if (backward) {
+        tk::matmul_backward(dx, gw, TypedPtr(), logits_, xin, w, 1, rows, C, Vp);
+        hooks_->tp_reduce_backward(dx, static_cast<int64_t>(rows) * C);
+      }
+    } else if (backward) {
+      bad += tk::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows, V, Vp);
+      tk::matmul_backward(dx, gw, TypedPtr(), logits_, xin, w, 1, rows, C, Vp);
+    } else {
+      bad += tk::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
+    }
+  }
+  DS_CHECK(bad == 0, "targets were validated");
+}
+
+float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale) {
+  if (!part_.has_head) throw invalid_usage("head on a part without the head");
+  check_tokens(targets, "target");
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  targets = ids_for_kernels(targets, 1);
+  const int BT = opt_.B * opt_.T;
+  const bool tied = shape_.tied();
+  const ms::LayerRoles& r = family_.roles;
+  const Unit wte{UnitKind::kTokenEmbedding}, lnf{UnitKind::kFinalNorm};
+  // The units in order: the (tied) embedding, then the final norm.
+  const TypedPtr pte = tied ? unit_params(wte) : TypedPtr();
+  const TypedPtr pf = unit_params(lnf);
+  const TypedPtr normw = pf + layout_.offset_in_unit(r.final_norm_w);
+  const TypedPtr normb = r.final_norm_b ? pf + layout_.offset_in_unit(*r.final_norm_b) : TypedPtr();
+  const TypedPtr w = tied ? pte : pf + layout_.offset_in_unit(ParamId::kLmHead);
+  const TypedPtr x = output(a);
+  norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, normw, normb);
+  TypedPtr gw, gf;
+  if (backward && tied) gw = unit_grads(wte);
+  if (backward) gf = unit_grads(lnf);
+  if (backward && !tied) gw = gf + layout_.offset_in_unit(ParamId::kLmHead);
+  head_chunks(a, targets, w, gw, backward, grad_scale / static_cast<float>(BT));
+  if (backward) {
+    tk::fill_zero(dres_, static_cast<int64_t>(BT) * C_);
+    norm_backward(dres_, gf + layout_.offset_in_unit(r.final_norm_w),
+                  r.final_norm_b ? gf + layout_.offset_in_unit(*r.final_norm_b) : TypedPtr(), dln_, x, normw,
+                  a.lnf_mean, a.lnf_rstd);
+    hooks_->grads_ready(lnf);
+    if (tied && !part_.has_embedding) hooks_->grads_ready(wte);
+  }
+  if (tied) hooks_->params_done(wte);
+  hooks_->params_done(lnf);
+  // The per-token losses, on the host (on CUDA a copy back: the one synchronisation per micro-batch).
+  const float* losses = a.losses;
+  std::vector<float> host_losses;
+  if (opt_.device == Device::kCuda) {
+    host_losses.resize(static_cast<size_t>(BT));
+    kern::copy_to_host(host_losses.data(), a.losses, host_losses.size() * sizeof(float));
+    losses = host_losses.data();
+  }
+  double sum = 0.0;
+  for (int i = 0; i < BT; i++) sum += losses[i];
+  return static_cast<float>(sum / BT);
+}
+
+float Decoder::head_forward(DecoderActivations& a, const int32_t* targets) { return head(a, targets, false, 0.0f); }
+
+float Decoder::head_forward_backward(DecoderActivations& a, const int32_t* targets, float grad_scale) {
+  return head(a, targets, true, grad_scale);
+}
+
+}  // namespace ds::rt

@@ -1,0 +1,230 @@
+// The one decoder: embedding -> blocks -> final norm -> head, over flat buffers, for every model
+// family. A family (model_spec/family.h) supplies only what differs: its norm (LayerNorm or
+// RMSNorm), its positions (a learned position embedding, or RoPE applied to q and k), its
+// attention's kv heads (multi-head is grouped-query with KV = NH), its MLP (GELU or SwiGLU),
+// biases or not, a tied or untied head; its tensors and activation buffers come from its lists.
+//   GPT-2:  x += attproj(attn(qkv(LN(x)))) ; x += fcproj(gelu(fc(LN(x))))   (biases, wpe, tied)
+//   Llama:  x += o(attn(rope(qkv(RMS(x))))) ; x += down(silu(gate(RMS(x))) * up(RMS(x)))
+//           (no biases, RoPE in the rotate_half convention, GQA, tied or untied lm_head)
+//
+// One Decoder holds one part of the model (model_spec::ModelPart: a pipeline stage's layers, a
+// tensor-parallel shard): its parameters in ONE flat allocation and its gradients in another, laid
+// out by model_spec::param_layout, and the shared scratch of its pieces. Activations of each
+// in-flight micro-batch live in a DecoderActivations (one flat allocation each), sized by the
+// family's model_spec activation list: the runtime allocates exactly what the planner counts.
+//
+// The pieces, callable separately so pipeline stages and ZeRO-3 can run ranges:
+//   embed_forward -> blocks_forward(l0, l1) ... -> head_forward[_backward]
+//   -> blocks_backward(l0, l1) (in reverse ranges) ... -> embed_backward
+// The residual stream's gradient flows through d_stream() (B,T,C): head_forward_backward fills it
+// with d(output of the last layer); blocks_backward(l0, l1) turns d(out[l1-1]) into d(input of
+// l0); a pipeline stage receives into it before its backward and sends it after.
+//
+// Loss and gradients: head_* return the mean loss over the micro-batch's B*T tokens. The
+// gradients computed are those of grad_scale * (that mean): with gradient accumulation over k
+// equal micro-batches pass grad_scale = 1/k (times the fp16 loss scale) to get the mean over the
+// global batch. Gradients ACCUMULATE into the gradient buffer; zero_grads() is separate.
+//
+// The per-layer math keeps memory down, as llm.c's does and more: attention keeps only its output
+// and per-row log-sum-exp (backward recomputes the scores); the attention and MLP projections
+// write straight into the residual buffers (res2, out); q and k are stored after RoPE; the head
+// computes logits a chunk of rows at a time and, when training, runs the loss's backward on each
+// chunk at once, so (B*T, Vp) logits never exist.
+//
+// Activation checkpointing (recompute): each layer keeps only its output; its backward first
+// recomputes the layer's forward (same kernels, same order: bit-identical gradients).
+//
+// Storage (ModelOptions::dtype, grad_dtype): parameters and activations are stored in the storage
+// type (fp32, or bf16/fp16 for mixed precision: 2 bytes an element), parameter gradients in the
+// gradient type (the storage type, or fp32); the kernels compute in fp32 (kernels/typed.h).
+// Statistics stay fp32 whatever the storage (norm mean/rstd, attention lse and scratch, the RoPE
+// tables, the losses, the vocab-parallel loss statistics): model_spec::ActBuffer::fp32 says which.
+// Devices: model.h (ModelOptions::device). With Device::kCuda every buffer is device memory (the
+// RoPE tables are computed on the host and uploaded once), each piece opens a kern::DeviceScope,
+// token ids are validated on the host and uploaded (2*B*T int32, tag workspace), the losses come
+// back to average them; att_scratch is 0 floats (the CUDA attention needs none).
+// Not here: collectives (see hooks.h), the optimizer and its fp32 master weights, data.
+// Tensor parallelism (part.tp > 1): Megatron's layout, the model calling the tp hooks where the
+// group must communicate: column-parallel qkv (by heads; kv heads split too) and MLP-up, row-
+// parallel projections, vocabulary-parallel embedding and loss (no rank holds full-vocabulary
+// logits).
+// Thread safety: one thread drives a Decoder at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/typed_ptr.h"
+#include "model/hooks.h"
+#include "model/model.h"
+#include "model_spec/family.h"
+#include "model_spec/gpt2_spec.h"
+
+namespace ds::rt {
+
+// Views of one layer's tensors (this tp rank's part) by role (model_spec::LayerRoles); a role the
+// family lacks (biases, a RMSNorm's bias) is a null TypedPtr. Ql = NH hd/tp, QKVl = (NH+2KV) hd/tp,
+// UPl = 4C/tp (GELU) or 2I/tp (SwiGLU's gate|up), Hl = 4C/tp or I/tp.
+struct DecoderLayerWeights {
+  TypedPtr norm1_w, norm1_b;  // (C)
+  TypedPtr qkv_w, qkv_b;      // (QKVl, C), (QKVl)
+  TypedPtr proj_w, proj_b;    // (C, Ql), (C)
+  TypedPtr norm2_w, norm2_b;  // (C)
+  TypedPtr up_w, up_b;        // (UPl, C), (UPl)
+  TypedPtr down_w, down_b;    // (C, Hl), (C)
+};
+
+// One layer's activations (the family's model_spec list); with recompute every field but `out`
+// points at the model's shared recompute buffers. A statistic the family's norm does not keep
+// (RMSNorm's mean) stays null.
+struct DecoderLayerActs {
+  TypedPtr ln1;                                     // (B,T,C)
+  float *ln1_mean = nullptr, *ln1_rstd = nullptr;   // (B,T)
+  TypedPtr qkv;                                     // (B,T,QKVl) (q and k rotated with RoPE)
+  TypedPtr atty;                                    // (B,T,Ql)
+  float* att_lse = nullptr;                         // (B,NHl,T)
+  TypedPtr res2;                                    // (B,T,C)
+  TypedPtr ln2;                                     // (B,T,C)
+  float *ln2_mean = nullptr, *ln2_rstd = nullptr;   // (B,T)
+  TypedPtr mlp_h;                                   // (B,T,UPl): GPT-2's fch, Llama's gu
+  TypedPtr mlp_act;                                 // (B,T,Hl): gelu(fch) / silu(gate) * up
+  TypedPtr out;                                     // (B,T,C): the layer's output
+};
+
+class Decoder;
+
+// The activations of one in-flight micro-batch of one Decoder (tag: activations). Movable.
+// `input` and `losses` are the base's.
+class DecoderActivations : public Activations {
+ public:
+  DecoderActivations() = default;
+  std::vector<DecoderLayerActs> layers;  // indexed by layer - part.layer_begin
+  TypedPtr lnf;                           // (B,T,C)
+  float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T)
+
+ private:
+  friend class Decoder;
+};
+
+class Decoder : public Model {
+ public:
+  // Validates shape, part and options (invalid_argument naming the value); allocates parameters
+  // (tag params), gradients (grads) and shared scratch (activations / workspace), all zeroed and
+  // touched. `hooks` may be null (single process); it must outlive the model.
+  Decoder(const model_spec::ModelShape& shape, const model_spec::ModelPart& part, const ModelOptions& options,
+          Allocator& alloc, ParallelHooks* hooks = nullptr);
+
+  const model_spec::ModelShape& shape() const override { return shape_; }
+  const model_spec::ModelPart& part() const override { return part_; }
+  const ModelOptions& options() const override { return opt_; }
+  const model_spec::ParamLayout& layout() const override { return layout_; }
+  const model_spec::FamilyDescription& family() const { return family_; }
+
+  TypedPtr params() override { return {params_.data(), opt_.dtype}; }     // null without own_params
+  TypedPtr grads() override { return {grads_.data(), opt_.grad_dtype}; }  // null without own_grads
+  // View of one tensor in the flat parameter / gradient buffer (layer -1 for global tensors).
+  // invalid_argument when this part does not hold it.
+  TypedPtr param(model_spec::ParamId id, int layer = -1) override;
+  TypedPtr grad(model_spec::ParamId id, int layer = -1) override;
+
+  // The family's initialisation (model/init.h, model_spec's InitKind per tensor): each element's
+  // value depends only on (seed, tensor, layer, element index in the full tensor), never on the
+  // layout; with 16-bit storage the fp32 values are rounded to it.
+  void init_weights(uint64_t seed) override;
+  void zero_grads() override;
+
+  // One micro-batch's activations (tag activations), zeroed.
+  DecoderActivations make_activations();
+  std::unique_ptr<Activations> new_activations() override;
+
+  // ---- pieces ----
+  // tokens (B,T) in [0, V): invalid_argument naming the first bad position otherwise.
+  void embed_forward(DecoderActivations& a, const int32_t* tokens);
+  // Layers [l0, l1) within the part, in order, after the layer before l0 (or embed / input).
+  void blocks_forward(DecoderActivations& a, int l0, int l1);
+  // Final norm, logits, loss; no gradients. Returns the mean loss over B*T tokens.
+  float head_forward(DecoderActivations& a, const int32_t* targets);
+  // As head_forward, plus the head's backward: accumulates the final norm's and the head's
+  // gradients of grad_scale * mean loss and sets d_stream() to the gradient of the last layer's
+  // output.
+  float head_forward_backward(DecoderActivations& a, const int32_t* targets, float grad_scale);
+  // Layers [l1-1 .. l0] backwards: d_stream() holds d(out[l1-1]) and ends with d(input of l0).
+  void blocks_backward(DecoderActivations& a, int l0, int l1);
+  void embed_backward(DecoderActivations& a, const int32_t* tokens);
+
+  // The residual stream's gradient between pieces (B,T,C): pipeline stages recv / send it.
+  TypedPtr d_stream() override { return dres_; }
+  // This part's output for a micro-batch (B,T,C): the last layer's out, or the input.
+  TypedPtr output(DecoderActivations& a);
+  TypedPtr output(Activations& a) override { return output(own(a)); }
+
+  // ---- the whole part in one call (single stage: embedding, all layers, head) ----
+  float forward(DecoderActivations& a, const int32_t* tokens, const int32_t* targets) {
+    return Model::forward(a, tokens, targets);
+  }
+  float forward_backward(DecoderActivations& a, const int32_t* tokens, const int32_t* targets, float grad_scale) {
+    return Model::forward_backward(a, tokens, targets, grad_scale);
+  }
+  using Model::forward;
+  using Model::forward_backward;
+
+  // The pieces on the engines' Activations (made by new_activations; invalid_usage otherwise).
+  void embed_forward(Activations& a, const int32_t* t) override { embed_forward(own(a), t); }
+  void blocks_forward(Activations& a, int l0, int l1) override { blocks_forward(own(a), l0, l1); }
+  float head_forward(Activations& a, const int32_t* t) override { return head_forward(own(a), t); }
+  float head_forward_backward(Activations& a, const int32_t* t, float s) override {
+    return head_forward_backward(own(a), t, s);
+  }
+  void blocks_backward(Activations& a, int l0, int l1) override { blocks_backward(own(a), l0, l1); }
+  void embed_backward(Activations& a, const int32_t* t) override { embed_backward(own(a), t); }
+
+ private:
+  static DecoderActivations& own(Activations& a);
+  void allocate_shared();
+  void upload_rope_tables();
+  // Lays buffer b out at `cursor` (bytes), advancing it: a layer's buffer into *layer, a
+  // micro-batch's into *mb, a shared one into the model's members (layer = the recompute buffers).
+  void place_buffer(const model_spec::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb);
+  DecoderLayerWeights layer_weights(TypedPtr unit_base) const;
+  TypedPtr unit_params(Unit u);
+  TypedPtr unit_grads(Unit u);
+  void check_layers(int l0, int l1, const char* what) const;
+  void check_tokens(const int32_t* ids, const char* what) const;
+  TypedPtr layer_input(DecoderActivations& a, int l);
+  // Host token ids as the kernels need them: the host pointer on the CPU; on a CUDA device the
+  // ids uploaded into slot 0 (tokens) or 1 (targets) of dev_ids_.
+  const int32_t* ids_for_kernels(const int32_t* host, int slot);
+
+  // The family's norm over B*T rows of C (LayerNorm: weight, bias, mean kept; RMSNorm: weight).
+  void norm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr x, TypedPtr w, TypedPtr b);
+  void norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout, TypedPtr x, TypedPtr w, const float* mean,
+                     const float* rstd);
+  void layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full);
+  void layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g);
+  void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
+  float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
+
+  model_spec::ModelShape shape_;
+  model_spec::ModelPart part_;
+  ModelOptions opt_;
+  const model_spec::FamilyDescription& family_;
+  Allocator& alloc_;
+  ParallelHooks* hooks_;
+  model_spec::ParamLayout layout_;
+  std::vector<model_spec::ActBuffer> act_list_;
+  bool layer_norm_ = true, rope_ = false, swiglu_ = false;
+  int head_rows_ = 0;
+  int threads_ = 1;  // OpenMP threads the attention scratch was sized for
+  int C_ = 0, hd_ = 0, NHl_ = 0, KVl_ = 0, Hl_ = 0, Vp_l_ = 0;
+  float norm_eps_ = 1e-5f;
+  Buffer params_, grads_;
+  Buffer shared_act_, shared_ws_;
+  Buffer dev_ids_;  // (2, B, T) int32 on a CUDA device; empty on the CPU
+  DecoderLayerActs recompute_{};  // shared recompute buffers (recompute only)
+  TypedPtr dres_, dln_, dqkv_, datty_, dmlp_h_, dmlp_act_, logits_;
+  float *att_scratch_ = nullptr, *ce_stats_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;
+};
+
+}  // namespace ds::rt
