@@ -3,7 +3,7 @@
 // stages split the layers. Each has one name (what configs and messages spell) and one parser.
 //
 // Deliberately only the vocabulary: what each choice does is documented where it is done
-// (runtime/train, parallel/pipeline_schedule.h, layout/partition.h, lib/plan).
+// (runtime/train, layout/pipeline_schedule.h, layout/partition.h, lib/plan).
 #pragma once
 
 #include <optional>

@@ -52,7 +52,7 @@ Range intersect(int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
   return r;
 }
 
-std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split, int tp) {
+std::vector<int> stage_layer_bounds(const ModelShape& s, int pp, StageSplit split, int tp) {
   s.validate();
   const int L = s.n_layer;
   if (pp < 1) throw invalid_argument("pipeline: {} stages (need at least 1)", pp);
@@ -112,7 +112,7 @@ std::vector<int> stage_layer_bounds(const Gpt2Shape& s, int pp, StageSplit split
   return bounds;
 }
 
-std::vector<ModelPart> partition_stages(const Gpt2Shape& s, int pp, StageSplit split, int tp, int tp_rank) {
+std::vector<ModelPart> partition_stages(const ModelShape& s, int pp, StageSplit split, int tp, int tp_rank) {
   const auto bounds = stage_layer_bounds(s, pp, split, tp);
   std::vector<ModelPart> parts;
   for (int i = 0; i < pp; ++i) {

@@ -58,11 +58,11 @@ Range intersect(int64_t a0, int64_t a1, int64_t b0, int64_t b1);
 // Layer bounds of every stage: pp + 1 values, bounds[0] = 0, bounds[pp] = n_layer, stage i holds
 // layers [bounds[i], bounds[i + 1]), at least one each. Validates the shape; invalid_argument
 // when pp < 1 or pp > n_layer (naming both numbers, with a hint).
-std::vector<int> stage_layer_bounds(const model_spec::Gpt2Shape& s, int pp, StageSplit split, int tp = 1);
+std::vector<int> stage_layer_bounds(const model_spec::ModelShape& s, int pp, StageSplit split, int tp = 1);
 
 // The ModelPart of every stage (index = pipeline rank): the layers of stage_layer_bounds, the
 // embedding on stage 0, the head on stage pp-1, each with the given tp size and rank.
-std::vector<model_spec::ModelPart> partition_stages(const model_spec::Gpt2Shape& s, int pp, StageSplit split,
+std::vector<model_spec::ModelPart> partition_stages(const model_spec::ModelShape& s, int pp, StageSplit split,
                                                     int tp = 1, int tp_rank = 0);
 
 }  // namespace ds::layout

@@ -7,23 +7,25 @@
 #include <cmath>
 #include <limits>
 
+#include "layout/pipeline_schedule.h"
+
 namespace ds::plan {
 
 namespace {
 
 // FLOPs of one sequence through one layer's forward, the head (fwd + bwd), the embedding.
-double layer_flops(const model_spec::Gpt2Shape& s) {
+double layer_flops(const model_spec::ModelShape& s) {
   const double T = s.seq_len, C = s.n_embd;
   return T * (24 * C * C + 4 * T * C);
 }
-double head_flops(const model_spec::Gpt2Shape& s) {
+double head_flops(const model_spec::ModelShape& s) {
   return 3.0 * 2 * s.seq_len * s.n_embd * static_cast<double>(s.padded_vocab_size);
 }
-double embed_elems(const model_spec::Gpt2Shape& s) {
+double embed_elems(const model_spec::ModelShape& s) {
   return static_cast<double>(s.seq_len) * s.n_embd;
 }
 
-PieceTimes builtin_pieces(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b) {
+PieceTimes builtin_pieces(const Calibration& cal, const model_spec::ModelShape& s, int tp, int b) {
   PieceTimes p;
   const double f = b * layer_flops(s) / tp / cal.flops;
   p.layer_fwd = f + cal.layer_overhead / 3;
@@ -92,7 +94,7 @@ PieceTimes interpolate(const std::vector<ComputeSample>& v, int b) {
   return scale(of(v.back()), k, k, k);
 }
 
-bool same_shape(const model_spec::Gpt2Shape& a, const model_spec::Gpt2Shape& b) {
+bool same_shape(const model_spec::ModelShape& a, const model_spec::ModelShape& b) {
   return a.n_embd == b.n_embd && a.seq_len == b.seq_len && a.n_head == b.n_head &&
          a.padded_vocab_size == b.padded_vocab_size;
 }
@@ -123,7 +125,7 @@ double collective_seconds(const CollectiveFit& f, double bytes) {
   return f.latency + bus_bytes(f.op, f.group_size, bytes) / f.bus_bw;
 }
 
-PieceTimes compute_for(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b,
+PieceTimes compute_for(const Calibration& cal, const model_spec::ModelShape& s, int tp, int b,
                        Precision precision, int concurrency) {
   if (cal.compute.empty()) return builtin_pieces(cal, s, tp, b);
   bool tp_exact = true;
@@ -179,24 +181,14 @@ double pipeline_schedule(const std::vector<double>& slots, int m) {
 
 namespace {
 
-// A stage's compute events in the runtime's order (runtime/parallel/pipeline_schedule.h, restated:
-// lib/plan never links runtime/; StepTime.SharedCorePipelineByHand spells one order out):
-// forward mb = +mb + 1, backward mb = -(mb + 1).
+// A stage's compute events in the runtime's order (layout/pipeline_schedule.h, the list the
+// runtime's driver walks): forward mb = +(mb + 1), backward mb = -(mb + 1).
 std::vector<int> stage_order(PipelineSchedule schedule, int stages, int stage, int m) {
   std::vector<int> out;
-  if (schedule == PipelineSchedule::kGPipe) {
-    for (int i = 0; i < m; ++i) out.push_back(i + 1);
-    for (int i = 0; i < m; ++i) out.push_back(-(i + 1));
-    return out;
+  for (const layout::Event& e : layout::stage_events(schedule, stages, stage, m)) {
+    if (e.kind == layout::EventKind::kForward) out.push_back(e.mb + 1);
+    if (e.kind == layout::EventKind::kBackward) out.push_back(-(e.mb + 1));
   }
-  const int warm = std::min(stages - stage - 1, m);
-  int f = 0, b = 0;
-  for (; f < warm; ++f) out.push_back(f + 1);
-  while (f < m) {
-    out.push_back(++f);
-    out.push_back(-(++b));
-  }
-  while (b < m) out.push_back(-(++b));
   return out;
 }
 
@@ -286,7 +278,7 @@ Placement placement(const Layout& l, const Calibration& cal) {
 // How many ranks' worth of compute the node delivers when `ranks` compute at once: ranks x
 // t(alone) / t(together), from the samples at the largest measured concurrency <= ranks. A
 // GPU node (or a CPU calibration without concurrency samples) delivers every rank's.
-double node_capacity(const Calibration& cal, const model_spec::Gpt2Shape& s, const Layout& l, int ranks) {
+double node_capacity(const Calibration& cal, const model_spec::ModelShape& s, const Layout& l, int ranks) {
   if (!cal.cpu || cal.compute.empty()) return ranks;
   int conc = 1;
   for (const auto& c : cal.compute) {
@@ -311,7 +303,7 @@ struct StageMb {
   double slot() const { return fwd + bwd + tp + p2p; }
 };
 
-std::vector<StageMb> stage_micro_batches(const model_spec::Gpt2Shape& s, const Layout& l,
+std::vector<StageMb> stage_micro_batches(const model_spec::ModelShape& s, const Layout& l,
                                          const Calibration& cal, const Placement& pl,
                                          const CommTypes& types) {
   const std::vector<int> bounds = stage_bounds(s, l.pp, l.partition, l.tp);
@@ -397,7 +389,7 @@ void data_parallel(const Layout& l, const Calibration& cal, const Placement& pl,
 
 }  // namespace
 
-StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibration& cal,
+StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calibration& cal,
                    const CommTypes& types) {
   StepTime t;
   const Placement pl = placement(l, cal);

@@ -102,7 +102,7 @@ struct Calibration {
   int cores = 0;              // cores of a node (CPU runs); 0 = unknown / not shared
   int threads_per_rank = 1;
   int ranks_per_node = 8;     // a node's ranks (GPUs per node)
-  model_spec::Gpt2Shape shape;  // the model measured (compute rescales by FLOPs for another)
+  model_spec::ModelShape shape;  // the model measured (compute rescales by FLOPs for another)
   std::vector<ComputeSample> compute;
   std::vector<CollectiveFit> collectives;
   double optimizer_rate = 1e9;  // parameters/s of the AdamW update on one rank
@@ -125,7 +125,7 @@ struct PieceTimes {
 // Samples of (tp, precision, concurrency) nearest the request: tp and precision exact when
 // measured, else tp 1 scaled by 1/tp and fp32; concurrency the largest measured <= the request
 // (else the smallest). Time is linear in b between measured sizes, and per sequence beyond them.
-PieceTimes compute_for(const Calibration& cal, const model_spec::Gpt2Shape& s, int tp, int b,
+PieceTimes compute_for(const Calibration& cal, const model_spec::ModelShape& s, int tp, int b,
                        Precision precision, int concurrency);
 
 // Seconds of one collective of `bytes` over a group of `group_size` ranks, `concurrent_groups`
@@ -161,7 +161,7 @@ struct CommTypes {
 CommTypes comm_types(Precision storage, Precision grad_type, bool cuda = false);
 
 // The step of layout `l` on the calibrated machine. Throws what stage_bounds throws.
-StepTime step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Calibration& cal,
+StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calibration& cal,
                    const CommTypes& types);
 
 // The pipeline's schedule length for the stages' slot times and m micro-batches (see above).
@@ -173,7 +173,7 @@ struct StageWork {
   double fwd = 0, bwd = 0;
 };
 // The schedule's length when the stages share the node's cores: the runtime's event order
-// (runtime/parallel/pipeline_schedule.h: 1F1B or GPipe), each forward waiting for the previous
+// (layout/pipeline_schedule.h: 1F1B or GPipe, the runtime's own lists), each forward waiting for the previous
 // stage's and each backward for the next stage's, `handoff` seconds after it ends (the send/recv);
 // while k ranks compute at once each runs at min(1, capacity(k) / k) of its alone speed, where
 // `ranks_per_stage` ranks of the node run each stage (tp x dp of them) and capacity(k) is what

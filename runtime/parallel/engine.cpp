@@ -34,7 +34,7 @@ comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int
 
 }  // namespace
 
-Engine::Engine(const ms::Gpt2Shape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
+Engine::Engine(const ms::ModelShape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
                Allocator& alloc)
     : spec_(spec), topo_(spec.world, spec.tp, spec.dp, spec.pp), coord_(topo_.coord_of(spec.rank)) {
   part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
@@ -84,7 +84,7 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
   if (tied) tied_ = data_world_->new_group({pp_ranks.front(), pp_ranks.back()}, fmt::format("tied{}", pp_index));
 }
 
-void Engine::build_stack(const ms::Gpt2Shape& shape, Allocator& alloc) {
+void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   ZeroOptions zo = spec_.zero;
   zo.device = spec_.device;
   zo.param_dtype = spec_.model.dtype;

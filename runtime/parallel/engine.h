@@ -26,7 +26,7 @@
 #include "layout/topology.h"
 #include "model/gpt2.h"
 #include "parallel/host_world.h"
-#include "parallel/pipeline_schedule.h"
+#include "layout/pipeline_schedule.h"
 #include "parallel/pipeline_stage.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/zero.h"
@@ -53,7 +53,7 @@ struct EngineSpec {
 class Engine {
  public:
   // `store`: the job's store (a generation prefix of it), or null for a single process.
-  Engine(const model_spec::Gpt2Shape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
+  Engine(const model_spec::ModelShape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
          Allocator& alloc);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -71,7 +71,7 @@ class Engine {
 
  private:
   void build_groups(std::shared_ptr<store::Store> store, bool tied);
-  void build_stack(const model_spec::Gpt2Shape& shape, Allocator& alloc);
+  void build_stack(const model_spec::ModelShape& shape, Allocator& alloc);
 
   EngineSpec spec_;
   layout::Topology topo_;

@@ -27,9 +27,17 @@
 #include "core/allocator.h"
 #include "model/model.h"
 #include "model_spec/gpt2_spec.h"
-#include "parallel/pipeline_schedule.h"
+#include "layout/pipeline_schedule.h"
 
 namespace ds::rt::parallel {
+
+// The schedules are lib/layout's (the plan simulates the same order).
+using layout::Event;
+using layout::EventKind;
+using layout::PipelineSchedule;
+using layout::event_name;
+using layout::peak_in_flight;
+using layout::stage_events;
 
 // One micro-batch's tokens, (B,T) int32 each. `tokens` is read on the first stage (forward and
 // backward), `targets` on the last; either may be null where not read. Caller-owned, valid for

@@ -2,7 +2,7 @@
 // many (stages, micro-batches): every micro-batch passes every stage once each way, the lists of
 // all stages run to completion under blocking receives (no deadlock), and the peak number of
 // micro-batches in flight per stage (1F1B: pp - stage, capped by m; GPipe: m).
-#include "parallel/pipeline_schedule.h"
+#include "layout/pipeline_schedule.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 
 #include "common/error.h"
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 namespace {
 
 TEST(PipelineSchedule, OneF1BTwoStagesFourMicroBatches) {
@@ -130,4 +130,4 @@ TEST(PipelineSchedule, BadArgumentsAreErrors) {
 }
 
 }  // namespace
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout

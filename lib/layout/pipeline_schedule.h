@@ -1,6 +1,7 @@
 // Pipeline schedules as plain event lists: what each stage does, in order, for one optimizer step
 // over m micro-batches. Pure data (no model, no communication), so the order can be tested on its
-// own and the driver (pipeline_stage.h, run_schedule) only walks the list.
+// own, the runtime's driver (runtime/parallel/pipeline_stage.h, run_schedule) only walks the
+// list, and the plan's step-time model (lib/plan/step_time.cpp) simulates the same order.
 //
 //   GPipe  every stage runs all m forwards, then all m backwards (in the same order). Simple, but
 //          a stage keeps the activations of all m micro-batches.
@@ -24,10 +25,7 @@
 
 #include "layout/choices.h"
 
-namespace ds::rt::parallel {
-
-// The schedules (layout/choices.h: one enum for the config, the plan and the runtime).
-using layout::PipelineSchedule;
+namespace ds::layout {
 
 enum class EventKind {
   kRecvActivation,  // receive micro-batch mb's input (B,T,C) from stage - 1
@@ -53,11 +51,11 @@ std::vector<Event> stage_events(PipelineSchedule kind, int stages, int stage, in
 std::vector<std::vector<Event>> schedule_events(PipelineSchedule kind, int stages, int micro_batches);
 
 // The most micro-batches whose activations a stage holds at once (a forward started, its backward
-// not yet finished) while running `events`: how many Gpt2Activations the driver allocates.
+// not yet finished) while running `events`: how many micro-batches' activations the driver allocates.
 int peak_in_flight(const std::vector<Event>& events);
 
 // "F0 F1 B0 F2 B1 B2" (compute events only; with_p2p adds ">a0" send-act, "<a0" recv-act, ">g0",
 // "<g0"): for messages and test expectations.
 std::string events_to_string(const std::vector<Event>& events, bool with_p2p = false);
 
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout

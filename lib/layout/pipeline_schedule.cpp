@@ -2,14 +2,14 @@
 // of mb (recv-act, fwd, send-act, the p2p events only where a neighbour exists) and a backward
 // step (recv-grad, bwd, send-grad). 1F1B orders the steps as warm-up forwards, then pairs
 // (forward, backward), then the remaining backwards; GPipe as all forwards then all backwards.
-#include "parallel/pipeline_schedule.h"
+#include "layout/pipeline_schedule.h"
 
 #include <algorithm>
 #include <string>
 
 #include "common/error.h"
 
-namespace ds::rt::parallel {
+namespace ds::layout {
 
 const char* event_name(EventKind k) {
   switch (k) {
@@ -126,4 +126,4 @@ std::string events_to_string(const std::vector<Event>& events, bool with_p2p) {
   return s;
 }
 
-}  // namespace ds::rt::parallel
+}  // namespace ds::layout
