@@ -129,7 +129,7 @@ double median(std::vector<double> v) {
 struct Worker {
   int rank = 0, world = 1, local_rank = 0, local_world = 1, nodes = 1;
   comm::CommPtr comm;
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   layout::Precision precision = layout::Precision::kFp32;
   int max_micro_batch = 16;
   int cores = 1;
@@ -320,7 +320,7 @@ Worker make_worker(const std::string& config) {
   w.nodes = std::max(1, w.world / std::max(1, w.local_world));
   w.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   w.threads = plan::resolve_threads_per_rank(0);
-  w.shape = model_spec::Gpt2Shape{12, 12, 768, 50257, 50304, 1024};  // GPT-2 124M
+  w.shape = model_spec::ModelShape{12, 12, 768, 50257, 50304, 1024};  // GPT-2 124M
   if (!config.empty()) {
     const plan::PlanInput in = plan::model_plan_input(config, w.world, w.threads);
     if (in.layout.device != plan::DeviceKind::kCpu) {

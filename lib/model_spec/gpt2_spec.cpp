@@ -68,7 +68,7 @@ int64_t ParamTensor::numel() const {
   return n;
 }
 
-std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s) {
+std::vector<ParamTensor> gpt2_params(const ModelShape& s) {
   const int64_t C = s.n_embd, Vp = s.padded_vocab_size, maxT = s.seq_len;
   using P = ParamId;
   using U = UnitKind;
@@ -138,7 +138,7 @@ int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_inde
   return r * inner + c;
 }
 
-void ModelPart::validate(const Gpt2Shape& s) const {
+void ModelPart::validate(const ModelShape& s) const {
   if (layer_begin < 0 || layer_end > s.n_layer || layer_begin > layer_end) {
     throw invalid_argument("model part layers [{}, {}) must lie within [0, {}]", layer_begin,
                            layer_end, s.n_layer);
@@ -167,7 +167,7 @@ const TensorSlice* ParamLayout::find_tensor(ParamId id, int layer) const {
   return nullptr;
 }
 
-ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
+ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
   const auto all = model_params(s);
   ParamLayout out;
   // Offsets inside each unit (identical for every layer).
@@ -203,7 +203,7 @@ ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part) {
   return out;
 }
 
-int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer) {
+int64_t llmc_offset(const ModelShape& s, ParamId id, int layer) {
   if (s.llama()) throw invalid_usage("llm.c's checkpoint order is GPT-2's; a Llama has none");
   int64_t off = 0;
   for (const auto& t : gpt2_params(s)) {
@@ -213,9 +213,9 @@ int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer) {
   return off;
 }
 
-int64_t param_count(const Gpt2Shape& s) { return part_param_count(s, ModelPart::whole(s)); }
+int64_t param_count(const ModelShape& s) { return part_param_count(s, ModelPart::whole(s)); }
 
-int64_t layer_param_count(const Gpt2Shape& s, int tp) {
+int64_t layer_param_count(const ModelShape& s, int tp) {
   int64_t n = 0;
   for (const auto& t : model_params(s)) {
     if (t.per_layer) n += local_numel(t, tp);
@@ -223,17 +223,17 @@ int64_t layer_param_count(const Gpt2Shape& s, int tp) {
   return n;
 }
 
-int64_t layers_param_count(const Gpt2Shape& s, int l0, int l1, int tp) {
+int64_t layers_param_count(const ModelShape& s, int l0, int l1, int tp) {
   return static_cast<int64_t>(std::max(0, l1 - l0)) * layer_param_count(s, tp);
 }
 
-int64_t part_param_count(const Gpt2Shape& s, const ModelPart& part) {
+int64_t part_param_count(const ModelShape& s, const ModelPart& part) {
   return param_layout(s, part).total;
 }
 
 // ---- activations ---------------------------------------------------------------------------
 
-int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp) {
+int head_chunk_rows_default(const ModelShape& s, int B, int T, int tp) {
   // Equal chunks (a multiple of 16 rows) of at most ~kBudget logits each: big enough for sgemm
   // to amortise packing wte, small enough that (B*T, Vp) logits never exist.
   const int64_t kBudget = int64_t{32} << 20;
@@ -246,7 +246,7 @@ int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp) {
   return static_cast<int>(std::min(rows, BT));
 }
 
-std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
+std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& part,
                                         const ActConfig& cfg) {
   const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T;
   const int64_t C = s.n_embd, tp = part.tp;
@@ -303,7 +303,7 @@ std::vector<ActBuffer> model_activations(const ModelShape& s, const ModelPart& p
   return s.llama() ? llama_activations(s, part, cfg) : gpt2_activations(s, part, cfg);
 }
 
-ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg) {
+ActTotals activation_totals(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
   ActTotals t;
   const int64_t nl = part.layer_end - part.layer_begin;
   for (const auto& b : model_activations(s, part, cfg)) {

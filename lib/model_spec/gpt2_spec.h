@@ -55,7 +55,6 @@ struct ModelShape {
   // (NH, 4C or I, KV and Vp must divide by tp), naming the numbers and the config keys.
   void validate_tp(int tp) const;
 };
-using Gpt2Shape = ModelShape;  // the name from before Llama
 
 // How tensor parallelism (Megatron-style) splits a tensor across the tp group.
 enum class TpSplit {
@@ -100,7 +99,7 @@ struct ParamTensor {
 
 // The tensors of this shape's family: GPT-2's 16 in llm.c's order, or Llama's (llama_params).
 std::vector<ParamTensor> model_params(const ModelShape& s);
-std::vector<ParamTensor> gpt2_params(const Gpt2Shape& s);
+std::vector<ParamTensor> gpt2_params(const ModelShape& s);
 // Llama: embed_tokens (Vp,C) vocab; per layer input_layernorm (C), q_proj (NH*hd,C), k_proj and
 // v_proj (KV*hd,C) column (by heads), o_proj (C,NH*hd) row, post_attention_layernorm (C),
 // gate_proj and up_proj (I,C) column, down_proj (C,I) row; norm (C); lm_head (Vp,C) vocab unless
@@ -128,7 +127,7 @@ struct ModelPart {
   int tp_rank = 0;
 
   static ModelPart whole(const ModelShape& s) { return ModelPart{0, s.n_layer, true, true, 1, 0}; }
-  void validate(const Gpt2Shape& s) const;  // invalid_argument on a bad range or rank
+  void validate(const ModelShape& s) const;  // invalid_argument on a bad range or rank
 };
 
 // One unit's place in the flat parameter (and gradient) buffer of a part.
@@ -164,20 +163,20 @@ struct ParamLayout {
   const TensorSlice* find_tensor(ParamId id, int layer = -1) const;  // null when absent
   std::array<int64_t, kNumParamTensors> in_unit_offsets{};
 };
-ParamLayout param_layout(const Gpt2Shape& s, const ModelPart& part);
+ParamLayout param_layout(const ModelShape& s, const ModelPart& part);
 
 // Offset of one tensor copy (layer -1 for global tensors) in llm.c's checkpoint order: tensor-
 // major, each per-layer tensor stored as (L, ...) (wte, wpe, ln1w[0..L), ln1b[0..L), ...,
 // lnfw, lnfb). For import/export between llm.c's files and the layer-major ParamLayout.
-int64_t llmc_offset(const Gpt2Shape& s, ParamId id, int layer);  // GPT-2 only
+int64_t llmc_offset(const ModelShape& s, ParamId id, int layer);  // GPT-2 only
 
 // Parameter counts (elements).
-int64_t param_count(const Gpt2Shape& s);                    // the whole model, unsharded
-int64_t layer_param_count(const Gpt2Shape& s, int tp = 1);  // one layer on one tp rank
+int64_t param_count(const ModelShape& s);                    // the whole model, unsharded
+int64_t layer_param_count(const ModelShape& s, int tp = 1);  // one layer on one tp rank
 // Layers [l0, l1) on one tp rank.
-int64_t layers_param_count(const Gpt2Shape& s, int l0, int l1, int tp = 1);
+int64_t layers_param_count(const ModelShape& s, int l0, int l1, int tp = 1);
 // Everything a part holds (its layout's total).
-int64_t part_param_count(const Gpt2Shape& s, const ModelPart& part);
+int64_t part_param_count(const ModelShape& s, const ModelPart& part);
 
 // ---- activations ---------------------------------------------------------------------------
 
@@ -210,7 +209,7 @@ struct ActConfig {
 };
 // Rows of (rows, Vp/tp) logits the head computes at once by default: B*T split into equal chunks
 // of at most ~32 Mi elements (128 MiB fp32) each, a multiple of 16 rows, never more than B*T.
-int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
+int head_chunk_rows_default(const ModelShape& s, int B, int T, int tp = 1);
 
 // THE list of activation buffers the runtime allocates for a part (and the planner counts).
 // Without recompute each layer keeps
@@ -225,7 +224,7 @@ int head_chunk_rows_default(const Gpt2Shape& s, int B, int T, int tp = 1);
 // Shared: the backward's gradient buffers (dres, dln (B,T,C), dqkv, datty, dfch), attention's
 // per-thread scratch, the head's logits chunk (rows, Vp/tp) and, with tp > 1, the
 // vocabulary-parallel loss's row statistics (3 x rows).
-std::vector<ActBuffer> gpt2_activations(const Gpt2Shape& s, const ModelPart& part,
+std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& part,
                                         const ActConfig& cfg);
 // Llama's list (llama_spec.cpp), in the same scopes: each layer keeps
 //   ln1 (B,T,C), ln1_rstd (B,T), qkv (B,T,(NH+2KV)hd/tp) (q and k after RoPE), atty (B,T,NH hd/tp),
@@ -246,6 +245,6 @@ struct ActTotals {
   // The same in bytes (ActBuffer::bytes with ActConfig::storage_bytes): what the runtime allocates.
   int64_t per_layer_bytes = 0, per_micro_batch_bytes = 0, shared_activation_bytes = 0, shared_workspace_bytes = 0;
 };
-ActTotals activation_totals(const Gpt2Shape& s, const ModelPart& part, const ActConfig& cfg);
+ActTotals activation_totals(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
 
 }  // namespace ds::model_spec

@@ -99,8 +99,8 @@ CollectiveOp op_of(const std::string& s) {
   return CollectiveOp::kSendRecv;
 }
 
-model_spec::Gpt2Shape read_shape(const Cursor& m) {
-  model_spec::Gpt2Shape s;
+model_spec::ModelShape read_shape(const Cursor& m) {
+  model_spec::ModelShape s;
   s.n_layer = m.key("n_layer").integer(1);
   s.n_head = m.key("n_head").integer(1);
   s.n_embd = m.key("n_embd").integer(1);

@@ -21,7 +21,7 @@
 namespace ds::plan {
 
 struct PlanInput {
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   Layout layout;
   // The gradients' type, what ZeRO's reductions move (JobConfig::gradient_dtype(): the storage
   // type, or fp32 by data_types.grad_accum_dtype / communication_data_type). The step-time model

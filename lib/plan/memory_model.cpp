@@ -17,7 +17,7 @@ int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
 
 namespace {
 
-ms::ModelPart part_for(const ms::Gpt2Shape& s, const std::vector<int>& bounds, int stage, int tp,
+ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, int stage, int tp,
                        int tp_rank) {
   const int pp = static_cast<int>(bounds.size()) - 1;
   ms::ModelPart part;
@@ -32,7 +32,7 @@ ms::ModelPart part_for(const ms::Gpt2Shape& s, const std::vector<int>& bounds, i
 
 }  // namespace
 
-void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
+void validate_layout(const ms::ModelShape& s, const Layout& l) {
   s.validate();
   if (l.tp < 1 || l.pp < 1 || l.dp < 1) {
     throw invalid_argument("tensor-parallel ({}), pipeline ({}) and data-parallel ({}) sizes must "
@@ -78,7 +78,7 @@ void validate_layout(const ms::Gpt2Shape& s, const Layout& l) {
   if (l.num_threads < 1) throw invalid_argument("threads per rank must be at least 1, got {}", l.num_threads);
 }
 
-std::vector<int> stage_bounds(const ms::Gpt2Shape& s, int pp, StageSplit partition, int tp) {
+std::vector<int> stage_bounds(const ms::ModelShape& s, int pp, StageSplit partition, int tp) {
   return layout::stage_layer_bounds(
       s, pp, partition, tp);
 }
@@ -125,7 +125,7 @@ struct Part {
   int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
 };
 
-ms::ActConfig act_config(const ms::Gpt2Shape& s, const Layout& l) {
+ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
   ms::ActConfig act;
   act.B = l.micro_batch;
   act.T = s.seq_len;
@@ -179,7 +179,7 @@ void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Part& pa
   }
 }
 
-Part part_memory(const ms::Gpt2Shape& s, const Layout& l, const std::vector<int>& bounds, int stage, int t) {
+Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int>& bounds, int stage, int t) {
   const ms::ModelPart mp = part_for(s, bounds, stage, l.tp, t);
   const ms::ParamLayout layout = ms::param_layout(s, mp);
   Part part;
@@ -247,7 +247,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
 // Notes: how the peak rank was counted.
 void add_notes(MemoryPlan& plan) {
   const Layout& l = plan.layout;
-  const ms::Gpt2Shape& s = plan.shape;
+  const ms::ModelShape& s = plan.shape;
   const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   const RankMemory& p = plan.peak_rank();
@@ -302,7 +302,7 @@ void add_notes(MemoryPlan& plan) {
 
 }  // namespace
 
-MemoryPlan plan_memory(const ms::Gpt2Shape& s, const Layout& l) {
+MemoryPlan plan_memory(const ms::ModelShape& s, const Layout& l) {
   validate_layout(s, l);
   MemoryPlan plan;
   plan.layout = l;

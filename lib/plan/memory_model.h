@@ -91,7 +91,7 @@ inline ZeroPartition zero_partition(int64_t total, int dp) { return layout::Part
 //               stage also holds wte + wpe and the last lnf + the tied wte (as the runtime's
 //               model parts do); ties go to the earliest boundary.
 // Every stage gets at least one layer. Throws ds::Error naming the rule when pp > L.
-std::vector<int> stage_bounds(const model_spec::Gpt2Shape& s, int pp, StageSplit partition,
+std::vector<int> stage_bounds(const model_spec::ModelShape& s, int pp, StageSplit partition,
                               int tp = 1);
 
 // Micro-batches whose activations a stage keeps at its peak: 1F1B keeps min(pp - stage, m) on
@@ -124,7 +124,7 @@ struct PlanNote {
 
 struct MemoryPlan {
   Layout layout;
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   std::vector<int> bounds;          // stage_bounds()
   std::vector<RankMemory> ranks;    // every world rank, in rank order
   std::vector<PlanNote> notes;      // how the first rank of each stage was counted
@@ -135,7 +135,7 @@ struct MemoryPlan {
 // Checks the layout (tp divides heads, 4C and Vp; pp <= layers; stage in 0..3; no stage 3 with
 // pp > 1, as the job config refuses it; offload_param only with stage 3; positive sizes) and
 // throws ds::Error (invalid argument) naming the rule.
-void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
+void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 
 // The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
 // Counting rules, as the runtime allocates (runtime/model/gpt2.cpp, runtime/parallel/zero.cpp,
@@ -168,7 +168,7 @@ void validate_layout(const model_spec::Gpt2Shape& s, const Layout& l);
 //   workspace   model_spec's shared workspace buffers (bytes as above) + the token ids: 8 B per token
 //               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
 // Throws what validate_layout throws.
-MemoryPlan plan_memory(const model_spec::Gpt2Shape& s, const Layout& l);
+MemoryPlan plan_memory(const model_spec::ModelShape& s, const Layout& l);
 
 // Groups of ranks with identical bytes: each group's first rank and all its ranks ("0-3,8").
 struct RankGroup {

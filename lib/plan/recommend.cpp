@@ -49,7 +49,7 @@ Calibration builtin_calibration(const Hardware& hw) {
   return c;
 }
 
-StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw) {
+StepTime estimate_step_time(const model_spec::ModelShape& s, const Layout& l, const Hardware& hw) {
   return step_time(s, l, builtin_calibration(hw), comm_types(l.precision, l.precision, l.device == DeviceKind::kCuda));
 }
 
@@ -97,7 +97,7 @@ std::string compare_steps(const Candidate& a, const Candidate& b) {
   return out;
 }
 
-SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int world_size,
+SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int world_size,
                        int64_t device_bytes, const Calibration& cal, const CommTypes& types) {
   if (world_size < 1) throw invalid_argument("--world-size must be at least 1, got {}", world_size);
   if (device_bytes <= 0) throw invalid_argument("--recommend needs the device memory (--gpu-mem), got {}", device_bytes);

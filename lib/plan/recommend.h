@@ -34,7 +34,7 @@ struct Hardware {
 Calibration builtin_calibration(const Hardware& hw);
 
 // step_time() on builtin_calibration(hw), communicating in the layout's precision.
-StepTime estimate_step_time(const model_spec::Gpt2Shape& s, const Layout& l, const Hardware& hw);
+StepTime estimate_step_time(const model_spec::ModelShape& s, const Layout& l, const Hardware& hw);
 
 struct Candidate {
   Layout layout;
@@ -58,7 +58,7 @@ struct SearchResult {
 // (micro_batch * grad_accum * dp), keeping its precision, buckets, schedule and partition.
 // Throws ds::Error (invalid argument) for world_size < 1 or device_bytes <= 0.
 // `cal` is the machine, `types` what the collectives move.
-SearchResult recommend(const model_spec::Gpt2Shape& s, const Layout& base, int world_size,
+SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int world_size,
                        int64_t device_bytes, const Calibration& cal, const CommTypes& types);
 
 // "tp 2 x pp 1 x dp 4, ZeRO-2, micro-batch 4 x 2 steps, checkpointing, offload optimizer"

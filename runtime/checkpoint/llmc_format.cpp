@@ -34,7 +34,7 @@ std::vector<int64_t> llmc_offsets(const std::vector<ms::ParamTensor>& params, in
 // The header's model must be the file's size before any offset is computed: a corrupt header's
 // dimensions would overflow int64 (found by tests/fuzz: n_embd 2^30, n_layer 2^20), so the
 // count is taken in long double, exact up to 2^64 and far past any real file.
-void check_header_fits_file(const ms::Gpt2Shape& s, int version, size_t file_bytes, const std::string& path) {
+void check_header_fits_file(const ms::ModelShape& s, int version, size_t file_bytes, const std::string& path) {
   long double count = 0;
   for (const auto& t : ms::gpt2_params(s)) {
     long double n = t.per_layer ? s.n_layer : 1;
@@ -50,7 +50,7 @@ void check_header_fits_file(const ms::Gpt2Shape& s, int version, size_t file_byt
   }
 }
 
-ms::Gpt2Shape shape_from_header(const int32_t* h, size_t file_bytes, const std::string& path) {
+ms::ModelShape shape_from_header(const int32_t* h, size_t file_bytes, const std::string& path) {
   if (h[0] != kLlmcMagic) {
     throw invalid_argument("{}: not an llm.c GPT-2 checkpoint (magic {}, expected {})", path, h[0],
                            kLlmcMagic);
@@ -60,7 +60,7 @@ ms::Gpt2Shape shape_from_header(const int32_t* h, size_t file_bytes, const std::
                            "parameters, and {}, bf16 parameters)",
                            path, h[1], kLlmcVersionFp32, kLlmcVersionBf16);
   }
-  ms::Gpt2Shape s;
+  ms::ModelShape s;
   s.seq_len = h[2];
   s.vocab_size = h[3];
   s.n_layer = h[4];
@@ -78,7 +78,7 @@ ms::Gpt2Shape shape_from_header(const int32_t* h, size_t file_bytes, const std::
 
 }  // namespace
 
-model_spec::Gpt2Shape read_llmc_shape(const std::string& path) {
+model_spec::ModelShape read_llmc_shape(const std::string& path) {
   std::string blob = read_file(path, "llm.c checkpoint");
   if (blob.size() < kHeaderBytes) {
     throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
@@ -87,14 +87,14 @@ model_spec::Gpt2Shape read_llmc_shape(const std::string& path) {
   return shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), blob.size(), path);
 }
 
-void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::ModelPart& part,
+void load_llmc(const std::string& path, const ms::ModelShape& shape, const ms::ModelPart& part,
                float* params) {
   std::string blob = read_file(path, "llm.c checkpoint");
   if (blob.size() < kHeaderBytes) {
     throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
                            blob.size(), kHeaderBytes);
   }
-  ms::Gpt2Shape file = shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), blob.size(), path);
+  ms::ModelShape file = shape_from_header(reinterpret_cast<const int32_t*>(blob.data()), blob.size(), path);
   struct Field {
     const char* name;
     int file, config;
@@ -148,7 +148,7 @@ void load_llmc(const std::string& path, const ms::Gpt2Shape& shape, const ms::Mo
   }
 }
 
-void save_llmc(const std::string& path, const ms::Gpt2Shape& shape, const float* params, bool bf16) {
+void save_llmc(const std::string& path, const ms::ModelShape& shape, const float* params, bool bf16) {
   auto all = ms::gpt2_params(shape);
   auto off = llmc_offsets(all, shape.n_layer);
   const size_t elem = bf16 ? 2 : 4;

@@ -24,17 +24,17 @@ inline constexpr int kLlmcVersionBf16 = 5;
 
 // Reads the header of an llm.c checkpoint; errors name the file (missing, truncated, wrong magic,
 // unsupported version, sizes that disagree with the header).
-model_spec::Gpt2Shape read_llmc_shape(const std::string& path);
+model_spec::ModelShape read_llmc_shape(const std::string& path);
 
 // Loads the part's parameters into `params` (part layout, fp32; a version 5 file's bf16 values
 // converted exactly). The file's shape must equal `shape` (every field compared, each mismatch
 // named).
-void load_llmc(const std::string& path, const model_spec::Gpt2Shape& shape,
+void load_llmc(const std::string& path, const model_spec::ModelShape& shape,
                const model_spec::ModelPart& part, float* params);
 
 // Writes the whole model (a ModelPart::whole layout buffer) as an llm.c checkpoint, atomically:
 // version 3 (fp32), or with `bf16` version 5, every value rounded to bf16 once. The file is read
 // back and compared (llm.c's format has no checksum).
-void save_llmc(const std::string& path, const model_spec::Gpt2Shape& shape, const float* params, bool bf16 = false);
+void save_llmc(const std::string& path, const model_spec::ModelShape& shape, const float* params, bool bf16 = false);
 
 }  // namespace ds::rt::ckpt

@@ -30,7 +30,7 @@ namespace ds::rt::ckpt {
 
 // Where this rank's part sits in the new layout.
 struct PartTarget {
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   model_spec::ModelPart part;      // this rank's (tp size and rank inside)
   int pp = 1, stage = 0;           // pipeline size and this rank's stage
   std::string partition;           // the new pipeline partition's name

@@ -21,7 +21,7 @@ namespace ds::rt {
 namespace ms = ds::model_spec;
 using ms::ParamId;
 
-Gpt2Generator::Gpt2Generator(const ms::Gpt2Shape& shape, const float* params)
+Gpt2Generator::Gpt2Generator(const ms::ModelShape& shape, const float* params)
     : s_(shape), params_(params), layout_(ms::param_layout(shape, ms::ModelPart::whole(shape))) {
   ms::ModelPart::whole(shape).validate(shape);
   const size_t C = static_cast<size_t>(s_.n_embd), T = static_cast<size_t>(s_.seq_len);
@@ -101,7 +101,7 @@ const float* Gpt2Generator::feed(int32_t token) {
   return logits_.data();
 }
 
-std::vector<float> full_forward_logits(const ms::Gpt2Shape& s, const float* params, const std::vector<int32_t>& tokens) {
+std::vector<float> full_forward_logits(const ms::ModelShape& s, const float* params, const std::vector<int32_t>& tokens) {
   const int T = static_cast<int>(tokens.size()), C = s.n_embd, Vp = s.padded_vocab_size;
   if (T < 1 || T > s.seq_len) throw invalid_argument("full_forward_logits: {} tokens (1..{})", T, s.seq_len);
   const auto layout = ms::param_layout(s, ms::ModelPart::whole(s));

@@ -24,7 +24,7 @@ namespace ds::rt {
 class Gpt2Generator {
  public:
   // `params`: param_count(shape) fp32 values, whole model. invalid_argument for a bad shape.
-  Gpt2Generator(const model_spec::Gpt2Shape& shape, const float* params);
+  Gpt2Generator(const model_spec::ModelShape& shape, const float* params);
 
   // Feeds the token at the next position (position() of them were fed before) and returns the
   // logits for the token after it: padded_vocab_size floats (only the first vocab_size are real
@@ -38,7 +38,7 @@ class Gpt2Generator {
   void layer(int l, float* x);
   const float* p(model_spec::ParamId id, int layer = -1) const;
 
-  model_spec::Gpt2Shape s_;
+  model_spec::ModelShape s_;
   const float* params_;
   model_spec::ParamLayout layout_;
   int pos_ = 0;
@@ -48,7 +48,7 @@ class Gpt2Generator {
 
 // The logits at every position of `tokens` (T' <= seq_len tokens) from one forward over the whole
 // sequence, no cache: (T', padded_vocab_size).
-std::vector<float> full_forward_logits(const model_spec::Gpt2Shape& shape, const float* params,
+std::vector<float> full_forward_logits(const model_spec::ModelShape& shape, const float* params,
                                        const std::vector<int32_t>& tokens);
 
 struct SampleOptions {

@@ -21,7 +21,7 @@ namespace ms = ds::model_spec;
 namespace {
 
 // GPT-2 / llm.c practice: matrices and embeddings decay, biases and LayerNorm weights do not.
-std::vector<optim::DecayRange> decay_ranges(const ms::Gpt2Shape& shape, const ms::ParamLayout& layout) {
+std::vector<optim::DecayRange> decay_ranges(const ms::ModelShape& shape, const ms::ParamLayout& layout) {
   const auto all = ms::model_params(shape);
   std::vector<optim::DecayRange> out;
   for (const auto& t : layout.tensors) {
@@ -75,7 +75,7 @@ TypedPtr OptimizerState::partition_params() {
   return zero_.stage() == 3 ? zero_.opt_params() : model_.params() + part_begin();
 }
 
-void OptimizerState::compute_norm_ranges(const ms::Gpt2Shape& shape, int tp_rank, int pp) {
+void OptimizerState::compute_norm_ranges(const ms::ModelShape& shape, int tp_rank, int pp) {
   const auto all = ms::model_params(shape);
   const int64_t lo = part_begin(), hi = lo + part_count(), ob = opt_begin();
   for (const auto& t : model_.layout().tensors) {

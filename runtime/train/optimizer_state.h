@@ -78,7 +78,7 @@ class OptimizerState {
   void sync_model_from_master();
 
  private:
-  void compute_norm_ranges(const model_spec::Gpt2Shape& shape, int tp_rank, int pp);
+  void compute_norm_ranges(const model_spec::ModelShape& shape, int tp_rank, int pp);
 
   layout::Precision precision_;
   Device device_;

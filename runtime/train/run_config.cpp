@@ -13,8 +13,8 @@ namespace ds::rt::train {
 
 namespace ms = ds::model_spec;
 
-ms::Gpt2Shape shape_of(const config::ModelConfig& m) {
-  ms::Gpt2Shape s;
+ms::ModelShape shape_of(const config::ModelConfig& m) {
+  ms::ModelShape s;
   s.n_layer = m.n_layer;
   s.n_head = m.n_head;
   s.n_embd = m.n_embd;

@@ -70,7 +70,7 @@ class TokenizerCodec final : public TextCodec {
   std::string from_;
 };
 
-std::string describe(const ms::Gpt2Shape& s) {
+std::string describe(const ms::ModelShape& s) {
   return fmt::format("GPT-2 (L={} H={} C={} V={} Vp={} T={})", s.n_layer, s.n_head, s.n_embd, s.vocab_size,
                      s.padded_vocab_size, s.seq_len);
 }
@@ -155,8 +155,8 @@ SamplingModel load_llmc_model(const std::string& path) {
 }
 
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg) {
-  const ms::Gpt2Shape want = shape_of(cfg.model);
-  const ms::Gpt2Shape& got = model.shape;
+  const ms::ModelShape want = shape_of(cfg.model);
+  const ms::ModelShape& got = model.shape;
   if (got.n_layer != want.n_layer || got.n_head != want.n_head || got.n_embd != want.n_embd ||
       got.vocab_size != want.vocab_size || got.padded_vocab_size != want.padded_vocab_size ||
       got.seq_len != want.seq_len) {
@@ -166,7 +166,7 @@ void require_same_model(const SamplingModel& model, const config::JobConfig& cfg
   }
 }
 
-std::string generate_text(const ms::Gpt2Shape& shape, const float* params, const TextCodec& codec,
+std::string generate_text(const ms::ModelShape& shape, const float* params, const TextCodec& codec,
                           const GenerateOptions& o) {
   std::vector<int32_t> tokens = o.prompt.empty() ? std::vector<int32_t>{codec.start_token()} : codec.encode(o.prompt);
   if (static_cast<int>(tokens.size()) > shape.seq_len) {

@@ -40,7 +40,7 @@ class TextCodec {
 std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* spec = nullptr);
 
 struct SamplingModel {
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   std::vector<float> params;  // whole model, fp32, flat layout
   std::string source;         // "checkpoint DIR (step N)" or "llm.c file F", for messages
 };
@@ -63,7 +63,7 @@ struct GenerateOptions {
 };
 
 // The prompt followed by the model's continuation, decoded.
-std::string generate_text(const model_spec::Gpt2Shape& shape, const float* params, const TextCodec& codec,
+std::string generate_text(const model_spec::ModelShape& shape, const float* params, const TextCodec& codec,
                           const GenerateOptions& o);
 
 }  // namespace ds::rt::train

@@ -18,7 +18,7 @@
 
 namespace ds::rt::train {
 
-double model_flops_per_token(const model_spec::Gpt2Shape& s) {
+double model_flops_per_token(const model_spec::ModelShape& s) {
   const double n = static_cast<double>(model_spec::param_count(s));
   return 6.0 * n + 6.0 * s.n_layer * static_cast<double>(s.n_embd) * s.seq_len;
 }

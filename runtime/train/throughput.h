@@ -27,7 +27,7 @@
 namespace ds::rt::train {
 
 // 6N + 6·L·C·T for the whole (unsharded) model.
-double model_flops_per_token(const model_spec::Gpt2Shape& s);
+double model_flops_per_token(const model_spec::ModelShape& s);
 
 // Dense peak TFLOP/s of a known GPU part for `precision` (bf16: tensor cores; fp32 and fp16 runs
 // multiply in fp32 on this runtime), by the name CUDA reports ("NVIDIA H100 80GB HBM3");

@@ -55,7 +55,7 @@ using layout::Precision;
 struct Trainer::Impl {
   config::JobConfig cfg;
   TrainOptions opt;
-  ms::Gpt2Shape shape;
+  ms::ModelShape shape;
   Precision precision = Precision::kFp32;
   Device device = Device::kCpu;
   int B = 0, T = 0, G = 1;

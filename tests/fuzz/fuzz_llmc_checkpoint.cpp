@@ -19,7 +19,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = fuzz::write_scratch("model.bin", data, size);
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   if (!fuzz::clear_error_or_value([&] { shape = ckpt::read_llmc_shape(path); })) return 0;
   DS_FUZZ_CHECK(size >= 1024);
   shape.validate();  // throws (and so crashes here) if the reader let an impossible shape through

@@ -31,7 +31,7 @@ using test::cu;
 namespace ms = model_spec;
 
 // L=2, NH=4, C=64 (head size 16), V=97 padded to 128, maxT=32.
-ms::Gpt2Shape small() { return ms::Gpt2Shape{2, 4, 64, 97, 128, 32}; }
+ms::ModelShape small() { return ms::ModelShape{2, 4, 64, 97, 128, 32}; }
 constexpr int kB = 2, kT = 32;
 
 std::vector<int32_t> ids(uint32_t seed, int n, int V) {

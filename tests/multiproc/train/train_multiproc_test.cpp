@@ -128,7 +128,7 @@ std::map<std::string, int64_t> peaks(const json& last, int rank) {
 }
 
 TEST_F(TrainMultiproc, EveryStageMatchesTheSingleProcessCurveAndShrinksMemoryAsPromised) {
-  model_spec::Gpt2Shape shape;
+  model_spec::ModelShape shape;
   shape.n_layer = kLayers;
   shape.n_head = 2;
   shape.n_embd = kEmbd;

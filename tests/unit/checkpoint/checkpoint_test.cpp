@@ -228,8 +228,8 @@ TEST_F(CheckpointDir, DanglingLatestIsAClearError) {
                 root);
 }
 
-ms::Gpt2Shape tiny_shape() {
-  ms::Gpt2Shape s;
+ms::ModelShape tiny_shape() {
+  ms::ModelShape s;
   s.n_layer = 2;
   s.n_head = 2;
   s.n_embd = 8;

@@ -34,12 +34,12 @@ TEST(FlatPartition, StrideAlignedLastRanksOwnLess) {
 }
 
 TEST(StageLayerBounds, UniformAndByParameters) {
-  Gpt2Shape s{8, 2, 16, 40, 48, 8};
+  ModelShape s{8, 2, 16, 40, 48, 8};
   EXPECT_EQ(stage_layer_bounds(s, 1, StageSplit::kParameters), (std::vector<int>{0, 8}));
   EXPECT_EQ(stage_layer_bounds(s, 3, StageSplit::kUniform), (std::vector<int>{0, 3, 6, 8}));
   EXPECT_EQ(stage_layer_bounds(s, 2, StageSplit::kParameters), (std::vector<int>{0, 4, 8}));
   // A big vocabulary (wte about 4.7 layers) pushes layers off the first and last stage.
-  Gpt2Shape big{8, 2, 16, 900, 960, 8};
+  ModelShape big{8, 2, 16, 900, 960, 8};
   const auto b = stage_layer_bounds(big, 3, StageSplit::kParameters);
   EXPECT_EQ(b, (std::vector<int>{0, 1, 7, 8}));
   auto worst = [&](int a, int c) {
@@ -56,13 +56,13 @@ TEST(StageLayerBounds, UniformAndByParameters) {
 TEST(StageLayerBounds, EarliestBoundaryWinsTies) {
   // maxT = 2 makes wpe (2C) as large as lnf (2C): both ends carry wte + 32 extra, so 1+2 and 2+1
   // layers cost the same; the earliest boundary wins.
-  Gpt2Shape s{3, 2, 16, 40, 48, 2};
+  ModelShape s{3, 2, 16, 40, 48, 2};
   EXPECT_EQ(part_param_count(s, {0, 1, true, false, 1, 0}), part_param_count(s, {2, 3, false, true, 1, 0}));
   EXPECT_EQ(stage_layer_bounds(s, 2, StageSplit::kParameters), (std::vector<int>{0, 1, 3}));
 }
 
 TEST(StageLayerBounds, MoreStagesThanLayersNamesBothNumbers) {
-  Gpt2Shape s{3, 2, 16, 40, 48, 8};
+  ModelShape s{3, 2, 16, 40, 48, 8};
   for (auto m : {StageSplit::kUniform, StageSplit::kParameters}) {
     try {
       stage_layer_bounds(s, 4, m);

@@ -24,7 +24,7 @@ std::string table(const std::vector<ms::ModelPart>& parts) {
 }
 
 TEST(StagePartition, Uniform) {
-  ms::Gpt2Shape s{8, 2, 16, 40, 48, 8};
+  ms::ModelShape s{8, 2, 16, 40, 48, 8};
   EXPECT_EQ(table(partition_stages(s, 1, StageSplit::kUniform)), "0-8EH");
   EXPECT_EQ(table(partition_stages(s, 2, StageSplit::kUniform)), "0-4E 4-8H");
   EXPECT_EQ(table(partition_stages(s, 3, StageSplit::kUniform)), "0-3E 3-6 6-8H");
@@ -38,11 +38,11 @@ TEST(StagePartition, Uniform) {
 TEST(StagePartition, ByParameters) {
   // C = 16: one layer holds 12*C*C + 13*C = 3280 parameters. Vp = 48 -> wte 768; maxT 8 -> wpe 128.
   // First stage extra 896, last stage extra 768 + 32 = 800: small, so layers split like uniform.
-  ms::Gpt2Shape s{8, 2, 16, 40, 48, 8};
+  ms::ModelShape s{8, 2, 16, 40, 48, 8};
   EXPECT_EQ(table(partition_stages(s, 2, StageSplit::kParameters)), "0-4E 4-8H");
   // A big vocabulary (Vp = 960 -> wte 15360, about 4.7 layers) pushes layers off the first and
   // last stage: 8 layers over 3 stages -> the middle stage takes most of them.
-  ms::Gpt2Shape big{8, 2, 16, 900, 960, 8};
+  ms::ModelShape big{8, 2, 16, 900, 960, 8};
   const auto p = partition_stages(big, 3, StageSplit::kParameters);
   EXPECT_EQ(table(p), "0-1E 1-7 7-8H");
   // The chosen split minimises the largest stage: check against every alternative.
@@ -61,7 +61,7 @@ TEST(StagePartition, ByParameters) {
 }
 
 TEST(StagePartition, MoreStagesThanLayersIsAClearError) {
-  ms::Gpt2Shape s{3, 2, 16, 40, 48, 8};
+  ms::ModelShape s{3, 2, 16, 40, 48, 8};
   for (auto m : {StageSplit::kUniform, StageSplit::kParameters}) {
     try {
       partition_stages(s, 4, m);

@@ -42,7 +42,7 @@ TEST_P(Golden, MatchesPyTorch) {
   ASSERT_TRUE(f.good()) << path;
   const auto j = nlohmann::json::parse(f);
   const auto& js = j["shape"];
-  const ms::Gpt2Shape s{js["n_layer"], js["n_head"], js["n_embd"], js["vocab_size"],
+  const ms::ModelShape s{js["n_layer"], js["n_head"], js["n_embd"], js["vocab_size"],
                         js["padded_vocab_size"], js["seq_len"]};
   const int B = j["B"], T = j["T"];
   const std::vector<int32_t> in = j["tokens"].get<std::vector<int32_t>>();

@@ -15,8 +15,8 @@ namespace {
 
 namespace ms = ds::model_spec;
 
-ms::Gpt2Shape shape() {
-  ms::Gpt2Shape s;
+ms::ModelShape shape() {
+  ms::ModelShape s;
   s.n_layer = 3;
   s.n_head = 4;
   s.n_embd = 32;
@@ -26,7 +26,7 @@ ms::Gpt2Shape shape() {
   return s;
 }
 
-std::vector<float> random_weights(const ms::Gpt2Shape& s) {
+std::vector<float> random_weights(const ms::ModelShape& s) {
   Allocator alloc;
   Gpt2 m(s, ms::ModelPart::whole(s), Gpt2Options{1, s.seq_len}, alloc);
   m.init_weights(42);

@@ -20,7 +20,7 @@ namespace ms = ds::model_spec;
 
 namespace {
 // L=2, NH=2, C=8, V=13 (padded to 16), maxT=8.
-ms::Gpt2Shape tiny() { return ms::Gpt2Shape{2, 2, 8, 13, 16, 8}; }
+ms::ModelShape tiny() { return ms::ModelShape{2, 2, 8, 13, 16, 8}; }
 constexpr int kB = 2, kT = 5;
 
 std::vector<int32_t> tokens(uint32_t seed, int n, int V) {
@@ -76,7 +76,7 @@ TEST_F(ModelTest, GradientsMatchFiniteDifferences) {
 }
 
 TEST_F(ModelTest, CheckpointingGivesBitIdenticalGradients) {
-  const ms::Gpt2Shape s{3, 4, 32, 50, 64, 16};
+  const ms::ModelShape s{3, 4, 32, 50, 64, 16};
   const int B = 2, T = 16;
   const auto in = tokens(1, B * T, s.vocab_size), tg = tokens(2, B * T, s.vocab_size);
   Allocator alloc;
@@ -97,7 +97,7 @@ TEST_F(ModelTest, CheckpointingGivesBitIdenticalGradients) {
 }
 
 TEST_F(ModelTest, PipelinePiecesComposeToTheWholeModel) {
-  const ms::Gpt2Shape s{4, 2, 16, 40, 48, 8};
+  const ms::ModelShape s{4, 2, 16, 40, 48, 8};
   const int B = 2, T = 8;
   const auto in = tokens(3, B * T, s.vocab_size), tg = tokens(4, B * T, s.vocab_size);
   Allocator alloc;
@@ -219,7 +219,7 @@ TEST_F(ModelTest, HooksCanServeParametersAndSeeEveryLayer) {
 }
 
 TEST_F(ModelTest, InitIsLayoutIndependentAndHasGpt2Statistics) {
-  const ms::Gpt2Shape s{4, 4, 64, 100, 128, 32};
+  const ms::ModelShape s{4, 4, 64, 100, 128, 32};
   const auto all = ms::gpt2_params(s);
   // A tp=2 shard generated alone equals the matching elements of the full tensor.
   for (auto id : {ms::ParamId::kQkvw, ms::ParamId::kFcprojw, ms::ParamId::kWte}) {
@@ -257,7 +257,7 @@ TEST_F(ModelTest, InitIsLayoutIndependentAndHasGpt2Statistics) {
 }
 
 TEST_F(ModelTest, AllocatorCountsExactlyWhatTheSpecSays) {
-  const ms::Gpt2Shape s{3, 4, 32, 50, 64, 16};
+  const ms::ModelShape s{3, 4, 32, 50, 64, 16};
   const int B = 2, T = 16;
   for (bool recompute : {false, true}) {
     Allocator alloc;

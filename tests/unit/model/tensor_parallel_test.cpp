@@ -58,7 +58,7 @@ struct TpHooks : ParallelHooks {
 }  // namespace
 
 TEST(TensorParallel, TwoRanksMatchOneModel) {
-  const ms::Gpt2Shape s{2, 4, 16, 30, 32, 8};
+  const ms::ModelShape s{2, 4, 16, 30, 32, 8};
   const int B = 2, T = 8, tp = 2;
   const int64_t BTC = int64_t{B} * T * s.n_embd;
   const auto x = ds::test::randn(static_cast<size_t>(BTC), 1);
@@ -125,7 +125,7 @@ TEST(TensorParallel, TwoRanksMatchOneModel) {
 
 TEST(TensorParallel, VocabularyParallelEmbeddingAndLossMatchOneModel) {
   // V = 27 of Vp = 32: rank 1's last 5 columns are padding, and some targets live on each rank.
-  const ms::Gpt2Shape s{2, 4, 16, 27, 32, 8};
+  const ms::ModelShape s{2, 4, 16, 27, 32, 8};
   const int B = 2, T = 8, tp = 2;
   std::vector<int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; i++) {

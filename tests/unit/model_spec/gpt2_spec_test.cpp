@@ -10,18 +10,18 @@
 namespace ms = ds::model_spec;
 
 namespace {
-ms::Gpt2Shape small() { return ms::Gpt2Shape{4, 4, 256, 4096, 4096, 128}; }   // issue 4's S
-ms::Gpt2Shape medium() { return ms::Gpt2Shape{6, 6, 384, 50304, 50304, 256}; }  // issue 4's M
+ms::ModelShape small() { return ms::ModelShape{4, 4, 256, 4096, 4096, 128}; }   // issue 4's S
+ms::ModelShape medium() { return ms::ModelShape{6, 6, 384, 50304, 50304, 256}; }  // issue 4's M
 }  // namespace
 
 TEST(Gpt2Spec, ParamCountsMatchKnownModels) {
-  EXPECT_EQ(ms::param_count(ms::Gpt2Shape::gpt2_124m()), 124475904);
+  EXPECT_EQ(ms::param_count(ms::ModelShape::gpt2_124m()), 124475904);
   EXPECT_EQ(ms::param_count(small()), 4240896);   // "4.24M"
   EXPECT_EQ(ms::param_count(medium()), 30062592);  // "30.1M"
 }
 
 TEST(Gpt2Spec, TensorsInLlmcOrderWithShapes) {
-  const auto all = ms::gpt2_params(ms::Gpt2Shape::gpt2_124m());
+  const auto all = ms::gpt2_params(ms::ModelShape::gpt2_124m());
   ASSERT_EQ(all.size(), 16u);
   const char* names[] = {"wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
                          "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"};
@@ -66,7 +66,7 @@ TEST(Gpt2Spec, PipelineStagesAndTpShardsAddUp) {
 }
 
 TEST(Gpt2Spec, FullIndexCoversEveryElementOnce) {
-  const ms::Gpt2Shape s{2, 4, 8, 30, 32, 8};
+  const ms::ModelShape s{2, 4, 8, 30, 32, 8};
   const int tp = 2;
   for (const auto& t : ms::gpt2_params(s)) {
     std::set<int64_t> seen;
@@ -105,7 +105,7 @@ TEST(Gpt2Spec, ActivationsShrinkWithRecompute) {
 }
 
 TEST(Gpt2Spec, BadShapesAreClearErrors) {
-  ms::Gpt2Shape s = small();
+  ms::ModelShape s = small();
   s.n_head = 3;
   EXPECT_THROW(s.validate(), ds::Error);
   s = small();
@@ -119,7 +119,7 @@ TEST(Gpt2Spec, BadShapesAreClearErrors) {
 }
 
 TEST(Gpt2Spec, LlmcOffsetsAreTensorMajor) {
-  const auto s = ms::Gpt2Shape::gpt2_124m();
+  const auto s = ms::ModelShape::gpt2_124m();
   const int64_t C = 768, L = 12;
   EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kWte, -1), 0);
   EXPECT_EQ(ms::llmc_offset(s, ms::ParamId::kWpe, -1), 50304 * C);

@@ -34,8 +34,8 @@ struct Case {
   int64_t max_live = 1000000000;
 };
 
-ms::Gpt2Shape tiny_shape() {
-  ms::Gpt2Shape s;
+ms::ModelShape tiny_shape() {
+  ms::ModelShape s;
   s.n_layer = 3;
   s.n_head = 2;
   s.n_embd = 16;

@@ -27,7 +27,7 @@ namespace {
 namespace ms = ds::model_spec;
 
 constexpr int kB = 2, kT = 8;
-const ms::Gpt2Shape kShape{4, 2, 16, 40, 48, 8};
+const ms::ModelShape kShape{4, 2, 16, 40, 48, 8};
 
 std::vector<int32_t> tokens(int mb, int salt) {
   std::mt19937 rng(static_cast<unsigned>(100 * mb + salt));

@@ -29,7 +29,7 @@ struct CountingHooks : ParallelHooks {
 };
 
 TEST(TensorParallelHooks, TwoRanksMatchTheUnshardedModel) {
-  const ms::Gpt2Shape s{2, 4, 16, 27, 32, 8};  // V = 27 of Vp = 32: padding on rank 1
+  const ms::ModelShape s{2, 4, 16, 27, 32, 8};  // V = 27 of Vp = 32: padding on rank 1
   const int B = 2, T = 8, tp = 2;
   std::vector<int32_t> in(B * T), tg(B * T);
   for (int i = 0; i < B * T; ++i) {

@@ -18,7 +18,7 @@ Calibration sample_calibration() {
   c.cpu = true;
   c.cores = 2;
   c.ranks_per_node = 4;
-  c.shape = model_spec::Gpt2Shape{6, 6, 384, 256, 256, 256};
+  c.shape = model_spec::ModelShape{6, 6, 384, 256, 256, 256};
   ComputeSample s;
   s.micro_batch = 4;
   s.concurrency = 2;

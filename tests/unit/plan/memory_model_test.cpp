@@ -18,8 +18,8 @@
 namespace ds::plan {
 namespace {
 
-model_spec::Gpt2Shape tiny() {
-  model_spec::Gpt2Shape s;
+model_spec::ModelShape tiny() {
+  model_spec::ModelShape s;
   s.n_layer = 2;
   s.n_head = 2;
   s.n_embd = 8;

@@ -8,8 +8,8 @@
 namespace ds::plan {
 namespace {
 
-model_spec::Gpt2Shape small() {
-  model_spec::Gpt2Shape s;
+model_spec::ModelShape small() {
+  model_spec::ModelShape s;
   s.n_layer = 4;
   s.n_head = 2;
   s.n_embd = 64;

@@ -12,8 +12,8 @@
 namespace ds::plan {
 namespace {
 
-model_spec::Gpt2Shape shape() {
-  model_spec::Gpt2Shape s;
+model_spec::ModelShape shape() {
+  model_spec::ModelShape s;
   s.n_layer = 4;
   s.n_head = 2;
   s.n_embd = 64;

@@ -15,7 +15,7 @@ namespace {
 using layout::Precision;
 
 TEST(Throughput, FlopsPerTokenIsSixNPlusAttention) {
-  model_spec::Gpt2Shape s;
+  model_spec::ModelShape s;
   s.n_layer = 12;
   s.n_head = 12;
   s.n_embd = 768;
