@@ -15,8 +15,8 @@
 // parameters, activations and gradients (the bf16 twins of every kernel, GEMMs over bf16 with fp32
 // accumulation; --math does not apply), the attention on the tensor cores (flash_attention.cu;
 // --attention exact runs the warp-per-row kernels instead), fp32 master weights, m and v.
-// MFU is the trainer's (runtime/train/throughput.h, docs/training.md): model FLOPs per token
-// 6N + 6·L·C·T (llm.c's count) times tokens/s, over the dense peak of the part for the math that
+// MFU is the trainer's (model_spec/flops.h, docs/training.md): model FLOPs per token
+// 6N + 6·L·(NH·hd)·T (llm.c's count) times tokens/s, over the dense peak of the part for the math that
 // ran (the same table the trainer reads: H200/H100 989.4 bf16 and 67 fp32, A100 312 / 19.5), or
 // --peak-tflops. Without a GPU it says so and exits 0. Not a test: it prints figures and never
 // fails on them.
@@ -35,6 +35,7 @@
 #include "core/cuda_memory_table.h"
 #include "kernels/cuda_kernel_table.h"
 #include "model/model.h"
+#include "model_spec/flops.h"
 #include "optim/adamw.h"
 #include "train/throughput.h"
 
@@ -136,14 +137,12 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
                 step <= o.warmup ? "  (warm-up)" : "");
   }
   const double tok_s = static_cast<double>(bt) * o.steps / seconds;
-  ms::ModelShape counted = s;
-  counted.seq_len = o.T;  // the attention term counts the run's sequence length
   const bool bf16 = o.bf16_math || o.bf16_storage;
   const double peak =
       o.peak_tflops > 0 ? o.peak_tflops
                         : train::gpu_peak_tflops(gpu_name, bf16 ? ds::layout::Precision::kBf16 : ds::layout::Precision::kFp32)
                               .value_or(0.0);
-  const auto f = train::step_flops(train::model_flops_per_token(counted), static_cast<double>(bt) * o.steps, seconds,
+  const auto f = train::step_flops(ms::model_flops_per_token(s, o.T), static_cast<double>(bt) * o.steps, seconds,
                                    1, peak);
   const auto cache = cuda_memory().device_cache_stats(o.device);
   std::printf(

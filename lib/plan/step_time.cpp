@@ -8,19 +8,16 @@
 #include <limits>
 
 #include "layout/pipeline_schedule.h"
+#include "model_spec/flops.h"
 
 namespace ds::plan {
 
 namespace {
 
-// FLOPs of one sequence through one layer's forward, the head (fwd + bwd), the embedding.
-double layer_flops(const model_spec::ModelShape& s) {
-  const double T = s.seq_len, C = s.n_embd;
-  return T * (24 * C * C + 4 * T * C);
-}
-double head_flops(const model_spec::ModelShape& s) {
-  return 3.0 * 2 * s.seq_len * s.n_embd * static_cast<double>(s.padded_vocab_size);
-}
+// FLOPs of one sequence through one layer's forward and the head (fwd + bwd): model_spec/flops.h,
+// from the family's own tensors.
+double layer_flops(const model_spec::ModelShape& s) { return model_spec::layer_forward_flops(s, s.seq_len); }
+double head_flops(const model_spec::ModelShape& s) { return model_spec::head_flops(s, s.seq_len); }
 double embed_elems(const model_spec::ModelShape& s) {
   return static_cast<double>(s.seq_len) * s.n_embd;
 }

@@ -15,13 +15,11 @@
 
 #include "core/device.h"
 #include "kernels/typed.h"
+#include "model_spec/flops.h"
 
 namespace ds::rt::train {
 
-double model_flops_per_token(const model_spec::ModelShape& s) {
-  const double n = static_cast<double>(model_spec::param_count(s));
-  return 6.0 * n + 6.0 * s.n_layer * static_cast<double>(s.n_embd) * s.seq_len;
-}
+double model_flops_per_token(const model_spec::ModelShape& s) { return model_spec::model_flops_per_token(s, s.seq_len); }
 
 namespace {
 

@@ -1,13 +1,8 @@
 // Model FLOPs and utilisation (MFU): what a step's tokens cost in matmul FLOPs, and the peak a
 // rank's device could do, so the log and --metrics can say how much of it the run achieves.
 //
-// FLOPs, as llm.c (gpt2_estimate_mfu) and the PaLM paper (appendix B) count them: 6N per token
-// for the weight matmuls of forward and backward (N = every parameter, the padded vocabulary
-// included: the tied wte is also the classifier's matmul; LayerNorm and bias terms are a small
-// over-count), plus the attention matmuls, 6·L·C·T per token (QKᵀ and A·V, forward and
-// backward, counted once under the causal mask, as llm.c does; PaLM's 12·L·C·T counts the
-// full square). Model FLOPs, not hardware FLOPs: recomputation (activation checkpointing) is
-// not counted, so MFU is comparable across settings.
+// FLOPs per token: model_spec/flops.h, the one convention (llm.c's 6N + 6·L·(NH·hd)·T, from the
+// family's tensors) that gpu_bench and the plan use too.
 //
 // Peak per rank: training.peak_tflops when the config gives it; on a GPU the dense peak of a
 // table of known parts for the run's matmul math (bf16 tensor cores with bf16, pedantic fp32
@@ -26,7 +21,7 @@
 
 namespace ds::rt::train {
 
-// 6N + 6·L·C·T for the whole (unsharded) model.
+// model_spec::model_flops_per_token at the model's seq_len, for the whole (unsharded) model.
 double model_flops_per_token(const model_spec::ModelShape& s);
 
 // Dense peak TFLOP/s of a known GPU part for `precision` (bf16: tensor cores; fp32 and fp16 runs
