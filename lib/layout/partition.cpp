@@ -124,4 +124,19 @@ std::vector<ModelPart> partition_stages(const ModelShape& s, int pp, StageSplit 
   return parts;
 }
 
+ZeroGradientBuffers zero_gradient_buffers(const model_spec::ParamLayout& layout, int64_t reduce_bucket_size) {
+  ZeroGradientBuffers z;
+  int64_t max_unit = 0, rest = 0;
+  for (const auto& u : layout.units) {
+    if (u.kind == model_spec::UnitKind::kTokenEmbedding) {
+      z.token_embedding = u.numel;
+      continue;
+    }
+    max_unit = std::max(max_unit, u.numel);
+    rest += u.numel;
+  }
+  z.bucket = std::max(max_unit, std::min(reduce_bucket_size, rest));
+  return z;
+}
+
 }  // namespace ds::layout

@@ -1,6 +1,7 @@
 // Partition arithmetic shared by the runtime, the checkpoints and the planner, so all split the
 // same way by construction: how ZeRO splits a flat buffer over the data-parallel group
-// (Partition), and which layers each pipeline stage holds (stage_layer_bounds, partition_stages).
+// (Partition) and how big its gradient buckets are (zero_gradient_buffers), and which layers each
+// pipeline stage holds (stage_layer_bounds, partition_stages).
 //
 // Deliberately pure arithmetic over element counts and layer indices: no buffers, no groups, no
 // config parsing. Errors are ds::Error (invalid argument) naming the numbers.
@@ -54,6 +55,16 @@ struct Range {
   int64_t size() const { return hi - lo; }
 };
 Range intersect(int64_t a0, int64_t a1, int64_t b0, int64_t b1);
+
+// ZeRO-2/3's gradient buffers of one model part (elements), as the runtime allocates them
+// (runtime/parallel/zero.cpp) and the plan counts them (lib/plan/memory_model.cpp): a bucket with
+// room for the largest unit but the token embedding, or for reduce_bucket_size elements of the
+// others (whichever is more); the token embedding gets a buffer of its own (0: no such unit).
+struct ZeroGradientBuffers {
+  int64_t bucket = 0;
+  int64_t token_embedding = 0;
+};
+ZeroGradientBuffers zero_gradient_buffers(const model_spec::ParamLayout& layout, int64_t reduce_bucket_size);
 
 // Layer bounds of every stage: pp + 1 values, bounds[0] = 0, bounds[pp] = n_layer, stage i holds
 // layers [bounds[i], bounds[i + 1]), at least one each. Validates the shape; invalid_argument

@@ -135,24 +135,15 @@ ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
   return act;
 }
 
-// ZeRO-2/3 gradient buckets: room for the largest unit but the token embedding, or for
-// reduce_bucket_size elements of the others; the token embedding has its own buffer. Pipelines
+// ZeRO-2/3 gradient buckets (layout::zero_gradient_buffers, the runtime's own sizing). Pipelines
 // keep the tied token embedding's gradient in a buffer of their own on the first and the last
 // stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks); an untied Llama has none.
 void count_gradient_buffers(const Layout& l, bool tied, const ms::ModelPart& mp, const ms::ParamLayout& layout,
                             Part& part) {
-  int64_t max_unit = 0, rest = 0, wte = 0;
-  for (const auto& u : layout.units) {
-    if (u.kind == ms::UnitKind::kTokenEmbedding) {
-      wte = u.numel;
-      continue;
-    }
-    max_unit = std::max(max_unit, u.numel);
-    rest += u.numel;
-  }
-  part.bucket = std::max(max_unit, std::min(l.reduce_bucket_size, rest));
-  part.wte = l.zero_stage < 2 ? 0 : wte;
-  if (l.pp > 1 && tied && (mp.has_embedding || mp.has_head)) part.tied = wte;
+  const auto z = layout::zero_gradient_buffers(layout, l.reduce_bucket_size);
+  part.bucket = z.bucket;
+  part.wte = l.zero_stage < 2 ? 0 : z.token_embedding;
+  if (l.pp > 1 && tied && (mp.has_embedding || mp.has_head)) part.tied = z.token_embedding;
 }
 
 // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into pooled

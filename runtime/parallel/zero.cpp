@@ -82,16 +82,9 @@ ZeroEngine::ZeroEngine(const ZeroOptions& options, comm::CommPtr dp, const ms::P
     grad_part_ = alloc_.allocate(static_cast<size_t>(mine) * gb, MemTag::kGrads,
                                  "zero gradient partition", opt_.device);
     fp_.grad_partition = mine;
-    int64_t max_unit = 0, rest = 0, wte_n = 0;
-    for (size_t i = 0; i < nu; ++i) {
-      if (static_cast<int>(i) == wte_idx_) {
-        wte_n = layout_.units[i].numel;
-        continue;
-      }
-      max_unit = std::max(max_unit, layout_.units[i].numel);
-      rest += layout_.units[i].numel;
-    }
-    cap_ = std::max(max_unit, std::min(opt_.reduce_bucket_size, rest));
+    const auto sizes = layout::zero_gradient_buffers(layout_, opt_.reduce_bucket_size);  // as the plan counts
+    const int64_t wte_n = sizes.token_embedding;
+    cap_ = sizes.bucket;
     const int nb = opt_.overlap_comm ? 2 : 1;
     for (int b = 0; b < nb; ++b) {
       buckets_[b] = alloc_.allocate(static_cast<size_t>(cap_) * gb, MemTag::kGrads,
