@@ -1,5 +1,6 @@
 // The agent's supervision loop. One poll() over: the signal pipe (SIGCHLD reaps, SIGINT/TERM/HUP
-// tear down), the controller's fd, and every worker's stdout and stderr pipe.
+// tear down), the controller's fd, and every worker's stdout and stderr pipe. Every event goes to
+// the teardown machine (teardown.h), which decides; this file carries out its orders.
 //
 // After the first worker failure: a grace period (failure_grace) in which the others may exit on
 // their own, e.g. after reporting the dead peer from a collective; then teardown. A signal or a
@@ -96,104 +97,218 @@ struct Running {
   bool reaped = false;
 };
 
-}  // namespace
-
-GenerationResult Agent::run(const std::string& store_addr, int master_port, int restart_count,
-                            int control_fd, const std::function<bool()>& on_control) {
-  stop_requested_ = false;
-  stop_signal_ = SIGTERM;
-  GenerationResult result;
-  const NodeSpec& node = config_.world.nodes.at(static_cast<size_t>(config_.node_rank));
-  World world = config_.world;
-  world.master_port = master_port;
-  AgentConfig cfg = config_;
-  cfg.world = world;
-
+JobEnv job_env(const AgentConfig& cfg, const std::string& store_addr, int restart_count) {
   JobEnv job;
   job.store_addr = store_addr;
-  job.job_id = config_.job_id;
-  job.job_token = config_.token;
+  job.job_id = cfg.job_id;
+  job.job_token = cfg.token;
   job.restart_count = restart_count;
-  job.user_env = config_.user_env;
+  job.user_env = cfg.user_env;
+  return job;
+}
 
-  std::vector<int> cpus = available_cpus();
-  std::vector<Running> workers;
-  workers.reserve(node.slots.size());
-  for (const auto& w : world.workers) {
-    if (w.node_rank != config_.node_rank) continue;
-    workers.emplace_back();
-    workers.back().spec = &w;
+// One generation of this node's workers: their processes and pipes, driven by the teardown
+// machine (teardown.h), whose orders become signals to the workers' process groups.
+class NodeGeneration {
+ public:
+  // `stop_requested` and `stop_signal` are the agent's: a listener or on_control may change them
+  // while the generation runs.
+  NodeGeneration(AgentConfig cfg, AgentListener& listener, SignalPipe& signals,
+                 const bool& stop_requested, const int& stop_signal)
+      : cfg_(std::move(cfg)),
+        node_(cfg_.world.nodes.at(static_cast<size_t>(cfg_.node_rank))),
+        listener_(listener),
+        signals_(signals),
+        stop_requested_(stop_requested),
+        stop_signal_(stop_signal),
+        teardown_(TeardownPolicy{cfg_.failure_grace, cfg_.kill_timeout, cfg_.preempt_signal}) {
+    workers_.reserve(node_.slots.size());
+    for (const auto& w : cfg_.world.workers) {
+      if (w.node_rank != cfg_.node_rank) continue;
+      workers_.emplace_back();
+      workers_.back().spec = &w;
+    }
+  }
+  NodeGeneration(const NodeGeneration&) = delete;
+  NodeGeneration& operator=(const NodeGeneration&) = delete;
+
+  // Forks every worker of this node, then confirms each exec (so N workers start in parallel
+  // rather than one exec after another). A worker that cannot start is a failure (code 127).
+  void start_workers(const JobEnv& job) {
+    const std::vector<int> cpus = available_cpus();
+    std::vector<Spawned> started(workers_.size());
+    for (size_t i = 0; i < workers_.size() && !teardown_.stopping(); ++i) {
+      fork_worker(workers_[i], started[i], job, cpus);
+    }
+    for (size_t i = 0; i < workers_.size(); ++i) confirm_worker(workers_[i], started[i]);
   }
 
-  bool tearing_down = false;
-  std::optional<Deadline> kill_at;
-  std::optional<Deadline> grace_until;  // set by the first failure when a grace period applies
-  bool killed = false;
-  bool interrupted = false;  // a signal reached the agent: the next one SIGKILLs at once
-  // `first` is SIGTERM, or the preemption signal the agent or its controller received.
-  auto begin_teardown = [&](int first = SIGTERM) {
-    if (tearing_down) return;
-    tearing_down = true;
-    kill_at = Deadline::after(config_.kill_timeout);
-    for (auto& r : workers) {
+  // Until every started worker is reaped: their output, the signals, the controller, the time.
+  void supervise(int control_fd, const std::function<bool()>& on_control) {
+    control_fd_ = control_fd;
+    control_open_ = control_fd >= 0;
+    while (running_ > 0) {
+      if (stop_requested_) carry_out(teardown_.stop_requested(stop_signal_, Clock::now()));
+      poll_once(on_control);
+      reap();
+      if (running_ > 0) carry_out(teardown_.tick(Clock::now()));
+    }
+  }
+
+  GenerationResult finish() {
+    for (auto& r : workers_) {
+      pump(r, 0, true);
+      pump(r, 1, true);
+    }
+    return teardown_.generation_result();
+  }
+
+ private:
+  void fork_worker(Running& r, Spawned& started, const JobEnv& job, const std::vector<int>& cpus) {
+    SpawnRequest req;
+    req.argv = cfg_.command;
+    req.env = build_worker_env(cfg_, *r.spec, job, static_cast<int>(cpus.size()));
+    req.cwd = cfg_.cwd;
+    req.defer_exec_check = true;
+    if (cfg_.bind_cores) {
+      req.cpus = cpus_for_local_rank(cpus, r.spec->local_rank, static_cast<int>(workers_.size()));
+    }
+    try {
+      started = spawn(req);
+      r.pid = started.pid;
+      r.fds[0] = started.stdout_fd;
+      r.fds[1] = started.stderr_fd;
+      ++running_;
+    } catch (const Error& e) {
+      not_started(r, e.what());
+    }
+  }
+
+  void confirm_worker(Running& r, Spawned& started) {
+    if (r.pid <= 0) return;
+    try {
+      confirm_exec(started);
+      listener_.on_started(r.spec->rank, r.pid);
+    } catch (const Error& e) {
+      r.pid = -1;
+      r.fds[0] = r.fds[1] = -1;  // closed by confirm_exec
+      --running_;
+      not_started(r, e.what());
+    }
+  }
+
+  void not_started(Running& r, const std::string& why) {
+    r.reaped = true;
+    listener_.on_output(r.spec->rank, 2, fmt::format("dstrain agent on {}: {}", node_.host, why));
+    ExitStatus st;
+    st.code = 127;
+    listener_.on_exit(r.spec->rank, st);
+    carry_out(teardown_.rank_not_started(r.spec->rank, node_.host, Clock::now()));
+  }
+
+  // One poll() over the signal pipe, the controller's fd and every worker's pipes.
+  void poll_once(const std::function<bool()>& on_control) {
+    std::vector<pollfd> pfds;
+    pfds.push_back({signals_.fd(), POLLIN, 0});
+    if (control_open_) pfds.push_back({control_fd_, POLLIN, 0});
+    std::vector<std::pair<Running*, int>> owners;
+    for (auto& r : workers_) {
+      for (int w = 0; w < 2; ++w) {
+        if (r.fds[w] >= 0) {
+          pfds.push_back({r.fds[w], POLLIN, 0});
+          owners.emplace_back(&r, w);
+        }
+      }
+    }
+    const bool control_polled = control_open_;
+    int n = ::poll(pfds.data(), pfds.size(), poll_timeout_ms());
+    if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
+    if (n <= 0) return;
+    const size_t base = control_polled ? 2 : 1;
+    for (size_t i = 0; i < owners.size(); ++i) {
+      if (pfds[base + i].revents != 0) pump(*owners[i].first, owners[i].second, false);
+    }
+    if (control_polled && pfds[1].revents != 0) {
+      // on_control must return true at end of input, so a dead fd is never polled again.
+      if (on_control ? on_control() : true) {
+        control_open_ = false;
+        carry_out(teardown_.stop_requested(stop_signal_, Clock::now()));
+      }
+    }
+    if (pfds[0].revents != 0) {
+      for (int sig : signals_.drain()) {
+        if (sig != SIGCHLD) carry_out(teardown_.signalled(sig, Clock::now()));
+      }
+    }
+  }
+
+  int poll_timeout_ms() const {
+    int timeout = 1000;  // a safety net: reap even if a SIGCHLD byte was lost
+    if (auto at = teardown_.next_deadline()) {
+      timeout = std::min(timeout, Deadline(*at).remaining_ms());
+    }
+    return timeout;
+  }
+
+  void reap() {
+    for (auto& r : workers_) {
+      if (r.pid <= 0 || r.reaped) continue;
+      int st = 0;
+      if (::waitpid(r.pid, &st, WNOHANG) != r.pid) continue;
+      r.reaped = true;
+      --running_;
+      ended(r, ExitStatus::from_wait(st));
+    }
+  }
+
+  void ended(Running& r, const ExitStatus& es) {
+    TeardownOrders orders = teardown_.rank_ended(WorkerExit{r.spec->rank, es}, node_.host,
+                                                 running_, Clock::now());
+    if (orders.kill_group) signal_group(r.pid, SIGKILL);  // leftovers in its group
+    pump(r, 0, true);
+    pump(r, 1, true);
+    listener_.on_exit(r.spec->rank, es);
+    if (orders.grace_begins) {
+      spdlog::debug("rank {} failed: the other {} local rank(s) get {} ms to exit on their own",
+                    r.spec->rank, running_, cfg_.failure_grace.count());
+    }
+    carry_out(orders);
+  }
+
+  // The orders about every worker still running (the ended rank's own are ended()'s).
+  void carry_out(const TeardownOrders& orders) {
+    if (orders.grace_over) {
+      spdlog::debug("failure grace of {} ms over: stopping the {} local rank(s) still running",
+                    cfg_.failure_grace.count(), running_);
+    }
+    if (orders.stop != 0) signal_running(orders.stop);
+    if (orders.force != Force::kNone) kill_running(orders.force == Force::kKillTimeout);
+  }
+
+  void signal_running(int sig) {
+    for (auto& r : workers_) {
       if (r.pid > 0 && !r.reaped) {
-        signal_group(r.pid, first);
+        signal_group(r.pid, sig);
         // A stopped worker (SIGSTOP, a debugger let go) would hold the signal until the kill
         // timeout: let it run to handle it.
         signal_group(r.pid, SIGCONT);
       }
     }
-  };
-
-  // Spawn every worker of this node: fork them all, then confirm each exec (so N workers start
-  // in parallel rather than one exec after another).
-  size_t running = 0;
-  auto spawn_failed = [&](Running& r, const std::string& why) {
-    r.reaped = true;
-    listener_.on_output(r.spec->rank, 2, fmt::format("dstrain agent on {}: {}", node.host, why));
-    ExitStatus st;
-    st.code = 127;
-    listener_.on_exit(r.spec->rank, st);
-    result.exits.push_back({r.spec->rank, st});
-    if (!result.first_failure) result.first_failure = WorkerExit{r.spec->rank, st};
-    begin_teardown();
-  };
-  std::vector<Spawned> started(workers.size());
-  for (size_t i = 0; i < workers.size() && !tearing_down; ++i) {
-    Running& r = workers[i];
-    SpawnRequest req;
-    req.argv = config_.command;
-    req.env = build_worker_env(cfg, *r.spec, job, static_cast<int>(cpus.size()));
-    req.cwd = config_.cwd;
-    req.defer_exec_check = true;
-    if (config_.bind_cores) {
-      req.cpus = cpus_for_local_rank(cpus, r.spec->local_rank, static_cast<int>(workers.size()));
-    }
-    try {
-      started[i] = spawn(req);
-      r.pid = started[i].pid;
-      r.fds[0] = started[i].stdout_fd;
-      r.fds[1] = started[i].stderr_fd;
-      ++running;
-    } catch (const Error& e) {
-      spawn_failed(r, e.what());
-    }
   }
-  for (size_t i = 0; i < workers.size(); ++i) {
-    Running& r = workers[i];
-    if (r.pid <= 0) continue;
-    try {
-      confirm_exec(started[i]);
-      listener_.on_started(r.spec->rank, r.pid);
-    } catch (const Error& e) {
-      r.pid = -1;
-      r.fds[0] = r.fds[1] = -1;  // closed by confirm_exec
-      --running;
-      spawn_failed(r, e.what());
+
+  void kill_running(bool after_kill_timeout) {
+    for (auto& r : workers_) {
+      if (r.pid > 0 && !r.reaped) {
+        if (after_kill_timeout) {
+          spdlog::warn("rank {} (pid {}) on {} did not exit within {} ms of SIGTERM: sending SIGKILL",
+                       r.spec->rank, r.pid, node_.host, cfg_.kill_timeout.count());
+        }
+        signal_group(r.pid, SIGKILL);
+      }
     }
   }
 
-  auto pump = [&](Running& r, int which, bool final) {
+  void pump(Running& r, int which, bool final) {
     int& fd = r.fds[which];
     if (fd < 0) return;
     char buf[16384];
@@ -213,113 +328,33 @@ GenerationResult Agent::run(const std::string& store_addr, int master_port, int 
       }
       return;
     }
-  };
-
-  auto reap = [&] {
-    for (auto& r : workers) {
-      if (r.pid <= 0 || r.reaped) continue;
-      int st = 0;
-      pid_t p = ::waitpid(r.pid, &st, WNOHANG);
-      if (p != r.pid) continue;
-      r.reaped = true;
-      --running;
-      ExitStatus es = ExitStatus::from_wait(st);
-      if (tearing_down || !es.ok()) signal_group(r.pid, SIGKILL);  // leftovers in its group
-      pump(r, 0, true);
-      pump(r, 1, true);
-      listener_.on_exit(r.spec->rank, es);
-      result.exits.push_back({r.spec->rank, es});
-      if (!es.ok() && !tearing_down && !result.first_failure) {
-        result.first_failure = WorkerExit{r.spec->rank, es};
-        if (config_.failure_grace.count() > 0 && running > 0) {
-          spdlog::debug("rank {} failed: the other {} local rank(s) get {} ms to exit on their own",
-                        r.spec->rank, running, config_.failure_grace.count());
-          grace_until = Deadline::after(config_.failure_grace);
-        } else {
-          begin_teardown();
-        }
-      }
-    }
-  };
-
-  bool control_open = control_fd >= 0;
-  while (running > 0) {
-    if (stop_requested_ && !tearing_down) {
-      result.stopped_by_controller = true;
-      begin_teardown(stop_signal_);
-    }
-    std::vector<pollfd> pfds;
-    pfds.push_back({signals_.fd(), POLLIN, 0});
-    if (control_open) pfds.push_back({control_fd, POLLIN, 0});
-    std::vector<std::pair<Running*, int>> owners;
-    for (auto& r : workers) {
-      for (int w = 0; w < 2; ++w) {
-        if (r.fds[w] >= 0) {
-          pfds.push_back({r.fds[w], POLLIN, 0});
-          owners.emplace_back(&r, w);
-        }
-      }
-    }
-    int timeout = 1000;  // a safety net: reap even if a SIGCHLD byte was lost
-    if (kill_at && !killed) timeout = std::min(timeout, kill_at->remaining_ms());
-    if (grace_until && !tearing_down) timeout = std::min(timeout, grace_until->remaining_ms());
-    int n = ::poll(pfds.data(), pfds.size(), timeout);
-    if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
-    size_t base = control_open ? 2 : 1;
-    if (n > 0) {
-      for (size_t i = 0; i < owners.size(); ++i) {
-        if (pfds[base + i].revents != 0) pump(*owners[i].first, owners[i].second, false);
-      }
-      if (control_open && pfds[1].revents != 0) {
-        // on_control must return true at end of input, so a dead fd is never polled again.
-        bool stop = on_control ? on_control() : true;
-        if (stop) {
-          control_open = false;
-          if (!tearing_down) result.stopped_by_controller = true;
-          begin_teardown(stop_signal_);
-        }
-      }
-      if (pfds[0].revents != 0) {
-        for (int sig : signals_.drain()) {
-          if (sig == SIGCHLD) continue;
-          if (sig == SIGINT && tearing_down && interrupted && !killed) {
-            // A second Ctrl-C: do not wait for the kill timeout. (A repeated SIGTERM does not
-            // force: Slurm and srun may both deliver one, and the workers may be writing their
-            // preemption checkpoint.)
-            killed = true;
-            for (auto& r : workers) {
-              if (r.pid > 0 && !r.reaped) signal_group(r.pid, SIGKILL);
-            }
-          }
-          interrupted = true;
-          // In the grace period after a failure, the failure stays the job's outcome.
-          if (!tearing_down && !result.first_failure) result.stop_signal = sig;
-          begin_teardown(sig == config_.preempt_signal ? sig : SIGTERM);
-        }
-      }
-    }
-    reap();
-    if (grace_until && !tearing_down && running > 0 && grace_until->expired()) {
-      spdlog::debug("failure grace of {} ms over: stopping the {} local rank(s) still running",
-                    config_.failure_grace.count(), running);
-      begin_teardown();
-    }
-    if (kill_at && !killed && kill_at->expired()) {
-      killed = true;
-      for (auto& r : workers) {
-        if (r.pid > 0 && !r.reaped) {
-          spdlog::warn("rank {} (pid {}) on {} did not exit within {} ms of SIGTERM: sending SIGKILL",
-                       r.spec->rank, r.pid, node.host, config_.kill_timeout.count());
-          signal_group(r.pid, SIGKILL);
-        }
-      }
-    }
   }
-  for (auto& r : workers) {
-    pump(r, 0, true);
-    pump(r, 1, true);
-  }
-  return result;
+
+  const AgentConfig cfg_;  // the agent's, with this generation's MASTER_PORT
+  const NodeSpec& node_;
+  AgentListener& listener_;
+  SignalPipe& signals_;
+  const bool& stop_requested_;
+  const int& stop_signal_;
+  Teardown teardown_;
+  std::vector<Running> workers_;  // this node's, in rank order
+  size_t running_ = 0;            // started and not reaped
+  int control_fd_ = -1;
+  bool control_open_ = false;
+};
+
+}  // namespace
+
+GenerationResult Agent::run(const std::string& store_addr, int master_port, int restart_count,
+                            int control_fd, const std::function<bool()>& on_control) {
+  stop_requested_ = false;
+  stop_signal_ = SIGTERM;
+  AgentConfig cfg = config_;
+  cfg.world.master_port = master_port;
+  NodeGeneration generation(std::move(cfg), listener_, signals_, stop_requested_, stop_signal_);
+  generation.start_workers(job_env(config_, store_addr, restart_count));
+  generation.supervise(control_fd, on_control);
+  return generation.finish();
 }
 
 }  // namespace ds::launch

@@ -2,7 +2,8 @@
 // their output line by line, reaps them, and tears the node down on the first failure, on
 // SIGINT/SIGTERM/SIGHUP, or when its controller asks (a "stop" line or end of stdin). After a
 // worker failure the others get a grace period (AgentConfig::failure_grace) to exit on their own
-// first; signals and controller stops tear down at once.
+// first; signals and controller stops tear down at once. Those decisions are the teardown
+// machine's (teardown.h); the agent carries them out on its workers' process groups.
 //
 // It runs in-process in `dstrain launch` for a single local node, and as `dstrain agent` (started
 // over SSH) on every node otherwise; the listener decides where events go (the console, or the
@@ -24,6 +25,7 @@
 #include "common/deadline.h"
 #include "launch/process.h"
 #include "launch/signals.h"
+#include "launch/teardown.h"
 #include "launch/world.h"
 
 namespace ds::launch {
@@ -60,20 +62,6 @@ class AgentListener {
   virtual void on_started(int rank, pid_t pid) = 0;
   virtual void on_output(int rank, int stream, std::string_view line) = 0;  // stream 1 or 2
   virtual void on_exit(int rank, const ExitStatus& status) = 0;
-};
-
-struct WorkerExit {
-  int rank = 0;
-  ExitStatus status;
-};
-
-struct GenerationResult {
-  std::vector<WorkerExit> exits;            // every local worker, in the order they ended
-  std::optional<WorkerExit> first_failure;  // the first to fail (later failures, in the grace
-                                            // period or teardown, never replace it)
-  int stop_signal = 0;                      // SIGINT/SIGTERM/SIGHUP that stopped the node, or 0
-  bool stopped_by_controller = false;       // the controller asked to stop (or went away)
-  bool ok() const { return !first_failure && stop_signal == 0 && !stopped_by_controller; }
 };
 
 // CPUs this process may run on (sched_getaffinity), ascending.

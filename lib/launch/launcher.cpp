@@ -26,6 +26,7 @@
 #include "launch/job_summary.h"
 #include "launch/none_job.h"
 #include "launch/remote_job.h"
+#include "launch/teardown.h"
 #include "store/tcp_store_server.h"
 
 namespace ds::launch {
@@ -60,6 +61,18 @@ bool all_preempted(const GenerationResult& r, int world_size) {
   int n = 0;
   for (const auto& e : r.exits) n += is_preemption(Failure{e.rank, "", e.status, {}}) ? 1 : 0;
   return n == world_size;
+}
+
+// The local node's generation `r` into the job's outcome: its first failure, or the signal that
+// stopped it (SIGTERM for a stop without one), and whether every rank was preempted.
+void add_generation(const GenerationResult& r, const std::string& host, JobOutcome& outcome) {
+  if (r.ok()) return;
+  outcome.preempted = all_preempted(r, outcome.world_size);
+  if (r.stop_signal != 0 || !r.first_failure) {
+    outcome.stop_signal = r.stop_signal != 0 ? r.stop_signal : SIGTERM;
+    return;
+  }
+  outcome.failure = Failure{r.first_failure->rank, host, r.first_failure->status, {}};
 }
 
 class LocalListener : public AgentListener {
@@ -99,17 +112,8 @@ int run_local(const JobSpec& spec, OutputMux& mux) {
   Agent agent(cfg, listener, signals);
   for (int restart = 0;; ++restart) {
     outcome.restarts = restart;
-    GenerationResult r = agent.run(store_addr, master_port, restart);
-    if (r.ok()) return finish(mux, outcome);
-    outcome.preempted = all_preempted(r, outcome.world_size);
-    if (r.stop_signal != 0 || !r.first_failure) {
-      outcome.stop_signal = r.stop_signal != 0 ? r.stop_signal : SIGTERM;
-      return finish(mux, outcome);
-    }
-    outcome.failure = Failure{r.first_failure->rank, node.host, r.first_failure->status, {}};
-    if (restart >= spec.max_restarts || outcome.preempted || is_preemption(*outcome.failure)) {
-      return finish(mux, outcome);
-    }
+    add_generation(agent.run(store_addr, master_port, restart), node.host, outcome);
+    if (!restart_after(outcome, restart, spec.max_restarts)) return finish(mux, outcome);
     mux.note(fmt::format("dstrain: {}; restarting every rank ({}/{})", describe_failure(*outcome.failure),
                          restart + 1, spec.max_restarts));
     mux.restart_marker(restart + 1);

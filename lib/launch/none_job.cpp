@@ -19,6 +19,7 @@
 #include "common/strings.h"
 #include "launch/agent_main.h"
 #include "launch/job_summary.h"
+#include "launch/teardown.h"
 #include "store/tcp_store_client.h"
 #include "store/tcp_store_server.h"
 
@@ -280,12 +281,7 @@ json NoneNode::decide(int gen) {
         json::parse(to_string(store_->get(key(fmt::format("gen{}/failure", gen)))));
   }
   outcome["preempted"] = preempted == spec_.world.world_size();
-  bool restart = false;
-  if (!outcome["failure"].is_null()) {
-    Failure f = failure_from(outcome["failure"]);
-    restart = f.rank >= 0 && !is_preemption(f) && !outcome["preempted"].get<bool>() &&
-              outcome["stop_signal"].get<int>() == 0 && gen < spec_.max_restarts;
-  }
+  const bool restart = restart_after(outcome_from(outcome, gen), gen, spec_.max_restarts);
   json verdict = {{"restart", restart}, {"outcome", outcome}};
   store_->set(key(fmt::format("gen{}/next", gen)), to_bytes(verdict.dump()));
   return verdict;

@@ -1,5 +1,8 @@
 // The remote job loop (was the SSH backend's): every agent channel, the starter's output and the
-// signal pipe in one poll(); see remote_job.h. Also the SSH starter.
+// signal pipe in one poll(); see remote_job.h. A generation's teardown is decided by the teardown
+// machine (teardown.h), whose orders become "stop" lines to every agent and, when the kill timeout
+// (plus 5 s for the agents' own) passes or a second signal comes, closed connections. Also the
+// SSH starter.
 #include "launch/remote_job.h"
 
 #include <errno.h>
@@ -16,6 +19,7 @@
 #include "launch/agent_protocol.h"
 #include "launch/job_summary.h"
 #include "launch/signals.h"
+#include "launch/teardown.h"
 
 namespace ds::launch {
 
@@ -94,7 +98,7 @@ struct RemoteNode {
 class RemoteJob {
  public:
   RemoteJob(const JobSpec& spec, OutputMux& mux, AgentStarter& starter)
-      : spec_(spec), mux_(mux), starter_(starter) {}
+      : spec_(spec), mux_(mux), starter_(starter), generation_(teardown_policy()) {}
 
   int run() {
     t0_ = SteadyClock::now();
@@ -126,31 +130,37 @@ class RemoteJob {
     }
   }
 
-  void stop_all(int first_signal = SIGTERM) {
-    if (stopping_) return;
-    stopping_ = true;
-    stop_deadline_ = Deadline::after(spec_.kill_timeout + Millis(5000));
-    send_all(proto::msg_stop(first_signal));
+  // The agents stop their ranks within the kill timeout; 5 s more for their reports to arrive.
+  TeardownPolicy teardown_policy() const {
+    return TeardownPolicy{spec_.failure_grace, spec_.kill_timeout + Millis(5000),
+                          spec_.preempt_signal};
   }
 
-  void node_failed(RemoteNode& n, const std::string& why) {
-    if (!failure_ && !interrupted_) failure_ = Failure{-1, n.spec->host, {}, why};
-    stop_all();
+  // The orders of every event but a signal (on_signal's own): a stop goes to every agent; when
+  // the kill timeout passes, their connections are closed.
+  void carry_out(const TeardownOrders& orders) {
+    if (orders.stop != 0) send_all(proto::msg_stop(orders.stop));
+    if (orders.force == Force::kKillTimeout) {
+      mux_.note(
+          "dstrain: some agents did not report within the kill timeout; closing their "
+          "connections (their nodes tear down on end of input)");
+      quit_all(Millis(1000));
+    }
   }
+
+  void node_failed(const std::string& host, const std::string& why) {
+    carry_out(generation_.node_failed(Failure{-1, host, {}, why}, SteadyClock::now()));
+  }
+  void node_failed(RemoteNode& n, const std::string& why) { node_failed(n.spec->host, why); }
 
   void on_rank_exit(RemoteNode& n, int rank, const ExitStatus& st) {
     spdlog::debug("rank {} on {} ended: {}", rank, n.spec->host, st.describe());
-    Failure f{rank, n.spec->host, st, {}};
-    if (is_preemption(f)) ++preempted_ranks_;
-    if (st.ok() || failure_ || stopping_) return;
-    failure_ = f;
-    // The other ranks get the failure grace to exit on their own (the failing node's agent
-    // waits the same time before its own teardown); then every node is stopped.
-    if (spec_.failure_grace.count() > 0) {
-      grace_until_ = Deadline::after(spec_.failure_grace);
-    } else {
-      stop_all();
-    }
+    // After a failure the other ranks get the failure grace to exit on their own (the failing
+    // node's agent waits the same time before its own teardown); then every node is stopped.
+    // The grace is always the others': the failing rank's own agent has not said "done" yet.
+    constexpr size_t kOthersRunning = 1;
+    carry_out(generation_.rank_ended(WorkerExit{rank, st}, n.spec->host, kOthersRunning,
+                                     SteadyClock::now()));
   }
 
   void handle_line(RemoteNode& n, const std::string& line) {
@@ -268,39 +278,48 @@ class RemoteJob {
     }
     return true;
   }
-  bool preempted() const { return preempted_ranks_ == spec_.world.world_size(); }
+  // The job as the current generation leaves it (a restart starts a fresh generation).
+  JobOutcome outcome() const {
+    JobOutcome o;
+    o.failure = generation_.first_failure();
+    o.stop_signal = generation_.interrupt_signal();
+    o.preempted = generation_.preempted_ranks() == spec_.world.world_size();
+    o.world_size = spec_.world.world_size();
+    o.restarts = restart_;
+    o.started = t0_;
+    return o;
+  }
 
-  // A generation is over (every live agent said "done"): restart it, or quit.
+  // A generation is over (every live agent said "done"): restart it, or quit. A restart needs
+  // every agent still connected.
   void generation_over() {
-    bool restart = failure_ && !interrupted_ && failure_->rank >= 0 && !is_preemption(*failure_) &&
-                   !preempted() && restart_ < spec_.max_restarts && all_open();
-    if (!restart) return quit_all(Millis(3000));
-    mux_.note(fmt::format("dstrain: {}; restarting every rank ({}/{})", describe_failure(*failure_),
-                          restart_ + 1, spec_.max_restarts));
+    const JobOutcome o = outcome();
+    if (!restart_after(o, restart_, spec_.max_restarts) || !all_open()) {
+      return quit_all(Millis(3000));
+    }
+    mux_.note(fmt::format("dstrain: {}; restarting every rank ({}/{})",
+                          describe_failure(*o.failure), restart_ + 1, spec_.max_restarts));
     ++restart_;
     mux_.restart_marker(restart_);
-    failure_.reset();
-    stopping_ = false;
-    preempted_ranks_ = 0;
-    grace_until_ = Deadline::never();
+    generation_ = Teardown(teardown_policy());
     for (auto& n : nodes_) n.gen_done = false;
     send_all(proto::msg_start(store_addr_, master_port_, restart_));
   }
 
   void on_signal(int sig) {
     if (sig == SIGCHLD) return;
-    if (interrupted_ && sig != SIGINT) return;  // a repeated SIGTERM: let the ranks checkpoint
-    if (interrupted_ || quit_sent_) {
+    TeardownOrders orders = generation_.signalled(sig, SteadyClock::now());
+    if (orders.force == Force::kAtOnce) {
       mux_.note(fmt::format("dstrain: {} again: closing every connection now", signal_name(sig)));
       nodes_.clear();
       forced_ = true;
       return;
     }
-    interrupted_ = true;
-    interrupt_signal_ = sig;
+    if (!orders.interrupted) return;  // a repeated SIGTERM: let the ranks checkpoint
     mux_.note(fmt::format("dstrain: {}: stopping every rank (again to force)", signal_name(sig)));
+    // Before the store is up no generation runs: there is nothing to stop.
     if (store_addr_.empty()) return quit_all(Millis(1000));
-    stop_all(sig == spec_.preempt_signal ? sig : SIGTERM);
+    carry_out(orders);
   }
 
   void poll_once() {
@@ -327,51 +346,43 @@ class RemoteJob {
     }
   }
 
+  // The starter process (srun, mpirun) died under the job: a node-level failure.
+  void check_starter() {
+    auto why = starter_.died();
+    if (!why) return;
+    TeardownOrders orders = generation_.node_failed(Failure{-1, "", {}, *why}, SteadyClock::now());
+    if (store_addr_.empty()) quit_all(Millis(1000));
+    carry_out(orders);
+  }
+
   int loop() {
     for (;;) {
       for (auto& n : nodes_) pump(n);
       check_heartbeats();
-      if (!quit_sent_ && !store_addr_.empty() && all(&RemoteNode::gen_done)) generation_over();
+      if (!quitting() && !store_addr_.empty() && all(&RemoteNode::gen_done)) generation_over();
       // Failed before the store was up (node 0's agent could not start): nothing runs yet.
-      if (!quit_sent_ && failure_ && store_addr_.empty()) quit_all(Millis(3000));
-      if (!quit_sent_) {
-        if (auto why = starter_.died()) {
-          if (!failure_ && !interrupted_) failure_ = Failure{-1, "", {}, *why};
-          if (store_addr_.empty()) quit_all(Millis(1000));
-          stop_all();
-        }
-      }
-      if (failure_ && !stopping_ && !quit_sent_ && grace_until_.expired()) stop_all();
-      if (stopping_ && !quit_sent_ && stop_deadline_.expired()) {
-        mux_.note(
-            "dstrain: some agents did not report within the kill timeout; closing their "
-            "connections (their nodes tear down on end of input)");
-        quit_all(Millis(1000));
-      }
-      if (quit_sent_ && (all(&RemoteNode::closed) || quit_deadline_.expired())) break;
+      if (!quitting() && generation_.first_failure() && store_addr_.empty()) quit_all(Millis(3000));
+      if (!quitting()) check_starter();
+      carry_out(generation_.tick(SteadyClock::now()));
+      if (quitting() && (all(&RemoteNode::closed) || quit_deadline_.expired())) break;
       poll_once();
-      if (forced_) return 128 + interrupt_signal_;
+      if (forced_) return 128 + generation_.interrupt_signal();
     }
     nodes_.clear();
-    JobOutcome o;
-    o.failure = failure_;
-    o.stop_signal = interrupted_ ? interrupt_signal_ : 0;
-    o.preempted = preempted();
-    o.world_size = spec_.world.world_size();
-    o.restarts = restart_;
-    o.started = t0_;
-    return finish(mux_, o);
+    return finish(mux_, outcome());
   }
 
+  // Every agent is told to quit; the job ends when their connections close or after `wait`.
   void quit_all(Millis wait) {
     for (auto& n : nodes_) {
       if (n.closed) continue;
       n.pending += proto::msg_quit();
       n.quitting = true;
     }
-    quit_sent_ = true;
+    generation_.begin_closing();
     quit_deadline_ = Deadline::after(wait);
   }
+  bool quitting() const { return generation_.closing(); }
 
   const JobSpec& spec_;
   OutputMux& mux_;
@@ -382,16 +393,9 @@ class RemoteJob {
   std::string store_addr_;
   int master_port_ = 0;
   int restart_ = 0;
-  int preempted_ranks_ = 0;  // of this generation: ranks that exited kPreemptedExitCode
-  bool stopping_ = false;
-  bool quit_sent_ = false;
+  Teardown generation_;  // the current generation's teardown; closing once quit was sent
   bool forced_ = false;  // a second Ctrl-C: every connection closed at once
   Deadline quit_deadline_ = Deadline::never();
-  Deadline stop_deadline_ = Deadline::never();
-  Deadline grace_until_ = Deadline::never();  // after a rank failure: when to stop every node
-  bool interrupted_ = false;
-  int interrupt_signal_ = 0;
-  std::optional<Failure> failure_;
   SteadyClock::time_point t0_;
 };
 

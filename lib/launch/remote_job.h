@@ -1,7 +1,8 @@
 // A job whose nodes each run a `dstrain agent`, driven from the launcher over one channel per
 // agent (agent_channel.h) in one poll() loop: output relayed, the first failure answered by the
-// failure grace and then a stop to every node, signals forwarded, restarts under --max-restarts,
-// and the summary (job_summary.h).
+// failure grace and then a stop to every node, signals forwarded (those decisions are the
+// teardown machine's, teardown.h), restarts under --max-restarts, and the summary
+// (job_summary.h).
 //
 // How the agents start and reach the launcher is an AgentStarter: over SSH (one channel per
 // node, the token as the channel's first line), or through a cluster launcher (srun, mpirun)
