@@ -64,7 +64,9 @@ bool all_preempted(const GenerationResult& r, int world_size) {
 }
 
 // The local node's generation `r` into the job's outcome: its first failure, or the signal that
-// stopped it (SIGTERM for a stop without one), and whether every rank was preempted.
+// stopped it (SIGTERM for a stop without one), and whether every rank was preempted. A signal
+// that arrived during a failure's grace stays beside the failure, as the remote launcher keeps
+// it: the user or the scheduler said stop, so the job is not restarted (restart_after).
 void add_generation(const GenerationResult& r, const std::string& host, JobOutcome& outcome) {
   if (r.ok()) return;
   outcome.preempted = all_preempted(r, outcome.world_size);
@@ -73,6 +75,7 @@ void add_generation(const GenerationResult& r, const std::string& host, JobOutco
     return;
   }
   outcome.failure = Failure{r.first_failure->rank, host, r.first_failure->status, {}};
+  outcome.stop_signal = r.interrupt_signal;
 }
 
 class LocalListener : public AgentListener {

@@ -103,6 +103,7 @@ GenerationResult Teardown::generation_result() const {
   r.exits = exits_;
   if (first_failure_) r.first_failure = WorkerExit{first_failure_->rank, first_failure_->status};
   r.stop_signal = stop_signal_;
+  r.interrupt_signal = interrupt_signal_;
   r.stopped_by_controller = stopped_by_controller_;
   return r;
 }

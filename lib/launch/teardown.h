@@ -57,6 +57,8 @@ struct GenerationResult {
   std::optional<WorkerExit> first_failure;  // the first to fail (later failures, in the grace
                                             // period or teardown, never replace it)
   int stop_signal = 0;                      // SIGINT/SIGTERM/SIGHUP that stopped the node, or 0
+  int interrupt_signal = 0;                 // the first signal that reached the supervisor at any
+                                            // point (also during a failure's grace), or 0
   bool stopped_by_controller = false;       // the controller asked to stop (or went away)
   bool ok() const { return !first_failure && stop_signal == 0 && !stopped_by_controller; }
 };

@@ -198,6 +198,27 @@ TEST(LaunchLocal, MaxRestartsRunsANewGeneration) {
   EXPECT_NE(out_of_restarts.err().find("after 1 restart(s)"), std::string::npos) << out_of_restarts.err();
 }
 
+// A rank fails, and while the others have their failure grace the launcher is interrupted: the
+// user said stop, so --max-restarts does not start another generation (the remote launcher's rule
+// too); the failure stays the job's status.
+TEST(LaunchLocal, SigintDuringAFailuresGraceIsNotRestarted) {
+  TempDir pids;
+  JobProcess job(launch_args(2, {"--max-restarts", "3", "--failure-grace", "30", "--kill-timeout", "5"},
+                             {"--pid-dir", pids.path(), "--barrier", "--fail-rank", "1", "--fail-code", "3",
+                              "--sleep", "120"}));
+  auto all = test::read_pids(pids.path(), 2);
+  for (pid_t p : all) job.track(p);
+  ASSERT_EQ(all.size(), 2u) << job.err();
+  const pid_t rank1 = std::atoi(test::slurp(pids.path() + "/rank_1.pid").c_str());
+  ASSERT_TRUE(test::wait_gone({rank1}, 30s).empty()) << "rank 1 did not fail: " << job.err();
+  std::this_thread::sleep_for(500ms);  // the launcher has seen it: rank 0 is in the grace
+  job.signal(SIGINT);
+  EXPECT_EQ(job.wait(30s), 3) << job.err();
+  EXPECT_TRUE(test::wait_gone(all, 0ms).empty());
+  EXPECT_EQ(job.err().find("restarting every rank"), std::string::npos) << job.err();
+  EXPECT_NE(job.err().find("rank 1 on localhost exited with exit code 3"), std::string::npos) << job.err();
+}
+
 TEST(LaunchLocal, AMasterPortInUseIsReportedWithItsAddress) {
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
