@@ -19,6 +19,7 @@
 #include "common/error.h"
 #include "core/cuda_memory_table.h"
 #include "core/device.h"
+#include "kernels/cpu/kernels.h"
 #include "kernels/cuda_kernel_table.h"
 
 namespace ds::test {
@@ -104,6 +105,18 @@ inline std::vector<int32_t> random_tokens(size_t n, uint32_t seed, int V) {
   std::vector<int32_t> v(n);
   for (auto& x : v) x = d(rng);
   return v;
+}
+
+// bf16 bits of fp32 values (rounded once, as core/dtype.h), and back.
+inline std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
+  std::vector<uint16_t> o(v.size());
+  ds::rt::cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
+}
+inline std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<float> o(v.size());
+  ds::rt::cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
+  return o;
 }
 
 // |gpu - cpu| <= atol + rtol * |cpu| elementwise (NaN only where both are NaN); reports the worst.

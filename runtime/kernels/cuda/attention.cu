@@ -1,22 +1,24 @@
-// Causal multi-head self-attention on the GPU, with the CPU's layout and saved buffers: qkv
-// (B,T,3C), out (B,T,C), lse (B,NH,T) holding the log-sum-exp of each scaled score row.
+// Causal attention on the GPU, exact, for fp32 storage and as the reference (bf16 storage runs
+// flash_attention.cu where it takes the shape): grouped-query, with the CPU's layouts and saved
+// buffers: qkv (B,T,(NH+2KV)hd), q heads then k heads then v heads, query head h reading kv head
+// h / (NH/KV); out (B,T,NH hd); lse (B,NH,T), the log-sum-exp of each scaled score row. GPT-2's
+// multi-head attention (B,T,3C) is the same layout with KV = NH, and runs these kernels.
 //
-// Deliberately the simplest exact formulation, not a tuned flash-attention kernel:
+// Deliberately the simplest exact formulation, not a tuned kernel:
 // - Forward: one warp per query row t of one (b, h). Lane l holds q[d] for d = l, l + 32, ...
 //   (up to kMaxHeadSize / 32 registers). For each key j <= t: s = scale * q.k_j (warp sum), then
 //   the online softmax update (running max m, running sum l, output accumulator rescaled by
 //   exp(m_old - m_new)). out = acc / l, lse = m + log(l).
 // - Backward, with P[t,j] = exp(s[t,j] - lse[t]) recomputed and D_t = dO_t . O_t folded into one
 //   dot product (dP - D = dO_t . (v_j - O_t)), dS = scale * P * (dP - D):
-//     dq kernel: one warp per query row t, dq_t = sum over j <= t of dS[t,j] k_j;
-//     dkv kernel: one warp per key row j, dk_j = sum over t >= j of dS[t,j] q_t and
-//                 dv_j = sum over t >= j of P[t,j] dO_t.
+//     dq kernel: one warp per (b, h, query row t), dq_t = sum over j <= t of dS[t,j] k_j;
+//     dkv kernel: one warp per (b, kv head, key row j), walking the group's query heads in head
+//                 order and every later query row: dk_j = sum of dS[t,j] q_t, dv_j = sum of
+//                 P[t,j] dO_t, in fp32 registers, written once.
 //   Every output row is written by exactly one warp: no atomics, no scratch, deterministic.
-// Cost: O(T^2 hs) work like any exact attention, but K/V rows are re-read from L2 by every warp;
-// expect far below the tensor-core peak. cuDNN's fused attention is the upgrade path.
-// Storage: the kernels are templated over the storage type S of qkv, out, dout and dqkv (fp32 or
-// bf16, read through ld and written through st: fp32 arithmetic, each output rounded once); lse
-// is fp32 either way.
+// Cost: O(T^2 hd) work like any exact attention, but K/V rows are re-read from L2 by every warp.
+// Storage: templated over the storage type S of qkv, out, dout and dqkv (fp32 or bf16, read
+// through ld and written through st: fp32 arithmetic, each output rounded once); lse is fp32.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -26,46 +28,66 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
+#include "kernels/cuda/llama_kernels.h"
 
 namespace ds::rt::cuda {
 
 namespace {
 
-constexpr int kThreads = 128;  // 4 warps = 4 rows per block
+constexpr int kAttThreads = 128;  // 4 warps = 4 rows per block
 constexpr int kRegs = kMaxHeadSize / 32;
 
-struct Shape {
-  int B, T, C, NH, hs;
+// ---- grouped-query attention ----
+
+struct GqaShape {
+  int B, T, NH, KV, hd;
   float scale;
+  __host__ __device__ int group() const { return NH / KV; }
+  __host__ __device__ int64_t stride() const { return int64_t{NH + 2 * KV} * hd; }  // qkv row
+  __host__ __device__ int64_t ostride() const { return int64_t{NH} * hd; }          // out row
+  __host__ __device__ int64_t q_col(int h) const { return int64_t{h} * hd; }
+  __host__ __device__ int64_t k_col(int g) const { return int64_t{NH + g} * hd; }
+  __host__ __device__ int64_t v_col(int g) const { return int64_t{NH + KV + g} * hd; }
 };
 
+GqaShape make_gqa_shape(int B, int T, int NH, int KV, int hd, const char* what) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0 || hd > kMaxHeadSize) {
+    throw_cuda_error(
+        what, "shape check", __FILE__, __LINE__, 0,
+        ("need NH a positive multiple of KV and 0 < hd <= 256; got NH=" + std::to_string(NH) +
+         " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd))
+            .c_str());
+  }
+  return GqaShape{B, T, NH, KV, hd, 1.0f / sqrtf(static_cast<float>(hd))};
+}
+
 template <typename S>
-__global__ void attention_forward_kernel(S* out, float* lse, const S* qkv, Shape sh) {
+__global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
   const int t = static_cast<int>(row % sh.T);
   const int64_t bh = row / sh.T;
-  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-  const int C3 = 3 * sh.C;
-  const S* base = qkv + int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
-  const S* q = base + int64_t{t} * C3;
+  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
+  const int64_t st_ = sh.stride();
+  const S* base = qkv + int64_t{b} * sh.T * st_;
+  const S* q = base + t * st_ + sh.q_col(h);
   float qr[kRegs], acc[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    qr[i] = d < sh.hs ? ld(q + d) : 0.0f;
+    qr[i] = d < sh.hd ? ld(q + d) : 0.0f;
     acc[i] = 0.0f;
   }
   float m = -INFINITY, l = 0.0f;
   for (int j = 0; j <= t; j++) {
-    const S* k = base + int64_t{j} * C3 + sh.C;
-    const S* v = k + sh.C;
+    const S* k = base + j * st_ + sh.k_col(g);
+    const S* v = base + j * st_ + sh.v_col(g);
     float s = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) s += qr[i] * ld(k + d);
+      if (d < sh.hd) s += qr[i] * ld(k + d);
     }
     s = warp_sum(s) * sh.scale;
     const float m_new = fmaxf(m, s);
@@ -75,39 +97,39 @@ __global__ void attention_forward_kernel(S* out, float* lse, const S* qkv, Shape
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) acc[i] = acc[i] * corr + p * ld(v + d);
+      if (d < sh.hd) acc[i] = acc[i] * corr + p * ld(v + d);
     }
     m = m_new;
   }
-  S* o = out + (int64_t{b} * sh.T + t) * sh.C + int64_t{h} * sh.hs;
+  S* o = out + (int64_t{b} * sh.T + t) * sh.ostride() + sh.q_col(h);
   const float inv = 1.0f / l;
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    if (d < sh.hs) st(o + d, acc[i] * inv);
+    if (d < sh.hd) st(o + d, acc[i] * inv);
   }
   if (lane == 0) lse[bh * sh.T + t] = m + logf(l);
 }
 
 template <typename S>
-__global__ void attention_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
-                                             const float* lse, Shape sh) {
+__global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                       const float* lse, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
   const int t = static_cast<int>(row % sh.T);
   const int64_t bh = row / sh.T;
-  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-  const int C3 = 3 * sh.C;
-  const int64_t qoff = int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
-  const int64_t ooff = (int64_t{b} * sh.T + t) * sh.C + int64_t{h} * sh.hs;
-  const S* base = qkv + qoff;
-  const S* q = base + int64_t{t} * C3;
+  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
+  const int64_t st_ = sh.stride();
+  const int64_t rbase = int64_t{b} * sh.T * st_;
+  const int64_t ooff = (int64_t{b} * sh.T + t) * sh.ostride() + sh.q_col(h);
+  const S* base = qkv + rbase;
+  const S* q = base + t * st_ + sh.q_col(h);
   float qr[kRegs], dor[kRegs], orr[kRegs], acc[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    const bool in = d < sh.hs;
+    const bool in = d < sh.hd;
     qr[i] = in ? ld(q + d) : 0.0f;
     dor[i] = in ? ld(dout + ooff + d) : 0.0f;
     orr[i] = in ? ld(out + ooff + d) : 0.0f;
@@ -115,13 +137,13 @@ __global__ void attention_backward_dq_kernel(S* dqkv, const S* dout, const S* qk
   }
   const float l = lse[bh * sh.T + t];
   for (int j = 0; j <= t; j++) {
-    const S* k = base + int64_t{j} * C3 + sh.C;
-    const S* v = k + sh.C;
+    const S* k = base + j * st_ + sh.k_col(g);
+    const S* v = base + j * st_ + sh.v_col(g);
     float s = 0.0f, dpd = 0.0f;
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) {
+      if (d < sh.hd) {
         s += qr[i] * ld(k + d);
         dpd += dor[i] * (ld(v + d) - orr[i]);
       }
@@ -132,89 +154,117 @@ __global__ void attention_backward_dq_kernel(S* dqkv, const S* dout, const S* qk
 #pragma unroll
     for (int i = 0; i < kRegs; i++) {
       const int d = lane + 32 * i;
-      if (d < sh.hs) acc[i] += ds * ld(k + d);
+      if (d < sh.hd) acc[i] += ds * ld(k + d);
     }
   }
-  S* dq = dqkv + qoff + int64_t{t} * C3;
+  S* dq = dqkv + rbase + t * st_ + sh.q_col(h);
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    if (d < sh.hs) st(dq + d, acc[i]);
+    if (d < sh.hd) st(dq + d, acc[i]);
   }
 }
 
 template <typename S>
-__global__ void attention_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
-                                              const float* lse, Shape sh) {
+__global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
+                                        const float* lse, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
+  if (row >= int64_t{sh.B} * sh.KV * sh.T) return;
   const int j = static_cast<int>(row % sh.T);
-  const int64_t bh = row / sh.T;
-  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH);
-  const int C3 = 3 * sh.C;
-  const int64_t qoff = int64_t{b} * sh.T * C3 + int64_t{h} * sh.hs;
-  const int64_t obase = int64_t{b} * sh.T * sh.C + int64_t{h} * sh.hs;
-  const S* base = qkv + qoff;
-  const S* k = base + int64_t{j} * C3 + sh.C;
-  const S* v = k + sh.C;
+  const int64_t bg = row / sh.T;
+  const int b = static_cast<int>(bg / sh.KV), g = static_cast<int>(bg % sh.KV);
+  const int64_t st_ = sh.stride(), os = sh.ostride();
+  const int64_t rbase = int64_t{b} * sh.T * st_, obase = int64_t{b} * sh.T * os;
+  const S* base = qkv + rbase;
+  const S* k = base + j * st_ + sh.k_col(g);
+  const S* v = base + j * st_ + sh.v_col(g);
   float kr[kRegs], vr[kRegs], dk[kRegs], dv[kRegs];
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    const bool in = d < sh.hs;
+    const bool in = d < sh.hd;
     kr[i] = in ? ld(k + d) : 0.0f;
     vr[i] = in ? ld(v + d) : 0.0f;
     dk[i] = 0.0f;
     dv[i] = 0.0f;
   }
-  const float* lrow = lse + bh * sh.T;
-  for (int t = j; t < sh.T; t++) {
-    const S* q = base + int64_t{t} * C3;
-    const S* dO = dout + obase + int64_t{t} * sh.C;
-    const S* o = out + obase + int64_t{t} * sh.C;
-    float s = 0.0f, dpd = 0.0f;
+  for (int jh = 0; jh < sh.group(); jh++) {
+    const int h = g * sh.group() + jh;
+    const float* lrow = lse + (int64_t{b} * sh.NH + h) * sh.T;
+    for (int t = j; t < sh.T; t++) {
+      const S* q = base + t * st_ + sh.q_col(h);
+      const S* dO = dout + obase + t * os + sh.q_col(h);
+      const S* o = out + obase + t * os + sh.q_col(h);
+      float s = 0.0f, dpd = 0.0f;
 #pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hs) {
-        s += ld(q + d) * kr[i];
-        dpd += ld(dO + d) * (vr[i] - ld(o + d));
+      for (int i = 0; i < kRegs; i++) {
+        const int d = lane + 32 * i;
+        if (d < sh.hd) {
+          s += ld(q + d) * kr[i];
+          dpd += ld(dO + d) * (vr[i] - ld(o + d));
+        }
       }
-    }
-    s = warp_sum(s) * sh.scale;
-    dpd = warp_sum(dpd);
-    const float p = expf(s - lrow[t]);
-    const float ds = sh.scale * p * dpd;
+      s = warp_sum(s) * sh.scale;
+      dpd = warp_sum(dpd);
+      const float p = expf(s - lrow[t]);
+      const float ds = sh.scale * p * dpd;
 #pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hs) {
-        dk[i] += ds * ld(q + d);
-        dv[i] += p * ld(dO + d);
+      for (int i = 0; i < kRegs; i++) {
+        const int d = lane + 32 * i;
+        if (d < sh.hd) {
+          dk[i] += ds * ld(q + d);
+          dv[i] += p * ld(dO + d);
+        }
       }
     }
   }
-  S* dkp = dqkv + qoff + int64_t{j} * C3 + sh.C;
-  S* dvp = dkp + sh.C;
+  S* dkp = dqkv + rbase + j * st_ + sh.k_col(g);
+  S* dvp = dqkv + rbase + j * st_ + sh.v_col(g);
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
     const int d = lane + 32 * i;
-    if (d < sh.hs) {
+    if (d < sh.hd) {
       st(dkp + d, dk[i]);
       st(dvp + d, dv[i]);
     }
   }
 }
 
-Shape make_shape(int B, int T, int C, int NH) {
+template <typename S>
+void gqa_forward_impl(S* out, float* lse, const S* qkv, int B, int T, int NH, int KV, int hd,
+                      cudaStream_t stream) {
+  const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_forward");
+  const int64_t rows = int64_t{B} * NH * T;
+  if (rows <= 0) return;
+  gqa_forward_kernel<S>
+      <<<blocks_for(rows * 32, kAttThreads), kAttThreads, 0, stream>>>(out, lse, qkv, sh);
+  DS_CUDA_CHECK_LAUNCH("gqa_forward_kernel");
+}
+
+template <typename S>
+void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B,
+                       int T, int NH, int KV, int hd, cudaStream_t stream) {
+  const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_backward");
+  const int64_t qrows = int64_t{B} * NH * T, kvrows = int64_t{B} * KV * T;
+  if (qrows <= 0) return;
+  gqa_backward_dq_kernel<S><<<blocks_for(qrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
+      dqkv, dout, qkv, out, lse, sh);
+  DS_CUDA_CHECK_LAUNCH("gqa_backward_dq_kernel");
+  gqa_backward_dkv_kernel<S><<<blocks_for(kvrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
+      dqkv, dout, qkv, out, lse, sh);
+  DS_CUDA_CHECK_LAUNCH("gqa_backward_dkv_kernel");
+}
+
+// GPT-2's (B,T,3C) rows are the grouped-query layout with KV = NH.
+int mha_head_size(int C, int NH) {
   if (NH <= 0 || C % NH != 0 || C / NH > kMaxHeadSize) {
     throw_cuda_error("attention", "shape check", __FILE__, __LINE__, 0,
                      ("C must be a multiple of NH with head size C/NH <= 256; got C=" +
                       std::to_string(C) + " NH=" + std::to_string(NH))
                          .c_str());
   }
-  return Shape{B, T, C, NH, C / NH, 1.0f / std::sqrt(static_cast<float>(C / NH))};
+  return C / NH;
 }
 
 }  // namespace
@@ -226,41 +276,30 @@ namespace typed {
 template <typename S>
 void attention_forward(S* out, float* lse, const S* qkv, float* /*scratch*/, int B, int T, int C,
                        int NH, cudaStream_t stream) {
-  const Shape sh = make_shape(B, T, C, NH);
-  const int64_t rows = int64_t{B} * NH * T;
-  if (rows <= 0) return;
+  const int hs = mha_head_size(C, NH);
   if constexpr (std::is_same_v<S, Bf16>) {
-    if (use_flash_attention(sh.hs, out, qkv, out, qkv)) {
+    if (use_flash_attention(hs, out, qkv, out, qkv)) {
       flash_attention_forward_bf16(reinterpret_cast<uint16_t*>(out), lse,
-                                   reinterpret_cast<const uint16_t*>(qkv), B, T, NH, NH, sh.hs, stream);
+                                   reinterpret_cast<const uint16_t*>(qkv), B, T, NH, NH, hs, stream);
       return;
     }
   }
-  attention_forward_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(out, lse,
-                                                                                        qkv, sh);
-  DS_CUDA_CHECK_LAUNCH("attention_forward_kernel");
+  gqa_forward_impl(out, lse, qkv, B, T, NH, NH, hs, stream);
 }
 
 template <typename S>
 void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
                         float* /*scratch*/, int B, int T, int C, int NH, cudaStream_t stream) {
-  const Shape sh = make_shape(B, T, C, NH);
-  const int64_t rows = int64_t{B} * NH * T;
-  if (rows <= 0) return;
+  const int hs = mha_head_size(C, NH);
   if constexpr (std::is_same_v<S, Bf16>) {
-    if (use_flash_attention(sh.hs, dqkv, dout, qkv, out)) {
+    if (use_flash_attention(hs, dqkv, dout, qkv, out)) {
       flash_attention_backward_bf16(reinterpret_cast<uint16_t*>(dqkv), reinterpret_cast<const uint16_t*>(dout),
                                     reinterpret_cast<const uint16_t*>(qkv), reinterpret_cast<const uint16_t*>(out),
-                                    lse, B, T, NH, NH, sh.hs, stream);
+                                    lse, B, T, NH, NH, hs, stream);
       return;
     }
   }
-  attention_backward_dq_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
-  DS_CUDA_CHECK_LAUNCH("attention_backward_dq_kernel");
-  attention_backward_dkv_kernel<S><<<blocks_for(rows * 32, kThreads), kThreads, 0, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
-  DS_CUDA_CHECK_LAUNCH("attention_backward_dkv_kernel");
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NH, hs, stream);
 }
 
 #define DS_CUDA_INST_S(S)                                                                        \
@@ -283,6 +322,36 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
                         const float* lse, float* scratch, int B, int T, int C, int NH,
                         cudaStream_t stream) {
   typed::attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, stream);
+}
+
+// ---- grouped-query attention (llama_kernels.h) ----
+
+void attention_gqa_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B,
+                           int T, int NH, int KV, int hd, cudaStream_t stream) {
+  gqa_forward_impl(out, lse, qkv, B, T, NH, KV, hd, stream);
+}
+void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, float* /*scratch*/, int B, int T, int NH, int KV,
+                            int hd, cudaStream_t stream) {
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
+}
+void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* /*scratch*/,
+                                int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
+  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, out, qkv, out, qkv)) {
+    flash_attention_forward_bf16(out, lse, qkv, B, T, NH, KV, hd, stream);
+    return;
+  }
+  gqa_forward_impl(as_bf16(out), lse, as_bf16(qkv), B, T, NH, KV, hd, stream);
+}
+void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+                                 const uint16_t* out, const float* lse, float* /*scratch*/, int B,
+                                 int T, int NH, int KV, int hd, cudaStream_t stream) {
+  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, dqkv, dout, qkv, out)) {
+    flash_attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
+    return;
+  }
+  gqa_backward_impl(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), lse, B, T, NH, KV, hd,
+                    stream);
 }
 
 }  // namespace ds::rt::cuda

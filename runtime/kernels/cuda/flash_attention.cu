@@ -112,6 +112,44 @@ __device__ __forceinline__ void acc_as_a(uint32_t a[4], const float acc[8][4], i
   a[3] = pack_bf16(acc[2 * kk + 1][2], acc[2 * kk + 1][3]);
 }
 
+// acc = A B^T for this warp's 16 rows of the shared tile `a` (rows a0..a0+15) against the 64 rows
+// of the shared tile `b`: a (16 x 64) score-shaped accumulator, zeroed first.
+template <int HD>
+__device__ __forceinline__ void score_tile(float acc[8][4], const uint16_t* a, int a0, const uint16_t* b, int lane) {
+#pragma unroll
+  for (int n = 0; n < 8; n++) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < HD / 16; kk++) {
+    uint32_t af[4];
+    load_a<HD>(af, a, a0, kk * 16, lane);
+#pragma unroll
+    for (int np = 0; np < 4; np++) {
+      uint32_t bb[4];
+      load_b_rows<HD>(bb, b, np * 16, kk * 16, lane);
+      mma(acc[2 * np], af, bb);
+      mma(acc[2 * np + 1], af, bb + 2);
+    }
+  }
+}
+
+// out += X B for a (16 x 64) accumulator X (rounded to bf16 as it enters the product) and the
+// shared (64, HD) tile `b` read by columns: out is (16 x HD).
+template <int HD>
+__device__ __forceinline__ void value_product(float out[HD / 8][4], const float x[8][4], const uint16_t* b, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < 4; kk++) {
+    uint32_t a[4];
+    acc_as_a(a, x, kk);
+#pragma unroll
+    for (int np = 0; np < HD / 16; np++) {
+      uint32_t bb[4];
+      load_b_cols<HD>(bb, b, kk * 16, np * 16, lane);
+      mma(out[2 * np], a, bb);
+      mma(out[2 * np + 1], a, bb + 2);
+    }
+  }
+}
+
 // Rows r0..r0+63 (columns col..col+HD-1) of a row-major bf16 matrix with `stride` elements per row
 // into a shared tile; rows at or past T are zeros. 16-byte copies.
 template <int HD>
@@ -242,19 +280,7 @@ __global__ void __launch_bounds__(kThreads)
       }
       m[r] = m_new;
     }
-    // O += P V (P rounded to bf16).
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      uint32_t a[4];
-      acc_as_a(a, s, kk);
-#pragma unroll
-      for (int np = 0; np < HD / 16; np++) {
-        uint32_t bb[4];
-        load_b_cols<HD>(bb, sV, kk * 16, np * 16, lane);
-        mma(o[2 * np], a, bb);
-        mma(o[2 * np + 1], a, bb + 2);
-      }
-    }
+    value_product<HD>(o, s, sV, lane);  // O += P V (P rounded to bf16)
   }
 
 #pragma unroll
@@ -312,27 +338,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
 
     float s[8][4], dp[8][4];
-#pragma unroll
-    for (int n = 0; n < 8; n++) {
-#pragma unroll
-      for (int c = 0; c < 4; c++) s[n][c] = dp[n][c] = 0.0f;
-    }
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; kk++) {
-      uint32_t qa[4], da[4];
-      load_a<HD>(qa, sQ, warp * 16, kk * 16, lane);
-      load_a<HD>(da, sdO, warp * 16, kk * 16, lane);
-#pragma unroll
-      for (int np = 0; np < 4; np++) {
-        uint32_t bb[4];
-        load_b_rows<HD>(bb, sK, np * 16, kk * 16, lane);  // S = Q K^T
-        mma(s[2 * np], qa, bb);
-        mma(s[2 * np + 1], qa, bb + 2);
-        load_b_rows<HD>(bb, sV, np * 16, kk * 16, lane);  // dP = dO V^T
-        mma(dp[2 * np], da, bb);
-        mma(dp[2 * np + 1], da, bb + 2);
-      }
-    }
+    score_tile<HD>(s, sQ, warp * 16, sK, lane);    // S = Q K^T
+    score_tile<HD>(dp, sdO, warp * 16, sV, lane);  // dP = dO V^T
     // dS = P (dP - D), P = exp(S scale - lse), keys after the row masked on the diagonal tile.
 #pragma unroll
     for (int n = 0; n < 8; n++) {
@@ -344,19 +351,7 @@ __global__ void __launch_bounds__(kThreads)
         s[n][c] = p * (dp[n][c] - D[r]);
       }
     }
-    // dQ += dS K.
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++) {
-      uint32_t a[4];
-      acc_as_a(a, s, kk);
-#pragma unroll
-      for (int np = 0; np < HD / 16; np++) {
-        uint32_t bb[4];
-        load_b_cols<HD>(bb, sK, kk * 16, np * 16, lane);
-        mma(dq[2 * np], a, bb);
-        mma(dq[2 * np + 1], a, bb + 2);
-      }
-    }
+    value_product<HD>(dq, s, sK, lane);  // dQ += dS K
   }
 
   uint16_t* dq_rows = dqkv + int64_t{b} * sh.T * sh.row;
@@ -416,27 +411,8 @@ __global__ void __launch_bounds__(kThreads)
 
       // S^T = K Q^T and dP^T = V dO^T: 16 keys (this warp's) x 64 queries.
       float st[8][4], dpt[8][4];
-#pragma unroll
-      for (int n = 0; n < 8; n++) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) st[n][c] = dpt[n][c] = 0.0f;
-      }
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; kk++) {
-        uint32_t ka[4], va[4];
-        load_a<HD>(ka, sK, warp * 16, kk * 16, lane);
-        load_a<HD>(va, sV, warp * 16, kk * 16, lane);
-#pragma unroll
-        for (int np = 0; np < 4; np++) {
-          uint32_t bb[4];
-          load_b_rows<HD>(bb, sQ, np * 16, kk * 16, lane);
-          mma(st[2 * np], ka, bb);
-          mma(st[2 * np + 1], ka, bb + 2);
-          load_b_rows<HD>(bb, sdO, np * 16, kk * 16, lane);
-          mma(dpt[2 * np], va, bb);
-          mma(dpt[2 * np + 1], va, bb + 2);
-        }
-      }
+      score_tile<HD>(st, sK, warp * 16, sQ, lane);
+      score_tile<HD>(dpt, sV, warp * 16, sdO, lane);
       // P^T and dS^T = P^T (dP^T - D); queries before the key masked on the diagonal tile.
 #pragma unroll
       for (int n = 0; n < 8; n++) {
@@ -449,23 +425,8 @@ __global__ void __launch_bounds__(kThreads)
           dpt[n][c] = p * (dpt[n][c] - sD[ql]);
         }
       }
-      // dV += P^T dO and dK += dS^T Q.
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++) {
-        uint32_t pa[4], sa[4];
-        acc_as_a(pa, st, kk);
-        acc_as_a(sa, dpt, kk);
-#pragma unroll
-        for (int np = 0; np < HD / 16; np++) {
-          uint32_t bb[4];
-          load_b_cols<HD>(bb, sdO, kk * 16, np * 16, lane);
-          mma(dv[2 * np], pa, bb);
-          mma(dv[2 * np + 1], pa, bb + 2);
-          load_b_cols<HD>(bb, sQ, kk * 16, np * 16, lane);
-          mma(dk[2 * np], sa, bb);
-          mma(dk[2 * np + 1], sa, bb + 2);
-        }
-      }
+      value_product<HD>(dv, st, sdO, lane);  // dV += P^T dO
+      value_product<HD>(dk, dpt, sQ, lane);  // dK += dS^T Q
     }
   }
 

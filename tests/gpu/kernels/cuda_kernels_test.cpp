@@ -27,6 +27,8 @@ using test::close;
 using test::DeviceArray;
 using test::random_floats;
 using test::random_tokens;
+using test::from_bf16;
+using test::to_bf16;
 
 constexpr double kTight = 1e-5;   // element-wise fp32
 constexpr double kSum = 1e-4;     // fp32 reductions in another order
@@ -34,16 +36,6 @@ constexpr double kBf16 = 2e-2;    // bf16 storage
 
 class CudaKernels : public test::CudaStreamTest {};
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
 // The value a bf16 buffer would hold: round through bf16.
 std::vector<float> rounded(const std::vector<float>& v) { return from_bf16(to_bf16(v)); }
 

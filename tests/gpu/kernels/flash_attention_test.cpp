@@ -33,6 +33,8 @@ namespace ds::rt {
 namespace {
 
 using test::close;
+using test::from_bf16;
+using test::to_bf16;
 using test::cu;
 using test::DeviceArray;
 using test::random_floats;
@@ -49,16 +51,6 @@ class FlashAttention : public test::CudaStreamTest {
   }
 };
 
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, static_cast<double>(std::fabs(x)));

@@ -35,6 +35,8 @@ namespace ds::rt {
 namespace {
 
 using test::close;
+using test::from_bf16;
+using test::to_bf16;
 using test::DeviceArray;
 using test::random_floats;
 
@@ -54,17 +56,6 @@ class LlamaCudaKernels : public test::CudaStreamTest {
   }
 };
 
-// bf16 bits of fp32 values (rounded once, as core/dtype.h), and back.
-std::vector<uint16_t> to_bf16(const std::vector<float>& v) {
-  std::vector<uint16_t> o(v.size());
-  cpu::convert_f32_to_bf16(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
-std::vector<float> from_bf16(const std::vector<uint16_t>& v) {
-  std::vector<float> o(v.size());
-  cpu::convert_bf16_to_f32(o.data(), v.data(), static_cast<int64_t>(v.size()));
-  return o;
-}
 bf16* as_bf(std::vector<uint16_t>& v) {
   return reinterpret_cast<bf16*>(v.data());
 }
