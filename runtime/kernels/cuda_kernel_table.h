@@ -24,7 +24,9 @@ namespace ds::rt::kern {
   X(adamw_update) X(adamw_update_bf16_grads) X(sum_of_squares) X(sum_of_squares_to_host)             \
   X(scale_in_place) X(set_matmul_math) X(matmul_math) X(current_stream)                            \
   X(flash_attention_supported) X(flash_attention_forward_bf16) X(flash_attention_backward_bf16)      \
-  X(set_attention_kernel) X(attention_kernel)
+  X(set_attention_kernel) X(attention_kernel) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward)  \
+  X(rope_backward) X(swiglu_forward) X(swiglu_backward) X(attention_gqa_forward)                      \
+  X(attention_gqa_backward)
 
 // The 16-bit storage twins (kernels/cuda/kernels.h, namespace typed), by name: the kernels of the
 // storage type S alone, and those that also take the parameter-gradient type G.
@@ -33,9 +35,11 @@ namespace ds::rt::kern {
   X(matmul_forward) X(add_bias) X(attention_forward) X(attention_backward) X(gelu_forward)        \
   X(gelu_backward) X(residual_forward) X(residual_backward) X(add_in_place)                       \
   X(crossentropy_forward) X(crossentropy_softmax_backward) X(vocab_ce_max) X(vocab_ce_sums)       \
-  X(vocab_ce_finish) X(sum_of_squares_to_host) X(scale_in_place)
+  X(vocab_ce_finish) X(sum_of_squares_to_host) X(scale_in_place) X(rmsnorm_forward)              \
+  X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward) X(attention_gqa_forward)  \
+  X(attention_gqa_backward)
 #define DS_CUDA_TYPED_SG_ENTRIES(X) \
-  X(encoder_backward) X(encoder_backward_vocab) X(layernorm_backward) X(matmul_backward)
+  X(encoder_backward) X(encoder_backward_vocab) X(layernorm_backward) X(matmul_backward) X(rmsnorm_backward)
 
 // S = bf16 with bf16 parameter gradients (every typed kernel).
 struct CudaBf16Kernels {

@@ -214,6 +214,43 @@ inline void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* ou
   DS_KERN_S(attention_backward, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH);
 }
 template <typename S>
+inline void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV,
+                                  int hd) {
+  DS_KERN_S(attention_gqa_forward, out, lse, qkv, scratch, B, T, NH, KV, hd);
+}
+template <typename S>
+inline void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                                   float* scratch, int B, int T, int NH, int KV, int hd) {
+  DS_KERN_S(attention_gqa_backward, dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd);
+}
+template <typename S>
+inline void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps) {
+  DS_KERN_S(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
+}
+template <typename S, typename G>
+inline void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
+                             int64_t N, int C) {
+  DS_KERN_SG(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+template <typename S>
+inline void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
+                         int offset) {
+  DS_KERN_S(rope_forward, x, cos, sin, B, T, heads, hd, stride, offset);
+}
+template <typename S>
+inline void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
+                          int offset) {
+  DS_KERN_S(rope_backward, dx, cos, sin, B, T, heads, hd, stride, offset);
+}
+template <typename S>
+inline void swiglu_forward(S* out, const S* gu, int64_t N, int I) {
+  DS_KERN_S(swiglu_forward, out, gu, N, I);
+}
+template <typename S>
+inline void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I) {
+  DS_KERN_S(swiglu_backward, dgu, dout, gu, N, I);
+}
+template <typename S>
 inline void gelu_forward(S* out, const S* inp, int64_t N) {
   DS_KERN_S(gelu_forward, out, inp, N);
 }

@@ -199,4 +199,50 @@ inline void adamw_update_partition(const AdamWStep& s, float* master, TypedPtr g
 // dst (n elements of its type) = the fp32 values src on the same device, rounded.
 inline void from_f32(TypedPtr dst, const float* src, int64_t n) { convert(dst, TypedPtr(src), n); }
 
+// RMSNorm, RoPE, SwiGLU and grouped-query attention (the Llama family's ops).
+
+inline void rmsnorm_forward(TypedPtr out, float* rstd, TypedPtr inp, TypedPtr weight, int64_t N,
+                            int C, float eps) {
+  DS_TYPED_CALL(
+      "rmsnorm_forward", out.dtype, out.dtype,
+      kern::rmsnorm_forward(DS_AS(S, out), rstd, DS_AS(S, inp), DS_AS(S, weight), N, C, eps));
+}
+inline void rmsnorm_backward(TypedPtr dinp, TypedPtr dweight, TypedPtr dout, TypedPtr inp,
+                             TypedPtr weight, const float* rstd, int64_t N, int C) {
+  DS_TYPED_CALL("rmsnorm_backward", dinp.dtype, dweight.dtype,
+                kern::rmsnorm_backward(DS_AS(S, dinp), DS_AS(G, dweight), DS_AS(S, dout),
+                                        DS_AS(S, inp), DS_AS(S, weight), rstd, N, C));
+}
+inline void rope_forward(TypedPtr x, const float* cos, const float* sin, int B, int T, int heads,
+                         int hd, int stride, int offset) {
+  DS_TYPED_CALL("rope_forward", x.dtype, x.dtype,
+                kern::rope_forward(DS_AS(S, x), cos, sin, B, T, heads, hd, stride, offset));
+}
+inline void rope_backward(TypedPtr dx, const float* cos, const float* sin, int B, int T, int heads,
+                          int hd, int stride, int offset) {
+  DS_TYPED_CALL("rope_backward", dx.dtype, dx.dtype,
+                kern::rope_backward(DS_AS(S, dx), cos, sin, B, T, heads, hd, stride, offset));
+}
+inline void swiglu_forward(TypedPtr out, TypedPtr gu, int64_t N, int I) {
+  DS_TYPED_CALL("swiglu_forward", out.dtype, out.dtype,
+                kern::swiglu_forward(DS_AS(S, out), DS_AS(S, gu), N, I));
+}
+inline void swiglu_backward(TypedPtr dgu, TypedPtr dout, TypedPtr gu, int64_t N, int I) {
+  DS_TYPED_CALL("swiglu_backward", dgu.dtype, dgu.dtype,
+                kern::swiglu_backward(DS_AS(S, dgu), DS_AS(S, dout), DS_AS(S, gu), N, I));
+}
+inline void attention_gqa_forward(TypedPtr out, float* lse, TypedPtr qkv, float* scratch, int B,
+                                  int T, int NH, int KV, int hd) {
+  DS_TYPED_CALL(
+      "attention_gqa_forward", out.dtype, out.dtype,
+      kern::attention_gqa_forward(DS_AS(S, out), lse, DS_AS(S, qkv), scratch, B, T, NH, KV, hd));
+}
+inline void attention_gqa_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out,
+                                   const float* lse, float* scratch, int B, int T, int NH, int KV,
+                                   int hd) {
+  DS_TYPED_CALL("attention_gqa_backward", dqkv.dtype, dqkv.dtype,
+                kern::attention_gqa_backward(DS_AS(S, dqkv), DS_AS(S, dout), DS_AS(S, qkv),
+                                              DS_AS(S, out), lse, scratch, B, T, NH, KV, hd));
+}
+
 }  // namespace ds::rt::kern::typed

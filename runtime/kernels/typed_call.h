@@ -1,11 +1,10 @@
-// The run-time dtype switch of the typed dispatch headers (kernels/typed.h, kernels/llama_typed.h):
+// The run-time dtype switch of the typed dispatch header (kernels/typed.h):
 // DS_TYPED_CALL(what, s, g, body) runs `body` with the C++ types S (storage) and G (parameter
 // gradients) of dtypes s and g, for exactly the combinations the CPU kernels instantiate
 // (DS_FOR_EACH_STORAGE_GRAD, cpu/kernels.h), and returns; any other combination is a ds::Error
 // (invalid usage) naming the kernel and the dtypes. DS_AS(X, p) is TypedPtr p as X*, checking
 // that a non-null p has X's dtype (invalid usage otherwise).
-// The macros stay defined after this header (both dispatch headers use them, and either may be
-// included first); nothing else should use them.
+// The macros stay defined after this header (typed.h uses them); nothing else should use them.
 #pragma once
 
 #include "common/error.h"

@@ -14,7 +14,6 @@
 #include "common/error.h"
 #include "common/progress.h"
 #include "kernels/dispatch.h"
-#include "kernels/llama_typed.h"
 #include "kernels/typed.h"
 #include "model/init.h"
 
@@ -22,7 +21,6 @@ namespace ds::rt {
 
 namespace ms = model_spec;
 namespace tk = kern::typed;  // the model's kernels take TypedPtr buffers
-namespace lk = kern::llama;  // RMSNorm, RoPE, SwiGLU and grouped-query attention
 using ms::ParamId;
 using ms::UnitKind;
 
@@ -368,7 +366,7 @@ void Decoder::norm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr x, T
   if (layer_norm_) {
     tk::layernorm_forward(out, mean, rstd, x, w, b, opt_.B, opt_.T, C_);
   } else {
-    lk::rmsnorm_forward(out, rstd, x, w, static_cast<int64_t>(opt_.B) * opt_.T, C_, norm_eps_);
+    tk::rmsnorm_forward(out, rstd, x, w, static_cast<int64_t>(opt_.B) * opt_.T, C_, norm_eps_);
   }
 }
 
@@ -377,7 +375,7 @@ void Decoder::norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout
   if (layer_norm_) {
     tk::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, opt_.B, opt_.T, C_);
   } else {
-    lk::rmsnorm_backward(dx, dw, dout, x, w, rstd, static_cast<int64_t>(opt_.B) * opt_.T, C_);
+    tk::rmsnorm_backward(dx, dw, dout, x, w, rstd, static_cast<int64_t>(opt_.B) * opt_.T, C_);
   }
 }
 
@@ -387,8 +385,8 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.norm1_w, w.norm1_b);
   tk::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
-  if (rope_) lk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
-  lk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
+  if (rope_) tk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
+  tk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
   // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
   tk::matmul_forward(a.res2, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
   hooks_->tp_reduce_forward(a.res2, BTC);
@@ -397,7 +395,7 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2_w, w.norm2_b);
   tk::matmul_forward(a.mlp_h, a.ln2, w.up_w, w.up_b, B, T, C, UPl);
   if (swiglu_) {
-    lk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
+    tk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
   } else {
     tk::gelu_forward(a.mlp_act, a.mlp_h, BT * Hl_);
   }
@@ -416,7 +414,7 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   // dres holds d(out). MLP: out = res2 + down(act(up(norm2(res2)))).
   tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, dres_, a.mlp_act, w.down_w, B, T, Hl_, C);
   if (swiglu_) {
-    lk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
+    tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
   } else {
     tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
   }
@@ -425,8 +423,8 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   norm_backward(dres_, g.norm2_w, g.norm2_b, dln_, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
   // dres holds d(res2). Attention: res2 = x + proj(attn(positions(qkv(norm1(x))))).
   tk::matmul_backward(datty_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, B, T, Ql, C);
-  lk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
-  if (rope_) lk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
+  tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
+  if (rope_) tk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
   tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, B, T, C, QKVl);
   hooks_->tp_reduce_backward(dln_, BTC);
   norm_backward(dres_, g.norm1_w, g.norm1_b, dln_, x, w.norm1_w, a.ln1_mean, a.ln1_rstd);

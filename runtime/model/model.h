@@ -35,7 +35,7 @@ struct ModelOptions {
   void* cuda_stream = nullptr;
   // Storage types: parameters and activations (dtype), parameter gradients (grad_dtype: dtype or
   // fp32). Supported on the CPU: fp32/fp32, bf16/bf16, bf16/fp32, fp16/fp16, fp16/fp32; inside a CUDA
-  // scope what the dispatch has (kernels/dispatch.h, kernels/llama_typed.h; the trainer keeps fp32).
+  // scope what the dispatch has (kernels/dispatch.h; the trainer keeps fp32).
   DType dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
 };

@@ -20,7 +20,6 @@
 
 #include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 
 namespace ds::rt::cpu {
 

@@ -6,7 +6,6 @@
 #include <cmath>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 #include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {

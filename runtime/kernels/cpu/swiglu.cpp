@@ -2,7 +2,6 @@
 //   silu(g) = g sig(g),  silu'(g) = sig(g) (1 + g (1 - sig(g))).
 // Any storage type (kernels.h: S): read in fp32, each output rounded once.
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 #include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {

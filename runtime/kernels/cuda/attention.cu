@@ -28,7 +28,6 @@
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
-#include "kernels/cuda/llama_kernels.h"
 
 namespace ds::rt::cuda {
 
@@ -324,7 +323,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   typed::attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, stream);
 }
 
-// ---- grouped-query attention (llama_kernels.h) ----
+// ---- grouped-query attention (kernels.h): fp32, and the typed twins ----
 
 void attention_gqa_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B,
                            int T, int NH, int KV, int hd, cudaStream_t stream) {
@@ -335,23 +334,44 @@ void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, co
                             int hd, cudaStream_t stream) {
   gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
 }
-void attention_gqa_forward_bf16(uint16_t* out, float* lse, const uint16_t* qkv, float* /*scratch*/,
-                                int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
-  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, out, qkv, out, qkv)) {
-    flash_attention_forward_bf16(out, lse, qkv, B, T, NH, KV, hd, stream);
-    return;
+
+namespace typed {
+
+// bf16 runs flash attention where it takes the shape (use_flash_attention); the exact kernels
+// otherwise and for fp32.
+template <typename S>
+void attention_gqa_forward(S* out, float* lse, const S* qkv, float* /*scratch*/, int B, int T,
+                           int NH, int KV, int hd, cudaStream_t stream) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, out, qkv, out, qkv)) {
+      flash_attention_forward_bf16(reinterpret_cast<uint16_t*>(out), lse,
+                                   reinterpret_cast<const uint16_t*>(qkv), B, T, NH, KV, hd, stream);
+      return;
+    }
   }
-  gqa_forward_impl(as_bf16(out), lse, as_bf16(qkv), B, T, NH, KV, hd, stream);
+  gqa_forward_impl(out, lse, qkv, B, T, NH, KV, hd, stream);
 }
-void attention_gqa_backward_bf16(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
-                                 const uint16_t* out, const float* lse, float* /*scratch*/, int B,
-                                 int T, int NH, int KV, int hd, cudaStream_t stream) {
-  if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, dqkv, dout, qkv, out)) {
-    flash_attention_backward_bf16(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
-    return;
+template <typename S>
+void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                            float* /*scratch*/, int B, int T, int NH, int KV, int hd,
+                            cudaStream_t stream) {
+  if constexpr (std::is_same_v<S, Bf16>) {
+    if (NH > 0 && KV > 0 && NH % KV == 0 && use_flash_attention(hd, dqkv, dout, qkv, out)) {
+      flash_attention_backward_bf16(reinterpret_cast<uint16_t*>(dqkv), reinterpret_cast<const uint16_t*>(dout),
+                                    reinterpret_cast<const uint16_t*>(qkv), reinterpret_cast<const uint16_t*>(out),
+                                    lse, B, T, NH, KV, hd, stream);
+      return;
+    }
   }
-  gqa_backward_impl(as_bf16(dqkv), as_bf16(dout), as_bf16(qkv), as_bf16(out), lse, B, T, NH, KV, hd,
-                    stream);
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
 }
+
+template void attention_gqa_forward<Bf16>(Bf16*, float*, const Bf16*, float*, int, int, int, int,
+                                          int, cudaStream_t);
+template void attention_gqa_backward<Bf16>(Bf16*, const Bf16*, const Bf16*, const Bf16*,
+                                           const float*, float*, int, int, int, int, int,
+                                           cudaStream_t);
+
+}  // namespace typed
 
 }  // namespace ds::rt::cuda

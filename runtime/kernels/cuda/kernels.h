@@ -199,6 +199,42 @@ double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream);
 // x[i] *= coef; nothing is launched when coef == 1.
 void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 
+
+// ---- RMSNorm, rotary embeddings, SwiGLU, grouped-query attention --------------------------------
+
+// The twins of cpu/kernels.h's (the Llama family's ops; GPT-2's attention above runs the same
+// grouped-query kernels with KV = NH). Statistics (rstd, lse) and the RoPE cos/sin tables are fp32
+// device buffers. Legend: N = rows (B*T), C = channels, NH = query heads, KV = kv heads
+// (NH % KV == 0), hd = head size (even, <= kMaxHeadSize), I = the SwiGLU width.
+// RMSNorm: one warp per row; dweight: column sums over row chunks, fixed order. out (N,C) = inp *
+// rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps); backward: dinp ACCUMULATES, dweight too.
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                     int C, float eps, cudaStream_t stream);
+void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
+                      const float* weight, const float* rstd, int64_t N, int C,
+                      cudaStream_t stream);
+// RoPE (rotate_half), in place, one thread per rotated pair: `heads` heads of hd values `offset`
+// elements into each row of x (row stride `stride`; row b*T + t has position t); cos/sin (T, hd/2)
+// computed on the host by cpu::rope_tables and uploaded once. backward: the transpose rotation.
+void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset, cudaStream_t stream);
+void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset, cudaStream_t stream);
+// SwiGLU over the stacked (gate | up) rows, grid-stride: gu (N, 2I), out (N, I); backward: dgu
+// (N, 2I) overwritten.
+void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream);
+void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I,
+                     cudaStream_t stream);
+// Causal grouped-query attention, k and v read in place (attention.cu): qkv (B,T,(NH+2KV)hd), q
+// heads then k heads then v heads, query head h reading kv head h / (NH/KV); out (B,T,NH hd), lse
+// (B,NH,T). No scratch (`scratch` is ignored). dqkv overwritten; deterministic. Throws ds::Error
+// up front when hd is above kMaxHeadSize or NH is not a multiple of KV.
+void attention_gqa_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
+                           int NH, int KV, int hd, cudaStream_t stream);
+void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                            const float* lse, float* scratch, int B, int T, int NH, int KV, int hd,
+                            cudaStream_t stream);
+
 // ---- 16-bit storage: the twins of the CPU templates (what kernels/dispatch.h routes bf16 to) -----
 
 // The CPU templates' signatures (cpu/kernels.h: the same S and G, the same shapes, accumulation
@@ -298,6 +334,32 @@ template <typename S>
 double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
 template <typename S>
 void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream);
+
+// RMSNorm, RoPE, SwiGLU and grouped-query attention over S (the fp32 entry points above); RMSNorm's
+// dweight of type G (S or fp32: the fp32 column sums added and rounded once).
+template <typename S>
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
+                     float eps, cudaStream_t stream);
+template <typename S, typename G>
+void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
+                      const float* rstd, int64_t N, int C, cudaStream_t stream);
+template <typename S>
+void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset, cudaStream_t stream);
+template <typename S>
+void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset, cudaStream_t stream);
+template <typename S>
+void swiglu_forward(S* out, const S* gu, int64_t N, int I, cudaStream_t stream);
+template <typename S>
+void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I, cudaStream_t stream);
+template <typename S>
+void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH,
+                           int KV, int hd, cudaStream_t stream);
+template <typename S>
+void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                            float* scratch, int B, int T, int NH, int KV, int hd,
+                            cudaStream_t stream);
 
 }  // namespace typed
 

@@ -1,4 +1,4 @@
-// RMSNorm, RoPE and SwiGLU on the GPU (kernels/cuda/llama_kernels.h), forward and backward, each
+// RMSNorm, RoPE and SwiGLU on the GPU (kernels/cuda/kernels.h), forward and backward, each
 // a template over the storage type (float or bf16 bits) computing in fp32 and rounding each output
 // once, as the CPU templates do. (Grouped-query attention is attention.cu's, and flash's.)
 //
@@ -15,7 +15,6 @@
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
-#include "kernels/cuda/llama_kernels.h"
 
 namespace ds::rt::cuda {
 
@@ -198,7 +197,7 @@ void swiglu_backward_impl(S* dgu, const S* dout, const S* gu, int64_t N, int I,
 
 }  // namespace
 
-// ---- the entry points (llama_kernels.h) ----
+// ---- the entry points (kernels.h): fp32, and the typed twins ----
 
 void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                      int C, float eps, cudaStream_t stream) {
@@ -209,23 +208,6 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
                       cudaStream_t stream) {
   rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }
-void rmsnorm_forward_bf16(uint16_t* out, float* rstd, const uint16_t* inp, const uint16_t* weight,
-                          int64_t N, int C, float eps, cudaStream_t stream) {
-  rmsnorm_forward_impl(as_bf16(out), rstd, as_bf16(inp), as_bf16(weight), N, C, eps, stream);
-}
-void rmsnorm_backward_bf16(uint16_t* dinp, float* dweight, const uint16_t* dout,
-                           const uint16_t* inp, const uint16_t* weight, const float* rstd,
-                           int64_t N, int C, cudaStream_t stream) {
-  rmsnorm_backward_impl(as_bf16(dinp), dweight, as_bf16(dout), as_bf16(inp), as_bf16(weight), rstd,
-                        N, C, stream);
-}
-void rmsnorm_backward_bf16_gbf16(uint16_t* dinp, uint16_t* dweight, const uint16_t* dout,
-                                 const uint16_t* inp, const uint16_t* weight, const float* rstd,
-                                 int64_t N, int C, cudaStream_t stream) {
-  rmsnorm_backward_impl(as_bf16(dinp), as_bf16(dweight), as_bf16(dout), as_bf16(inp),
-                        as_bf16(weight), rstd, N, C, stream);
-}
-
 void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
                   int stride, int offset, cudaStream_t stream) {
   rope_impl(x, cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
@@ -234,15 +216,6 @@ void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, 
                    int stride, int offset, cudaStream_t stream) {
   rope_impl(dx, cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
 }
-void rope_forward_bf16(uint16_t* x, const float* cos, const float* sin, int B, int T, int heads,
-                       int hd, int stride, int offset, cudaStream_t stream) {
-  rope_impl(as_bf16(x), cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
-}
-void rope_backward_bf16(uint16_t* dx, const float* cos, const float* sin, int B, int T, int heads,
-                        int hd, int stride, int offset, cudaStream_t stream) {
-  rope_impl(as_bf16(dx), cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
-}
-
 void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream) {
   swiglu_forward_impl(out, gu, N, I, stream);
 }
@@ -250,12 +223,51 @@ void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, 
                      cudaStream_t stream) {
   swiglu_backward_impl(dgu, dout, gu, N, I, stream);
 }
-void swiglu_forward_bf16(uint16_t* out, const uint16_t* gu, int64_t N, int I, cudaStream_t stream) {
-  swiglu_forward_impl(as_bf16(out), as_bf16(gu), N, I, stream);
+
+namespace typed {
+
+template <typename S>
+void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
+                     float eps, cudaStream_t stream) {
+  rmsnorm_forward_impl(out, rstd, inp, weight, N, C, eps, stream);
 }
-void swiglu_backward_bf16(uint16_t* dgu, const uint16_t* dout, const uint16_t* gu, int64_t N, int I,
-                          cudaStream_t stream) {
-  swiglu_backward_impl(as_bf16(dgu), as_bf16(dout), as_bf16(gu), N, I, stream);
+template <typename S, typename G>
+void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
+                      const float* rstd, int64_t N, int C, cudaStream_t stream) {
+  rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
 }
+template <typename S>
+void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                  int stride, int offset, cudaStream_t stream) {
+  rope_impl(x, cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
+}
+template <typename S>
+void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
+                   int stride, int offset, cudaStream_t stream) {
+  rope_impl(dx, cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
+}
+template <typename S>
+void swiglu_forward(S* out, const S* gu, int64_t N, int I, cudaStream_t stream) {
+  swiglu_forward_impl(out, gu, N, I, stream);
+}
+template <typename S>
+void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I, cudaStream_t stream) {
+  swiglu_backward_impl(dgu, dout, gu, N, I, stream);
+}
+
+template void rmsnorm_forward<Bf16>(Bf16*, float*, const Bf16*, const Bf16*, int64_t, int, float,
+                                    cudaStream_t);
+template void rmsnorm_backward<Bf16, Bf16>(Bf16*, Bf16*, const Bf16*, const Bf16*, const Bf16*,
+                                           const float*, int64_t, int, cudaStream_t);
+template void rmsnorm_backward<Bf16, float>(Bf16*, float*, const Bf16*, const Bf16*, const Bf16*,
+                                            const float*, int64_t, int, cudaStream_t);
+template void rope_forward<Bf16>(Bf16*, const float*, const float*, int, int, int, int, int, int,
+                                 cudaStream_t);
+template void rope_backward<Bf16>(Bf16*, const float*, const float*, int, int, int, int, int, int,
+                                  cudaStream_t);
+template void swiglu_forward<Bf16>(Bf16*, const Bf16*, int64_t, int, cudaStream_t);
+template void swiglu_backward<Bf16>(Bf16*, const Bf16*, const Bf16*, int64_t, int, cudaStream_t);
+
+}  // namespace typed
 
 }  // namespace ds::rt::cuda

@@ -6,7 +6,6 @@
 #include "core/cuda_module.h"
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda_kernel_table.h"
-#include "kernels/cuda_llama_table.h"
 
 #define DS_CUDA_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -49,19 +48,6 @@ DS_CUDA_EXPORT const ds::rt::kern::CudaKernelTable* ds_cuda_kernel_table() {
     DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_FILL_G)
 #undef DS_CUDA_TABLE_FILL_G
 #undef DS_CUDA_TABLE_FILL
-    return t;
-  }();
-  return &table;
-}
-
-// The Llama kernels (kernels/cuda_llama_table.h).
-DS_CUDA_EXPORT const ds::rt::kern::LlamaCudaKernels* ds_cuda_llama_kernel_table() {
-  namespace cuda = ds::rt::cuda;
-  static const ds::rt::kern::LlamaCudaKernels table = [] {
-    ds::rt::kern::LlamaCudaKernels t{};
-#define DS_CUDA_LLAMA_TABLE_FILL(name) t.name = &cuda::name;
-    DS_CUDA_LLAMA_KERNEL_ENTRIES(DS_CUDA_LLAMA_TABLE_FILL)
-#undef DS_CUDA_LLAMA_TABLE_FILL
     return t;
   }();
   return &table;

@@ -25,9 +25,7 @@
 #include "core/dtype.h"
 #include "gpu/cuda_test_util.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 #include "kernels/cuda_kernel_table.h"
-#include "kernels/cuda_llama_table.h"
 
 namespace ds::rt {
 namespace {
@@ -41,7 +39,7 @@ using test::random_floats;
 
 constexpr double kB = 2e-2;
 
-const kern::LlamaCudaKernels& lcu() { return kern::llama_cuda_kernels("the flash attention tests"); }
+bf16* b16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
 
 class FlashAttention : public test::CudaStreamTest {
  protected:
@@ -97,13 +95,13 @@ Result run(const Case& c, cuda::AttentionKernel kernel, const DeviceArray<uint16
   const kern::ScopedCudaAttentionKernel scope(kernel);
   DeviceArray<uint16_t> out(c.out()), dqkv(c.qkv());
   DeviceArray<float> lse(c.lse());
-  lcu().attention_gqa_forward_bf16(out.get(), lse.get(), qkv.get(), nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream);
+  cu().bf16.attention_gqa_forward(b16(out.get()), lse.get(), b16(qkv.get()), nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream);
   Result r{out.download(), {}, lse.download()};
   if (saved_out != nullptr) {
     out.upload(*saved_out);
     lse.upload(*saved_lse);
   }
-  lcu().attention_gqa_backward_bf16(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.get(), nullptr, c.B, c.T,
+  cu().bf16.attention_gqa_backward(b16(dqkv.get()), b16(dout.get()), b16(qkv.get()), b16(out.get()), lse.get(), nullptr, c.B, c.T,
                                      c.NH, c.KV, c.hd, stream);
   r.dqkv = dqkv.download();
   return r;
@@ -204,7 +202,7 @@ TEST_F(FlashAttention, OtherHeadSizesAndMisalignedBuffersRunTheExactKernels) {
   std::vector<std::vector<uint16_t>> outs;
   for (const auto kernel : {cuda::AttentionKernel::kFlash, cuda::AttentionKernel::kExact}) {
     const kern::ScopedCudaAttentionKernel scope(kernel);
-    lcu().attention_gqa_forward_bf16(out.get() + 1, lse.get(), big.get() + 1, nullptr, m.B, m.T, m.NH, m.KV, m.hd,
+    cu().bf16.attention_gqa_forward(b16(out.get() + 1), lse.get(), b16(big.get() + 1), nullptr, m.B, m.T, m.NH, m.KV, m.hd,
                                      stream_);
     outs.push_back(out.download());
   }

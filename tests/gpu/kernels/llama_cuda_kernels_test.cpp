@@ -1,4 +1,5 @@
-// The Llama CUDA kernels (kernels/cuda/llama_kernels.h, through the module's table) against their
+// The CUDA RMSNorm, RoPE, SwiGLU and grouped-query attention (kernels/cuda/kernels.h, through the
+// module's one table) against their
 // CPU twins (kernels/cpu/llama_kernels.h) on the same random inputs: RMSNorm, RoPE, SwiGLU and
 // grouped-query attention, forward and backward.
 // - fp32: element-wise outputs within 1e-5 relative (+ 1e-6 absolute where a difference of two
@@ -8,7 +9,7 @@
 // - bf16 storage (bf16 or fp32 parameter gradients): the CPU template on the same bf16 inputs,
 //   within 2e-2 relative (a rounding or two of bf16 where the two sum in another order); the fp32
 //   statistics (rstd, lse) within 1e-5.
-// - The TypedPtr dispatch (kernels/llama_typed.h) inside a CUDA DeviceScope runs the module's
+// - The TypedPtr dispatch (kernels/typed.h) inside a CUDA DeviceScope runs the module's
 //   kernel, and refuses fp16 storage there by the kernel's name.
 // Attention runs multi-head (KV = NH), grouped (KV = 2) and multi-query (KV = 1), head sizes 16 to
 // 128, T past 64. Skips itself (reported as skipped) without a GPU. NOT RUN YET: no GPU was
@@ -26,10 +27,9 @@
 #include "core/typed_ptr.h"
 #include "gpu/cuda_test_util.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
-#include "kernels/cuda_llama_table.h"
+#include "kernels/cuda_kernel_table.h"
 #include "kernels/dispatch.h"
-#include "kernels/llama_typed.h"
+#include "kernels/typed.h"
 
 namespace ds::rt {
 namespace {
@@ -44,9 +44,9 @@ constexpr double kTight = 1e-5;  // element-wise fp32
 constexpr double kSum = 1e-4;    // fp32 sums in another order
 constexpr double kBf16 = 2e-2;   // bf16 storage
 
-const kern::LlamaCudaKernels& lcu() {
-  return kern::llama_cuda_kernels("the Llama cuda tests");
-}
+using test::cu;
+// The tests' uint16_t device arrays as the bf16 twins' (the table's .bf16) buffers.
+bf16* b16(uint16_t* p) { return reinterpret_cast<bf16*>(p); }
 
 class LlamaCudaKernels : public test::CudaStreamTest {
  protected:
@@ -72,11 +72,11 @@ TEST_F(LlamaCudaKernels, RmsNormForwardBackward) {
   std::vector<float> out(size_t{N} * C), rstd(N);
   DeviceArray<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(out.size()), grstd(N);
   cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
-  lcu().rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
+  cu().rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
   EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
   EXPECT_TRUE(close(grstd.download(), rstd, kTight, 0));
   cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-  lcu().rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N, C,
+  cu().rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N, C,
                          stream_);
   EXPECT_TRUE(close(gdx.download(), dx, kTight, 1e-5));
   EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-5));
@@ -95,7 +95,7 @@ TEST_F(LlamaCudaKernels, RmsNormBf16WithBf16AndFp32Gradients) {
   cpu::rmsnorm_forward(as_bf(out), rstd.data(), as_bf(x), as_bf(w), N, C, eps);
   DeviceArray<uint16_t> gx(x), gw(w), gdy(dy), gout(out.size());
   DeviceArray<float> grstd(N);
-  lcu().rmsnorm_forward_bf16(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
+  cu().bf16.rmsnorm_forward(b16(gout.get()), grstd.get(), b16(gx.get()), b16(gw.get()), N, C, eps, stream_);
   EXPECT_TRUE(close(from_bf16(gout.download()), from_bf16(out), kBf16, 1e-3));
   EXPECT_TRUE(close(grstd.download(), rstd, kTight, 0));
   // fp32 parameter gradients.
@@ -105,8 +105,8 @@ TEST_F(LlamaCudaKernels, RmsNormBf16WithBf16AndFp32Gradients) {
     DeviceArray<uint16_t> gdx(dx);
     DeviceArray<float> gdw(dw);
     cpu::rmsnorm_backward(as_bf(dx), dw.data(), as_bf(dy), as_bf(x), as_bf(w), rstd.data(), N, C);
-    lcu().rmsnorm_backward_bf16(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N,
-                                C, stream_);
+    cu().bf16_fp32_grads.rmsnorm_backward(b16(gdx.get()), gdw.get(), b16(gdy.get()), b16(gx.get()),
+                                          b16(gw.get()), grstd.get(), N, C, stream_);
     EXPECT_TRUE(close(from_bf16(gdx.download()), from_bf16(dx), kBf16, 1e-2));
     EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-4));
   }
@@ -116,8 +116,8 @@ TEST_F(LlamaCudaKernels, RmsNormBf16WithBf16AndFp32Gradients) {
     auto dw = dw16;
     DeviceArray<uint16_t> gdx(dx), gdw(dw);
     cpu::rmsnorm_backward(as_bf(dx), as_bf(dw), as_bf(dy), as_bf(x), as_bf(w), rstd.data(), N, C);
-    lcu().rmsnorm_backward_bf16_gbf16(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(),
-                                      grstd.get(), N, C, stream_);
+    cu().bf16.rmsnorm_backward(b16(gdx.get()), b16(gdw.get()), b16(gdy.get()), b16(gx.get()),
+                               b16(gw.get()), grstd.get(), N, C, stream_);
     EXPECT_TRUE(close(from_bf16(gdx.download()), from_bf16(dx), kBf16, 1e-2));
     EXPECT_TRUE(close(from_bf16(gdw.download()), from_bf16(dw), kBf16, 1e-2));
   }
@@ -138,32 +138,32 @@ TEST_F(LlamaCudaKernels, RopeForwardBackwardInsideWiderRows) {
     const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) +
                              " hd " + std::to_string(c.hd);
     cpu::rope_forward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
-    lcu().rope_forward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+    cu().rope_forward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
                        stream_);
     EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6))
         << what;  // columns outside the heads untouched
     cpu::rope_backward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
-    lcu().rope_backward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+    cu().rope_backward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
                         stream_);
     EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6)) << what;
     // bf16: the same rotation of bf16 values, rounded once per element.
     auto xb = to_bf16(random_floats(size_t(c.B) * c.T * c.stride, 2));
     DeviceArray<uint16_t> gxb(xb);
     cpu::rope_forward(as_bf(xb), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
-    lcu().rope_forward_bf16(gxb.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
-                            c.offset, stream_);
+    cu().bf16.rope_forward(b16(gxb.get()), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
+                           c.offset, stream_);
     EXPECT_TRUE(close(from_bf16(gxb.download()), from_bf16(xb), kBf16, 1e-2)) << what;
     cpu::rope_backward(as_bf(xb), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride,
                        c.offset);
-    lcu().rope_backward_bf16(gxb.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
-                             c.offset, stream_);
+    cu().bf16.rope_backward(b16(gxb.get()), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride,
+                            c.offset, stream_);
     EXPECT_TRUE(close(from_bf16(gxb.download()), from_bf16(xb), kBf16, 1e-2)) << what;
   }
 }
 
 TEST_F(LlamaCudaKernels, RopeRejectsAnOddHeadSize) {
   DeviceArray<float> buf(64);
-  EXPECT_THROW(lcu().rope_forward(buf.get(), buf.get(), buf.get(), 1, 2, 1, 7, 7, 0, stream_),
+  EXPECT_THROW(cu().rope_forward(buf.get(), buf.get(), buf.get(), 1, 2, 1, 7, 7, 0, stream_),
                ds::Error);
 }
 
@@ -176,20 +176,20 @@ TEST_F(LlamaCudaKernels, SwigluForwardBackward) {
   std::vector<float> out(size_t(N) * I), dgu(gu.size());
   DeviceArray<float> ggu(gu), gdy(dy), gout(out.size()), gdgu(gu.size());
   cpu::swiglu_forward(out.data(), gu.data(), N, I);
-  lcu().swiglu_forward(gout.get(), ggu.get(), N, I, stream_);
+  cu().swiglu_forward(gout.get(), ggu.get(), N, I, stream_);
   EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
   cpu::swiglu_backward(dgu.data(), dy.data(), gu.data(), N, I);
-  lcu().swiglu_backward(gdgu.get(), gdy.get(), ggu.get(), N, I, stream_);
+  cu().swiglu_backward(gdgu.get(), gdy.get(), ggu.get(), N, I, stream_);
   EXPECT_TRUE(close(gdgu.download(), dgu, kTight, 1e-6));
   // bf16.
   auto gub = to_bf16(gu), dyb = to_bf16(dy);
   std::vector<uint16_t> outb(out.size()), dgub(gu.size());
   DeviceArray<uint16_t> gg(gub), gd(dyb), go(outb.size()), gdg(dgub.size());
   cpu::swiglu_forward(as_bf(outb), as_bf(gub), N, I);
-  lcu().swiglu_forward_bf16(go.get(), gg.get(), N, I, stream_);
+  cu().bf16.swiglu_forward(b16(go.get()), b16(gg.get()), N, I, stream_);
   EXPECT_TRUE(close(from_bf16(go.download()), from_bf16(outb), kBf16, 1e-3));
   cpu::swiglu_backward(as_bf(dgub), as_bf(dyb), as_bf(gub), N, I);
-  lcu().swiglu_backward_bf16(gdg.get(), gd.get(), gg.get(), N, I, stream_);
+  cu().bf16.swiglu_backward(b16(gdg.get()), b16(gd.get()), b16(gg.get()), N, I, stream_);
   EXPECT_TRUE(close(from_bf16(gdg.download()), from_bf16(dgub), kBf16, 1e-3));
 }
 
@@ -218,14 +218,14 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardFp32) {
     cpu::attention_gqa_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                 scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
     DeviceArray<float> gqkv(qkv), gdout(dout), gout(c.out()), glse(c.lse()), gdqkv(c.qkv());
-    lcu().attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH, c.KV,
+    cu().attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH, c.KV,
                                 c.hd, stream_);
     EXPECT_TRUE(close(gout.download(), out, kSum, 1e-5)) << c.name();
     EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
     // Backward from the CPU's saved out and lse, so only the backward is compared; dqkv starts
     // non-zero on the device: every element (q, k and v columns) must be overwritten.
     DeviceArray<float> cout(out), clse(lse), gd(random_floats(c.qkv(), 3));
-    lcu().attention_gqa_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), nullptr,
+    cu().attention_gqa_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), nullptr,
                                  c.B, c.T, c.NH, c.KV, c.hd, stream_);
     EXPECT_TRUE(close(gd.download(), dqkv, 1e-3, 1e-4)) << c.name();
   }
@@ -242,12 +242,12 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardBf16) {
                                 scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
     DeviceArray<uint16_t> gqkv(qkv), gdout(dout), gout(c.out()), cout(out), gd(c.qkv());
     DeviceArray<float> glse(c.lse()), clse(lse);
-    lcu().attention_gqa_forward_bf16(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH,
-                                     c.KV, c.hd, stream_);
+    cu().bf16.attention_gqa_forward(b16(gout.get()), glse.get(), b16(gqkv.get()), nullptr, c.B, c.T,
+                                    c.NH, c.KV, c.hd, stream_);
     EXPECT_TRUE(close(from_bf16(gout.download()), from_bf16(out), kBf16, 1e-2)) << c.name();
     EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
-    lcu().attention_gqa_backward_bf16(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(),
-                                      nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream_);
+    cu().bf16.attention_gqa_backward(b16(gd.get()), b16(gdout.get()), b16(gqkv.get()), b16(cout.get()),
+                                     clse.get(), nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream_);
     EXPECT_TRUE(close(from_bf16(gd.download()), from_bf16(dqkv), kBf16, 2e-2)) << c.name();
   }
 }
@@ -255,10 +255,10 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardBf16) {
 TEST_F(LlamaCudaKernels, GqaAttentionRejectsBadShapes) {
   DeviceArray<float> buf(16);
   // head size above kMaxHeadSize, and NH not a multiple of KV.
-  EXPECT_THROW(lcu().attention_gqa_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 1, 1,
+  EXPECT_THROW(cu().attention_gqa_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 1, 1,
                                            512, stream_),
                ds::Error);
-  EXPECT_THROW(lcu().attention_gqa_backward(buf.get(), buf.get(), buf.get(), buf.get(), buf.get(),
+  EXPECT_THROW(cu().attention_gqa_backward(buf.get(), buf.get(), buf.get(), buf.get(), buf.get(),
                                             nullptr, 1, 1, 3, 2, 16, stream_),
                ds::Error);
 }
@@ -274,14 +274,14 @@ TEST_F(LlamaCudaKernels, TypedDispatchRunsTheCudaTwinInsideACudaScope) {
   DeviceArray<float> ggu(gu), gout(out.size());
   {
     kern::DeviceScope scope(Device::kCuda, stream_);
-    kern::llama::swiglu_forward(TypedPtr(gout.get()), TypedPtr(ggu.get()), N, I);
+    kern::typed::swiglu_forward(TypedPtr(gout.get()), TypedPtr(ggu.get()), N, I);
   }
   EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
   // fp16 storage has no CUDA twin: an error naming the kernel, nothing launched.
   DeviceArray<uint16_t> h(size_t(N) * 2 * I);
   kern::DeviceScope scope(Device::kCuda, stream_);
   try {
-    kern::llama::swiglu_forward(TypedPtr(h.get(), DType::kF16), TypedPtr(h.get(), DType::kF16), N,
+    kern::typed::swiglu_forward(TypedPtr(h.get(), DType::kF16), TypedPtr(h.get(), DType::kF16), N,
                                 I);
     ADD_FAILURE() << "fp16 storage ran inside a CUDA scope";
   } catch (const ds::Error& e) {

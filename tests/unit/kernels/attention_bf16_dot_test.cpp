@@ -20,7 +20,6 @@
 #include "core/dtype.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 #include "unit/kernels/grad_check.h"
 #include "unit/kernels/sixteen.h"
 

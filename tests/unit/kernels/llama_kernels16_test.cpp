@@ -15,8 +15,7 @@
 #include "core/dtype.h"
 #include "kernels/cpu/bf16_dot.h"
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
-#include "kernels/llama_typed.h"
+#include "kernels/typed.h"
 #include "unit/kernels/grad_check.h"
 #include "unit/kernels/sixteen.h"
 
@@ -144,23 +143,23 @@ TYPED_TEST(LlamaKernels16, TypedDispatchRunsTheTemplateAndRefusesMixedTypes) {
   std::vector<S> o1(N * C), o2(N * C), dx1(N * C, from_f32<S>(0.0f)), dx2(N * C, from_f32<S>(0.0f));
   std::vector<float> r1(N), r2(N), g1(C, 0.0f), g2(C, 0.0f);
   rmsnorm_forward(o1.data(), r1.data(), x16.data(), w16.data(), N, C, 1e-5f);
-  kern::llama::rmsnorm_forward(TypedPtr(o2.data(), kS), r2.data(), TypedPtr(x16.data(), kS),
+  kern::typed::rmsnorm_forward(TypedPtr(o2.data(), kS), r2.data(), TypedPtr(x16.data(), kS),
                                TypedPtr(w16.data(), kS), N, C, 1e-5f);
   for (int i = 0; i < N * C; i++) EXPECT_EQ(o1[i].bits, o2[i].bits);
   rmsnorm_backward(dx1.data(), g1.data(), dy16.data(), x16.data(), w16.data(), r1.data(), N, C);
-  kern::llama::rmsnorm_backward(TypedPtr(dx2.data(), kS), TypedPtr(g2.data()), TypedPtr(dy16.data(), kS),
+  kern::typed::rmsnorm_backward(TypedPtr(dx2.data(), kS), TypedPtr(g2.data()), TypedPtr(dy16.data(), kS),
                                 TypedPtr(x16.data(), kS), TypedPtr(w16.data(), kS), r1.data(), N, C);  // fp32 grads
   EXPECT_EQ(g1, g2);
   // bf16 storage with fp16 gradients (or the reverse) is not a combination.
   constexpr DType kOther = kS == DType::kBF16 ? DType::kF16 : DType::kBF16;
   std::vector<uint16_t> other(C);
-  EXPECT_THROW(kern::llama::rmsnorm_backward(TypedPtr(dx2.data(), kS), TypedPtr(other.data(), kOther),
+  EXPECT_THROW(kern::typed::rmsnorm_backward(TypedPtr(dx2.data(), kS), TypedPtr(other.data(), kOther),
                                              TypedPtr(dy16.data(), kS), TypedPtr(x16.data(), kS),
                                              TypedPtr(w16.data(), kS), r1.data(), N, C),
                ds::Error);
   // A buffer of another type than the output's is named.
   try {
-    kern::llama::swiglu_forward(TypedPtr(o2.data(), kS), TypedPtr(x.data()), 1, 8);
+    kern::typed::swiglu_forward(TypedPtr(o2.data(), kS), TypedPtr(x.data()), 1, 8);
     ADD_FAILURE() << "an fp32 input under 16-bit storage was accepted";
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("swiglu_forward"), std::string::npos) << e.what();

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
-#include "kernels/cpu/llama_kernels.h"
 #include "unit/kernels/grad_check.h"
 
 using namespace ds::rt::cpu;
