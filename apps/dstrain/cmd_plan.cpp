@@ -22,6 +22,7 @@
 #include "common/error.h"
 #include "common/strings.h"
 #include "core/device.h"
+#include "model_spec/family.h"
 #include "plan/activation_paper.h"
 #include "plan/memory_model.h"
 #include "plan/model_state.h"
@@ -239,12 +240,8 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
   std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
                            plan::describe_layout(l), layout::precision_name(l.precision),
                            l.pp > 1 ? fmt::format(", {} schedule", layout::schedule_name(l.schedule)) : "");
-  const std::string llama = s.llama() ? fmt::format(" KV={} I={}{}", s.n_kv_head, s.intermediate_size,
-                                                    s.tie_embeddings ? " tied" : "")
-                                      : std::string();
-  std::cout << fmt::format("model: {} L={} NH={}{} C={} V={} (Vp {}) T={}, {} parameters\n\n",
-                           s.llama() ? "Llama" : "GPT-2", s.n_layer, s.n_head, llama, s.n_embd, s.vocab_size,
-                           s.padded_vocab_size, s.seq_len, count(model_spec::param_count(s)));
+  std::cout << fmt::format("model: {}, {} parameters\n\n", model_spec::describe_shape(s),
+                           count(model_spec::param_count(s)));
   auto groups = plan::distinct_ranks(p);
   const char* row = "  {:<12} {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n";
   std::cout << fmt::format(fmt::runtime(row), "ranks", "stage", "layers", "in-flight", "params", "grads",

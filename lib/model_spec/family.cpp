@@ -8,6 +8,7 @@ namespace {
 const FamilyDescription kGpt2Family{
     ModelFamily::kGpt2,
     "gpt2",
+    "GPT-2",
     NormKind::kLayerNorm,
     PositionKind::kLearned,
     MlpKind::kGelu,
@@ -22,6 +23,7 @@ const FamilyDescription kGpt2Family{
 const FamilyDescription kLlamaFamily{
     ModelFamily::kLlama,
     "llama",
+    "Llama",
     NormKind::kRmsNorm,
     PositionKind::kRope,
     MlpKind::kSwiGlu,
@@ -33,7 +35,32 @@ const FamilyDescription kLlamaFamily{
     &llama_activations,
 };
 
+const FamilyDescription* const kFamilies[] = {&kGpt2Family, &kLlamaFamily};
+
 }  // namespace
+
+const FamilyDescription* find_family(std::string_view name) {
+  for (const FamilyDescription* f : kFamilies) {
+    if (name == f->name) return f;
+  }
+  return nullptr;
+}
+
+std::string family_names() {
+  std::string out;
+  for (const FamilyDescription* f : kFamilies) out += (out.empty() ? "" : ", ") + std::string(f->name);
+  return out;
+}
+
+std::string describe_shape(const ModelShape& s) {
+  const FamilyDescription& f = family_of(s);
+  std::string out = std::string(f.display_name) + " L=" + std::to_string(s.n_layer) + " NH=" + std::to_string(s.n_head);
+  if (f.grouped_query) out += " KV=" + std::to_string(s.n_kv_head);
+  if (f.mlp == MlpKind::kSwiGlu) out += " I=" + std::to_string(s.intermediate_size);
+  if (f.grouped_query && s.tie_embeddings) out += " tied";
+  return out + " C=" + std::to_string(s.n_embd) + " V=" + std::to_string(s.vocab_size) + " (Vp " +
+         std::to_string(s.padded_vocab_size) + ") T=" + std::to_string(s.seq_len);
+}
 
 const FamilyDescription& family_of(ModelFamily f) { return f == ModelFamily::kLlama ? kLlamaFamily : kGpt2Family; }
 

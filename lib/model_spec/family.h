@@ -6,6 +6,8 @@
 #pragma once
 
 #include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "model_spec/gpt2_spec.h"
@@ -38,7 +40,8 @@ struct LayerRoles {
 
 struct FamilyDescription {
   ModelFamily family;
-  const char* name;  // "gpt2", "llama": config's model.type
+  const char* name;          // "gpt2", "llama": config's model.type
+  const char* display_name;  // "GPT-2", "Llama": in logs and reports
   NormKind norm;
   PositionKind positions;
   MlpKind mlp;
@@ -49,6 +52,13 @@ struct FamilyDescription {
 };
 
 const FamilyDescription& family_of(ModelFamily f);
+// The family whose name (config's model.type) is `name`; null when none is.
+const FamilyDescription* find_family(std::string_view name);
+// "gpt2, llama": for messages listing what model.type accepts.
+std::string family_names();
+// "GPT-2 L=12 NH=12 C=768 V=50257 (Vp 50304) T=1024" plus the family's own sizes (KV and I for a
+// grouped-query SwiGLU family, and "tied" when its head is tied by choice): one line for reports.
+std::string describe_shape(const ModelShape& s);
 inline const FamilyDescription& family_of(const ModelShape& s) { return family_of(s.family); }
 
 // Key/value heads (NH for a multi-head family) and the MLP's hidden width H (4C for GELU, I for

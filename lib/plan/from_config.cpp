@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "model_spec/family.h"
 
 namespace ds::plan {
 
@@ -28,7 +29,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   in.shape.vocab_size = c.model.vocab_size;
   in.shape.padded_vocab_size = c.model.padded_vocab_size;
   in.shape.seq_len = c.model.seq_len;
-  in.shape.family = c.model.type == "llama" ? model_spec::ModelFamily::kLlama : model_spec::ModelFamily::kGpt2;
+  in.shape.family = model_spec::find_family(c.model.type)->family;  // the config validated the name
   in.shape.n_kv_head = c.model.n_kv_head;
   in.shape.intermediate_size = c.model.intermediate_size;
   in.shape.rope_theta = c.model.rope_theta;

@@ -7,6 +7,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "model_spec/family.h"
 
 namespace ds::plan {
 
@@ -125,6 +126,16 @@ struct Part {
   int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
 };
 
+// The embedding units' tensors by their family's names ("wte, wpe", "embed_tokens").
+std::string embedding_names(const ms::ModelShape& s) {
+  std::string out;
+  for (const auto& t : ms::family_of(s).params(s)) {
+    if (t.unit != ms::UnitKind::kTokenEmbedding && t.unit != ms::UnitKind::kPositionEmbedding) continue;
+    out += (out.empty() ? "" : ", ") + std::string(t.name);
+  }
+  return out;
+}
+
 ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
   ms::ActConfig act;
   act.B = l.micro_batch;
@@ -137,7 +148,7 @@ ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
 
 // ZeRO-2/3 gradient buckets (layout::zero_gradient_buffers, the runtime's own sizing). Pipelines
 // keep the tied token embedding's gradient in a buffer of their own on the first and the last
-// stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks); an untied Llama has none.
+// stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks); an untied head has none.
 void count_gradient_buffers(const Layout& l, bool tied, const ms::ModelPart& mp, const ms::ParamLayout& layout,
                             Part& part) {
   const auto z = layout::zero_gradient_buffers(layout, l.reduce_bucket_size);
@@ -187,7 +198,7 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
   // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without a
   // pipeline; with one, every micro-batch of the step is loaded before the schedule runs (G of
   // them, on every stage). On a GPU the model also keeps one micro-batch of token ids on the
-  // device (Gpt2's upload buffer, inputs and targets).
+  // device (the model's upload buffer, inputs and targets).
   r.workspace = at.shared_workspace_bytes +
                 kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
                 (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
@@ -248,7 +259,7 @@ void add_notes(MemoryPlan& plan) {
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
   const char* head = !s.tied() ? " + final norm, lm_head" : part.has_embedding ? " + lnf" : " + lnf, wte (tied)";
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
-                                 part.has_embedding ? (s.llama() ? " + embed_tokens" : " + wte, wpe") : "",
+                                 part.has_embedding ? " + " + embedding_names(s) : std::string(),
                                  part.has_head ? head : "");
   plan.notes.push_back({"params", fmt::format("{} elements ({}{}) x {} B {}{}{}", p.local_params, what,
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
@@ -286,7 +297,9 @@ void add_notes(MemoryPlan& plan) {
                                                  l.device == DeviceKind::kCuda
                                                      ? std::string("no attention scratch (CUDA)")
                                                      : fmt::format("attention scratch for {} thread(s)", l.num_threads),
-                                                 s.llama() ? ", RoPE tables (fp32)" : "",
+                                                 ms::family_of(s).positions == ms::PositionKind::kRope
+                                                     ? ", RoPE tables (fp32)"
+                                                     : "",
                                                  l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                           : std::string())});
 }

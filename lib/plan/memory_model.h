@@ -1,8 +1,8 @@
-// The model-mode memory model: bytes per rank, per allocator tag, for a GPT-2 job laid out as
+// The model-mode memory model: bytes per rank, per allocator tag, for a job laid out as
 // pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
 // (lib/model_spec/gpt2_spec.h), the single source of truth the runtime allocates from. This file
 // never restates a shape: parameter counts come from param_layout(), activation buffers from
-// gpt2_activations(), ZeRO partitions and pipeline stage bounds from layout/partition.h.
+// the family's activation list, ZeRO partitions and pipeline stage bounds from layout/partition.h.
 //
 // Tags match the runtime's allocator (runtime/core/allocator.h, MemTag): params, grads,
 // optimizer, activations, comm, workspace. The runtime's measured per-tag peaks are held to
@@ -139,7 +139,7 @@ void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 
 // The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
 // Counting rules, as the runtime allocates (runtime/model/gpt2.cpp, runtime/parallel/zero.cpp,
-// runtime/parallel/pipeline_stage.cpp, runtime/train/trainer.cpp). Each rank builds one Gpt2 of
+// runtime/parallel/pipeline_stage.cpp, runtime/train/trainer.cpp). Each rank builds one model of
 // its (stage, tp_rank) part, hooked model -> TensorParallelHooks (allocate nothing) ->
 // TiedEmbeddingHooks (pp > 1, first and last stage) -> ZeroEngine over its dp group with the
 // part's param_layout; Adam's state over the engine's range. n = elements of the rank's part
@@ -160,7 +160,7 @@ void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 //   activations (per micro-batch buffers x in-flight micro-batches + shared activation buffers),
 //               in bytes (sb per element, 4 for the fp32 statistics), from
 //               model_spec::activation_totals. In flight: pp == 1 the trainer's
-//               one Gpt2Activations; pp > 1 no trainer-level one, the PipelineStage's one per
+//               one micro-batch's activations; pp > 1 no trainer-level one, the PipelineStage's one per
 //               micro-batch at the schedule's peak (in_flight_micro_batches)
 //   comm        stages 2-3: buckets x min(cap, mine) + min(wte, mine) reduce-scatter receive
 //               buffers (x gb); stages 1-2 with dp > 1 and allgather_bucket_size < stride: an

@@ -6,6 +6,7 @@
 #include "common/env.h"
 #include "common/error.h"
 #include "core/cuda_memory_table.h"
+#include "model_spec/family.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store_client.h"
 
@@ -21,7 +22,7 @@ ms::ModelShape shape_of(const config::ModelConfig& m) {
   s.vocab_size = m.vocab_size;
   s.padded_vocab_size = m.padded_vocab_size;
   s.seq_len = m.seq_len;
-  s.family = m.type == "llama" ? ms::ModelFamily::kLlama : ms::ModelFamily::kGpt2;
+  s.family = ms::find_family(m.type)->family;  // the config validated the name
   s.n_kv_head = m.n_kv_head;
   s.intermediate_size = m.intermediate_size;
   s.rope_theta = m.rope_theta;

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "layout/choices.h"
+#include "model_spec/family.h"
 #include "model_spec/gpt2_spec.h"
 #include "plan/from_config.h"
 #include "train/run_config.h"
@@ -53,9 +54,10 @@ std::string describe_training(const config::JobConfig& cfg, int zero_stage) {
   const auto shape = shape_of(cfg.model);
   const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
   return fmt::format(
-      "training GPT-2 (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
+      "training {} (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
       "{} accumulation step(s), data-parallel {} (ZeRO stage {}){}, {} steps, {} threads",
-      shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size, shape.seq_len, model_spec::param_count(shape),
+      model_spec::family_of(shape).display_name, shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size,
+      shape.seq_len, model_spec::param_count(shape),
       cfg.train_micro_batch_size_per_gpu, shape.seq_len, cfg.gradient_accumulation_steps, cfg.data_parallel_size,
       zero_stage,
       tp * pp == 1 ? std::string()

@@ -17,7 +17,7 @@ void record_memory_peaks(StepRecord& r, const MemStats& stats, parallel::HostWor
 // The plan's prediction for this rank beside the measured peaks (rank 0 prints it, as Megatron-LM
 // reports memory after its first iteration); planned_bytes_<tag> into r.extra.
 void note_plan_beside_peaks(StepRecord& r, MetricsReporter& reporter, const config::JobConfig& cfg, int rank);
-// "training GPT-2 (L=... ): N parameters, micro-batch ..., data-parallel ... (ZeRO stage z) ...".
+// "training <family> (L=... ): N parameters, micro-batch ..., data-parallel ... (ZeRO stage z) ...".
 std::string describe_training(const config::JobConfig& cfg, int zero_stage);
 
 }  // namespace ds::rt::train
