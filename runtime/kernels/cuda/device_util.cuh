@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "core/dtype.h"
 #include "kernels/cuda/check.h"
@@ -42,6 +43,88 @@ __device__ inline void atomic_add(Bf16* p, float v) {
     assumed = old;
     old = atomicCAS(a, assumed, f32_to_bf16_bits(bf16_bits_to_f32(assumed) + v));
   } while (old != assumed);
+}
+
+// 16-byte packs for the memory-bound kernels: 8 bf16 or 4 fp32 elements per load and store.
+// ldv<kN>/stv<kN> read and write kN consecutive elements as floats (kN = 1: ld/st; kN = the
+// pack: one 16-byte access, which needs a 16-byte aligned address). for_each_pack<kN> walks a
+// flat range of n elements grid-stride, kN at a time, then the tail one at a time; kernels are
+// instantiated with kN = PackOf<T>::kN where every pointer is aligned (aligned16, host side) and
+// with kN = 1 otherwise. Both paths compute element for element the same thing.
+template <typename T>
+struct PackOf;
+template <>
+struct PackOf<float> {
+  static constexpr int kN = 4;
+};
+template <>
+struct PackOf<Bf16> {
+  static constexpr int kN = 8;
+};
+
+__device__ inline void ld_pack(const float* p, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p);
+  v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
+}
+__device__ inline void ld_pack(const Bf16* p, float (&v)[8]) {
+  const uint4 q = *reinterpret_cast<const uint4*>(p);
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+  for (int k = 0; k < 4; k++) {  // little-endian: the lower half is the earlier element
+    v[2 * k] = __uint_as_float(w[k] << 16);
+    v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  }
+}
+__device__ inline void st_pack(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ inline void st_pack(Bf16* p, const float (&v)[8]) {
+  uint32_t w[4];
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    w[k] = static_cast<uint32_t>(f32_to_bf16_bits(v[2 * k])) |
+           (static_cast<uint32_t>(f32_to_bf16_bits(v[2 * k + 1])) << 16);
+  }
+  *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <int kN, typename T>
+__device__ inline void ldv(const T* p, float (&v)[kN]) {
+  if constexpr (kN == 1) {
+    v[0] = ld(p);
+  } else {
+    ld_pack(p, v);
+  }
+}
+template <int kN, typename T>
+__device__ inline void stv(T* p, const float (&v)[kN]) {
+  if constexpr (kN == 1) {
+    st(p, v[0]);
+  } else {
+    st_pack(p, v);
+  }
+}
+
+template <int kN>
+using PackWidth = std::integral_constant<int, kN>;
+
+// body(PackWidth<k>{}, i) for every pack start i of [0, n): k = kN while whole packs remain, then
+// k = 1 for the tail. Grid-stride over the whole grid.
+template <int kN, typename Body>
+__device__ inline void for_each_pack(int64_t n, Body body) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t packs = n / kN;
+  for (int64_t p = first; p < packs; p += stride) body(PackWidth<kN>{}, p * kN);
+  if constexpr (kN > 1) {
+    for (int64_t i = packs * kN + first; i < n; i += stride) body(PackWidth<1>{}, i);
+  }
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+template <typename... P>
+inline bool all_aligned16(const P*... p) {
+  return (aligned16(p) && ...);
 }
 
 inline Bf16* as_bf16(uint16_t* p) { return reinterpret_cast<Bf16*>(p); }

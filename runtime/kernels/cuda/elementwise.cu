@@ -3,8 +3,9 @@
 // arithmetic, every kernel templated over the storage type S (and the gradient type G) and
 // reading/writing it through ld/st (device_util.cuh): the fp32 entry points and the bf16 twins
 // (kernels.h, namespace typed) are the same kernels.
-// Deliberately simple (one element per thread per iteration, no vectorised loads): they are
-// memory-bound and correct first; tune with a profiler on a real GPU.
+// The hot ones (GELU, residual, bias, in-place add) read and write 16-byte packs where every
+// pointer is aligned (device_util.cuh, for_each_pack); the others stay one element per thread per
+// iteration.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -81,57 +82,86 @@ __global__ void add_position_kernel(T* out, const T* wpe, int T_, int C, int64_t
 
 // ---- GELU, residual, bias ----
 
-template <typename T>
+__device__ inline float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+__device__ inline float gelu_grad(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  // 1 + tanh(u) and sech^2(u) from e = exp(2u), without cancellation (as the CPU kernel).
+  const float e = expf(fminf(2.0f * u, 80.0f));
+  const float r = 1.0f / (1.0f + e);
+  const float one_plus_th = 2.0f * e * r;
+  const float sech2 = 2.0f * one_plus_th * r;
+  return 0.5f * one_plus_th + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+// The kernels below take kN elements at a time (device_util.cuh, for_each_pack): 16-byte packs
+// where the launcher found every pointer aligned, one element otherwise.
+template <typename T, int kN>
 __global__ void gelu_forward_kernel(T* out, const T* inp, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = ld(inp + i);
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    st(out + i, 0.5f * x * (1.0f + tanhf(u)));
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float x[k];
+    ldv<k>(inp + i, x);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] = gelu(x[j]);
+    stv<k>(out + i, x);
+  });
 }
 
-template <typename T>
+template <typename T, int kN>
 __global__ void gelu_backward_kernel(T* dinp, const T* inp, const T* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float x = ld(inp + i);
-    const float u = kGeluScale * (x + 0.044715f * x * x * x);
-    // 1 + tanh(u) and sech^2(u) from e = exp(2u), without cancellation (as the CPU kernel).
-    const float e = expf(fminf(2.0f * u, 80.0f));
-    const float r = 1.0f / (1.0f + e);
-    const float one_plus_th = 2.0f * e * r;
-    const float sech2 = 2.0f * one_plus_th * r;
-    const float grad =
-        0.5f * one_plus_th + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    st(dinp + i, grad * ld(dout + i));
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float x[k], d[k];
+    ldv<k>(inp + i, x);
+    ldv<k>(dout + i, d);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] = gelu_grad(x[j]) * d[j];
+    stv<k>(dinp + i, x);
+  });
 }
 
-template <typename T>
+template <typename T, int kN>
 __global__ void residual_forward_kernel(T* out, const T* a, const T* b, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    st(out + i, ld(a + i) + ld(b + i));
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float x[k], y[k];
+    ldv<k>(a + i, x);
+    ldv<k>(b + i, y);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] += y[j];
+    stv<k>(out + i, x);
+  });
 }
 
-template <typename T>
+template <typename T, int kN>
 __global__ void residual_backward_kernel(T* d1, T* d2, const T* dout, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = ld(dout + i);
-    st(d1 + i, ld(d1 + i) + g);
-    st(d2 + i, ld(d2 + i) + g);
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float g[k], x[k], y[k];
+    ldv<k>(dout + i, g);
+    ldv<k>(d1 + i, x);
+    ldv<k>(d2 + i, y);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] += g[j], y[j] += g[j];
+    stv<k>(d1 + i, x);
+    stv<k>(d2 + i, y);
+  });
 }
 
-template <typename T>
+template <typename T, int kN>
 __global__ void add_in_place_kernel(T* dst, const T* src, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    st(dst + i, ld(dst + i) + ld(src + i));
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float x[k], y[k];
+    ldv<k>(dst + i, x);
+    ldv<k>(src + i, y);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] += y[j];
+    stv<k>(dst + i, x);
+  });
 }
 
 __global__ void round_to_bf16_kernel(float* x, int64_t n) {
@@ -148,12 +178,18 @@ __global__ void round_to_f16_kernel(float* x, int64_t n) {
   }
 }
 
-template <typename T>
+// Packs here also need OC % kN == 0, so that a pack never straddles two rows' bias.
+template <typename T, int kN>
 __global__ void add_bias_kernel(T* out, const T* bias, int OC, int64_t n) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x) {
-    st(out + i, ld(out + i) + ld(bias + i % OC));
-  }
+  for_each_pack<kN>(n, [&](auto w, int64_t i) {
+    constexpr int k = decltype(w)::value;
+    float x[k], b[k];
+    ldv<k>(out + i, x);
+    ldv<k>(bias + i % OC, b);
+#pragma unroll
+    for (int j = 0; j < k; j++) x[j] += b[j];
+    stv<k>(out + i, x);
+  });
 }
 
 // ---- conversions ----
@@ -307,6 +343,19 @@ void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
     DS_CUDA_CHECK_LAUNCH(#kernel);                                                  \
   } while (0)
 
+// The same for the packed kernels: kernel<S, pack> where `aligned` holds, kernel<S, 1> otherwise.
+#define DS_ELEMENTWISE_PACKED(kernel, S, n, aligned, ...)                                         \
+  do {                                                                                           \
+    if ((n) <= 0) return;                                                                        \
+    if (aligned) {                                                                               \
+      kernel<S, PackOf<S>::kN><<<elementwise_blocks((n) / PackOf<S>::kN + 1, kThreads), kThreads, \
+                                 0, stream>>>(__VA_ARGS__);                                      \
+    } else {                                                                                     \
+      kernel<S, 1><<<elementwise_blocks((n), kThreads), kThreads, 0, stream>>>(__VA_ARGS__);     \
+    }                                                                                            \
+    DS_CUDA_CHECK_LAUNCH(#kernel);                                                               \
+  } while (0)
+
 // ---- the typed kernels (kernels.h, namespace typed) ----
 
 namespace typed {
@@ -361,28 +410,30 @@ void add_position(S* out, const S* wpe, int B, int T, int C, cudaStream_t stream
 
 template <typename S>
 void gelu_forward(S* out, const S* inp, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_forward_kernel<S>, N, out, inp, N);
+  DS_ELEMENTWISE_PACKED(gelu_forward_kernel, S, N, all_aligned16(out, inp), out, inp, N);
 }
 template <typename S>
 void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(gelu_backward_kernel<S>, N, dinp, inp, dout, N);
+  DS_ELEMENTWISE_PACKED(gelu_backward_kernel, S, N, all_aligned16(dinp, inp, dout), dinp, inp, dout, N);
 }
 template <typename S>
 void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_forward_kernel<S>, N, out, inp1, inp2, N);
+  DS_ELEMENTWISE_PACKED(residual_forward_kernel, S, N, all_aligned16(out, inp1, inp2), out, inp1, inp2, N);
 }
 template <typename S>
 void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(residual_backward_kernel<S>, N, dinp1, dinp2, dout, N);
+  DS_ELEMENTWISE_PACKED(residual_backward_kernel, S, N, all_aligned16(dinp1, dinp2, dout), dinp1, dinp2, dout,
+                        N);
 }
 template <typename S>
 void add_in_place(S* dst, const S* src, int64_t N, cudaStream_t stream) {
-  DS_ELEMENTWISE(add_in_place_kernel<S>, N, dst, src, N);
+  DS_ELEMENTWISE_PACKED(add_in_place_kernel, S, N, all_aligned16(dst, src), dst, src, N);
 }
 template <typename S>
 void add_bias(S* out, const S* bias, int N, int OC, cudaStream_t stream) {
   const int64_t n = int64_t{N} * OC;
-  DS_ELEMENTWISE(add_bias_kernel<S>, n, out, bias, OC, n);
+  DS_ELEMENTWISE_PACKED(add_bias_kernel, S, n, all_aligned16(out, bias) && OC % PackOf<S>::kN == 0, out, bias, OC,
+                        n);
 }
 
 template <typename S>

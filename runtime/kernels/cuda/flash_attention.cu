@@ -488,7 +488,6 @@ void backward_hd(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, cons
   DS_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 

@@ -25,7 +25,9 @@ constexpr int kThreads = 256;     // element-wise kernels
 
 // ---- RMSNorm ----
 
-template <typename S>
+// kN elements at a time: 16-byte packs where C % kN == 0 and every pointer is aligned
+// (device_util.cuh), one element otherwise; a lane's packs start at c = kN * (lane + 32 j).
+template <typename S, int kN>
 __global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* inp, const S* weight,
                                        int64_t rows, int C, float eps) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -33,17 +35,26 @@ __global__ void rmsnorm_forward_kernel(S* out, float* rstd, const S* inp, const 
   if (r >= rows) return;
   const S* x = inp + r * C;
   float ss = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float v = ld(x + c);
-    ss += v * v;
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float v[kN];
+    ldv<kN>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < kN; j++) ss += v[j] * v[j];
   }
   const float s = 1.0f / sqrtf(warp_sum(ss) / static_cast<float>(C) + eps);
   S* o = out + r * C;
-  for (int c = lane; c < C; c += 32) st(o + c, ld(x + c) * s * ld(weight + c));
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float v[kN], w[kN];
+    ldv<kN>(x + c, v);
+    ldv<kN>(weight + c, w);
+#pragma unroll
+    for (int j = 0; j < kN; j++) v[j] = v[j] * s * w[j];
+    stv<kN>(o + c, v);
+  }
   if (lane == 0) rstd[r] = s;
 }
 
-template <typename S>
+template <typename S, int kN>
 __global__ void rmsnorm_backward_dinp_kernel(S* dinp, const S* dout, const S* inp, const S* weight,
                                              const float* rstd, int64_t rows, int C) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -53,11 +64,25 @@ __global__ void rmsnorm_backward_dinp_kernel(S* dinp, const S* dout, const S* in
   const S* x = inp + r * C;
   const float s = rstd[r];
   float acc = 0.0f;
-  for (int c = lane; c < C; c += 32) acc += ld(dy + c) * ld(weight + c) * ld(x + c);
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float g[kN], w[kN], v[kN];
+    ldv<kN>(dy + c, g);
+    ldv<kN>(weight + c, w);
+    ldv<kN>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < kN; j++) acc += g[j] * w[j] * v[j];
+  }
   const float b = warp_sum(acc) * s * s / static_cast<float>(C);  // mean(dy w xhat) / r
   S* dx = dinp + r * C;
-  for (int c = lane; c < C; c += 32) {
-    st(dx + c, ld(dx + c) + s * (ld(dy + c) * ld(weight + c) - ld(x + c) * b));
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float g[kN], w[kN], v[kN], d[kN];
+    ldv<kN>(dy + c, g);
+    ldv<kN>(weight + c, w);
+    ldv<kN>(x + c, v);
+    ldv<kN>(dx + c, d);
+#pragma unroll
+    for (int j = 0; j < kN; j++) d[j] += s * (g[j] * w[j] - v[j] * b);
+    stv<kN>(dx + c, d);
   }
 }
 
@@ -83,8 +108,13 @@ template <typename S>
 void rmsnorm_forward_impl(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
                           float eps, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  rmsnorm_forward_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
-      out, rstd, inp, weight, N, C, eps);
+  if (C % PackOf<S>::kN == 0 && all_aligned16(out, inp, weight)) {
+    rmsnorm_forward_kernel<S, PackOf<S>::kN><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        out, rstd, inp, weight, N, C, eps);
+  } else {
+    rmsnorm_forward_kernel<S, 1><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(out, rstd, inp,
+                                                                                            weight, N, C, eps);
+  }
   DS_CUDA_CHECK_LAUNCH("rmsnorm_forward_kernel");
 }
 
@@ -92,8 +122,13 @@ template <typename S, typename G>
 void rmsnorm_backward_impl(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
                            const float* rstd, int64_t N, int C, cudaStream_t stream) {
   if (N <= 0 || C <= 0) return;
-  rmsnorm_backward_dinp_kernel<S><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
-      dinp, dout, inp, weight, rstd, N, C);
+  if (C % PackOf<S>::kN == 0 && all_aligned16(dinp, dout, inp, weight)) {
+    rmsnorm_backward_dinp_kernel<S, PackOf<S>::kN><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        dinp, dout, inp, weight, rstd, N, C);
+  } else {
+    rmsnorm_backward_dinp_kernel<S, 1><<<blocks_for(N * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        dinp, dout, inp, weight, rstd, N, C);
+  }
   DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dinp_kernel");
   column_sums::run<1>(N, C, RmsNormWeightTerm<S>{dout, inp, rstd, C}, AddWeight<G>{dweight}, stream);
 }

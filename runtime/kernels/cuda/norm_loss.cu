@@ -1,7 +1,8 @@
 // Row-wise CUDA kernels: LayerNorm forward/backward and the fused softmax + cross-entropy (full
 // and vocabulary-parallel). LayerNorm rows get one warp each; cross-entropy rows (a vocabulary
-// of ~50k) one block each. Parameter gradients of LayerNorm are column sums done by one thread
-// column per channel over every row, in a fixed order (deterministic, no atomics). Every kernel is
+// of ~50k) one block each; both read and write 16-byte packs where the row allows it. Parameter
+// gradients of LayerNorm are column sums over row chunks in a fixed order (column_sums.cuh:
+// deterministic, no atomics). Every kernel is
 // templated over the storage type (and LayerNorm's backward over the gradient type): the fp32
 // entry points and the bf16 twins (kernels.h, namespace typed) are the same kernels; statistics
 // are fp32 whatever the storage.
@@ -20,7 +21,10 @@ constexpr int kLossThreads = 512;  // threads per row (cross-entropy)
 
 // ---- layernorm ----
 
-template <typename T>
+// Row kernels take kN elements at a time: 16-byte packs (device_util.cuh) where C % kN == 0 and
+// every pointer is aligned (so is every row), one element otherwise. A lane's pack of a row
+// starts at c = kN * (lane + 32 j).
+template <typename T, int kN>
 __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const T* inp,
                                          const T* weight, const T* bias, int64_t rows, int C) {
   const int64_t r = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
@@ -28,17 +32,30 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
   if (r >= rows) return;
   const T* x = inp + r * C;
   float s = 0.0f;
-  for (int c = lane; c < C; c += 32) s += ld(x + c);
-  const float m = warp_sum(s) / static_cast<float>(C);
-  float v = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float d = ld(x + c) - m;
-    v += d * d;
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float v[kN];
+    ldv<kN>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < kN; j++) s += v[j];
   }
-  const float rs = 1.0f / sqrtf(warp_sum(v) / static_cast<float>(C) + 1e-5f);
+  const float m = warp_sum(s) / static_cast<float>(C);
+  float var = 0.0f;
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float v[kN];
+    ldv<kN>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < kN; j++) var += (v[j] - m) * (v[j] - m);
+  }
+  const float rs = 1.0f / sqrtf(warp_sum(var) / static_cast<float>(C) + 1e-5f);
   T* o = out + r * C;
-  for (int c = lane; c < C; c += 32) {
-    st(o + c, (ld(x + c) - m) * rs * ld(weight + c) + ld(bias + c));
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float v[kN], w[kN], b[kN];
+    ldv<kN>(x + c, v);
+    ldv<kN>(weight + c, w);
+    ldv<kN>(bias + c, b);
+#pragma unroll
+    for (int j = 0; j < kN; j++) v[j] = (v[j] - m) * rs * w[j] + b[j];
+    stv<kN>(o + c, v);
   }
   if (lane == 0) {
     mean[r] = m;
@@ -47,7 +64,7 @@ __global__ void layernorm_forward_kernel(T* out, float* mean, float* rstd, const
 }
 
 // dinp += rstd * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)), dnorm = dout * weight.
-template <typename T>
+template <typename T, int kN>
 __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* inp,
                                                const T* weight, const float* mean,
                                                const float* rstd, int64_t rows, int C) {
@@ -58,17 +75,30 @@ __global__ void layernorm_backward_dinp_kernel(T* dinp, const T* dout, const T* 
   const T* x = inp + r * C;
   const float m = mean[r], s = rstd[r];
   float a = 0.0f, b = 0.0f;
-  for (int c = lane; c < C; c += 32) {
-    const float dn = ld(dy + c) * ld(weight + c);
-    a += dn;
-    b += dn * (ld(x + c) - m) * s;
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float g[kN], w[kN], v[kN];
+    ldv<kN>(dy + c, g);
+    ldv<kN>(weight + c, w);
+    ldv<kN>(x + c, v);
+#pragma unroll
+    for (int j = 0; j < kN; j++) {
+      const float dn = g[j] * w[j];
+      a += dn;
+      b += dn * (v[j] - m) * s;
+    }
   }
   a = warp_sum(a) / static_cast<float>(C);
   b = warp_sum(b) / static_cast<float>(C);
   T* dx = dinp + r * C;
-  for (int c = lane; c < C; c += 32) {
-    const float n = (ld(x + c) - m) * s;
-    st(dx + c, ld(dx + c) + s * (ld(dy + c) * ld(weight + c) - a - n * b));
+  for (int c = lane * kN; c < C; c += 32 * kN) {
+    float g[kN], w[kN], v[kN], d[kN];
+    ldv<kN>(dy + c, g);
+    ldv<kN>(weight + c, w);
+    ldv<kN>(x + c, v);
+    ldv<kN>(dx + c, d);
+#pragma unroll
+    for (int j = 0; j < kN; j++) d[j] += s * (g[j] * w[j] - a - (v[j] - m) * s * b);
+    stv<kN>(dx + c, d);
   }
 }
 
@@ -102,8 +132,13 @@ void layernorm_forward_impl(T* out, float* mean, float* rstd, const T* inp, cons
                             const T* bias, int B, int T_, int C, cudaStream_t stream) {
   const int64_t rows = int64_t{B} * T_;
   if (rows <= 0) return;
-  layernorm_forward_kernel<T><<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
-      out, mean, rstd, inp, weight, bias, rows, C);
+  if (C % PackOf<T>::kN == 0 && all_aligned16(out, inp, weight, bias)) {
+    layernorm_forward_kernel<T, PackOf<T>::kN><<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        out, mean, rstd, inp, weight, bias, rows, C);
+  } else {
+    layernorm_forward_kernel<T, 1><<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        out, mean, rstd, inp, weight, bias, rows, C);
+  }
   DS_CUDA_CHECK_LAUNCH("layernorm_forward_kernel");
 }
 
@@ -113,9 +148,14 @@ void layernorm_backward_impl(T* dinp, G* dweight, G* dbias, const T* dout, const
                              int C, cudaStream_t stream) {
   const int64_t rows = int64_t{B} * T_;
   if (rows <= 0 || C <= 0) return;
-  layernorm_backward_dinp_kernel<T>
-      <<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp, weight,
-                                                                       mean, rstd, rows, C);
+  if (C % PackOf<T>::kN == 0 && all_aligned16(dinp, dout, inp, weight)) {
+    layernorm_backward_dinp_kernel<T, PackOf<T>::kN>
+        <<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(dinp, dout, inp, weight, mean, rstd,
+                                                                         rows, C);
+  } else {
+    layernorm_backward_dinp_kernel<T, 1><<<blocks_for(rows * 32, kRowThreads), kRowThreads, 0, stream>>>(
+        dinp, dout, inp, weight, mean, rstd, rows, C);
+  }
   DS_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
   column_sums::run<2>(rows, C, LayerNormParamTerms<T>{dout, inp, mean, rstd, C}, AddWeightAndBias<G>{dweight, dbias},
                       stream);
@@ -123,7 +163,30 @@ void layernorm_backward_impl(T* dinp, G* dweight, G* dbias, const T* dout, const
 
 // ---- fused softmax + cross-entropy: one block per row ----
 
-template <typename T, bool kBackward>
+// The row's max and sum of exponentials in one pass (online softmax: the sum is rescaled when
+// the max grows), over kN-element packs as the row kernels above (kN > 1: Vp % kN == 0, aligned).
+template <typename T, int kN>
+__device__ inline void row_max_and_sumexp(const T* x, int V, float* red, float& mx, float& s) {
+  float m = -INFINITY, sum = 0.0f;
+  for (int v = threadIdx.x * kN; v < V; v += blockDim.x * kN) {
+    float e[kN];
+    ldv<kN>(x + v, e);
+#pragma unroll
+    for (int j = 0; j < kN; j++) {
+      if (v + j >= V) break;
+      if (e[j] > m) {
+        sum = sum * expf(m - e[j]) + 1.0f;
+        m = e[j];
+      } else if (m != -INFINITY) {  // a row of -inf so far adds nothing (and no NaN)
+        sum += expf(e[j] - m);
+      }
+    }
+  }
+  mx = block_max(m, red);
+  s = block_sum(m == -INFINITY ? 0.0f : sum * expf(m - mx), red);
+}
+
+template <typename T, int kN, bool kBackward>
 __global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* targets, float dloss,
                                     int V, int Vp, int* bad) {
   __shared__ float red[32];
@@ -138,22 +201,20 @@ __global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* tar
     return;
   }
   const float xt = ld(x + tgt);
-  float mx = -INFINITY;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) mx = fmaxf(mx, ld(x + v));
-  mx = block_max(mx, red);
-  float s = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) s += expf(ld(x + v) - mx);
-  s = block_sum(s, red);  // its barriers also order every read of x before the writes below
+  float mx = 0.0f, s = 0.0f;
+  row_max_and_sumexp<T, kN>(x, V, red, mx, s);  // its barriers order every read before the writes
   if (threadIdx.x == 0) losses[n] = mx + logf(s) - xt;
   if constexpr (kBackward) {
     const float scale = dloss / s;
-    for (int v = threadIdx.x; v < Vp; v += blockDim.x) {
-      float d = 0.0f;
-      if (v < V) {
-        d = expf(ld(x + v) - mx) * scale;
-        if (v == tgt) d -= dloss;
+    for (int v = threadIdx.x * kN; v < Vp; v += blockDim.x * kN) {
+      float d[kN];
+      ldv<kN>(x + v, d);
+#pragma unroll
+      for (int j = 0; j < kN; j++) {
+        d[j] = v + j < V ? expf(d[j] - mx) * scale : 0.0f;
+        if (v + j == tgt) d[j] -= dloss;
       }
-      st(x + v, d);
+      stv<kN>(x + v, d);
     }
   }
 }
@@ -162,8 +223,13 @@ template <typename T, bool kBackward>
 void crossentropy_impl(float* losses, T* logits, const int32_t* targets, float dloss, int N, int V,
                        int Vp, int* bad, cudaStream_t stream) {
   if (N <= 0) return;
-  crossentropy_kernel<T, kBackward><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
-      losses, logits, targets, dloss, V, Vp, bad);
+  if (Vp % PackOf<T>::kN == 0 && aligned16(logits)) {
+    crossentropy_kernel<T, PackOf<T>::kN, kBackward><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+        losses, logits, targets, dloss, V, Vp, bad);
+  } else {
+    crossentropy_kernel<T, 1, kBackward><<<static_cast<unsigned int>(N), kLossThreads, 0, stream>>>(
+        losses, logits, targets, dloss, V, Vp, bad);
+  }
   DS_CUDA_CHECK_LAUNCH("crossentropy_kernel");
 }
 

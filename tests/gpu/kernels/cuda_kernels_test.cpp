@@ -407,6 +407,65 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   EXPECT_TRUE(close(from_bf16(r2.download()), a2, kBf16, 1e-2));
 }
 
+// The memory-bound kernels read 16-byte packs where a row's width is a multiple of the pack and
+// every pointer is aligned (device_util.cuh); the tests above take that path. Here the other:
+// rows of 100 bf16, buffers one element past an alignment, a padded vocabulary of 300, a bias
+// of 70 fp32. Same CPU references, same tolerances.
+TEST_F(CudaKernels, Bf16KernelsOffThePackedPath) {
+  const int B = 1, T = 9, C = 100;
+  auto x = rounded(random_floats(size_t{B} * T * C, 1, 2.0f)), w = rounded(random_floats(C, 2)),
+       b = rounded(random_floats(C, 3)), dout = rounded(random_floats(size_t{B} * T * C, 4));
+  DeviceArray<uint16_t> bx(to_bf16(x)), bw(to_bf16(w)), bb(to_bf16(b)), bdout(to_bf16(dout)), bln(x.size()),
+      bdx(x.size());
+  DeviceArray<float> mean(size_t{B} * T), rstd(size_t{B} * T), gw(C), gb(C);
+  std::vector<float> ln(x.size()), rm(size_t{B} * T), rr(size_t{B} * T), rdx(x.size()), rw(C), rb(C);
+  cu().layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B, T, C, stream_);
+  cpu::layernorm_forward(ln.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
+  EXPECT_TRUE(close(from_bf16(bln.download()), ln, kBf16, 2e-2));
+  EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
+  cu().layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(), mean.get(),
+                                rstd.get(), B, T, C, stream_);
+  cpu::layernorm_backward(rdx.data(), rw.data(), rb.data(), dout.data(), x.data(), w.data(), rm.data(), rr.data(),
+                          B, T, C);
+  EXPECT_TRUE(close(from_bf16(bdx.download()), rdx, kBf16, 2e-2));
+  EXPECT_TRUE(close(gw.download(), rw, 1e-3, 1e-4));
+
+  // Element-wise, one element past the allocation's alignment.
+  const int64_t n = static_cast<int64_t>(x.size()) - 1;
+  auto tail = [](const std::vector<uint16_t>& v) { return from_bf16(std::vector<uint16_t>(v.begin() + 1, v.end())); };
+  std::vector<float> ref(n);
+  cu().gelu_forward_bf16(bln.get() + 1, bx.get() + 1, n, stream_);
+  cpu::gelu_forward(ref.data(), x.data() + 1, n);
+  EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
+  cu().gelu_backward_bf16(bln.get() + 1, bx.get() + 1, bdout.get() + 1, n, stream_);
+  cpu::gelu_backward(ref.data(), x.data() + 1, dout.data() + 1, n);
+  EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
+  cu().residual_forward_bf16(bln.get() + 1, bx.get() + 1, bdout.get() + 1, n, stream_);
+  cpu::residual_forward(ref.data(), x.data() + 1, dout.data() + 1, n);
+  EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
+
+  // Cross-entropy over rows of 300 (not a multiple of 8).
+  const int N = 5, V = 290, Vp = 300;
+  auto logits = rounded(random_floats(size_t{N} * Vp, 5, 3.0f));
+  auto targets = random_tokens(N, 6, V);
+  DeviceArray<uint16_t> bl(to_bf16(logits));
+  DeviceArray<int32_t> dt(targets);
+  DeviceArray<float> losses(N);
+  std::vector<float> rl(N);
+  cu().crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp, nullptr, stream_);
+  cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
+  EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
+  EXPECT_TRUE(close(from_bf16(bl.download()), logits, kBf16, 1e-4));
+
+  // fp32 bias rows of 72 (packed) beside the 70 of AddBias (one element).
+  const int rows = 45, OC = 72;
+  auto out = random_floats(size_t{rows} * OC, 7), bias = random_floats(OC, 8);
+  DeviceArray<float> d(out), db(bias);
+  cu().add_bias(d.get(), db.get(), rows, OC, stream_);
+  cpu::add_bias(out.data(), bias.data(), rows, OC);
+  EXPECT_TRUE(close(d.download(), out, kTight, 0));
+}
+
 TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   const int N = 6, V = 500, Vp = 512;
   auto logits = rounded(random_floats(size_t{N} * Vp, 1, 3.0f));
