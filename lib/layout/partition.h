@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "layout/choices.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::layout {
 

@@ -1,6 +1,10 @@
 // The registered families (family.h).
 #include "model_spec/family.h"
 
+#include "common/error.h"
+#include "model_spec/gpt2_spec.h"
+#include "model_spec/llama_spec.h"
+
 namespace ds::model_spec {
 
 namespace {
@@ -12,13 +16,20 @@ const FamilyDescription kGpt2Family{
     NormKind::kLayerNorm,
     PositionKind::kLearned,
     MlpKind::kGelu,
-    false,
+    /*grouped_query=*/false,
+    /*head_always_tied=*/true,
     LayerRoles{ParamId::kLn1w, ParamId::kLn1b, ParamId::kQkvw, ParamId::kQkvb, ParamId::kAttprojw,
                ParamId::kAttprojb, ParamId::kLn2w, ParamId::kLn2b, ParamId::kFcw, ParamId::kFcb,
                ParamId::kFcprojw, ParamId::kFcprojb, ParamId::kLnfw, ParamId::kLnfb},
     &gpt2_params,
     &gpt2_activations,
+    /*validate=*/nullptr,
+    &validate_gpt2_tp,
+    /*llmc_checkpoint=*/true,
+    /*hf=*/nullptr,
 };
+
+const HfFormat kLlamaHf{"LlamaForCausalLM", "llama", &llama_hf_name, &llama_hf_config};
 
 const FamilyDescription kLlamaFamily{
     ModelFamily::kLlama,
@@ -27,20 +38,28 @@ const FamilyDescription kLlamaFamily{
     NormKind::kRmsNorm,
     PositionKind::kRope,
     MlpKind::kSwiGlu,
-    true,
+    /*grouped_query=*/true,
+    /*head_always_tied=*/false,
     LayerRoles{ParamId::kAttnNorm, std::nullopt, ParamId::kWq, std::nullopt, ParamId::kWo, std::nullopt,
                ParamId::kMlpNorm, std::nullopt, ParamId::kWgate, std::nullopt, ParamId::kWdown, std::nullopt,
                ParamId::kLnfw, std::nullopt},
     &llama_params,
     &llama_activations,
+    &validate_llama,
+    &validate_llama_tp,
+    /*llmc_checkpoint=*/false,
+    &kLlamaHf,
 };
-
-const FamilyDescription* const kFamilies[] = {&kGpt2Family, &kLlamaFamily};
 
 }  // namespace
 
+const std::vector<const FamilyDescription*>& all_families() {
+  static const std::vector<const FamilyDescription*> families{&kGpt2Family, &kLlamaFamily};
+  return families;
+}
+
 const FamilyDescription* find_family(std::string_view name) {
-  for (const FamilyDescription* f : kFamilies) {
+  for (const FamilyDescription* f : all_families()) {
     if (name == f->name) return f;
   }
   return nullptr;
@@ -48,7 +67,7 @@ const FamilyDescription* find_family(std::string_view name) {
 
 std::string family_names() {
   std::string out;
-  for (const FamilyDescription* f : kFamilies) out += (out.empty() ? "" : ", ") + std::string(f->name);
+  for (const FamilyDescription* f : all_families()) out += (out.empty() ? "" : ", ") + std::string(f->name);
   return out;
 }
 
@@ -62,7 +81,12 @@ std::string describe_shape(const ModelShape& s) {
          std::to_string(s.padded_vocab_size) + ") T=" + std::to_string(s.seq_len);
 }
 
-const FamilyDescription& family_of(ModelFamily f) { return f == ModelFamily::kLlama ? kLlamaFamily : kGpt2Family; }
+const FamilyDescription& family_of(ModelFamily f) {
+  for (const FamilyDescription* d : all_families()) {
+    if (d->family == f) return *d;
+  }
+  throw invalid_usage("model family #{} is not registered (model_spec/family.cpp)", static_cast<int>(f));
+}
 
 int kv_heads(const ModelShape& s) { return family_of(s).grouped_query ? s.n_kv_head : s.n_head; }
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::model_spec {
 
@@ -38,6 +38,23 @@ struct LayerRoles {
   std::optional<ParamId> final_norm_b;
 };
 
+// One config.json key of a Hugging Face model and its value as JSON text ("4096", "1e-05",
+// "\"silu\"", "false").
+struct HfConfigKey {
+  std::string key;
+  std::string json;
+};
+
+// How Hugging Face stores the family: transformers' class and model_type, each tensor copy's name
+// (layer -1 for global tensors), and config.json's keys beside architectures, model_type and
+// torch_dtype. Import and export (runtime/checkpoint/hf_safetensors.h) read only this.
+struct HfFormat {
+  const char* architecture;  // "LlamaForCausalLM"
+  const char* model_type;    // "llama"
+  std::string (*tensor_name)(ParamId id, int layer);
+  std::vector<HfConfigKey> (*config)(const ModelShape& s);
+};
+
 struct FamilyDescription {
   ModelFamily family;
   const char* name;          // "gpt2", "llama": config's model.type
@@ -45,13 +62,20 @@ struct FamilyDescription {
   NormKind norm;
   PositionKind positions;
   MlpKind mlp;
-  bool grouped_query;  // reads model.n_kv_head (else KV = NH)
+  bool grouped_query;     // reads model.n_kv_head (else KV = NH)
+  bool head_always_tied;  // the lm_head is the token embedding whatever model.tie_embeddings says
   LayerRoles roles;
   std::vector<ParamTensor> (*params)(const ModelShape&);
   std::vector<ActBuffer> (*activations)(const ModelShape&, const ModelPart&, const ActConfig&);
+  void (*validate)(const ModelShape&);          // the family's own shape rules; null: none
+  void (*validate_tp)(const ModelShape&, int);  // what tensor parallelism must divide; null: none
+  bool llmc_checkpoint;  // llm.c's checkpoint format holds it (--init-from FILE.bin, --export-llmc)
+  const HfFormat* hf;    // Hugging Face's safetensors and config.json; null: none
 };
 
 const FamilyDescription& family_of(ModelFamily f);
+// Every registered family, in registration order.
+const std::vector<const FamilyDescription*>& all_families();
 // The family whose name (config's model.type) is `name`; null when none is.
 const FamilyDescription* find_family(std::string_view name);
 // "gpt2, llama": for messages listing what model.type accepts.

@@ -11,7 +11,7 @@
 // hardware FLOPs: recomputation is not counted.
 #pragma once
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::model_spec {
 

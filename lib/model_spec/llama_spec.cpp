@@ -1,6 +1,6 @@
 // Llama (Hugging Face's LlamaForCausalLM) as shapes: its tensors in HF's order, their tensor-
-// parallel splits and its activation buffers. See gpt2_spec.h for the contracts they share with
-// GPT-2. Grouped-query attention shows as k_proj/v_proj of KV*hd rows (not NH*hd) and a qkv
+// parallel splits, its activation buffers and Hugging Face's names and config keys. See
+// llama_spec.h; the contracts are shape.h's. Grouped-query attention shows as k_proj/v_proj of KV*hd rows (not NH*hd) and a qkv
 // activation of (NH+2KV)*hd/tp columns; tensor parallelism splits the kv heads across ranks, so
 // KV must divide by tp (there is no replication of kv heads).
 #include <fmt/format.h>
@@ -8,8 +8,7 @@
 #include <algorithm>
 
 #include "common/error.h"
-#include "model_spec/gpt2_spec.h"
-#include "model_spec/llama_rules.h"
+#include "model_spec/llama_spec.h"
 
 namespace ds::model_spec {
 
@@ -65,7 +64,7 @@ std::vector<ParamTensor> llama_params(const ModelShape& s) {
   return v;
 }
 
-std::string hf_name(ParamId id, int layer) {
+std::string llama_hf_name(ParamId id, int layer) {
   const char* leaf = nullptr;
   const char* group = "";
   switch (id) {
@@ -143,6 +142,27 @@ std::vector<ActBuffer> llama_activations(const ModelShape& s, const ModelPart& p
     v.push_back({"rope_sin", static_cast<int64_t>(cfg.T) * (hd / 2), ActScope::kShared, ws, true});
   }
   return v;
+}
+
+std::vector<HfConfigKey> llama_hf_config(const ModelShape& s) {
+  auto num = [](double v) { return fmt::format("{}", v); };
+  return {
+      {"hidden_size", num(s.n_embd)},
+      {"intermediate_size", num(s.intermediate_size)},
+      {"num_hidden_layers", num(s.n_layer)},
+      {"num_attention_heads", num(s.n_head)},
+      {"num_key_value_heads", num(s.n_kv_head)},
+      {"head_dim", num(s.head_dim())},
+      {"vocab_size", num(s.vocab_size)},
+      {"max_position_embeddings", num(s.seq_len)},
+      {"rms_norm_eps", num(s.norm_eps)},
+      {"rope_theta", num(s.rope_theta)},
+      {"tie_word_embeddings", s.tie_embeddings ? "true" : "false"},
+      {"hidden_act", "\"silu\""},
+      {"attention_bias", "false"},
+      {"mlp_bias", "false"},
+      {"initializer_range", "0.02"},
+  };
 }
 
 }  // namespace ds::model_spec

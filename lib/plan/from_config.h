@@ -15,7 +15,7 @@
 #include <string>
 
 #include "config/job_config.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "plan/memory_model.h"
 
 namespace ds::plan {

@@ -1,6 +1,6 @@
 // The model-mode memory model: bytes per rank, per allocator tag, for a job laid out as
 // pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
-// (lib/model_spec/gpt2_spec.h), the single source of truth the runtime allocates from. This file
+// (lib/model_spec/shape.h), the single source of truth the runtime allocates from. This file
 // never restates a shape: parameter counts come from param_layout(), activation buffers from
 // the family's activation list, ZeRO partitions and pipeline stage bounds from layout/partition.h.
 //
@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "layout/choices.h"
 #include "layout/partition.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "plan/memory_model.h"
 #include "plan/step_time.h"
 

@@ -57,7 +57,7 @@
 #include <utility>
 #include <vector>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "plan/memory_model.h"
 
 namespace ds::plan {

@@ -9,6 +9,7 @@
 #include "common/crc32c.h"
 #include "common/error.h"
 #include "common/half.h"
+#include "model_spec/family.h"
 
 namespace ds::rt::ckpt {
 
@@ -31,12 +32,20 @@ std::vector<int64_t> llmc_offsets(const std::vector<ms::ParamTensor>& params, in
   return off;
 }
 
+// llm.c's file holds one family's tensors in that family's order (model_spec/family.h).
+void require_llmc_family(const ms::ModelShape& s, const std::string& path) {
+  if (!ms::family_of(s).llmc_checkpoint) {
+    throw invalid_argument("{}: llm.c's checkpoint format holds GPT-2 models; model.type {} has none", path,
+                           ms::family_of(s).name);
+  }
+}
+
 // The header's model must be the file's size before any offset is computed: a corrupt header's
 // dimensions would overflow int64 (found by tests/fuzz: n_embd 2^30, n_layer 2^20), so the
 // count is taken in long double, exact up to 2^64 and far past any real file.
 void check_header_fits_file(const ms::ModelShape& s, int version, size_t file_bytes, const std::string& path) {
   long double count = 0;
-  for (const auto& t : ms::gpt2_params(s)) {
+  for (const auto& t : ms::model_params(s)) {
     long double n = t.per_layer ? s.n_layer : 1;
     for (int64_t d : t.shape) n *= static_cast<long double>(d);
     count += n;
@@ -89,6 +98,7 @@ model_spec::ModelShape read_llmc_shape(const std::string& path) {
 
 void load_llmc(const std::string& path, const ms::ModelShape& shape, const ms::ModelPart& part,
                float* params) {
+  require_llmc_family(shape, path);
   std::string blob = read_file(path, "llm.c checkpoint");
   if (blob.size() < kHeaderBytes) {
     throw invalid_argument("{}: truncated llm.c checkpoint ({} bytes, the header alone is {})", path,
@@ -117,7 +127,7 @@ void load_llmc(const std::string& path, const ms::ModelShape& shape, const ms::M
   }
   const int version = reinterpret_cast<const int32_t*>(blob.data())[1];
   const size_t elem = version == kLlmcVersionBf16 ? 2 : 4;
-  auto all = ms::gpt2_params(shape);
+  auto all = ms::model_params(shape);
   auto off = llmc_offsets(all, shape.n_layer);
   size_t want = kHeaderBytes + static_cast<size_t>(off.back()) * elem;
   if (blob.size() != want) {
@@ -149,7 +159,8 @@ void load_llmc(const std::string& path, const ms::ModelShape& shape, const ms::M
 }
 
 void save_llmc(const std::string& path, const ms::ModelShape& shape, const float* params, bool bf16) {
-  auto all = ms::gpt2_params(shape);
+  require_llmc_family(shape, path);
+  auto all = ms::model_params(shape);
   auto off = llmc_offsets(all, shape.n_layer);
   const size_t elem = bf16 ? 2 : 4;
   std::string blob(kHeaderBytes + static_cast<size_t>(off.back()) * elem, '\0');

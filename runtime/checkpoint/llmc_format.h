@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt::ckpt {
 

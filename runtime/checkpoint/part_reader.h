@@ -24,7 +24,7 @@
 #include "checkpoint/shard_file.h"
 #include "core/dtype.h"
 #include "layout/choices.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt::ckpt {
 

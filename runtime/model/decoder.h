@@ -60,7 +60,7 @@
 #include "model/hooks.h"
 #include "model/model.h"
 #include "model_spec/family.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt {
 

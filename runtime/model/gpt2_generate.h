@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt {
 

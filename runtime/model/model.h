@@ -11,7 +11,7 @@
 #include "core/allocator.h"
 #include "core/typed_ptr.h"
 #include "model/hooks.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt {
 

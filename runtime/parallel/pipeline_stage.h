@@ -26,7 +26,7 @@
 #include "comm/comm.h"
 #include "core/allocator.h"
 #include "model/model.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "layout/pipeline_schedule.h"
 
 namespace ds::rt::parallel {

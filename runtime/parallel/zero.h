@@ -46,7 +46,7 @@
 #include "core/allocator.h"
 #include "core/typed_ptr.h"
 #include "model/hooks.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "layout/partition.h"
 
 namespace ds::rt::parallel {

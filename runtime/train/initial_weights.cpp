@@ -8,7 +8,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_safetensors.h"
 #include "checkpoint/llmc_format.h"
 #include "kernels/dispatch.h"
 #include "layout/partition.h"
@@ -41,12 +41,14 @@ void init_weights(parallel::Engine& engine, OptimizerState& state, const std::st
   std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {
     std::vector<float> whole(static_cast<size_t>(model.num_params()));
-    if (model.shape().llama()) {
-      ckpt::load_hf_llama(init_from, model.shape(), model.part(), whole.data());
-      spdlog::info("initialised weights from Hugging Face safetensors {}", init_from);
-    } else {
+    // The family's own checkpoint format: llm.c's file where it has one, else Hugging Face's
+    // safetensors (which names the families that have one when this one has neither).
+    if (model_spec::family_of(model.shape()).llmc_checkpoint) {
       ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
       spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
+    } else {
+      ckpt::load_hf_safetensors(init_from, model.shape(), model.part(), whole.data());
+      spdlog::info("initialised weights from Hugging Face safetensors {}", init_from);
     }
     std::copy_n(whole.begin() + begin, count, values.begin());
   } else {

@@ -7,7 +7,7 @@
 #include "config/job_config.h"
 #include "core/allocator.h"
 #include "layout/choices.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/engine.h"

@@ -10,7 +10,7 @@
 #include "common/error.h"
 #include "layout/choices.h"
 #include "model_spec/family.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "plan/from_config.h"
 #include "train/run_config.h"
 

@@ -19,7 +19,7 @@
 #include "config/job_config.h"
 #include "data/tokenizer.h"
 #include "model/gpt2_generate.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt::train {
 

@@ -17,7 +17,7 @@
 #include "core/allocator.h"
 #include "core/dtype.h"
 #include "layout/choices.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 
 namespace ds::rt::train {
 

@@ -3,7 +3,7 @@
 //   OptimizerState           master weights, AdamW's moments, the update (optimizer_state.h)
 //   step math                the global loss, norm, overflow and the update (step_math.h)
 //   checkpoints              save and resume, any layout (checkpointing.h)
-//   initial weights, export  initial_weights.h, llmc_export.h
+//   initial weights, export  initial_weights.h, weights_export.h
 // What remains here is the configuration of those pieces and the loop itself.
 #include "train/trainer.h"
 
@@ -35,7 +35,7 @@
 #include "parallel/engine.h"
 #include "train/checkpointing.h"
 #include "train/initial_weights.h"
-#include "train/llmc_export.h"
+#include "train/weights_export.h"
 #include "train/metrics.h"
 #include "train/monitors.h"
 #include "train/run_report.h"

@@ -5,7 +5,7 @@
 //   OptimizerState (optimizer_state.h)     fp32 master weights, AdamW's moments, the update
 //   step math (step_math.h)                the global loss, norm and overflow; clip, skip, update
 //   checkpoints (checkpointing.h)          save, and resume for any layout (resharding)
-//   initial_weights.h, llmc_export.h       initial values; the llm.c export
+//   initial_weights.h, weights_export.h       initial values; the llm.c export
 //   run_config.h                           the config translated into the pieces
 //   data::DataLoader, LrScheduler, LossScaler, MetricsReporter
 //

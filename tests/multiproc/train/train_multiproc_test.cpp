@@ -19,7 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/token_file.h"
-#include "model_spec/gpt2_spec.h"
+#include "model_spec/shape.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
 #include "layout/partition.h"

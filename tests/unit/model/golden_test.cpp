@@ -14,6 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model_spec/gpt2_spec.h"
 #include "core/allocator.h"
 #include "model/gpt2.h"
 

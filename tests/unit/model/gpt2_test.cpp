@@ -9,6 +9,7 @@
 #include <cstring>
 #include <vector>
 
+#include "model_spec/gpt2_spec.h"
 #include "common/error.h"
 #include "core/allocator.h"
 #include "model/gpt2.h"

@@ -1,7 +1,7 @@
 // Golden test: a tiny Llama's loss and EVERY weight gradient against PyTorch float64
 // (make_llama_golden.py, Hugging Face's LlamaForCausalLM in plain torch ops), from one weights
 // file written by that script's own safetensors writer and read through the HF import
-// (checkpoint/hf_llama.h). Also: activation checkpointing gives the same gradients bit for bit,
+// (checkpoint/hf_safetensors.h). Also: activation checkpointing gives the same gradients bit for bit,
 // and tensor parallelism (threads sharing an in-process group) gives the same loss and grads.
 // Tolerance: fp32 against float64, |ours - torch| <= 1e-6 + 2e-3 |torch| per element, the loss to
 // 1e-5 relative. At 16-bit storage (bf16, fp16, with 16-bit or fp32 gradients) the same within the
@@ -17,7 +17,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "checkpoint/hf_llama.h"
+#include "model_spec/llama_spec.h"
+#include "checkpoint/hf_safetensors.h"
 #include "checkpoint/safetensors.h"
 #include "common/error.h"
 #include "core/allocator.h"
@@ -65,7 +66,7 @@ void expect_grads_match(Llama& m, const ds::rt::ckpt::SafetensorsSet& want, cons
   double worst = 0.0;  // the largest |ours - torch| / (1e-6 + 2e-3 |torch|): 1 is the tolerance
   for (const auto& ts : m.layout().tensors) {
     const auto& t = ms::find_param(all, ts.id);
-    const std::string name = ms::hf_name(ts.id, ts.layer);
+    const std::string name = ms::llama_hf_name(ts.id, ts.layer);
     std::vector<float> full(static_cast<size_t>(t.numel()));
     want.read_f32(name, t.shape, full.data());
     const float* g = m.grad(ts.id, ts.layer).f32();
@@ -97,7 +98,7 @@ TEST(LlamaGolden, LossAndEveryGradientMatchPyTorch) {
     o.T = g.T;
     o.recompute = recompute;
     Llama m(g.shape, ms::ModelPart::whole(g.shape), o, alloc);
-    ds::rt::ckpt::load_hf_llama(data("llama_golden.safetensors"), g.shape, m.part(), m.params().f32());
+    ds::rt::ckpt::load_hf_safetensors(data("llama_golden.safetensors"), g.shape, m.part(), m.params().f32());
     m.zero_grads();
     auto a = m.make_activations();
     const float loss = m.forward_backward(a, g.tokens.data(), g.targets.data(), 1.0f);
@@ -167,7 +168,7 @@ TEST(LlamaGolden, SixteenBitStorageFollowsPyTorchWithinItsPrecision) {
       EXPECT_EQ(m.params().dtype, c.dtype);
       EXPECT_EQ(m.grads().dtype, c.grad_dtype);
       std::vector<float> w(static_cast<size_t>(m.num_params()));
-      ds::rt::ckpt::load_hf_llama(data("llama_golden.safetensors"), g.shape, m.part(), w.data());
+      ds::rt::ckpt::load_hf_safetensors(data("llama_golden.safetensors"), g.shape, m.part(), w.data());
       kern::typed::from_host_f32(m.params(), w.data(), m.num_params());
       m.zero_grads();
       auto a = m.make_activations();
@@ -179,7 +180,7 @@ TEST(LlamaGolden, SixteenBitStorageFollowsPyTorchWithinItsPrecision) {
       for (const auto& ts : m.layout().tensors) {
         const auto& t = ms::find_param(all, ts.id);
         std::vector<float> full(static_cast<size_t>(t.numel()));
-        want.read_f32(ms::hf_name(ts.id, ts.layer), t.shape, full.data());
+        want.read_f32(ms::llama_hf_name(ts.id, ts.layer), t.shape, full.data());
         double num = 0, den = 0;
         for (int64_t i = 0; i < ts.numel; i++) {
           const double d = runs.back()[static_cast<size_t>(ts.offset + i)] - full[static_cast<size_t>(i)];
@@ -188,7 +189,7 @@ TEST(LlamaGolden, SixteenBitStorageFollowsPyTorchWithinItsPrecision) {
         }
         const double rel = std::sqrt(num / den);
         worst = std::max(worst, rel / eps);
-        EXPECT_LE(rel, 40 * eps) << what << " " << ms::hf_name(ts.id, ts.layer);
+        EXPECT_LE(rel, 40 * eps) << what << " " << ms::llama_hf_name(ts.id, ts.layer);
       }
       std::printf("%s: loss %.6f (torch %.6f), worst gradient tensor %.1f roundings off in L2\n", what.c_str(), loss,
                   g.loss, worst);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "model_spec/gpt2_spec.h"
 #include "core/allocator.h"
 #include "model/gpt2.h"
 #include "unit/kernels/grad_check.h"

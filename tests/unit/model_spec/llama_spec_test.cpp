@@ -3,8 +3,10 @@
 // parallel shards (kv heads split) and the activation list.
 #include <gtest/gtest.h>
 
-#include "common/error.h"
+#include "model_spec/llama_spec.h"
 #include "model_spec/gpt2_spec.h"
+#include "common/error.h"
+#include "model_spec/shape.h"
 
 namespace ms = ds::model_spec;
 
@@ -37,12 +39,12 @@ TEST(LlamaSpec, TensorsHaveHfNamesAndGqaShapes) {
   EXPECT_EQ(ms::find_param(all, ms::ParamId::kWdown).shape, (std::vector<int64_t>{4096, 14336}));
   EXPECT_EQ(ms::find_param(all, ms::ParamId::kWdown).split, ms::TpSplit::kRow);
   EXPECT_EQ(ms::find_param(all, ms::ParamId::kLmHead).split, ms::TpSplit::kVocab);
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kWk, 3), "model.layers.3.self_attn.k_proj.weight");
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kWup, 0), "model.layers.0.mlp.up_proj.weight");
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kMlpNorm, 1), "model.layers.1.post_attention_layernorm.weight");
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kWte, -1), "model.embed_tokens.weight");
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kLnfw, -1), "model.norm.weight");
-  EXPECT_EQ(ms::hf_name(ms::ParamId::kLmHead, -1), "lm_head.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kWk, 3), "model.layers.3.self_attn.k_proj.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kWup, 0), "model.layers.0.mlp.up_proj.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kMlpNorm, 1), "model.layers.1.post_attention_layernorm.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kWte, -1), "model.embed_tokens.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kLnfw, -1), "model.norm.weight");
+  EXPECT_EQ(ms::llama_hf_name(ms::ParamId::kLmHead, -1), "lm_head.weight");
   EXPECT_THROW(ms::find_param(all, ms::ParamId::kWpe), ds::Error);
   // Tied: no lm_head tensor, the embedding serves the head.
   EXPECT_EQ(ms::model_params(tiny(2, true)).size(), 11u);

@@ -6,6 +6,7 @@
 // stage, wte after the tied all-reduce) as one process running the whole model over the same
 // dp x m micro-batches, within 1e-5 relative. Activation checkpointing inside the stages gives
 // bit-identical results. PipelineStage::evaluate (forward only) gives the same losses.
+#include "model_spec/gpt2_spec.h"
 #include "layout/partition.h"
 #include "model/gpt2.h"
 #include "parallel/pipeline_stage.h"

@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "model_spec/gpt2_spec.h"
 #include "layout/partition.h"
 #include "model/gpt2.h"
 #include "parallel/pipeline_stage.h"

@@ -3,6 +3,7 @@
 // matches the unsharded model's loss and every gradient (each rank's shard against the matching
 // elements of the full gradient). Also: the regions are the only tp communication (call counts),
 // and inner hooks (ZeRO's place) still see every parameter/gradient call.
+#include "model_spec/gpt2_spec.h"
 #include "parallel/tensor_parallel.h"
 
 #include <gtest/gtest.h>

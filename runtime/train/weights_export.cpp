@@ -1,9 +1,10 @@
-// The llm.c export of a run (llmc_export.h).
-#include "train/llmc_export.h"
+// The exports of a run's weights (weights_export.h).
+#include "train/weights_export.h"
 
 #include <vector>
 
-#include "checkpoint/hf_llama.h"
+#include "checkpoint/hf_safetensors.h"
+#include "model_spec/family.h"
 #include "checkpoint/llmc_format.h"
 #include "common/error.h"
 #include "common/check.h"
@@ -82,8 +83,10 @@ void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16) {
   const ms::ModelShape& shape = engine.model().shape();
-  if (shape.llama()) {
-    throw invalid_argument("--export-llmc writes llm.c's GPT-2 format; a Llama exports with --export-safetensors DIR");
+  const ms::FamilyDescription& family = ms::family_of(shape);
+  if (!family.llmc_checkpoint) {
+    throw invalid_argument("--export-llmc writes llm.c's GPT-2 format; model.type {} exports with --export-safetensors DIR",
+                           family.name);
   }
   write_whole_model(engine, state, split, alloc, device,
                     [&](const float* whole) { ckpt::save_llmc(path, shape, whole, bf16); });
@@ -92,11 +95,13 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, Optimi
 void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype) {
   const ms::ModelShape& shape = engine.model().shape();
-  if (!shape.llama()) {
-    throw invalid_argument("--export-safetensors writes Hugging Face's Llama layout; a GPT-2 exports with --export-llmc");
+  if (ms::family_of(shape).hf == nullptr) {
+    throw invalid_argument("--export-safetensors writes a Hugging Face layout, which model.type {} has none of in "
+                           "dstrain; it exports with --export-llmc",
+                           ms::family_of(shape).name);
   }
   write_whole_model(engine, state, split, alloc, device,
-                    [&](const float* whole) { ckpt::save_hf_llama(dir, shape, whole, dtype); });
+                    [&](const float* whole) { ckpt::save_hf_safetensors(dir, shape, whole, dtype); });
 }
 
 }  // namespace ds::rt::train

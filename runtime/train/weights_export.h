@@ -1,5 +1,6 @@
-// Writing a run's weights as one llm.c GPT-2 checkpoint (dstrain train --export-llmc) or, for a
-// Llama, as Hugging Face safetensors with a config.json (--export-safetensors), from any layout.
+// Writing a run's weights in its family's formats (model_spec/family.h): one llm.c checkpoint
+// (dstrain train --export-llmc, families with llmc_checkpoint) or Hugging Face safetensors with a
+// config.json (--export-safetensors, families with an HfFormat), from any layout.
 // Collective over the world:
 //   1. each rank's part (its stage's layers, its tp shard) as fp32 weights on the host: the
 //      master weights with mixed precision, assembled from the dp group's partitions where ZeRO
@@ -25,7 +26,7 @@ namespace ds::rt::train {
 // `bf16`: llm.c's version 5 file (each fp32 master value rounded to bf16 once), else version 3.
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16 = false);
-// Hugging Face's Llama layout in `dtype` into `dir` (checkpoint/hf_llama.h, save_hf_llama).
+// Hugging Face's Llama layout in `dtype` into `dir` (checkpoint/hf_safetensors.h, save_hf_safetensors).
 void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype);
 // Steps 1 and 2 above, then `write` on rank 0 with the whole model's fp32 values (the layout of

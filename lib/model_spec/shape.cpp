@@ -1,0 +1,240 @@
+// What every family shares: shape rules, the flat layout, tensor-parallel splits, parameter
+// counts and activation totals. See shape.h; each family's lists are in its own file.
+#include "model_spec/shape.h"
+
+#include <algorithm>
+
+#include "common/error.h"
+#include "model_spec/family.h"
+
+namespace ds::model_spec {
+
+ModelShape ModelShape::gpt2_124m() { return ModelShape{12, 12, 768, 50257, 50304, 1024}; }
+
+void ModelShape::validate() const {
+  auto positive = [](int v, const char* name) {
+    if (v <= 0) throw invalid_argument("model.{} must be positive, got {}", name, v);
+  };
+  positive(n_layer, "n_layer");
+  positive(n_head, "n_head");
+  positive(n_embd, "n_embd");
+  positive(vocab_size, "vocab_size");
+  positive(padded_vocab_size, "padded_vocab_size");
+  positive(seq_len, "seq_len");
+  if (n_embd % n_head != 0) {
+    throw invalid_argument("model.n_embd ({}) must be divisible by model.n_head ({})", n_embd,
+                           n_head);
+  }
+  if (padded_vocab_size < vocab_size) {
+    throw invalid_argument("model.padded_vocab_size ({}) must be >= model.vocab_size ({})",
+                           padded_vocab_size, vocab_size);
+  }
+  const FamilyDescription& f = family_of(*this);
+  if (f.validate != nullptr) f.validate(*this);
+}
+
+bool ModelShape::tied() const { return family_of(*this).head_always_tied || tie_embeddings; }
+
+void ModelShape::validate_tp(int tp) const {
+  if (tp <= 0) throw invalid_argument("tensor-parallel size must be positive, got {}", tp);
+  if (n_head % tp != 0) {
+    throw invalid_argument("model.n_head ({}) must be divisible by the tensor-parallel size ({})",
+                           n_head, tp);
+  }
+  const FamilyDescription& f = family_of(*this);
+  if (f.validate_tp != nullptr) f.validate_tp(*this, tp);
+  if (padded_vocab_size % tp != 0) {
+    throw invalid_argument(
+        "model.padded_vocab_size ({}) must be divisible by the tensor-parallel size ({})",
+        padded_vocab_size, tp);
+  }
+}
+
+const char* tp_split_name(TpSplit s) {
+  switch (s) {
+    case TpSplit::kReplicated: return "replicated";
+    case TpSplit::kColumn: return "column";
+    case TpSplit::kRow: return "row";
+    case TpSplit::kVocab: return "vocab";
+  }
+  return "?";
+}
+
+int64_t ParamTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ParamTensor> model_params(const ModelShape& s) {
+  return family_of(s).params(s);
+}
+
+const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id) {
+  for (const auto& t : all) {
+    if (t.id == id) return t;
+  }
+  throw invalid_argument("parameter tensor #{} is not part of this model", static_cast<int>(id));
+}
+
+std::vector<int64_t> local_shape(const ParamTensor& t, int tp) {
+  std::vector<int64_t> sh = t.shape;
+  switch (t.split) {
+    case TpSplit::kReplicated: break;
+    case TpSplit::kColumn:
+    case TpSplit::kVocab: sh[0] /= tp; break;
+    case TpSplit::kRow: sh[1] /= tp; break;
+  }
+  return sh;
+}
+
+int64_t local_numel(const ParamTensor& t, int tp) {
+  return t.split == TpSplit::kReplicated ? t.numel() : t.numel() / tp;
+}
+
+int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index) {
+  if (t.split == TpSplit::kReplicated || tp == 1) return local_index;
+  const int64_t rows = t.shape[0];
+  const int64_t inner = t.numel() / rows;  // elements per row of the full tensor
+  if (t.split == TpSplit::kRow) {
+    const int64_t cols = t.shape[1], lcols = cols / tp;
+    const int64_t r = local_index / lcols, c = local_index % lcols;
+    return r * cols + tp_rank * lcols + c;
+  }
+  // Column / vocab: dim 0 split, within each of split_groups groups.
+  const int64_t group_rows = rows / t.split_groups;
+  const int64_t lgroup_rows = group_rows / tp;
+  const int64_t lr = local_index / inner, c = local_index % inner;
+  const int64_t g = lr / lgroup_rows, within = lr % lgroup_rows;
+  const int64_t r = g * group_rows + tp_rank * lgroup_rows + within;
+  return r * inner + c;
+}
+
+void ModelPart::validate(const ModelShape& s) const {
+  if (layer_begin < 0 || layer_end > s.n_layer || layer_begin > layer_end) {
+    throw invalid_argument("model part layers [{}, {}) must lie within [0, {}]", layer_begin,
+                           layer_end, s.n_layer);
+  }
+  if (tp_rank < 0 || tp_rank >= tp) {
+    throw invalid_argument("tensor-parallel rank {} must lie in [0, {})", tp_rank, tp);
+  }
+  s.validate_tp(tp);
+}
+
+int64_t ParamLayout::offset_in_unit(ParamId id) const {
+  return in_unit_offsets[static_cast<size_t>(id)];
+}
+
+const UnitSlice* ParamLayout::find_unit(UnitKind kind, int layer) const {
+  for (const auto& u : units) {
+    if (u.kind == kind && (kind != UnitKind::kLayer || u.layer == layer)) return &u;
+  }
+  return nullptr;
+}
+
+const TensorSlice* ParamLayout::find_tensor(ParamId id, int layer) const {
+  for (const auto& t : tensors) {
+    if (t.id == id && t.layer == layer) return &t;
+  }
+  return nullptr;
+}
+
+ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
+  const auto all = model_params(s);
+  ParamLayout out;
+  // Offsets inside each unit (identical for every layer).
+  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0;
+  for (const auto& t : all) {
+    int64_t* cursor = nullptr;
+    switch (t.unit) {
+      case UnitKind::kTokenEmbedding: cursor = &wte_end; break;
+      case UnitKind::kPositionEmbedding: cursor = &wpe_end; break;
+      case UnitKind::kLayer: cursor = &layer_end; break;
+      case UnitKind::kFinalNorm: cursor = &lnf_end; break;
+    }
+    out.in_unit_offsets[static_cast<size_t>(t.id)] = *cursor;
+    *cursor += local_numel(t, part.tp);
+  }
+  out.layer_numel = layer_end;
+  auto add_unit = [&](UnitKind kind, int layer, int64_t numel) {
+    if (numel == 0) return;  // a unit this family has no tensors in
+    out.units.push_back(UnitSlice{kind, layer, out.total, numel});
+    for (const auto& t : all) {
+      if (t.unit != kind) continue;
+      out.tensors.push_back(TensorSlice{t.id, layer,
+                                        out.total + out.in_unit_offsets[static_cast<size_t>(t.id)],
+                                        local_numel(t, part.tp)});
+    }
+    out.total += numel;
+  };
+  // The tied wte lives in a part with the embedding or the head (a last stage keeps its copy).
+  if (part.has_embedding || (part.has_head && s.tied())) add_unit(UnitKind::kTokenEmbedding, -1, wte_end);
+  if (part.has_embedding) add_unit(UnitKind::kPositionEmbedding, -1, wpe_end);
+  for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kLayer, l, layer_end);
+  if (part.has_head) add_unit(UnitKind::kFinalNorm, -1, lnf_end);
+  return out;
+}
+
+int64_t param_count(const ModelShape& s) { return part_param_count(s, ModelPart::whole(s)); }
+
+int64_t layer_param_count(const ModelShape& s, int tp) {
+  int64_t n = 0;
+  for (const auto& t : model_params(s)) {
+    if (t.per_layer) n += local_numel(t, tp);
+  }
+  return n;
+}
+
+int64_t layers_param_count(const ModelShape& s, int l0, int l1, int tp) {
+  return static_cast<int64_t>(std::max(0, l1 - l0)) * layer_param_count(s, tp);
+}
+
+int64_t part_param_count(const ModelShape& s, const ModelPart& part) {
+  return param_layout(s, part).total;
+}
+
+// ---- activations ---------------------------------------------------------------------------
+
+int head_chunk_rows_default(const ModelShape& s, int B, int T, int tp) {
+  // Equal chunks (a multiple of 16 rows) of at most ~kBudget logits each: big enough for sgemm
+  // to amortise packing wte, small enough that (B*T, Vp) logits never exist.
+  const int64_t kBudget = int64_t{32} << 20;
+  const int64_t vloc = s.padded_vocab_size / tp;
+  const int64_t BT = static_cast<int64_t>(B) * T;
+  const int64_t max_rows = std::max<int64_t>(16, kBudget / vloc);
+  const int64_t chunks = (BT + max_rows - 1) / max_rows;
+  int64_t rows = (BT + chunks - 1) / chunks;
+  rows = (rows + 15) / 16 * 16;
+  return static_cast<int>(std::min(rows, BT));
+}
+
+std::vector<ActBuffer> model_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
+  return family_of(s).activations(s, part, cfg);
+}
+
+ActTotals activation_totals(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
+  ActTotals t;
+  const int64_t nl = part.layer_end - part.layer_begin;
+  for (const auto& b : model_activations(s, part, cfg)) {
+    const int64_t bytes = b.bytes(cfg.storage_bytes);
+    switch (b.scope) {
+      case ActScope::kPerLayer:
+        t.per_layer += b.numel;
+        t.per_layer_bytes += bytes;
+        break;
+      case ActScope::kPerMicroBatch:
+        t.per_micro_batch += b.numel;
+        t.per_micro_batch_bytes += bytes;
+        break;
+      case ActScope::kShared:
+        (b.tag == ActTag::kActivations ? t.shared_activations : t.shared_workspace) += b.numel;
+        (b.tag == ActTag::kActivations ? t.shared_activation_bytes : t.shared_workspace_bytes) += bytes;
+        break;
+    }
+  }
+  t.per_micro_batch += t.per_layer * nl;
+  t.per_micro_batch_bytes += t.per_layer_bytes * nl;
+  return t;
+}
+
+}  // namespace ds::model_spec
