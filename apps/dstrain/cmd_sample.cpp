@@ -1,4 +1,4 @@
-// `dstrain sample`: text from a trained GPT-2 on the CPU (runtime/train/sampling.h): the weights
+// `dstrain sample`: text from a trained model (any family) on the CPU (runtime/train/sampling.h): the weights
 // of a dstrain checkpoint (any layout) or an llm.c file, a KV-cache forward per token, decoded
 // with the run's tokenizer. The text goes to stdout, what was loaded to stderr.
 #include <iostream>
@@ -43,10 +43,10 @@ int run_sample(const SampleCmdOptions& o) {
 
 void add_sample_command(CLI::App& app, std::vector<Command>& out) {
   auto o = std::make_shared<SampleCmdOptions>();
-  auto* sub = app.add_subcommand("sample", "generate text from a trained GPT-2 on the CPU (KV cache)");
+  auto* sub = app.add_subcommand("sample", "generate text from a trained model on the CPU (KV cache)");
   sub->add_option("--checkpoint", o->checkpoint,
                   "a dstrain checkpoint: a step_N directory, or a training.checkpoint_dir (its latest)");
-  sub->add_option("--init-from", o->init_from, "an llm.c GPT-2 checkpoint file");
+  sub->add_option("--init-from", o->init_from, "an llm.c checkpoint file (GPT-2)");
   sub->add_option("--config,-c", o->config,
                   "the run's config: its model must be the checkpoint's (default: the checkpoint's own)");
   sub->add_option("--prompt", o->gen.prompt, "text to continue (default: start from a newline)");

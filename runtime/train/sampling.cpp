@@ -9,6 +9,7 @@
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/part_reader.h"
 #include "common/error.h"
+#include "model_spec/family.h"
 #include "data/tokenizer.h"
 #include "kernels/dispatch.h"
 #include "train/run_config.h"
@@ -70,9 +71,18 @@ class TokenizerCodec final : public TextCodec {
   std::string from_;
 };
 
+// "GPT-2 (L=2 H=4 C=64 V=256 Vp=256 T=64)", with KV and I where the family has them.
 std::string describe(const ms::ModelShape& s) {
-  return fmt::format("GPT-2 (L={} H={} C={} V={} Vp={} T={})", s.n_layer, s.n_head, s.n_embd, s.vocab_size,
-                     s.padded_vocab_size, s.seq_len);
+  const ms::FamilyDescription& f = ms::family_of(s);
+  const std::string kv = f.grouped_query ? fmt::format(" KV={}", s.n_kv_head) : std::string();
+  const std::string mlp = f.mlp == ms::MlpKind::kSwiGlu ? fmt::format(" I={}", s.intermediate_size) : std::string();
+  return fmt::format("{} (L={} H={}{}{} C={} V={} Vp={} T={}{})", f.display_name, s.n_layer, s.n_head, kv, mlp,
+                     s.n_embd, s.vocab_size, s.padded_vocab_size, s.seq_len,
+                     !f.head_always_tied && s.tie_embeddings ? " tied" : "");
+}
+
+bool same_model(const ms::ModelShape& a, const ms::ModelShape& b) {
+  return describe(a) == describe(b) && a.rope_theta == b.rope_theta && a.norm_eps == b.norm_eps;
 }
 
 }  // namespace
@@ -110,12 +120,6 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
   SamplingModel out;
   try {
     const config::JobConfig run = config::parse_job_config(m.at("config").dump(), "", old.world_size);
-    if (run.model.type != "gpt2") {
-      throw Error(ErrorKind::kInvalidArgument,
-                  fmt::format("{}: holds a {} model; dstrain sample generates from GPT-2 models only", where,
-                              run.model.type),
-                  "a Llama checkpoint exports to Hugging Face safetensors (dstrain train --export-safetensors DIR)");
-    }
     out.shape = shape_of(run.model);
     out.source = fmt::format("checkpoint {} (step {})", dir, m.at("step").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
@@ -157,9 +161,7 @@ SamplingModel load_llmc_model(const std::string& path) {
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg) {
   const ms::ModelShape want = shape_of(cfg.model);
   const ms::ModelShape& got = model.shape;
-  if (got.n_layer != want.n_layer || got.n_head != want.n_head || got.n_embd != want.n_embd ||
-      got.vocab_size != want.vocab_size || got.padded_vocab_size != want.padded_vocab_size ||
-      got.seq_len != want.seq_len) {
+  if (!same_model(got, want)) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("{} holds {}, but {}'s model is {}", model.source, describe(got), cfg.path, describe(want)),
                 "sample with the config the checkpoint was trained with, or without --config");
@@ -173,7 +175,7 @@ std::string generate_text(const ms::ModelShape& shape, const float* params, cons
     throw invalid_argument("the prompt is {} tokens, more than the model's context of {} (model.seq_len)",
                            tokens.size(), shape.seq_len);
   }
-  Gpt2Generator gen(shape, params);
+  Generator gen(shape, params);
   std::mt19937_64 rng(o.seed);
   const float* logits = nullptr;
   for (int32_t t : tokens) logits = gen.feed(t);

@@ -1,8 +1,8 @@
-// Samples: text a GPT-2 writes, for `dstrain sample` and for training.sample_interval (llm.c
-// prints one every so often while it trains). The model comes from a dstrain checkpoint (any
-// layout: the parts are reassembled into the whole model, checkpoint/part_reader.h) or an llm.c
-// file, as fp32 weights on the host; generation runs on the CPU with a KV cache
-// (model/gpt2_generate.h).
+// Samples: text a model writes, for `dstrain sample` and for training.sample_interval (llm.c
+// prints one every so often while it trains). Any family. The model comes from a dstrain
+// checkpoint (any layout: the parts are reassembled into the whole model,
+// checkpoint/part_reader.h) or an llm.c file, as fp32 weights on the host; generation runs on the
+// CPU with a KV cache (model/generate.h).
 //
 // Tokenizers: the run's, through TextCodec. A model whose vocabulary is 256 or less is byte-level
 // (one token per byte) unless a tokenizer is named; a larger one needs the tokenizer its data was
@@ -18,7 +18,7 @@
 
 #include "config/job_config.h"
 #include "data/tokenizer.h"
-#include "model/gpt2_generate.h"
+#include "model/generate.h"
 #include "model_spec/shape.h"
 
 namespace ds::rt::train {
@@ -30,7 +30,8 @@ class TextCodec {
   // invalid_argument naming the offending byte or token.
   virtual std::vector<int32_t> encode(const std::string& text) const = 0;
   virtual std::string decode(const std::vector<int32_t>& tokens) const = 0;
-  // The first token of an empty prompt (GPT-2's <|endoftext|>; byte-level: '\n').
+  // The first token of an empty prompt (the tokenizer's document token, <|endoftext|> for GPT-2's
+  // BPE; byte-level: '\n').
   virtual int32_t start_token() const = 0;
 };
 
@@ -49,7 +50,7 @@ struct SamplingModel {
 // (its `latest`). Master weights (fp32) where the run kept them, else the parameters.
 // invalid_argument naming the directory when it is neither, or when its files do not fit.
 SamplingModel load_checkpoint_model(const std::string& dir);
-// An llm.c GPT-2 checkpoint (version 3 or 5).
+// An llm.c checkpoint (version 3 or 5; llm.c's files hold GPT-2 models).
 SamplingModel load_llmc_model(const std::string& path);
 
 // Throws invalid_argument naming both shapes when `model` is not the model `cfg` describes.

@@ -223,7 +223,7 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
   Activations& acts = engine->activations();
   const auto& part = model.part();
   double loss_sum = 0;
-  // Gpt2::forward_backward's pieces, with a lap after each phase (step_clock.h).
+  // Decoder::forward_backward's pieces, with a lap after each phase (step_clock.h).
   for (int g = 0; g < G; ++g) {
     loader->next(mb_inputs(0), mb_targets(0));
     clock.lap(Phase::kData);
@@ -324,12 +324,6 @@ void Trainer::Impl::note_planned_memory(StepRecord& r, MetricsReporter& reporter
 // training.sample_interval samples from rank 0's model, so rank 0 must hold all of it.
 void Trainer::Impl::check_sampling() {
   if (cfg.training.sample_interval <= 0) return;
-  if (cfg.model.type != "gpt2") {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("{}: $.training.sample_interval: sampling during training runs GPT-2 models only; "
-                            "this model is {}", cfg.path, cfg.model.type),
-                "set training.sample_interval to 0");
-  }
   if (cfg.tensor_parallel.size > 1 || pp() > 1 || cfg.zero.stage == 3) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("{}: $.training.sample_interval: samples need the whole model on rank 0, but this layout "
