@@ -5,7 +5,8 @@
 //   layout search: --recommend --config C --world-size N --gpu-mem SIZE [--calibration F]
 //                  [--tokens N] [--measure [--top K]]
 //   calibration:   --calibrate [--config C] [--nproc-per-node N | --hostfile H] -o calib.json
-//                  (the measuring, and --measure's runs, are cmd_plan_calibrate.cpp)
+//                  (the launching, and --measure's runs, are cmd_plan_calibrate.cpp; the
+//                  measuring is the runtime's, train/calibration_rank.h)
 // The numbers, the resolution of the inputs (lib/plan/plan_inputs.h: world, config, device
 // memory, hardware) and the --json shapes (lib/plan/plan_json.h) live in lib/plan; this file
 // binds the flags, picks the mode and prints: text tables here, JSON as lib/plan builds it. It

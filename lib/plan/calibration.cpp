@@ -11,6 +11,7 @@
 
 #include "common/error.h"
 #include "config/json_reader.h"
+#include "model_spec/family.h"
 
 namespace ds::plan {
 
@@ -41,6 +42,7 @@ class Cursor {
     }
     return Cursor(doc_, source_, *it, p);
   }
+  bool has(const std::string& k) const { return v_.is_object() && v_.contains(k); }
   std::vector<Cursor> items(bool nonempty) const {
     if (!v_.is_array() || (nonempty && v_.empty())) fail(nonempty ? "a non-empty array" : "an array");
     std::vector<Cursor> out;
@@ -107,6 +109,18 @@ model_spec::ModelShape read_shape(const Cursor& m) {
   s.vocab_size = m.key("vocab_size").integer(1);
   s.padded_vocab_size = m.key("padded_vocab_size").integer(1);
   s.seq_len = m.key("seq_len").integer(1);
+  // The family and its own sizes (model_spec/family.h); files written before families were
+  // recorded hold GPT-2 shapes.
+  if (m.has("type")) {
+    const Cursor t = m.key("type");
+    const std::string name = t.str();
+    const model_spec::FamilyDescription* f = model_spec::find_family(name);
+    if (f == nullptr) t.fail("one of the model families (" + model_spec::family_names() + ")");
+    s.family = f->family;
+    if (f->grouped_query) s.n_kv_head = m.key("n_kv_head").integer(1);
+    if (f->mlp == model_spec::MlpKind::kSwiGlu) s.intermediate_size = m.key("intermediate_size").integer(1);
+    if (!f->head_always_tied) s.tie_embeddings = m.key("tie_embeddings").boolean();
+  }
   return s;
 }
 
@@ -190,9 +204,17 @@ Json calibration_json(const Calibration& c, const CalibrationMeta& meta) {
   j["ranks_per_node"] = c.ranks_per_node;
   j["cores"] = c.cores;
   j["threads_per_rank"] = c.threads_per_rank;
-  j["model"] = {{"n_layer", c.shape.n_layer}, {"n_head", c.shape.n_head}, {"n_embd", c.shape.n_embd},
-                {"vocab_size", c.shape.vocab_size}, {"padded_vocab_size", c.shape.padded_vocab_size},
+  const model_spec::FamilyDescription& family = model_spec::family_of(c.shape);
+  j["model"] = {{"type", family.name},
+                {"n_layer", c.shape.n_layer},
+                {"n_head", c.shape.n_head},
+                {"n_embd", c.shape.n_embd},
+                {"vocab_size", c.shape.vocab_size},
+                {"padded_vocab_size", c.shape.padded_vocab_size},
                 {"seq_len", c.shape.seq_len}};
+  if (family.grouped_query) j["model"]["n_kv_head"] = c.shape.n_kv_head;
+  if (family.mlp == model_spec::MlpKind::kSwiGlu) j["model"]["intermediate_size"] = c.shape.intermediate_size;
+  if (!family.head_always_tied) j["model"]["tie_embeddings"] = c.shape.tie_embeddings;
   j["compute"] = Json::array();
   for (const auto& x : c.compute) {
     j["compute"].push_back({{"tp", x.tp}, {"concurrency", x.concurrency}, {"micro_batch", x.micro_batch},

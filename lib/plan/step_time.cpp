@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "layout/pipeline_schedule.h"
+#include "model_spec/family.h"
 #include "model_spec/flops.h"
 
 namespace ds::plan {
@@ -92,7 +93,8 @@ PieceTimes interpolate(const std::vector<ComputeSample>& v, int b) {
 }
 
 bool same_shape(const model_spec::ModelShape& a, const model_spec::ModelShape& b) {
-  return a.n_embd == b.n_embd && a.seq_len == b.seq_len && a.n_head == b.n_head &&
+  return a.family == b.family && a.n_embd == b.n_embd && a.seq_len == b.seq_len && a.n_head == b.n_head &&
+         model_spec::kv_heads(a) == model_spec::kv_heads(b) && model_spec::mlp_width(a) == model_spec::mlp_width(b) &&
          a.padded_vocab_size == b.padded_vocab_size;
 }
 

@@ -18,7 +18,9 @@ namespace {
 
 using test::TempDir;
 
-std::string write_tiny(const TempDir& dir) {
+std::string write_tiny(const TempDir& dir, const nlohmann::json& model = {{"type", "gpt2"}, {"n_layer", 2},
+                                                                         {"n_head", 2}, {"n_embd", 32},
+                                                                         {"vocab_size", 32}, {"seq_len", 16}}) {
   {
     std::ofstream f(dir / "train.bin", std::ios::binary);
     const int32_t n = 8192;
@@ -34,7 +36,7 @@ std::string write_tiny(const TempDir& dir) {
       {"train_micro_batch_size_per_gpu", 2},
       {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.001}}}}},
       {"zero_optimization", {{"stage", 1}}},
-      {"model", {{"type", "gpt2"}, {"n_layer", 2}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 32}, {"seq_len", 16}}},
+      {"model", model},
       {"data", {{"train", "train.bin"}}},
       {"training", {{"steps", 100}, {"log_interval", 10}, {"device", "cpu"}}},
   };
@@ -92,6 +94,33 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
   size_t runs = 0;
   for (size_t at = r.err.find("measuring "); at != std::string::npos; at = r.err.find("measuring ", at + 1)) ++runs;
   EXPECT_EQ(runs, 4u) << r.err;
+}
+
+// The measuring is the runtime's one decoder, so any family calibrates: a grouped-query Llama on
+// one rank gives its compute samples (tp 1 only: one rank) and the optimizer's rate.
+TEST(PlanCalibrate, CalibratesALlamaLayer) {
+  TempDir dir;
+  const std::string cfg = write_tiny(dir, {{"type", "llama"}, {"n_layer", 2}, {"n_head", 4}, {"n_kv_head", 2},
+                                           {"n_embd", 32}, {"intermediate_size", 88}, {"vocab_size", 32},
+                                           {"seq_len", 16}});
+  const std::string calib = dir / "calib.json";
+  auto r = test::run_command("OMP_NUM_THREADS=1 " + test::dstrain() + " plan --calibrate --config " + cfg +
+                             " --nproc-per-node 1 -o " + calib);
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  const plan::CalibrationFile f = plan::read_calibration(calib);
+  EXPECT_EQ(f.cal.shape.family, model_spec::ModelFamily::kLlama);
+  EXPECT_EQ(f.cal.shape.n_kv_head, 2);
+  std::set<int> micro_batches;
+  for (const auto& c : f.cal.compute) {
+    EXPECT_EQ(c.tp, 1);
+    micro_batches.insert(c.micro_batch);
+    EXPECT_GT(c.layer_fwd, 0);
+    EXPECT_GT(c.layer_bwd, 0);
+    EXPECT_GT(c.head, 0);
+  }
+  EXPECT_EQ(micro_batches, (std::set<int>{1, 2, 4}));
+  EXPECT_TRUE(f.cal.collectives.empty());
+  EXPECT_GT(f.cal.optimizer_rate, 0);
 }
 
 }  // namespace

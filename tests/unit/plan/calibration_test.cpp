@@ -90,6 +90,28 @@ TEST(Calibration, MalformedFilesNameThePathAndLine) {
   EXPECT_NE(e.find("$.compute: expected a non-empty array"), std::string::npos) << e;
 }
 
+// The model's family and its own sizes travel with the file, so the step-time model scales a
+// Llama's samples as a Llama's; a file without "type" (written before) holds a GPT-2 shape.
+TEST(Calibration, TheFamilyRoundTrips) {
+  Calibration c = sample_calibration();
+  c.shape.family = model_spec::ModelFamily::kLlama;
+  c.shape.n_kv_head = 2;
+  c.shape.intermediate_size = 1024;
+  c.shape.tie_embeddings = true;
+  const std::string text = text_of(c);
+  const CalibrationFile f = parse_calibration(text, "calib.json");
+  EXPECT_EQ(f.cal.shape.family, model_spec::ModelFamily::kLlama);
+  EXPECT_EQ(f.cal.shape.n_kv_head, 2);
+  EXPECT_EQ(f.cal.shape.intermediate_size, 1024);
+  EXPECT_TRUE(f.cal.shape.tie_embeddings);
+  EXPECT_EQ(parse_calibration(replace(text_of(sample_calibration()), "\"type\": \"gpt2\",", ""), "c.json").cal.shape.family,
+            model_spec::ModelFamily::kGpt2);
+  const std::string e = error_of(replace(text, "\"type\": \"llama\"", "\"type\": \"mamba\""));
+  EXPECT_NE(e.find("$.model.type: expected one of the model families (gpt2, llama)"), std::string::npos) << e;
+  const std::string kv = error_of(replace(text, "\"n_kv_head\": 2,", ""));
+  EXPECT_NE(kv.find("$.model.n_kv_head: expected key 'n_kv_head'"), std::string::npos) << kv;
+}
+
 TEST(Calibration, MissingFileIsAClearError) {
   try {
     read_calibration("/nonexistent/calib.json");
