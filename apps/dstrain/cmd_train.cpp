@@ -33,7 +33,7 @@ struct TrainCmdOptions {
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
   std::string export_llmc_dtype = "fp32";  // fp32 (version 3) or bf16 (version 5)
   double comm_timeout = 0;                 // > 0: overrides training.comm_timeout
-  std::string export_safetensors;          // after training: a Llama as HF safetensors + config.json
+  std::string export_safetensors;          // after training: HF safetensors + config.json
   std::string export_safetensors_dtype = "fp32";
 };
 
@@ -101,10 +101,11 @@ int run_train(const TrainCmdOptions& o) {
 
 void add_train_command(CLI::App& app, std::vector<Command>& out) {
   auto o = std::make_shared<TrainCmdOptions>();
-  auto* sub = app.add_subcommand("train", "train a GPT-2 or Llama model in this process (what every rank of "
-                                          "`dstrain launch` runs)");
+  auto* sub = app.add_subcommand("train", "train the config's model (any model.type) in this process (what "
+                                          "every rank of `dstrain launch` runs)");
   sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
-  sub->add_option("--init-from", o->train.init_from, "start from this llm.c GPT-2 checkpoint");
+  sub->add_option("--init-from", o->train.init_from, "start from these weights in the model family's format: an llm.c checkpoint file, or "
+                  "Hugging Face safetensors (a file or a directory)");
   sub->add_option("--metrics", o->train.metrics_path,
                   "append one JSON object per step to this file (rank 0 writes it; every rank "
                   "may be given the same path)");
@@ -122,7 +123,7 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_option("--max-steps", o->train.max_steps,
                   "stop after this step (the schedule still spans training.steps)");
   sub->add_option("--export-llmc", o->export_llmc,
-                  "after training, write the weights as an llm.c GPT-2 checkpoint (rank 0 "
+                  "after training, write the weights as an llm.c checkpoint (families llm.c holds; rank 0 "
                   "writes; with --resume --max-steps N it exports checkpoint N without training); "
                   "tensor-parallel and pipeline parts are reassembled into the whole model");
   sub->add_option("--export-llmc-dtype", o->export_llmc_dtype,
@@ -130,8 +131,8 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                   "writes: every weight rounded to bf16 once)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   sub->add_option("--export-safetensors", o->export_safetensors,
-                  "after training, write a Llama's weights into this directory as Hugging Face "
-                  "safetensors (LlamaForCausalLM's names) with a config.json transformers reads");
+                  "after training, write the weights into this directory as Hugging Face safetensors "
+                  "(the family's HF names) with a config.json transformers reads (families with an HF format)");
   sub->add_option("--export-safetensors-dtype", o->export_safetensors_dtype, "fp32 (default), bf16 or fp16")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.

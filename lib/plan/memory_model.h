@@ -138,7 +138,7 @@ struct MemoryPlan {
 void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 
 // The plan. Rank grid as the architecture fixes it: rank = (stage * dp + dp_rank) * tp + tp_rank.
-// Counting rules, as the runtime allocates (runtime/model/gpt2.cpp, runtime/parallel/zero.cpp,
+// Counting rules, as the runtime allocates (runtime/model/decoder.cpp, runtime/parallel/zero.cpp,
 // runtime/parallel/pipeline_stage.cpp, runtime/train/trainer.cpp). Each rank builds one model of
 // its (stage, tp_rank) part, hooked model -> TensorParallelHooks (allocate nothing) ->
 // TiedEmbeddingHooks (pp > 1, first and last stage) -> ZeroEngine over its dp group with the

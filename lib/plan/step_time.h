@@ -1,7 +1,7 @@
 // The step-time model behind `dstrain plan --recommend`: how long one optimizer step of a layout
 // takes, from what the machine was measured to do (a Calibration: `dstrain plan --calibrate`,
 // calibration.h) or, without a measurement, from built-in constants (Hardware, recommend.h).
-// It counts what the runtime does, piece by piece (runtime/model/gpt2.cpp, runtime/parallel/):
+// It counts what the runtime does, piece by piece (runtime/model/decoder.cpp, runtime/parallel/):
 //
 //   per micro-batch of b sequences, on pipeline stage s with layers [l0, l1):
 //     F_s = (l1 - l0) * (fwd(b) + 2 AR_tp(bTC)) + [first] (embed_fwd(b) + AR_tp(bTC))

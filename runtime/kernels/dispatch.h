@@ -12,7 +12,7 @@
 // - Every pointer passed must be device memory of the current device (Allocator with
 //   Device::kCuda); calls are asynchronous on the scope's stream.
 // - crossentropy_forward / crossentropy_softmax_backward return 0: invalid targets are not
-//   counted on the device (the caller validates targets on the host, as Gpt2::head does, before
+//   counted on the device (the caller validates targets on the host, as Decoder::head does, before
 //   uploading them); their losses are still NaN.
 // - attention_scratch_floats(T) is 0 (the CUDA attention needs no scratch).
 // - gemm threading knobs (set_gemm_threading, ...) are CPU-only and not forwarded.

@@ -199,7 +199,7 @@ inline void adamw_update_partition(const AdamWStep& s, float* master, TypedPtr g
 // dst (n elements of its type) = the fp32 values src on the same device, rounded.
 inline void from_f32(TypedPtr dst, const float* src, int64_t n) { convert(dst, TypedPtr(src), n); }
 
-// RMSNorm, RoPE, SwiGLU and grouped-query attention (the Llama family's ops).
+// RMSNorm, RoPE, SwiGLU and grouped-query attention (the ops of the RMSNorm/RoPE/SwiGLU families).
 
 inline void rmsnorm_forward(TypedPtr out, float* rstd, TypedPtr inp, TypedPtr weight, int64_t N,
                             int C, float eps) {

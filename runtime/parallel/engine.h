@@ -24,7 +24,7 @@
 #include "core/allocator.h"
 #include "layout/choices.h"
 #include "layout/topology.h"
-#include "model/gpt2.h"
+#include "model/decoder.h"
 #include "parallel/host_world.h"
 #include "layout/pipeline_schedule.h"
 #include "parallel/pipeline_stage.h"

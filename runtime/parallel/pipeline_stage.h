@@ -1,9 +1,9 @@
 // Pipeline parallelism's stage side: the driver that runs one step's schedule (pipeline_schedule.h)
-// on a stage's Model (GPT-2 or Llama), passing activations (B,T,C) forward and their gradients (B,T,C) backward with
+// on a stage's Model (any family), passing activations (B,T,C) forward and their gradients (B,T,C) backward with
 // the pipeline group's send/recv, and summing the tied token-embedding gradient between the first
 // and the last stage. Which layers a stage holds is layout::partition_stages (layout/partition.h).
 //
-// Layout of a stage's work (the model's pieces, gpt2.h):
+// Layout of a stage's work (the model's pieces, model/decoder.h):
 //   forward(mb)   first stage: embed_forward + blocks_forward; others: recv into acts.input, then
 //                 blocks_forward. The last stage stops before the head.
 //   backward(mb)  last stage: head_forward_backward (the loss and the head's gradients, so the
@@ -48,7 +48,7 @@ struct MicroBatch {
 };
 
 struct RunOptions {
-  // Gradient of grad_scale * (each micro-batch's mean loss) accumulates (gpt2.h): pass 1/m (times
+  // Gradient of grad_scale * (each micro-batch's mean loss) accumulates (model/decoder.h): pass 1/m (times
   // an fp16 loss scale) for the mean over the step's micro-batches.
   float grad_scale = 1.0f;
   // Sum the tied wte gradient over the first and last stage at the end of the run (pp > 1).

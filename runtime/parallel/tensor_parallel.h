@@ -1,5 +1,5 @@
 // Tensor parallelism's communication: Megatron's named regions over the tensor-parallel group's
-// Comm, as the model's ParallelHooks see them. The model (model/gpt2.cpp) already computes with
+// Comm, as the model's ParallelHooks see them. The model (model/decoder.cpp) already computes with
 // the Megatron layout (column-parallel qkv / MLP-up, row-parallel projections, vocabulary-parallel
 // embedding and loss) and calls a hook exactly where the group must talk; this file decides what
 // happens there:

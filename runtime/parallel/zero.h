@@ -72,8 +72,8 @@ struct ZeroOptions {
   // element (the backends sum 16-bit values in fp32, comm.h).
   DType param_dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
-  // The head reads the token embedding (GPT-2, a tied Llama): stage 3 prefetches it again before
-  // the final norm unit. An untied Llama's head is its final-norm unit alone.
+  // The head reads the token embedding (a tied head): stage 3 prefetches it again before
+  // the final norm unit. An untied head lives in the final-norm unit alone.
   bool tied_head = true;
 };
 
@@ -99,7 +99,7 @@ class ZeroEngine final : public ParallelHooks {
   int dp_rank() const { return rank_; }
   int dp_size() const { return size_; }
   const layout::Partition& partition() const { return part_; }
-  // The model must be built with these (Gpt2Options own_params / own_grads).
+  // The model must be built with these (ModelOptions own_params / own_grads).
   bool model_owns_params() const { return opt_.stage < 3; }
   bool model_owns_grads() const { return opt_.stage < 2; }
   // The model, built with this engine as its hooks. Must be called once before training.

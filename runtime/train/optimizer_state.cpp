@@ -20,7 +20,7 @@ namespace ms = ds::model_spec;
 
 namespace {
 
-// GPT-2 / llm.c practice: matrices and embeddings decay, biases and LayerNorm weights do not.
+// llm.c's practice (and Megatron's): matrices and embeddings decay, biases and LayerNorm weights do not.
 std::vector<optim::DecayRange> decay_ranges(const ms::ModelShape& shape, const ms::ParamLayout& layout) {
   const auto all = ms::model_params(shape);
   std::vector<optim::DecayRange> out;

@@ -48,7 +48,7 @@ std::optional<double> gpu_peak_tflops(const std::string& gpu_name, layout::Preci
   return std::nullopt;
 }
 
-// (rows x k) inputs against an (n x k) weight: the shape of a GPT-2 MLP matmul on a batch of
+// (rows x k) inputs against an (n x k) weight: the shape of an MLP matmul on a batch of
 // rows tokens. Warm-up once, then the fastest of at least 10 runs and 150 ms: a peak is a maximum,
 // and the ranks measure at once while their peers may still be touching memory at start-up.
 double measure_cpu_matmul_tflops(DType dtype) {

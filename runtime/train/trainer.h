@@ -86,7 +86,7 @@ class Trainer {
   // (every rank calls it; rank 0 reassembles tensor/pipeline parts and writes).
   // `bf16`: llm.c's version 5 file (bf16 weights, as its GPU trainer writes), else version 3 (fp32).
   void export_llmc(const std::string& path, bool bf16 = false);
-  // A Llama's weights as Hugging Face safetensors plus config.json in `dir` (--export-safetensors);
+  // The weights as Hugging Face safetensors plus config.json (families with an HF format) in `dir` (--export-safetensors);
   // `dtype` "fp32", "bf16" or "fp16". Collective like export_llmc.
   void export_safetensors(const std::string& dir, const std::string& dtype = "fp32");
 

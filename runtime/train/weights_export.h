@@ -26,7 +26,7 @@ namespace ds::rt::train {
 // `bf16`: llm.c's version 5 file (each fp32 master value rounded to bf16 once), else version 3.
 void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16 = false);
-// Hugging Face's Llama layout in `dtype` into `dir` (checkpoint/hf_safetensors.h, save_hf_safetensors).
+// the family's Hugging Face layout in `dtype` into `dir` (checkpoint/hf_safetensors.h, save_hf_safetensors).
 void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype);
 // Steps 1 and 2 above, then `write` on rank 0 with the whole model's fp32 values (the layout of

@@ -1,4 +1,4 @@
-// The pieces of the causal flash-style attention shared by GPT-2's attention (attention.cpp, where
+// The pieces of the causal flash-style attention shared by multi-head attention (attention.cpp, where
 // they are defined) and the grouped-query attention (attention_gqa.cpp): the row steps of a score
 // tile, one head's forward and backward over fp32 q, k, v, and the row copies between a strided
 // 16-bit buffer and a dense fp32 one that the 16-bit kernels run the fp32 code on.

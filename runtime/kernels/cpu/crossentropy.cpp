@@ -67,7 +67,7 @@ int64_t crossentropy(float* losses, S* logits, const int32_t* targets, float dlo
       x[tgt] -= dloss;
     } else {
       // The exponentials' row: the thread's, grown once to the vocabulary (not a tracked buffer:
-      // V floats per thread, 200 KB at GPT-2's vocabulary).
+      // V floats per thread, 200 KB at a 50k vocabulary).
       thread_local std::vector<float> e;
       if (e.size() < static_cast<size_t>(V)) e.resize(V);
       losses[n] = row_softmax_scaled_16(x, e.data(), dloss, tgt, V, Vp) - xt;

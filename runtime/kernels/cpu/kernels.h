@@ -1,4 +1,4 @@
-// CPU kernels of the GPT-2 model, llm.c style: free functions over raw buffers, outputs first,
+// CPU kernels of the decoder (every family's ops), llm.c style: free functions over raw buffers, outputs first,
 // then inputs, then shapes. Every forward has a backward twin. The CUDA kernels have the same
 // signatures plus a stream (runtime/kernels/cuda); runtime/kernels/dispatch.h is the only place
 // that picks between them.
@@ -268,12 +268,12 @@ std::string attention_report();
 std::string onednn_version();
 
 // ---- RMSNorm, rotary embeddings, SwiGLU, grouped-query attention -----------------------------
-// The Llama family's ops (GPT-2's attention is the grouped-query one with KV = NH). Statistics
+// Multi-head attention is the grouped-query one with KV = NH. Statistics
 // (RMSNorm's rstd, attention's lse and scratch) and the RoPE cos/sin tables are fp32 whatever S.
 // Legend: N = rows (B*T), C = channels, NH = query heads, KV = kv heads (NH % KV == 0), hd = head
 // size, I = the SwiGLU width, T = sequence length.
 
-// ---- RMSNorm (Hugging Face's LlamaRMSNorm) -------------------------------------------------
+// ---- RMSNorm (Hugging Face's, no mean, no bias) ---------------------------------------------
 // out (N,C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps), computed in fp32.
 template <typename S>
 void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps);

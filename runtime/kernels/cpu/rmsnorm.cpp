@@ -1,4 +1,4 @@
-// RMSNorm forward and backward (Llama's: no mean, no bias). With r = rstd and xhat = x r:
+// RMSNorm forward and backward (no mean, no bias). With r = rstd and xhat = x r:
 //   y = xhat w,   dx = r (dy w - xhat mean(dy w xhat)),   dw = sum over rows of dy xhat.
 // Row math in fp32 whatever the storage type (kernels.h: S, G); rstd is fp32; each output is
 // rounded once (dinp after its accumulation, dweight after the rows' fp32 sum is added).

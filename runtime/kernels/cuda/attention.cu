@@ -1,8 +1,8 @@
 // Causal attention on the GPU, exact, for fp32 storage and as the reference (bf16 storage runs
 // flash_attention.cu where it takes the shape): grouped-query, with the CPU's layouts and saved
 // buffers: qkv (B,T,(NH+2KV)hd), q heads then k heads then v heads, query head h reading kv head
-// h / (NH/KV); out (B,T,NH hd); lse (B,NH,T), the log-sum-exp of each scaled score row. GPT-2's
-// multi-head attention (B,T,3C) is the same layout with KV = NH, and runs these kernels.
+// h / (NH/KV); out (B,T,NH hd); lse (B,NH,T), the log-sum-exp of each scaled score row. A multi-head
+// model's attention (B,T,3C) is the same layout with KV = NH, and runs these kernels.
 //
 // Deliberately the simplest exact formulation, not a tuned kernel:
 // - Forward: one warp per query row t of one (b, h). Lane l holds q[d] for d = l, l + 32, ...
@@ -255,7 +255,7 @@ void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const
   DS_CUDA_CHECK_LAUNCH("gqa_backward_dkv_kernel");
 }
 
-// GPT-2's (B,T,3C) rows are the grouped-query layout with KV = NH.
+// Multi-head (B,T,3C) rows are the grouped-query layout with KV = NH.
 int mha_head_size(int C, int NH) {
   if (NH <= 0 || C % NH != 0 || C / NH > kMaxHeadSize) {
     throw_cuda_error("attention", "shape check", __FILE__, __LINE__, 0,

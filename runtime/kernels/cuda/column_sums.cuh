@@ -3,7 +3,7 @@
 // one chunk of rows and writes the chunk's K sums per column into a scratch buffer; pass 2 sums
 // the chunks in order and hands the K totals to `finish` (which adds them into the gradients,
 // rounding once). One block per 32 columns over all rows (what this replaced) left an H200 with
-// 24 busy blocks for C = 768: 0.4 ms per call, 30% of a GPT-2 124M bf16 step.
+// 24 busy blocks for C = 768: 0.4 ms per call, 30% of the 124M bf16 step (docs/gpu.md).
 //
 // The scratch is the module's per (host thread, device) reduction buffer (reduction_scratch, in
 // blas.cu beside cuBLAS's workspace), not counted by the tagged allocator; a thread's calls run on

@@ -1,6 +1,6 @@
 // Causal (grouped-query) attention for bf16 storage on the tensor cores, in FlashAttention-2's
 // schedule: the scores never leave the chip. Same layouts and saved buffers as the exact kernels
-// (attention.cu, llama.cu): qkv (B,T,(NH+2KV)hd) with q heads, then k heads, then v heads (GPT-2's
+// (attention.cu): qkv (B,T,(NH+2KV)hd) with q heads, then k heads, then v heads (a multi-head
 // (B,T,3C) is KV = NH), out (B,T,NH hd), lse (B,NH,T) the natural log-sum-exp of each scaled score
 // row; query head h reads kv head h / (NH/KV).
 //

@@ -1,4 +1,4 @@
-// Inside the CUDA module: whether the exact attention kernels (attention.cu, llama.cu) hand a bf16
+// Inside the CUDA module: whether the exact attention kernels (attention.cu) hand a bf16
 // call to the flash kernels (flash_attention.cu). Only for nvcc.
 #pragma once
 

@@ -1,4 +1,4 @@
-// CUDA kernels of the GPT-2 model: the twins of runtime/kernels/cpu/kernels.h with the same
+// CUDA kernels of the decoder (every family's ops): the twins of runtime/kernels/cpu/kernels.h with the same
 // arguments plus a trailing cudaStream_t, over DEVICE pointers. runtime/kernels/dispatch.h is the
 // only place meant to pick between the two sets.
 //
@@ -202,8 +202,8 @@ void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
 
 // ---- RMSNorm, rotary embeddings, SwiGLU, grouped-query attention --------------------------------
 
-// The twins of cpu/kernels.h's (the Llama family's ops; GPT-2's attention above runs the same
-// grouped-query kernels with KV = NH). Statistics (rstd, lse) and the RoPE cos/sin tables are fp32
+// The twins of cpu/kernels.h's (multi-head attention above runs the same grouped-query kernels
+// with KV = NH). Statistics (rstd, lse) and the RoPE cos/sin tables are fp32
 // device buffers. Legend: N = rows (B*T), C = channels, NH = query heads, KV = kv heads
 // (NH % KV == 0), hd = head size (even, <= kMaxHeadSize), I = the SwiGLU width.
 // RMSNorm: one warp per row; dweight: column sums over row chunks, fixed order. out (N,C) = inp *
@@ -366,8 +366,8 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
 // ---- flash attention on the tensor cores (bf16 storage) --------------------------------------------
 
 // Causal grouped-query attention over bf16 buffers (flash_attention.cu): qkv (B,T,(NH+2KV)hd), q
-// heads then k heads then v heads (GPT-2's (B,T,3C) is KV = NH), out (B,T,NH hd), lse (B,NH,T)
-// fp32, the layouts and saved values of the exact kernels above and of attention_gqa_* (llama).
+// heads then k heads then v heads (a multi-head (B,T,3C) is KV = NH), out (B,T,NH hd), lse (B,NH,T)
+// fp32, the layouts and saved values of the exact kernels above and of attention_gqa_*.
 // FlashAttention-2's schedule on bf16 mma with fp32 accumulation; P and dS are rounded to bf16
 // where they enter a product. dqkv is overwritten; no atomics (deterministic). hd must be one of
 // flash_attention_supported's and every pointer 16-byte aligned; otherwise ds::Error up front.
