@@ -299,17 +299,29 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// The backward kernels' shared memory: four bf16 tiles, then kTile floats of D = rowsum(dO * O)
+// and kTile of the lse, for the query rows in hand.
+template <int HD>
+struct BackwardSmem {
+  uint16_t* tile[4];
+  float* D;
+  float* L;
+  __device__ explicit BackwardSmem(uint16_t* smem) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) tile[i] = smem + i * kTileElems<HD>;
+    D = reinterpret_cast<float*>(smem + 4 * kTileElems<HD>);
+    L = D + kTile;
+  }
+};
+
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
     flash_backward_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                              const uint16_t* out, const float* lse, FlashShape sh) {
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* sQ = smem;
-  uint16_t* sdO = sQ + kTileElems<HD>;
-  uint16_t* sK = sdO + kTileElems<HD>;
-  uint16_t* sV = sK + kTileElems<HD>;
-  float* sD = reinterpret_cast<float*>(sV + kTileElems<HD>);
-  float* sL = sD + kTile;
+  const BackwardSmem<HD> sm(smem);  // this block's own tiles: Q, dO; the walked ones: K, V
+  uint16_t *sQ = sm.tile[0], *sdO = sm.tile[1], *sK = sm.tile[2], *sV = sm.tile[3];
+  float *sD = sm.D, *sL = sm.L;
   const int ntiles = (sh.T + kTile - 1) / kTile;
   const int tile = ntiles - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH, kvh = h / (sh.NH / sh.KV);
@@ -372,12 +384,9 @@ __global__ void __launch_bounds__(kThreads)
     flash_backward_dkv_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
                               const uint16_t* out, const float* lse, FlashShape sh) {
   extern __shared__ __align__(16) uint16_t smem[];
-  uint16_t* sK = smem;
-  uint16_t* sV = sK + kTileElems<HD>;
-  uint16_t* sQ = sV + kTileElems<HD>;
-  uint16_t* sdO = sQ + kTileElems<HD>;
-  float* sD = reinterpret_cast<float*>(sdO + kTileElems<HD>);
-  float* sL = sD + kTile;
+  const BackwardSmem<HD> sm(smem);  // this block's own tiles: K, V; the walked ones: Q, dO
+  uint16_t *sK = sm.tile[0], *sV = sm.tile[1], *sQ = sm.tile[2], *sdO = sm.tile[3];
+  float *sD = sm.D, *sL = sm.L;
   const int ntiles = (sh.T + kTile - 1) / kTile;
   const int j = static_cast<int>(blockIdx.x);  // key tile: the smallest (most work) first
   const int b = blockIdx.y / sh.KV, kvh = blockIdx.y % sh.KV, group = sh.NH / sh.KV;
