@@ -27,6 +27,7 @@
 #include <cstdint>
 #include <string>
 
+#include "kernels/cuda/column_sums.cuh"  // reduction_scratch
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
@@ -150,16 +151,33 @@ __device__ __forceinline__ void value_product(float out[HD / 8][4], const float 
   }
 }
 
-// Rows r0..r0+63 (columns col..col+HD-1) of a row-major bf16 matrix with `stride` elements per row
-// into a shared tile; rows at or past T are zeros. 16-byte copies.
+// Asynchronous copies (sm_80+): 16 bytes global -> shared without passing through registers;
+// src_bytes 0 fills the 16 bytes with zeros and reads nothing. A thread's copies form groups
+// (commit); wait<N> returns once at most N of its groups are still in flight.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async4(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+// Starts copying rows r0..r0+63 (columns col..col+HD-1) of a row-major bf16 matrix with `stride`
+// elements per row into a shared tile; rows at or past T become zeros. The caller commits and
+// waits (the kernels below load tile j+1 while they compute on tile j).
 template <int HD>
-__device__ void load_tile(uint16_t* s, const uint16_t* g, int64_t stride, int r0, int T) {
+__device__ void load_tile_async(uint16_t* s, const uint16_t* g, int64_t stride, int r0, int T) {
   constexpr int kChunks = HD / 8;
   for (int c = threadIdx.x; c < kTile * kChunks; c += kThreads) {
     const int r = c / kChunks, k = (c % kChunks) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r0 + r < T) v = *reinterpret_cast<const uint4*>(g + (r0 + r) * stride + k);
-    *reinterpret_cast<uint4*>(s + r * kStride<HD> + k) = v;
+    const bool valid = r0 + r < T;
+    cp_async16(s + r * kStride<HD> + k, valid ? g + (r0 + r) * stride + k : g, valid);
   }
 }
 
@@ -175,9 +193,10 @@ __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b) {
 }
 
 // For the query rows r0..r0+63 of head column `col`: sD[r] = dO_r . O_r and sL[r] = lse_r in
-// base-2 units (+inf past T, so their P is 0). Two threads per row.
+// base-2 units (+inf past T, so their P is 0); D also into d_row[r0 + r] (the dk/dv kernel reads
+// it there). Two threads per row.
 template <int HD>
-__device__ void query_stats(float* sD, float* sL, const uint16_t* dout, const uint16_t* out,
+__device__ void query_stats(float* sD, float* sL, float* d_row, const uint16_t* dout, const uint16_t* out,
                             const float* lse_row, int64_t out_row, int64_t col, int r0, int T) {
   const int r = threadIdx.x >> 1, half = threadIdx.x & 1;
   float d = 0.0f;
@@ -193,6 +212,7 @@ __device__ void query_stats(float* sD, float* sL, const uint16_t* dout, const ui
   if (half == 0) {
     sD[r] = d;
     sL[r] = r0 + r < T ? lse_row[r0 + r] * kLog2e : INFINITY;
+    if (r0 + r < T) d_row[r0 + r] = d;
   }
 }
 
@@ -200,21 +220,24 @@ template <int HD>
 __global__ void __launch_bounds__(kThreads)
     flash_forward_kernel(uint16_t* out, float* lse, const uint16_t* qkv, FlashShape sh) {
   extern __shared__ __align__(16) uint16_t smem[];
+  // Q, then K and V twice: tile j is computed on while tile j + 1 is copied in.
   uint16_t* sQ = smem;
-  uint16_t* sK = sQ + kTileElems<HD>;
-  uint16_t* sV = sK + kTileElems<HD>;
+  uint16_t* sKV[2][2] = {{sQ + kTileElems<HD>, sQ + 2 * kTileElems<HD>},
+                         {sQ + 3 * kTileElems<HD>, sQ + 4 * kTileElems<HD>}};
   const int ntiles = (sh.T + kTile - 1) / kTile;
   const int tile = ntiles - 1 - static_cast<int>(blockIdx.x);  // the longest rows first
   const int bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH, kvh = h / (sh.NH / sh.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const uint16_t* rows = qkv + int64_t{b} * sh.T * sh.row;
+  const uint16_t* krows = rows + (sh.NH + kvh) * HD;
+  const uint16_t* vrows = rows + (sh.NH + sh.KV + kvh) * HD;
   const int q0 = tile * kTile;
 
-  load_tile<HD>(sQ, rows + h * HD, sh.row, q0, sh.T);
-  __syncthreads();
+  load_tile_async<HD>(sQ, rows + h * HD, sh.row, q0, sh.T);
+  load_tile_async<HD>(sKV[0][0], krows, sh.row, 0, sh.T);
+  load_tile_async<HD>(sKV[0][1], vrows, sh.row, 0, sh.T);
+  cp_async_commit();
   uint32_t qf[HD / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < HD / 16; kk++) load_a<HD>(qf[kk], sQ, warp * 16, kk * 16, lane);
 
   float o[HD / 8][4];
 #pragma unroll
@@ -224,10 +247,19 @@ __global__ void __launch_bounds__(kThreads)
   const int row0 = q0 + warp * 16 + g;  // this thread's rows: row0 and row0 + 8
 
   for (int j = 0; j <= tile; j++) {
-    __syncthreads();  // every warp is done with the previous K and V
-    load_tile<HD>(sK, rows + (sh.NH + kvh) * HD, sh.row, j * kTile, sh.T);
-    load_tile<HD>(sV, rows + (sh.NH + sh.KV + kvh) * HD, sh.row, j * kTile, sh.T);
-    __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();  // tile j is in; every warp is done with tile j - 1's buffers
+    if (j == 0) {
+#pragma unroll
+      for (int kk = 0; kk < HD / 16; kk++) load_a<HD>(qf[kk], sQ, warp * 16, kk * 16, lane);
+    }
+    if (j < tile) {
+      load_tile_async<HD>(sKV[(j + 1) & 1][0], krows, sh.row, (j + 1) * kTile, sh.T);
+      load_tile_async<HD>(sKV[(j + 1) & 1][1], vrows, sh.row, (j + 1) * kTile, sh.T);
+      cp_async_commit();
+    }
+    const uint16_t* sK = sKV[j & 1][0];
+    const uint16_t* sV = sKV[j & 1][1];
 
     float s[8][4];
 #pragma unroll
@@ -299,55 +331,70 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// The backward kernels' shared memory: four bf16 tiles, then kTile floats of D = rowsum(dO * O)
-// and kTile of the lse, for the query rows in hand.
+// The backward kernels' shared memory: six bf16 tiles (the block's own two, and the two it walks,
+// twice: one computed on while the next is copied in), then the query rows' statistics twice:
+// kTile floats of D = rowsum(dO * O) and kTile of the lse, each.
+constexpr int kBackwardTiles = 6;
+constexpr int kBackwardStats = 4 * kTile;  // floats
 template <int HD>
 struct BackwardSmem {
-  uint16_t* tile[4];
-  float* D;
-  float* L;
+  uint16_t* tile[kBackwardTiles];
+  float* D[2];
+  float* L[2];
   __device__ explicit BackwardSmem(uint16_t* smem) {
 #pragma unroll
-    for (int i = 0; i < 4; i++) tile[i] = smem + i * kTileElems<HD>;
-    D = reinterpret_cast<float*>(smem + 4 * kTileElems<HD>);
-    L = D + kTile;
+    for (int i = 0; i < kBackwardTiles; i++) tile[i] = smem + i * kTileElems<HD>;
+    float* stats = reinterpret_cast<float*>(smem + kBackwardTiles * kTileElems<HD>);
+    D[0] = stats, L[0] = stats + kTile, D[1] = stats + 2 * kTile, L[1] = stats + 3 * kTile;
   }
 };
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dq_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
+    flash_backward_dq_kernel(uint16_t* dqkv, float* dstat, const uint16_t* dout, const uint16_t* qkv,
                              const uint16_t* out, const float* lse, FlashShape sh) {
   extern __shared__ __align__(16) uint16_t smem[];
-  const BackwardSmem<HD> sm(smem);  // this block's own tiles: Q, dO; the walked ones: K, V
-  uint16_t *sQ = sm.tile[0], *sdO = sm.tile[1], *sK = sm.tile[2], *sV = sm.tile[3];
-  float *sD = sm.D, *sL = sm.L;
+  const BackwardSmem<HD> sm(smem);  // this block's own tiles: Q, dO; the walked ones: K, V (twice)
+  uint16_t *sQ = sm.tile[0], *sdO = sm.tile[1];
+  uint16_t* sKV[2][2] = {{sm.tile[2], sm.tile[3]}, {sm.tile[4], sm.tile[5]}};
+  float *sD = sm.D[0], *sL = sm.L[0];
   const int ntiles = (sh.T + kTile - 1) / kTile;
   const int tile = ntiles - 1 - static_cast<int>(blockIdx.x);
   const int bh = blockIdx.y, b = bh / sh.NH, h = bh % sh.NH, kvh = h / (sh.NH / sh.KV);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const uint16_t* rows = qkv + int64_t{b} * sh.T * sh.row;
+  const uint16_t* krows = rows + (sh.NH + kvh) * HD;
+  const uint16_t* vrows = rows + (sh.NH + sh.KV + kvh) * HD;
   const uint16_t* orows = out + int64_t{b} * sh.T * sh.out_row;
   const uint16_t* drows = dout + int64_t{b} * sh.T * sh.out_row;
   const int q0 = tile * kTile;
 
-  load_tile<HD>(sQ, rows + h * HD, sh.row, q0, sh.T);
-  load_tile<HD>(sdO, drows + h * HD, sh.out_row, q0, sh.T);
-  query_stats<HD>(sD, sL, drows, orows, lse + int64_t{bh} * sh.T, sh.out_row, h * HD, q0, sh.T);
-  __syncthreads();
+  load_tile_async<HD>(sQ, rows + h * HD, sh.row, q0, sh.T);
+  load_tile_async<HD>(sdO, drows + h * HD, sh.out_row, q0, sh.T);
+  load_tile_async<HD>(sKV[0][0], krows, sh.row, 0, sh.T);
+  load_tile_async<HD>(sKV[0][1], vrows, sh.row, 0, sh.T);
+  cp_async_commit();
+  query_stats<HD>(sD, sL, dstat + int64_t{bh} * sh.T, drows, orows, lse + int64_t{bh} * sh.T, sh.out_row, h * HD,
+                  q0, sh.T);
 
   float dq[HD / 8][4];
 #pragma unroll
   for (int n = 0; n < HD / 8; n++) dq[n][0] = dq[n][1] = dq[n][2] = dq[n][3] = 0.0f;
   const float sl2 = sh.scale * kLog2e;
   const int lr0 = warp * 16 + g;  // this thread's rows in the tile: lr0 and lr0 + 8
-  const float D[2] = {sD[lr0], sD[lr0 + 8]}, L[2] = {sL[lr0], sL[lr0 + 8]};
+  float D[2], L[2];
 
   for (int j = 0; j <= tile; j++) {
-    __syncthreads();
-    load_tile<HD>(sK, rows + (sh.NH + kvh) * HD, sh.row, j * kTile, sh.T);
-    load_tile<HD>(sV, rows + (sh.NH + sh.KV + kvh) * HD, sh.row, j * kTile, sh.T);
-    __syncthreads();
+    cp_async_wait<0>();
+    __syncthreads();  // tile j (and Q, dO, D, L) is in; every warp is done with tile j - 1's buffers
+    if (j == 0) D[0] = sD[lr0], D[1] = sD[lr0 + 8], L[0] = sL[lr0], L[1] = sL[lr0 + 8];
+    if (j < tile) {
+      load_tile_async<HD>(sKV[(j + 1) & 1][0], krows, sh.row, (j + 1) * kTile, sh.T);
+      load_tile_async<HD>(sKV[(j + 1) & 1][1], vrows, sh.row, (j + 1) * kTile, sh.T);
+      cp_async_commit();
+    }
+    const uint16_t* sK = sKV[j & 1][0];
+    const uint16_t* sV = sKV[j & 1][1];
 
     float s[8][4], dp[8][4];
     score_tile<HD>(s, sQ, warp * 16, sK, lane);    // S = Q K^T
@@ -381,23 +428,38 @@ __global__ void __launch_bounds__(kThreads)
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads)
-    flash_backward_dkv_kernel(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv,
-                              const uint16_t* out, const float* lse, FlashShape sh) {
+    flash_backward_dkv_kernel(uint16_t* dqkv, const float* dstat, const uint16_t* dout, const uint16_t* qkv,
+                              const float* lse, FlashShape sh) {
   extern __shared__ __align__(16) uint16_t smem[];
-  const BackwardSmem<HD> sm(smem);  // this block's own tiles: K, V; the walked ones: Q, dO
-  uint16_t *sK = sm.tile[0], *sV = sm.tile[1], *sQ = sm.tile[2], *sdO = sm.tile[3];
-  float *sD = sm.D, *sL = sm.L;
+  const BackwardSmem<HD> sm(smem);  // this block's own tiles: K, V; the walked ones: Q, dO (twice)
+  uint16_t *sK = sm.tile[0], *sV = sm.tile[1];
+  uint16_t* sQdO[2][2] = {{sm.tile[2], sm.tile[3]}, {sm.tile[4], sm.tile[5]}};
   const int ntiles = (sh.T + kTile - 1) / kTile;
   const int j = static_cast<int>(blockIdx.x);  // key tile: the smallest (most work) first
   const int b = blockIdx.y / sh.KV, kvh = blockIdx.y % sh.KV, group = sh.NH / sh.KV;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, tq = lane % 4;
   const uint16_t* rows = qkv + int64_t{b} * sh.T * sh.row;
-  const uint16_t* orows = out + int64_t{b} * sh.T * sh.out_row;
   const uint16_t* drows = dout + int64_t{b} * sh.T * sh.out_row;
   const int k0 = j * kTile;
+  // The walk: query tiles j..ntiles-1 of each query head of the group, step `it` in order.
+  const int per_head = ntiles - j, steps = group * per_head;
+  // A step's copies: its Q and dO tiles, and its rows' D (the dq kernel's, dstat) and lse, zeros
+  // past T (4-byte copies: a row of T floats need not start 16-byte aligned).
+  auto load_step = [&](int it) {
+    const int h = kvh * group + it / per_head, i = j + it % per_head;
+    load_tile_async<HD>(sQdO[it & 1][0], rows + h * HD, sh.row, i * kTile, sh.T);
+    load_tile_async<HD>(sQdO[it & 1][1], drows + h * HD, sh.out_row, i * kTile, sh.T);
+    const int64_t at = (int64_t{b} * sh.NH + h) * sh.T;
+    const int r = threadIdx.x % kTile, t = i * kTile + r;
+    const float* src = threadIdx.x < kTile ? dstat + at : lse + at;
+    float* dst = threadIdx.x < kTile ? sm.D[it & 1] : sm.L[it & 1];
+    if (threadIdx.x < 2 * kTile) cp_async4(dst + r, t < sh.T ? src + t : src, t < sh.T);
+  };
 
-  load_tile<HD>(sK, rows + (sh.NH + kvh) * HD, sh.row, k0, sh.T);
-  load_tile<HD>(sV, rows + (sh.NH + sh.KV + kvh) * HD, sh.row, k0, sh.T);
+  load_tile_async<HD>(sK, rows + (sh.NH + kvh) * HD, sh.row, k0, sh.T);
+  load_tile_async<HD>(sV, rows + (sh.NH + sh.KV + kvh) * HD, sh.row, k0, sh.T);
+  load_step(0);
+  cp_async_commit();
 
   float dk[HD / 8][4], dv[HD / 8][4];
 #pragma unroll
@@ -408,35 +470,37 @@ __global__ void __launch_bounds__(kThreads)
   const float sl2 = sh.scale * kLog2e;
   const int key0 = k0 + warp * 16 + g;  // this thread's keys: key0 and key0 + 8
 
-  for (int hh = 0; hh < group; hh++) {
-    const int h = kvh * group + hh;
-    const float* lse_row = lse + (int64_t{b} * sh.NH + h) * sh.T;
-    for (int i = j; i < ntiles; i++) {
-      __syncthreads();  // every warp is done with the previous Q, dO, D and L
-      load_tile<HD>(sQ, rows + h * HD, sh.row, i * kTile, sh.T);
-      load_tile<HD>(sdO, drows + h * HD, sh.out_row, i * kTile, sh.T);
-      query_stats<HD>(sD, sL, drows, orows, lse_row, sh.out_row, h * HD, i * kTile, sh.T);
-      __syncthreads();
-
-      // S^T = K Q^T and dP^T = V dO^T: 16 keys (this warp's) x 64 queries.
-      float st[8][4], dpt[8][4];
-      score_tile<HD>(st, sK, warp * 16, sQ, lane);
-      score_tile<HD>(dpt, sV, warp * 16, sdO, lane);
-      // P^T and dS^T = P^T (dP^T - D); queries before the key masked on the diagonal tile.
-#pragma unroll
-      for (int n = 0; n < 8; n++) {
-#pragma unroll
-        for (int c = 0; c < 4; c++) {
-          const int ql = n * 8 + 2 * tq + (c & 1);
-          float p = exp2f(st[n][c] * sl2 - sL[ql]);
-          if (i == j && key0 + (c >> 1) * 8 > i * kTile + ql) p = 0.0f;
-          st[n][c] = p;
-          dpt[n][c] = p * (dpt[n][c] - sD[ql]);
-        }
-      }
-      value_product<HD>(dv, st, sdO, lane);  // dV += P^T dO
-      value_product<HD>(dk, dpt, sQ, lane);  // dK += dS^T Q
+  for (int it = 0; it < steps; it++) {
+    const int i = j + it % per_head;
+    cp_async_wait<0>();
+    __syncthreads();  // step it's Q, dO, D and lse are in; every warp is done with step it - 1's
+    if (it + 1 < steps) {
+      load_step(it + 1);
+      cp_async_commit();
     }
+    const uint16_t* sQ = sQdO[it & 1][0];
+    const uint16_t* sdO = sQdO[it & 1][1];
+    const float* sD = sm.D[it & 1];
+    const float* sL = sm.L[it & 1];
+
+    // S^T = K Q^T and dP^T = V dO^T: 16 keys (this warp's) x 64 queries.
+    float st[8][4], dpt[8][4];
+    score_tile<HD>(st, sK, warp * 16, sQ, lane);
+    score_tile<HD>(dpt, sV, warp * 16, sdO, lane);
+    // P^T and dS^T = P^T (dP^T - D); queries before the key masked on the diagonal tile.
+#pragma unroll
+    for (int n = 0; n < 8; n++) {
+#pragma unroll
+      for (int c = 0; c < 4; c++) {
+        const int ql = n * 8 + 2 * tq + (c & 1);
+        float p = exp2f(st[n][c] * sl2 - sL[ql] * kLog2e);
+        if (i * kTile + ql >= sh.T || (i == j && key0 + (c >> 1) * 8 > i * kTile + ql)) p = 0.0f;
+        st[n][c] = p;
+        dpt[n][c] = p * (dpt[n][c] - sD[ql]);
+      }
+    }
+    value_product<HD>(dv, st, sdO, lane);  // dV += P^T dO
+    value_product<HD>(dk, dpt, sQ, lane);  // dK += dS^T Q
   }
 
   uint16_t* drows_out = dqkv + int64_t{b} * sh.T * sh.row;
@@ -475,7 +539,7 @@ void allow_smem(Kernel k, size_t bytes) {
 template <int HD>
 void forward_hd(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape& sh,
                 cudaStream_t stream) {
-  const size_t smem = 3 * kTileElems<HD> * sizeof(uint16_t);
+  const size_t smem = 5 * kTileElems<HD> * sizeof(uint16_t);  // Q, and K and V twice
   allow_smem(flash_forward_kernel<HD>, smem);
   const dim3 grid((sh.T + kTile - 1) / kTile, sh.B * sh.NH);
   flash_forward_kernel<HD><<<grid, kThreads, smem, stream>>>(out, lse, qkv, sh);
@@ -485,15 +549,18 @@ void forward_hd(uint16_t* out, float* lse, const uint16_t* qkv, const FlashShape
 template <int HD>
 void backward_hd(uint16_t* dqkv, const uint16_t* dout, const uint16_t* qkv, const uint16_t* out,
                  const float* lse, const FlashShape& sh, cudaStream_t stream) {
-  const size_t smem = 4 * kTileElems<HD> * sizeof(uint16_t) + 2 * kTile * sizeof(float);
+  const size_t smem = kBackwardTiles * kTileElems<HD> * sizeof(uint16_t) + kBackwardStats * sizeof(float);
   allow_smem(flash_backward_dq_kernel<HD>, smem);
   allow_smem(flash_backward_dkv_kernel<HD>, smem);
   const int ntiles = (sh.T + kTile - 1) / kTile;
+  // D = rowsum(dO * O) of every query row: the dq kernel computes it and leaves it in the module's
+  // reduction scratch for the dk/dv kernel, which runs next on the same stream.
+  float* dstat = reduction_scratch(static_cast<size_t>(sh.B) * sh.NH * sh.T);
   flash_backward_dq_kernel<HD><<<dim3(ntiles, sh.B * sh.NH), kThreads, smem, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
+      dqkv, dstat, dout, qkv, out, lse, sh);
   DS_CUDA_CHECK_LAUNCH("flash_backward_dq_kernel");
   flash_backward_dkv_kernel<HD><<<dim3(ntiles, sh.B * sh.KV), kThreads, smem, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
+      dqkv, dstat, dout, qkv, lse, sh);
   DS_CUDA_CHECK_LAUNCH("flash_backward_dkv_kernel");
 }
 
