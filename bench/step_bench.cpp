@@ -12,14 +12,14 @@
 //              [--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch]
 //              [--no-matmul] [--best-env]
 //
-// --best-env gives each side its fastest environment, tried in the same run. dstrain: this process
-// re-executes itself with OMP_WAIT_POLICY=PASSIVE and jemalloc preloaded (libgomp reads its wait
-// policy before main). PyTorch: every variant of {glibc malloc, jemalloc} x {OMP_WAIT_POLICY
-// unset, PASSIVE}, with OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset (PyTorch 1.13's fp32 GEMMs run
-// on OpenBLAS, which those variables pin to older kernels) and, where this environment sets
-// them, once more as inherited; each variant's ms/step is printed and the fastest is PyTorch's
-// figure. Unsetting is for that command alone (never in tests or CI). Without --best-env PyTorch
-// runs in this process's environment.
+// --best-env gives each side its fastest environment, tried in the same run: every variant of
+// {glibc malloc, jemalloc} x {OMP_WAIT_POLICY unset, PASSIVE} (libgomp reads its wait policy
+// before main, so each variant is a child process: this binary with --no-torch for dstrain, the
+// script for PyTorch). PyTorch's variants also unset OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE
+// (PyTorch 1.13's fp32 GEMMs run on OpenBLAS, which those variables pin to older kernels) and,
+// where this environment sets them, it runs once more with them as inherited. Each variant's
+// ms/step is printed, and the fastest is that side's figure. Unsetting is for that command alone
+// (never in tests or CI). Without --best-env both run in this process's environment.
 //
 // Not a test: it prints figures and never fails on them. fp32 steps run a local fused AdamW loop;
 // bf16 steps the kernels' mixed-precision AdamW (the trainer's: fp32 master, rounded into the bf16
@@ -80,64 +80,69 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// One environment for the PyTorch peer: the words put before its command.
-struct TorchEnv {
+// One environment for a child run: the words put before its command.
+struct ChildEnv {
   std::string label;
   std::string prefix;
 };
 
-// The variants --best-env tries (see the header); without it, the environment as it is (but never
-// this process's own jemalloc, which --best-env's re-execution preloads for dstrain).
-std::vector<TorchEnv> torch_envs(bool best) {
-  const bool own_preload = std::getenv("DS_STEP_BENCH_REEXEC") != nullptr;
-  if (!best) return {{"as inherited", own_preload ? "env -u LD_PRELOAD " : ""}};
-  const bool openblas_set = std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("OPENBLAS_L2_SIZE") != nullptr;
-  std::vector<TorchEnv> v;
+// The variants --best-env tries (see the header); without it, the environment as it is.
+std::vector<ChildEnv> child_envs(bool best, bool torch) {
+  if (!best) return {{"as inherited", ""}};
+  std::vector<ChildEnv> v;
+  const char* blas = torch ? "-u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE " : "";
   for (const bool jemalloc : {false, true}) {
     for (const bool passive : {false, true}) {
-      std::string prefix = "env -u LD_PRELOAD -u OMP_WAIT_POLICY -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE ";
+      std::string prefix = std::string("env -u LD_PRELOAD -u OMP_WAIT_POLICY ") + blas;
       if (jemalloc) prefix += std::string("LD_PRELOAD=") + kJemalloc + " ";
       if (passive) prefix += "OMP_WAIT_POLICY=PASSIVE ";
       v.push_back({std::string(jemalloc ? "jemalloc" : "glibc malloc") + (passive ? ", PASSIVE" : ", wait policy unset") +
-                       ", OPENBLAS_* unset",
+                       (torch ? ", OPENBLAS_* unset" : ""),
                    prefix});
     }
   }
-  if (openblas_set) {
+  const bool blas_set = std::getenv("OPENBLAS_CORETYPE") != nullptr || std::getenv("OPENBLAS_L2_SIZE") != nullptr;
+  if (torch && blas_set) {
     v.push_back({"glibc malloc, wait policy unset, OPENBLAS_* as inherited", "env -u LD_PRELOAD -u OMP_WAIT_POLICY "});
   }
   return v;
 }
 
-// Runs the config's PyTorch peer in each environment; returns the fastest ms/step (negative when
-// it could not run) and sets `cpu` to that run's CPU ms/step and `which` to its environment.
-double run_torch(const BenchConfig& c, const std::string& precision, int steps, int warmup, int threads,
-                 bool best, double& cpu, std::string& which) {
-  const std::string script = std::string(DS_SOURCE_DIR) + "/bench/" + c.torch_script;
+// Runs `command` in each environment, echoing its lines that start with `what`; returns the
+// fastest of their "ms_per_step V" figures (negative when no run gave one) and sets `which` to that run's environment.
+double run_children(const std::string& command, const std::string& what, bool best, bool torch, std::string& which) {
   double best_ms = -1;
-  cpu = -1;
-  for (const TorchEnv& e : torch_envs(best)) {
-    const std::string cmd = e.prefix + "OMP_NUM_THREADS=" + std::to_string(threads) + " /usr/bin/python3 " + script +
-                            " --config " + c.name + " --precision " + precision + " --steps " + std::to_string(steps) +
-                            " --warmup " + std::to_string(warmup) + " --threads " + std::to_string(threads) + " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
+  for (const ChildEnv& e : child_envs(best, torch)) {
+    FILE* f = popen((e.prefix + command + " 2>&1").c_str(), "r");
     if (f == nullptr) continue;
-    char line[512];
-    double ms = -1, cms = -1;
+    char line[1024];
+    double ms = -1;
     while (std::fgets(line, sizeof line, f) != nullptr) {
+      const std::string l = line;
+      const size_t at = l.rfind(what + " ", 0) == 0 ? l.find("ms_per_step ") : std::string::npos;
+      if (at == std::string::npos) continue;
       std::printf("  [%s] %s", e.label.c_str(), line);
-      double v;
-      if (std::sscanf(line, "torch %*s ms_per_step %lf", &v) == 1) ms = v;
-      if (std::sscanf(line, "torch %*s ms_per_step %*f cpu_ms_per_step %lf", &v) == 1) cms = v;
+      ms = std::atof(l.c_str() + at + 12);
     }
     pclose(f);
     if (ms > 0 && (best_ms < 0 || ms < best_ms)) {
       best_ms = ms;
-      cpu = cms;
       which = e.label;
     }
   }
+  std::fflush(stdout);
   return best_ms;
+}
+
+// The config's PyTorch peer: the fastest ms/step over the environments (negative when it could not
+// run), with `which` naming the environment.
+double run_torch(const BenchConfig& c, const std::string& precision, int steps, int warmup, int threads, bool best,
+                 std::string& which) {
+  const std::string script = std::string(DS_SOURCE_DIR) + "/bench/" + c.torch_script;
+  const std::string cmd = "OMP_NUM_THREADS=" + std::to_string(threads) + " /usr/bin/python3 " + script + " --config " +
+                          c.name + " --precision " + precision + " --steps " + std::to_string(steps) + " --warmup " +
+                          std::to_string(warmup) + " --threads " + std::to_string(threads);
+  return run_children(cmd, std::string("torch ") + c.name + "-" + precision, best, /*torch=*/true, which);
 }
 
 // GFLOP/s of C (4096x768) = A (4096x768) B (768x768), the median of 20 products after 3 warm-ups.
@@ -299,14 +304,6 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (torch_best && std::getenv("DS_STEP_BENCH_REEXEC") == nullptr) {
-    setenv("DS_STEP_BENCH_REEXEC", "1", 1);
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    if (access(kJemalloc, R_OK) == 0) setenv("LD_PRELOAD", kJemalloc, 1);
-    execv("/proc/self/exe", argv);
-    std::perror("step_bench: re-executing with --best-env's environment");
-    return 1;
-  }
   omp_set_num_threads(threads);
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
   const char* wait = std::getenv("OMP_WAIT_POLICY");
@@ -315,7 +312,7 @@ int main(int argc, char** argv) {
               threads, cpu::gemm_threading() == cpu::GemmThreading::kSplit ? "split" : "blas",
               recompute ? "on" : "off", coretype != nullptr ? coretype : "(unset)",
               wait != nullptr ? wait : "(unset)",
-              torch_best ? ", jemalloc preloaded (dstrain); PyTorch in each of --best-env's environments" : "");
+              torch_best ? "; dstrain and PyTorch in each of --best-env's environments" : "");
   if (matmul) matmul_rates(threads);
   struct Row { std::string name; double ms; };
   for (const auto& c : kConfigs) {
@@ -323,16 +320,29 @@ int main(int argc, char** argv) {
     std::vector<Row> rows;
     for (const char* p : {"fp32", "bf16"}) {
       if (precision != "all" && precision != p) continue;
-      const double ms = bench_model(c, std::string(p) == "bf16" ? DType::kBF16 : DType::kF32, steps, warmup,
-                                    recompute, head_rows);
+      double ms = -1;
+      if (torch_best) {
+        // This binary as a child in each environment, the same model and options.
+        std::string which;
+        std::string cmd = std::string("/proc/") + std::to_string(getpid()) + "/exe --no-torch --no-matmul --config " +
+                          c.name + " --precision " + p + " --steps " + std::to_string(steps) + " --warmup " +
+                          std::to_string(warmup) + " --threads " + std::to_string(threads) + " --head-rows " +
+                          std::to_string(head_rows) + " --gemm " +
+                          (cpu::gemm_threading() == cpu::GemmThreading::kSplit ? "split" : "blas") +
+                          (recompute ? " --recompute" : "");
+        ms = run_children(cmd, std::string("dstrain ") + c.name + " " + p, true, /*torch=*/false, which);
+        if (ms > 0) std::printf("dstrain %s %s: fastest %.1f ms/step with %s\n", c.name, p, ms, which.c_str());
+      } else {
+        ms = bench_model(c, std::string(p) == "bf16" ? DType::kBF16 : DType::kF32, steps, warmup, recompute,
+                         head_rows);
+      }
       rows.push_back({std::string("dstrain ") + p, ms});
     }
     if (torch) {
       for (const char* p : {"fp32", "bf16"}) {
         if (precision != "all" && precision != p) continue;
-        double tcpu = -1;
         std::string which;
-        const double tms = run_torch(c, p, steps, warmup, threads, torch_best, tcpu, which);
+        const double tms = run_torch(c, p, steps, warmup, threads, torch_best, which);
         if (tms > 0) {
           std::printf("torch %s %s: fastest %.1f ms/step with %s\n", c.name, p, tms, which.c_str());
           rows.push_back({std::string("torch ") + (std::string(p) == "bf16" ? "bf16 autocast" : "fp32"), tms});
