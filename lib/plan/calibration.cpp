@@ -110,7 +110,7 @@ model_spec::ModelShape read_shape(const Cursor& m) {
   s.padded_vocab_size = m.key("padded_vocab_size").integer(1);
   s.seq_len = m.key("seq_len").integer(1);
   // The family and its own sizes (model_spec/family.h); files written before families were
-  // recorded hold GPT-2 shapes.
+  // recorded hold the default family's shapes (ModelShape's default).
   if (m.has("type")) {
     const Cursor t = m.key("type");
     const std::string name = t.str();

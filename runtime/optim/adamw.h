@@ -17,8 +17,8 @@
 // buffers; `decay` ranges are given in global offsets of the full flat buffer, so the same table
 // serves every rank and every partitioning.
 //
-// Which parameters decay is the caller's choice, as a table of ranges (DecayRange). GPT-2 and
-// llm.c practice: 2-D weight matrices (and embeddings) decay, biases and LayerNorm weights do
+// Which parameters decay is the caller's choice, as a table of ranges (DecayRange). llm.c's
+// practice: 2-D weight matrices (and embeddings) decay, biases and LayerNorm weights do
 // not; DeepSpeed applies weight_decay to every parameter handed to the optimizer. Elements not
 // covered by any range do not decay.
 //
