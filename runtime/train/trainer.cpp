@@ -35,7 +35,6 @@
 #include "parallel/engine.h"
 #include "train/checkpointing.h"
 #include "train/initial_weights.h"
-#include "train/weights_export.h"
 #include "train/metrics.h"
 #include "train/monitors.h"
 #include "train/run_report.h"
@@ -45,6 +44,7 @@
 #include "train/step_clock.h"
 #include "train/step_math.h"
 #include "train/throughput.h"
+#include "train/weights_export.h"
 
 namespace ds::rt::train {
 

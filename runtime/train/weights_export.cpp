@@ -4,12 +4,12 @@
 #include <vector>
 
 #include "checkpoint/hf_safetensors.h"
-#include "model_spec/family.h"
 #include "checkpoint/llmc_format.h"
-#include "common/error.h"
 #include "common/check.h"
+#include "common/error.h"
 #include "kernels/dispatch.h"
 #include "layout/partition.h"
+#include "model_spec/family.h"
 
 namespace ds::rt::train {
 
