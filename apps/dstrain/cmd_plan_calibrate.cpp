@@ -6,7 +6,7 @@
 //
 // `--recommend --measure`: the top layouts run as real jobs (dstrain launch ... dstrain train)
 // for a few steps; the fastest step after the first is what is printed beside the model.
-// CPU only for now: a CUDA config is refused with a hint (no NCCL calibration yet).
+// A CUDA config calibrates one GPU (the ranks' measuring says what; NCCL is not calibrated yet).
 #include "plan_calibrate.h"
 
 #include <fcntl.h>

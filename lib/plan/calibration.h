@@ -1,13 +1,14 @@
 // The calibration file `dstrain plan --calibrate -o calib.json` writes and `dstrain plan
 // --recommend --calibration calib.json` reads: what one machine (a node shape, a backend) was
-// measured to do, as the step-time model (step_time.h) takes it. The measuring itself is in
-// apps/dstrain/cmd_plan_calibrate.cpp (it needs the runtime; lib/plan never links it).
+// measured to do, as the step-time model (step_time.h) takes it. The measuring itself is the
+// runtime's (runtime/train/calibration_rank.h; lib/plan never links it).
 //
 // Format (JSON object, keys in this order; seconds and bytes/s as numbers):
 //   format: "dstrain-calibration", version: 1,
 //   host: string, device: "cpu" | "cuda", backend: "shm" | "gloo" | "nccl",
 //   nodes, ranks_per_node, cores (CPU cores of a node; 0 on GPUs), threads_per_rank: integers >= 0,
-//   model: {n_layer, n_head, n_embd, vocab_size, padded_vocab_size, seq_len}: the shape measured,
+//   model: {type, n_layer, n_head, n_embd, vocab_size, padded_vocab_size, seq_len, and the family's
+//          own n_kv_head, intermediate_size, tie_embeddings}: the shape measured (no type: GPT-2),
 //   compute: [{tp, concurrency, micro_batch, precision ("fp32"|"bf16"|"fp16"), layer_fwd_s,
 //              layer_bwd_s, embed_fwd_s, embed_bwd_s, head_s}]   (at least one),
 //   collectives: [{op ("all_reduce"|"reduce_scatter"|"all_gather"|"send_recv"), group_size,

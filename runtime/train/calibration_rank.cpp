@@ -17,6 +17,7 @@
 #include "common/error.h"
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/dispatch.h"
 #include "model/decoder.h"
 #include "plan/calibration.h"
 #include "plan/plan_inputs.h"
@@ -50,6 +51,7 @@ struct Worker {
   int max_micro_batch = 16;
   int cores = 1;
   int threads = 1;
+  Device device = Device::kCpu;  // kCuda: this rank's GPU (training.device cuda)
 
   // The slowest rank's value of x (ranks that did not measure pass 0).
   double slowest(double x) {
@@ -62,6 +64,24 @@ struct Worker {
 DType dtype_of(layout::Precision p) {
   return p == layout::Precision::kBf16 ? DType::kBF16 : p == layout::Precision::kFp16 ? DType::kF16 : DType::kF32;
 }
+
+// On a GPU: waits until the work queued on the default stream is done (a 4-byte copy back is
+// stream-ordered and blocking); on the CPU: nothing.
+class GpuWait {
+ public:
+  GpuWait(Allocator& alloc, Device device) {
+    if (device == Device::kCuda) flag_ = alloc.allocate(64, MemTag::kWorkspace, "calibration: wait", Device::kCuda);
+  }
+  void operator()() const {
+    if (flag_.data() == nullptr) return;
+    const kern::DeviceScope scope(Device::kCuda);
+    float x = 0;
+    kern::copy_to_host(&x, flag_.data(), sizeof x);
+  }
+
+ private:
+  Buffer flag_;
+};
 
 // Seconds of each piece over a few repetitions of one micro-batch of b sequences: the fastest
 // repetition (what other load inflates least), or with `typical` the median: when more of the
@@ -77,8 +97,10 @@ plan::ComputeSample time_pieces(const Worker& w, int tp, int b, bool typical) {
   opt.B = b;
   opt.T = w.shape.seq_len;
   opt.dtype = opt.grad_dtype = dtype_of(w.precision);
+  opt.device = w.device;
   model_spec::ModelPart part{0, 1, true, true, tp, 0};
   Decoder model(w.shape, part, opt, alloc);
+  const GpuWait wait(alloc, w.device);
   model.init_weights(1);
   DecoderActivations acts = model.make_activations();
   std::vector<int32_t> tokens(static_cast<size_t>(b) * w.shape.seq_len);
@@ -87,7 +109,10 @@ plan::ComputeSample time_pieces(const Worker& w, int tp, int b, bool typical) {
   const auto start = Clock::now();
   for (int rep = 0; rep < 8; ++rep) {
     double s[6];
-    auto tick = [&](int k) { s[k] = std::chrono::duration<double>(Clock::now() - start).count(); };
+    auto tick = [&](int k) {
+      wait();  // on a GPU a piece ends when its kernels do
+      s[k] = std::chrono::duration<double>(Clock::now() - start).count();
+    };
     tick(0);
     model.embed_forward(acts, tokens.data());
     tick(1);
@@ -138,7 +163,9 @@ void measure_compute(Worker& w, plan::Calibration& cal) {
   for (int tp = 1; tp <= w.local_world; ++tp) {
     if (splits_by(w.shape, tp)) tps.push_back(tp);
   }
-  for (int conc : doubling(w.local_world)) {
+  // GPUs: each rank has its own, so ranks do not slow each other's compute (concurrency 1).
+  const std::vector<int> concurrency = w.device == Device::kCuda ? std::vector<int>{1} : doubling(w.local_world);
+  for (int conc : concurrency) {
     for (int tp : tps) {
       for (int b : doubling(w.max_micro_batch)) {
         w.comm->barrier();
@@ -213,26 +240,60 @@ void measure_collectives(Worker& w, plan::Calibration& cal) {
   }
 }
 
+// Fastest seconds of `run` over a few repetitions after one warm-up.
+template <typename Run>
+double fastest_of(Run run, int reps = 4) {
+  std::vector<double> ts;
+  for (int rep = 0; rep < reps; ++rep) {
+    const auto t0 = Clock::now();
+    run();
+    if (rep > 0) ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return fastest(ts);
+}
+
+kern::AdamWStep calibration_adamw_step() {
+  kern::AdamWStep s;
+  s.lr = 1e-4f, s.beta1 = 0.9f, s.beta2 = 0.95f, s.eps = 1e-8f, s.one_minus_beta1 = 0.1f;
+  s.one_minus_beta2 = 0.05f, s.step_size = 1e-4f, s.decay_factor = 1.0f;
+  return s;
+}
+
+// The CPU AdamW kernel's parameters/s with as many ranks at once as share the cores; on GPUs
+// also the GPU's AdamW (the optimizer's rate there) and the pinned host -> GPU copy rate (what
+// ZeRO-Offload moves).
 void measure_optimizer(Worker& w, plan::Calibration& cal) {
-  const int conc = std::min(w.local_world, std::max(1, w.cores / w.threads));
+  const int conc = w.device == Device::kCuda ? 1 : std::min(w.local_world, std::max(1, w.cores / w.threads));
   const int64_t n = int64_t{4} << 20;
+  const kern::AdamWStep s = calibration_adamw_step();
   double t = 0;
   w.comm->barrier();
   if (w.local_rank < conc) {
     std::vector<float> p(n, 0.1f), g(n, 0.01f), m(n, 0.0f), v(n, 0.0f);
-    kern::AdamWStep s;
-    s.lr = 1e-4f, s.beta1 = 0.9f, s.beta2 = 0.95f, s.eps = 1e-8f, s.one_minus_beta1 = 0.1f;
-    s.one_minus_beta2 = 0.05f, s.step_size = 1e-4f, s.decay_factor = 1.0f;
-    std::vector<double> ts;
-    for (int rep = 0; rep < 4; ++rep) {
-      const auto t0 = Clock::now();
-      cpu::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true);
-      if (rep > 0) ts.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    t = fastest(ts);
+    t = fastest_of([&] { cpu::adamw_update(s, p.data(), g.data(), m.data(), v.data(), n, true); });
   }
-  cal.optimizer_rate = static_cast<double>(n) / w.slowest(t);
-  cal.cpu_adam_rate = cal.optimizer_rate;
+  cal.cpu_adam_rate = static_cast<double>(n) / w.slowest(t);
+  cal.optimizer_rate = cal.cpu_adam_rate;
+  if (w.device != Device::kCuda) return;
+  Allocator alloc;
+  const GpuWait wait(alloc, Device::kCuda);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
+  Buffer p = alloc.allocate(bytes, MemTag::kParams, "calibration: params", Device::kCuda);
+  Buffer g = alloc.allocate(bytes, MemTag::kGrads, "calibration: grads", Device::kCuda);
+  Buffer m = alloc.allocate(bytes, MemTag::kOptimizer, "calibration: m", Device::kCuda);
+  Buffer v = alloc.allocate(bytes, MemTag::kOptimizer, "calibration: v", Device::kCuda);
+  Buffer host = alloc.allocate(bytes, MemTag::kWorkspace, "calibration: pinned", Device::kCudaHost);
+  const kern::DeviceScope scope(Device::kCuda);
+  const double adam = fastest_of([&] {
+    kern::adamw_update_partition(s, p.as<float>(), g.as<float>(), m.as<float>(), v.as<float>(), 0, n, {});
+    wait();
+  });
+  const double link = fastest_of([&] {
+    kern::copy(p.data(), host.data(), bytes);
+    wait();
+  });
+  cal.optimizer_rate = static_cast<double>(n) / w.slowest(adam);
+  cal.host_link_bw = static_cast<double>(bytes) / w.slowest(link);
 }
 
 Worker make_worker(const std::string& config) {
@@ -247,9 +308,16 @@ Worker make_worker(const std::string& config) {
   w.shape = model_spec::ModelShape::gpt2_124m();  // without a config
   if (!config.empty()) {
     const plan::PlanInput in = plan::model_plan_input(config, w.world, w.threads);
-    if (in.layout.device != plan::DeviceKind::kCpu) {
-      throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: training.device cuda: --calibrate measures CPU ranks only", config),
-                  "calibrate with a copy of the config whose training.device is cpu, or use --recommend without --calibration");
+    if (in.layout.device == plan::DeviceKind::kCuda) {
+      if (w.world > 1) {
+        throw Error(ErrorKind::kInvalidArgument,
+                    fmt::format("{}: training.device cuda: --calibrate measures one GPU (its compute, its AdamW and "
+                                "its host link); {} ranks were started, and collectives over NCCL are not "
+                                "calibrated yet",
+                                config, w.world),
+                    "run it with --nproc-per-node 1");
+      }
+      w.device = Device::kCuda;
     }
     w.shape = in.shape;
     w.precision = in.layout.precision;
@@ -272,8 +340,9 @@ void run_calibration_rank(const std::string& config, const std::string& out_path
   Worker w = make_worker(config);
   plan::Calibration cal;
   cal.measured = true;
-  cal.cpu = true;
-  cal.cores = w.cores;
+  const bool gpu = w.device == Device::kCuda;
+  cal.cpu = !gpu;
+  cal.cores = gpu ? 0 : w.cores;
   cal.threads_per_rank = w.threads;
   cal.ranks_per_node = w.local_world;
   cal.shape = w.shape;
@@ -283,8 +352,8 @@ void run_calibration_rank(const std::string& config, const std::string& out_path
   if (w.rank == 0) {
     plan::CalibrationMeta meta;
     meta.host = hostname();
-    meta.device = "cpu";
-    meta.backend = comm::backend_name(w.comm->backend());
+    meta.device = gpu ? "cuda" : "cpu";
+    meta.backend = gpu ? "nccl" : comm::backend_name(w.comm->backend());
     meta.nodes = w.nodes;
     std::ofstream(out_path) << plan::calibration_json(cal, meta).dump(2) << "\n";
   }

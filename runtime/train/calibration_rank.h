@@ -12,7 +12,9 @@
 //                across nodes too when there are several;
 //   optimizer    the AdamW kernel's parameters/s with as many ranks at once as share the cores.
 // Each figure is the fastest of a few repetitions (the least disturbed by other load on a shared
-// machine), the slowest rank's. CPU ranks only: a CUDA config is refused with a hint.
+// machine), the slowest rank's. A config with training.device cuda measures one GPU: its compute
+// (each piece timed to the end of its kernels), its AdamW and the pinned host -> GPU copy rate;
+// more than one rank is refused (collectives over NCCL are not calibrated yet).
 #pragma once
 
 #include <string>

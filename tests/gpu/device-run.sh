@@ -23,15 +23,17 @@
 #                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards
 #         smoke   tests/gpu/smoke.sh at one GPU without building (SMOKE_PART=gpu): the ZeRO-2 smoke
 #                 job against its CPU twin on the device's cores
+#         calibrate  `dstrain plan --calibrate` of that config on the GPU (calibration-gpu.json in
+#                 $OUT: keep it as configs/calibration/h200.json) and `--recommend` with it
 #         ncu     where ncu exists: one 124M bf16 step's kernels, time per kernel name
 #       Everything lands in $OUT: summary.txt (one line per stage, then the figures), device.log
-#       (all output) and logs.tar.gz (every stage's log and metrics file).
+#       (all output), logs.tar.gz (every stage's log and metrics file) and the calibration file.
 #   tests/gpu/device-run.sh cpu-twin [BUILD]  HERE: the 200-step job's first DEVICE_TWIN_STEPS
 #       (default 3) steps on the CPU (same config, training.device cpu) into
 #       .device/cpu-twin.jsonl; `compare FILE.jsonl` compares the device's metrics with it.
 #
 # Knobs: DEVICE_BUDGET_S (420), DEVICE_TRAIN_STEPS (200), DEVICE_STAGES (default
-# "env tests bench train smoke ncu": a subset reruns only those, in that order).
+# "env tests bench train smoke calibrate ncu": a subset reruns only those, in that order).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/../.." && pwd)"
 cmd="${1:-}"
@@ -149,7 +151,7 @@ PY
 
 device() {
   local out="${OUT:-$here/device-out}" root=/tmp/dstrain-device
-  local budget="${DEVICE_BUDGET_S:-420}" stages="${DEVICE_STAGES:-env tests bench train smoke ncu}"
+  local budget="${DEVICE_BUDGET_S:-420}" stages="${DEVICE_STAGES:-env tests bench train smoke calibrate ncu}"
   mkdir -p "$out"
   local logs="$root/logs" summary="$out/summary.txt"
   exec > >(tee "$out/device.log") 2>&1
@@ -236,6 +238,14 @@ device() {
         stage "smoke:zero2-x1" 90 env SMOKE_PART=gpu SMOKE_GPUS=1 "$here/tests/gpu/smoke.sh" "$root"
         cp "$root"/gpu-smoke/*.jsonl "$logs/" 2>/dev/null || true
         ;;
+      calibrate)
+        # The H200 profile for `dstrain plan --recommend --calibration` (configs/calibration/), and
+        # the recommendation it gives for the training config's model on one GPU.
+        stage "calibrate:124m-bf16" 150 "$bin/dstrain" plan --calibrate --config "$root/configs/device-train-124m.json" \
+          --nproc-per-node 1 -o "$out/calibration-gpu.json"
+        stage "recommend:124m-1gpu" 60 "$bin/dstrain" plan --recommend --config "$root/configs/device-train-124m.json" \
+          --world-size 1 --gpu-mem 139GiB --calibration "$out/calibration-gpu.json" --top 5
+        ;;
       ncu)
         if command -v ncu >/dev/null 2>&1; then
           stage "ncu:124m-bf16-step" 90 ncu --metrics gpu__time_duration.sum --print-summary per-kernel \
@@ -270,6 +280,8 @@ for r in recs:
               f"{r['ms_per_step']:.1f} ms  {r['tokens_per_s']:.0f} tok/s  mfu {r.get('mfu', float('nan'))}")
 PY
     fi
+    echo "-- calibration"
+    grep -h 'wrote\|compute samples' "$logs"/calibrate:*.log 2>/dev/null || true
     echo "-- smoke"
     grep -h 'agree\|MISMATCH\|smoke:' "$logs"/smoke:*.log 2>/dev/null | tail -5 || true
     echo "total $((SECONDS - t_start)) s of a ${budget} s budget"

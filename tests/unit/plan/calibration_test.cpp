@@ -112,6 +112,19 @@ TEST(Calibration, TheFamilyRoundTrips) {
   EXPECT_NE(kv.find("$.model.n_kv_head: expected key 'n_kv_head'"), std::string::npos) << kv;
 }
 
+// The H200 profile the device script measured (tests/gpu/device-run.sh, stage calibrate) is a
+// valid GPU calibration that the step-time model takes.
+TEST(Calibration, TheShippedH200ProfileIsAGpuCalibration) {
+  const CalibrationFile f = read_calibration(std::string(DS_SOURCE_DIR) + "/configs/calibration/h200-gpt2-124m-bf16.json");
+  EXPECT_EQ(f.meta.device, "cuda");
+  EXPECT_FALSE(f.cal.cpu);
+  EXPECT_EQ(f.cal.shape.family, model_spec::ModelFamily::kGpt2);
+  EXPECT_EQ(f.cal.shape.n_embd, 768);
+  ASSERT_FALSE(f.cal.compute.empty());
+  for (const auto& c : f.cal.compute) EXPECT_EQ(c.precision, layout::Precision::kBf16);
+  EXPECT_GT(f.cal.host_link_bw, 1e9);
+}
+
 TEST(Calibration, MissingFileIsAClearError) {
   try {
     read_calibration("/nonexistent/calib.json");
