@@ -1,6 +1,8 @@
 // `dstrain sample`: text from a trained model (any family) on the CPU (runtime/train/sampling.h): the weights
-// of a dstrain checkpoint (any layout) or an llm.c file, a KV-cache forward per token, decoded
+// of a dstrain checkpoint (any layout), an llm.c file or Hugging Face safetensors (with the
+// config that gives their shape), a KV-cache forward per token, decoded
 // with the run's tokenizer. The text goes to stdout, what was loaded to stderr.
+#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
@@ -21,10 +23,21 @@ struct SampleCmdOptions {
 int run_sample(const SampleCmdOptions& o) {
   if (o.checkpoint.empty() == o.init_from.empty()) {
     throw Error(ErrorKind::kInvalidArgument, "dstrain sample needs exactly one of --checkpoint DIR and --init-from FILE",
-                "--checkpoint takes a step_N directory or a training.checkpoint_dir; --init-from an llm.c file");
+                "--checkpoint takes a step_N directory or a training.checkpoint_dir; --init-from an llm.c file, or "
+                "Hugging Face safetensors (a .safetensors file or a directory) with --config");
+  }
+  // Hugging Face safetensors: a directory or a .safetensors file; anything else is llm.c's file.
+  const bool hf = !o.init_from.empty() && (std::filesystem::is_directory(o.init_from) ||
+                                           std::filesystem::path(o.init_from).extension() == ".safetensors");
+  if (hf && o.config.empty()) {
+    throw Error(ErrorKind::kInvalidArgument,
+                "--init-from " + o.init_from + ": Hugging Face safetensors need --config FILE for the model's shape",
+                "pass the config the weights were trained or exported with");
   }
   rt::train::SamplingModel model =
-      o.checkpoint.empty() ? rt::train::load_llmc_model(o.init_from) : rt::train::load_checkpoint_model(o.checkpoint);
+      !o.checkpoint.empty() ? rt::train::load_checkpoint_model(o.checkpoint)
+      : hf                  ? rt::train::load_hf_model(o.init_from, config::load_job_config(o.config, 1))
+                            : rt::train::load_llmc_model(o.init_from);
   if (!o.config.empty()) rt::train::require_same_model(model, config::load_job_config(o.config, 1));
   rt::data::TokenizerSpec spec;
   if (!o.tokenizer.empty()) {
@@ -46,9 +59,12 @@ void add_sample_command(CLI::App& app, std::vector<Command>& out) {
   auto* sub = app.add_subcommand("sample", "generate text from a trained model on the CPU (KV cache)");
   sub->add_option("--checkpoint", o->checkpoint,
                   "a dstrain checkpoint: a step_N directory, or a training.checkpoint_dir (its latest)");
-  sub->add_option("--init-from", o->init_from, "an llm.c checkpoint file (GPT-2)");
+  sub->add_option("--init-from", o->init_from,
+                  "an llm.c checkpoint file, or Hugging Face safetensors (a .safetensors file or a directory, "
+                  "with --config)");
   sub->add_option("--config,-c", o->config,
-                  "the run's config: its model must be the checkpoint's (default: the checkpoint's own)");
+                  "the run's config: its model must be the checkpoint's (default: the checkpoint's own); "
+                  "the model's shape for Hugging Face safetensors");
   sub->add_option("--prompt", o->gen.prompt, "text to continue (default: start from a newline)");
   sub->add_option("--tokens", o->gen.tokens, "new tokens to generate (default 64)")->check(CLI::Range(1, 1 << 20));
   sub->add_option("--temperature", o->gen.sample.temperature, "softmax temperature; 0 = greedy (default 1)")

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/hf_safetensors.h"
 #include "checkpoint/llmc_format.h"
 #include "checkpoint/part_reader.h"
 #include "common/error.h"
@@ -155,6 +156,15 @@ SamplingModel load_llmc_model(const std::string& path) {
   out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
   ckpt::load_llmc(path, out.shape, ms::ModelPart::whole(out.shape), out.params.data());
   out.source = "llm.c file " + path;
+  return out;
+}
+
+SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cfg) {
+  SamplingModel out;
+  out.shape = shape_of(cfg.model);
+  out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
+  ckpt::load_hf_safetensors(path, out.shape, ms::ModelPart::whole(out.shape), out.params.data());
+  out.source = "Hugging Face safetensors " + path;
   return out;
 }
 

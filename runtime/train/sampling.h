@@ -52,6 +52,10 @@ struct SamplingModel {
 SamplingModel load_checkpoint_model(const std::string& dir);
 // An llm.c checkpoint (version 3 or 5; llm.c's files hold GPT-2 models).
 SamplingModel load_llmc_model(const std::string& path);
+// Hugging Face safetensors (a .safetensors file, or a directory of them) of the model `cfg`
+// describes, for families with a Hugging Face format (checkpoint/hf_safetensors.h): the file
+// carries no shape that dstrain reads, so the config gives it.
+SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cfg);
 
 // Throws invalid_argument naming both shapes when `model` is not the model `cfg` describes.
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg);

@@ -353,7 +353,8 @@ TEST_F(Sampling, ACheckpointForAnotherModelIsAnError) {
 
 // A Llama checkpoint samples as a GPT-2's does (model/generate.h serves every family; its unit test
 // holds the cache to the training forward): any prompt, the requested number of bytes, the same
-// text for the same seed, and samples while it trains. (Before the generator served every family
+// text for the same seed, and samples while it trains; its weights exported as Hugging Face
+// safetensors sample the same text. (Before the generator served every family
 // this was an error naming the model.)
 TEST_F(Sampling, ALlamaCheckpointSamplesAndSamplesWhileTraining) {
   json cfg = model_config(4);
@@ -362,15 +363,24 @@ TEST_F(Sampling, ALlamaCheckpointSamplesAndSamplesWhileTraining) {
   cfg["training"]["checkpoint_dir"] = dir_->path() + "/llama_ckpt";
   cfg["training"]["checkpoint_interval"] = 4;
   cfg["training"]["sample_interval"] = 2;
-  auto t = test::run_train_job(dir_->path(), "llama", 1, cfg, {}, 120s);
+  const std::string hf = dir_->path() + "/llama_hf";
+  auto t = test::run_train_job(dir_->path(), "llama", 1, cfg, {"--export-safetensors", hf}, 120s);
   ASSERT_EQ(t.rc, 0) << t.err;
   EXPECT_NE(t.out.find("sample at step 2:\n---\n"), std::string::npos) << t.out;
-  const std::string args = "--checkpoint " + dir_->path() + "/llama_ckpt --prompt 'the' --tokens 12 --seed 3";
-  const auto a = sample(args), b = sample(args);
+  const std::string opts = " --prompt 'the' --tokens 12 --seed 3";
+  const std::string from_checkpoint = "--checkpoint " + dir_->path() + "/llama_ckpt" + opts;
+  const auto a = sample(from_checkpoint), b = sample(from_checkpoint);
   ASSERT_EQ(a.exit_code, 0) << a.err;
   EXPECT_EQ(a.out, b.out);
   EXPECT_EQ(a.out.substr(0, 3), "the");
   EXPECT_EQ(a.out.size(), 3u + 12 + 1) << "the prompt, 12 bytes and a newline";
+  // The same weights exported as Hugging Face safetensors (fp32) sample the same text.
+  const auto h = sample("--init-from " + hf + " --config " + dir_->path() + "/llama.json" + opts);
+  ASSERT_EQ(h.exit_code, 0) << h.err;
+  EXPECT_EQ(h.out, a.out);
+  const auto no_config = sample("--init-from " + hf + opts);
+  EXPECT_EQ(no_config.exit_code, 2);
+  EXPECT_NE(no_config.err.find("Hugging Face safetensors need --config FILE"), std::string::npos) << no_config.err;
 }
 
 }  // namespace
