@@ -4,6 +4,7 @@
 // with the run's tokenizer. The text goes to stdout, what was loaded to stderr.
 #include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include "commands.h"
 #include "common/error.h"
@@ -34,11 +35,12 @@ int run_sample(const SampleCmdOptions& o) {
                 "--init-from " + o.init_from + ": Hugging Face safetensors need --config FILE for the model's shape",
                 "pass the config the weights were trained or exported with");
   }
-  rt::train::SamplingModel model =
-      !o.checkpoint.empty() ? rt::train::load_checkpoint_model(o.checkpoint)
-      : hf                  ? rt::train::load_hf_model(o.init_from, config::load_job_config(o.config, 1))
-                            : rt::train::load_llmc_model(o.init_from);
-  if (!o.config.empty()) rt::train::require_same_model(model, config::load_job_config(o.config, 1));
+  std::optional<config::JobConfig> cfg;
+  if (!o.config.empty()) cfg = config::load_job_config(o.config, 1);
+  rt::train::SamplingModel model = !o.checkpoint.empty() ? rt::train::load_checkpoint_model(o.checkpoint)
+                                   : hf                  ? rt::train::load_hf_model(o.init_from, *cfg)
+                                                         : rt::train::load_llmc_model(o.init_from);
+  if (cfg) rt::train::require_same_model(model, *cfg);
   rt::data::TokenizerSpec spec;
   if (!o.tokenizer.empty()) {
     spec.kind = o.tokenizer;
