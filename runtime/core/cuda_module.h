@@ -28,7 +28,7 @@
 namespace ds::rt {
 
 // Bumped whenever an exported table or entry point changes shape.
-inline constexpr int kCudaModuleAbi = 4;  // 4: one kernel table (RMSNorm, RoPE, SwiGLU and GQA joined it)
+inline constexpr int kCudaModuleAbi = 5;  // 5: the op list's typed tables (f32, bf16, bf16 with fp32 gradients)
 inline constexpr const char* kCudaModuleFile = "libdstrain_cuda.so";
 
 // Whether this build produced the module (DSTRAIN_CUDA found nvcc and NCCL, or was ON).

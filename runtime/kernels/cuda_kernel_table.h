@@ -1,70 +1,63 @@
 // The CUDA module's kernels (core/cuda_module.h), as one table of function pointers with the
-// signatures of kernels/cuda/kernels.h: what the dispatch (kernels/dispatch.h), the CUDA tests
-// and the GPU benchmark call. Code outside the module never calls cuda::name directly (it would
+// signatures of kernels/cuda/kernels.h: the ops of the one op list (kernels/ops.def) in three
+// typed tables, and the entry points outside it. What the dispatch (kernels/dispatch.h), the
+// CUDA tests and the GPU benchmark call. Code outside the module never calls cuda::name directly (it would
 // not link: the definitions exist only in libdstrain_cuda.so); it calls cuda_kernels().name.
 // CUDA-free, like kernels/cuda/kernels.h.
 #pragma once
+
+#include <type_traits>
 
 #include "kernels/cuda/kernels.h"
 
 namespace ds::rt::kern {
 
-// Every entry point of kernels/cuda/kernels.h, by name.
-#define DS_CUDA_KERNEL_ENTRIES(X)                                                                    \
-  X(gemm) X(gemm_bf16) X(encoder_forward) X(encoder_backward) X(encoder_forward_vocab)                \
-  X(encoder_backward_vocab) X(add_position) X(encoder_forward_bf16) X(encoder_backward_bf16)          \
-  X(layernorm_forward) X(layernorm_backward) X(layernorm_forward_bf16) X(layernorm_backward_bf16)     \
-  X(matmul_forward) X(matmul_backward) X(add_bias) X(add_in_place) X(round_to_bf16_in_place)          \
-  X(round_to_f16_in_place) X(attention_scratch_floats) X(attention_forward) X(attention_backward)     \
-  X(gelu_forward) X(gelu_backward) X(residual_forward) X(residual_backward) X(gelu_forward_bf16)      \
-  X(gelu_backward_bf16) X(residual_forward_bf16) X(residual_backward_bf16) X(crossentropy_forward)    \
-  X(crossentropy_softmax_backward) X(crossentropy_forward_bf16)                                      \
-  X(crossentropy_softmax_backward_bf16) X(vocab_ce_max) X(vocab_ce_sums) X(vocab_ce_finish)           \
-  X(convert_f32_to_bf16) X(convert_bf16_to_f32) X(convert_f32_to_f16) X(convert_f16_to_f32)          \
-  X(adamw_update) X(adamw_update_bf16_grads) X(sum_of_squares) X(sum_of_squares_to_host)             \
-  X(scale_in_place) X(set_matmul_math) X(matmul_math) X(current_stream)                            \
-  X(flash_attention_supported) X(flash_attention_forward_bf16) X(flash_attention_backward_bf16)      \
-  X(set_attention_kernel) X(attention_kernel) X(rmsnorm_forward) X(rmsnorm_backward) X(rope_forward)  \
-  X(rope_backward) X(swiglu_forward) X(swiglu_backward) X(attention_gqa_forward)                      \
-  X(attention_gqa_backward)
+// The entry points of kernels/cuda/kernels.h outside the op list, by name.
+#define DS_CUDA_KERNEL_ENTRIES(X)                                                                  \
+  X(gemm) X(gemm_bf16) X(round_to_bf16_in_place) X(round_to_f16_in_place) X(convert_f32_to_bf16) \
+  X(convert_bf16_to_f32) X(convert_f32_to_f16) X(convert_f16_to_f32) X(adamw_update)              \
+  X(adamw_update_bf16_grads) X(sum_of_squares) X(set_matmul_math) X(matmul_math)                  \
+  X(current_stream) X(flash_attention_supported) X(flash_attention_forward_bf16)                  \
+  X(flash_attention_backward_bf16) X(set_attention_kernel) X(attention_kernel)
 
-// The 16-bit storage twins (kernels/cuda/kernels.h, namespace typed), by name: the kernels of the
-// storage type S alone, and those that also take the parameter-gradient type G.
-#define DS_CUDA_TYPED_S_ENTRIES(X)                                                                \
-  X(encoder_forward) X(encoder_forward_vocab) X(add_position) X(layernorm_forward)                \
-  X(matmul_forward) X(add_bias) X(attention_forward) X(attention_backward) X(gelu_forward)        \
-  X(gelu_backward) X(residual_forward) X(residual_backward) X(add_in_place)                       \
-  X(crossentropy_forward) X(crossentropy_softmax_backward) X(vocab_ce_max) X(vocab_ce_sums)       \
-  X(vocab_ce_finish) X(sum_of_squares_to_host) X(scale_in_place) X(rmsnorm_forward)              \
-  X(rope_forward) X(rope_backward) X(swiglu_forward) X(swiglu_backward) X(attention_gqa_forward)  \
-  X(attention_gqa_backward)
-#define DS_CUDA_TYPED_SG_ENTRIES(X) \
-  X(encoder_backward) X(encoder_backward_vocab) X(layernorm_backward) X(matmul_backward) X(rmsnorm_backward)
+// The typed kernels of kernels/cuda/kernels.h whose CPU form differs (not in the op list).
+#define DS_CUDA_TYPED_ONLY_ENTRIES(X) \
+  X(crossentropy_forward) X(crossentropy_softmax_backward) X(sum_of_squares_to_host)
 
-// S = bf16 with bf16 parameter gradients (every typed kernel).
-struct CudaBf16Kernels {
-#define DS_CUDA_TABLE_MEMBER(name) decltype(&cuda::typed::name<bf16>) name;
-#define DS_CUDA_TABLE_MEMBER_G(name) decltype(&cuda::typed::name<bf16, bf16>) name;
-  DS_CUDA_TYPED_S_ENTRIES(DS_CUDA_TABLE_MEMBER)
-  DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_MEMBER_G)
-#undef DS_CUDA_TABLE_MEMBER
-#undef DS_CUDA_TABLE_MEMBER_G
-};
-// S = bf16 with fp32 parameter gradients (grad_accum_dtype fp32): the kernels that take G; the
-// others are CudaBf16Kernels'.
-struct CudaBf16Fp32GradKernels {
-#define DS_CUDA_TABLE_MEMBER_G(name) decltype(&cuda::typed::name<bf16, float>) name;
-  DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_MEMBER_G)
-#undef DS_CUDA_TABLE_MEMBER_G
+// The module's typed kernels for storage S and parameter gradients G: every op of
+// kernels/ops.def (the ops of S alone at S) and the CUDA-only typed ones above. The module has
+// three: fp32 (float, float), bf16 (bf16, bf16) and bf16 with fp32 gradients (bf16, float).
+template <typename S, typename G>
+struct CudaOps {
+#define DS_KERNEL_OP(name, params, args) decltype(&cuda::typed::name<S>) name;
+#define DS_KERNEL_OP_G(name, params, args) decltype(&cuda::typed::name<S, G>) name;
+#include "kernels/ops.def"
+#define DS_CUDA_OPS_MEMBER(name) decltype(&cuda::typed::name<S>) name;
+  DS_CUDA_TYPED_ONLY_ENTRIES(DS_CUDA_OPS_MEMBER)
+#undef DS_CUDA_OPS_MEMBER
 };
 
 struct CudaKernelTable {
 #define DS_CUDA_TABLE_MEMBER(name) decltype(&cuda::name) name;
   DS_CUDA_KERNEL_ENTRIES(DS_CUDA_TABLE_MEMBER)
 #undef DS_CUDA_TABLE_MEMBER
-  CudaBf16Kernels bf16;
-  CudaBf16Fp32GradKernels bf16_fp32_grads;
+  CudaOps<float, float> f32;
+  CudaOps<::ds::rt::bf16, ::ds::rt::bf16> bf16;
+  CudaOps<::ds::rt::bf16, float> bf16_fp32_grads;
 };
+
+// Whether the module has kernels for storage S with parameter gradients G, and their table.
+template <typename S, typename G>
+inline constexpr bool kCudaHasOps = (std::is_same_v<S, float> && std::is_same_v<G, float>) ||
+                                    (std::is_same_v<S, ::ds::rt::bf16> &&
+                                     (std::is_same_v<G, ::ds::rt::bf16> || std::is_same_v<G, float>));
+template <typename S, typename G>
+const CudaOps<S, G>& cuda_ops_of(const CudaKernelTable& t) {
+  static_assert(kCudaHasOps<S, G>);
+  if constexpr (std::is_same_v<S, float>) return t.f32;
+  else if constexpr (std::is_same_v<G, float>) return t.bf16_fp32_grads;
+  else return t.bf16;
+}
 
 // The module's table, loaded on first use; throws as core/cuda_module.h says, `purpose` naming
 // what asked for CUDA.

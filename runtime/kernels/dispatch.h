@@ -3,9 +3,10 @@
 // signatures of runtime/kernels/cpu/kernels.h); each call goes to cpu::name, or, while the calling
 // thread is inside a kern::DeviceScope for Device::kCuda, to the CUDA module's twin
 // (kernels/cuda_kernel_table.h, the signatures of kernels/cuda/kernels.h) on the scope's stream:
-// the fp32 entry points for S = float, the bf16 twins (cuda::typed, the table's .bf16 and
-// .bf16_fp32_grads) for S = bf16 with G = bf16 or float. fp16 storage has no CUDA kernel: inside
-// a CUDA scope a kernel of f16 buffers throws ds::Error (invalid usage) naming the kernel.
+// the typed table of S and G (fp32, bf16, or bf16 with fp32 gradients). The wrappers of the op
+// list (kernels/ops.def) are generated from it; the kernels whose CPU and CUDA forms differ are
+// written out below them. fp16 storage has no CUDA kernel: inside a CUDA scope a kernel of f16
+// buffers throws ds::Error (invalid usage) naming the kernel.
 // The module is loaded by the first CUDA scope (core/cuda_module.h); a CPU run never loads it.
 //
 // Contract of the CUDA side (only inside a DeviceScope(kCuda)):
@@ -120,151 +121,45 @@ inline void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, c
                       "kernels; fp16.enabled on a GPU keeps fp32 buffers), or run on the CPU",
                       name, dtype_name(s));
 }
-// DS_KERN_S(name, args...): the kernel `name` of storage S (a template parameter of the caller).
-// Inside a CUDA scope: fp32 the module's fp32 entry point, bf16 its typed twin
-// (cuda_kernels().bf16), fp16 a throw naming `name`; otherwise the CPU template.
-// DS_KERN_SG(name, args...): the same for a kernel of storage S and parameter gradients G, whose
-// bf16 twin with G = float is cuda_kernels().bf16_fp32_grads.
-#define DS_KERN_CUDA_BRANCHES_(name, ...)                                                   \
-  if constexpr (std::is_same_v<S, float>) {                                                 \
-    return cuda_kernels().name(__VA_ARGS__, cuda_stream());                                 \
-  } else if constexpr (std::is_same_v<S, bf16> && std::is_same_v<G_, bf16>) {              \
-    return cuda_kernels().bf16.name(__VA_ARGS__, cuda_stream());                            \
-  }
-#define DS_KERN_S(name, ...)                                                                \
-  do {                                                                                      \
-    using G_ = S;                                                                           \
-    if (on_cuda()) {                                                                        \
-      DS_KERN_CUDA_BRANCHES_(name, __VA_ARGS__)                                             \
-      else no_cuda_kernel(#name, dtype_of<S>);                                              \
-    }                                                                                       \
-    return cpu::name(__VA_ARGS__);                                                          \
-  } while (0)
-#define DS_KERN_SG(name, ...)                                                               \
-  do {                                                                                      \
-    using G_ = G;                                                                           \
-    if (on_cuda()) {                                                                        \
-      DS_KERN_CUDA_BRANCHES_(name, __VA_ARGS__)                                             \
-      else if constexpr (std::is_same_v<S, bf16> && std::is_same_v<G, float>) {            \
-        return cuda_kernels().bf16_fp32_grads.name(__VA_ARGS__, cuda_stream());             \
-      } else {                                                                              \
-        no_cuda_kernel(#name, dtype_of<S>);                                                 \
-      }                                                                                     \
-    }                                                                                       \
-    return cpu::name(__VA_ARGS__);                                                          \
-  } while (0)
+// ---- the op list (kernels/ops.def): kern::name(args) with the CPU template's signature -----------
 
-template <typename S>
-inline void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C) {
-  DS_KERN_S(encoder_forward, out, inp, wte, wpe, B, T, C);
-}
+// Inside a CUDA scope the module's twin of storage S and gradients G (cuda_kernel_table.h's
+// CudaOps: fp32, bf16, or bf16 with fp32 gradients), on the scope's stream; fp16 (or any other
+// combination) a throw naming the kernel. Otherwise the CPU template.
 template <typename S, typename G>
-inline void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C) {
-  DS_KERN_SG(encoder_backward, dwte, dwpe, dout, inp, B, T, C);
+const CudaOps<S, G>& cuda_ops() {
+  return cuda_ops_of<S, G>(cuda_kernels());
 }
-template <typename S>
-inline void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
-                                  int Vl) {
-  DS_KERN_S(encoder_forward_vocab, out, inp, wte, B, T, C, v0, Vl);
-}
-template <typename S, typename G>
-inline void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C, int v0,
-                                   int Vl) {
-  DS_KERN_SG(encoder_backward_vocab, dwte, dout, inp, B, T, C, v0, Vl);
-}
-template <typename S>
-inline void add_position(S* out, const S* wpe, int B, int T, int C) {
-  DS_KERN_S(add_position, out, wpe, B, T, C);
-}
-template <typename S>
-inline void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight, const S* bias,
-                              int B, int T, int C) {
-  DS_KERN_S(layernorm_forward, out, mean, rstd, inp, weight, bias, B, T, C);
-}
-template <typename S, typename G>
-inline void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
-                               const float* mean, const float* rstd, int B, int T, int C) {
-  DS_KERN_SG(layernorm_backward, dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C);
-}
-template <typename S>
-inline void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C, int OC) {
-  DS_KERN_S(matmul_forward, out, inp, weight, bias, B, T, C, OC);
-}
-template <typename S, typename G>
-inline void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight, int B,
-                            int T, int C, int OC) {
-  DS_KERN_SG(matmul_backward, dinp, dweight, dbias, dout, inp, weight, B, T, C, OC);
-}
-template <typename S>
-inline void add_bias(S* out, const S* bias, int N, int OC) {
-  DS_KERN_S(add_bias, out, bias, N, OC);
-}
-// Floats of attention scratch for storage of `storage_bytes` (cpu::attention_scratch_floats).
+#define DS_KERN_OP_BODY_(name, S_, G_, targs, args)                                    \
+  if (on_cuda()) {                                                                   \
+    if constexpr (kCudaHasOps<S_, G_>) {                                             \
+      return cuda_ops<S_, G_>().name(DS_OP_UNPAREN args, cuda_stream());             \
+    } else {                                                                         \
+      no_cuda_kernel(#name, dtype_of<S_>);                                           \
+    }                                                                                \
+  }                                                                                  \
+  return cpu::name<DS_OP_UNPAREN targs>(DS_OP_UNPAREN args);
+#define DS_NOT_DEDUCED(T) std::type_identity_t<T>
+#define DS_KERNEL_OP(name, params, args) \
+  template <typename S>                  \
+  inline void name params {              \
+    DS_KERN_OP_BODY_(name, S, S, (S), args) \
+  }
+#define DS_KERNEL_OP_G(name, params, args)     \
+  template <typename S, typename G>            \
+  inline void name params {                    \
+    DS_KERN_OP_BODY_(name, S, G, (S, G), args) \
+  }
+#include "kernels/ops.def"
+#undef DS_KERN_OP_BODY_
+
+// ---- the kernels outside the op list ------------------------------------------------------------
+
+// Floats of attention scratch for storage of `storage_bytes` (cpu::attention_scratch_floats); 0
+// inside a CUDA scope (the CUDA attention needs none).
 inline size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4) {
   if (on_cuda()) return 0;
   return cpu::attention_scratch_floats(T, hs, storage_bytes);
-}
-template <typename S>
-inline void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C, int NH) {
-  DS_KERN_S(attention_forward, out, lse, qkv, scratch, B, T, C, NH);
-}
-template <typename S>
-inline void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                               float* scratch, int B, int T, int C, int NH) {
-  DS_KERN_S(attention_backward, dqkv, dout, qkv, out, lse, scratch, B, T, C, NH);
-}
-template <typename S>
-inline void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV,
-                                  int hd) {
-  DS_KERN_S(attention_gqa_forward, out, lse, qkv, scratch, B, T, NH, KV, hd);
-}
-template <typename S>
-inline void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                                   float* scratch, int B, int T, int NH, int KV, int hd) {
-  DS_KERN_S(attention_gqa_backward, dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd);
-}
-template <typename S>
-inline void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps) {
-  DS_KERN_S(rmsnorm_forward, out, rstd, inp, weight, N, C, eps);
-}
-template <typename S, typename G>
-inline void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
-                             int64_t N, int C) {
-  DS_KERN_SG(rmsnorm_backward, dinp, dweight, dout, inp, weight, rstd, N, C);
-}
-template <typename S>
-inline void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                         int offset) {
-  DS_KERN_S(rope_forward, x, cos, sin, B, T, heads, hd, stride, offset);
-}
-template <typename S>
-inline void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                          int offset) {
-  DS_KERN_S(rope_backward, dx, cos, sin, B, T, heads, hd, stride, offset);
-}
-template <typename S>
-inline void swiglu_forward(S* out, const S* gu, int64_t N, int I) {
-  DS_KERN_S(swiglu_forward, out, gu, N, I);
-}
-template <typename S>
-inline void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I) {
-  DS_KERN_S(swiglu_backward, dgu, dout, gu, N, I);
-}
-template <typename S>
-inline void gelu_forward(S* out, const S* inp, int64_t N) {
-  DS_KERN_S(gelu_forward, out, inp, N);
-}
-template <typename S>
-inline void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N) {
-  DS_KERN_S(gelu_backward, dinp, inp, dout, N);
-}
-template <typename S>
-inline void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N) {
-  DS_KERN_S(residual_forward, out, inp1, inp2, N);
-}
-template <typename S>
-inline void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N) {
-  DS_KERN_S(residual_backward, dinp1, dinp2, dout, N);
 }
 // Inside a CUDA scope these two return 0 (the device does not count invalid targets: the caller
 // validates them on the host first).
@@ -272,11 +167,8 @@ template <typename S>
 inline int64_t crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
                                     int Vp) {
   if (on_cuda()) {
-    const CudaKernelTable& k = cuda_kernels();
-    if constexpr (std::is_same_v<S, float>) {
-      k.crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
-    } else if constexpr (std::is_same_v<S, bf16>) {
-      k.bf16.crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
+    if constexpr (kCudaHasOps<S, S>) {
+      cuda_ops<S, S>().crossentropy_forward(losses, logits, targets, N, V, Vp, nullptr, cuda_stream());
     } else {
       no_cuda_kernel("crossentropy_forward", dtype_of<S>);
     }
@@ -288,34 +180,15 @@ template <typename S>
 inline int64_t crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
                                              float dloss, int N, int V, int Vp) {
   if (on_cuda()) {
-    const CudaKernelTable& k = cuda_kernels();
-    if constexpr (std::is_same_v<S, float>) {
-      k.crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp, nullptr, cuda_stream());
-    } else if constexpr (std::is_same_v<S, bf16>) {
-      k.bf16.crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp, nullptr,
-                                           cuda_stream());
+    if constexpr (kCudaHasOps<S, S>) {
+      cuda_ops<S, S>().crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp,
+                                                     nullptr, cuda_stream());
     } else {
       no_cuda_kernel("crossentropy_softmax_backward", dtype_of<S>);
     }
     return 0;
   }
   return cpu::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp);
-}
-template <typename S>
-inline void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V) {
-  DS_KERN_S(vocab_ce_max, mx, logits, N, Vl, v0, V);
-}
-template <typename S>
-inline void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx, const int32_t* targets,
-                          int N, int Vl, int v0, int V) {
-  DS_KERN_S(vocab_ce_sums, sumexp, tlogit, logits, mx, targets, N, Vl, v0, V);
-}
-template <typename S>
-inline void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
-                            const float* tlogit, const int32_t* targets, float dloss, int N, int Vl, int v0,
-                            int V) {
-  DS_KERN_S(vocab_ce_finish, losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl, v0,
-            V);
 }
 inline void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N) {
   DS_KERN(convert_f32_to_bf16, out, inp, N);
@@ -330,10 +203,6 @@ inline void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N) {
   DS_KERN(convert_f16_to_f32, out, inp, N);
 }
 
-template <typename S>
-inline void add_in_place(S* dst, const S* src, int64_t N) {
-  DS_KERN_S(add_in_place, dst, src, N);
-}
 // dst (N, type D) = src (N, type S) rounded once (a copy when D == S); on CUDA the module's
 // fp32 <-> bf16 / fp16 conversions.
 template <typename D, typename S>
@@ -360,16 +229,10 @@ inline void round_to_f16_in_place(float* x, int64_t N) { DS_KERN(round_to_f16_in
 template <typename S>
 inline double sum_of_squares(const S* x, int64_t n) {
   if (on_cuda()) {
-    if constexpr (std::is_same_v<S, float>) return cuda_kernels().sum_of_squares_to_host(x, n, cuda_stream());
-    else if constexpr (std::is_same_v<S, bf16>) return cuda_kernels().bf16.sum_of_squares_to_host(x, n, cuda_stream());
+    if constexpr (kCudaHasOps<S, S>) return cuda_ops<S, S>().sum_of_squares_to_host(x, n, cuda_stream());
     else no_cuda_kernel("sum_of_squares", dtype_of<S>);
   }
   return cpu::sum_of_squares(x, n);
-}
-// x[i] *= coef, rounded once (cpu::scale_in_place); nothing to do when coef == 1.
-template <typename S>
-inline void scale_in_place(S* x, int64_t n, float coef) {
-  DS_KERN_S(scale_in_place, x, n, coef);
 }
 // True when every element is finite (cpu::all_finite). Inside a CUDA scope: whether the device's
 // double sum of squares is finite, which is the same predicate (a square of a finite fp32 or bf16
@@ -422,9 +285,6 @@ inline void adamw_update_partition_mixed(const AdamWStep& s, float* params, cons
   cpu::adamw_update_partition_mixed(s, params, grads, exp_avg, exp_avg_sq, begin, count, decay, params_out);
 }
 
-#undef DS_KERN_SG
-#undef DS_KERN_S
-#undef DS_KERN_CUDA_BRANCHES_
 #undef DS_KERN
 
 }  // namespace ds::rt::kern

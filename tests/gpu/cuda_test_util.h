@@ -14,6 +14,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/error.h"
@@ -70,6 +71,11 @@ class DeviceArray {
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
   T* get() const { return p_; }
+  // A DeviceArray<uint16_t> of bf16 bit patterns as core/dtype.h's bf16 (the typed kernels' type).
+  ds::rt::bf16* bf() const {
+    static_assert(std::is_same_v<T, uint16_t>, "bf() is for arrays of bf16 bit patterns");
+    return reinterpret_cast<ds::rt::bf16*>(p_);
+  }
   size_t bytes() const { return n_ * sizeof(T); }
   void upload(const std::vector<T>& h) {
     if (cudaMemcpy(p_, h.data(), bytes(), cudaMemcpyHostToDevice) != cudaSuccess) {

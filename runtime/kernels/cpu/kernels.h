@@ -1,7 +1,8 @@
 // CPU kernels of the decoder (every family's ops), llm.c style: free functions over raw buffers, outputs first,
-// then inputs, then shapes. Every forward has a backward twin. The CUDA kernels have the same
-// signatures plus a stream (runtime/kernels/cuda); runtime/kernels/dispatch.h is the only place
-// that picks between them.
+// then inputs, then shapes. Every forward has a backward twin. The kernels over the storage type
+// that CUDA runs too are declared from one op list, kernels/ops.def (which documents each); the
+// CUDA twins have the same signatures plus a stream (runtime/kernels/cuda), and
+// runtime/kernels/dispatch.h is the only place that picks between them.
 //
 // Legend: B = batch, T = time, C = channels, OC = output channels, NH = heads, hs = C / NH,
 // V = real vocabulary, Vp = padded vocabulary (row stride of the logits).
@@ -80,94 +81,22 @@ void gemm_before_parallel_region();
 void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A, int lda,
           const float* B, int ldb, float beta, float* C, int ldc);
 
-// ---- encoder: token + position embedding ------------------------------------------------------
+// ---- the storage-typed ops (kernels/ops.def: shapes, accumulation and null rules) --------------
 
-// out (B,T,C) = wte[inp[b,t]] + wpe[t]. inp (B,T) token ids in [0, V); wte (V,C); wpe (maxT,C).
-template <typename S>
-void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C);
-// dwte, dwpe accumulate; either may be null.
-template <typename S, typename G>
-void encoder_backward(G* dwte, std::type_identity_t<G>* dwpe, const S* dout, const int32_t* inp, int B, int T, int C);
+#define DS_NOT_DEDUCED(T) std::type_identity_t<T>
+#define DS_KERNEL_OP(name, params, args) template <typename S> void name params;
+#define DS_KERNEL_OP_G(name, params, args) template <typename S, typename G> void name params;
+#include "kernels/ops.def"
 
-// Vocabulary-parallel variants (tensor parallelism): this rank holds rows [v0, v0 + Vl) of wte
-// (Vl rows). Forward writes the token embedding of tokens in that range and 0 for the others (the
-// sum over the tp group is the full embedding); backward accumulates dwte for tokens in range.
-template <typename S>
-void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
-                           int Vl);
-template <typename S, typename G>
-void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C,
-                            int v0, int Vl);
-// out (B,T,C) += wpe[t] (maxT,C).
-template <typename S>
-void add_position(S* out, const S* wpe, int B, int T, int C);
+// ---- attention scratch ------------------------------------------------------------------------
 
-// ---- layernorm (eps 1e-5) ---------------------------------------------------------------------
-
-// out (B,T,C), mean (B,T), rstd (B,T) from inp (B,T,C), weight (C), bias (C).
-template <typename S>
-void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
-                       const S* bias, int B, int T, int C);
-// dinp ACCUMULATES (it is the residual stream's gradient); dweight, dbias accumulate.
-template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp,
-                        const S* weight, const float* mean, const float* rstd, int B, int T,
-                        int C);
-
-// ---- matmul with bias (oneDNN, cpu/onednn.h) -----------------------------------------------------
-
-// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC). bias may be null (oneDNN adds it in
-// the same primitive).
-template <typename S>
-void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
-                    int OC);
-// dinp (B,T,C) = dout @ weight (overwritten; skipped when null); dweight (OC,C) += dout^T @ inp;
-// dbias (OC) += column sums of dout (skipped when null).
-template <typename S, typename G>
-void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identity_t<G>* dbias, const S* dout, const S* inp, const S* weight,
-                     int B, int T, int C, int OC);
-// out (N,OC) += bias (OC), row by row.
-template <typename S>
-void add_bias(S* out, const S* bias, int N, int OC);
-
-// ---- causal multi-head self-attention -----------------------------------------------------------
-
-// Memory-efficient formulation (flash-attention's, with one (T,T) tile per head): forward keeps
-// only the output and the log-sum-exp of each score row; backward recomputes the probabilities
-// from q, k and lse. Nothing of size (B,NH,T,T) is ever stored.
-//   qkv (B,T,3C): q, k, v side by side, head h at channels [h*hs, (h+1)*hs) of each.
-//   out (B,T,C), lse (B,NH,T).
-//   scratch: attention_scratch_floats(T, hs, sizeof(S)) floats. Per OpenMP thread: 2 x T x T
-//   (the score tiles); with 16-bit S also 8 x T x hs, the head's q, k, v, out, dout and dq, dk,
-//   dv in fp32 (each head is converted once and runs the fp32 code).
+// Floats of scratch the attention kernels need (ops.def): per OpenMP thread 2 x T x T (the
+// score tiles of one head); with 16-bit storage of `storage_bytes` also 8 x T x hs, the head's
+// q, k, v, out, dout and dq, dk, dv in fp32 (each head is converted once and runs the fp32 code).
 size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4);
-template <typename S>
-void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C,
-                       int NH);
-// dqkv (B,T,3C) overwritten. `out` is the forward's output.
-template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                        float* scratch, int B, int T, int C, int NH);
 
-// ---- GELU (tanh approximation) -----------------------------------------------------------------
+// ---- buffers ------------------------------------------------------------------------------------
 
-template <typename S>
-void gelu_forward(S* out, const S* inp, int64_t N);
-// dinp = gelu'(inp) * dout, overwritten; dinp may alias dout.
-template <typename S>
-void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N);
-
-// ---- residual -----------------------------------------------------------------------------------
-
-// out = inp1 + inp2; out may alias either input.
-template <typename S>
-void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N);
-// dinp1 += dout, dinp2 += dout (both accumulate).
-template <typename S>
-void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N);
-// dst += src (gradient accumulation of the parallel engines); must not overlap.
-template <typename S>
-void add_in_place(S* dst, const S* src, int64_t N);
 // bytes of zeros at p, split across the OpenMP threads when large (a gradient buffer's memset is
 // otherwise the one serial pass of a step).
 void fill_zero(void* p, size_t bytes);
@@ -188,25 +117,6 @@ int64_t crossentropy_forward(float* losses, const S* logits, const int32_t* targ
 template <typename S>
 int64_t crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
                                       float dloss, int N, int V, int Vp);
-
-// Vocabulary-parallel cross-entropy (Megatron's): logits (N, Vl) are this rank's columns
-// [v0, v0 + Vl) of the full vocabulary; columns at or past the real vocabulary V are ignored.
-// Between the phases the caller reduces over the tp group: max after phase 1, sums after phase 2.
-// Phase 1: mx (N) = max of the rank's valid logits (-inf when it has none).
-template <typename S>
-void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V);
-// Phase 2 (mx now the global max): sumexp (N) = sum exp(logit - mx) of the valid columns;
-// tlogit (N) = the target's logit when this rank holds it, else 0.
-template <typename S>
-void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx,
-                   const int32_t* targets, int N, int Vl, int v0, int V);
-// Phase 3 (sums now global): losses (N) = mx + log(sumexp) - tlogit; when logits_to_dlogits is
-// not null (training) the logits become dlogits in place: (softmax - [v == target]) * dloss, 0 for
-// invalid columns.
-template <typename S>
-void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
-                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
-                     int v0, int V);
 
 // ---- element type conversion (round to nearest even) ----------------------------------------------
 
@@ -248,9 +158,6 @@ void adamw_update_partition_mixed(const kern::AdamWStep& s, float* params, const
 // given thread count (each thread sums one contiguous block; blocks are added in thread order).
 template <typename S>
 double sum_of_squares(const S* x, int64_t n);
-// x[i] *= coef (rounded once); nothing to do when coef == 1.
-template <typename S>
-void scale_in_place(S* x, int64_t n, float coef);
 // True when every element is finite (no inf, no nan).
 template <typename S>
 bool all_finite(const S* x, int64_t n);
@@ -267,57 +174,9 @@ std::string attention_report();
 // oneDNN's version, "3.x.y (commit ...)", as the library linked at run time reports it.
 std::string onednn_version();
 
-// ---- RMSNorm, rotary embeddings, SwiGLU, grouped-query attention -----------------------------
-// Multi-head attention is the grouped-query one with KV = NH. Statistics
-// (RMSNorm's rstd, attention's lse and scratch) and the RoPE cos/sin tables are fp32 whatever S.
-// Legend: N = rows (B*T), C = channels, NH = query heads, KV = kv heads (NH % KV == 0), hd = head
-// size, I = the SwiGLU width, T = sequence length.
-
-// ---- RMSNorm (Hugging Face's, no mean, no bias) ---------------------------------------------
-// out (N,C) = inp * rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps), computed in fp32.
-template <typename S>
-void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C, float eps);
-// dinp ACCUMULATES (+=, the residual stream's gradient flows through it), dweight accumulates.
-template <typename S, typename G>
-void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight, const float* rstd,
-                      int64_t N, int C);
-
-// ---- rotary position embeddings (rotate_half convention) -------------------------------------
+// ---- rotary position embeddings: the tables ---------------------------------------------------
 // Tables for positions [0, T): cos/sin (T, hd/2), angle t * theta^(-2i/hd) (HF's inv_freq); fp32
 // whatever the storage type.
 void rope_tables(float* cos, float* sin, int T, int hd, double theta);
-// In place on `heads` consecutive heads of hd values starting `offset` elements into each row of
-// x (rows of `stride` elements; row b*T + t has position t): for i < hd/2,
-//   x[i], x[i + hd/2] <- x[i] cos - x[i + hd/2] sin, x[i + hd/2] cos + x[i] sin.
-template <typename S>
-void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride, int offset);
-// The transpose rotation, in place on the gradient: d(before) from d(after).
-template <typename S>
-void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd, int stride,
-                   int offset);
-
-// ---- SwiGLU: silu(gate) * up ---------------------------------------------------------------
-// gu (N, 2I): row n holds gate[0, I) then up[0, I) (one matmul with gate_proj and up_proj
-// stacked); out (N, I) = silu(gate) * up.
-template <typename S>
-void swiglu_forward(S* out, const S* gu, int64_t N, int I);
-// dgu (N, 2I) overwritten from dout (N, I).
-template <typename S>
-void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I);
-
-// ---- causal grouped-query attention ---------------------------------------------------------
-// qkv (B,T,(NH+2KV)hd): each row is q heads [0, NH), then k heads, then v heads; query head h
-// reads kv head h / (NH/KV), in place (k and v are never expanded). out (B,T,NH hd);
-// lse (B,NH,T). scratch: attention_scratch_floats(T, hd, sizeof(S)) (kernels.h): per thread
-// 2 x T x T, and with 16-bit S also 8 x T x hd (the fp32 copies of the heads it works on).
-// Forward parallelises over (b, h); backward over (b, kv head), each task walking its group of
-// query heads so that dk and dv of a kv head are summed by one thread in a fixed order (in fp32,
-// rounded once at 16 bits).
-template <typename S>
-void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV, int hd);
-// dqkv (B,T,(NH+2KV)hd) overwritten.
-template <typename S>
-void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, float* scratch,
-                            int B, int T, int NH, int KV, int hd);
 
 }  // namespace ds::rt::cpu

@@ -268,8 +268,6 @@ int mha_head_size(int C, int NH) {
 
 }  // namespace
 
-size_t attention_scratch_floats(int /*T*/) { return 0; }
-
 namespace typed {
 
 template <typename S>
@@ -306,36 +304,10 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
                                      cudaStream_t);                                              \
   template void attention_backward<S>(S*, const S*, const S*, const S*, const float*, float*,    \
                                       int, int, int, int, cudaStream_t);
-DS_CUDA_INST_S(float)
-DS_CUDA_INST_S(Bf16)
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
 #undef DS_CUDA_INST_S
 
-}  // namespace typed
 
-void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH, cudaStream_t stream) {
-  typed::attention_forward(out, lse, qkv, scratch, B, T, C, NH, stream);
-}
-
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* scratch, int B, int T, int C, int NH,
-                        cudaStream_t stream) {
-  typed::attention_backward(dqkv, dout, qkv, out, lse, scratch, B, T, C, NH, stream);
-}
-
-// ---- grouped-query attention (kernels.h): fp32, and the typed twins ----
-
-void attention_gqa_forward(float* out, float* lse, const float* qkv, float* /*scratch*/, int B,
-                           int T, int NH, int KV, int hd, cudaStream_t stream) {
-  gqa_forward_impl(out, lse, qkv, B, T, NH, KV, hd, stream);
-}
-void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, float* /*scratch*/, int B, int T, int NH, int KV,
-                            int hd, cudaStream_t stream) {
-  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
-}
-
-namespace typed {
 
 // bf16 runs flash attention where it takes the shape (use_flash_attention); the exact kernels
 // otherwise and for fp32.
@@ -366,11 +338,13 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
   gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
 }
 
-template void attention_gqa_forward<Bf16>(Bf16*, float*, const Bf16*, float*, int, int, int, int,
-                                          int, cudaStream_t);
-template void attention_gqa_backward<Bf16>(Bf16*, const Bf16*, const Bf16*, const Bf16*,
-                                           const float*, float*, int, int, int, int, int,
-                                           cudaStream_t);
+#define DS_CUDA_INST_S(S)                                                                        \
+  template void attention_gqa_forward<S>(S*, float*, const S*, float*, int, int, int, int, int,   \
+                                         cudaStream_t);                                          \
+  template void attention_gqa_backward<S>(S*, const S*, const S*, const S*, const float*, float*, \
+                                          int, int, int, int, int, cudaStream_t);
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+#undef DS_CUDA_INST_S
 
 }  // namespace typed
 

@@ -259,8 +259,11 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                      stream);
 }
 
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int T, int C, int OC, cudaStream_t stream) {
+namespace {
+
+// The fp32 products (typed::matmul_*<float>), in this thread's MatmulMath.
+void matmul_forward_f32(float* out, const float* inp, const float* weight, const float* bias, int B,
+                        int T, int C, int OC, cudaStream_t stream) {
   const int BT = B * T;
   if (BT <= 0 || OC <= 0) return;
   // cuBLASLt's bias epilogue only with a 16-byte aligned bias (no preference describes the bias
@@ -270,11 +273,12 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     return;
   }
   gemm(false, true, BT, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC, stream);
-  if (bias != nullptr) add_bias(out, bias, BT, OC, stream);
+  if (bias != nullptr) typed::add_bias(out, bias, BT, OC, stream);
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int B, int T, int C, int OC, cudaStream_t stream) {
+void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, int B, int T, int C, int OC,
+                         cudaStream_t stream) {
   const int BT = B * T;
   if (BT <= 0) return;
   if (dinp != nullptr) gemm(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C, stream);
@@ -282,13 +286,15 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
   column_sum(dbias, dout, BT, OC, stream);
 }
 
+}  // namespace
+
 namespace typed {
 
 template <typename S>
 void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
                     int OC, cudaStream_t stream) {
   if constexpr (std::is_same_v<S, float>) {
-    cuda::matmul_forward(out, inp, weight, bias, B, T, C, OC, stream);
+    matmul_forward_f32(out, inp, weight, bias, B, T, C, OC, stream);
   } else {
     const int BT = B * T;
     if (BT <= 0 || OC <= 0) return;
@@ -312,7 +318,7 @@ template <typename S, typename G>
 void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
                      int B, int T, int C, int OC, cudaStream_t stream) {
   if constexpr (std::is_same_v<S, float>) {
-    cuda::matmul_backward(dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, stream);
+    matmul_backward_f32(dinp, dweight, dbias, dout, inp, weight, B, T, C, OC, stream);
   } else {
     const int BT = B * T;
     if (BT <= 0) return;

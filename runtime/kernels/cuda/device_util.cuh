@@ -18,6 +18,11 @@ namespace ds::rt::cuda {
 // kernels' templates take the dispatch's pointers as they are.
 using Bf16 = ::ds::rt::bf16;
 
+// The storage (S) and storage-with-gradient (S, G) types every typed kernel is instantiated for
+// (the three tables of kernels/cuda_kernel_table.h), as cpu/kernels.h's DS_FOR_EACH_STORAGE(_GRAD).
+#define DS_CUDA_FOR_EACH_STORAGE(X) X(float) X(::ds::rt::bf16)
+#define DS_CUDA_FOR_EACH_STORAGE_GRAD(X) X(float, float) X(::ds::rt::bf16, ::ds::rt::bf16) X(::ds::rt::bf16, float)
+
 __device__ inline float bf16_bits_to_f32(uint16_t h) {
   return __uint_as_float(static_cast<uint32_t>(h) << 16);
 }

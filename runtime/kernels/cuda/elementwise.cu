@@ -1,8 +1,8 @@
 // Element-wise CUDA kernels: embeddings, GELU, residual, bias, type conversions, the fused AdamW
 // step and the gradient norm's sum of squares. Grid-stride loops over flat buffers, fp32
 // arithmetic, every kernel templated over the storage type S (and the gradient type G) and
-// reading/writing it through ld/st (device_util.cuh): the fp32 entry points and the bf16 twins
-// (kernels.h, namespace typed) are the same kernels.
+// reading/writing it through ld/st (device_util.cuh), instantiated for fp32 and bf16 (kernels.h,
+// namespace typed: the op list's twins).
 // The hot ones (GELU, residual, bias, in-place add) read and write 16-byte packs where every
 // pointer is aligned (device_util.cuh, for_each_pack); the others stay one element per thread per
 // iteration.
@@ -471,92 +471,20 @@ void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream) {
                                        cudaStream_t);                                            \
   template void encoder_backward_vocab<S, G>(G*, const S*, const int32_t*, int, int, int, int,   \
                                              int, cudaStream_t);
-DS_CUDA_INST_S(float)
-DS_CUDA_INST_S(Bf16)
-DS_CUDA_INST_SG(float, float)
-DS_CUDA_INST_SG(Bf16, Bf16)
-DS_CUDA_INST_SG(Bf16, float)
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+DS_CUDA_FOR_EACH_STORAGE_GRAD(DS_CUDA_INST_SG)
 #undef DS_CUDA_INST_S
 #undef DS_CUDA_INST_SG
 
 }  // namespace typed
 
-// ---- the fp32 entry points and the uint16_t bf16 variants: the typed kernels ----
+// ---- the kernels outside the op list ----
 
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C, cudaStream_t stream) {
-  typed::encoder_forward(out, inp, wte, wpe, B, T, C, stream);
-}
-void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
-                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream) {
-  typed::encoder_forward(as_bf16(out), inp, as_bf16(wte), as_bf16(wpe), B, T, C, stream);
-}
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                      int T, int C, cudaStream_t stream) {
-  typed::encoder_backward(dwte, dwpe, dout, inp, B, T, C, stream);
-}
-void encoder_backward_bf16(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* inp,
-                           int B, int T, int C, cudaStream_t stream) {
-  typed::encoder_backward(dwte, dwpe, as_bf16(dout), inp, B, T, C, stream);
-}
-void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
-                           int v0, int Vl, cudaStream_t stream) {
-  typed::encoder_forward_vocab(out, inp, wte, B, T, C, v0, Vl, stream);
-}
-void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
-                            int C, int v0, int Vl, cudaStream_t stream) {
-  typed::encoder_backward_vocab(dwte, dout, inp, B, T, C, v0, Vl, stream);
-}
-void add_position(float* out, const float* wpe, int B, int T, int C, cudaStream_t stream) {
-  typed::add_position(out, wpe, B, T, C, stream);
-}
-void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream) {
-  typed::gelu_forward(out, inp, N, stream);
-}
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
-                   cudaStream_t stream) {
-  typed::gelu_backward(dinp, inp, dout, N, stream);
-}
-void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N, cudaStream_t stream) {
-  typed::gelu_forward(as_bf16(out), as_bf16(inp), N, stream);
-}
-void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t N,
-                        cudaStream_t stream) {
-  typed::gelu_backward(as_bf16(dinp), as_bf16(inp), as_bf16(dout), N, stream);
-}
-void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N,
-                      cudaStream_t stream) {
-  typed::residual_forward(out, inp1, inp2, N, stream);
-}
-void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N,
-                       cudaStream_t stream) {
-  typed::residual_backward(dinp1, dinp2, dout, N, stream);
-}
-void residual_forward_bf16(uint16_t* out, const uint16_t* inp1, const uint16_t* inp2, int64_t N,
-                           cudaStream_t stream) {
-  typed::residual_forward(as_bf16(out), as_bf16(inp1), as_bf16(inp2), N, stream);
-}
-void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* dout, int64_t N,
-                            cudaStream_t stream) {
-  typed::residual_backward(as_bf16(dinp1), as_bf16(dinp2), as_bf16(dout), N, stream);
-}
-void add_in_place(float* dst, const float* src, int64_t N, cudaStream_t stream) {
-  typed::add_in_place(dst, src, N, stream);
-}
 void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream) {
   DS_ELEMENTWISE(round_to_bf16_kernel, N, x, N);
 }
 void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream) {
   DS_ELEMENTWISE(round_to_f16_kernel, N, x, N);
-}
-void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream) {
-  typed::add_bias(out, bias, N, OC, stream);
-}
-double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream) {
-  return typed::sum_of_squares_to_host(x, n, stream);
-}
-void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream) {
-  typed::scale_in_place(x, n, coef, stream);
 }
 
 void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream) {

@@ -27,11 +27,8 @@
 //   sticky errors). Bad shapes the CPU twin would accept are accepted here too; limits specific to
 //   these kernels (attention's head size) throw ds::Error up front.
 //
-// bf16: buffers named *_bf16 hold bfloat16 bit patterns (uint16_t), rounded to nearest even exactly
-// as core/dtype.h's f32_to_bf16. In every *_bf16 variant the PARAMETER GRADIENTS stay fp32;
-// activations, their gradients and parameters are bf16. These predate the typed twins (namespace
-// typed, below: bf16 of core/dtype.h, gradients of either type), run the same kernels and are
-// kept for the tests that call them; the dispatch calls the typed twins.
+// bf16: buffers of core/dtype.h's bf16 (or uint16_t where a function says so) hold bfloat16 bit
+// patterns, rounded to nearest even exactly as core/dtype.h's f32_to_bf16.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +36,10 @@
 
 #include "core/dtype.h"
 #include "kernels/adamw_step.h"
+
+#ifndef DS_OP_UNPAREN
+#define DS_OP_UNPAREN(...) __VA_ARGS__
+#endif
 
 struct CUstream_st;
 typedef struct CUstream_st* cudaStream_t;  // as CUDA's driver_types.h declares it
@@ -55,116 +56,67 @@ void gemm_bf16(bool trans_a, bool trans_b, int M, int N, int K, float alpha, con
                int lda, const uint16_t* B, int ldb, float beta, uint16_t* C, int ldc,
                cudaStream_t stream);
 
-// ---- encoder ------------------------------------------------------------------------------------
+// ---- attention's limits ---------------------------------------------------------------------------
 
-void encoder_forward(float* out, const int32_t* inp, const float* wte, const float* wpe, int B,
-                     int T, int C, cudaStream_t stream);
-// dwte, dwpe accumulate; either may be null. dwte through atomicAdd (order not deterministic).
-void encoder_backward(float* dwte, float* dwpe, const float* dout, const int32_t* inp, int B,
-                      int T, int C, cudaStream_t stream);
-void encoder_forward_vocab(float* out, const int32_t* inp, const float* wte, int B, int T, int C,
-                           int v0, int Vl, cudaStream_t stream);
-void encoder_backward_vocab(float* dwte, const float* dout, const int32_t* inp, int B, int T,
-                            int C, int v0, int Vl, cudaStream_t stream);
-void add_position(float* out, const float* wpe, int B, int T, int C, cudaStream_t stream);
-
-// bf16: out, wte, wpe, dout bf16; dwte, dwpe fp32 (accumulate).
-void encoder_forward_bf16(uint16_t* out, const int32_t* inp, const uint16_t* wte,
-                          const uint16_t* wpe, int B, int T, int C, cudaStream_t stream);
-void encoder_backward_bf16(float* dwte, float* dwpe, const uint16_t* dout, const int32_t* inp,
-                           int B, int T, int C, cudaStream_t stream);
-
-// ---- layernorm (eps 1e-5) -------------------------------------------------------------------------
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int B, int T, int C, cudaStream_t stream);
-// dinp ACCUMULATES; dweight, dbias accumulate.
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int B, int T, int C, cudaStream_t stream);
-// bf16: out, inp, weight, bias, dinp, dout bf16; mean, rstd, dweight, dbias fp32.
-void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
-                            const uint16_t* weight, const uint16_t* bias, int B, int T, int C,
-                            cudaStream_t stream);
-void layernorm_backward_bf16(uint16_t* dinp, float* dweight, float* dbias, const uint16_t* dout,
-                             const uint16_t* inp, const uint16_t* weight, const float* mean,
-                             const float* rstd, int B, int T, int C, cudaStream_t stream);
-
-// ---- matmul with bias (cuBLASLt bias epilogue for the forward) ----------------------------------
-
-// out (B,T,OC) = inp (B,T,C) @ weight (OC,C)^T + bias (OC); bias may be null. With a bias the
-// product and the bias are one cublasLtMatmul (CUBLASLT_EPILOGUE_BIAS); where cuBLASLt offers no
-// algorithm it falls back to cublasSgemm + add_bias.
-void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int B,
-                    int T, int C, int OC, cudaStream_t stream);
-// dinp overwritten (skipped when null); dweight += dout^T inp; dbias += column sums (skipped when
-// null).
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
-                     const float* weight, int B, int T, int C, int OC, cudaStream_t stream);
-void add_bias(float* out, const float* bias, int N, int OC, cudaStream_t stream);
-// cpu::add_in_place, round_to_bf16_in_place, round_to_f16_in_place on the device (rounding
-// bit-identical to core/dtype.h).
-void add_in_place(float* dst, const float* src, int64_t N, cudaStream_t stream);
-void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream);
-void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream);
-
-// ---- causal multi-head self-attention ------------------------------------------------------------
-
-// Same layout and saved buffers as the CPU: qkv (B,T,3C), out (B,T,C), lse (B,NH,T) = the
-// log-sum-exp of each (scaled) score row; backward recomputes the probabilities from q, k, lse.
-// One warp per query row (forward, dq) or key row (dk, dv) with an online softmax: nothing of
-// size T x T is stored, so no scratch is needed (attention_scratch_floats is 0; `scratch` may be
-// null and is ignored). Head size hs = C / NH must be at most kMaxHeadSize (throws otherwise).
+// The exact attention kernels (attention.cu) run one warp per query row (forward, dq) or key row
+// (dk, dv) with an online softmax: nothing of size T x T is stored, so they need no scratch (the
+// ops' `scratch` may be null and is ignored). Head size must be at most kMaxHeadSize (throws
+// otherwise).
 inline constexpr int kMaxHeadSize = 256;
-size_t attention_scratch_floats(int T);  // 0
-void attention_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                       int C, int NH, cudaStream_t stream);
-// dqkv (B,T,3C) overwritten.
-void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                        const float* lse, float* scratch, int B, int T, int C, int NH,
-                        cudaStream_t stream);
 
-// ---- GELU (tanh approximation) and residual -------------------------------------------------------
+// ---- the storage-typed ops: kernels/ops.def, the twins of the CPU templates -----------------------
 
-void gelu_forward(float* out, const float* inp, int64_t N, cudaStream_t stream);
-void gelu_backward(float* dinp, const float* inp, const float* dout, int64_t N,
-                   cudaStream_t stream);  // dinp may alias dout
-void residual_forward(float* out, const float* inp1, const float* inp2, int64_t N,
-                      cudaStream_t stream);  // out may alias either input
-void residual_backward(float* dinp1, float* dinp2, const float* dout, int64_t N,
-                       cudaStream_t stream);  // both accumulate
-void gelu_forward_bf16(uint16_t* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
-void gelu_backward_bf16(uint16_t* dinp, const uint16_t* inp, const uint16_t* dout, int64_t N,
-                        cudaStream_t stream);
-void residual_forward_bf16(uint16_t* out, const uint16_t* inp1, const uint16_t* inp2, int64_t N,
-                           cudaStream_t stream);
-void residual_backward_bf16(uint16_t* dinp1, uint16_t* dinp2, const uint16_t* dout, int64_t N,
-                            cudaStream_t stream);
+// The CPU templates' signatures (the same S and G, the same shapes, accumulation and null rules)
+// plus a stream, declared from the one op list. Instantiated for S = G = float, and S = bf16
+// (core/dtype.h, the model's 2-byte buffers) with G = bf16 or float (the parameter gradients;
+// grad_accum_dtype fp32): the three tables of kernels/cuda_kernel_table.h. No fp16
+// instantiations: fp16 storage has no CUDA kernels and the dispatch refuses it by name.
+// Like the CPU templates, each kernel reads S, computes in fp32 and rounds every output ONCE (an
+// accumulating output: read, add in fp32, round once); the statistics stay fp32 (mean/rstd, lse,
+// losses, the vocab-parallel statistics). Where the CUDA twin differs from the CPU:
+// - encoder_backward: dwte through atomics (fp32: atomicAdd; 16-bit: a compare-and-swap loop per
+//   element, each addition rounded once), in no fixed order; dwpe one thread per (t, c), the B
+//   rows summed in fp32, then one rounding (the CPU rounds after each row).
+// - layernorm, rmsnorm: one warp per row; dweight and dbias as column sums over row chunks in a
+//   fixed order (column_sums.cuh), added and rounded once.
+// - matmul_forward: fp32 through the cuBLASLt bias epilogue (cublasSgemm + add_bias where it has
+//   no algorithm or the bias is not 16-byte aligned), in the thread's MatmulMath (below); 16-bit
+//   through cuBLASLt / cublasGemmEx over CUDA_R_16BF operands with CUBLAS_COMPUTE_32F (fp32
+//   accumulation, tensor cores), the bias added in fp32 before the one rounding of out.
+//   matmul_backward: dweight with G as cuBLAS's C type (read, accumulated in fp32, rounded once).
+// - attention_forward/backward (multi-head) run the grouped-query kernels with KV = NH. bf16
+//   runs flash attention (below) where it takes the shape and the exact kernels otherwise (this
+//   thread's AttentionKernel); fp32 always the exact ones. Deterministic (no atomics).
+// - rope: one thread per rotated pair, cos/sin computed on the host by cpu::rope_tables and
+//   uploaded once. swiglu and the elementwise ops: grid-stride, 16-byte packs where aligned.
+namespace typed {
 
-// ---- fused softmax + cross-entropy -----------------------------------------------------------------
+#define DS_NOT_DEDUCED(T) T
+#define DS_KERNEL_OP(name, params, args) \
+  template <typename S>                   \
+  void name(DS_OP_UNPAREN params, cudaStream_t stream);
+#define DS_KERNEL_OP_G(name, params, args) \
+  template <typename S, typename G>         \
+  void name(DS_OP_UNPAREN params, cudaStream_t stream);
+#include "kernels/ops.def"
 
-// As the CPU twins, except for the count of invalid targets: the CPU returns it, here it is ADDED
-// to *bad_targets (device memory, may be null) so nothing synchronises. Invalid targets get a NaN
-// loss (and, in backward, their row of dlogits is left unchanged, as on the CPU).
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
+// The CUDA forms of the kernels whose CPU form differs (not in the op list), over S as above.
+// Cross-entropy as the CPU's except for the count of invalid targets: the CPU returns it, here it
+// is ADDED to *bad_targets (device memory, may be null) so nothing synchronises. Invalid targets
+// get a NaN loss (and, in backward, their row of dlogits is left unchanged, as on the CPU).
+template <typename S>
+void crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
                           int Vp, int* bad_targets, cudaStream_t stream);
-void crossentropy_softmax_backward(float* losses, float* logits_to_dlogits, const int32_t* targets,
+template <typename S>
+void crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
                                    float dloss, int N, int V, int Vp, int* bad_targets,
                                    cudaStream_t stream);
-// bf16 logits (and dlogits), fp32 losses.
-void crossentropy_forward_bf16(float* losses, const uint16_t* logits, const int32_t* targets, int N,
-                               int V, int Vp, int* bad_targets, cudaStream_t stream);
-void crossentropy_softmax_backward_bf16(float* losses, uint16_t* logits_to_dlogits,
-                                        const int32_t* targets, float dloss, int N, int V, int Vp,
-                                        int* bad_targets, cudaStream_t stream);
-// Vocabulary-parallel phases, as the CPU's (the caller reduces mx, then sumexp/tlogit, between).
-void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V,
-                  cudaStream_t stream);
-void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
-                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream);
-void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx, const float* sumexp,
-                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
-                     int v0, int V, cudaStream_t stream);
+// sum_of_squares (below) of S values, returned to the host (synchronises the stream); the scratch
+// is the calling thread's own, per device.
+template <typename S>
+double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
+
+}  // namespace typed
 
 // ---- element type conversion (round to nearest even) -----------------------------------------------
 
@@ -172,6 +124,10 @@ void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_
 void convert_bf16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
 void convert_f32_to_f16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream);
 void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t stream);
+// cpu::round_to_bf16_in_place, round_to_f16_in_place on the device (rounding bit-identical to
+// core/dtype.h).
+void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream);
+void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream);
 
 // ---- fused AdamW ------------------------------------------------------------------------------------
 
@@ -186,182 +142,13 @@ void adamw_update_bf16_grads(const kern::AdamWStep& s, float* params, const uint
                              float* exp_avg, float* exp_avg_sq, int64_t n, bool decay,
                              uint16_t* params_bf16, cudaStream_t stream);
 
-// ---- gradient norm and scaling (optim/clip.h on the device) -------------------------------------
+// ---- gradient norm (optim/clip.h on the device) ---------------------------------------------------
 
 // *out (device, one double) = sum of x[i]^2 over n floats, accumulated in double, in a fixed
 // order (deterministic): kSumSquaresBlocks partial sums into `scratch` (device, that many
 // doubles), then one block adds them. inf/nan inputs make it non-finite, as on the CPU.
 inline constexpr int kSumSquaresBlocks = 256;
 void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cudaStream_t stream);
-// The same, returned to the host (synchronises the stream); the scratch is the calling thread's
-// own, per device.
-double sum_of_squares_to_host(const float* x, int64_t n, cudaStream_t stream);
-// x[i] *= coef; nothing is launched when coef == 1.
-void scale_in_place(float* x, int64_t n, float coef, cudaStream_t stream);
-
-
-// ---- RMSNorm, rotary embeddings, SwiGLU, grouped-query attention --------------------------------
-
-// The twins of cpu/kernels.h's (multi-head attention above runs the same grouped-query kernels
-// with KV = NH). Statistics (rstd, lse) and the RoPE cos/sin tables are fp32
-// device buffers. Legend: N = rows (B*T), C = channels, NH = query heads, KV = kv heads
-// (NH % KV == 0), hd = head size (even, <= kMaxHeadSize), I = the SwiGLU width.
-// RMSNorm: one warp per row; dweight: column sums over row chunks, fixed order. out (N,C) = inp *
-// rstd * weight, rstd (N) = 1 / sqrt(mean(inp^2) + eps); backward: dinp ACCUMULATES, dweight too.
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
-                     int C, float eps, cudaStream_t stream);
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int64_t N, int C,
-                      cudaStream_t stream);
-// RoPE (rotate_half), in place, one thread per rotated pair: `heads` heads of hd values `offset`
-// elements into each row of x (row stride `stride`; row b*T + t has position t); cos/sin (T, hd/2)
-// computed on the host by cpu::rope_tables and uploaded once. backward: the transpose rotation.
-void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                  int stride, int offset, cudaStream_t stream);
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                   int stride, int offset, cudaStream_t stream);
-// SwiGLU over the stacked (gate | up) rows, grid-stride: gu (N, 2I), out (N, I); backward: dgu
-// (N, 2I) overwritten.
-void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream);
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I,
-                     cudaStream_t stream);
-// Causal grouped-query attention, k and v read in place (attention.cu): qkv (B,T,(NH+2KV)hd), q
-// heads then k heads then v heads, query head h reading kv head h / (NH/KV); out (B,T,NH hd), lse
-// (B,NH,T). No scratch (`scratch` is ignored). dqkv overwritten; deterministic. Throws ds::Error
-// up front when hd is above kMaxHeadSize or NH is not a multiple of KV.
-void attention_gqa_forward(float* out, float* lse, const float* qkv, float* scratch, int B, int T,
-                           int NH, int KV, int hd, cudaStream_t stream);
-void attention_gqa_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
-                            const float* lse, float* scratch, int B, int T, int NH, int KV, int hd,
-                            cudaStream_t stream);
-
-// ---- 16-bit storage: the twins of the CPU templates (what kernels/dispatch.h routes bf16 to) -----
-
-// The CPU templates' signatures (cpu/kernels.h: the same S and G, the same shapes, accumulation
-// and null rules) plus a stream. Instantiated for S = bf16 (core/dtype.h, the model's 2-byte
-// buffers) with G = bf16 or float (the parameter gradients; grad_accum_dtype fp32), and for
-// S = G = float too, which is what the fp32 functions above run (the matmuls: the other way
-// round, typed<float> is the fp32 function). Like the CPU templates, each
-// kernel reads S, computes in fp32 and rounds every output ONCE (an accumulating output: read, add
-// in fp32, round once); the statistics stay fp32 (mean/rstd, lse, losses, the vocab-parallel
-// statistics). Where the order of rounding differs from the CPU's (at most one rounding per output
-// here, sometimes fewer than the CPU's), the function says so. No fp16 instantiations: fp16
-// storage has no CUDA kernels and the dispatch refuses it by name.
-// Matrix products: cuBLASLt / cublasGemmEx over CUDA_R_16BF operands with CUBLAS_COMPUTE_32F (fp32
-// accumulation, tensor cores); MatmulMath (below) does not apply to them.
-namespace typed {
-
-template <typename S>
-void encoder_forward(S* out, const int32_t* inp, const S* wte, const S* wpe, int B, int T, int C,
-                     cudaStream_t stream);
-// dwte through a compare-and-swap loop per element (each addition rounded once, as on the CPU, in
-// no fixed order); dwpe one thread per (t, c): the B rows summed in fp32, then one rounding (the
-// CPU rounds after each row).
-template <typename S, typename G>
-void encoder_backward(G* dwte, G* dwpe, const S* dout, const int32_t* inp, int B, int T, int C,
-                      cudaStream_t stream);
-template <typename S>
-void encoder_forward_vocab(S* out, const int32_t* inp, const S* wte, int B, int T, int C, int v0,
-                           int Vl, cudaStream_t stream);
-template <typename S, typename G>
-void encoder_backward_vocab(G* dwte, const S* dout, const int32_t* inp, int B, int T, int C, int v0,
-                            int Vl, cudaStream_t stream);
-template <typename S>
-void add_position(S* out, const S* wpe, int B, int T, int C, cudaStream_t stream);
-
-template <typename S>
-void layernorm_forward(S* out, float* mean, float* rstd, const S* inp, const S* weight,
-                       const S* bias, int B, int T, int C, cudaStream_t stream);
-template <typename S, typename G>
-void layernorm_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
-                        const S* weight, const float* mean, const float* rstd, int B, int T, int C,
-                        cudaStream_t stream);
-
-// bias (may be null) added in fp32 before the one rounding of out: cuBLASLt's bias epilogue, or
-// (no algorithm, or a bias not 16-byte aligned) the bias copied into out and a GEMM with beta = 1.
-template <typename S>
-void matmul_forward(S* out, const S* inp, const S* weight, const S* bias, int B, int T, int C,
-                    int OC, cudaStream_t stream);
-// dinp (skipped when null) overwritten; dweight += dout^T inp with G as cuBLAS's C type (read,
-// accumulated in fp32, rounded once); dbias += fp32 column sums of dout, rounded once.
-template <typename S, typename G>
-void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp, const S* weight,
-                     int B, int T, int C, int OC, cudaStream_t stream);
-template <typename S>
-void add_bias(S* out, const S* bias, int N, int OC, cudaStream_t stream);
-
-// As attention_forward/backward above (one warp per row, no scratch: `scratch` is ignored), q, k,
-// v, out and dout read from S, outputs rounded once; lse fp32.
-template <typename S>
-void attention_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int C,
-                       int NH, cudaStream_t stream);
-template <typename S>
-void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                        float* scratch, int B, int T, int C, int NH, cudaStream_t stream);
-
-template <typename S>
-void gelu_forward(S* out, const S* inp, int64_t N, cudaStream_t stream);
-template <typename S>
-void gelu_backward(S* dinp, const S* inp, const S* dout, int64_t N, cudaStream_t stream);
-template <typename S>
-void residual_forward(S* out, const S* inp1, const S* inp2, int64_t N, cudaStream_t stream);
-template <typename S>
-void residual_backward(S* dinp1, S* dinp2, const S* dout, int64_t N, cudaStream_t stream);
-template <typename S>
-void add_in_place(S* dst, const S* src, int64_t N, cudaStream_t stream);
-
-// bad_targets as crossentropy_forward above (device, may be null).
-template <typename S>
-void crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
-                          int Vp, int* bad_targets, cudaStream_t stream);
-template <typename S>
-void crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const int32_t* targets,
-                                   float dloss, int N, int V, int Vp, int* bad_targets,
-                                   cudaStream_t stream);
-template <typename S>
-void vocab_ce_max(float* mx, const S* logits, int N, int Vl, int v0, int V, cudaStream_t stream);
-template <typename S>
-void vocab_ce_sums(float* sumexp, float* tlogit, const S* logits, const float* mx,
-                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream);
-template <typename S>
-void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const float* sumexp,
-                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
-                     int v0, int V, cudaStream_t stream);
-
-// sum_of_squares_to_host and scale_in_place above over S (the gradient norm and clip of 16-bit
-// gradients): squares summed in double, x[i] = x[i] * coef rounded once.
-template <typename S>
-double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
-template <typename S>
-void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream);
-
-// RMSNorm, RoPE, SwiGLU and grouped-query attention over S (the fp32 entry points above); RMSNorm's
-// dweight of type G (S or fp32: the fp32 column sums added and rounded once).
-template <typename S>
-void rmsnorm_forward(S* out, float* rstd, const S* inp, const S* weight, int64_t N, int C,
-                     float eps, cudaStream_t stream);
-template <typename S, typename G>
-void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S* weight,
-                      const float* rstd, int64_t N, int C, cudaStream_t stream);
-template <typename S>
-void rope_forward(S* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                  int stride, int offset, cudaStream_t stream);
-template <typename S>
-void rope_backward(S* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                   int stride, int offset, cudaStream_t stream);
-template <typename S>
-void swiglu_forward(S* out, const S* gu, int64_t N, int I, cudaStream_t stream);
-template <typename S>
-void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I, cudaStream_t stream);
-template <typename S>
-void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH,
-                           int KV, int hd, cudaStream_t stream);
-template <typename S>
-void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
-                            float* scratch, int B, int T, int NH, int KV, int hd,
-                            cudaStream_t stream);
-
-}  // namespace typed
 
 // ---- flash attention on the tensor cores (bf16 storage) --------------------------------------------
 

@@ -31,6 +31,24 @@ DS_CUDA_EXPORT const ds::rt::CudaMemoryTable* ds_cuda_memory_table() {
   return &table;
 }
 
+namespace {
+
+// The module's typed kernels of storage S and gradients G, from the op list.
+template <typename S, typename G>
+ds::rt::kern::CudaOps<S, G> typed_ops() {
+  namespace cuda = ds::rt::cuda;
+  ds::rt::kern::CudaOps<S, G> o{};
+#define DS_KERNEL_OP(name, params, args) o.name = &cuda::typed::name<S>;
+#define DS_KERNEL_OP_G(name, params, args) o.name = &cuda::typed::name<S, G>;
+#include "kernels/ops.def"
+#define DS_CUDA_OPS_FILL(name) o.name = &cuda::typed::name<S>;
+  DS_CUDA_TYPED_ONLY_ENTRIES(DS_CUDA_OPS_FILL)
+#undef DS_CUDA_OPS_FILL
+  return o;
+}
+
+}  // namespace
+
 DS_CUDA_EXPORT const ds::rt::kern::CudaKernelTable* ds_cuda_kernel_table() {
   namespace cuda = ds::rt::cuda;
   static const ds::rt::kern::CudaKernelTable table = [] {
@@ -39,15 +57,9 @@ DS_CUDA_EXPORT const ds::rt::kern::CudaKernelTable* ds_cuda_kernel_table() {
     DS_CUDA_KERNEL_ENTRIES(DS_CUDA_TABLE_FILL)
 #undef DS_CUDA_TABLE_FILL
     using ds::rt::bf16;
-#define DS_CUDA_TABLE_FILL(name) t.bf16.name = &cuda::typed::name<bf16>;
-#define DS_CUDA_TABLE_FILL_G(name) t.bf16.name = &cuda::typed::name<bf16, bf16>;
-    DS_CUDA_TYPED_S_ENTRIES(DS_CUDA_TABLE_FILL)
-    DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_FILL_G)
-#undef DS_CUDA_TABLE_FILL_G
-#define DS_CUDA_TABLE_FILL_G(name) t.bf16_fp32_grads.name = &cuda::typed::name<bf16, float>;
-    DS_CUDA_TYPED_SG_ENTRIES(DS_CUDA_TABLE_FILL_G)
-#undef DS_CUDA_TABLE_FILL_G
-#undef DS_CUDA_TABLE_FILL
+    t.f32 = typed_ops<float, float>();
+    t.bf16 = typed_ops<bf16, bf16>();
+    t.bf16_fp32_grads = typed_ops<bf16, float>();
     return t;
   }();
   return &table;

@@ -360,74 +360,11 @@ void vocab_ce_finish(float* losses, S* logits_to_dlogits, const float* mx, const
 #define DS_CUDA_INST_SG(S, G)                                                                      \
   template void layernorm_backward<S, G>(S*, G*, G*, const S*, const S*, const S*, const float*,  \
                                          const float*, int, int, int, cudaStream_t);
-DS_CUDA_INST_S(float)
-DS_CUDA_INST_S(Bf16)
-DS_CUDA_INST_SG(float, float)
-DS_CUDA_INST_SG(Bf16, Bf16)
-DS_CUDA_INST_SG(Bf16, float)
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+DS_CUDA_FOR_EACH_STORAGE_GRAD(DS_CUDA_INST_SG)
 #undef DS_CUDA_INST_S
 #undef DS_CUDA_INST_SG
 
 }  // namespace typed
-
-// ---- the fp32 entry points and the uint16_t bf16 variants: the typed kernels ----
-
-void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
-                       const float* bias, int B, int T, int C, cudaStream_t stream) {
-  typed::layernorm_forward(out, mean, rstd, inp, weight, bias, B, T, C, stream);
-}
-void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean, const float* rstd,
-                        int B, int T, int C, cudaStream_t stream) {
-  typed::layernorm_backward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, B, T, C, stream);
-}
-void layernorm_forward_bf16(uint16_t* out, float* mean, float* rstd, const uint16_t* inp,
-                            const uint16_t* weight, const uint16_t* bias, int B, int T, int C,
-                            cudaStream_t stream) {
-  typed::layernorm_forward(as_bf16(out), mean, rstd, as_bf16(inp), as_bf16(weight), as_bf16(bias),
-                           B, T, C, stream);
-}
-void layernorm_backward_bf16(uint16_t* dinp, float* dweight, float* dbias, const uint16_t* dout,
-                             const uint16_t* inp, const uint16_t* weight, const float* mean,
-                             const float* rstd, int B, int T, int C, cudaStream_t stream) {
-  typed::layernorm_backward(as_bf16(dinp), dweight, dbias, as_bf16(dout), as_bf16(inp),
-                            as_bf16(weight), mean, rstd, B, T, C, stream);
-}
-
-void crossentropy_forward(float* losses, const float* logits, const int32_t* targets, int N, int V,
-                          int Vp, int* bad_targets, cudaStream_t stream) {
-  typed::crossentropy_forward(losses, logits, targets, N, V, Vp, bad_targets, stream);
-}
-void crossentropy_softmax_backward(float* losses, float* logits_to_dlogits, const int32_t* targets,
-                                   float dloss, int N, int V, int Vp, int* bad_targets,
-                                   cudaStream_t stream) {
-  typed::crossentropy_softmax_backward(losses, logits_to_dlogits, targets, dloss, N, V, Vp,
-                                       bad_targets, stream);
-}
-void crossentropy_forward_bf16(float* losses, const uint16_t* logits, const int32_t* targets, int N,
-                               int V, int Vp, int* bad_targets, cudaStream_t stream) {
-  typed::crossentropy_forward(losses, as_bf16(logits), targets, N, V, Vp, bad_targets, stream);
-}
-void crossentropy_softmax_backward_bf16(float* losses, uint16_t* logits_to_dlogits,
-                                        const int32_t* targets, float dloss, int N, int V, int Vp,
-                                        int* bad_targets, cudaStream_t stream) {
-  typed::crossentropy_softmax_backward(losses, as_bf16(logits_to_dlogits), targets, dloss, N, V,
-                                       Vp, bad_targets, stream);
-}
-
-void vocab_ce_max(float* mx, const float* logits, int N, int Vl, int v0, int V,
-                  cudaStream_t stream) {
-  typed::vocab_ce_max(mx, logits, N, Vl, v0, V, stream);
-}
-void vocab_ce_sums(float* sumexp, float* tlogit, const float* logits, const float* mx,
-                   const int32_t* targets, int N, int Vl, int v0, int V, cudaStream_t stream) {
-  typed::vocab_ce_sums(sumexp, tlogit, logits, mx, targets, N, Vl, v0, V, stream);
-}
-void vocab_ce_finish(float* losses, float* logits_to_dlogits, const float* mx, const float* sumexp,
-                     const float* tlogit, const int32_t* targets, float dloss, int N, int Vl,
-                     int v0, int V, cudaStream_t stream) {
-  typed::vocab_ce_finish(losses, logits_to_dlogits, mx, sumexp, tlogit, targets, dloss, N, Vl, v0,
-                         V, stream);
-}
 
 }  // namespace ds::rt::cuda

@@ -232,32 +232,7 @@ void swiglu_backward_impl(S* dgu, const S* dout, const S* gu, int64_t N, int I,
 
 }  // namespace
 
-// ---- the entry points (kernels.h): fp32, and the typed twins ----
-
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
-                     int C, float eps, cudaStream_t stream) {
-  rmsnorm_forward_impl(out, rstd, inp, weight, N, C, eps, stream);
-}
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, int64_t N, int C,
-                      cudaStream_t stream) {
-  rmsnorm_backward_impl(dinp, dweight, dout, inp, weight, rstd, N, C, stream);
-}
-void rope_forward(float* x, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                  int stride, int offset, cudaStream_t stream) {
-  rope_impl(x, cos, sin, B, T, heads, hd, stride, offset, 1.0f, stream);
-}
-void rope_backward(float* dx, const float* cos, const float* sin, int B, int T, int heads, int hd,
-                   int stride, int offset, cudaStream_t stream) {
-  rope_impl(dx, cos, sin, B, T, heads, hd, stride, offset, -1.0f, stream);
-}
-void swiglu_forward(float* out, const float* gu, int64_t N, int I, cudaStream_t stream) {
-  swiglu_forward_impl(out, gu, N, I, stream);
-}
-void swiglu_backward(float* dgu, const float* dout, const float* gu, int64_t N, int I,
-                     cudaStream_t stream) {
-  swiglu_backward_impl(dgu, dout, gu, N, I, stream);
-}
+// ---- the typed ops (kernels/ops.def) ----
 
 namespace typed {
 
@@ -290,18 +265,21 @@ void swiglu_backward(S* dgu, const S* dout, const S* gu, int64_t N, int I, cudaS
   swiglu_backward_impl(dgu, dout, gu, N, I, stream);
 }
 
-template void rmsnorm_forward<Bf16>(Bf16*, float*, const Bf16*, const Bf16*, int64_t, int, float,
-                                    cudaStream_t);
-template void rmsnorm_backward<Bf16, Bf16>(Bf16*, Bf16*, const Bf16*, const Bf16*, const Bf16*,
-                                           const float*, int64_t, int, cudaStream_t);
-template void rmsnorm_backward<Bf16, float>(Bf16*, float*, const Bf16*, const Bf16*, const Bf16*,
-                                            const float*, int64_t, int, cudaStream_t);
-template void rope_forward<Bf16>(Bf16*, const float*, const float*, int, int, int, int, int, int,
-                                 cudaStream_t);
-template void rope_backward<Bf16>(Bf16*, const float*, const float*, int, int, int, int, int, int,
-                                  cudaStream_t);
-template void swiglu_forward<Bf16>(Bf16*, const Bf16*, int64_t, int, cudaStream_t);
-template void swiglu_backward<Bf16>(Bf16*, const Bf16*, const Bf16*, int64_t, int, cudaStream_t);
+#define DS_CUDA_INST_S(S)                                                                        \
+  template void rmsnorm_forward<S>(S*, float*, const S*, const S*, int64_t, int, float, cudaStream_t); \
+  template void rope_forward<S>(S*, const float*, const float*, int, int, int, int, int, int,     \
+                                cudaStream_t);                                                   \
+  template void rope_backward<S>(S*, const float*, const float*, int, int, int, int, int, int,    \
+                                 cudaStream_t);                                                  \
+  template void swiglu_forward<S>(S*, const S*, int64_t, int, cudaStream_t);                       \
+  template void swiglu_backward<S>(S*, const S*, const S*, int64_t, int, cudaStream_t);
+#define DS_CUDA_INST_SG(S, G)                                                                    \
+  template void rmsnorm_backward<S, G>(S*, G*, const S*, const S*, const S*, const float*, int64_t, \
+                                       int, cudaStream_t);
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+DS_CUDA_FOR_EACH_STORAGE_GRAD(DS_CUDA_INST_SG)
+#undef DS_CUDA_INST_S
+#undef DS_CUDA_INST_SG
 
 }  // namespace typed
 

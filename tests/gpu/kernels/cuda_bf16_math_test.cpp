@@ -135,12 +135,12 @@ TEST_F(CudaBf16Math, MatmulForwardBackwardAgainstTheCpu) {
     cpu::matmul_forward(ref.data(), inp.data(), w.data(), hb, B, T, C, OC);
     DeviceArray<float> di(inp), dw(w), dbias(bias), out(ref.size());
     const float* db = bias_case == 2 ? nullptr : dbias.get() + bias_case;
-    cu().matmul_forward(out.get(), di.get(), dw.get(), db, B, T, C, OC, stream_);
+    cu().f32.matmul_forward(out.get(), di.get(), dw.get(), db, B, T, C, OC, stream_);
     EXPECT_TRUE(close_to_scale(out.download(), ref, kBf16Math));
   }
   auto dw_ref = random_floats(size_t{OC} * C, 15), db_ref = random_floats(OC, 16);
   DeviceArray<float> di(inp), dw(w), ddout(dout), gdinp(inp.size()), gdw(dw_ref), gdb(db_ref);
-  cu().matmul_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), di.get(), dw.get(), B, T, C,
+  cu().f32.matmul_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), di.get(), dw.get(), B, T, C,
                         OC, stream_);
   std::vector<float> dinp_ref(inp.size());
   cpu::matmul_backward(dinp_ref.data(), dw_ref.data(), db_ref.data(), dout.data(), inp.data(),
@@ -167,11 +167,11 @@ TEST_F(CudaBf16Math, MatmulOnMisalignedViews) {
                        w.data() + 1, B, T, C, OC);
   kern::ScopedCudaMatmulMath bf16(cuda::MatmulMath::kBf16);
   // The bias at a 16-byte offset: the cuBLASLt epilogue with 4-byte aligned matrices.
-  cu().matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + 4, B, T, C, OC,
+  cu().f32.matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + 4, B, T, C, OC,
                        stream_);
   auto got = out.download();
   EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), ref, kBf16Math));
-  cu().matmul_backward(gdinp.get() + 1, gdw.get() + 1, nullptr, ddout.get() + 1, di.get() + 1,
+  cu().f32.matmul_backward(gdinp.get() + 1, gdw.get() + 1, nullptr, ddout.get() + 1, di.get() + 1,
                         dw.get() + 1, B, T, C, OC, stream_);
   got = gdinp.download();
   EXPECT_TRUE(close_to_scale(std::vector<float>(got.begin() + 1, got.end()), dinp_ref, kBf16Math));

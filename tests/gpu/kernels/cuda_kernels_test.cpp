@@ -75,16 +75,16 @@ TEST_F(CudaKernels, EncoderForwardBackward) {
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<float> dwte_p(wte), dwpe_p(wpe), dout_d(dout), out(size_t{B} * T * C);
   DeviceArray<float> gwte(dwte), gwpe(dwpe);
-  cu().encoder_forward(out.get(), dinp.get(), dwte_p.get(), dwpe_p.get(), B, T, C, stream_);
+  cu().f32.encoder_forward(out.get(), dinp.get(), dwte_p.get(), dwpe_p.get(), B, T, C, stream_);
   std::vector<float> ref(size_t{B} * T * C);
   cpu::encoder_forward(ref.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kTight, 0));
-  cu().encoder_backward(gwte.get(), gwpe.get(), dout_d.get(), dinp.get(), B, T, C, stream_);
+  cu().f32.encoder_backward(gwte.get(), gwpe.get(), dout_d.get(), dinp.get(), B, T, C, stream_);
   cpu::encoder_backward(dwte.data(), dwpe.data(), dout.data(), inp.data(), B, T, C);
   EXPECT_TRUE(close(gwte.download(), dwte, kSum, 1e-5));
   EXPECT_TRUE(close(gwpe.download(), dwpe, kSum, 1e-5));
   // add_position on top of the token embedding.
-  cu().add_position(out.get(), dwpe_p.get(), B, T, C, stream_);
+  cu().f32.add_position(out.get(), dwpe_p.get(), B, T, C, stream_);
   cpu::add_position(ref.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kTight, 0));
 }
@@ -96,11 +96,11 @@ TEST_F(CudaKernels, EncoderVocabParallel) {
   auto dwte = random_floats(size_t{Vl} * C, 10);
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<float> dw(wte), ddout(dout), gw(dwte), out(size_t{B} * T * C);
-  cu().encoder_forward_vocab(out.get(), dinp.get(), dw.get(), B, T, C, v0, Vl, stream_);
+  cu().f32.encoder_forward_vocab(out.get(), dinp.get(), dw.get(), B, T, C, v0, Vl, stream_);
   std::vector<float> ref(size_t{B} * T * C);
   cpu::encoder_forward_vocab(ref.data(), inp.data(), wte.data(), B, T, C, v0, Vl);
   EXPECT_TRUE(close(out.download(), ref, 0, 0));
-  cu().encoder_backward_vocab(gw.get(), ddout.get(), dinp.get(), B, T, C, v0, Vl, stream_);
+  cu().f32.encoder_backward_vocab(gw.get(), ddout.get(), dinp.get(), B, T, C, v0, Vl, stream_);
   cpu::encoder_backward_vocab(dwte.data(), dout.data(), inp.data(), B, T, C, v0, Vl);
   EXPECT_TRUE(close(gw.download(), dwte, kSum, 1e-5));
 }
@@ -113,14 +113,14 @@ TEST_F(CudaKernels, LayernormForwardBackward) {
   auto dw = random_floats(C, 6), db = random_floats(C, 7);
   DeviceArray<float> dx(x), dwt(w), dbs(b), ddout(dout), out(x.size()), mean(size_t{B} * T),
       rstd(size_t{B} * T), gdinp(dinp), gdw(dw), gdb(db);
-  cu().layernorm_forward(out.get(), mean.get(), rstd.get(), dx.get(), dwt.get(), dbs.get(), B, T,
+  cu().f32.layernorm_forward(out.get(), mean.get(), rstd.get(), dx.get(), dwt.get(), dbs.get(), B, T,
                           C, stream_);
   std::vector<float> ref(x.size()), rm(size_t{B} * T), rr(size_t{B} * T);
   cpu::layernorm_forward(ref.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
   EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5));
   EXPECT_TRUE(close(mean.download(), rm, kSum, 1e-6));
   EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
-  cu().layernorm_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), dx.get(), dwt.get(),
+  cu().f32.layernorm_backward(gdinp.get(), gdw.get(), gdb.get(), ddout.get(), dx.get(), dwt.get(),
                            mean.get(), rstd.get(), B, T, C, stream_);
   cpu::layernorm_backward(dinp.data(), dw.data(), db.data(), dout.data(), x.data(), w.data(),
                           rm.data(), rr.data(), B, T, C);
@@ -138,12 +138,12 @@ TEST_F(CudaKernels, MatmulForwardBackwardWithAndWithoutBias) {
     DeviceArray<float> di(inp), dwt(w), dbias(bias), ddout(dout), out(size_t{B} * T * OC),
         gdinp(inp.size()), gdw(dw), gdb(db);
     const float* bp = with_bias ? dbias.get() : nullptr;
-    cu().matmul_forward(out.get(), di.get(), dwt.get(), bp, B, T, C, OC, stream_);
+    cu().f32.matmul_forward(out.get(), di.get(), dwt.get(), bp, B, T, C, OC, stream_);
     std::vector<float> ref(size_t{B} * T * OC);
     cpu::matmul_forward(ref.data(), inp.data(), w.data(), with_bias ? bias.data() : nullptr, B, T,
                         C, OC);
     EXPECT_TRUE(close(out.download(), ref, kSum, 1e-5)) << "bias " << with_bias;
-    cu().matmul_backward(gdinp.get(), gdw.get(), with_bias ? gdb.get() : nullptr, ddout.get(),
+    cu().f32.matmul_backward(gdinp.get(), gdw.get(), with_bias ? gdb.get() : nullptr, ddout.get(),
                           di.get(), dwt.get(), B, T, C, OC, stream_);
     std::vector<float> rdinp(inp.size());
     cpu::matmul_backward(rdinp.data(), dw.data(), with_bias ? db.data() : nullptr, dout.data(),
@@ -168,7 +168,7 @@ TEST_F(CudaKernels, MatmulForwardOnMisalignedViews) {
     b2.insert(b2.begin(), shift_bias ? 1 : 0, 0.0f);  // the bias at offset 0 or 1
     b2.resize(bias.size());
     DeviceArray<float> dbias(b2);
-    cu().matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + shift_bias, B,
+    cu().f32.matmul_forward(out.get() + 1, di.get() + 1, dw.get() + 1, dbias.get() + shift_bias, B,
                          T, C, OC, stream_);
     auto got = out.download();
     EXPECT_TRUE(close(std::vector<float>(got.begin() + 1, got.end()), ref, kSum, 1e-5))
@@ -180,7 +180,7 @@ TEST_F(CudaKernels, AddBias) {
   const int N = 45, OC = 70;
   auto out = random_floats(size_t{N} * OC, 1), bias = random_floats(OC, 2);
   DeviceArray<float> d(out), db(bias);
-  cu().add_bias(d.get(), db.get(), N, OC, stream_);
+  cu().f32.add_bias(d.get(), db.get(), N, OC, stream_);
   cpu::add_bias(out.data(), bias.data(), N, OC);
   EXPECT_TRUE(close(d.download(), out, kTight, 0));
 }
@@ -199,10 +199,9 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
     cpu::attention_forward(out.data(), lse.data(), qkv.data(), scratch.data(), c.B, c.T, c.C, c.NH);
     cpu::attention_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                             scratch.data(), c.B, c.T, c.C, c.NH);
-    EXPECT_EQ(cu().attention_scratch_floats(c.T), 0u);
     DeviceArray<float> dq(qkv), ddout(dout), gout(out.size()), glse(lse.size()),
         gdqkv(qkv.size());
-    cu().attention_forward(gout.get(), glse.get(), dq.get(), nullptr, c.B, c.T, c.C, c.NH,
+    cu().f32.attention_forward(gout.get(), glse.get(), dq.get(), nullptr, c.B, c.T, c.C, c.NH,
                             stream_);
     const std::string what = "B " + std::to_string(c.B) + " T " + std::to_string(c.T) + " C " +
                              std::to_string(c.C) + " NH " + std::to_string(c.NH);
@@ -210,7 +209,7 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
     EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << what;
     // Backward from the CPU's saved out and lse, so only the backward is compared.
     DeviceArray<float> cout(out), clse(lse);
-    cu().attention_backward(gdqkv.get(), ddout.get(), dq.get(), cout.get(), clse.get(), nullptr,
+    cu().f32.attention_backward(gdqkv.get(), ddout.get(), dq.get(), cout.get(), clse.get(), nullptr,
                              c.B, c.T, c.C, c.NH, stream_);
     EXPECT_TRUE(close(gdqkv.download(), dqkv, 1e-3, 1e-4)) << what;
   }
@@ -218,7 +217,7 @@ TEST_F(CudaKernels, AttentionForwardBackward) {
 
 TEST_F(CudaKernels, AttentionRejectsHugeHeads) {
   DeviceArray<float> buf(16);
-  EXPECT_THROW(cu().attention_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 512, 1,
+  EXPECT_THROW(cu().f32.attention_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 512, 1,
                                        stream_),
                ds::Error);
 }
@@ -229,16 +228,16 @@ TEST_F(CudaKernels, GeluResidual) {
   auto a1 = random_floats(N, 4), a2 = random_floats(N, 5);
   DeviceArray<float> dx(x), dy(y), dd(d), out(N), g1(a1), g2(a2);
   std::vector<float> ref(N);
-  cu().gelu_forward(out.get(), dx.get(), N, stream_);
+  cu().f32.gelu_forward(out.get(), dx.get(), N, stream_);
   cpu::gelu_forward(ref.data(), x.data(), N);
   EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
-  cu().gelu_backward(out.get(), dx.get(), dd.get(), N, stream_);
+  cu().f32.gelu_backward(out.get(), dx.get(), dd.get(), N, stream_);
   cpu::gelu_backward(ref.data(), x.data(), d.data(), N);
   EXPECT_TRUE(close(out.download(), ref, kTight, 1e-6));
-  cu().residual_forward(out.get(), dx.get(), dy.get(), N, stream_);
+  cu().f32.residual_forward(out.get(), dx.get(), dy.get(), N, stream_);
   cpu::residual_forward(ref.data(), x.data(), y.data(), N);
   EXPECT_TRUE(close(out.download(), ref, 0, 0));
-  cu().residual_backward(g1.get(), g2.get(), dd.get(), N, stream_);
+  cu().f32.residual_backward(g1.get(), g2.get(), dd.get(), N, stream_);
   cpu::residual_backward(a1.data(), a2.data(), d.data(), N);
   EXPECT_TRUE(close(g1.download(), a1, 0, 0));
   EXPECT_TRUE(close(g2.download(), a2, 0, 0));
@@ -252,11 +251,11 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardWithABadTarget) {
   DeviceArray<float> dl(logits), losses(N);
   DeviceArray<int32_t> dt(targets), bad(1);
   std::vector<float> rl(N);
-  cu().crossentropy_forward(losses.get(), dl.get(), dt.get(), N, V, Vp, bad.get(), stream_);
+  cu().f32.crossentropy_forward(losses.get(), dl.get(), dt.get(), N, V, Vp, bad.get(), stream_);
   EXPECT_EQ(cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp), 1);
   EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
   EXPECT_EQ(bad.download()[0], 1);
-  cu().crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
+  cu().f32.crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
                                       stream_);
   cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 0.25f, N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
@@ -274,17 +273,17 @@ TEST_F(CudaKernels, VocabParallelCrossEntropyPhases) {
   DeviceArray<float> dl(logits), mx(N), se(N), tl(N), losses(N);
   DeviceArray<int32_t> dt(targets);
   std::vector<float> rmx(N), rse(N), rtl(N), rl(N);
-  cu().vocab_ce_max(mx.get(), dl.get(), N, Vl, v0, V, stream_);
+  cu().f32.vocab_ce_max(mx.get(), dl.get(), N, Vl, v0, V, stream_);
   cpu::vocab_ce_max(rmx.data(), logits.data(), N, Vl, v0, V);
   EXPECT_TRUE(close(mx.download(), rmx, 0, 0));
-  cu().vocab_ce_sums(se.get(), tl.get(), dl.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
+  cu().f32.vocab_ce_sums(se.get(), tl.get(), dl.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
   cpu::vocab_ce_sums(rse.data(), rtl.data(), logits.data(), rmx.data(), targets.data(), N, Vl, v0,
                      V);
   EXPECT_TRUE(close(se.download(), rse, kSum, 0));
   EXPECT_TRUE(close(tl.download(), rtl, 0, 0));
-  cu().vocab_ce_finish(losses.get(), nullptr, mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl,
+  cu().f32.vocab_ce_finish(losses.get(), nullptr, mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl,
                         v0, V, stream_);
-  cu().vocab_ce_finish(losses.get(), dl.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N,
+  cu().f32.vocab_ce_finish(losses.get(), dl.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N,
                         Vl, v0, V, stream_);
   cpu::vocab_ce_finish(rl.data(), logits.data(), rmx.data(), rse.data(), rtl.data(),
                        targets.data(), 0.5f, N, Vl, v0, V);
@@ -353,7 +352,7 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   auto wte = rounded(random_floats(size_t{V} * C, 2)), wpe = rounded(random_floats(size_t{T} * C, 3));
   DeviceArray<int32_t> dinp(inp);
   DeviceArray<uint16_t> bwte(to_bf16(wte)), bwpe(to_bf16(wpe)), bout(size_t{B} * T * C);
-  cu().encoder_forward_bf16(bout.get(), dinp.get(), bwte.get(), bwpe.get(), B, T, C, stream_);
+  cu().bf16_fp32_grads.encoder_forward(bout.bf(), dinp.get(), bwte.bf(), bwpe.bf(), B, T, C, stream_);
   std::vector<float> enc(size_t{B} * T * C);
   cpu::encoder_forward(enc.data(), inp.data(), wte.data(), wpe.data(), B, T, C);
   EXPECT_TRUE(close(from_bf16(bout.download()), enc, kBf16, 1e-2));
@@ -362,7 +361,7 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   DeviceArray<uint16_t> bdout(to_bf16(dout));
   DeviceArray<float> gwte(size_t{V} * C), gwpe(size_t{T} * C);
   std::vector<float> rwte(size_t{V} * C), rwpe(size_t{T} * C);
-  cu().encoder_backward_bf16(gwte.get(), gwpe.get(), bdout.get(), dinp.get(), B, T, C, stream_);
+  cu().bf16_fp32_grads.encoder_backward(gwte.get(), gwpe.get(), bdout.bf(), dinp.get(), B, T, C, stream_);
   cpu::encoder_backward(rwte.data(), rwpe.data(), dout.data(), inp.data(), B, T, C);
   EXPECT_TRUE(close(gwte.download(), rwte, kSum, 1e-5));
   EXPECT_TRUE(close(gwpe.download(), rwpe, kSum, 1e-5));
@@ -372,14 +371,14 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
   DeviceArray<uint16_t> bx(to_bf16(x)), bw(to_bf16(w)), bb(to_bf16(b)), bln(x.size()),
       bdx(x.size());
   DeviceArray<float> mean(size_t{B} * T), rstd(size_t{B} * T), gw(C), gb(C);
-  cu().layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B,
+  cu().bf16_fp32_grads.layernorm_forward(bln.bf(), mean.get(), rstd.get(), bx.bf(), bw.bf(), bb.bf(), B,
                                T, C, stream_);
   std::vector<float> ln(x.size()), rm(size_t{B} * T), rr(size_t{B} * T), rdx(x.size()), rw(C),
       rb(C);
   cpu::layernorm_forward(ln.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
   EXPECT_TRUE(close(from_bf16(bln.download()), ln, kBf16, 2e-2));
   EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
-  cu().layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(),
+  cu().bf16_fp32_grads.layernorm_backward(bdx.bf(), gw.get(), gb.get(), bdout.bf(), bx.bf(), bw.bf(),
                                 mean.get(), rstd.get(), B, T, C, stream_);
   cpu::layernorm_backward(rdx.data(), rw.data(), rb.data(), dout.data(), x.data(), w.data(),
                           rm.data(), rr.data(), B, T, C);
@@ -389,19 +388,19 @@ TEST_F(CudaKernels, Bf16EncoderLayernormGeluResidual) {
 
   const auto n = static_cast<int64_t>(x.size());
   std::vector<float> ref(x.size());
-  cu().gelu_forward_bf16(bln.get(), bx.get(), n, stream_);
+  cu().bf16_fp32_grads.gelu_forward(bln.bf(), bx.bf(), n, stream_);
   cpu::gelu_forward(ref.data(), x.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
-  cu().gelu_backward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cu().bf16_fp32_grads.gelu_backward(bln.bf(), bx.bf(), bdout.bf(), n, stream_);
   cpu::gelu_backward(ref.data(), x.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
-  cu().residual_forward_bf16(bln.get(), bx.get(), bdout.get(), n, stream_);
+  cu().bf16_fp32_grads.residual_forward(bln.bf(), bx.bf(), bdout.bf(), n, stream_);
   cpu::residual_forward(ref.data(), x.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(bln.download()), ref, kBf16, 1e-2));
   auto a1 = x, a2 = dout;
   DeviceArray<uint16_t> r1(to_bf16(a1)), r2(to_bf16(a2));
-  cu().residual_backward_bf16(r1.get(), r2.get(), bdout.get(), 0, stream_);  // N = 0: no-op
-  cu().residual_backward_bf16(r1.get(), r2.get(), bdout.get(), n, stream_);
+  cu().bf16_fp32_grads.residual_backward(r1.bf(), r2.bf(), bdout.bf(), 0, stream_);  // N = 0: no-op
+  cu().bf16_fp32_grads.residual_backward(r1.bf(), r2.bf(), bdout.bf(), n, stream_);
   cpu::residual_backward(a1.data(), a2.data(), dout.data(), n);
   EXPECT_TRUE(close(from_bf16(r1.download()), a1, kBf16, 1e-2));
   EXPECT_TRUE(close(from_bf16(r2.download()), a2, kBf16, 1e-2));
@@ -419,11 +418,11 @@ TEST_F(CudaKernels, Bf16KernelsOffThePackedPath) {
       bdx(x.size());
   DeviceArray<float> mean(size_t{B} * T), rstd(size_t{B} * T), gw(C), gb(C);
   std::vector<float> ln(x.size()), rm(size_t{B} * T), rr(size_t{B} * T), rdx(x.size()), rw(C), rb(C);
-  cu().layernorm_forward_bf16(bln.get(), mean.get(), rstd.get(), bx.get(), bw.get(), bb.get(), B, T, C, stream_);
+  cu().bf16_fp32_grads.layernorm_forward(bln.bf(), mean.get(), rstd.get(), bx.bf(), bw.bf(), bb.bf(), B, T, C, stream_);
   cpu::layernorm_forward(ln.data(), rm.data(), rr.data(), x.data(), w.data(), b.data(), B, T, C);
   EXPECT_TRUE(close(from_bf16(bln.download()), ln, kBf16, 2e-2));
   EXPECT_TRUE(close(rstd.download(), rr, kSum, 0));
-  cu().layernorm_backward_bf16(bdx.get(), gw.get(), gb.get(), bdout.get(), bx.get(), bw.get(), mean.get(),
+  cu().bf16_fp32_grads.layernorm_backward(bdx.bf(), gw.get(), gb.get(), bdout.bf(), bx.bf(), bw.bf(), mean.get(),
                                 rstd.get(), B, T, C, stream_);
   cpu::layernorm_backward(rdx.data(), rw.data(), rb.data(), dout.data(), x.data(), w.data(), rm.data(), rr.data(),
                           B, T, C);
@@ -434,13 +433,13 @@ TEST_F(CudaKernels, Bf16KernelsOffThePackedPath) {
   const int64_t n = static_cast<int64_t>(x.size()) - 1;
   auto tail = [](const std::vector<uint16_t>& v) { return from_bf16(std::vector<uint16_t>(v.begin() + 1, v.end())); };
   std::vector<float> ref(n);
-  cu().gelu_forward_bf16(bln.get() + 1, bx.get() + 1, n, stream_);
+  cu().bf16_fp32_grads.gelu_forward(bln.bf() + 1, bx.bf() + 1, n, stream_);
   cpu::gelu_forward(ref.data(), x.data() + 1, n);
   EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
-  cu().gelu_backward_bf16(bln.get() + 1, bx.get() + 1, bdout.get() + 1, n, stream_);
+  cu().bf16_fp32_grads.gelu_backward(bln.bf() + 1, bx.bf() + 1, bdout.bf() + 1, n, stream_);
   cpu::gelu_backward(ref.data(), x.data() + 1, dout.data() + 1, n);
   EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
-  cu().residual_forward_bf16(bln.get() + 1, bx.get() + 1, bdout.get() + 1, n, stream_);
+  cu().bf16_fp32_grads.residual_forward(bln.bf() + 1, bx.bf() + 1, bdout.bf() + 1, n, stream_);
   cpu::residual_forward(ref.data(), x.data() + 1, dout.data() + 1, n);
   EXPECT_TRUE(close(tail(bln.download()), ref, kBf16, 1e-2));
 
@@ -452,7 +451,7 @@ TEST_F(CudaKernels, Bf16KernelsOffThePackedPath) {
   DeviceArray<int32_t> dt(targets);
   DeviceArray<float> losses(N);
   std::vector<float> rl(N);
-  cu().crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp, nullptr, stream_);
+  cu().bf16_fp32_grads.crossentropy_softmax_backward(losses.get(), bl.bf(), dt.get(), 1.0f / N, N, V, Vp, nullptr, stream_);
   cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
   EXPECT_TRUE(close(from_bf16(bl.download()), logits, kBf16, 1e-4));
@@ -461,7 +460,7 @@ TEST_F(CudaKernels, Bf16KernelsOffThePackedPath) {
   const int rows = 45, OC = 72;
   auto out = random_floats(size_t{rows} * OC, 7), bias = random_floats(OC, 8);
   DeviceArray<float> d(out), db(bias);
-  cu().add_bias(d.get(), db.get(), rows, OC, stream_);
+  cu().f32.add_bias(d.get(), db.get(), rows, OC, stream_);
   cpu::add_bias(out.data(), bias.data(), rows, OC);
   EXPECT_TRUE(close(d.download(), out, kTight, 0));
 }
@@ -474,10 +473,10 @@ TEST_F(CudaKernels, Bf16CrossEntropyAndAdamW) {
   DeviceArray<int32_t> dt(targets);
   DeviceArray<float> losses(N);
   std::vector<float> rl(N);
-  cu().crossentropy_forward_bf16(losses.get(), bl.get(), dt.get(), N, V, Vp, nullptr, stream_);
+  cu().bf16_fp32_grads.crossentropy_forward(losses.get(), bl.bf(), dt.get(), N, V, Vp, nullptr, stream_);
   cpu::crossentropy_forward(rl.data(), logits.data(), targets.data(), N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
-  cu().crossentropy_softmax_backward_bf16(losses.get(), bl.get(), dt.get(), 1.0f / N, N, V, Vp,
+  cu().bf16_fp32_grads.crossentropy_softmax_backward(losses.get(), bl.bf(), dt.get(), 1.0f / N, N, V, Vp,
                                            nullptr, stream_);
   cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 1.0f / N, N, V, Vp);
   EXPECT_TRUE(close(losses.download(), rl, 1e-4, 1e-4));
@@ -510,7 +509,7 @@ TEST_F(CudaKernels, SumOfSquaresAndScaleMatchTheCpu) {
     const double first = out.download()[0];
     cu().sum_of_squares(out.get(), scratch.get(), dx.get(), n, stream_);
     EXPECT_EQ(out.download()[0], first);
-    cu().scale_in_place(dx.get(), n, 0.5f, stream_);
+    cu().f32.scale_in_place(dx.get(), n, 0.5f, stream_);
     cpu::scale_in_place(x.data(), n, 0.5f);
     EXPECT_TRUE(close(dx.download(), x, 0, 0));
   }

@@ -72,11 +72,11 @@ TEST_F(LlamaCudaKernels, RmsNormForwardBackward) {
   std::vector<float> out(size_t{N} * C), rstd(N);
   DeviceArray<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(out.size()), grstd(N);
   cpu::rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
-  cu().rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
+  cu().f32.rmsnorm_forward(gout.get(), grstd.get(), gx.get(), gw.get(), N, C, eps, stream_);
   EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
   EXPECT_TRUE(close(grstd.download(), rstd, kTight, 0));
   cpu::rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-  cu().rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N, C,
+  cu().f32.rmsnorm_backward(gdx.get(), gdw.get(), gdy.get(), gx.get(), gw.get(), grstd.get(), N, C,
                          stream_);
   EXPECT_TRUE(close(gdx.download(), dx, kTight, 1e-5));
   EXPECT_TRUE(close(gdw.download(), dw, kSum, 1e-5));
@@ -138,12 +138,12 @@ TEST_F(LlamaCudaKernels, RopeForwardBackwardInsideWiderRows) {
     const std::string what = "T " + std::to_string(c.T) + " heads " + std::to_string(c.heads) +
                              " hd " + std::to_string(c.hd);
     cpu::rope_forward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
-    cu().rope_forward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+    cu().f32.rope_forward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
                        stream_);
     EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6))
         << what;  // columns outside the heads untouched
     cpu::rope_backward(x.data(), cs.data(), sn.data(), c.B, c.T, c.heads, c.hd, c.stride, c.offset);
-    cu().rope_backward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
+    cu().f32.rope_backward(gx.get(), gcs.get(), gsn.get(), c.B, c.T, c.heads, c.hd, c.stride, c.offset,
                         stream_);
     EXPECT_TRUE(close(gx.download(), x, kTight, 1e-6)) << what;
     // bf16: the same rotation of bf16 values, rounded once per element.
@@ -163,7 +163,7 @@ TEST_F(LlamaCudaKernels, RopeForwardBackwardInsideWiderRows) {
 
 TEST_F(LlamaCudaKernels, RopeRejectsAnOddHeadSize) {
   DeviceArray<float> buf(64);
-  EXPECT_THROW(cu().rope_forward(buf.get(), buf.get(), buf.get(), 1, 2, 1, 7, 7, 0, stream_),
+  EXPECT_THROW(cu().f32.rope_forward(buf.get(), buf.get(), buf.get(), 1, 2, 1, 7, 7, 0, stream_),
                ds::Error);
 }
 
@@ -176,10 +176,10 @@ TEST_F(LlamaCudaKernels, SwigluForwardBackward) {
   std::vector<float> out(size_t(N) * I), dgu(gu.size());
   DeviceArray<float> ggu(gu), gdy(dy), gout(out.size()), gdgu(gu.size());
   cpu::swiglu_forward(out.data(), gu.data(), N, I);
-  cu().swiglu_forward(gout.get(), ggu.get(), N, I, stream_);
+  cu().f32.swiglu_forward(gout.get(), ggu.get(), N, I, stream_);
   EXPECT_TRUE(close(gout.download(), out, kTight, 1e-6));
   cpu::swiglu_backward(dgu.data(), dy.data(), gu.data(), N, I);
-  cu().swiglu_backward(gdgu.get(), gdy.get(), ggu.get(), N, I, stream_);
+  cu().f32.swiglu_backward(gdgu.get(), gdy.get(), ggu.get(), N, I, stream_);
   EXPECT_TRUE(close(gdgu.download(), dgu, kTight, 1e-6));
   // bf16.
   auto gub = to_bf16(gu), dyb = to_bf16(dy);
@@ -218,14 +218,14 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardFp32) {
     cpu::attention_gqa_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(),
                                 scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
     DeviceArray<float> gqkv(qkv), gdout(dout), gout(c.out()), glse(c.lse()), gdqkv(c.qkv());
-    cu().attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH, c.KV,
+    cu().f32.attention_gqa_forward(gout.get(), glse.get(), gqkv.get(), nullptr, c.B, c.T, c.NH, c.KV,
                                 c.hd, stream_);
     EXPECT_TRUE(close(gout.download(), out, kSum, 1e-5)) << c.name();
     EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
     // Backward from the CPU's saved out and lse, so only the backward is compared; dqkv starts
     // non-zero on the device: every element (q, k and v columns) must be overwritten.
     DeviceArray<float> cout(out), clse(lse), gd(random_floats(c.qkv(), 3));
-    cu().attention_gqa_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), nullptr,
+    cu().f32.attention_gqa_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), nullptr,
                                  c.B, c.T, c.NH, c.KV, c.hd, stream_);
     EXPECT_TRUE(close(gd.download(), dqkv, 1e-3, 1e-4)) << c.name();
   }
@@ -255,10 +255,10 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardBf16) {
 TEST_F(LlamaCudaKernels, GqaAttentionRejectsBadShapes) {
   DeviceArray<float> buf(16);
   // head size above kMaxHeadSize, and NH not a multiple of KV.
-  EXPECT_THROW(cu().attention_gqa_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 1, 1,
+  EXPECT_THROW(cu().f32.attention_gqa_forward(buf.get(), buf.get(), buf.get(), nullptr, 1, 1, 1, 1,
                                            512, stream_),
                ds::Error);
-  EXPECT_THROW(cu().attention_gqa_backward(buf.get(), buf.get(), buf.get(), buf.get(), buf.get(),
+  EXPECT_THROW(cu().f32.attention_gqa_backward(buf.get(), buf.get(), buf.get(), buf.get(), buf.get(),
                                             nullptr, 1, 1, 3, 2, 16, stream_),
                ds::Error);
 }

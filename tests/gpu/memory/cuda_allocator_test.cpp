@@ -38,7 +38,7 @@ TEST_F(CudaAllocator, DeviceBuffersAreZeroedAndCountedPerTag) {
     DS_ASSERT_CUDA(cudaMemcpy(h.data(), g.data(), g.bytes(), cudaMemcpyDeviceToHost));
     for (float x : h) ASSERT_EQ(x, 0.0f);
     // A kernel writes into it.
-    cu().residual_forward(g.as<float>(), g.as<float>(), g.as<float>(), 16, nullptr);
+    cu().f32.residual_forward(g.as<float>(), g.as<float>(), g.as<float>(), 16, nullptr);
     DS_ASSERT_CUDA(cudaDeviceSynchronize());
     const auto mid = cuda_memory().device_cache_stats(dev);
     EXPECT_GE(mid.in_use_bytes - before.in_use_bytes, 1000 + (int64_t{3} << 20));

@@ -3,7 +3,7 @@
 // 16-bit kernel computes in fp32 and rounds each output once, so the two agree within about one
 // rounding of the storage type (sixteen.h). Statistics (RMSNorm's rstd, attention's lse) come out
 // bit-identical, and fp32 parameter gradients under 16-bit storage equal the fp32 kernel's.
-// Also: the TypedPtr dispatch (kernels/llama_typed.h) runs the same template and refuses a
+// Also: the TypedPtr wrappers of the op list (kernels/typed.h) run the same template and refuse a
 // combination that is not instantiated.
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -157,11 +157,13 @@ TYPED_TEST(LlamaKernels16, TypedDispatchRunsTheTemplateAndRefusesMixedTypes) {
                                              TypedPtr(dy16.data(), kS), TypedPtr(x16.data(), kS),
                                              TypedPtr(w16.data(), kS), r1.data(), N, C),
                ds::Error);
-  // A buffer of another type than the output's is named.
+  // The kernel and the buffers' types are named.
   try {
     kern::typed::swiglu_forward(TypedPtr(o2.data(), kS), TypedPtr(x.data()), 1, 8);
     ADD_FAILURE() << "an fp32 input under 16-bit storage was accepted";
   } catch (const ds::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("swiglu_forward"), std::string::npos) << e.what();
+    const std::string m = e.what();
+    EXPECT_NE(m.find("swiglu_forward"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string(dtype_name(kS)) + ", " + dtype_name(DType::kF32)), std::string::npos) << m;
   }
 }
