@@ -1,12 +1,13 @@
 // gpu_bench: tokens/s and MFU of training steps (forward + backward + fused AdamW) on ONE GPU,
 // through the models' device path (ModelOptions::device = kCuda, runtime/kernels/cuda).
 //
-//   gpu_bench [--model 124m|350m|llama-1b|all] [--batch B] [--seq T] [--steps N] [--warmup N]
+//   gpu_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]
 //             [--math bf16|fp32] [--storage fp32|bf16] [--attention flash|exact] [--recompute]
 //             [--peak-tflops P] [--device D]
 //
-// Models: GPT-2 124M and 350M (llm.c's shapes), and llama-1b, a Llama of TinyLlama-1.1B's shape
-// (22 layers, C 2048, 32 query heads over 4 kv heads, SwiGLU 5632, vocabulary 32000) at --seq.
+// Models: the named shapes of model_spec/named_shapes.h (124m, 350m, ...; a name it
+// does not know lists them); `all` runs the first three. A family with rotary positions runs at --seq
+// whatever its table length.
 // What it measures, honestly: with --storage fp32 (the default) parameters, activations,
 // gradients and optimizer state are fp32 in memory; --math bf16 (the default) runs the weight
 // matmuls as bf16 tensor-core multiplies with fp32 accumulation (cuda::MatmulMath::kBf16); --math
@@ -35,7 +36,10 @@
 #include "core/cuda_memory_table.h"
 #include "kernels/cuda_kernel_table.h"
 #include "model/model.h"
+#include "common/error.h"
+#include "model_spec/family.h"
 #include "model_spec/flops.h"
+#include "model_spec/named_shapes.h"
 #include "optim/adamw.h"
 #include "train/throughput.h"
 
@@ -57,19 +61,19 @@ struct Options {
   double peak_tflops = 0;  // 0: the table's
 };
 
+// The named shape, at --seq for a family with rotary positions (no position table to outgrow).
 ms::ModelShape shape_of(const std::string& name, int T) {
-  if (name == "124m") return ms::ModelShape::gpt2_124m();
-  if (name == "350m") return ms::ModelShape{24, 16, 1024, 50257, 50304, 1024};
-  if (name == "llama-1b") {
-    ms::ModelShape s{22, 32, 2048, 32000, 32000, T};
-    s.family = ms::ModelFamily::kLlama;
-    s.n_kv_head = 4;
-    s.intermediate_size = 5632;
+  try {
+    ms::ModelShape s = ms::named_shape(name, "gpu_bench --model").shape;
+    if (ms::family_of(s.family).positions == ms::PositionKind::kRope) s.seq_len = T;
     return s;
+  } catch (const ds::Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::exit(2);
   }
-  std::fprintf(stderr, "gpu_bench: --model must be 124m, 350m, llama-1b or all, got '%s'\n", name.c_str());
-  std::exit(2);
 }
+// What `--model all` runs: the named shapes meant for a GPU.
+constexpr int kGpuShapes = 3;
 
 std::vector<int32_t> random_ids(uint32_t seed, size_t n, int V) {
   std::vector<int32_t> v(n);
@@ -227,7 +231,7 @@ int main(int argc, char** argv) {
                                            : "fp32 storage, matmul math fp32");
   try {
     if (o.model == "all") {
-      for (const char* name : {"124m", "350m", "llama-1b"}) run(o, name, g.name);
+      for (int i = 0; i < kGpuShapes; i++) run(o, ms::named_shapes()[i].name, g.name);
     } else {
       run(o, o.model, g.name);
     }

@@ -1,10 +1,12 @@
 // step_bench: ms per training step (forward + backward + AdamW) and tokens/s on the CPU of the
-// GPT-2 model for issue 4's S and M configs and of a Llama (L: GQA, SwiGLU, RMSNorm, RoPE; issue
-// 19), at fp32 and at bf16 (2-byte parameters, gradients and activations, an fp32 master + m + v,
-// as `dstrain train` with bf16.enabled), beside the same model in PyTorch (bench/torch_step.py,
-// bench/torch_llama_step.py, run with /usr/bin/python3 in the same environment when python3-torch
-// is installed) at fp32 and with torch.autocast("cpu", dtype=torch.bfloat16), with the ratios.
-// Both families are built through the Model interface (runtime/model/model.h, make_model). Also
+// configs S, M (issue 4) and L (issue 19), the named shapes step-s, step-m and step-l of
+// model_spec/named_shapes.h (two learned-position LayerNorm/GELU models and a grouped-query
+// RMSNorm/SwiGLU/RoPE one), at fp32 and at bf16 (2-byte parameters, gradients and activations,
+// an fp32 master + m + v, as `dstrain train` with bf16.enabled), beside the same model in PyTorch
+// (bench/torch_<model.type>_step.py, run with /usr/bin/python3 in the same environment when
+// python3-torch is installed) at fp32 and with torch.autocast("cpu", dtype=torch.bfloat16), with
+// the ratios. Every family is built through the Model interface (runtime/model/model.h,
+// make_model). Also
 // the matmul rate (GFLOP/s) of one 4096x768x768 product on oneDNN fp32, oneDNN bf16 and OpenBLAS
 // sgemm.
 //
@@ -43,6 +45,8 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/onednn.h"
 #include "model/model.h"
+#include "model_spec/family.h"
+#include "model_spec/named_shapes.h"
 #include "optim/adamw.h"
 
 using namespace ds::rt;
@@ -56,16 +60,18 @@ struct BenchConfig {
   const char* name;
   ms::ModelShape shape;
   int B, T;
-  const char* torch_script;  // the PyTorch peer, under bench/
+  std::string torch_script;  // the PyTorch peer, under bench/: torch_<model.type>_step.py
 };
 
-// L, NH, C, V, Vp, maxT (Llama also KV, I: untied lm_head, rope_theta 1e4, norm_eps 1e-5).
-const BenchConfig kConfigs[] = {
-    {"S", ms::ModelShape{4, 4, 256, 4096, 4096, 128}, 8, 128, "torch_step.py"},
-    {"M", ms::ModelShape{6, 6, 384, 50304, 50304, 256}, 4, 256, "torch_step.py"},
-    {"L", ms::ModelShape{4, 4, 256, 4096, 4096, 128, ms::ModelFamily::kLlama, 2, 704}, 8, 128,
-     "torch_llama_step.py"},
-};
+BenchConfig bench_config(const char* name, const char* shape, int B, int T) {
+  const ms::ModelShape s = ms::named_shape(shape, "step_bench").shape;
+  return {name, s, B, T, std::string("torch_") + ms::family_of(s.family).name + "_step.py"};
+}
+const std::vector<BenchConfig>& configs() {
+  static const std::vector<BenchConfig> c = {bench_config("S", "step-s", 8, 128), bench_config("M", "step-m", 4, 256),
+                                             bench_config("L", "step-l", 8, 128)};
+  return c;
+}
 
 // CPU time of the whole process (all threads), ms: with one thread, a measure of work that
 // other load on the machine does not inflate.
@@ -315,7 +321,7 @@ int main(int argc, char** argv) {
               torch_best ? "; dstrain and PyTorch in each of --best-env's environments" : "");
   if (matmul) matmul_rates(threads);
   struct Row { std::string name; double ms; };
-  for (const auto& c : kConfigs) {
+  for (const auto& c : configs()) {
     if (which != "all" && which != c.name) continue;
     std::vector<Row> rows;
     for (const char* p : {"fp32", "bf16"}) {

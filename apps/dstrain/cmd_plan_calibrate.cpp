@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/error.h"
+#include "model_spec/named_shapes.h"
 #include "plan/calibration.h"
 #include "plan/plan_inputs.h"
 #include "plan/recommend.h"
@@ -35,6 +36,12 @@ namespace ds::cli {
 namespace {
 
 namespace fs = std::filesystem;
+
+// What calibration measures without a config: the default named shape's layer, for the log.
+std::string default_shape_what() {
+  namespace ms = ds::model_spec;
+  return std::string(ms::named_shape(ms::kDefaultCalibrationShape, "dstrain plan --calibrate").what) + "'s layer";
+}
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
@@ -152,7 +159,7 @@ int run_calibrate(const CalibrateRequest& r) {
   if (!r.config.empty()) argv.insert(argv.end(), {"--config", fs::absolute(r.config).string()});
   std::cerr << fmt::format("calibrating {} rank(s){} with {} thread(s) each ...\n",
                            r.hostfile.empty() ? std::to_string(nproc) : "the hostfile's",
-                           r.config.empty() ? " (GPT-2 124M's layer)" : " for " + r.config, threads);
+                           r.config.empty() ? " for " + default_shape_what() : " for " + r.config, threads);
   const auto t0 = Clock::now();
   const std::string log = dir + "/launch.log";
   const int rc = run_process(argv, log);

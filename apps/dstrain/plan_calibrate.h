@@ -10,7 +10,7 @@
 namespace ds::cli {
 
 struct CalibrateRequest {
-  std::string config;    // "" = GPT-2 124M's shape, fp32
+  std::string config;    // "" = model_spec::kDefaultCalibrationShape, fp32
   std::string hostfile;  // "" = this node
   int nproc_per_node = 0;  // 0: the hostfile's, else 1
   std::string output;    // the calibration file (required)

@@ -65,6 +65,13 @@ const FamilyDescription* find_family(std::string_view name) {
   return nullptr;
 }
 
+const FamilyDescription& llmc_family() {
+  for (const FamilyDescription* f : all_families()) {
+    if (f->llmc_checkpoint) return *f;
+  }
+  throw invalid_usage("no registered family has llm.c's checkpoint format");
+}
+
 std::string family_names() {
   std::string out;
   for (const FamilyDescription* f : all_families()) out += (out.empty() ? "" : ", ") + std::string(f->name);

@@ -78,6 +78,8 @@ const FamilyDescription& family_of(ModelFamily f);
 const std::vector<const FamilyDescription*>& all_families();
 // The family whose name (config's model.type) is `name`; null when none is.
 const FamilyDescription* find_family(std::string_view name);
+// The family llm.c's checkpoint file holds (the one with llmc_checkpoint).
+const FamilyDescription& llmc_family();
 // "gpt2, llama": for messages listing what model.type accepts.
 std::string family_names();
 // "GPT-2 L=12 NH=12 C=768 V=50257 (Vp 50304) T=1024" plus the family's own sizes (KV and I for a

@@ -35,8 +35,8 @@ std::vector<int64_t> llmc_offsets(const std::vector<ms::ParamTensor>& params, in
 // llm.c's file holds one family's tensors in that family's order (model_spec/family.h).
 void require_llmc_family(const ms::ModelShape& s, const std::string& path) {
   if (!ms::family_of(s).llmc_checkpoint) {
-    throw invalid_argument("{}: llm.c's checkpoint format holds GPT-2 models; model.type {} has none", path,
-                           ms::family_of(s).name);
+    throw invalid_argument("{}: llm.c's checkpoint format holds {} models; model.type {} has none", path,
+                           ms::llmc_family().display_name, ms::family_of(s).name);
   }
 }
 
@@ -61,8 +61,8 @@ void check_header_fits_file(const ms::ModelShape& s, int version, size_t file_by
 
 ms::ModelShape shape_from_header(const int32_t* h, size_t file_bytes, const std::string& path) {
   if (h[0] != kLlmcMagic) {
-    throw invalid_argument("{}: not an llm.c GPT-2 checkpoint (magic {}, expected {})", path, h[0],
-                           kLlmcMagic);
+    throw invalid_argument("{}: not an llm.c {} checkpoint (magic {}, expected {})", path,
+                           ms::llmc_family().display_name, h[0], kLlmcMagic);
   }
   if (h[1] != kLlmcVersionFp32 && h[1] != kLlmcVersionBf16) {
     throw invalid_argument("{}: llm.c checkpoint version {} is not supported (dstrain reads version {}, fp32 "
@@ -70,6 +70,7 @@ ms::ModelShape shape_from_header(const int32_t* h, size_t file_bytes, const std:
                            path, h[1], kLlmcVersionFp32, kLlmcVersionBf16);
   }
   ms::ModelShape s;
+  s.family = ms::llmc_family().family;
   s.seq_len = h[2];
   s.vocab_size = h[3];
   s.n_layer = h[4];

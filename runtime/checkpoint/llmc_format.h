@@ -1,4 +1,5 @@
-// llm.c's GPT-2 checkpoint format, so weights move between llm.c and dstrain.
+// llm.c's checkpoint format, so weights move between llm.c and dstrain. It holds one family,
+// model_spec::llmc_family() (the description with llmc_checkpoint); its tensors:
 //
 //   header: 256 int32: [0] magic 20240326, [1] version (3: fp32 parameters, 5: bf16, as llm.c's
 //           GPU trainer writes), [2] maxT, [3] V,

@@ -106,7 +106,7 @@ TokenFormat token_format_for_vocab(int64_t vocab_size) {
 
 const char* token_format_name(TokenFormat f) {
   return f == TokenFormat::kU16 ? "uint16 (llm.c, magic 20240520 version 1)"
-                                : "uint32 (llm.c's Llama 3 layout, magic 20240801 version 7)";
+                                : "uint32 (llm.c's 4-byte layout, magic 20240801 version 7)";
 }
 
 TokenFile::TokenFile(const std::string& path, int64_t vocab_size) : path_(path) {

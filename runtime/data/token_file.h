@@ -1,8 +1,8 @@
 // Token files in llm.c's formats: a header of 256 little-endian int32 (magic, version, token
 // count, the rest zero) followed by the tokens, little-endian:
-//   uint16  magic 20240520, version 1   llm.c's GPT-2 format (vocabularies up to 65,536)
-//   uint32  magic 20240801, version 7   llm.c's Llama 3 format (dev/data/data_common.py's
-//                                       "llama-3" header), for vocabularies over 65,536
+//   uint16  magic 20240520, version 1   llm.c's 2-byte format (vocabularies up to 65,536)
+//   uint32  magic 20240801, version 7   llm.c's 4-byte format (dev/data/data_common.py's second
+//                                       header), for vocabularies over 65,536
 // Data prepared for llm.c trains here unchanged, and ours trains in llm.c. A token that does not
 // fit the format being written is an error, never truncated.
 //
@@ -26,13 +26,13 @@ inline constexpr int32_t kTokenFileMagicU32 = 20240801;  // uint32 tokens
 inline constexpr int32_t kTokenFileVersionU32 = 7;
 
 enum class TokenFormat { kU16, kU32 };
-// kU16 for vocabularies up to 65,536 (llm.c's GPT-2 format), kU32 above.
+// kU16 for vocabularies up to 65,536 (llm.c's 2-byte format), kU32 above.
 TokenFormat token_format_for_vocab(int64_t vocab_size);
 const char* token_format_name(TokenFormat f);  // "uint16 (llm.c, magic 20240520)" / "uint32 (...)"
 inline int token_width(TokenFormat f) { return f == TokenFormat::kU16 ? 2 : 4; }
 inline constexpr int kTokenFileHeaderInts = 256;
 inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;  // 1024
-// llm.c's GPT-2 checkpoint magic, recognised only to say so when one is passed as a token file.
+// llm.c's checkpoint magic (checkpoint/llmc_format.h), recognised only to say so when one is passed as a token file.
 inline constexpr int32_t kLlmcCheckpointMagic = 20240326;
 
 // A token file's header checked against the file's size: the fuzz entry point (no file system).

@@ -19,6 +19,7 @@
 #include "kernels/cpu/kernels.h"
 #include "kernels/dispatch.h"
 #include "model/decoder.h"
+#include "model_spec/named_shapes.h"
 #include "plan/calibration.h"
 #include "plan/plan_inputs.h"
 #include "store/tcp_store_client.h"
@@ -305,7 +306,7 @@ Worker make_worker(const std::string& config) {
   w.nodes = std::max(1, w.world / std::max(1, w.local_world));
   w.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   w.threads = plan::resolve_threads_per_rank(0);
-  w.shape = model_spec::ModelShape::gpt2_124m();  // without a config
+  w.shape = model_spec::named_shape(model_spec::kDefaultCalibrationShape, "dstrain plan --calibrate").shape;
   if (!config.empty()) {
     const plan::PlanInput in = plan::model_plan_input(config, w.world, w.threads);
     if (in.layout.device == plan::DeviceKind::kCuda) {

@@ -1,7 +1,7 @@
 // One launched rank of `dstrain plan --calibrate` (the CLI starts the ranks through `dstrain
 // launch`: apps/dstrain/cmd_plan_calibrate.cpp). Measures what the step-time model
 // (lib/plan/step_time.h) needs with the runtime's own pieces, for the config's model, any family
-// (GPT-2 124M without a config):
+// (without a config, model_spec::kDefaultCalibrationShape):
 //   compute      one layer's forward and backward, the embedding and the head (the one decoder,
 //                model/decoder.h) at micro-batch 1, 2, 4, ... 16 (capped by the config's batch), for
 //                each tp size the model splits by (its family's rules) that the node allows, while 1,
@@ -22,8 +22,8 @@
 namespace ds::rt::train {
 
 // Collective over the launched world (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the
-// store from the environment, as `dstrain launch` sets them). `config` may be "" (GPT-2 124M's
-// shape, fp32). Rank 0 writes the calibration file to `out_path`. ds::Error on bad input.
+// store from the environment, as `dstrain launch` sets them). `config` may be "" (the named shape
+// model_spec::kDefaultCalibrationShape, fp32). Rank 0 writes the calibration file to `out_path`. ds::Error on bad input.
 void run_calibration_rank(const std::string& config, const std::string& out_path);
 
 }  // namespace ds::rt::train

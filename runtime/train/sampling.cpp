@@ -72,7 +72,7 @@ class TokenizerCodec final : public TextCodec {
   std::string from_;
 };
 
-// "GPT-2 (L=2 H=4 C=64 V=256 Vp=256 T=64)", with KV and I where the family has them.
+// "<display name> (L=2 H=4 C=64 V=256 Vp=256 T=64)", with KV and I where the family has them.
 std::string describe(const ms::ModelShape& s) {
   const ms::FamilyDescription& f = ms::family_of(s);
   const std::string kv = f.grouped_query ? fmt::format(" KV={}", s.n_kv_head) : std::string();

@@ -50,7 +50,7 @@ struct SamplingModel {
 // (its `latest`). Master weights (fp32) where the run kept them, else the parameters.
 // invalid_argument naming the directory when it is neither, or when its files do not fit.
 SamplingModel load_checkpoint_model(const std::string& dir);
-// An llm.c checkpoint (version 3 or 5; llm.c's files hold GPT-2 models).
+// An llm.c checkpoint (version 3 or 5; checkpoint/llmc_format.h: one family's files).
 SamplingModel load_llmc_model(const std::string& path);
 // Hugging Face safetensors (a .safetensors file, or a directory of them) of the model `cfg`
 // describes, for families with a Hugging Face format (checkpoint/hf_safetensors.h): the file

@@ -85,8 +85,9 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, Optimi
   const ms::ModelShape& shape = engine.model().shape();
   const ms::FamilyDescription& family = ms::family_of(shape);
   if (!family.llmc_checkpoint) {
-    throw invalid_argument("--export-llmc writes llm.c's GPT-2 format; model.type {} exports with --export-safetensors DIR",
-                           family.name);
+    throw invalid_argument("--export-llmc writes llm.c's format, which holds {} models; model.type {} exports with "
+                           "--export-safetensors DIR",
+                           ms::llmc_family().display_name, family.name);
   }
   write_whole_model(engine, state, split, alloc, device,
                     [&](const float* whole) { ckpt::save_llmc(path, shape, whole, bf16); });

@@ -6,7 +6,7 @@ S and M configs; prints "torch <config> ms_per_step <median>". step_bench runs i
 forward and the loss under torch.autocast("cpu", dtype=torch.bfloat16) (fp32 parameters and
 optimizer, PyTorch's CPU mixed precision); fp32 runs without it.
 
-  /usr/bin/python3 bench/torch_step.py --config S --precision fp32 --steps 10 --warmup 2 --threads 2"""
+  /usr/bin/python3 bench/torch_gpt2_step.py --config S --precision fp32 --steps 10 --warmup 2 --threads 2"""
 import argparse
 import math
 import statistics

@@ -1,0 +1,51 @@
+#include "model_spec/named_shapes.h"
+
+#include <array>
+
+#include "common/error.h"
+
+namespace ds::model_spec {
+
+namespace {
+
+ModelShape llama_shape(int L, int NH, int KV, int C, int I, int V, int maxT) {
+  ModelShape s{L, NH, C, V, V, maxT};
+  s.family = ModelFamily::kLlama;
+  s.n_kv_head = KV;
+  s.intermediate_size = I;
+  return s;
+}
+
+const std::array<NamedShape, 6>& table() {
+  static const std::array<NamedShape, 6> t = {{
+      {"124m", "GPT-2 124M (llm.c's shape, Vp 50304)", ModelShape::gpt2_124m()},
+      {"350m", "GPT-2 350M (llm.c's shape, Vp 50304)", ModelShape{24, 16, 1024, 50257, 50304, 1024}},
+      {"llama-1b", "a Llama of TinyLlama-1.1B's shape (GQA 32/4, SwiGLU 5632, V 32000)",
+       llama_shape(22, 32, 4, 2048, 5632, 32000, 2048)},
+      {"step-s", "step_bench S: a 4-layer GPT-2, C 256, V 4096", ModelShape{4, 4, 256, 4096, 4096, 128}},
+      {"step-m", "step_bench M: a 6-layer GPT-2, C 384, GPT-2's vocabulary",
+       ModelShape{6, 6, 384, 50304, 50304, 256}},
+      {"step-l", "step_bench L: a 4-layer Llama, C 256, GQA 4/2, SwiGLU 704, V 4096",
+       llama_shape(4, 4, 2, 256, 704, 4096, 128)},
+  }};
+  return t;
+}
+
+}  // namespace
+
+std::span<const NamedShape> named_shapes() { return table(); }
+
+std::string named_shape_names() {
+  std::string s;
+  for (const NamedShape& n : table()) s += (s.empty() ? "" : ", ") + std::string(n.name);
+  return s;
+}
+
+const NamedShape& named_shape(std::string_view name, std::string_view what_asks) {
+  for (const NamedShape& n : table()) {
+    if (name == n.name) return n;
+  }
+  throw invalid_argument("{}: no model shape named '{}' (named shapes: {})", what_asks, name, named_shape_names());
+}
+
+}  // namespace ds::model_spec
