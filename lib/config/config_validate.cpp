@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "config/config_validate.h"
+#include "model_spec/family.h"
 
 namespace ds::config::detail {
 
@@ -135,25 +136,9 @@ void resolve_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
   cfg.gradient_accumulation_steps = gas;
 }
 
-// Tensor parallelism splits Llama's kv heads (never replicated) and the SwiGLU width.
-void check_llama_against_tp(ReadContext& ctx, const ModelConfig& m, int tp) {
-  const std::string mp = top("model");
-  if (m.n_kv_head % tp != 0) {
-    ctx.error(json_path_child(mp, "n_kv_head"),
-              fmt::format("n_kv_head ({}) must be divisible by tensor_parallel.size ({}): each rank holds whole "
-                          "kv heads (dstrain does not replicate them)",
-                          m.n_kv_head, tp));
-  }
-  if (m.intermediate_size % tp != 0) {
-    ctx.error(json_path_child(mp, "intermediate_size"),
-              fmt::format("intermediate_size ({}) must be divisible by tensor_parallel.size ({})",
-                          m.intermediate_size, tp));
-  }
-}
-
 void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                                 const JobConfig& cfg) {
-  const ModelConfig& m = cfg.model;
+  const model_spec::ModelShape& m = cfg.model.shape;
   const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
   const std::string mp = top("model");
   if (valid.tensor_parallel_size && tp > 1) {
@@ -162,12 +147,9 @@ void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                 fmt::format("n_head ({}) must be divisible by tensor_parallel.size ({})",
                             m.n_head, tp));
     }
-    if (m.type == "llama") {
-      check_llama_against_tp(ctx, m, tp);
-    } else if ((4LL * m.n_embd) % tp != 0) {
-      ctx.error(json_path_child(mp, "n_embd"),
-                fmt::format("4 x n_embd ({}) must be divisible by tensor_parallel.size ({})",
-                            4LL * m.n_embd, tp));
+    // The family's own (model_spec/family.h): the MLP width, the kv heads.
+    for (const model_spec::RuleError& e : model_spec::family_tp_rule_errors(m, tp, model_spec::kConfigRuleNames)) {
+      ctx.error(json_path_child(mp, e.key), e.message);
     }
     if (m.padded_vocab_size % tp != 0) {
       ctx.error(json_path_child(mp, "padded_vocab_size"),

@@ -34,28 +34,23 @@
 
 #include "common/error.h"
 #include "layout/choices.h"
+#include "model_spec/shape.h"
 
 namespace ds::config {
 
+// The model section: model.type names a registered family (model_spec/family.h), whose
+// description says which keys beyond the common ones it reads (FamilyDescription::keys), how
+// vocab_size is padded and limited, and its shape rules.
 struct ModelConfig {
-  std::string type = "gpt2";  // "gpt2" (pre-LN, tied lm_head) or "llama" (HF LlamaForCausalLM)
-  int n_layer = 0;
-  int n_head = 0;
-  int n_embd = 0;
-  int vocab_size = 0;  // <= 65536: token files hold uint16 tokens (llm.c's format)
-  int seq_len = 0;
-  // Resolved: when absent, vocab_size rounded up to a multiple of 128 (llm.c pads 50257 to
-  // 50304). Always >= vocab_size and divisible by tensor_parallel.size.
-  int padded_vocab_size = 0;
-  // GPT-2: an llm.c checkpoint; Llama: a .safetensors file or a directory with
-  // model.safetensors.index.json and its shards (Hugging Face's names); "" = random init.
+  std::string type = "gpt2";  // a family's name: model_spec::family_names()
+  // Every size the section gives, resolved: n_layer, n_head, n_embd, vocab_size, seq_len,
+  // padded_vocab_size (absent: vocab_size rounded up to the family's vocab_multiple; always >=
+  // vocab_size and divisible by tensor_parallel.size), the family (shape.family, from type) and
+  // its own keys (absent ones keep ModelShape's defaults or the family's resolve()).
+  model_spec::ModelShape shape;
+  // A file in a format the family has: llm.c's checkpoint, or a .safetensors file or a directory
+  // with model.safetensors.index.json and its shards (Hugging Face's names); "" = random init.
   std::string init_from;
-  // Llama only (an error with type gpt2):
-  int n_kv_head = 0;            // grouped-query attention; default n_head (multi-head)
-  int intermediate_size = 0;    // the SwiGLU width; required
-  double rope_theta = 10000.0;
-  double norm_eps = 1e-5;       // RMSNorm epsilon
-  bool tie_embeddings = false;  // lm_head shares the token embedding
 };
 
 // data.train / data.val: a path, a glob ("fineweb_train_*.bin") or a list of them, each resolved

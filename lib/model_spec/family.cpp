@@ -1,6 +1,9 @@
 // The registered families (family.h).
 #include "model_spec/family.h"
 
+#include <cstdint>
+#include <limits>
+
 #include "common/error.h"
 #include "model_spec/gpt2_spec.h"
 #include "model_spec/llama_spec.h"
@@ -9,7 +12,10 @@ namespace ds::model_spec {
 
 namespace {
 
-const FamilyDescription kGpt2Family{
+// Function-local statics: the descriptions hold vectors, built on first use (no static
+// initialisation order to depend on).
+const FamilyDescription& gpt2_family() {
+  static const FamilyDescription f{
     ModelFamily::kGpt2,
     "gpt2",
     "GPT-2",
@@ -23,15 +29,22 @@ const FamilyDescription kGpt2Family{
                ParamId::kFcprojw, ParamId::kFcprojb, ParamId::kLnfw, ParamId::kLnfb},
     &gpt2_params,
     &gpt2_activations,
-    /*validate=*/nullptr,
-    &validate_gpt2_tp,
+    /*keys=*/{},
+    /*vocab_multiple=*/128,  // llm.c pads 50257 to 50304
+    /*max_vocab_size=*/65536,
+    /*resolve=*/nullptr,
+    /*check=*/nullptr,
+    &check_gpt2_tp,
     /*llmc_checkpoint=*/true,
     /*hf=*/nullptr,
-};
+  };
+  return f;
+}
 
 const HfFormat kLlamaHf{"LlamaForCausalLM", "llama", &llama_hf_name, &llama_hf_config};
 
-const FamilyDescription kLlamaFamily{
+const FamilyDescription& llama_family() {
+  static const FamilyDescription f{
     ModelFamily::kLlama,
     "llama",
     "Llama",
@@ -45,16 +58,47 @@ const FamilyDescription kLlamaFamily{
                ParamId::kLnfw, std::nullopt},
     &llama_params,
     &llama_activations,
-    &validate_llama,
-    &validate_llama_tp,
+    {int_key("n_kv_head", &ModelShape::n_kv_head, false, "grouped-query attention's kv heads; default n_head"),
+     int_key("intermediate_size", &ModelShape::intermediate_size, true, "the SwiGLU width"),
+     number_key("rope_theta", &ModelShape::rope_theta, 0.0, std::numeric_limits<double>::infinity(),
+                "the rotary base"),
+     number_key("norm_eps", &ModelShape::norm_eps, 0.0, 1.0, "RMSNorm's epsilon"),
+     bool_key("tie_embeddings", &ModelShape::tie_embeddings, "lm_head shares the token embedding")},
+    /*vocab_multiple=*/1,  // Hugging Face does not pad
+    /*max_vocab_size=*/std::numeric_limits<int32_t>::max(),
+    &resolve_llama,
+    &check_llama,
+    &check_llama_tp,
     /*llmc_checkpoint=*/false,
     &kLlamaHf,
-};
+  };
+  return f;
+}
 
 }  // namespace
 
+FamilyKey int_key(const char* key, int ModelShape::*field, bool required, const char* what) {
+  FamilyKey k{key, FamilyKey::Kind::kInt, required, what};
+  k.int_field = field;
+  k.lo = 1;
+  k.hi = std::numeric_limits<int32_t>::max();
+  return k;
+}
+FamilyKey number_key(const char* key, double ModelShape::*field, double lo_open, double hi, const char* what) {
+  FamilyKey k{key, FamilyKey::Kind::kNumber, false, what};
+  k.number_field = field;
+  k.lo = lo_open;
+  k.hi = hi;
+  return k;
+}
+FamilyKey bool_key(const char* key, bool ModelShape::*field, const char* what) {
+  FamilyKey k{key, FamilyKey::Kind::kBool, false, what};
+  k.bool_field = field;
+  return k;
+}
+
 const std::vector<const FamilyDescription*>& all_families() {
-  static const std::vector<const FamilyDescription*> families{&kGpt2Family, &kLlamaFamily};
+  static const std::vector<const FamilyDescription*> families{&gpt2_family(), &llama_family()};
   return families;
 }
 

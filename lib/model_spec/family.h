@@ -55,6 +55,41 @@ struct HfFormat {
   std::vector<HfConfigKey> (*config)(const ModelShape& s);
 };
 
+// How a shape rule names what it checks. The config reports "n_kv_head (3) must divide n_head
+// (4)" at $.model.n_kv_head (kConfigRuleNames); ModelShape::validate throws "model.n_kv_head (3)
+// must divide model.n_head (4)" (kShapeRuleNames).
+struct RuleNames {
+  const char* key_prefix;  // before every model key a message names
+  const char* tp;          // what the tensor-parallel size is called
+};
+inline constexpr RuleNames kShapeRuleNames{"model.", "the tensor-parallel size"};
+inline constexpr RuleNames kConfigRuleNames{"", "tensor_parallel.size"};
+// A broken shape rule: the model key it is about and what is wrong.
+struct RuleError {
+  std::string key;
+  std::string message;
+};
+using RuleErrors = std::vector<RuleError>;
+
+// One of a family's own config keys (model.<key>, beyond the keys every family has: type,
+// n_layer, n_head, n_embd, vocab_size, padded_vocab_size, seq_len, init_from), and the ModelShape
+// field it fills. The config reads it for the families that list it, refuses it (naming the
+// families that have it) for the others, and writes it back; the calibration file records it.
+struct FamilyKey {
+  enum class Kind { kInt, kNumber, kBool };
+  const char* key;
+  Kind kind;
+  bool required;     // absent: an error naming the family and `what`; else ModelShape's default
+  const char* what;  // "the SwiGLU width"
+  int ModelShape::*int_field = nullptr;        // kInt, in [lo, hi]
+  double ModelShape::*number_field = nullptr;  // kNumber, in (lo, hi]
+  bool ModelShape::*bool_field = nullptr;      // kBool
+  double lo = 0, hi = 0;
+};
+FamilyKey int_key(const char* key, int ModelShape::*field, bool required, const char* what);
+FamilyKey number_key(const char* key, double ModelShape::*field, double lo_open, double hi, const char* what);
+FamilyKey bool_key(const char* key, bool ModelShape::*field, const char* what);
+
 struct FamilyDescription {
   ModelFamily family;
   const char* name;          // "gpt2", "llama": config's model.type
@@ -67,13 +102,23 @@ struct FamilyDescription {
   LayerRoles roles;
   std::vector<ParamTensor> (*params)(const ModelShape&);
   std::vector<ActBuffer> (*activations)(const ModelShape&, const ModelPart&, const ActConfig&);
-  void (*validate)(const ModelShape&);          // the family's own shape rules; null: none
-  void (*validate_tp)(const ModelShape&, int);  // what tensor parallelism must divide; null: none
+  std::vector<FamilyKey> keys;  // its own config keys
+  int vocab_multiple;           // padded_vocab_size's default: vocab_size rounded up to a multiple of it
+  int max_vocab_size;           // the largest vocab_size the config accepts
+  void (*resolve)(ModelShape&);  // fills the defaults that depend on other keys; null: none
+  // Its own shape rules, and what tensor parallelism of size tp must divide: each broken rule
+  // appended to `out`, named as `names` says. Null: none.
+  void (*check)(const ModelShape&, const RuleNames& names, RuleErrors& out);
+  void (*check_tp)(const ModelShape&, int tp, const RuleNames& names, RuleErrors& out);
   bool llmc_checkpoint;  // llm.c's checkpoint format holds it (--init-from FILE.bin, --export-llmc)
   const HfFormat* hf;    // Hugging Face's safetensors and config.json; null: none
 };
 
 const FamilyDescription& family_of(ModelFamily f);
+// The family's shape rules that `s` breaks, and those tensor parallelism of size tp breaks
+// (ModelShape::validate and validate_tp throw the first; the config reports each at its key).
+RuleErrors family_rule_errors(const ModelShape& s, const RuleNames& names = kShapeRuleNames);
+RuleErrors family_tp_rule_errors(const ModelShape& s, int tp, const RuleNames& names = kShapeRuleNames);
 // Every registered family, in registration order.
 const std::vector<const FamilyDescription*>& all_families();
 // The family whose name (config's model.type) is `name`; null when none is.

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/error.h"
 
 namespace ds::model_spec {
@@ -34,10 +36,10 @@ std::vector<ParamTensor> gpt2_params(const ModelShape& s) {
   };
 }
 
-void validate_gpt2_tp(const ModelShape& s, int tp) {
-  if ((4 * s.n_embd) % tp != 0) {
-    throw invalid_argument("4 x model.n_embd ({}) must be divisible by the tensor-parallel size ({})",
-                           4 * s.n_embd, tp);
+void check_gpt2_tp(const ModelShape& s, int tp, const RuleNames& n, RuleErrors& out) {
+  if ((4LL * s.n_embd) % tp != 0) {
+    out.push_back({"n_embd", fmt::format("4 x {}n_embd ({}) must be divisible by {} ({})", n.key_prefix,
+                                         4LL * s.n_embd, n.tp, tp)});
   }
 }
 

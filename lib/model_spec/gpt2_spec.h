@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model_spec/family.h"
 #include "model_spec/shape.h"
 
 namespace ds::model_spec {
@@ -19,8 +20,8 @@ std::vector<ParamTensor> gpt2_params(const ModelShape& s);
 // fch_gelu (B,T,4C/tp), out (B,T,C); per micro-batch input, and with the head lnf, lnf_mean,
 // lnf_rstd, losses; shared dres, dln, dqkv, datty, dfch, att_scratch, logits and ce_stats.
 std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
-// 4C must divide by tp.
-void validate_gpt2_tp(const ModelShape& s, int tp);
+// 4C must divide by tp (family.h's check_tp).
+void check_gpt2_tp(const ModelShape& s, int tp, const RuleNames& names, RuleErrors& out);
 
 // Offset of one tensor copy (layer -1 for global tensors) in llm.c's checkpoint order: tensor-
 // major, each per-layer tensor stored as (L, ...) (wte, wpe, ln1w[0..L), ln1b[0..L), ...,

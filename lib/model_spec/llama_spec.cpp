@@ -12,31 +12,38 @@
 
 namespace ds::model_spec {
 
-void validate_llama(const ModelShape& s) {
-  if (s.n_kv_head <= 0 || s.n_kv_head > s.n_head || s.n_head % s.n_kv_head != 0) {
-    throw invalid_argument("model.n_kv_head ({}) must be in [1, n_head] and divide model.n_head ({})",
-                           s.n_kv_head, s.n_head);
-  }
-  if (s.head_dim() % 2 != 0) {
-    throw invalid_argument("model.n_embd / model.n_head ({}) must be even: rotary embeddings rotate pairs",
-                           s.head_dim());
-  }
-  if (s.intermediate_size <= 0) {
-    throw invalid_argument("model.intermediate_size must be positive, got {}", s.intermediate_size);
-  }
-  if (!(s.rope_theta > 0.0)) throw invalid_argument("model.rope_theta must be positive, got {}", s.rope_theta);
-  if (!(s.norm_eps > 0.0)) throw invalid_argument("model.norm_eps must be positive, got {}", s.norm_eps);
+void resolve_llama(ModelShape& s) {
+  if (s.n_kv_head == 0) s.n_kv_head = s.n_head;
 }
 
-void validate_llama_tp(const ModelShape& s, int tp) {
+void check_llama(const ModelShape& s, const RuleNames& n, RuleErrors& out) {
+  const char* p = n.key_prefix;
+  if (s.n_kv_head <= 0 || s.n_kv_head > s.n_head || s.n_head % s.n_kv_head != 0) {
+    out.push_back({"n_kv_head", fmt::format("{}n_kv_head ({}) must divide {}n_head ({})", p, s.n_kv_head, p, s.n_head)});
+  }
+  if (s.n_head > 0 && s.n_embd % s.n_head == 0 && s.head_dim() % 2 != 0) {
+    out.push_back({"n_embd", fmt::format("the head size {}n_embd / {}n_head ({}) must be even for rotary embeddings",
+                                         p, p, s.head_dim())});
+  }
+  if (s.intermediate_size <= 0) {
+    out.push_back({"intermediate_size", fmt::format("{}intermediate_size must be positive, got {}", p,
+                                                    s.intermediate_size)});
+  }
+  if (!(s.rope_theta > 0.0)) {
+    out.push_back({"rope_theta", fmt::format("{}rope_theta must be positive, got {}", p, s.rope_theta)});
+  }
+  if (!(s.norm_eps > 0.0)) out.push_back({"norm_eps", fmt::format("{}norm_eps must be positive, got {}", p, s.norm_eps)});
+}
+
+void check_llama_tp(const ModelShape& s, int tp, const RuleNames& n, RuleErrors& out) {
   if (s.n_kv_head % tp != 0) {
-    throw invalid_argument("model.n_kv_head ({}) must be divisible by the tensor-parallel size ({}): each rank "
-                           "holds whole kv heads (dstrain does not replicate them)",
-                           s.n_kv_head, tp);
+    out.push_back({"n_kv_head", fmt::format("{}n_kv_head ({}) must be divisible by {} ({}): each rank holds whole "
+                                            "kv heads (dstrain does not replicate them)",
+                                            n.key_prefix, s.n_kv_head, n.tp, tp)});
   }
   if (s.intermediate_size % tp != 0) {
-    throw invalid_argument("model.intermediate_size ({}) must be divisible by the tensor-parallel size ({})",
-                           s.intermediate_size, tp);
+    out.push_back({"intermediate_size", fmt::format("{}intermediate_size ({}) must be divisible by {} ({})",
+                                                    n.key_prefix, s.intermediate_size, n.tp, tp)});
   }
 }
 

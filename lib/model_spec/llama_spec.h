@@ -23,10 +23,12 @@ std::vector<ParamTensor> llama_params(const ModelShape& s);
 // att_scratch, the RoPE tables rope_cos and rope_sin (T, hd/2) (fp32, workspace), the head's
 // logits and ce_stats.
 std::vector<ActBuffer> llama_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
-// KV in [1, NH] dividing NH, an even head size, I, theta and eps positive.
-void validate_llama(const ModelShape& s);
-// KV and I must divide by tp (each rank holds whole kv heads).
-void validate_llama_tp(const ModelShape& s, int tp);
+// n_kv_head defaults to n_head (multi-head).
+void resolve_llama(ModelShape& s);
+// KV in [1, NH] dividing NH, an even head size, I, theta and eps positive (family.h's check).
+void check_llama(const ModelShape& s, const RuleNames& names, RuleErrors& out);
+// KV and I must divide by tp: each rank holds whole kv heads (family.h's check_tp).
+void check_llama_tp(const ModelShape& s, int tp, const RuleNames& names, RuleErrors& out);
 // Hugging Face's name of one tensor copy ("model.layers.3.mlp.up_proj.weight").
 std::string llama_hf_name(ParamId id, int layer);
 // config.json's LlamaConfig keys for this shape.

@@ -9,6 +9,28 @@
 
 namespace ds::model_spec {
 
+namespace {
+
+void throw_first(const RuleErrors& errors) {
+  if (!errors.empty()) throw invalid_argument("{}", errors.front().message);
+}
+
+}  // namespace
+
+RuleErrors family_rule_errors(const ModelShape& s, const RuleNames& names) {
+  RuleErrors out;
+  const FamilyDescription& f = family_of(s);
+  if (f.check != nullptr) f.check(s, names, out);
+  return out;
+}
+
+RuleErrors family_tp_rule_errors(const ModelShape& s, int tp, const RuleNames& names) {
+  RuleErrors out;
+  const FamilyDescription& f = family_of(s);
+  if (f.check_tp != nullptr) f.check_tp(s, tp, names, out);
+  return out;
+}
+
 ModelShape ModelShape::gpt2_124m() { return ModelShape{12, 12, 768, 50257, 50304, 1024}; }
 
 void ModelShape::validate() const {
@@ -29,8 +51,7 @@ void ModelShape::validate() const {
     throw invalid_argument("model.padded_vocab_size ({}) must be >= model.vocab_size ({})",
                            padded_vocab_size, vocab_size);
   }
-  const FamilyDescription& f = family_of(*this);
-  if (f.validate != nullptr) f.validate(*this);
+  throw_first(family_rule_errors(*this));
 }
 
 bool ModelShape::tied() const { return family_of(*this).head_always_tied || tie_embeddings; }
@@ -41,8 +62,7 @@ void ModelShape::validate_tp(int tp) const {
     throw invalid_argument("model.n_head ({}) must be divisible by the tensor-parallel size ({})",
                            n_head, tp);
   }
-  const FamilyDescription& f = family_of(*this);
-  if (f.validate_tp != nullptr) f.validate_tp(*this, tp);
+  throw_first(family_tp_rule_errors(*this, tp));
   if (padded_vocab_size % tp != 0) {
     throw invalid_argument(
         "model.padded_vocab_size ({}) must be divisible by the tensor-parallel size ({})",

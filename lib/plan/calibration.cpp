@@ -117,9 +117,14 @@ model_spec::ModelShape read_shape(const Cursor& m) {
     const model_spec::FamilyDescription* f = model_spec::find_family(name);
     if (f == nullptr) t.fail("one of the model families (" + model_spec::family_names() + ")");
     s.family = f->family;
-    if (f->grouped_query) s.n_kv_head = m.key("n_kv_head").integer(1);
-    if (f->mlp == model_spec::MlpKind::kSwiGlu) s.intermediate_size = m.key("intermediate_size").integer(1);
-    if (!f->head_always_tied) s.tie_embeddings = m.key("tie_embeddings").boolean();
+    // The family's own keys (FamilyDescription::keys): sizes and switches must be there; a number
+    // that does not change the work (rope_theta, norm_eps) keeps its default when absent.
+    for (const model_spec::FamilyKey& k : f->keys) {
+      using Kind = model_spec::FamilyKey::Kind;
+      if (k.kind == Kind::kInt) s.*k.int_field = m.key(k.key).integer(1);
+      if (k.kind == Kind::kBool) s.*k.bool_field = m.key(k.key).boolean();
+      if (k.kind == Kind::kNumber && m.has(k.key)) s.*k.number_field = m.key(k.key).number(true);
+    }
   }
   return s;
 }
@@ -212,9 +217,12 @@ Json calibration_json(const Calibration& c, const CalibrationMeta& meta) {
                 {"vocab_size", c.shape.vocab_size},
                 {"padded_vocab_size", c.shape.padded_vocab_size},
                 {"seq_len", c.shape.seq_len}};
-  if (family.grouped_query) j["model"]["n_kv_head"] = c.shape.n_kv_head;
-  if (family.mlp == model_spec::MlpKind::kSwiGlu) j["model"]["intermediate_size"] = c.shape.intermediate_size;
-  if (!family.head_always_tied) j["model"]["tie_embeddings"] = c.shape.tie_embeddings;
+  for (const model_spec::FamilyKey& k : family.keys) {
+    using Kind = model_spec::FamilyKey::Kind;
+    if (k.kind == Kind::kInt) j["model"][k.key] = c.shape.*k.int_field;
+    if (k.kind == Kind::kNumber) j["model"][k.key] = c.shape.*k.number_field;
+    if (k.kind == Kind::kBool) j["model"][k.key] = c.shape.*k.bool_field;
+  }
   j["compute"] = Json::array();
   for (const auto& x : c.compute) {
     j["compute"].push_back({{"tp", x.tp}, {"concurrency", x.concurrency}, {"micro_batch", x.micro_batch},

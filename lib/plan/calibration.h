@@ -8,7 +8,8 @@
 //   host: string, device: "cpu" | "cuda", backend: "shm" | "gloo" | "nccl",
 //   nodes, ranks_per_node, cores (CPU cores of a node; 0 on GPUs), threads_per_rank: integers >= 0,
 //   model: {type, n_layer, n_head, n_embd, vocab_size, padded_vocab_size, seq_len, and the family's
-//          own n_kv_head, intermediate_size, tie_embeddings}: the shape measured (no type: model.type's default),
+//          own keys (model_spec/family.h: integers and booleans required, numbers optional)}: the
+//          shape measured (no type: model.type's default),
 //   compute: [{tp, concurrency, micro_batch, precision ("fp32"|"bf16"|"fp16"), layer_fwd_s,
 //              layer_bwd_s, embed_fwd_s, embed_bwd_s, head_s}]   (at least one),
 //   collectives: [{op ("all_reduce"|"reduce_scatter"|"all_gather"|"send_recv"), group_size,

@@ -23,18 +23,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
                 "--zero-stage K");
   }
   PlanInput in;
-  in.shape.n_layer = c.model.n_layer;
-  in.shape.n_head = c.model.n_head;
-  in.shape.n_embd = c.model.n_embd;
-  in.shape.vocab_size = c.model.vocab_size;
-  in.shape.padded_vocab_size = c.model.padded_vocab_size;
-  in.shape.seq_len = c.model.seq_len;
-  in.shape.family = model_spec::find_family(c.model.type)->family;  // the config validated the name
-  in.shape.n_kv_head = c.model.n_kv_head;
-  in.shape.intermediate_size = c.model.intermediate_size;
-  in.shape.rope_theta = c.model.rope_theta;
-  in.shape.norm_eps = c.model.norm_eps;
-  in.shape.tie_embeddings = c.model.tie_embeddings;
+  in.shape = c.model.shape;  // resolved by the config, its family's keys included
 
   Layout& l = in.layout;
   l.tp = c.tensor_parallel.size;

@@ -14,23 +14,6 @@ namespace ds::rt::train {
 
 namespace ms = ds::model_spec;
 
-ms::ModelShape shape_of(const config::ModelConfig& m) {
-  ms::ModelShape s;
-  s.n_layer = m.n_layer;
-  s.n_head = m.n_head;
-  s.n_embd = m.n_embd;
-  s.vocab_size = m.vocab_size;
-  s.padded_vocab_size = m.padded_vocab_size;
-  s.seq_len = m.seq_len;
-  s.family = ms::find_family(m.type)->family;  // the config validated the name
-  s.n_kv_head = m.n_kv_head;
-  s.intermediate_size = m.intermediate_size;
-  s.rope_theta = m.rope_theta;
-  s.norm_eps = m.norm_eps;
-  s.tie_embeddings = m.tie_embeddings;
-  return s;
-}
-
 optim::LrScheduleConfig schedule_of(const config::JobConfig& c) {
   optim::LrScheduleConfig s;
   const auto& sc = c.scheduler;
@@ -103,7 +86,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.zero.param_persistence_threshold = z.stage3_param_persistence_threshold;
   e.zero.max_live_parameters = z.stage3_max_live_parameters;
   e.model.B = static_cast<int>(c.train_micro_batch_size_per_gpu);
-  e.model.T = c.model.seq_len;
+  e.model.T = c.model.shape.seq_len;
   e.model.recompute = c.activation_checkpointing.enabled;
   // Mixed precision: parameters, activations and their gradients in the 16-bit storage type;
   // parameter gradients in grad_accum_dtype / communication_data_type (the storage type unless

@@ -16,7 +16,6 @@
 
 namespace ds::rt::train {
 
-model_spec::ModelShape shape_of(const config::ModelConfig& m);
 optim::LrScheduleConfig schedule_of(const config::JobConfig& c);
 optim::LossScalerConfig loss_scaler_of(const config::Fp16Config& f);
 UpdateSettings update_settings_of(const config::JobConfig& c);

@@ -51,7 +51,7 @@ void note_plan_beside_peaks(StepRecord& r, MetricsReporter& reporter, const conf
 }
 
 std::string describe_training(const config::JobConfig& cfg, int zero_stage) {
-  const auto shape = shape_of(cfg.model);
+  const auto shape = cfg.model.shape;
   const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
   return fmt::format(
       "training {} (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "

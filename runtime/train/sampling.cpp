@@ -121,7 +121,7 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
   SamplingModel out;
   try {
     const config::JobConfig run = config::parse_job_config(m.at("config").dump(), "", old.world_size);
-    out.shape = shape_of(run.model);
+    out.shape = run.model.shape;
     out.source = fmt::format("checkpoint {} (step {})", dir, m.at("step").get<int64_t>());
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
@@ -161,7 +161,7 @@ SamplingModel load_llmc_model(const std::string& path) {
 
 SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cfg) {
   SamplingModel out;
-  out.shape = shape_of(cfg.model);
+  out.shape = cfg.model.shape;
   out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
   ckpt::load_hf_safetensors(path, out.shape, ms::ModelPart::whole(out.shape), out.params.data());
   out.source = "Hugging Face safetensors " + path;
@@ -169,7 +169,7 @@ SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cf
 }
 
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg) {
-  const ms::ModelShape want = shape_of(cfg.model);
+  const ms::ModelShape want = cfg.model.shape;
   const ms::ModelShape& got = model.shape;
   if (!same_model(got, want)) {
     throw Error(ErrorKind::kInvalidArgument,

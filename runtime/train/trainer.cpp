@@ -101,7 +101,7 @@ struct Trainer::Impl {
 
 // Data first: a bad corpus should fail before we connect or allocate the model.
 void Trainer::Impl::open_data(int dp_rank) {
-  train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, cfg.model.vocab_size);
+  train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, cfg.model.shape.vocab_size);
   data::LoaderOptions lo;
   lo.batch_size = B;
   lo.seq_len = T;
@@ -112,7 +112,7 @@ void Trainer::Impl::open_data(int dp_rank) {
   lo.seed = cfg.training.seed;
   loader = std::make_unique<data::DataLoader>(*train_file, lo);
   if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
-    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.vocab_size);
+    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.shape.vocab_size);
     val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
   }
 }
@@ -193,9 +193,9 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options) :
   s.device = select_device(s.cfg, s.rank, local_rank);
   // Every kern:: call of the constructor (initial values, master copies) runs on that device.
   const kern::DeviceScope device_scope(s.device);
-  s.shape = shape_of(s.cfg.model);
+  s.shape = s.cfg.model.shape;
   s.B = static_cast<int>(s.cfg.train_micro_batch_size_per_gpu);
-  s.T = s.cfg.model.seq_len;
+  s.T = s.cfg.model.shape.seq_len;
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
   s.precision = s.cfg.precision();
   s.check_sampling();
@@ -331,7 +331,7 @@ void Trainer::Impl::check_sampling() {
                             cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage),
                 "sample from a checkpoint instead: dstrain sample --checkpoint DIR");
   }
-  codec = codec_for(cfg.model.vocab_size);
+  codec = codec_for(cfg.model.shape.vocab_size);
 }
 
 // llm.c's sample: 64 tokens from a newline at temperature 1, a seed per step.

@@ -403,7 +403,7 @@ TEST(JobConfig, ResolvedValuesFollowDeepSpeed) {
   // padded_vocab_size: rounded up to a multiple of 128 when absent.
   const char* gpt2 = R"({"train_batch_size": 8, "model": {"n_layer": 12, "n_head": 12, "n_embd": 768,
       "vocab_size": 50257, "seq_len": 1024}})";
-  EXPECT_EQ(parse_job_config(gpt2, "", 1).model.padded_vocab_size, 50304);
+  EXPECT_EQ(parse_job_config(gpt2, "", 1).model.shape.padded_vocab_size, 50304);
   EXPECT_EQ(parse_job_config(gpt2, "", 1).model.type, "gpt2");
   // DeepSpeed's tensor_parallel.autotp_size is read as size (0 = off).
   EXPECT_EQ(parse_job_config(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 2}})", "", 2)
@@ -576,8 +576,8 @@ TEST(JobConfig, EveryShippedConfigValidatesAndRoundTrips) {
 
 TEST(JobConfig, TheMainJobConfigIsTheTinyByteLevelModel) {
   JobConfig c = load_job_config(std::string(DS_SOURCE_DIR) + "/configs/gpt2-tiny-cpu.json", 2);
-  EXPECT_EQ(c.model.vocab_size, 256);
-  EXPECT_EQ(c.model.padded_vocab_size, 256);
+  EXPECT_EQ(c.model.shape.vocab_size, 256);
+  EXPECT_EQ(c.model.shape.padded_vocab_size, 256);
   EXPECT_EQ(c.train_micro_batch_size_per_gpu, 8);
   EXPECT_EQ(c.train_batch_size, 16);
   EXPECT_EQ(c.training.device, "cpu");

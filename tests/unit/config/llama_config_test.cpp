@@ -28,21 +28,21 @@ std::string llama(const std::string& extra, const std::string& top = "") {
 TEST(LlamaConfig, KeysAndDefaults) {
   const JobConfig c = parse_job_config(llama(R"(, "intermediate_size": 176)"), "t.json", 1);
   EXPECT_EQ(c.model.type, "llama");
-  EXPECT_EQ(c.model.n_kv_head, 4);  // n_head: plain multi-head attention
-  EXPECT_EQ(c.model.intermediate_size, 176);
-  EXPECT_EQ(c.model.rope_theta, 10000.0);
-  EXPECT_EQ(c.model.norm_eps, 1e-5);
-  EXPECT_FALSE(c.model.tie_embeddings);
-  EXPECT_EQ(c.model.padded_vocab_size, 300);  // Hugging Face does not pad
+  EXPECT_EQ(c.model.shape.n_kv_head, 4);  // n_head: plain multi-head attention
+  EXPECT_EQ(c.model.shape.intermediate_size, 176);
+  EXPECT_EQ(c.model.shape.rope_theta, 10000.0);
+  EXPECT_EQ(c.model.shape.norm_eps, 1e-5);
+  EXPECT_FALSE(c.model.shape.tie_embeddings);
+  EXPECT_EQ(c.model.shape.padded_vocab_size, 300);  // Hugging Face does not pad
   const JobConfig d = parse_job_config(
       llama(R"(, "n_kv_head": 2, "intermediate_size": 176, "rope_theta": 500000, "norm_eps": 1e-6, )"
             R"("tie_embeddings": true, "padded_vocab_size": 384)"),
       "t.json", 1);
-  EXPECT_EQ(d.model.n_kv_head, 2);
-  EXPECT_EQ(d.model.rope_theta, 500000.0);
-  EXPECT_EQ(d.model.norm_eps, 1e-6);
-  EXPECT_TRUE(d.model.tie_embeddings);
-  EXPECT_EQ(d.model.padded_vocab_size, 384);
+  EXPECT_EQ(d.model.shape.n_kv_head, 2);
+  EXPECT_EQ(d.model.shape.rope_theta, 500000.0);
+  EXPECT_EQ(d.model.shape.norm_eps, 1e-6);
+  EXPECT_TRUE(d.model.shape.tie_embeddings);
+  EXPECT_EQ(d.model.shape.padded_vocab_size, 384);
   // The JSON round trip keeps the Llama keys.
   const auto j = d.to_json();
   EXPECT_EQ(j["model"]["n_kv_head"], 2);
