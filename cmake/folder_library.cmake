@@ -20,4 +20,12 @@ function(ds_folder_library target root folder)
   endif()
   target_include_directories(${target} PUBLIC ${view})
   target_link_libraries(${target} PRIVATE ds_warnings)
+  ds_unity_build(${target})
+endfunction()
+
+# Unity batches for a library or binary of dstrain's own sources (DSTRAIN_UNITY_BUILD).
+function(ds_unity_build target)
+  if(DSTRAIN_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 8)
+  endif()
 endfunction()

@@ -65,12 +65,6 @@ std::string this_hostname() {
   return host;
 }
 
-size_t seg_begin(size_t n, int parts, int i) {
-  // floor(n * i / parts) without overflowing n * i.
-  const size_t p = static_cast<size_t>(parts), k = static_cast<size_t>(i);
-  return (n / p) * k + (n % p) * k / p;
-}
-
 int mod(int a, int n) { return ((a % n) + n) % n; }
 
 }  // namespace

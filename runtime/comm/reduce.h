@@ -12,6 +12,13 @@
 
 namespace ds::rt::comm {
 
+// Where part i of n elements split `parts` ways begins: floor(n * i / parts), without overflowing
+// n * i (the ring and scatter segments of the backends).
+inline size_t seg_begin(size_t n, int parts, int i) {
+  const size_t p = static_cast<size_t>(parts), k = static_cast<size_t>(i);
+  return (n / p) * k + (n % p) * k / p;
+}
+
 // out[i] = op(srcs[0][i], srcs[1][i], ..., srcs[n-1][i]) for i < count, in the order of `srcs`
 // (so every rank reducing the same sources in the same order gets the same bits).
 // bf16/fp16 accumulate in fp32 and round once; integer sums wrap. `out` may be one of the

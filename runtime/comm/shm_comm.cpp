@@ -144,12 +144,6 @@ std::string sanitize(const std::string& s, size_t max) {
   return out;
 }
 
-size_t seg_begin(size_t n, int parts, int i) {
-  // floor(n * i / parts) without overflowing n * i.
-  const size_t p = static_cast<size_t>(parts), k = static_cast<size_t>(i);
-  return (n / p) * k + (n % p) * k / p;
-}
-
 class ShmComm : public GlooComm {
  public:
   explicit ShmComm(const BackendArgs& args) : GlooComm(args, Backend::kShm) {

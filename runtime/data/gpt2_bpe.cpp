@@ -17,7 +17,9 @@
 
 namespace ds::rt::data {
 
-namespace {
+// Named rather than anonymous: Gpt2Tokenizer::Tables (a member of a class with linkage) holds a
+// MergeMap.
+namespace gpt2_bpe_detail {
 
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
 
@@ -128,7 +130,9 @@ std::string read_whole(const std::string& path) {
 
 std::atomic<uint64_t> g_next_instance{1};
 
-}  // namespace
+}  // namespace gpt2_bpe_detail
+
+using namespace gpt2_bpe_detail;
 
 struct Gpt2Tokenizer::Tables {
   std::string bytes;              // every token's bytes, concatenated
