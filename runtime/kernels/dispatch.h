@@ -161,6 +161,11 @@ inline size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4)
   if (on_cuda()) return 0;
   return cpu::attention_scratch_floats(T, hs, storage_bytes);
 }
+// Ring attention's merge of a block's (out, lse) into the running ones (cpu::attention_merge).
+inline void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
+                            int hd) {
+  DS_KERN(attention_merge, out, lse, part, part_lse, B, T, NH, hd);
+}
 // Inside a CUDA scope these two return 0 (the device does not count invalid targets: the caller
 // validates them on the host first).
 template <typename S>

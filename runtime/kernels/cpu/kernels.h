@@ -95,27 +95,13 @@ void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const fl
 // q, k, v, out, dout and dq, dk, dv in fp32 (each head is converted once and runs the fp32 code).
 size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4);
 
-// ---- ring attention's pieces (context parallelism; attention_block.cpp) -----------------------
+// ---- ring attention's merge (context parallelism; attention_block.cpp) ------------------------
 
-// The grouped-query attention of ops.def split along the sequence: this rank's queries (qkv,
-// (B,Tq,(NH+2KV)hd), at positions q_pos..q_pos+Tq-1) against one block of keys and values (kv,
-// (B,Tk,2 KV hd): the k heads then the v heads of each row, at positions k_pos..k_pos+Tk-1),
-// causal by position: key j is visible to query i when k_pos + j <= q_pos + i. The partial output
-// out (B,Tq,NH hd) and its lse (B,NH,Tq) are fp32 and overwritten; a query that sees no key of the
-// block gets o = 0 and lse = -inf. CPU only so far (no CUDA twin: not in the op list).
-template <typename S>
-void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, int B, int Tq, int Tk, int NH,
-                             int KV, int hd, int q_pos, int k_pos);
-// Merges a partial result into (out, lse) by the log-sum-exps, in place: afterwards they are
-// the attention over the union of both key sets. out/part (B,T,NH hd), lse/part_lse (B,NH,T).
+// Merges a partial result of attention_block_forward (ops.def) into (out, lse) by the
+// log-sum-exps, in place: afterwards they are the attention over the union of both key sets.
+// out/part (B,T,NH hd), lse/part_lse (B,NH,T), fp32; a part row with lse -inf changes nothing.
 void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
                      int hd);
-// The block's backward, given the MERGED output `out` (B,Tq,NH hd, storage type) and lse over all
-// blocks: dq (B,Tq,NH hd) and dkv (B,Tk,2 KV hd: dk heads then dv heads) ACCUMULATE in fp32.
-template <typename S>
-void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const S* out,
-                              const float* lse, int B, int Tq, int Tk, int NH, int KV, int hd, int q_pos,
-                              int k_pos);
 
 // ---- buffers ------------------------------------------------------------------------------------
 

@@ -118,6 +118,11 @@ double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
 
 }  // namespace typed
 
+// ---- ring attention's merge (cpu::attention_merge on the device; attention_block.cu) -------------
+
+void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
+                     int hd, cudaStream_t stream);
+
 // ---- element type conversion (round to nearest even) -----------------------------------------------
 
 void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream);

@@ -19,6 +19,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -286,6 +287,68 @@ TEST_F(LlamaCudaKernels, TypedDispatchRunsTheCudaTwinInsideACudaScope) {
     ADD_FAILURE() << "fp16 storage ran inside a CUDA scope";
   } catch (const ds::Error& e) {
     EXPECT_NE(std::string(e.what()).find("swiglu_forward"), std::string::npos) << e.what();
+  }
+}
+
+// Ring attention's block forward, merge and block backward (kernels/ops.def, cpu/kernels.h)
+// against the CPU's on the same inputs: a query block at positions 2.. against a key block at
+// 4.. (its first two queries see no key), fp32 and bf16 storage. dq and dkv accumulate onto
+// values already there.
+TEST_F(LlamaCudaKernels, RingAttentionBlockForwardMergeBackward) {
+  const int B = 2, Tq = 7, Tk = 6, NH = 4, KV = 2, hd = 32, q_pos = 2, k_pos = 4;
+  const size_t nq = size_t{B} * Tq * (NH + 2 * KV) * hd, nkv = size_t{B} * Tk * 2 * KV * hd;
+  const size_t no = size_t{B} * Tq * NH * hd, nl = size_t{B} * NH * Tq;
+  for (const bool sixteen : {false, true}) {
+    auto qkv = random_floats(nq, 1), kv = random_floats(nkv, 2), dout = random_floats(no, 3), out = random_floats(no, 4);
+    if (sixteen) {
+      qkv = from_bf16(to_bf16(qkv));
+      kv = from_bf16(to_bf16(kv));
+      dout = from_bf16(to_bf16(dout));
+      out = from_bf16(to_bf16(out));
+    }
+    // The CPU's.
+    std::vector<float> o(no), l(nl);
+    cpu::attention_block_forward(o.data(), l.data(), qkv.data(), kv.data(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos);
+    auto acc = random_floats(no, 5), acc_lse = random_floats(nl, 6);
+    const auto acc0 = acc, acc_lse0 = acc_lse;
+    cpu::attention_merge(acc.data(), acc_lse.data(), o.data(), l.data(), B, Tq, NH, hd);
+    auto dq = random_floats(no, 7), dkv = random_floats(nkv, 8);
+    const auto dq0 = dq, dkv0 = dkv;
+    cpu::attention_block_backward(dq.data(), dkv.data(), dout.data(), qkv.data(), kv.data(), out.data(), acc_lse.data(),
+                                  B, Tq, Tk, NH, KV, hd, q_pos, k_pos);
+    // The GPU's.
+    DeviceArray<float> go(no), gl(nl), gacc(acc0), gacc_lse(acc_lse0), gdq(dq0), gdkv(dkv0), glse(acc_lse);
+    const auto& t = cu();
+    if (sixteen) {
+      std::vector<uint16_t> hq = to_bf16(qkv), hkv = to_bf16(kv), hd_ = to_bf16(dout), ho = to_bf16(out);
+      DeviceArray<uint16_t> bq(hq), bkv(hkv), bdo(hd_), bo(ho);
+      t.bf16.attention_block_forward(go.get(), gl.get(), bq.bf(), bkv.bf(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
+      t.bf16.attention_block_backward(gdq.get(), gdkv.get(), bdo.bf(), bq.bf(), bkv.bf(), bo.bf(), glse.get(), B, Tq, Tk,
+                                      NH, KV, hd, q_pos, k_pos, stream_);
+      DS_ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    } else {
+      DeviceArray<float> fq(qkv), fkv(kv), fdo(dout), fo(out);
+      t.f32.attention_block_forward(go.get(), gl.get(), fq.get(), fkv.get(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
+      t.f32.attention_block_backward(gdq.get(), gdkv.get(), fdo.get(), fq.get(), fkv.get(), fo.get(), glse.get(), B, Tq,
+                                     Tk, NH, KV, hd, q_pos, k_pos, stream_);
+      DS_ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    }
+    t.attention_merge(gacc.get(), gacc_lse.get(), go.get(), gl.get(), B, Tq, NH, hd, stream_);
+    DS_ASSERT_CUDA(cudaStreamSynchronize(stream_));
+    const std::string what = sixteen ? "bf16" : "fp32";
+    EXPECT_TRUE(close(go.download(), o, kSum, 1e-5)) << what;
+    const auto gl_h = gl.download();
+    for (size_t i = 0; i < nl; i++) {
+      if (std::isinf(l[i])) {
+        EXPECT_TRUE(std::isinf(gl_h[i]) && gl_h[i] < 0) << what << " row " << i;
+      } else {
+        EXPECT_NEAR(gl_h[i], l[i], 1e-4 * (1 + std::fabs(l[i]))) << what << " row " << i;
+      }
+    }
+    EXPECT_TRUE(close(gacc.download(), acc, kSum, 1e-5)) << what;
+    EXPECT_TRUE(close(gacc_lse.download(), acc_lse, kSum, 1e-5)) << what;
+    EXPECT_TRUE(close(gdq.download(), dq, 1e-3, 1e-4)) << what;
+    EXPECT_TRUE(close(gdkv.download(), dkv, 1e-3, 1e-4)) << what;
   }
 }
 

@@ -1,0 +1,286 @@
+// Ring attention's pieces on the GPU (kernels/ops.def: attention_block_forward and _backward;
+// kernels.h: attention_merge), the twins of cpu/attention_block.cpp with the same math, written
+// as the exact grouped-query kernels (attention.cu) are: one warp per row, the head's hd values
+// spread over the lanes (hd <= kMaxHeadSize), an online softmax in the forward. The partial
+// outputs and the gradients are fp32 (a ring adds several blocks before one rounding). The
+// backward runs two kernels with no atomics (deterministic): one warp per query row for dq, one
+// per key row for dk and dv, walking the group's query heads.
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <string>
+
+#include "kernels/cuda/check.h"
+#include "kernels/cuda/device_util.cuh"
+#include "kernels/cuda/kernels.h"
+
+namespace ds::rt::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps = 4 rows per block
+constexpr int kRegs = kMaxHeadSize / 32;
+
+struct BlockShape {
+  int B, Tq, Tk, NH, KV, hd, q_pos, k_pos;
+  float scale;
+  __host__ __device__ int group() const { return NH / KV; }
+  __host__ __device__ int64_t qkv_stride() const { return int64_t{NH + 2 * KV} * hd; }
+  __host__ __device__ int64_t kv_stride() const { return int64_t{2 * KV} * hd; }
+  __host__ __device__ int64_t out_stride() const { return int64_t{NH} * hd; }
+  // Keys of the block that query i sees: k_pos + j <= q_pos + i.
+  __host__ __device__ int visible(int i) const {
+    const int64_t n = int64_t{q_pos} + i - k_pos + 1;
+    return static_cast<int>(n < 0 ? 0 : (n > Tk ? Tk : n));
+  }
+};
+
+BlockShape make_shape(int B, int Tq, int Tk, int NH, int KV, int hd, int q_pos, int k_pos, const char* what) {
+  if (NH <= 0 || KV <= 0 || NH % KV != 0 || hd <= 0 || hd > kMaxHeadSize) {
+    throw_cuda_error(what, "shape check", __FILE__, __LINE__, 0,
+                     ("need NH a positive multiple of KV and 0 < hd <= 256; got NH=" + std::to_string(NH) +
+                      " KV=" + std::to_string(KV) + " hd=" + std::to_string(hd))
+                         .c_str());
+  }
+  return BlockShape{B, Tq, Tk, NH, KV, hd, q_pos, k_pos, 1.0f / sqrtf(static_cast<float>(hd))};
+}
+
+unsigned warp_blocks(int64_t rows) { return static_cast<unsigned>((rows * 32 + kThreads - 1) / kThreads); }
+
+template <typename S>
+__global__ void block_forward_kernel(float* out, float* lse, const S* qkv, const S* kv, BlockShape sh) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t{sh.B} * sh.NH * sh.Tq) return;
+  const int i = static_cast<int>(row % sh.Tq);
+  const int64_t bh = row / sh.Tq;
+  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
+  const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
+  const S* kvb = kv + int64_t{b} * sh.Tk * sh.kv_stride();
+  float qr[kRegs], acc[kRegs];
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    qr[r] = d < sh.hd ? ld(q + d) : 0.0f;
+    acc[r] = 0.0f;
+  }
+  float m = -INFINITY, l = 0.0f;
+  const int n = sh.visible(i);
+  for (int j = 0; j < n; j++) {
+    const S* k = kvb + j * sh.kv_stride() + int64_t{g} * sh.hd;
+    const S* v = kvb + j * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
+    float s = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRegs; r++) {
+      const int d = lane + 32 * r;
+      if (d < sh.hd) s += qr[r] * ld(k + d);
+    }
+    s = warp_sum(s) * sh.scale;
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
+    const float p = expf(s - m_new);
+    l = l * corr + p;
+#pragma unroll
+    for (int r = 0; r < kRegs; r++) {
+      const int d = lane + 32 * r;
+      if (d < sh.hd) acc[r] = acc[r] * corr + p * ld(v + d);
+    }
+    m = m_new;
+  }
+  float* o = out + (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
+  const float inv = n > 0 ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    if (d < sh.hd) o[d] = acc[r] * inv;
+  }
+  if (lane == 0) lse[bh * sh.Tq + i] = n > 0 ? m + logf(l) : -INFINITY;
+}
+
+__global__ void merge_kernel(float* out, float* lse, const float* part, const float* part_lse, int B, int T,
+                             int NH, int hd) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;  // (b, h, t)
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t{B} * NH * T) return;
+  const int64_t b = row / (int64_t{NH} * T), h = (row / T) % NH, t = row % T;
+  const float la = lse[row], lb = part_lse[row];
+  if (lb == -INFINITY) return;
+  float wa = 0.0f, wb = 1.0f, l = lb;
+  if (la != -INFINITY) {
+    const float m = fmaxf(la, lb);
+    l = m + logf(expf(la - m) + expf(lb - m));
+    wa = expf(la - l);
+    wb = expf(lb - l);
+  }
+  float* o = out + (b * T + t) * NH * hd + h * hd;
+  const float* p = part + (b * T + t) * NH * hd + h * hd;
+  for (int d = lane; d < hd; d += 32) o[d] = la == -INFINITY ? p[d] : wa * o[d] + wb * p[d];
+  __syncwarp();
+  if (lane == 0) lse[row] = l;
+}
+
+template <typename S>
+__global__ void block_backward_dq_kernel(float* dq, const S* dout, const S* qkv, const S* kv, const S* out,
+                                         const float* lse, BlockShape sh) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t{sh.B} * sh.NH * sh.Tq) return;
+  const int i = static_cast<int>(row % sh.Tq);
+  const int64_t bh = row / sh.Tq;
+  const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
+  const int n = sh.visible(i);
+  if (n == 0) return;
+  const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
+  const int64_t orow = (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
+  const S* kvb = kv + int64_t{b} * sh.Tk * sh.kv_stride();
+  float qr[kRegs], dor[kRegs], orr[kRegs], acc[kRegs];
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    const bool in = d < sh.hd;
+    qr[r] = in ? ld(q + d) : 0.0f;
+    dor[r] = in ? ld(dout + orow + d) : 0.0f;
+    orr[r] = in ? ld(out + orow + d) : 0.0f;
+    acc[r] = 0.0f;
+  }
+  const float l = lse[bh * sh.Tq + i];
+  for (int j = 0; j < n; j++) {
+    const S* k = kvb + j * sh.kv_stride() + int64_t{g} * sh.hd;
+    const S* v = kvb + j * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
+    float s = 0.0f, dpd = 0.0f;
+#pragma unroll
+    for (int r = 0; r < kRegs; r++) {
+      const int d = lane + 32 * r;
+      if (d < sh.hd) {
+        s += qr[r] * ld(k + d);
+        dpd += dor[r] * (ld(v + d) - orr[r]);
+      }
+    }
+    s = warp_sum(s) * sh.scale;
+    dpd = warp_sum(dpd);
+    const float ds = sh.scale * expf(s - l) * dpd;
+#pragma unroll
+    for (int r = 0; r < kRegs; r++) {
+      const int d = lane + 32 * r;
+      if (d < sh.hd) acc[r] += ds * ld(k + d);
+    }
+  }
+  float* dqr = dq + orow;
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    if (d < sh.hd) dqr[d] += acc[r];
+  }
+}
+
+template <typename S>
+__global__ void block_backward_dkv_kernel(float* dkv, const S* dout, const S* qkv, const S* kv, const S* out,
+                                          const float* lse, BlockShape sh) {
+  const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= int64_t{sh.B} * sh.KV * sh.Tk) return;
+  const int j = static_cast<int>(row % sh.Tk);
+  const int64_t bg = row / sh.Tk;
+  const int b = static_cast<int>(bg / sh.KV), g = static_cast<int>(bg % sh.KV);
+  const S* k = kv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{g} * sh.hd;
+  const S* v = kv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
+  float kr[kRegs], vr[kRegs], dk[kRegs], dv[kRegs];
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    const bool in = d < sh.hd;
+    kr[r] = in ? ld(k + d) : 0.0f;
+    vr[r] = in ? ld(v + d) : 0.0f;
+    dk[r] = 0.0f;
+    dv[r] = 0.0f;
+  }
+  // Query i sees key j when i >= k_pos + j - q_pos.
+  const int64_t first = int64_t{sh.k_pos} + j - sh.q_pos;
+  const int i0 = static_cast<int>(first < 0 ? 0 : first);
+  for (int jh = 0; jh < sh.group(); jh++) {
+    const int h = g * sh.group() + jh;
+    const float* lrow = lse + (int64_t{b} * sh.NH + h) * sh.Tq;
+    for (int i = i0; i < sh.Tq; i++) {
+      const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
+      const int64_t orow = (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
+      float s = 0.0f, dpd = 0.0f;
+#pragma unroll
+      for (int r = 0; r < kRegs; r++) {
+        const int d = lane + 32 * r;
+        if (d < sh.hd) {
+          s += ld(q + d) * kr[r];
+          dpd += ld(dout + orow + d) * (vr[r] - ld(out + orow + d));
+        }
+      }
+      s = warp_sum(s) * sh.scale;
+      dpd = warp_sum(dpd);
+      const float p = expf(s - lrow[i]);
+      const float ds = sh.scale * p * dpd;
+#pragma unroll
+      for (int r = 0; r < kRegs; r++) {
+        const int d = lane + 32 * r;
+        if (d < sh.hd) {
+          dk[r] += ds * ld(q + d);
+          dv[r] += p * ld(dout + orow + d);
+        }
+      }
+    }
+  }
+  float* dkp = dkv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{g} * sh.hd;
+  float* dvp = dkv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
+#pragma unroll
+  for (int r = 0; r < kRegs; r++) {
+    const int d = lane + 32 * r;
+    if (d < sh.hd) {
+      dkp[d] += dk[r];
+      dvp[d] += dv[r];
+    }
+  }
+}
+
+}  // namespace
+
+void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
+                     int hd, cudaStream_t stream) {
+  const int64_t rows = int64_t{B} * NH * T;
+  if (rows <= 0) return;
+  merge_kernel<<<warp_blocks(rows), kThreads, 0, stream>>>(out, lse, part, part_lse, B, T, NH, hd);
+  DS_CUDA_CHECK_LAUNCH("attention_merge");
+}
+
+namespace typed {
+
+template <typename S>
+void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, int B, int Tq, int Tk, int NH,
+                             int KV, int hd, int q_pos, int k_pos, cudaStream_t stream) {
+  const BlockShape sh = make_shape(B, Tq, Tk, NH, KV, hd, q_pos, k_pos, "attention_block_forward");
+  const int64_t rows = int64_t{B} * NH * Tq;
+  if (rows <= 0) return;
+  block_forward_kernel<S><<<warp_blocks(rows), kThreads, 0, stream>>>(out, lse, qkv, kv, sh);
+  DS_CUDA_CHECK_LAUNCH("attention_block_forward");
+}
+
+template <typename S>
+void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const S* out,
+                              const float* lse, int B, int Tq, int Tk, int NH, int KV, int hd, int q_pos,
+                              int k_pos, cudaStream_t stream) {
+  const BlockShape sh = make_shape(B, Tq, Tk, NH, KV, hd, q_pos, k_pos, "attention_block_backward");
+  const int64_t qrows = int64_t{B} * NH * Tq, krows = int64_t{B} * KV * Tk;
+  if (qrows <= 0 || krows <= 0) return;
+  block_backward_dq_kernel<S><<<warp_blocks(qrows), kThreads, 0, stream>>>(dq, dout, qkv, kv, out, lse, sh);
+  DS_CUDA_CHECK_LAUNCH("attention_block_backward (dq)");
+  block_backward_dkv_kernel<S><<<warp_blocks(krows), kThreads, 0, stream>>>(dkv, dout, qkv, kv, out, lse, sh);
+  DS_CUDA_CHECK_LAUNCH("attention_block_backward (dk, dv)");
+}
+
+#define DS_CUDA_INST_S(S)                                                                                        \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, int, int, int, int, int, int, int, \
+                                           int, cudaStream_t);                                                   \
+  template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const S*,              \
+                                            const float*, int, int, int, int, int, int, int, int, cudaStream_t);
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+#undef DS_CUDA_INST_S
+
+}  // namespace typed
+
+}  // namespace ds::rt::cuda
