@@ -1,0 +1,60 @@
+// Context parallelism's ring attention (Megatron's context parallelism, torchtitan's CP): the
+// sequence of each micro-batch is cut into 2N chunks of C tokens over the N ranks of a cp group,
+// and rank r holds chunks r and 2N-1-r (the causal load balance: every rank gets one early and
+// one late chunk, so every rank does the same attention work). Its local rows are chunk r then
+// chunk 2N-1-r, C each, for each of the B sequences.
+//
+// Forward: each rank keeps its queries; the keys and values (one compact (B,C,2 KV hd) block per
+// chunk) travel around the ring, N steps, rank r sending to r+1 and receiving from r-1 while it
+// computes on the block it holds (the transfer is asynchronous, so it overlaps the compute). Each
+// (query chunk, key chunk) pair runs the block kernel (kernels/ops.def: attention_block_forward;
+// pairs wholly in the causal future are skipped) and the partial results are merged by their
+// log-sum-exp (kern::attention_merge) in fp32; the output is rounded once at the end.
+// Backward: the key/value blocks travel the ring again, each with an fp32 accumulator of its dK
+// and dV; a rank adds its queries' share (attention_block_backward, from the merged output and
+// lse) and passes both on; after N steps one last transfer brings every accumulator home.
+//
+// The result equals the unsplit grouped-query attention (ops.def: attention_gqa_*) on the whole
+// sequence, rows reordered to the rank's chunks (tests/multiproc/parallel: against the single
+// process at cp 2 and 4). Scratch is host memory: CPU buffers only, for now.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "comm/comm.h"
+
+namespace ds::rt::parallel {
+
+struct RingShape {
+  int B = 0, C = 0;  // sequences, and tokens per chunk (the rank holds 2C per sequence)
+  int NH = 0, KV = 0, hd = 0;
+  int64_t qkv_stride() const { return static_cast<int64_t>(NH + 2 * KV) * hd; }
+  int64_t out_stride() const { return static_cast<int64_t>(NH) * hd; }
+  int64_t kv_stride() const { return static_cast<int64_t>(2 * KV) * hd; }
+};
+
+// Where chunk `k` (0: the early one, 1: the late one) of cp rank `r` of `n` starts in the whole
+// sequence, in tokens.
+inline int ring_chunk_position(int r, int n, int k, int C) { return (k == 0 ? r : 2 * n - 1 - r) * C; }
+
+class RingAttention {
+ public:
+  // `cp`: the context-parallel group (N = its size; N = 1 runs the local attention as blocks).
+  RingAttention(comm::Comm& cp, const RingShape& shape);
+
+  // out (B,2C,NH hd) and lse (B,NH,2C) of the rank's rows from its qkv (B,2C,(NH+2KV)hd),
+  // overwritten. Collective over the cp group.
+  template <typename S>
+  void forward(S* out, float* lse, const S* qkv);
+  // dqkv (B,2C,(NH+2KV)hd) overwritten from dout and the forward's out and lse. Collective.
+  template <typename S>
+  void backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse);
+
+ private:
+  comm::Comm& cp_;
+  RingShape sh_;
+  int n_, r_;
+};
+
+}  // namespace ds::rt::parallel
