@@ -1,10 +1,12 @@
-// Context parallelism's ring attention (parallel/ring_attention.h) between real forked processes,
-// against the unsplit grouped-query attention of the single process: every rank builds the same
-// whole sequence (same seed), keeps its two load-balanced chunks (r and 2N-1-r), runs the ring
-// forward and backward over a cp group of N = 2 and 4 on both CPU backends, and its output, lse
-// and dqkv rows equal the unsplit kernel's rows at the same positions.
+// Context parallelism's attention between real forked processes, against the unsplit
+// grouped-query attention of the single process: every rank builds the same whole sequence (same
+// seed), keeps its rows, runs the forward and backward over a cp group of N = 2 and 4 on both CPU
+// backends, and its rows of the output, lse and dqkv equal the unsplit kernel's.
+// - Ring (parallel/ring_attention.h): the two load-balanced chunks r and 2N-1-r.
+// - Ulysses (parallel/ulysses_attention.h): the contiguous part r; its lse is head-sharded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <tuple>
@@ -13,6 +15,7 @@
 #include "kernels/cpu/kernels.h"
 #include "multiproc/comm/forked_ranks.h"
 #include "parallel/ring_attention.h"
+#include "parallel/ulysses_attention.h"
 #include "unit/kernels/grad_check.h"
 
 namespace ds::rt::comm {
@@ -20,7 +23,7 @@ namespace {
 
 using Param = std::tuple<Backend, int>;  // backend, cp size
 
-class RingAttentionTest : public test::ForkedRanksTest<Param> {};
+class ContextParallelTest : public test::ForkedRanksTest<Param> {};
 
 // The rows of the rank's chunks, in its order (chunk r, then chunk 2N-1-r), of a (B,T,w) buffer.
 std::vector<float> my_rows(const std::vector<float>& x, int B, int T, int w, int r, int n, int C) {
@@ -61,7 +64,7 @@ bool near(const std::vector<float>& got, const std::vector<float>& want, double 
   return true;
 }
 
-TEST_P(RingAttentionTest, ForwardAndBackwardEqualTheUnsplitKernel) {
+TEST_P(ContextParallelTest, RingEqualsTheUnsplitKernel) {
   const auto [backend, n] = GetParam();
   const int B = 2, NH = 4, KV = 2, hd = 8, C = 3, T = 2 * n * C, w = (NH + 2 * KV) * hd, ow = NH * hd;
   auto status = run_ranks(
@@ -90,7 +93,55 @@ TEST_P(RingAttentionTest, ForwardAndBackwardEqualTheUnsplitKernel) {
   for (int s : status) EXPECT_EQ(s, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, RingAttentionTest,
+TEST_P(ContextParallelTest, UlyssesEqualsTheUnsplitKernel) {
+  const auto [backend, n] = GetParam();
+  const int B = 2, NH = 8, KV = 4, hd = 8, T = 12, Tl = T / n, w = (NH + 2 * KV) * hd, ow = NH * hd;
+  auto status = run_ranks(
+      n,
+      [&, backend = backend, n = n](int r) -> int {
+        const auto qkv = ds::test::randn(static_cast<size_t>(B) * T * w, 31), dout = ds::test::randn(static_cast<size_t>(B) * T * ow, 32);
+        std::vector<float> out(dout.size()), lse(static_cast<size_t>(B) * NH * T), dqkv(qkv.size());
+        std::vector<float> scratch(cpu::attention_scratch_floats(T, hd));
+        cpu::attention_gqa_forward(out.data(), lse.data(), qkv.data(), scratch.data(), B, T, NH, KV, hd);
+        cpu::attention_gqa_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), scratch.data(), B, T, NH,
+                                    KV, hd);
+        auto part = [&](const std::vector<float>& x, int width) {  // rows [r Tl, (r+1) Tl) of each sequence
+          std::vector<float> y(static_cast<size_t>(B) * Tl * width);
+          for (int b = 0; b < B; b++) {
+            std::copy_n(x.begin() + (static_cast<int64_t>(b) * T + static_cast<int64_t>(r) * Tl) * width, Tl * width,
+                        y.begin() + static_cast<int64_t>(b) * Tl * width);
+          }
+          return y;
+        };
+        auto c = connect(r, n, Millis(30000), backend);
+        // Heads that do not divide over the group are refused by name.
+        try {
+          parallel::UlyssesAttention bad(*c, parallel::UlyssesShape{B, T, NH, n / 2, hd});
+          CHILD_CHECK(false);
+        } catch (const ds::Error& e) {
+          CHILD_CHECK(std::string(e.what()).find("kv heads (" + std::to_string(n / 2) + ")") != std::string::npos);
+        }
+        parallel::UlyssesAttention ulysses(*c, parallel::UlyssesShape{B, T, NH, KV, hd});
+        const auto q = part(qkv, w), dO = part(dout, ow);
+        std::vector<float> o(dO.size()), lh(static_cast<size_t>(B) * (NH / n) * T), dq(q.size());
+        ulysses.forward(o.data(), lh.data(), q.data());
+        CHILD_CHECK(near(o, part(out, ow), 1e-5));
+        // The lse of my heads, [r NH/n, (r+1) NH/n), over the whole sequence.
+        std::vector<float> want_l(lh.size());
+        for (int b = 0; b < B; b++) {
+          std::copy_n(lse.begin() + (static_cast<int64_t>(b) * NH + static_cast<int64_t>(r) * (NH / n)) * T, (NH / n) * T,
+                      want_l.begin() + static_cast<int64_t>(b) * (NH / n) * T);
+        }
+        CHILD_CHECK(near(lh, want_l, 1e-5));
+        ulysses.backward(dq.data(), dO.data(), q.data(), o.data(), lh.data());
+        CHILD_CHECK(near(dq, part(dqkv, w), 1e-4));
+        return 0;
+      },
+      Millis(60000));
+  for (int s : status) EXPECT_EQ(s, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ContextParallelTest,
                          ::testing::Combine(::testing::Values(Backend::kShm, Backend::kGloo), ::testing::Values(2, 4)),
                          [](const ::testing::TestParamInfo<Param>& info) {
                            return std::string(backend_name(std::get<0>(info.param))) + "_cp" +

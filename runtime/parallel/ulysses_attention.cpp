@@ -1,0 +1,147 @@
+#include "parallel/ulysses_attention.h"
+
+#include <cstring>
+#include <numeric>
+
+#include "common/error.h"
+#include "kernels/dispatch.h"
+#include "parallel/typed_comm.h"
+
+namespace ds::rt::parallel {
+
+namespace {
+
+constexpr int kTagToHeads = 7201;
+constexpr int kTagToSequence = 7202;
+
+// Columns of peer p's share of a row made of head groups (q, k, v): for each group, its heads
+// [p h/N, (p+1) h/N) of hd values. Calls fn(column in the whole row, column in the share, width).
+template <typename Fn>
+void for_each_share_column(const std::vector<int>& heads, int n, int p, int hd, Fn&& fn) {
+  int64_t whole = 0, share = 0;
+  for (int h : heads) {
+    const int64_t w = static_cast<int64_t>(h / n) * hd;
+    fn(whole + p * w, share, w);
+    whole += static_cast<int64_t>(h) * hd;
+    share += w;
+  }
+}
+
+int64_t row_width(const std::vector<int>& heads, int hd, int n = 1) {
+  return static_cast<int64_t>(std::accumulate(heads.begin(), heads.end(), 0) / n) * hd;
+}
+
+// Posts every pair's send and receive of one exchange, then waits for them all.
+void exchange(comm::Comm& cp, std::vector<std::vector<uint8_t>>& send, std::vector<std::vector<uint8_t>>& recv, int tag) {
+  std::vector<comm::WorkPtr> work;
+  const int n = cp.size(), r = cp.rank();
+  for (int k = 1; k < n; k++) {
+    const int to = (r + k) % n, from = (r - k + n) % n;
+    work.push_back(cp.send_async(send[static_cast<size_t>(to)].data(), send[static_cast<size_t>(to)].size(),
+                                 comm::DataType::kUInt8, to, tag));
+    work.push_back(cp.recv_async(recv[static_cast<size_t>(from)].data(), recv[static_cast<size_t>(from)].size(),
+                                 comm::DataType::kUInt8, from, tag));
+  }
+  for (auto& w : work) w->wait();
+}
+
+}  // namespace
+
+UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape)
+    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), Tl_(shape.T / cp.size()) {
+  if (sh_.B <= 0 || sh_.T <= 0 || sh_.NH <= 0 || sh_.KV <= 0 || sh_.hd <= 0 || sh_.NH % sh_.KV != 0) {
+    throw invalid_usage("Ulysses attention: B={} T={} NH={} KV={} hd={}: every size must be positive and KV must "
+                        "divide NH",
+                        sh_.B, sh_.T, sh_.NH, sh_.KV, sh_.hd);
+  }
+  if (sh_.T % n_ != 0 || sh_.NH % n_ != 0 || sh_.KV % n_ != 0) {
+    throw invalid_usage("Ulysses attention over {} ranks needs the sequence ({}), the query heads ({}) and the kv "
+                        "heads ({}) divisible by {}",
+                        n_, sh_.T, sh_.NH, sh_.KV, n_);
+  }
+}
+
+template <typename S>
+void UlyssesAttention::to_heads(S* dst, const S* src, const std::vector<int>& heads) {
+  const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
+  const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
+  std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n_), std::vector<uint8_t>(piece)), recv = send;
+  for (int p = 0; p < n_; p++) {  // my rows, p's heads
+    S* out = reinterpret_cast<S*>((p == r_ ? recv : send)[static_cast<size_t>(p)].data());
+    for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
+      for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
+        std::memcpy(out + row * w_mine + share, src + row * w_all + whole, static_cast<size_t>(w) * sizeof(S));
+      });
+    }
+  }
+  exchange(cp_, send, recv, kTagToHeads);
+  for (int p = 0; p < n_; p++) {  // p's rows, my heads
+    const S* in = reinterpret_cast<const S*>(recv[static_cast<size_t>(p)].data());
+    for (int b = 0; b < sh_.B; b++) {
+      std::memcpy(dst + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
+                  in + static_cast<int64_t>(b) * Tl_ * w_mine, static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
+    }
+  }
+}
+
+template <typename S>
+void UlyssesAttention::to_sequence(S* dst, const S* src, const std::vector<int>& heads) {
+  const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
+  const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
+  std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n_), std::vector<uint8_t>(piece)), recv = send;
+  for (int p = 0; p < n_; p++) {  // p's rows of my heads
+    S* out = reinterpret_cast<S*>((p == r_ ? recv : send)[static_cast<size_t>(p)].data());
+    for (int b = 0; b < sh_.B; b++) {
+      std::memcpy(out + static_cast<int64_t>(b) * Tl_ * w_mine,
+                  src + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
+                  static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
+    }
+  }
+  exchange(cp_, send, recv, kTagToSequence);
+  for (int p = 0; p < n_; p++) {  // my rows, p's heads
+    const S* in = reinterpret_cast<const S*>(recv[static_cast<size_t>(p)].data());
+    for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
+      for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
+        std::memcpy(dst + row * w_all + whole, in + row * w_mine + share, static_cast<size_t>(w) * sizeof(S));
+      });
+    }
+  }
+}
+
+template <typename S>
+void UlyssesAttention::forward(S* out, float* lse_heads, const S* qkv) {
+  const int NHl = sh_.NH / n_, KVl = sh_.KV / n_;
+  const std::vector<int> qkv_heads = {sh_.NH, sh_.KV, sh_.KV}, out_heads = {sh_.NH};
+  std::vector<S> qkv_h(static_cast<size_t>(sh_.B) * sh_.T * (NHl + 2 * KVl) * sh_.hd);
+  std::vector<S> out_h(static_cast<size_t>(sh_.B) * sh_.T * NHl * sh_.hd);
+  std::vector<float> scratch(kern::attention_scratch_floats(sh_.T, sh_.hd, static_cast<int>(sizeof(S))));
+  to_heads(qkv_h.data(), qkv, qkv_heads);
+  kern::attention_gqa_forward(out_h.data(), lse_heads, qkv_h.data(), scratch.data(), sh_.B, sh_.T, NHl, KVl, sh_.hd);
+  to_sequence(out, out_h.data(), out_heads);
+}
+
+template <typename S>
+void UlyssesAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse_heads) {
+  const int NHl = sh_.NH / n_, KVl = sh_.KV / n_;
+  const std::vector<int> qkv_heads = {sh_.NH, sh_.KV, sh_.KV}, out_heads = {sh_.NH};
+  const size_t nqkv = static_cast<size_t>(sh_.B) * sh_.T * (NHl + 2 * KVl) * sh_.hd;
+  const size_t nout = static_cast<size_t>(sh_.B) * sh_.T * NHl * sh_.hd;
+  std::vector<S> qkv_h(nqkv), dqkv_h(nqkv), out_h(nout), dout_h(nout);
+  std::vector<float> scratch(kern::attention_scratch_floats(sh_.T, sh_.hd, static_cast<int>(sizeof(S))));
+  to_heads(qkv_h.data(), qkv, qkv_heads);
+  to_heads(out_h.data(), out, out_heads);
+  to_heads(dout_h.data(), dout, out_heads);
+  kern::attention_gqa_backward(dqkv_h.data(), dout_h.data(), qkv_h.data(), out_h.data(), lse_heads, scratch.data(),
+                               sh_.B, sh_.T, NHl, KVl, sh_.hd);
+  to_sequence(dqkv, dqkv_h.data(), qkv_heads);
+}
+
+#define DS_ULYSSES_INST(S)                                                      \
+  template void UlyssesAttention::forward<S>(S*, float*, const S*);             \
+  template void UlyssesAttention::backward<S>(S*, const S*, const S*, const S*, const float*);
+DS_ULYSSES_INST(float)
+DS_ULYSSES_INST(bf16)
+DS_ULYSSES_INST(f16)
+#undef DS_ULYSSES_INST
+
+}  // namespace ds::rt::parallel
