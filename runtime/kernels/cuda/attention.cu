@@ -17,6 +17,8 @@
 //                 P[t,j] dO_t, in fp32 registers, written once.
 //   Every output row is written by exactly one warp: no atomics, no scratch, deterministic.
 // Cost: O(T^2 hd) work like any exact attention, but K/V rows are re-read from L2 by every warp.
+// The row steps (online softmax, dq row, one query's dk/dv share) are attention_rows.cuh's, shared
+// with ring attention's block kernels (attention_block.cu).
 // Storage: templated over the storage type S of qkv, out, dout and dqkv (fp32 or bf16, read
 // through ld and written through st: fp32 arithmetic, each output rounded once); lse is fp32.
 #include <cuda_runtime.h>
@@ -25,6 +27,7 @@
 #include <string>
 #include <type_traits>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/flash_attention.cuh"
 #include "kernels/cuda/kernels.h"
@@ -34,7 +37,8 @@ namespace ds::rt::cuda {
 namespace {
 
 constexpr int kAttThreads = 128;  // 4 warps = 4 rows per block
-constexpr int kRegs = kMaxHeadSize / 32;
+namespace rows = attention_rows;
+using rows::kRegs;
 
 // ---- grouped-query attention ----
 
@@ -70,36 +74,11 @@ __global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh
   const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
   const int64_t st_ = sh.stride();
   const S* base = qkv + int64_t{b} * sh.T * st_;
-  const S* q = base + t * st_ + sh.q_col(h);
-  float qr[kRegs], acc[kRegs];
-#pragma unroll
-  for (int i = 0; i < kRegs; i++) {
-    const int d = lane + 32 * i;
-    qr[i] = d < sh.hd ? ld(q + d) : 0.0f;
-    acc[i] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
-  for (int j = 0; j <= t; j++) {
-    const S* k = base + j * st_ + sh.k_col(g);
-    const S* v = base + j * st_ + sh.v_col(g);
-    float s = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hd) s += qr[i] * ld(k + d);
-    }
-    s = warp_sum(s) * sh.scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
-    const float p = expf(s - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hd) acc[i] = acc[i] * corr + p * ld(v + d);
-    }
-    m = m_new;
-  }
+  float qr[kRegs], acc[kRegs], m, l;
+  rows::load(qr, base + t * st_ + sh.q_col(h), sh.hd, lane);
+  rows::attend<S>(qr, t + 1, sh.hd, lane, sh.scale,
+                  [&](int j) { return rows::KvRow<S>{base + j * st_ + sh.k_col(g), base + j * st_ + sh.v_col(g)}; },
+                  acc, m, l);
   S* o = out + (int64_t{b} * sh.T + t) * sh.ostride() + sh.q_col(h);
   const float inv = 1.0f / l;
 #pragma unroll
@@ -123,39 +102,13 @@ __global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, con
   const int64_t rbase = int64_t{b} * sh.T * st_;
   const int64_t ooff = (int64_t{b} * sh.T + t) * sh.ostride() + sh.q_col(h);
   const S* base = qkv + rbase;
-  const S* q = base + t * st_ + sh.q_col(h);
   float qr[kRegs], dor[kRegs], orr[kRegs], acc[kRegs];
-#pragma unroll
-  for (int i = 0; i < kRegs; i++) {
-    const int d = lane + 32 * i;
-    const bool in = d < sh.hd;
-    qr[i] = in ? ld(q + d) : 0.0f;
-    dor[i] = in ? ld(dout + ooff + d) : 0.0f;
-    orr[i] = in ? ld(out + ooff + d) : 0.0f;
-    acc[i] = 0.0f;
-  }
-  const float l = lse[bh * sh.T + t];
-  for (int j = 0; j <= t; j++) {
-    const S* k = base + j * st_ + sh.k_col(g);
-    const S* v = base + j * st_ + sh.v_col(g);
-    float s = 0.0f, dpd = 0.0f;
-#pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hd) {
-        s += qr[i] * ld(k + d);
-        dpd += dor[i] * (ld(v + d) - orr[i]);
-      }
-    }
-    s = warp_sum(s) * sh.scale;
-    dpd = warp_sum(dpd);
-    const float ds = sh.scale * expf(s - l) * dpd;
-#pragma unroll
-    for (int i = 0; i < kRegs; i++) {
-      const int d = lane + 32 * i;
-      if (d < sh.hd) acc[i] += ds * ld(k + d);
-    }
-  }
+  rows::load(qr, base + t * st_ + sh.q_col(h), sh.hd, lane);
+  rows::load(dor, dout + ooff, sh.hd, lane);
+  rows::load(orr, out + ooff, sh.hd, lane);
+  rows::dq_row<S>(qr, dor, orr, lse[bh * sh.T + t], t + 1, sh.hd, lane, sh.scale,
+                  [&](int j) { return rows::KvRow<S>{base + j * st_ + sh.k_col(g), base + j * st_ + sh.v_col(g)}; },
+                  acc);
   S* dq = dqkv + rbase + t * st_ + sh.q_col(h);
 #pragma unroll
   for (int i = 0; i < kRegs; i++) {
@@ -176,46 +129,17 @@ __global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, co
   const int64_t st_ = sh.stride(), os = sh.ostride();
   const int64_t rbase = int64_t{b} * sh.T * st_, obase = int64_t{b} * sh.T * os;
   const S* base = qkv + rbase;
-  const S* k = base + j * st_ + sh.k_col(g);
-  const S* v = base + j * st_ + sh.v_col(g);
   float kr[kRegs], vr[kRegs], dk[kRegs], dv[kRegs];
-#pragma unroll
-  for (int i = 0; i < kRegs; i++) {
-    const int d = lane + 32 * i;
-    const bool in = d < sh.hd;
-    kr[i] = in ? ld(k + d) : 0.0f;
-    vr[i] = in ? ld(v + d) : 0.0f;
-    dk[i] = 0.0f;
-    dv[i] = 0.0f;
-  }
+  rows::load(kr, base + j * st_ + sh.k_col(g), sh.hd, lane);
+  rows::load(vr, base + j * st_ + sh.v_col(g), sh.hd, lane);
+  rows::zero(dk);
+  rows::zero(dv);
   for (int jh = 0; jh < sh.group(); jh++) {
     const int h = g * sh.group() + jh;
     const float* lrow = lse + (int64_t{b} * sh.NH + h) * sh.T;
     for (int t = j; t < sh.T; t++) {
-      const S* q = base + t * st_ + sh.q_col(h);
-      const S* dO = dout + obase + t * os + sh.q_col(h);
-      const S* o = out + obase + t * os + sh.q_col(h);
-      float s = 0.0f, dpd = 0.0f;
-#pragma unroll
-      for (int i = 0; i < kRegs; i++) {
-        const int d = lane + 32 * i;
-        if (d < sh.hd) {
-          s += ld(q + d) * kr[i];
-          dpd += ld(dO + d) * (vr[i] - ld(o + d));
-        }
-      }
-      s = warp_sum(s) * sh.scale;
-      dpd = warp_sum(dpd);
-      const float p = expf(s - lrow[t]);
-      const float ds = sh.scale * p * dpd;
-#pragma unroll
-      for (int i = 0; i < kRegs; i++) {
-        const int d = lane + 32 * i;
-        if (d < sh.hd) {
-          dk[i] += ds * ld(q + d);
-          dv[i] += p * ld(dO + d);
-        }
-      }
+      rows::dkv_query(kr, vr, base + t * st_ + sh.q_col(h), dout + obase + t * os + sh.q_col(h),
+                      out + obase + t * os + sh.q_col(h), lrow[t], sh.hd, lane, sh.scale, dk, dv);
     }
   }
   S* dkp = dqkv + rbase + j * st_ + sh.k_col(g);

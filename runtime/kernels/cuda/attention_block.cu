@@ -1,7 +1,7 @@
 // Ring attention's pieces on the GPU (kernels/ops.def: attention_block_forward and _backward;
-// kernels.h: attention_merge), the twins of cpu/attention_block.cpp with the same math, written
-// as the exact grouped-query kernels (attention.cu) are: one warp per row, the head's hd values
-// spread over the lanes (hd <= kMaxHeadSize), an online softmax in the forward. The partial
+// kernels.h: attention_merge), the twins of cpu/attention_block.cpp with the same math, built
+// from the exact grouped-query kernels' row steps (attention_rows.cuh): one warp per row, the
+// head's hd values spread over the lanes (hd <= kMaxHeadSize), an online softmax in the forward. The partial
 // outputs and the gradients are fp32 (a ring adds several blocks before one rounding). The
 // backward runs two kernels with no atomics (deterministic): one warp per query row for dq, one
 // per key row for dk and dv, walking the group's query heads.
@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cuda/attention_rows.cuh"
 #include "kernels/cuda/check.h"
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/kernels.h"
@@ -19,7 +20,8 @@ namespace ds::rt::cuda {
 namespace {
 
 constexpr int kThreads = 128;  // 4 warps = 4 rows per block
-constexpr int kRegs = kMaxHeadSize / 32;
+namespace rows = attention_rows;
+using rows::kRegs;
 
 struct BlockShape {
   int B, Tq, Tk, NH, KV, hd, q_pos, k_pos;
@@ -29,6 +31,12 @@ struct BlockShape {
   __host__ __device__ int64_t kv_stride() const { return int64_t{2 * KV} * hd; }
   __host__ __device__ int64_t out_stride() const { return int64_t{NH} * hd; }
   // Keys of the block that query i sees: k_pos + j <= q_pos + i.
+  // Key row j of kv head g in a block of rows `kvb`: its k and v heads.
+  template <typename S>
+  __device__ attention_rows::KvRow<S> kv_row(const S* kvb, int j, int g) const {
+    const S* r = kvb + j * kv_stride();
+    return {r + int64_t{g} * hd, r + int64_t{KV + g} * hd};
+  }
   __host__ __device__ int visible(int i) const {
     const int64_t n = int64_t{q_pos} + i - k_pos + 1;
     return static_cast<int>(n < 0 ? 0 : (n > Tk ? Tk : n));
@@ -55,38 +63,11 @@ __global__ void block_forward_kernel(float* out, float* lse, const S* qkv, const
   const int i = static_cast<int>(row % sh.Tq);
   const int64_t bh = row / sh.Tq;
   const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
-  const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
   const S* kvb = kv + int64_t{b} * sh.Tk * sh.kv_stride();
-  float qr[kRegs], acc[kRegs];
-#pragma unroll
-  for (int r = 0; r < kRegs; r++) {
-    const int d = lane + 32 * r;
-    qr[r] = d < sh.hd ? ld(q + d) : 0.0f;
-    acc[r] = 0.0f;
-  }
-  float m = -INFINITY, l = 0.0f;
   const int n = sh.visible(i);
-  for (int j = 0; j < n; j++) {
-    const S* k = kvb + j * sh.kv_stride() + int64_t{g} * sh.hd;
-    const S* v = kvb + j * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
-    float s = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRegs; r++) {
-      const int d = lane + 32 * r;
-      if (d < sh.hd) s += qr[r] * ld(k + d);
-    }
-    s = warp_sum(s) * sh.scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
-    const float p = expf(s - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int r = 0; r < kRegs; r++) {
-      const int d = lane + 32 * r;
-      if (d < sh.hd) acc[r] = acc[r] * corr + p * ld(v + d);
-    }
-    m = m_new;
-  }
+  float qr[kRegs], acc[kRegs], m, l;
+  rows::load(qr, qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd, sh.hd, lane);
+  rows::attend<S>(qr, n, sh.hd, lane, sh.scale, [&](int j) { return sh.kv_row(kvb, j, g); }, acc, m, l);
   float* o = out + (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
   const float inv = n > 0 ? 1.0f / l : 0.0f;
 #pragma unroll
@@ -130,41 +111,14 @@ __global__ void block_backward_dq_kernel(float* dq, const S* dout, const S* qkv,
   const int b = static_cast<int>(bh / sh.NH), h = static_cast<int>(bh % sh.NH), g = h / sh.group();
   const int n = sh.visible(i);
   if (n == 0) return;
-  const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
   const int64_t orow = (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
   const S* kvb = kv + int64_t{b} * sh.Tk * sh.kv_stride();
   float qr[kRegs], dor[kRegs], orr[kRegs], acc[kRegs];
-#pragma unroll
-  for (int r = 0; r < kRegs; r++) {
-    const int d = lane + 32 * r;
-    const bool in = d < sh.hd;
-    qr[r] = in ? ld(q + d) : 0.0f;
-    dor[r] = in ? ld(dout + orow + d) : 0.0f;
-    orr[r] = in ? ld(out + orow + d) : 0.0f;
-    acc[r] = 0.0f;
-  }
-  const float l = lse[bh * sh.Tq + i];
-  for (int j = 0; j < n; j++) {
-    const S* k = kvb + j * sh.kv_stride() + int64_t{g} * sh.hd;
-    const S* v = kvb + j * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
-    float s = 0.0f, dpd = 0.0f;
-#pragma unroll
-    for (int r = 0; r < kRegs; r++) {
-      const int d = lane + 32 * r;
-      if (d < sh.hd) {
-        s += qr[r] * ld(k + d);
-        dpd += dor[r] * (ld(v + d) - orr[r]);
-      }
-    }
-    s = warp_sum(s) * sh.scale;
-    dpd = warp_sum(dpd);
-    const float ds = sh.scale * expf(s - l) * dpd;
-#pragma unroll
-    for (int r = 0; r < kRegs; r++) {
-      const int d = lane + 32 * r;
-      if (d < sh.hd) acc[r] += ds * ld(k + d);
-    }
-  }
+  rows::load(qr, qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd, sh.hd, lane);
+  rows::load(dor, dout + orow, sh.hd, lane);
+  rows::load(orr, out + orow, sh.hd, lane);
+  rows::dq_row<S>(qr, dor, orr, lse[bh * sh.Tq + i], n, sh.hd, lane, sh.scale,
+                  [&](int j) { return sh.kv_row(kvb, j, g); }, acc);
   float* dqr = dq + orow;
 #pragma unroll
   for (int r = 0; r < kRegs; r++) {
@@ -182,18 +136,12 @@ __global__ void block_backward_dkv_kernel(float* dkv, const S* dout, const S* qk
   const int j = static_cast<int>(row % sh.Tk);
   const int64_t bg = row / sh.Tk;
   const int b = static_cast<int>(bg / sh.KV), g = static_cast<int>(bg % sh.KV);
-  const S* k = kv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{g} * sh.hd;
-  const S* v = kv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{sh.KV + g} * sh.hd;
+  const rows::KvRow<S> kvj = sh.kv_row(kv + int64_t{b} * sh.Tk * sh.kv_stride(), j, g);
   float kr[kRegs], vr[kRegs], dk[kRegs], dv[kRegs];
-#pragma unroll
-  for (int r = 0; r < kRegs; r++) {
-    const int d = lane + 32 * r;
-    const bool in = d < sh.hd;
-    kr[r] = in ? ld(k + d) : 0.0f;
-    vr[r] = in ? ld(v + d) : 0.0f;
-    dk[r] = 0.0f;
-    dv[r] = 0.0f;
-  }
+  rows::load(kr, kvj.k, sh.hd, lane);
+  rows::load(vr, kvj.v, sh.hd, lane);
+  rows::zero(dk);
+  rows::zero(dv);
   // Query i sees key j when i >= k_pos + j - q_pos.
   const int64_t first = int64_t{sh.k_pos} + j - sh.q_pos;
   const int i0 = static_cast<int>(first < 0 ? 0 : first);
@@ -201,29 +149,9 @@ __global__ void block_backward_dkv_kernel(float* dkv, const S* dout, const S* qk
     const int h = g * sh.group() + jh;
     const float* lrow = lse + (int64_t{b} * sh.NH + h) * sh.Tq;
     for (int i = i0; i < sh.Tq; i++) {
-      const S* q = qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd;
       const int64_t orow = (int64_t{b} * sh.Tq + i) * sh.out_stride() + int64_t{h} * sh.hd;
-      float s = 0.0f, dpd = 0.0f;
-#pragma unroll
-      for (int r = 0; r < kRegs; r++) {
-        const int d = lane + 32 * r;
-        if (d < sh.hd) {
-          s += ld(q + d) * kr[r];
-          dpd += ld(dout + orow + d) * (vr[r] - ld(out + orow + d));
-        }
-      }
-      s = warp_sum(s) * sh.scale;
-      dpd = warp_sum(dpd);
-      const float p = expf(s - lrow[i]);
-      const float ds = sh.scale * p * dpd;
-#pragma unroll
-      for (int r = 0; r < kRegs; r++) {
-        const int d = lane + 32 * r;
-        if (d < sh.hd) {
-          dk[r] += ds * ld(q + d);
-          dv[r] += p * ld(dout + orow + d);
-        }
-      }
+      rows::dkv_query(kr, vr, qkv + (int64_t{b} * sh.Tq + i) * sh.qkv_stride() + int64_t{h} * sh.hd, dout + orow,
+                      out + orow, lrow[i], sh.hd, lane, sh.scale, dk, dv);
     }
   }
   float* dkp = dkv + (int64_t{b} * sh.Tk + j) * sh.kv_stride() + int64_t{g} * sh.hd;
