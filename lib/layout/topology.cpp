@@ -11,17 +11,23 @@ const char* axis_name(Axis a) {
     case Axis::kTp: return "tp";
     case Axis::kDp: return "dp";
     case Axis::kPp: return "pp";
+    case Axis::kCp: return "cp";
   }
   return "?";
 }
 
-Topology::Topology(int world_size, int tp, int dp, int pp) : tp_(tp), dp_(dp), pp_(pp) {
-  if (tp < 1 || dp < 1 || pp < 1) {
-    throw invalid_argument("topology: sizes must be >= 1, got tp {} dp {} pp {}", tp, dp, pp);
+Topology::Topology(int world_size, int tp, int dp, int pp, int cp) : tp_(tp), dp_(dp), pp_(pp), cp_(cp) {
+  if (tp < 1 || dp < 1 || pp < 1 || cp < 1) {
+    throw invalid_argument("topology: sizes must be >= 1, got tp {} cp {} dp {} pp {}", tp, cp, dp, pp);
   }
-  if (static_cast<long long>(tp) * dp * pp != world_size) {
-    throw invalid_argument("topology: tp {} x dp {} x pp {} = {} ranks, but the world has {}", tp,
-                           dp, pp, static_cast<long long>(tp) * dp * pp, world_size);
+  const long long n = static_cast<long long>(tp) * cp * dp * pp;
+  if (n != world_size) {
+    if (cp == 1) {
+      throw invalid_argument("topology: tp {} x dp {} x pp {} = {} ranks, but the world has {}", tp, dp, pp, n,
+                             world_size);
+    }
+    throw invalid_argument("topology: tp {} x cp {} x dp {} x pp {} = {} ranks, but the world has {}", tp, cp, dp,
+                           pp, n, world_size);
   }
 }
 
@@ -30,17 +36,23 @@ int Topology::size(Axis a) const {
     case Axis::kTp: return tp_;
     case Axis::kDp: return dp_;
     case Axis::kPp: return pp_;
+    case Axis::kCp: return cp_;
   }
   return 0;
 }
 
 int Topology::rank_of(const Coord& c) const {
-  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_) {
-    throw invalid_argument("topology: coordinate (pp {}, dp {}, tp {}) is outside the grid "
-                           "pp {} x dp {} x tp {}",
-                           c.pp, c.dp, c.tp, pp_, dp_, tp_);
+  if (c.tp < 0 || c.tp >= tp_ || c.dp < 0 || c.dp >= dp_ || c.pp < 0 || c.pp >= pp_ || c.cp < 0 || c.cp >= cp_) {
+    if (cp_ == 1 && c.cp == 0) {
+      throw invalid_argument("topology: coordinate (pp {}, dp {}, tp {}) is outside the grid "
+                             "pp {} x dp {} x tp {}",
+                             c.pp, c.dp, c.tp, pp_, dp_, tp_);
+    }
+    throw invalid_argument("topology: coordinate (pp {}, dp {}, cp {}, tp {}) is outside the grid "
+                           "pp {} x dp {} x cp {} x tp {}",
+                           c.pp, c.dp, c.cp, c.tp, pp_, dp_, cp_, tp_);
   }
-  return (c.pp * dp_ + c.dp) * tp_ + c.tp;
+  return ((c.pp * dp_ + c.dp) * cp_ + c.cp) * tp_ + c.tp;
 }
 
 Coord Topology::coord_of(int rank) const {
@@ -49,8 +61,9 @@ Coord Topology::coord_of(int rank) const {
   }
   Coord c;
   c.tp = rank % tp_;
-  c.dp = (rank / tp_) % dp_;
-  c.pp = rank / (tp_ * dp_);
+  c.cp = (rank / tp_) % cp_;
+  c.dp = (rank / (tp_ * cp_)) % dp_;
+  c.pp = rank / (tp_ * cp_ * dp_);
   return c;
 }
 
@@ -62,7 +75,17 @@ std::vector<int> Topology::group_of(int rank, Axis a) const {
     if (a == Axis::kTp) m.tp = i;
     if (a == Axis::kDp) m.dp = i;
     if (a == Axis::kPp) m.pp = i;
+    if (a == Axis::kCp) m.cp = i;
     out.push_back(rank_of(m));
+  }
+  return out;
+}
+
+std::vector<int> Topology::gradient_group(int rank) const {
+  const Coord c = coord_of(rank);
+  std::vector<int> out;
+  for (int d = 0; d < dp_; ++d) {
+    for (int k = 0; k < cp_; ++k) out.push_back(rank_of(Coord{c.pp, d, c.tp, k}));
   }
   return out;
 }
