@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -106,6 +107,19 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
     case DataType::kUInt8: return reduce_codec<Plain<uint8_t>>(op, out, srcs, n, count);
   }
   DS_CHECK(false, "unknown dtype {}", static_cast<int>(dtype));
+}
+
+void reduce_n_streaming(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
+  constexpr size_t kBlockBytes = 16 << 10;  // half of a core's L1 data cache
+  alignas(64) static thread_local uint8_t block[kBlockBytes];
+  const size_t es = dtype_size(dtype), per = kBlockBytes / es;
+  std::vector<const void*> at(static_cast<size_t>(n));
+  for (size_t off = 0; off < count; off += per) {
+    const size_t m = std::min(per, count - off);
+    for (int i = 0; i < n; ++i) at[static_cast<size_t>(i)] = static_cast<const uint8_t*>(srcs[i]) + off * es;
+    reduce_n(dtype, op, block, at.data(), n, m);
+    copy_streaming(static_cast<uint8_t*>(out) + off * es, block, m * es);
+  }
 }
 
 #if defined(__x86_64__)

@@ -26,6 +26,12 @@ inline size_t seg_begin(size_t n, int parts, int i) {
 void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n,
               size_t count);
 
+// reduce_n into a large output nobody reads right away (a reduce_scatter's part of many MiB):
+// the same values, reduced a few KiB at a time into a buffer that stays in the L1 cache and
+// written out with streaming stores (copy_streaming), so the output's lines are not read first.
+// `out` may be one of the sources, as for reduce_n.
+void reduce_n_streaming(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count);
+
 // inout[i] = op(inout[i], in[i]) (two sources; the Gloo ring's step).
 void reduce_into(DataType dtype, ReduceOp op, void* inout, const void* in, size_t count);
 
