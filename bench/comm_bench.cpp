@@ -11,7 +11,8 @@
 //                   [--ops all_reduce,reduce_scatter,all_gather]
 //                   [--backends shm-reg,shm,gloo,gloo-native]
 // shm-reg is the shm backend with buffers from Comm::alloc_buffer (the zero-copy path).
-// Deliberately not: part of the test suite (figures, no pass/fail).
+// First line: a STREAM-style copy figure of one core, the ceiling for the copies of the host
+// backends. Deliberately not: part of the test suite (figures, no pass/fail).
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -229,11 +230,29 @@ std::string human(size_t b) {
   return fmt::format("{} KiB", b >> 10);
 }
 
+// STREAM-style copy on one core (a rank's collectives run on one thread): the median of 10
+// memcpys of 64 MiB between buffers touched beforehand, as STREAM counts it (bytes read + bytes
+// written, per second). The ceiling a host-memory collective's copies work against.
+void print_copy_bandwidth() {
+  const size_t bytes = size_t{64} << 20;
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
+  std::vector<double> s;
+  for (int i = 0; i < 10; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::memcpy(dst.data(), src.data(), bytes);
+    s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(s.begin(), s.end());
+  std::printf("memory: STREAM-style copy on one core, 64 MiB: %.2f GB/s (read + write; median of 10 memcpys)\n",
+              2.0 * static_cast<double>(bytes) / s[s.size() / 2] / 1e9);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     Args a = parse(argc, argv);
+    print_copy_bandwidth();
     for (int n : a.ranks) {
       store::TcpStoreServerOptions so;
       so.host = "127.0.0.1";
