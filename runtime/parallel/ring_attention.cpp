@@ -16,9 +16,15 @@ namespace {
 constexpr int kTagKv = 7101;   // a key/value block on its way around the ring
 constexpr int kTagDkv = 7102;  // its dK and dV accumulator (backward)
 
-// The buffers of one call, chunk-major: [chunk 0 (B,C,width)][chunk 1 (B,C,width)].
-template <typename T>
-using Chunks = std::vector<T>;
+// Elements of one chunk (B,C,width) of each buffer of a call; the buffers hold the rank's two
+// chunks one after the other: [chunk 0][chunk 1].
+struct ChunkSizes {
+  int64_t qkv, kv, out, lse;
+};
+ChunkSizes chunk_sizes(const RingShape& s) {
+  const int64_t rows = static_cast<int64_t>(s.B) * s.C;
+  return {rows * s.qkv_stride(), rows * s.kv_stride(), rows * s.out_stride(), rows * s.NH};
+}
 
 // Chunk k's rows of a (B,2C,ld) buffer, columns [col, col + width), into chunk-major dst.
 template <typename T>
@@ -84,14 +90,14 @@ RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape) : cp_(cp), 
 template <typename S>
 void RingAttention::forward(S* out, float* lse, const S* qkv) {
   const RingShape& s = sh_;
-  const int64_t cq = static_cast<int64_t>(s.B) * s.C * s.qkv_stride(), ckv = static_cast<int64_t>(s.B) * s.C * s.kv_stride();
-  const int64_t co = static_cast<int64_t>(s.B) * s.C * s.out_stride(), cl = static_cast<int64_t>(s.B) * s.NH * s.C;
-  Chunks<S> q(static_cast<size_t>(2 * cq)), kv(static_cast<size_t>(2 * ckv)), kv_next(kv.size());
+  const ChunkSizes z = chunk_sizes(s);
+  const int64_t cq = z.qkv, ckv = z.kv, co = z.out, cl = z.lse;
+  std::vector<S> q(static_cast<size_t>(2 * cq)), kv(static_cast<size_t>(2 * ckv)), kv_next(kv.size());
   for (int k = 0; k < 2; k++) {
     gather_chunk(q.data() + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
     gather_chunk(kv.data() + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
   }
-  Chunks<float> acc(static_cast<size_t>(2 * co), 0.0f), acc_lse(static_cast<size_t>(2 * cl), -std::numeric_limits<float>::infinity());
+  std::vector<float> acc(static_cast<size_t>(2 * co), 0.0f), acc_lse(static_cast<size_t>(2 * cl), -std::numeric_limits<float>::infinity());
   std::vector<float> part(static_cast<size_t>(co)), part_lse(static_cast<size_t>(cl));
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
@@ -123,11 +129,11 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
 template <typename S>
 void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse) {
   const RingShape& s = sh_;
-  const int64_t cq = static_cast<int64_t>(s.B) * s.C * s.qkv_stride(), ckv = static_cast<int64_t>(s.B) * s.C * s.kv_stride();
-  const int64_t co = static_cast<int64_t>(s.B) * s.C * s.out_stride(), cl = static_cast<int64_t>(s.B) * s.NH * s.C;
-  Chunks<S> q(static_cast<size_t>(2 * cq)), o(static_cast<size_t>(2 * co)), dO(o.size()), kv(static_cast<size_t>(2 * ckv)),
+  const ChunkSizes z = chunk_sizes(s);
+  const int64_t cq = z.qkv, ckv = z.kv, co = z.out, cl = z.lse;
+  std::vector<S> q(static_cast<size_t>(2 * cq)), o(static_cast<size_t>(2 * co)), dO(o.size()), kv(static_cast<size_t>(2 * ckv)),
       kv_next(kv.size());
-  Chunks<float> l(static_cast<size_t>(2 * cl));
+  std::vector<float> l(static_cast<size_t>(2 * cl));
   for (int k = 0; k < 2; k++) {
     gather_chunk(q.data() + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
     gather_chunk(kv.data() + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
@@ -135,7 +141,7 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
     gather_chunk(dO.data() + k * co, dout, s, s.out_stride(), 0, s.out_stride(), k);
     lse_to_chunk(l.data() + k * cl, lse, s, k);
   }
-  Chunks<float> dq(static_cast<size_t>(2 * co), 0.0f), dkv(static_cast<size_t>(2 * ckv), 0.0f), dkv_next(dkv.size());
+  std::vector<float> dq(static_cast<size_t>(2 * co), 0.0f), dkv(static_cast<size_t>(2 * ckv), 0.0f), dkv_next(dkv.size());
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;
