@@ -1,5 +1,6 @@
-// The layout sections: pipeline (stages, how the layers are split over them, the schedule) and
-// tensor_parallel (its size, also under DeepSpeed's AutoTP name autotp_size, where 0 means off).
+// The layout sections: pipeline (stages, how the layers are split over them, the schedule),
+// tensor_parallel (its size, also under DeepSpeed's AutoTP name autotp_size, where 0 means off) and
+// context_parallel (size and method, also under DeepSpeed-Ulysses' sequence_parallel_size).
 // Whether the world size divides into them, and whether the model does, are rules across
 // sections (config_validate.cpp).
 #include <fmt/format.h>
@@ -65,5 +66,32 @@ bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig&
 }
 
 Json tensor_parallel_to_json(const TensorParallelConfig& c) { return Json{{"size", c.size}}; }
+
+bool read_context_parallel(ReadContext& ctx, Section& root, ContextParallelConfig& out) {
+  const bool has_section = root.has("context_parallel");
+  if (root.has("sequence_parallel_size")) {
+    // DeepSpeed-Ulysses' key: its sequence-parallel group is Ulysses over that many ranks.
+    if (has_section) {
+      root.raw("sequence_parallel_size");
+      ctx.error(json_path_child("$", "sequence_parallel_size"),
+                "both DeepSpeed's \"sequence_parallel_size\" and \"context_parallel\" are given; keep "
+                "\"context_parallel\" (sequence_parallel_size N means {\"size\": N, \"method\": \"ulysses\"})");
+    } else {
+      out.method = layout::CpMethod::kUlysses;
+      return root.get_int("sequence_parallel_size", out.size, 1);
+    }
+  }
+  Section s = root.section("context_parallel");
+  bool size_valid = true;
+  if (s.has("size")) size_valid = s.get_int("size", out.size, 1);
+  std::string method = layout::cp_method_name(out.method);
+  if (s.get_choice("method", method, {"ring", "ulysses"})) out.method = *layout::parse_cp_method(method);
+  s.finish();
+  return size_valid;
+}
+
+Json context_parallel_to_json(const ContextParallelConfig& c) {
+  return Json{{"size", c.size}, {"method", layout::cp_method_name(c.method)}};
+}
 
 }  // namespace ds::config::detail

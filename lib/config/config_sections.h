@@ -71,11 +71,15 @@ void read_scheduler_params(ReadContext& ctx, SchedulerSection& sched, const JobC
 Json scheduler_to_json(const SchedulerConfig& c);  // null without a type
 
 // --- pipeline and tensor parallelism --------------------------------------------------------
-// Both return whether the size (pipeline.stages, tensor_parallel.size) was valid.
+// Each returns whether the size (pipeline.stages, tensor_parallel.size) was valid.
 bool read_pipeline(ReadContext& ctx, Section& root, PipelineConfig& out);
 Json pipeline_to_json(const PipelineConfig& c);
 bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig& out);
 Json tensor_parallel_to_json(const TensorParallelConfig& c);
+// context_parallel {size, method}, or DeepSpeed's top-level sequence_parallel_size (Ulysses);
+// returns whether the size was valid.
+bool read_context_parallel(ReadContext& ctx, Section& root, ContextParallelConfig& out);
+Json context_parallel_to_json(const ContextParallelConfig& c);
 
 // --- model ----------------------------------------------------------------------------------
 // Sets cfg.model and cfg.has_model; returns whether every shape key was present and valid (and

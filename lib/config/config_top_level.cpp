@@ -17,7 +17,7 @@ const std::vector<std::string> kDsTopLevelIgnored = {
     "eigenvalue", "elasticity", "expert_parallel", "flops_profiler", "gradient_allreduce_op",
     "gradient_predivide_factor", "graph_harvesting", "hybrid_engine", "memory_breakdown",
     "nebula", "prescale_gradients", "progressive_layer_drop", "quantize_training",
-    "seq_parallel_comm_data_type", "sequence_parallel_size", "sparse_attention",
+    "seq_parallel_comm_data_type", "sparse_attention",
     "sparse_gradients", "timers", "torch_autocast",
     "use_data_before_expert_parallelism", "vocabulary_size", "wandb",
     "weight_quantization", "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer"};

@@ -72,9 +72,16 @@ void check_one_precision(ReadContext& ctx, const JobConfig& cfg) {
 }
 
 bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
-  if (!(valid.pipeline_stages && valid.tensor_parallel_size)) return false;
-  const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
-  if (cfg.world_size % (tp * pp) != 0) {
+  if (!(valid.pipeline_stages && valid.tensor_parallel_size && valid.context_parallel_size)) return false;
+  const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages, cp = cfg.context_parallel.size;
+  if (cfg.world_size % (tp * pp * cp) != 0) {
+    if (cp > 1) {
+      ctx.error(top("context_parallel"),
+                fmt::format("world size {} is not divisible by tensor_parallel.size x context_parallel.size x "
+                            "pipeline.stages = {} x {} x {} = {} (the data-parallel size must be a whole number)",
+                            cfg.world_size, tp, cp, pp, tp * cp * pp));
+      return false;
+    }
     ctx.error(tp > 1 ? top("tensor_parallel") : top("pipeline"),
               fmt::format("world size {} is not divisible by tensor_parallel.size x "
                           "pipeline.stages = {} x {} = {} (the data-parallel size must be a "
@@ -82,7 +89,7 @@ bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, Jo
                           cfg.world_size, tp, pp, tp * pp));
     return false;
   }
-  cfg.data_parallel_size = cfg.world_size / (tp * pp);
+  cfg.data_parallel_size = cfg.world_size / (tp * pp * cp);
   return true;
 }
 
@@ -156,6 +163,21 @@ void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                 fmt::format("padded_vocab_size ({}) must be divisible by tensor_parallel.size "
                             "({}); set model.padded_vocab_size to a multiple of {}",
                             m.padded_vocab_size, tp, tp));
+    }
+  }
+  const int cp = cfg.context_parallel.size;
+  if (valid.context_parallel_size && cp > 1) {
+    const layout::CpMethod method = cfg.context_parallel.method;
+    if (auto why = layout::cp_sequence_rule(m.seq_len, cp, method)) {
+      ctx.error(json_path_child(mp, "seq_len"), fmt::format("{} (context_parallel.method \"{}\")", *why,
+                                                            layout::cp_method_name(method)));
+    }
+    const bool tp_whole = tp == 1 || (m.n_head % tp == 0 && model_spec::kv_heads(m) % tp == 0);
+    if (tp_whole) {
+      if (auto why = layout::cp_heads_rule(m.n_head, model_spec::kv_heads(m), tp, cp, method)) {
+        const bool kv = why->rfind("n_kv_head", 0) == 0;
+        ctx.error(json_path_child(mp, kv ? "n_kv_head" : "n_head"), why->substr(why->find(':') + 2));
+      }
     }
   }
   if (valid.pipeline_stages && pp > m.n_layer) {

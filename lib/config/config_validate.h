@@ -1,7 +1,8 @@
 // The rules of a job config that span sections, internal to lib/config: precision (fp16 and bf16
-// not both), the layout against the world size (data-parallel size = world / (tp x pp), ZeRO-3
-// not with a pipeline), the batch triad against the data-parallel size, the model's shape
-// against tensor_parallel.size and pipeline.stages, and evaluation against data.val. Each rule
+// not both), the layout against the world size (data-parallel size = world / (tp x cp x pp),
+// ZeRO-3 not with a pipeline), the batch triad against the data-parallel size, the model's shape
+// against tensor_parallel.size, context_parallel and pipeline.stages, and evaluation against
+// data.val. Each rule
 // runs only on values that were themselves valid (SectionsValid), so one mistake gives one
 // message. Rules record errors in the ReadContext and never throw.
 #pragma once
@@ -16,6 +17,7 @@ struct SectionsValid {
   bool zero_stage = true;
   bool pipeline_stages = true;
   bool tensor_parallel_size = true;
+  bool context_parallel_size = true;
   bool model = true;
 };
 
@@ -29,7 +31,7 @@ void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_inte
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 
 void check_one_precision(ReadContext& ctx, const JobConfig& cfg);
-// Returns whether the layout is whole (world_size divisible by tp x pp, both valid).
+// Returns whether the layout is whole (world_size divisible by tp x cp x pp, all valid).
 bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
                                   const JobConfig& cfg);

@@ -34,6 +34,7 @@
 
 #include "common/error.h"
 #include "layout/choices.h"
+#include "layout/context_parallel.h"
 #include "model_spec/shape.h"
 
 namespace ds::config {
@@ -158,6 +159,14 @@ struct TensorParallelConfig {
   int size = 1;
 };
 
+// Context parallelism: the sequence of every micro-batch split over `size` ranks
+// (layout/context_parallel.h). DeepSpeed's top-level sequence_parallel_size N reads as
+// {size N, method ulysses}.
+struct ContextParallelConfig {
+  int size = 1;
+  layout::CpMethod method = layout::CpMethod::kRing;  // "ring" | "ulysses"
+};
+
 // DeepSpeed's `tensorboard` and `csv_monitor` sections: rank 0 writes under output_path/job_name.
 struct MonitorConfig {
   bool enabled = false;
@@ -173,7 +182,9 @@ struct CheckpointConfig {
 struct JobConfig {
   std::string path;
   int world_size = 1;          // what the batch triad was resolved against
-  int data_parallel_size = 1;  // world_size / (tensor_parallel.size * pipeline.stages)
+  // world_size / (tensor_parallel.size * context_parallel.size * pipeline.stages): the ranks that
+  // read different sequences (the batch triad counts them); gradients are reduced over dp x cp.
+  int data_parallel_size = 1;
   int64_t train_batch_size = 0, train_micro_batch_size_per_gpu = 0,
           gradient_accumulation_steps = 0;  // resolved
   int steps_per_print = 10;
@@ -202,6 +213,7 @@ struct JobConfig {
   ActivationCheckpointingConfig activation_checkpointing;
   PipelineConfig pipeline;
   TensorParallelConfig tensor_parallel;
+  ContextParallelConfig context_parallel;
   CheckpointConfig checkpoint;
   MonitorConfig tensorboard, csv_monitor;
   ModelConfig model;

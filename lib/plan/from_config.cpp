@@ -29,6 +29,8 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.tp = c.tensor_parallel.size;
   l.pp = c.pipeline.stages;
   l.dp = c.data_parallel_size;
+  l.cp = c.context_parallel.size;
+  l.cp_method = c.context_parallel.method;
   l.zero_stage = c.zero.stage;
   l.offload_optimizer = c.zero.offload_optimizer.device == "cpu";
   l.offload_param = c.zero.offload_param.device == "cpu";
@@ -54,9 +56,9 @@ RankMemory predicted_rank_memory(const config::JobConfig& c, int world_rank, int
   PlanInput in = plan_input_from_config(c);
   if (world_rank < 0 || world_rank >= in.layout.world_size()) {
     throw invalid_argument("{}: rank {} lies outside the job's {} rank(s) (tensor-parallel {} x "
-                           "pipeline {} x data-parallel {})",
+                           "pipeline {} x data-parallel {} x context-parallel {})",
                            c.path.empty() ? "config" : c.path, world_rank, in.layout.world_size(),
-                           in.layout.tp, in.layout.pp, in.layout.dp);
+                           in.layout.tp, in.layout.pp, in.layout.dp, in.layout.cp);
   }
   if (num_threads < 1) throw invalid_argument("threads per rank must be at least 1, got {}", num_threads);
   in.layout.num_threads = num_threads;

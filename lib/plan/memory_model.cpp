@@ -35,12 +35,16 @@ ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, 
 
 void validate_layout(const ms::ModelShape& s, const Layout& l) {
   s.validate();
-  if (l.tp < 1 || l.pp < 1 || l.dp < 1) {
-    throw invalid_argument("tensor-parallel ({}), pipeline ({}) and data-parallel ({}) sizes must "
-                           "be at least 1",
-                           l.tp, l.pp, l.dp);
+  if (l.tp < 1 || l.pp < 1 || l.dp < 1 || l.cp < 1) {
+    throw invalid_argument("tensor-parallel ({}), pipeline ({}), data-parallel ({}) and context-parallel ({}) sizes "
+                           "must be at least 1",
+                           l.tp, l.pp, l.dp, l.cp);
   }
   s.validate_tp(l.tp);
+  if (auto why = layout::cp_sequence_rule(s.seq_len, l.cp, l.cp_method)) throw invalid_argument("{}", *why);
+  if (auto why = layout::cp_heads_rule(s.n_head, ms::kv_heads(s), l.tp, l.cp, l.cp_method)) {
+    throw invalid_argument("{}", *why);
+  }
   if (l.pp > s.n_layer) {
     throw invalid_argument("pipeline.stages ({}) must not exceed model.n_layer ({}): every stage "
                            "needs at least one layer",
@@ -124,6 +128,7 @@ struct Part {
   int64_t bucket = 0;      // ZeRO-2/3 bucket capacity (elements)
   int64_t wte = 0;         // ZeRO-2/3 token-embedding gradient buffer (elements)
   int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
+  int64_t cp_comm = 0;     // the cp attention's buffers in flight (bytes)
 };
 
 // The embedding units' tensors by their family's names ("wte, wpe", "embed_tokens").
@@ -139,9 +144,10 @@ std::string embedding_names(const ms::ModelShape& s) {
 ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
   ms::ActConfig act;
   act.B = l.micro_batch;
-  act.T = s.seq_len;
+  act.T = s.seq_len / l.cp;  // this rank's tokens of each sequence
   act.recompute = l.checkpointing;
-  act.num_threads = l.device == DeviceKind::kCuda ? 0 : l.num_threads;  // CUDA attention: no scratch
+  // CUDA attention: no scratch; a cp rank's attention keeps its own (cp_attention_scratch).
+  act.num_threads = l.device == DeviceKind::kCuda || l.cp > 1 ? 0 : l.num_threads;
   act.storage_bytes = storage_bytes(l);
   return act;
 }
@@ -192,16 +198,24 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
   r.layer_end = mp.layer_end;
   r.local_params = layout.total;
   r.in_flight = in_flight_micro_batches(l, stage);
-  part.zp = zero_partition(layout.total, l.dp);
+  part.zp = zero_partition(layout.total, l.zero_ranks());
   const ms::ActTotals at = ms::activation_totals(s, mp, act_config(s, l));
   r.activations = at.per_micro_batch_bytes * r.in_flight + at.shared_activation_bytes;
   // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without a
   // pipeline; with one, every micro-batch of the step is loaded before the schedule runs (G of
   // them, on every stage). On a GPU the model also keeps one micro-batch of token ids on the
   // device (the model's upload buffer, inputs and targets).
-  r.workspace = at.shared_workspace_bytes +
-                kTokenBufferBytes * l.micro_batch * s.seq_len * token_micro_batches(l) +
-                (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
+  // With context parallelism the ids are this rank's T/cp of each sequence, and the whole
+  // micro-batch the loader reads is kept beside them; the cp attention's scratch is the rank's too.
+  const int64_t Tl = s.seq_len / l.cp;
+  r.workspace = at.shared_workspace_bytes + kTokenBufferBytes * l.micro_batch * Tl * token_micro_batches(l) +
+                (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * Tl : 0) +
+                (l.cp > 1 ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
+  const layout::CpScratchBytes cps = layout::cp_attention_scratch(
+      {l.micro_batch, s.seq_len, s.n_head / l.tp, ms::kv_heads(s) / l.tp, s.head_dim(), l.cp, l.cp_method,
+       static_cast<int>(storage_bytes(l)), l.device == DeviceKind::kCuda ? 0 : l.num_threads});
+  r.workspace += cps.workspace;
+  part.cp_comm = cps.comm;
   count_gradient_buffers(l, s.tied(), mp, layout, part);
   count_zero3_params(l, layout, part);
   return part;
@@ -215,7 +229,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   RankMemory r = part.base;
   r.rank = rank;
-  r.dp_rank = (rank / l.tp) % l.dp;
+  r.dp_rank = (rank / l.tp) % l.zero_ranks();  // its index among the dp x cp ranks of its part
   const int64_t n = part.zp.total();
   const int64_t mine = part.zp.count(r.dp_rank);
   // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
@@ -240,9 +254,10 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
     r.comm += nb * std::min(part.bucket, mine) * gb;
     if (part.wte > 0) r.comm += std::min(part.wte, mine) * gb;
   }
-  if ((l.zero_stage == 1 || l.zero_stage == 2) && l.dp > 1 && l.allgather_bucket_size < part.zp.stride()) {
-    r.comm += l.allgather_bucket_size * l.dp * sb;
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && l.zero_ranks() > 1 && l.allgather_bucket_size < part.zp.stride()) {
+    r.comm += l.allgather_bucket_size * l.zero_ranks() * sb;
   }
+  r.comm += part.cp_comm;  // the cp attention's blocks (ring) or all-to-all pieces (Ulysses)
   return r;
 }
 
@@ -256,7 +271,8 @@ void add_notes(MemoryPlan& plan) {
   const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
   const ms::ActTotals at = ms::activation_totals(s, part, act_config(s, l));
   const int64_t pb = storage_bytes(l);
-  auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.dp > 1; };
+  auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.zero_ranks() > 1; };
+  const int zr = l.zero_ranks();
   const char* head = !s.tied() ? " + final norm, lm_head" : part.has_embedding ? " + lnf" : " + lnf, wte (tied)";
   std::string what = fmt::format("layers {}-{}{}{}", p.layer_begin, p.layer_end - 1,
                                  part.has_embedding ? " + " + embedding_names(s) : std::string(),
@@ -265,43 +281,59 @@ void add_notes(MemoryPlan& plan) {
                                               l.tp > 1 ? fmt::format(", 1/{} tensor-parallel shard", l.tp) : "",
                                               pb, layout::precision_name(l.precision),
                                               l.precision != Precision::kFp32 && pb == 4 ? " values in fp32 buffers (GPU)" : "",
-                                              l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", l.dp) : "")});
+                                              l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", zr) : "")});
   if (offload_par) plan.notes.back().text += ", offloaded to CPU";
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", grad_bytes(l),
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
-                                                                             l.zero_stage, l.dp, l.overlap_comm ? 2 : 1) : "")});
+                                                                             l.zero_stage, zr, l.overlap_comm ? 2 : 1) : "")});
   if (l.pp > 1 && s.tied() && (part.has_embedding || part.has_head)) {
     plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";
   }
   plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
-                                                 z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, l.dp) : "",
+                                                 z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, zr) : "",
                                                  offload_opt ? ", offloaded to CPU" : "")});
   plan.notes.push_back({"activations",
                         fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
                                     p.in_flight, l.pp > 1 ? layout::schedule_name(l.schedule) : "no pipeline",
                                     format_bytes(static_cast<double>(at.per_micro_batch_bytes)),
-                                    l.micro_batch, s.seq_len, l.checkpointing ? ", checkpointed" : "",
+                                    l.micro_batch,
+                                    l.cp > 1 ? fmt::format("{} of {}, context-parallel {} {}", s.seq_len / l.cp,
+                                                           s.seq_len, l.cp, layout::cp_method_name(l.cp_method))
+                                             : std::to_string(s.seq_len),
+                                    l.checkpointing ? ", checkpointed" : "",
                                     l.checkpointing ? " + " + format_bytes(static_cast<double>(
                                                                   at.shared_activation_bytes)) +
                                                           " to recompute one layer"
                                                     : std::string())});
   std::string comm;
   if (l.zero_stage >= 2) comm = "reduce-scatter receive buffers";
-  if ((l.zero_stage == 1 || l.zero_stage == 2) && p.comm > 0 && l.dp > 1) {
+  if ((l.zero_stage == 1 || l.zero_stage == 2) && p.comm > 0 && zr > 1 &&
+      l.allgather_bucket_size < zero_partition(p.local_params, zr).stride()) {
     comm += std::string(comm.empty() ? "" : "; ") + "all-gather staging (allgather_bucket_size x dp)";
+  }
+  if (l.cp > 1) {
+    comm += std::string(comm.empty() ? "" : "; ") +
+            (l.cp_method == layout::CpMethod::kRing ? "the ring's key/value blocks and dK/dV accumulators in flight"
+                                                   : "Ulysses' all-to-all pieces");
   }
   if (comm.empty()) comm = "none: reductions run in place on the flat buffers";
   plan.notes.push_back({"comm", comm});
   plan.notes.push_back({"workspace", fmt::format("backward scratch, {}{}, logits chunk, token ids{}",
-                                                 l.device == DeviceKind::kCuda
+                                                 l.cp > 1 ? fmt::format("the {} attention's scratch{}",
+                                                                        layout::cp_method_name(l.cp_method),
+                                                                        l.cp_method == layout::CpMethod::kUlysses
+                                                                            ? " (head layout, whole-sequence tiles)"
+                                                                            : " (gathered chunks, fp32 merge)")
+                                                 : l.device == DeviceKind::kCuda
                                                      ? std::string("no attention scratch (CUDA)")
                                                      : fmt::format("attention scratch for {} thread(s)", l.num_threads),
                                                  ms::family_of(s).positions == ms::PositionKind::kRope
                                                      ? ", RoPE tables (fp32)"
                                                      : "",
-                                                 l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
-                                                          : std::string())});
+                                                 (l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
+                                                           : std::string()) +
+                                                     (l.cp > 1 ? " (and one whole micro-batch as read)" : ""))});
 }
 
 }  // namespace
@@ -318,7 +350,7 @@ MemoryPlan plan_memory(const ms::ModelShape& s, const Layout& l) {
   }
   plan.ranks.reserve(static_cast<size_t>(l.world_size()));
   for (int rank = 0; rank < l.world_size(); ++rank) {
-    const int stage = rank / (l.tp * l.dp);
+    const int stage = rank / (l.tp * l.dp * l.cp);
     plan.ranks.push_back(rank_memory(l, parts[static_cast<size_t>(stage * l.tp + rank % l.tp)], rank));
   }
   add_notes(plan);

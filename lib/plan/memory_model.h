@@ -1,5 +1,5 @@
 // The model-mode memory model: bytes per rank, per allocator tag, for a job laid out as
-// pp x dp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
+// pp x dp x cp x tp ranks with a ZeRO stage, counted from the tensors of the model spec
 // (lib/model_spec/shape.h), the single source of truth the runtime allocates from. This file
 // never restates a shape: parameter counts come from param_layout(), activation buffers from
 // the family's activation list, ZeRO partitions and pipeline stage bounds from layout/partition.h.
@@ -21,6 +21,7 @@
 
 #include "model_spec/shape.h"
 #include "layout/choices.h"
+#include "layout/context_parallel.h"
 #include "layout/partition.h"
 
 namespace ds::plan {
@@ -39,7 +40,9 @@ enum class DeviceKind { kCpu, kCuda };
 struct Layout {
   int tp = 1;  // tensor_parallel.size
   int pp = 1;  // pipeline.stages
-  int dp = 1;  // data-parallel size: world_size / (tp * pp)
+  int dp = 1;  // data-parallel size: world_size / (tp * cp * pp)
+  int cp = 1;  // context_parallel.size: each sequence split over cp ranks
+  layout::CpMethod cp_method = layout::CpMethod::kRing;
   int zero_stage = 0;
   bool offload_optimizer = false;  // zero_optimization.offload_optimizer.device == "cpu"
   bool offload_param = false;      // zero_optimization.offload_param.device == "cpu" (stage 3)
@@ -61,7 +64,9 @@ struct Layout {
   int64_t stage3_param_persistence_threshold = 100000;
   int num_threads = 1;  // CPU threads per rank (attention scratch is per thread)
 
-  int world_size() const { return tp * pp * dp; }
+  int world_size() const { return tp * pp * dp * cp; }
+  // The ranks that hold the same parameters and share their ZeRO partitions: dp x cp.
+  int zero_ranks() const { return dp * cp; }
 };
 
 // Bytes per element of the stored tensors.

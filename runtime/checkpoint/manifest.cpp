@@ -17,6 +17,7 @@ nlohmann::json manifest_json(const ManifestContent& m) {
   j["layout"] = {{"world_size", l.world_size},
                  {"data_parallel_size", l.data_parallel_size},
                  {"tensor_parallel_size", l.tensor_parallel_size},
+                 {"context_parallel_size", l.context_parallel_size},
                  {"pipeline_stages", l.pipeline_stages},
                  {"pipeline_partition", l.pipeline_partition},
                  {"zero_stage", l.zero_stage},
@@ -32,23 +33,26 @@ nlohmann::json manifest_json(const ManifestContent& m) {
 
 namespace {
 
-// The layout's own rules, each fault naming the manifest and the key: tp, pp, dp >= 1 with
-// dp * tp * pp shards (dp, absent in old manifests, follows from the others), a ZeRO stage of
+// The layout's own rules, each fault naming the manifest and the key: tp, pp, cp, dp >= 1 with
+// dp * cp * tp * pp shards (dp, absent in old manifests, follows from the others; cp, absent in
+// manifests from before context parallelism, is 1), a ZeRO stage of
 // 0-3, and every partition a range inside its part's parameters.
 void check_layout(ShardLayout& l, const std::string& where, bool has_dp) {
   l.world_size = static_cast<int>(l.partitions.size());
-  if (l.tensor_parallel_size < 1 || l.pipeline_stages < 1) {
-    throw invalid_argument("{}: layout.tensor_parallel_size {} and layout.pipeline_stages {} must be at least 1", where,
-                           l.tensor_parallel_size, l.pipeline_stages);
+  if (l.tensor_parallel_size < 1 || l.pipeline_stages < 1 || l.context_parallel_size < 1) {
+    throw invalid_argument("{}: layout.tensor_parallel_size {}, layout.context_parallel_size {} and "
+                           "layout.pipeline_stages {} must be at least 1",
+                           where, l.tensor_parallel_size, l.context_parallel_size, l.pipeline_stages);
   }
-  const int64_t grid = static_cast<int64_t>(l.tensor_parallel_size) * l.pipeline_stages;
+  const int64_t grid = static_cast<int64_t>(l.tensor_parallel_size) * l.pipeline_stages * l.context_parallel_size;
   if (l.world_size == 0 || l.world_size % grid != 0) {
-    throw invalid_argument("{}: layout.partitions has {} entries, not a positive multiple of tp x pp = {}", where,
+    throw invalid_argument("{}: layout.partitions has {} entries, not a positive multiple of tp x cp x pp = {}", where,
                            l.world_size, grid);
   }
   if (!has_dp) l.data_parallel_size = static_cast<int>(l.world_size / grid);
   if (l.data_parallel_size < 1 || l.data_parallel_size * grid != l.world_size) {
-    throw invalid_argument("{}: layout.data_parallel_size {} x tp x pp {} is not the {} shards of layout.partitions",
+    throw invalid_argument("{}: layout.data_parallel_size {} x tp x cp x pp {} is not the {} shards of "
+                           "layout.partitions",
                            where, l.data_parallel_size, grid, l.world_size);
   }
   if (l.zero_stage < 0 || l.zero_stage > 3) {
@@ -80,6 +84,7 @@ ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string&
     l.num_params = lay.at("num_params").get<int64_t>();
     l.tensor_parallel_size = lay.value("tensor_parallel_size", 1);
     l.pipeline_stages = lay.value("pipeline_stages", 1);
+    l.context_parallel_size = lay.value("context_parallel_size", 1);
     lay_has_dp = lay.contains("data_parallel_size");
     l.data_parallel_size = lay.value("data_parallel_size", 1);
     l.pipeline_partition = lay.value("pipeline_partition", default_partition);

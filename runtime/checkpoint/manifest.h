@@ -23,6 +23,7 @@ struct ShardLayout {
   int world_size = 1;
   int data_parallel_size = 1;
   int tensor_parallel_size = 1;
+  int context_parallel_size = 1;  // the dp x cp ranks of a (stage, tp) part share its ZeRO partitions
   int pipeline_stages = 1;
   std::string pipeline_partition;  // the stage split's name (layout/choices.h)
   int zero_stage = 0;

@@ -75,6 +75,14 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
     throw invalid_argument("micro-batch shape B={} T={} is invalid: need B > 0 and 0 < T <= model.seq_len ({})",
                            opt_.B, opt_.T, shape_.seq_len);
   }
+  if (opt_.cp < 1 || opt_.cp_rank < 0 || opt_.cp_rank >= opt_.cp ||
+      static_cast<int64_t>(opt_.T) * opt_.cp > shape_.seq_len) {
+    throw invalid_argument("context parallelism: rank {} of {} holding T={} of each sequence: need 0 <= rank < cp "
+                           "and T x cp <= model.seq_len ({})",
+                           opt_.cp_rank, opt_.cp, opt_.T, shape_.seq_len);
+  }
+  if (auto why = layout::cp_sequence_rule(opt_.T * opt_.cp, opt_.cp, opt_.cp_method)) throw invalid_argument("{}", *why);
+  runs_ = layout::cp_position_runs(opt_.T * opt_.cp, opt_.cp, opt_.cp_rank, opt_.cp_method);
   if (opt_.device == Device::kCudaHost) {
     throw invalid_argument("ModelOptions::device: pinned host memory (kCudaHost) is for offload buffers; the model "
                            "runs on kCpu or kCuda");
@@ -107,8 +115,9 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
                                name + " device token ids", dev);
   }
   threads_ = omp_get_max_threads();
-  // The CUDA attention needs no scratch (kern attention_scratch_floats is 0 there).
-  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda ? 0 : threads_, opt_.head_chunk_rows,
+  // The CUDA attention needs no scratch (kern attention_scratch_floats is 0 there), nor does a
+  // context-parallel rank (its attention, parallel/context_parallel.h, keeps its own).
+  ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda || opt_.cp > 1 ? 0 : threads_, opt_.head_chunk_rows,
                     static_cast<int>(dtype_size(opt_.dtype))};
   head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
@@ -138,16 +147,46 @@ void Decoder::allocate_shared() {
   if (!dmlp_act_) dmlp_act_ = dmlp_h_;
 }
 
-// The RoPE tables for T positions, computed on the host (fp32) and, on CUDA, copied once to the
-// device.
+// The RoPE tables of this rank's T positions (their global indices under context parallelism),
+// computed on the host (fp32) and, on CUDA, copied once to the device.
 void Decoder::upload_rope_tables() {
-  const size_t n = static_cast<size_t>(opt_.T) * (hd_ / 2);
-  if (opt_.device != Device::kCuda) return cpu::rope_tables(rope_cos_, rope_sin_, opt_.T, hd_, shape_.rope_theta);
-  std::vector<float> cs(n), sn(n);
-  cpu::rope_tables(cs.data(), sn.data(), opt_.T, hd_, shape_.rope_theta);
+  const int half = hd_ / 2;
+  const size_t n = static_cast<size_t>(opt_.T) * half;
+  if (opt_.device != Device::kCuda && opt_.cp == 1) {
+    return cpu::rope_tables(rope_cos_, rope_sin_, opt_.T, hd_, shape_.rope_theta);
+  }
+  const int Tg = opt_.T * opt_.cp;
+  std::vector<float> gc(static_cast<size_t>(Tg) * half), gs(gc.size()), cs(n), sn(n);
+  cpu::rope_tables(gc.data(), gs.data(), Tg, hd_, shape_.rope_theta);
+  for (const auto& run : runs_) {
+    const size_t from = static_cast<size_t>(run.global) * half, to = static_cast<size_t>(run.local) * half;
+    std::copy_n(gc.begin() + from, static_cast<size_t>(run.length) * half, cs.begin() + to);
+    std::copy_n(gs.begin() + from, static_cast<size_t>(run.length) * half, sn.begin() + to);
+  }
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   kern::copy_from_host(rope_cos_, cs.data(), n * sizeof(float));
   kern::copy_from_host(rope_sin_, sn.data(), n * sizeof(float));
+}
+
+// The learned position embedding of this rank's rows: wpe row `global + i` onto local row
+// `local + i` of every sequence, one run at a time (context parallelism holds up to two).
+void Decoder::add_positions(TypedPtr x, TypedPtr wpe) {
+  for (int b = 0; b < opt_.B; b++) {
+    for (const auto& run : runs_) {
+      tk::add_position(x + (static_cast<int64_t>(b) * opt_.T + run.local) * C_, wpe + static_cast<int64_t>(run.global) * C_,
+                       1, run.length, C_);
+    }
+  }
+}
+
+void Decoder::add_positions_backward(TypedPtr dwpe, const int32_t* tokens) {
+  for (int b = 0; b < opt_.B; b++) {
+    for (const auto& run : runs_) {
+      const int64_t row = static_cast<int64_t>(b) * opt_.T + run.local;
+      tk::encoder_backward(TypedPtr(), dwpe + static_cast<int64_t>(run.global) * C_, dres_ + row * C_, tokens + row, 1,
+                           run.length, C_);
+    }
+  }
 }
 
 void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb) {
@@ -332,14 +371,15 @@ void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   const TypedPtr pte = unit_params(wte);
   const TypedPtr ppe = rope_ ? TypedPtr() : unit_params(wpe);
-  if (!rope_ && part_.tp == 1) {
+  if (!rope_ && part_.tp == 1 && opt_.cp == 1) {
     tk::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);  // tokens and positions in one pass
   } else {
     // Vocabulary-parallel (tp 1 holds every row): each rank embeds the tokens of its rows, the
-    // group sums, then a learned position embedding (replicated) is added once.
+    // group sums, then a learned position embedding (replicated) is added once, at the rows'
+    // global positions.
     tk::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
     if (part_.tp > 1) hooks_->tp_reduce_forward(a.input, BTC);
-    if (!rope_) tk::add_position(a.input, ppe, opt_.B, opt_.T, C_);
+    if (!rope_) add_positions(a.input, ppe);
   }
   hooks_->params_done(wte);
   if (!rope_) hooks_->params_done(wpe);
@@ -350,11 +390,11 @@ void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
-  if (!rope_ && part_.tp == 1) {
+  if (!rope_ && part_.tp == 1 && opt_.cp == 1) {
     tk::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
   } else {
     tk::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
-    if (!rope_) tk::encoder_backward(TypedPtr(), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
+    if (!rope_) add_positions_backward(unit_grads(wpe), tokens);
   }
   if (!rope_) hooks_->grads_ready(wpe);
   hooks_->grads_ready(wte);
@@ -386,7 +426,11 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.norm1_w, w.norm1_b);
   tk::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
   if (rope_) tk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
-  tk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
+  if (opt_.cp > 1) {
+    DS_CHECK(hooks_->cp_attention_forward(a.atty, a.att_lse, a.qkv), "context parallelism without a cp attention hook");
+  } else {
+    tk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
+  }
   // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
   tk::matmul_forward(a.res2, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
   hooks_->tp_reduce_forward(a.res2, BTC);
@@ -423,7 +467,12 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   norm_backward(dres_, g.norm2_w, g.norm2_b, dln_, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
   // dres holds d(res2). Attention: res2 = x + proj(attn(positions(qkv(norm1(x))))).
   tk::matmul_backward(datty_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, B, T, Ql, C);
-  tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
+  if (opt_.cp > 1) {
+    DS_CHECK(hooks_->cp_attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse),
+             "context parallelism without a cp attention hook");
+  } else {
+    tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
+  }
   if (rope_) tk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
   tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, B, T, C, QKVl);
   hooks_->tp_reduce_backward(dln_, BTC);

@@ -184,6 +184,8 @@ class Decoder : public Model {
   static DecoderActivations& own(Activations& a);
   void allocate_shared();
   void upload_rope_tables();
+  void add_positions(TypedPtr x, TypedPtr wpe);                     // x (B,T,C) += wpe at the rows' positions
+  void add_positions_backward(TypedPtr dwpe, const int32_t* tokens);  // dwpe += dres_ at them
   // Lays buffer b out at `cursor` (bytes), advancing it: a layer's buffer into *layer, a
   // micro-batch's into *mb, a shared one into the model's members (layer = the recompute buffers).
   void place_buffer(const model_spec::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb);
@@ -214,6 +216,7 @@ class Decoder : public Model {
   ParallelHooks* hooks_;
   model_spec::ParamLayout layout_;
   std::vector<model_spec::ActBuffer> act_list_;
+  std::vector<layout::PositionRun> runs_;  // this rank's positions (one run without context parallelism)
   bool layer_norm_ = true, rope_ = false, swiglu_ = false;
   int head_rows_ = 0;
   int threads_ = 1;  // OpenMP threads the attention scratch was sized for

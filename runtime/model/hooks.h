@@ -1,6 +1,6 @@
 // The named points where parallelism plugs into the model. The model never calls a collective:
-// at each of these points it calls the hook, and the parallel layer (runtime/parallel: ZeRO, tensor
-// and pipeline parallelism) decides what happens there. The defaults do nothing, which is the
+// at each of these points it calls the hook, and the parallel layer (runtime/parallel: ZeRO, tensor,
+// context and pipeline parallelism) decides what happens there. The defaults do nothing, which is the
 // single-process model.
 //
 // Contract: hooks are called on the thread that runs the model piece, outside any OpenMP region,
@@ -57,6 +57,17 @@ class ParallelHooks {
   // order.
   virtual void tp_loss_reduce_max(float* buf, int64_t n) {}
   virtual void tp_loss_reduce_sum(float* buf, int64_t n) {}
+
+  // ---- context parallelism (the sequence split over a cp group: ModelOptions::cp) ----
+  // Attention of this rank's rows over the whole sequence (runtime/parallel/context_parallel.h):
+  // out (B,T,NHl hd) and the lse the backward wants, from this rank's qkv (B,T,(NHl+2KVl) hd),
+  // q and k already at their global positions. Returns false where there is no cp group (the
+  // model then runs its own attention; a model with cp > 1 treats that as a bug). Collective.
+  virtual bool cp_attention_forward(TypedPtr out, float* lse, TypedPtr qkv) { return false; }
+  // dqkv (B,T,(NHl+2KVl) hd) overwritten from dout, qkv, and the forward's out and lse.
+  virtual bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) {
+    return false;
+  }
 };
 
 }  // namespace ds::rt

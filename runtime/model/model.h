@@ -11,13 +11,14 @@
 #include "core/allocator.h"
 #include "core/typed_ptr.h"
 #include "model/hooks.h"
+#include "layout/context_parallel.h"
 #include "model_spec/shape.h"
 
 namespace ds::rt {
 
 struct ModelOptions {
   int B = 1;                 // micro-batch size
-  int T = 1;                 // sequence length, <= shape.seq_len
+  int T = 1;                 // this rank's tokens of each sequence (the whole sequence / cp), T x cp <= seq_len
   bool recompute = false;    // activation checkpointing of every layer
   int head_chunk_rows = 0;   // rows of logits at once; 0: model_spec::head_chunk_rows_default
   bool own_params = true;    // allocate the flat parameter buffer (false: hooks serve parameters)
@@ -38,6 +39,12 @@ struct ModelOptions {
   // scope what the dispatch has (kernels/dispatch.h; the trainer keeps fp32).
   DType dtype = DType::kF32;
   DType grad_dtype = DType::kF32;
+  // Context parallelism: each sequence of cp x T tokens is split over cp ranks, this one holding
+  // the positions layout::cp_position_runs gives cp_rank under cp_method (positions, RoPE and
+  // wpe follow the global index); attention goes to ParallelHooks::cp_attention_*.
+  int cp = 1;
+  int cp_rank = 0;
+  layout::CpMethod cp_method = layout::CpMethod::kRing;
 };
 
 // One in-flight micro-batch's activations (tag activations), opaque to the engines but for the

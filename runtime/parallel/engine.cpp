@@ -36,7 +36,14 @@ comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int
 
 Engine::Engine(const ms::ModelShape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
                Allocator& alloc)
-    : spec_(spec), topo_(spec.world, spec.tp, spec.dp, spec.pp), coord_(topo_.coord_of(spec.rank)) {
+    : spec_(spec), topo_(spec.world, spec.tp, spec.dp, spec.pp, spec.cp), coord_(topo_.coord_of(spec.rank)) {
+  if (spec.cp > 1 && spec.device == Device::kCuda) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("context_parallel.size {}: context parallelism runs on the CPU for now (its attention "
+                            "keeps host buffers)",
+                            spec.cp),
+                "train with training.device \"cpu\", or without context_parallel");
+  }
   part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
   if (spec.world > 1) {
     if (!store) throw invalid_usage("parallel engine: {} ranks but no store to meet through", spec.world);
@@ -62,19 +69,27 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
     no.timeout = spec_.comm_timeout;
     data_world_ = comm::make_world_comm(store, rank, spec_.world, no);
   }
-  if (spec_.tp == 1 && spec_.pp == 1) {
+  if (spec_.tp == 1 && spec_.pp == 1 && spec_.cp == 1) {
     dp_ = data_world_;
     return;
   }
-  // Every member creates its groups in the same order: tp, dp, pp, the gradients' pp, the tied pair.
+  // Every member creates its groups in the same order: tp, the gradients' (dp x cp), pp, cp, the
+  // gradients' pp, the tied pair.
   auto group = [&](layout::Axis a) -> comm::CommPtr {
     if (topo_.size(a) == 1) return nullptr;
     return data_world_->new_group(topo_.group_of(rank, a),
                                   fmt::format("{}{}", layout::axis_name(a), topo_.group_index(rank, a)));
   };
   tp_ = group(layout::Axis::kTp);
-  dp_ = group(layout::Axis::kDp);
+  if (spec_.cp == 1) {
+    dp_ = group(layout::Axis::kDp);
+  } else if (spec_.tp == 1 && spec_.pp == 1) {
+    dp_ = data_world_;  // every rank holds the same parameters
+  } else {
+    dp_ = data_world_->new_group(topo_.gradient_group(rank), fmt::format("dpcp{}", coord_.pp * spec_.tp + coord_.tp));
+  }
   pp_ = group(layout::Axis::kPp);
+  cp_ = group(layout::Axis::kCp);
   const auto pp_ranks = topo_.group_of(rank, layout::Axis::kPp);
   const int pp_index = topo_.group_index(rank, layout::Axis::kPp);
   if (spec_.pp > 1 && spec_.device == Device::kCuda) {
@@ -103,7 +118,17 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
     tp_hooks_ = std::make_unique<TensorParallelHooks>(tp_, below_tp);
     hooks = tp_hooks_.get();
   }
+  if (cp_) {
+    const ContextParallelShape cs{spec_.model.B, spec_.model.T, shape.n_head / spec_.tp, ms::kv_heads(shape) / spec_.tp,
+                                  shape.head_dim(), spec_.cp_method, spec_.model.dtype};
+    cp_hooks_ = std::make_unique<ContextParallelHooks>(cp_, cs, alloc, hooks);
+    hooks = cp_hooks_.get();
+  }
   ModelOptions mo = spec_.model;
+  mo.T = spec_.model.T / spec_.cp;
+  mo.cp = spec_.cp;
+  mo.cp_rank = coord_.cp;
+  mo.cp_method = spec_.cp_method;
   mo.own_params = zero_->model_owns_params();
   mo.own_grads = zero_->model_owns_grads();
   mo.device = spec_.device;

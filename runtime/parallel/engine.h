@@ -2,13 +2,16 @@
 // from the layout in one place. What it builds, in this order (every rank creates its groups in
 // the same order, so every member's new_group calls match):
 //   groups   the host world (shm or Gloo: the bookkeeping), on a GPU a second, NCCL world for the
-//            model's buffers; from the model's world the tp, dp and pp groups of this rank
-//            (layout::Topology), on a GPU pipeline a second pp group for the gradients flowing
-//            back (pipeline_stage.h), and the {first, last} stage group of the tied embedding.
-//   hooks    model -> TensorParallelHooks (tp > 1) -> TiedEmbeddingHooks (first and last stage
-//            of a pipeline) -> ZeroEngine over the dp group (always; stage 0 with dp 1 is plain
-//            local gradients).
-//   model    this rank's part (its pipeline stage's layers as its tp shard), attached to ZeRO.
+//            model's buffers; from the model's world the tp group, the gradients' group (the
+//            dp x cp ranks that hold the same parameters: the dp group without context
+//            parallelism), the pp and cp groups of this rank (layout::Topology), on a GPU pipeline
+//            a second pp group for the gradients flowing back (pipeline_stage.h), and the
+//            {first, last} stage group of the tied embedding.
+//   hooks    model -> ContextParallelHooks (cp > 1) -> TensorParallelHooks (tp > 1) ->
+//            TiedEmbeddingHooks (first and last stage of a pipeline) -> ZeroEngine over the
+//            gradients' group (always; stage 0 with a group of 1 is plain local gradients).
+//   model    this rank's part (its pipeline stage's layers as its tp shard, its positions of each
+//            sequence as its cp share), attached to ZeRO.
 //   pipeline (pp > 1) the PipelineStage and this stage's event list for one step.
 //
 // Deliberately not here: the optimizer state, the data, the loop (runtime/train). Errors from
@@ -25,6 +28,7 @@
 #include "layout/choices.h"
 #include "layout/topology.h"
 #include "model/decoder.h"
+#include "parallel/context_parallel.h"
 #include "parallel/host_world.h"
 #include "layout/pipeline_schedule.h"
 #include "parallel/pipeline_stage.h"
@@ -38,13 +42,15 @@ struct EngineSpec {
   int rank = 0;
   int world = 1;
   int tp = 1, dp = 1, pp = 1;
+  int cp = 1;  // context parallelism: each sequence split over cp ranks (layout/context_parallel.h)
+  layout::CpMethod cp_method = layout::CpMethod::kRing;
   layout::StageSplit split = layout::StageSplit::kParameters;
   layout::PipelineSchedule schedule = layout::PipelineSchedule::k1F1B;
   int micro_batches = 1;  // per step (the pipeline schedule's m)
   Device device = Device::kCpu;
   int cuda_device = 0;  // the rank's GPU (LOCAL_RANK) when device is kCuda
   ZeroOptions zero;     // its device is set from `device`
-  ModelOptions model;   // B, T, recompute; ownership and device are set here
+  ModelOptions model;   // B, T (the whole sequence), recompute; ownership, device and cp are set here
   // How long a rank may show no progress while others wait for it (comm/beacon.h): every group's
   // CommOptions::timeout, and each rank publishes its progress beacon.
   Millis comm_timeout{60000};
@@ -80,11 +86,12 @@ class Engine {
   HostWorld host_world_;
   // The model's groups (null where the axis has size 1; dp is the model's world itself without
   // tensor and pipeline parallelism).
-  comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_;
+  comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_, cp_;  // dp_: the gradients' group (dp x cp)
   std::shared_ptr<void> beacon_;  // this rank's progress beacon (comm/beacon.h)
   std::unique_ptr<Model> model_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
   std::unique_ptr<TensorParallelHooks> tp_hooks_;
+  std::unique_ptr<ContextParallelHooks> cp_hooks_;
   std::unique_ptr<ZeroEngine> zero_;
   std::unique_ptr<PipelineStage> stage_;
   std::vector<Event> events_;

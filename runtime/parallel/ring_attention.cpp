@@ -5,7 +5,9 @@
 #include <limits>
 #include <utility>
 
+#include "common/check.h"
 #include "common/error.h"
+#include "layout/context_parallel.h"
 #include "kernels/dispatch.h"
 #include "parallel/typed_comm.h"
 
@@ -80,11 +82,53 @@ struct RingStep {
 
 }  // namespace
 
-RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape) : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()) {
+RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc)
+    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), storage_bytes_(storage_bytes) {
   if (sh_.B <= 0 || sh_.C <= 0 || sh_.NH <= 0 || sh_.KV <= 0 || sh_.hd <= 0 || sh_.NH % sh_.KV != 0) {
     throw invalid_usage("ring attention: B={} C={} NH={} KV={} hd={}: every size must be positive and KV must divide NH",
                         sh_.B, sh_.C, sh_.NH, sh_.KV, sh_.hd);
   }
+  const layout::CpAttentionShape as{sh_.B, 2 * n_ * sh_.C, sh_.NH, sh_.KV, sh_.hd, n_, layout::CpMethod::kRing,
+                                    storage_bytes, 1};
+  const layout::CpScratchBytes b = layout::ring_attention_scratch(as);
+  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "ring attention scratch");
+  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "ring attention blocks in flight");
+}
+
+// The scratch's parts (layout::cp_attention_scratch): workspace = [q 2cq | o 2co | dO 2co] (S),
+// aligned, then fp32 [4 co + 3 cl] (forward: acc 2co, part co, acc_lse 2cl, part_lse cl;
+// backward: dq 2co, l 2cl); comm = [kv 2ckv | kv_next 2ckv] (S), aligned, then fp32
+// [dkv 2ckv | dkv_next 2ckv].
+template <typename S>
+struct RingAttention::Scratch {
+  S *q, *o, *dO, *kv, *kv_next;
+  float *acc, *part, *acc_lse, *part_lse, *dq, *l, *dkv, *dkv_next;
+};
+
+template <typename S>
+RingAttention::Scratch<S> RingAttention::scratch() {
+  DS_CHECK(static_cast<int>(sizeof(S)) == storage_bytes_, "ring attention: scratch sized for another element type");
+  const ChunkSizes z = chunk_sizes(sh_);
+  Scratch<S> p{};
+  S* ws = static_cast<S*>(work_.data());
+  p.q = ws;
+  p.o = p.q + 2 * z.qkv;
+  p.dO = p.o + 2 * z.out;
+  float* wf = reinterpret_cast<float*>(static_cast<char*>(work_.data()) +
+                                       layout::cp_align_bytes(static_cast<int64_t>(sizeof(S)) * (2 * z.qkv + 4 * z.out)));
+  p.acc = wf;
+  p.part = p.acc + 2 * z.out;
+  p.acc_lse = p.part + z.out;
+  p.part_lse = p.acc_lse + 2 * z.lse;
+  p.dq = wf;
+  p.l = p.dq + 2 * z.out;
+  S* cs = static_cast<S*>(comm_buf_.data());
+  p.kv = cs;
+  p.kv_next = p.kv + 2 * z.kv;
+  p.dkv = reinterpret_cast<float*>(static_cast<char*>(comm_buf_.data()) +
+                                   layout::cp_align_bytes(static_cast<int64_t>(sizeof(S)) * 4 * z.kv));
+  p.dkv_next = p.dkv + 2 * z.kv;
+  return p;
 }
 
 template <typename S>
@@ -92,27 +136,28 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
   const RingShape& s = sh_;
   const ChunkSizes z = chunk_sizes(s);
   const int64_t cq = z.qkv, ckv = z.kv, co = z.out, cl = z.lse;
-  std::vector<S> q(static_cast<size_t>(2 * cq)), kv(static_cast<size_t>(2 * ckv)), kv_next(kv.size());
+  const Scratch<S> sc = scratch<S>();
+  S *q = sc.q, *kv = sc.kv, *kv_next = sc.kv_next;
+  float *acc = sc.acc, *acc_lse = sc.acc_lse, *part = sc.part, *part_lse = sc.part_lse;
   for (int k = 0; k < 2; k++) {
-    gather_chunk(q.data() + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
-    gather_chunk(kv.data() + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
+    gather_chunk(q + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
+    gather_chunk(kv + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
   }
-  std::vector<float> acc(static_cast<size_t>(2 * co), 0.0f), acc_lse(static_cast<size_t>(2 * cl), -std::numeric_limits<float>::infinity());
-  std::vector<float> part(static_cast<size_t>(co)), part_lse(static_cast<size_t>(cl));
+  std::fill(acc, acc + 2 * co, 0.0f);
+  std::fill(acc_lse, acc_lse + 2 * cl, -std::numeric_limits<float>::infinity());
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;  // whose chunks `kv` holds
     RingStep next;
-    if (step + 1 < n_) next.start(cp_, kv.data(), kv_next.data(), kv.size(), dt, kTagKv);
+    if (step + 1 < n_) next.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt, kTagKv);
     for (int kq = 0; kq < 2; kq++) {
       const int qp = ring_chunk_position(r_, n_, kq, s.C);
       for (int kk = 0; kk < 2; kk++) {
         const int kp = ring_chunk_position(src, n_, kk, s.C);
         if (kp > qp + s.C - 1) continue;  // wholly in the causal future
-        kern::attention_block_forward(part.data(), part_lse.data(), q.data() + kq * cq, kv.data() + kk * ckv, s.B, s.C,
-                                      s.C, s.NH, s.KV, s.hd, qp, kp);
-        kern::attention_merge(acc.data() + kq * co, acc_lse.data() + kq * cl, part.data(), part_lse.data(), s.B, s.C,
-                              s.NH, s.hd);
+        kern::attention_block_forward(part, part_lse, q + kq * cq, kv + kk * ckv, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp,
+                                      kp);
+        kern::attention_merge(acc + kq * co, acc_lse + kq * cl, part, part_lse, s.B, s.C, s.NH, s.hd);
       }
     }
     if (step + 1 < n_) {
@@ -121,8 +166,8 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
     }
   }
   for (int k = 0; k < 2; k++) {
-    scatter_chunk(out, acc.data() + k * co, s, s.out_stride(), 0, s.out_stride(), k);
-    lse_from_chunk(lse, acc_lse.data() + k * cl, s, k);
+    scatter_chunk(out, acc + k * co, s, s.out_stride(), 0, s.out_stride(), k);
+    lse_from_chunk(lse, acc_lse + k * cl, s, k);
   }
 }
 
@@ -131,36 +176,36 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
   const RingShape& s = sh_;
   const ChunkSizes z = chunk_sizes(s);
   const int64_t cq = z.qkv, ckv = z.kv, co = z.out, cl = z.lse;
-  std::vector<S> q(static_cast<size_t>(2 * cq)), o(static_cast<size_t>(2 * co)), dO(o.size()), kv(static_cast<size_t>(2 * ckv)),
-      kv_next(kv.size());
-  std::vector<float> l(static_cast<size_t>(2 * cl));
+  const Scratch<S> sc = scratch<S>();
+  S *q = sc.q, *o = sc.o, *dO = sc.dO, *kv = sc.kv, *kv_next = sc.kv_next;
+  float *l = sc.l, *dq = sc.dq, *dkv = sc.dkv, *dkv_next = sc.dkv_next;
   for (int k = 0; k < 2; k++) {
-    gather_chunk(q.data() + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
-    gather_chunk(kv.data() + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
-    gather_chunk(o.data() + k * co, out, s, s.out_stride(), 0, s.out_stride(), k);
-    gather_chunk(dO.data() + k * co, dout, s, s.out_stride(), 0, s.out_stride(), k);
-    lse_to_chunk(l.data() + k * cl, lse, s, k);
+    gather_chunk(q + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
+    gather_chunk(kv + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
+    gather_chunk(o + k * co, out, s, s.out_stride(), 0, s.out_stride(), k);
+    gather_chunk(dO + k * co, dout, s, s.out_stride(), 0, s.out_stride(), k);
+    lse_to_chunk(l + k * cl, lse, s, k);
   }
-  std::vector<float> dq(static_cast<size_t>(2 * co), 0.0f), dkv(static_cast<size_t>(2 * ckv), 0.0f), dkv_next(dkv.size());
+  std::fill(dq, dq + 2 * co, 0.0f);
+  std::fill(dkv, dkv + 2 * ckv, 0.0f);
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;
     RingStep next_kv;
-    if (step + 1 < n_) next_kv.start(cp_, kv.data(), kv_next.data(), kv.size(), dt, kTagKv);
+    if (step + 1 < n_) next_kv.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt, kTagKv);
     for (int kq = 0; kq < 2; kq++) {
       const int qp = ring_chunk_position(r_, n_, kq, s.C);
       for (int kk = 0; kk < 2; kk++) {
         const int kp = ring_chunk_position(src, n_, kk, s.C);
         if (kp > qp + s.C - 1) continue;
-        kern::attention_block_backward(dq.data() + kq * co, dkv.data() + kk * ckv, dO.data() + kq * co,
-                                       q.data() + kq * cq, kv.data() + kk * ckv, o.data() + kq * co,
-                                       l.data() + kq * cl, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp, kp);
+        kern::attention_block_backward(dq + kq * co, dkv + kk * ckv, dO + kq * co, q + kq * cq, kv + kk * ckv,
+                                       o + kq * co, l + kq * cl, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp, kp);
       }
     }
     if (n_ > 1) {
       // The accumulator moves on after every step: after the last one, it goes home.
       RingStep next_dkv;
-      next_dkv.start(cp_, dkv.data(), dkv_next.data(), dkv.size(), comm::DataType::kFloat32, kTagDkv);
+      next_dkv.start(cp_, dkv, dkv_next, static_cast<size_t>(2 * ckv), comm::DataType::kFloat32, kTagDkv);
       next_dkv.finish();
       std::swap(dkv, dkv_next);
       if (step + 1 < n_) {
@@ -170,8 +215,8 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
     }
   }
   for (int k = 0; k < 2; k++) {
-    scatter_chunk(dqkv, dq.data() + k * co, s, s.qkv_stride(), 0, s.out_stride(), k);
-    scatter_chunk(dqkv, dkv.data() + k * ckv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
+    scatter_chunk(dqkv, dq + k * co, s, s.qkv_stride(), 0, s.out_stride(), k);
+    scatter_chunk(dqkv, dkv + k * ckv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
   }
 }
 

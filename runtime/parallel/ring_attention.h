@@ -16,13 +16,17 @@
 //
 // The result equals the unsplit grouped-query attention (ops.def: attention_gqa_*) on the whole
 // sequence, rows reordered to the rank's chunks (tests/multiproc/parallel: against the single
-// process at cp 2 and 4). Scratch is host memory: CPU buffers only, for now.
+// process at cp 2 and 4). Scratch (layout::cp_attention_scratch: the gathered chunks and the fp32
+// accumulators under workspace, the blocks in flight under comm) is allocated once, at
+// construction, on the host: CPU buffers only, for now. The block kernels keep per-task vectors of
+// one key/value block's head (2 C hd floats) besides, outside the allocator.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "comm/comm.h"
+#include "core/allocator.h"
 
 namespace ds::rt::parallel {
 
@@ -41,7 +45,8 @@ inline int ring_chunk_position(int r, int n, int k, int C) { return (k == 0 ? r 
 class RingAttention {
  public:
   // `cp`: the context-parallel group (N = its size; N = 1 runs the local attention as blocks).
-  RingAttention(comm::Comm& cp, const RingShape& shape);
+  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm).
+  RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc);
 
   // out (B,2C,NH hd) and lse (B,NH,2C) of the rank's rows from its qkv (B,2C,(NH+2KV)hd),
   // overwritten. Collective over the cp group.
@@ -52,9 +57,16 @@ class RingAttention {
   void backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse);
 
  private:
+  // The scratch's parts, carved for element type S.
+  template <typename S>
+  struct Scratch;
+  template <typename S>
+  Scratch<S> scratch();
+
   comm::Comm& cp_;
   RingShape sh_;
-  int n_, r_;
+  int n_, r_, storage_bytes_;
+  Buffer work_, comm_buf_;
 };
 
 }  // namespace ds::rt::parallel

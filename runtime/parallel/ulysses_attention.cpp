@@ -3,7 +3,11 @@
 #include <cstring>
 #include <numeric>
 
+#include <omp.h>
+
+#include "common/check.h"
 #include "common/error.h"
+#include "layout/context_parallel.h"
 #include "kernels/dispatch.h"
 #include "parallel/typed_comm.h"
 
@@ -31,24 +35,23 @@ int64_t row_width(const std::vector<int>& heads, int hd, int n = 1) {
   return static_cast<int64_t>(std::accumulate(heads.begin(), heads.end(), 0) / n) * hd;
 }
 
-// Posts every pair's send and receive of one exchange, then waits for them all.
-void exchange(comm::Comm& cp, std::vector<std::vector<uint8_t>>& send, std::vector<std::vector<uint8_t>>& recv, int tag) {
+// Posts every pair's send and receive of one exchange, then waits for them all. Piece p of `send`
+// (of `recv`) is at p * piece bytes.
+void exchange(comm::Comm& cp, uint8_t* send, uint8_t* recv, size_t piece, int tag) {
   std::vector<comm::WorkPtr> work;
   const int n = cp.size(), r = cp.rank();
   for (int k = 1; k < n; k++) {
     const int to = (r + k) % n, from = (r - k + n) % n;
-    work.push_back(cp.send_async(send[static_cast<size_t>(to)].data(), send[static_cast<size_t>(to)].size(),
-                                 comm::DataType::kUInt8, to, tag));
-    work.push_back(cp.recv_async(recv[static_cast<size_t>(from)].data(), recv[static_cast<size_t>(from)].size(),
-                                 comm::DataType::kUInt8, from, tag));
+    work.push_back(cp.send_async(send + static_cast<size_t>(to) * piece, piece, comm::DataType::kUInt8, to, tag));
+    work.push_back(cp.recv_async(recv + static_cast<size_t>(from) * piece, piece, comm::DataType::kUInt8, from, tag));
   }
   for (auto& w : work) w->wait();
 }
 
 }  // namespace
 
-UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape)
-    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), Tl_(shape.T / cp.size()) {
+UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc)
+    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), Tl_(shape.T / cp.size()), storage_bytes_(storage_bytes) {
   if (sh_.B <= 0 || sh_.T <= 0 || sh_.NH <= 0 || sh_.KV <= 0 || sh_.hd <= 0 || sh_.NH % sh_.KV != 0) {
     throw invalid_usage("Ulysses attention: B={} T={} NH={} KV={} hd={}: every size must be positive and KV must "
                         "divide NH",
@@ -59,24 +62,54 @@ UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape)
                         "heads ({}) divisible by {}",
                         n_, sh_.T, sh_.NH, sh_.KV, n_);
   }
+  threads_ = omp_get_max_threads();
+  const layout::CpAttentionShape as{sh_.B, sh_.T, sh_.NH, sh_.KV, sh_.hd, n_, layout::CpMethod::kUlysses,
+                                    storage_bytes, threads_};
+  const layout::CpScratchBytes b = layout::ulysses_attention_scratch(as);
+  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "Ulysses attention scratch");
+  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "Ulysses all-to-all pieces");
+}
+
+// The scratch's parts (layout::ulysses_attention_scratch): workspace = [qkv_h | dqkv_h | out_h |
+// dout_h] (S, head layout over the whole sequence), aligned, then the attention's fp32 tiles;
+// comm = [send pieces | receive pieces], n of the largest (qkv's) each.
+template <typename S>
+UlyssesAttention::Scratch<S> UlyssesAttention::scratch() {
+  DS_CHECK(static_cast<int>(sizeof(S)) == storage_bytes_, "Ulysses attention: scratch sized for another element type");
+  DS_CHECK(omp_get_max_threads() <= threads_, "Ulysses attention: scratch sized for {} threads, OpenMP now has {}",
+           threads_, omp_get_max_threads());
+  const int64_t nqkv = static_cast<int64_t>(sh_.B) * sh_.T * (sh_.NH + 2 * sh_.KV) / n_ * sh_.hd;
+  const int64_t nout = static_cast<int64_t>(sh_.B) * sh_.T * sh_.NH / n_ * sh_.hd;
+  Scratch<S> p{};
+  p.qkv_h = static_cast<S*>(work_.data());
+  p.dqkv_h = p.qkv_h + nqkv;
+  p.out_h = p.dqkv_h + nqkv;
+  p.dout_h = p.out_h + nout;
+  p.tiles = reinterpret_cast<float*>(static_cast<char*>(work_.data()) +
+                                     layout::cp_align_bytes(static_cast<int64_t>(sizeof(S)) * (2 * nqkv + 2 * nout)));
+  return p;
+}
+
+uint8_t* UlyssesAttention::pieces(bool receive) {
+  return static_cast<uint8_t*>(comm_buf_.data()) + (receive ? comm_buf_.bytes() / 2 : 0);
 }
 
 template <typename S>
 void UlyssesAttention::to_heads(S* dst, const S* src, const std::vector<int>& heads) {
   const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
   const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
-  std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n_), std::vector<uint8_t>(piece)), recv = send;
+  uint8_t *send = pieces(false), *recv = pieces(true);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
-    S* out = reinterpret_cast<S*>((p == r_ ? recv : send)[static_cast<size_t>(p)].data());
+    S* out = reinterpret_cast<S*>((p == r_ ? recv : send) + static_cast<size_t>(p) * piece);
     for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
       for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
         std::memcpy(out + row * w_mine + share, src + row * w_all + whole, static_cast<size_t>(w) * sizeof(S));
       });
     }
   }
-  exchange(cp_, send, recv, kTagToHeads);
+  exchange(cp_, send, recv, piece, kTagToHeads);
   for (int p = 0; p < n_; p++) {  // p's rows, my heads
-    const S* in = reinterpret_cast<const S*>(recv[static_cast<size_t>(p)].data());
+    const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int b = 0; b < sh_.B; b++) {
       std::memcpy(dst + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
                   in + static_cast<int64_t>(b) * Tl_ * w_mine, static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
@@ -88,18 +121,18 @@ template <typename S>
 void UlyssesAttention::to_sequence(S* dst, const S* src, const std::vector<int>& heads) {
   const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
   const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
-  std::vector<std::vector<uint8_t>> send(static_cast<size_t>(n_), std::vector<uint8_t>(piece)), recv = send;
+  uint8_t *send = pieces(false), *recv = pieces(true);
   for (int p = 0; p < n_; p++) {  // p's rows of my heads
-    S* out = reinterpret_cast<S*>((p == r_ ? recv : send)[static_cast<size_t>(p)].data());
+    S* out = reinterpret_cast<S*>((p == r_ ? recv : send) + static_cast<size_t>(p) * piece);
     for (int b = 0; b < sh_.B; b++) {
       std::memcpy(out + static_cast<int64_t>(b) * Tl_ * w_mine,
                   src + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
                   static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
     }
   }
-  exchange(cp_, send, recv, kTagToSequence);
+  exchange(cp_, send, recv, piece, kTagToSequence);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
-    const S* in = reinterpret_cast<const S*>(recv[static_cast<size_t>(p)].data());
+    const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
       for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
         std::memcpy(dst + row * w_all + whole, in + row * w_mine + share, static_cast<size_t>(w) * sizeof(S));
@@ -112,28 +145,23 @@ template <typename S>
 void UlyssesAttention::forward(S* out, float* lse_heads, const S* qkv) {
   const int NHl = sh_.NH / n_, KVl = sh_.KV / n_;
   const std::vector<int> qkv_heads = {sh_.NH, sh_.KV, sh_.KV}, out_heads = {sh_.NH};
-  std::vector<S> qkv_h(static_cast<size_t>(sh_.B) * sh_.T * (NHl + 2 * KVl) * sh_.hd);
-  std::vector<S> out_h(static_cast<size_t>(sh_.B) * sh_.T * NHl * sh_.hd);
-  std::vector<float> scratch(kern::attention_scratch_floats(sh_.T, sh_.hd, static_cast<int>(sizeof(S))));
-  to_heads(qkv_h.data(), qkv, qkv_heads);
-  kern::attention_gqa_forward(out_h.data(), lse_heads, qkv_h.data(), scratch.data(), sh_.B, sh_.T, NHl, KVl, sh_.hd);
-  to_sequence(out, out_h.data(), out_heads);
+  const Scratch<S> sc = scratch<S>();
+  to_heads(sc.qkv_h, qkv, qkv_heads);
+  kern::attention_gqa_forward(sc.out_h, lse_heads, sc.qkv_h, sc.tiles, sh_.B, sh_.T, NHl, KVl, sh_.hd);
+  to_sequence(out, sc.out_h, out_heads);
 }
 
 template <typename S>
 void UlyssesAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse_heads) {
   const int NHl = sh_.NH / n_, KVl = sh_.KV / n_;
   const std::vector<int> qkv_heads = {sh_.NH, sh_.KV, sh_.KV}, out_heads = {sh_.NH};
-  const size_t nqkv = static_cast<size_t>(sh_.B) * sh_.T * (NHl + 2 * KVl) * sh_.hd;
-  const size_t nout = static_cast<size_t>(sh_.B) * sh_.T * NHl * sh_.hd;
-  std::vector<S> qkv_h(nqkv), dqkv_h(nqkv), out_h(nout), dout_h(nout);
-  std::vector<float> scratch(kern::attention_scratch_floats(sh_.T, sh_.hd, static_cast<int>(sizeof(S))));
-  to_heads(qkv_h.data(), qkv, qkv_heads);
-  to_heads(out_h.data(), out, out_heads);
-  to_heads(dout_h.data(), dout, out_heads);
-  kern::attention_gqa_backward(dqkv_h.data(), dout_h.data(), qkv_h.data(), out_h.data(), lse_heads, scratch.data(),
-                               sh_.B, sh_.T, NHl, KVl, sh_.hd);
-  to_sequence(dqkv, dqkv_h.data(), qkv_heads);
+  const Scratch<S> sc = scratch<S>();
+  to_heads(sc.qkv_h, qkv, qkv_heads);
+  to_heads(sc.out_h, out, out_heads);
+  to_heads(sc.dout_h, dout, out_heads);
+  kern::attention_gqa_backward(sc.dqkv_h, sc.dout_h, sc.qkv_h, sc.out_h, lse_heads, sc.tiles, sh_.B, sh_.T, NHl, KVl,
+                               sh_.hd);
+  to_sequence(dqkv, sc.dqkv_h, qkv_heads);
 }
 
 #define DS_ULYSSES_INST(S)                                                      \

@@ -10,13 +10,16 @@
 // The all-to-all is N-1 pairs of asynchronous send/recv per exchange (comm has no all-to-all):
 // rank r sends peer p the columns of p's heads for r's positions and receives p's positions of
 // its own heads. The lse stays in the head layout (B, NH/N, T), as the backward wants it.
-// Scratch is host memory: CPU buffers only, for now.
+// Scratch (layout::ulysses_attention_scratch: the head-layout copies and the whole-sequence
+// attention's tiles under workspace, the all-to-all pieces under comm) is allocated once, at
+// construction, on the host: CPU buffers only, for now.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
 #include "comm/comm.h"
+#include "core/allocator.h"
 
 namespace ds::rt::parallel {
 
@@ -27,7 +30,9 @@ struct UlyssesShape {
 
 class UlyssesAttention {
  public:
-  UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape);
+  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm), with
+  // attention tiles for OpenMP's current thread count.
+  UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc);
 
   // out (B,T/N,NH hd) of the rank's positions from its qkv (B,T/N,(NH+2KV)hd); lse_heads
   // (B,NH/N,T) of its heads over the whole sequence, for backward. Collective over the cp group.
@@ -45,9 +50,19 @@ class UlyssesAttention {
   template <typename S>
   void to_sequence(S* dst, const S* src, const std::vector<int>& heads);
 
+  template <typename S>
+  struct Scratch {
+    S *qkv_h, *dqkv_h, *out_h, *dout_h;
+    float* tiles;
+  };
+  template <typename S>
+  Scratch<S> scratch();
+  uint8_t* pieces(bool receive);  // the all-to-all's send (false) or receive (true) pieces
+
   comm::Comm& cp_;
   UlyssesShape sh_;
-  int n_, r_, Tl_;
+  int n_, r_, Tl_, storage_bytes_, threads_ = 1;
+  Buffer work_, comm_buf_;
 };
 
 }  // namespace ds::rt::parallel

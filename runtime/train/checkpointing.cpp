@@ -32,6 +32,7 @@ ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>&
   l.world_size = cfg.world_size;
   l.data_parallel_size = cfg.data_parallel_size;
   l.tensor_parallel_size = cfg.tensor_parallel.size;
+  l.context_parallel_size = cfg.context_parallel.size;
   l.pipeline_stages = cfg.pipeline.stages;
   l.pipeline_partition = layout::stage_split_name(cfg.pipeline.partition);
   l.zero_stage = cfg.zero.stage;
@@ -126,10 +127,11 @@ void log_layout_change(const ckpt::ShardLayout& old, CheckpointedRun& run, const
                  dir, old.tensor_parallel_size, old.pipeline_stages, old.pipeline_partition, cfg.tensor_parallel.size,
                  cfg.pipeline.stages, layout::stage_split_name(cfg.pipeline.partition));
   }
-  const int dp = cfg.data_parallel_size, stage = run.engine.zero().stage();
-  if (old.data_parallel_size != dp || old.zero_stage != stage) {
-    spdlog::info("re-partitioning checkpoint {} (data-parallel {}, ZeRO stage {}) for data-parallel {}, ZeRO stage {}",
-                 dir, old.data_parallel_size, old.zero_stage, dp, stage);
+  const int dp = cfg.data_parallel_size, cp = cfg.context_parallel.size, stage = run.engine.zero().stage();
+  if (old.data_parallel_size != dp || old.context_parallel_size != cp || old.zero_stage != stage) {
+    spdlog::info("re-partitioning checkpoint {} (data-parallel {} x context-parallel {}, ZeRO stage {}) for "
+                 "data-parallel {} x context-parallel {}, ZeRO stage {}",
+                 dir, old.data_parallel_size, old.context_parallel_size, old.zero_stage, dp, cp, stage);
   }
 }
 

@@ -72,6 +72,8 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.tp = c.tensor_parallel.size;
   e.dp = c.data_parallel_size;
   e.pp = c.pipeline.stages;
+  e.cp = c.context_parallel.size;
+  e.cp_method = c.context_parallel.method;
   e.split = c.pipeline.partition;
   e.schedule = c.pipeline.schedule;
   e.micro_batches = static_cast<int>(c.gradient_accumulation_steps);

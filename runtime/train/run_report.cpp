@@ -55,7 +55,7 @@ std::string describe_training(const config::JobConfig& cfg, int zero_stage) {
   const int tp = cfg.tensor_parallel.size, pp = cfg.pipeline.stages;
   return fmt::format(
       "training {} (L={} H={} C={} V={} T={}): {} parameters, micro-batch {} x {} tokens, "
-      "{} accumulation step(s), data-parallel {} (ZeRO stage {}){}, {} steps, {} threads",
+      "{} accumulation step(s), data-parallel {} (ZeRO stage {}){}{}, {} steps, {} threads",
       model_spec::family_of(shape).display_name, shape.n_layer, shape.n_head, shape.n_embd, shape.vocab_size,
       shape.seq_len, model_spec::param_count(shape),
       cfg.train_micro_batch_size_per_gpu, shape.seq_len, cfg.gradient_accumulation_steps, cfg.data_parallel_size,
@@ -64,6 +64,10 @@ std::string describe_training(const config::JobConfig& cfg, int zero_stage) {
                    : fmt::format(" x tensor-parallel {} x pipeline {} ({}, {} partition)", tp, pp,
                                  layout::schedule_name(cfg.pipeline.schedule),
                                  layout::stage_split_name(cfg.pipeline.partition)),
+      cfg.context_parallel.size == 1
+          ? std::string()
+          : fmt::format(" x context-parallel {} ({}: {} tokens of each sequence per rank)", cfg.context_parallel.size,
+                        layout::cp_method_name(cfg.context_parallel.method), shape.seq_len / cfg.context_parallel.size),
       cfg.training.steps, omp_get_max_threads());
 }
 

@@ -30,6 +30,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/typed.h"
 #include "layout/choices.h"
+#include "layout/context_parallel.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/engine.h"
@@ -59,6 +60,7 @@ struct Trainer::Impl {
   Precision precision = Precision::kFp32;
   Device device = Device::kCpu;
   int B = 0, T = 0, G = 1;
+  int cp = 1, Tl = 0;  // context parallelism: T tokens a sequence, this rank's Tl = T / cp of them
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
 
@@ -68,7 +70,11 @@ struct Trainer::Impl {
   // Declaration order is destruction order reversed: the state before the engine it points into.
   std::unique_ptr<parallel::Engine> engine;
   std::unique_ptr<OptimizerState> state;
-  Buffer tokens;  // inputs and targets (B*T int32 each) of one micro-batch, or of G with a pipeline
+  Buffer tokens;  // inputs and targets (B*Tl int32 each) of one micro-batch, or of G with a pipeline
+  // With context parallelism: one whole micro-batch (B*T inputs and targets) as the loader reads
+  // it, before this rank's rows are copied out (layout::cp_position_runs).
+  Buffer whole_tokens;
+  std::vector<layout::PositionRun> runs;
   std::unique_ptr<optim::LrScheduler> schedule;
   std::unique_ptr<optim::LossScaler> scaler;
   int64_t next_step = 1;  // the step the next run() executes
@@ -78,9 +84,13 @@ struct Trainer::Impl {
 
   int dp() const { return cfg.data_parallel_size; }
   int pp() const { return cfg.pipeline.stages; }
-  int32_t* mb_inputs(int g) { return tokens.as<int32_t>() + static_cast<size_t>(g) * 2 * B * T; }
-  int32_t* mb_targets(int g) { return mb_inputs(g) + static_cast<size_t>(B) * T; }
-  // The rank that holds this (dp, tp) position's loss: tp rank 0 of the last stage.
+  int32_t* mb_inputs(int g) { return tokens.as<int32_t>() + static_cast<size_t>(g) * 2 * B * Tl; }
+  int32_t* mb_targets(int g) { return mb_inputs(g) + static_cast<size_t>(B) * Tl; }
+  // Micro-batch g's tokens from `next` (a loader's next(inputs, targets)): this rank's rows.
+  template <typename Next>
+  void load(int g, Next&& next);
+  // The rank that holds a (dp, cp, tp) position's loss: tp rank 0 of the last stage. Under
+  // context parallelism every cp rank holds the mean over its rows; the step's loss is their mean.
   bool loss_owner() const { return engine->coord().tp == 0 && engine->coord().pp == pp() - 1; }
   CheckpointedRun checkpointed() { return {cfg, *engine, *state, *loader, *schedule, *scaler}; }
 
@@ -117,11 +127,27 @@ void Trainer::Impl::open_data(int dp_rank) {
   }
 }
 
+template <typename Next>
+void Trainer::Impl::load(int g, Next&& next) {
+  if (cp == 1) return next(mb_inputs(g), mb_targets(g));
+  int32_t* in = whole_tokens.as<int32_t>();
+  int32_t* tg = in + static_cast<size_t>(B) * T;
+  next(in, tg);
+  for (int b = 0; b < B; b++) {
+    for (const auto& run : runs) {
+      const size_t from = static_cast<size_t>(b) * T + run.global, to = static_cast<size_t>(b) * Tl + run.local;
+      std::copy_n(in + from, run.length, mb_inputs(g) + to);
+      std::copy_n(tg + from, run.length, mb_targets(g) + to);
+    }
+  }
+}
+
 void Trainer::Impl::build(int local_rank) {
   const parallel::EngineSpec spec = engine_spec_of(cfg, rank, local_rank, device);
   // The data's dp rank, from the grid, before anything connects.
-  const layout::Topology topo(world, spec.tp, spec.dp, spec.pp);
+  const layout::Topology topo(world, spec.tp, spec.dp, spec.pp, spec.cp);
   open_data(topo.coord_of(rank).dp);
+  runs = layout::cp_position_runs(T, cp, topo.coord_of(rank).cp, spec.cp_method);
   engine = std::make_unique<parallel::Engine>(shape, spec, job_store(world), alloc);
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
                                            engine->coord().tp, pp(), alloc);
@@ -132,8 +158,12 @@ void Trainer::Impl::build(int local_rank) {
                    o ? "offload_optimizer" : "offload_param", o ? "the optimizer states" : "the parameter partitions");
     }
   }
-  tokens = alloc.allocate(2 * static_cast<size_t>(B) * T * (pp() > 1 ? G : 1) * sizeof(int32_t), MemTag::kWorkspace,
+  tokens = alloc.allocate(2 * static_cast<size_t>(B) * Tl * (pp() > 1 ? G : 1) * sizeof(int32_t), MemTag::kWorkspace,
                           "tokens");
+  if (cp > 1) {
+    whole_tokens = alloc.allocate(2 * static_cast<size_t>(B) * T * sizeof(int32_t), MemTag::kWorkspace,
+                                  "tokens of whole sequences");
+  }
   schedule = std::make_unique<optim::LrScheduler>(schedule_of(cfg));
   scaler = std::make_unique<optim::LossScaler>(loss_scaler_of(cfg.fp16));
   flops_per_token = model_flops_per_token(shape);
@@ -196,6 +226,8 @@ Trainer::Trainer(const config::JobConfig& config, const TrainOptions& options) :
   s.shape = s.cfg.model.shape;
   s.B = static_cast<int>(s.cfg.train_micro_batch_size_per_gpu);
   s.T = s.cfg.model.shape.seq_len;
+  s.cp = s.cfg.context_parallel.size;
+  s.Tl = s.T / s.cp;
   s.G = static_cast<int>(s.cfg.gradient_accumulation_steps);
   s.precision = s.cfg.precision();
   s.check_sampling();
@@ -225,7 +257,7 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
   double loss_sum = 0;
   // Decoder::forward_backward's pieces, with a lap after each phase (step_clock.h).
   for (int g = 0; g < G; ++g) {
-    loader->next(mb_inputs(0), mb_targets(0));
+    load(0, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
     clock.lap(Phase::kData);
     zero.begin_micro_batch(g == G - 1, true);
     model.embed_forward(acts, mb_inputs(0));
@@ -250,7 +282,7 @@ double Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* 
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   std::vector<parallel::MicroBatch> mbs;
   for (int g = 0; g < G; ++g) {
-    loader->next(mb_inputs(g), mb_targets(g));
+    load(g, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
     mbs.push_back({mb_inputs(g), mb_targets(g)});
   }
   clock.lap(Phase::kData);
@@ -293,7 +325,7 @@ double Trainer::Impl::evaluate() {
   double sum = 0;
   for (int64_t i = 0; i < steps; i += pp() == 1 ? 1 : G) {
     if (pp() == 1) {
-      val_loader->next(mb_inputs(0), mb_targets(0));
+      load(0, [&](int32_t* in, int32_t* tg) { val_loader->next(in, tg); });
       zero.begin_micro_batch(false, false);
       sum += engine->model().forward(engine->activations(), mb_inputs(0), mb_targets(0));
       zero.end_micro_batch();
@@ -302,7 +334,7 @@ double Trainer::Impl::evaluate() {
     const int k = static_cast<int>(std::min<int64_t>(G, steps - i));
     std::vector<parallel::MicroBatch> mbs;
     for (int g = 0; g < k; ++g) {
-      val_loader->next(mb_inputs(g), mb_targets(g));
+      load(g, [&](int32_t* in, int32_t* tg) { val_loader->next(in, tg); });
       mbs.push_back({mb_inputs(g), mb_targets(g)});
     }
     zero.begin_micro_batch(false, false);
@@ -310,7 +342,7 @@ double Trainer::Impl::evaluate() {
     zero.end_micro_batch();
   }
   const double total = engine->host_world().sum_in_rank_order({loss_owner() ? sum : 0.0})[0];
-  return total / static_cast<double>(steps * dp());
+  return total / static_cast<double>(steps * dp() * cp);
 }
 
 void Trainer::Impl::record_peaks(StepRecord& r) {
@@ -359,7 +391,9 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   if (auto* tied = engine->tied_hooks()) tied->zero();
   const double loss_scale = scaler->scale();
   double bubble = -1;
-  const double loss_sum = micro_batches(step, loss_scale / global_micro_batches, &bubble, clock);
+  // A cp rank's gradients are of the mean over its rows; summed over dp x cp and scaled by
+  // 1/(G dp cp) they are the gradients of the mean over the global batch (every rank holds Tl).
+  const double loss_sum = micro_batches(step, loss_scale / (global_micro_batches * cp), &bubble, clock) / cp;
   const TypedPtr grads = zero.opt_grads();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
     const float inf = std::numeric_limits<float>::infinity();

@@ -71,7 +71,7 @@ void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::
   std::vector<float> model;
   if (world.rank() == 0) model.resize(static_cast<size_t>(whole.total));
   world.gather_to_root(
-      part, [&](int q) { return topo.coord_of(q).dp == 0; },
+      part, [&](int q) { return topo.coord_of(q).dp == 0 && topo.coord_of(q).cp == 0; },
       [&](int q, std::span<const float> values) {
         const layout::Coord c = topo.coord_of(q);
         const auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];

@@ -79,7 +79,7 @@ TEST_P(ContextParallelTest, RingEqualsTheUnsplitKernel) {
                                     KV, hd);
         // The ring over the cp group.
         auto c = connect(r, n, Millis(30000), backend);
-        parallel::RingAttention ring(*c, parallel::RingShape{B, C, NH, KV, hd});
+        parallel::RingAttention ring(*c, parallel::RingShape{B, C, NH, KV, hd}, 4, Allocator::process());
         const auto q = my_rows(qkv, B, T, w, r, n, C), dO = my_rows(dout, B, T, ow, r, n, C);
         std::vector<float> o(dO.size()), l(static_cast<size_t>(B) * NH * 2 * C), dq(q.size());
         ring.forward(o.data(), l.data(), q.data());
@@ -116,12 +116,12 @@ TEST_P(ContextParallelTest, UlyssesEqualsTheUnsplitKernel) {
         auto c = connect(r, n, Millis(30000), backend);
         // Heads that do not divide over the group are refused by name.
         try {
-          parallel::UlyssesAttention bad(*c, parallel::UlyssesShape{B, T, NH, n / 2, hd});
+          parallel::UlyssesAttention bad(*c, parallel::UlyssesShape{B, T, NH, n / 2, hd}, 4, Allocator::process());
           CHILD_CHECK(false);
         } catch (const ds::Error& e) {
           CHILD_CHECK(std::string(e.what()).find("kv heads (" + std::to_string(n / 2) + ")") != std::string::npos);
         }
-        parallel::UlyssesAttention ulysses(*c, parallel::UlyssesShape{B, T, NH, KV, hd});
+        parallel::UlyssesAttention ulysses(*c, parallel::UlyssesShape{B, T, NH, KV, hd}, 4, Allocator::process());
         const auto q = part(qkv, w), dO = part(dout, ow);
         std::vector<float> o(dO.size()), lh(static_cast<size_t>(B) * (NH / n) * T), dq(q.size());
         ulysses.forward(o.data(), lh.data(), q.data());

@@ -352,7 +352,7 @@ TEST_F(CheckpointDir, ALayoutOutsideItsRulesIsNamed) {
     l[k] = v;
     return layout_error(l);
   };
-  EXPECT_EQ(with("data_parallel_size", 0), "m.json: layout.data_parallel_size 0 x tp x pp 1 is not the 2 shards of layout.partitions");
+  EXPECT_EQ(with("data_parallel_size", 0), "m.json: layout.data_parallel_size 0 x tp x cp x pp 1 is not the 2 shards of layout.partitions");
   EXPECT_EQ(with("tensor_parallel_size", 65536).substr(0, 40), "m.json: layout.partitions has 2 entries,");
   EXPECT_EQ(with("zero_stage", 4), "m.json: layout.zero_stage 4 is not 0-3");
   EXPECT_EQ(with("part_num_params", {16, 10}),

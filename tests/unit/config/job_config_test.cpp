@@ -335,7 +335,8 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(j["training"]["peak_tflops"], 0.0);
   EXPECT_EQ(j["tensorboard"]["enabled"], false);
   EXPECT_EQ(j["csv_monitor"]["job_name"], "DeepSpeedJobName");
-  EXPECT_EQ(j.size(), 22u);
+  EXPECT_EQ(j["context_parallel"].dump(), R"({"size":1,"method":"ring"})");
+  EXPECT_EQ(j.size(), 23u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
@@ -625,6 +626,50 @@ TEST(JobConfig, MutatedConfigsFailCleanly) {
   // Both outcomes occur (whitespace or digit edits stay valid), so both paths are exercised.
   EXPECT_GT(invalid, 800) << valid << " valid";
   EXPECT_GT(valid, 5) << invalid << " invalid";
+}
+
+
+TEST(JobConfig, ContextParallelSplitsTheWorldAndNamesWhatDoesNotDivide) {
+  const std::string model = R"("model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 64})";
+  // 8 ranks = tp 2 x cp 2 x dp 2; the batch triad counts the dp ranks (they read other sequences).
+  auto c = parse_job_config(R"({"train_micro_batch_size_per_gpu": 2, "tensor_parallel": {"size": 2},
+      "context_parallel": {"size": 2}, )" + model + "}",
+                            "", 8);
+  EXPECT_EQ(c.context_parallel.size, 2);
+  EXPECT_EQ(c.context_parallel.method, layout::CpMethod::kRing);
+  EXPECT_EQ(c.data_parallel_size, 2);
+  EXPECT_EQ(c.train_batch_size, 4);
+  // The resolved config round-trips with its method.
+  EXPECT_EQ(c.to_json()["context_parallel"]["method"], "ring");
+  EXPECT_EQ(parse_job_config(c.to_json().dump(), "", 8).context_parallel.size, 2);
+  // DeepSpeed-Ulysses' sequence_parallel_size N is Ulysses over N ranks.
+  auto u = parse_job_config(R"({"train_batch_size": 4, "sequence_parallel_size": 2})", "", 4);
+  EXPECT_EQ(u.context_parallel.size, 2);
+  EXPECT_EQ(u.context_parallel.method, layout::CpMethod::kUlysses);
+  EXPECT_EQ(u.data_parallel_size, 2);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 4, "sequence_parallel_size": 2, "context_parallel": {"size": 2}})", 4)
+                .at(0),
+            "t.json:1: $.sequence_parallel_size: both DeepSpeed's \"sequence_parallel_size\" and "
+            "\"context_parallel\" are given; keep \"context_parallel\" (sequence_parallel_size N means {\"size\": N, "
+            "\"method\": \"ulysses\"})");
+  // The ring needs 2 x cp to divide the sequence; Ulysses cp, and the heads.
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 2, "context_parallel": {"size": 3},
+      "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 64}})", 3),
+            std::vector<std::string>{"t.json:2: $.model.seq_len: the sequence length 64 is not divisible by 2 x "
+                                     "context_parallel.size = 6 (the ring gives each rank two equal chunks) "
+                                     "(context_parallel.method \"ring\")"});
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 1, "context_parallel": {"size": 8, "method": "ulysses"},
+      "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 64}})", 8),
+            std::vector<std::string>{"t.json:2: $.model.n_head: 4 query heads are not divisible by "
+                                     "context_parallel.size 8 (Ulysses splits the heads over the cp ranks; use "
+                                     "method \"ring\", or a size that divides them)"});
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 1, "context_parallel": {"size": 2, "method": "ulysses"},
+      "model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_kv_head": 1, "n_embd": 64, "intermediate_size": 128,
+                "vocab_size": 256, "seq_len": 64}})", 2).size(), 1u);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 1, "context_parallel": {"size": 2, "method": "zigzag"}})", 2).size(), 1u);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 1, "context_parallel": {"size": 3}})", 4).at(0),
+            "t.json:1: $.context_parallel: world size 4 is not divisible by tensor_parallel.size x "
+            "context_parallel.size x pipeline.stages = 1 x 3 x 1 = 3 (the data-parallel size must be a whole number)");
 }
 
 }  // namespace

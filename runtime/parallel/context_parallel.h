@@ -1,0 +1,60 @@
+// Context parallelism as the model's ParallelHooks: the cp_attention_* hooks run the whole
+// sequence's attention over the cp group (ring_attention.h or ulysses_attention.h, as
+// context_parallel.method says), every other hook goes to `inner` (tensor parallelism, then ZeRO).
+// The engine stacks it on top:
+//   model -> ContextParallelHooks -> TensorParallelHooks -> TiedEmbeddingHooks -> ZeroEngine.
+// What else context parallelism changes lives where it happens: the rank's positions in the model
+// (ModelOptions::cp, layout/context_parallel.h), its rows of each micro-batch in the trainer, the
+// gradients reduced over dp x cp in the engine's ZeRO group.
+//
+// Scratch: the attention's own, allocated once here (layout::cp_attention_scratch; tags workspace
+// and comm); the model keeps no attention scratch on a cp rank. Host buffers: CPU only, for now.
+#pragma once
+
+#include <memory>
+
+#include "comm/comm.h"
+#include "core/allocator.h"
+#include "layout/context_parallel.h"
+#include "model/hooks.h"
+#include "parallel/ring_attention.h"
+#include "parallel/ulysses_attention.h"
+
+namespace ds::rt::parallel {
+
+// One rank's attention shape: B sequences of T tokens (the WHOLE sequence), this tp rank's heads.
+struct ContextParallelShape {
+  int B = 1, T = 1, NH = 1, KV = 1, hd = 1;
+  layout::CpMethod method = layout::CpMethod::kRing;
+  DType dtype = DType::kF32;  // the activations' storage type
+};
+
+class ContextParallelHooks final : public ParallelHooks {
+ public:
+  // `cp`: the context-parallel group (size > 1). Throws invalid_argument naming the rule when the
+  // sequence or the heads do not divide (layout/context_parallel.h).
+  ContextParallelHooks(comm::CommPtr cp, const ContextParallelShape& shape, Allocator& alloc,
+                       ParallelHooks* inner = nullptr);
+
+  bool cp_attention_forward(TypedPtr out, float* lse, TypedPtr qkv) override;
+  bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) override;
+
+  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
+  void params_done(Unit unit) override;
+  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
+  void grads_ready(Unit unit) override;
+  void tp_reduce_forward(TypedPtr buf, int64_t n) override;
+  void tp_reduce_backward(TypedPtr buf, int64_t n) override;
+  void tp_loss_reduce_max(float* buf, int64_t n) override;
+  void tp_loss_reduce_sum(float* buf, int64_t n) override;
+
+ private:
+  comm::CommPtr cp_;
+  ContextParallelShape sh_;
+  ParallelHooks* inner_;
+  ParallelHooks none_;  // the defaults, when there is no inner
+  std::unique_ptr<RingAttention> ring_;
+  std::unique_ptr<UlyssesAttention> ulysses_;
+};
+
+}  // namespace ds::rt::parallel
