@@ -1,0 +1,245 @@
+// Context parallelism in training, through `dstrain launch` (real processes, the real store and
+// collectives, OMP_NUM_THREADS=1 per rank), against the single process of the same model on the
+// same global batch (8 sequences of 16 tokens, micro-batch 1, so G = 8/dp micro-batches
+// accumulate per step), GPT-2 (learned positions, multi-head) and Llama (RoPE, GQA 4 query heads
+// over 2 kv heads):
+//   cp 2 ring, cp 2 Ulysses, cp 4 ring at world 4, cp 2 x dp 2 at ZeRO 1 and 3, cp 2 x pp 2,
+//   cp 2 x tp 2, cp 2 with activation checkpointing, and cp 2 at bf16 against the bf16 single
+//   process;
+// 20 steps of loss, gradient norm and validation loss within 1e-5 (1e-4 for the norm; bf16 1e-3
+// and 2e-2, as llama_multiproc_test.cpp explains); on every layout `dstrain plan --json`'s bytes
+// equal the measured peaks of every rank and tag (--metrics-all-ranks, the whole run), and a cp 2
+// rank's activation peak is half the single process's (the issue asks at most 0.6x). A cp 2 ring
+// checkpoint resumes at cp 1 x dp 2 and at cp 2 Ulysses on the same curve.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "data/token_file.h"
+#include "multiproc/launch/job_process.h"
+#include "multiproc/train/train_job.h"
+
+namespace ds {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test::JobProcess;
+using test::TempDir;
+
+constexpr int kSteps = 20, kSeq = 16;
+
+struct Layout {
+  std::string family = "gpt2";
+  int cp = 1;
+  std::string method = "ring";
+  int dp = 1, tp = 1, pp = 1;
+  int zero_stage = 0;
+  bool checkpointing = false;
+  std::string precision = "fp32";
+  int world() const { return cp * dp * tp * pp; }
+  std::string model() const { return family + (precision == "fp32" ? "" : "_" + precision); }
+  std::string name() const {
+    return model() + "_cp" + std::to_string(cp) + "_" + method + "_dp" + std::to_string(dp) + "_tp" +
+           std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(zero_stage) +
+           (checkpointing ? "_recompute" : "");
+  }
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
+
+const char* kTags[] = {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"};
+
+class ContextParallelTraining : public ::testing::TestWithParam<Layout> {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::vector<uint16_t> toks(20000);
+    std::mt19937 rng(5);
+    for (size_t i = 0; i < toks.size(); ++i) {
+      toks[i] = static_cast<uint16_t>((i * 7 + i / 5) % 31);
+      if (rng() % 16 == 0) toks[i] = static_cast<uint16_t>(rng() % 32);
+    }
+    rt::data::write_token_file(*dir_ / "train.bin", toks);
+    rt::data::write_token_file(*dir_ / "val.bin", std::vector<uint16_t>(toks.begin(), toks.begin() + 4000));
+    baselines_ = new std::map<std::string, std::vector<json>>();
+  }
+  static void TearDownTestSuite() {
+    delete baselines_;
+    delete dir_;
+  }
+
+ protected:
+  static json config(const Layout& l, const std::string& ckpt_dir = "") {
+    json training = {{"steps", kSteps}, {"seed", 7}, {"log_interval", 5}, {"eval_interval", 10}, {"eval_steps", 8 / l.dp}};
+    if (!ckpt_dir.empty()) {
+      training["checkpoint_dir"] = ckpt_dir;
+      training["checkpoint_interval"] = 10;
+    }
+    const json model =
+        l.family == "gpt2"
+            ? json{{"type", "gpt2"}, {"n_layer", 4}, {"n_head", 2}, {"n_embd", 32}, {"vocab_size", 32}, {"seq_len", kSeq}}
+            : json{{"type", "llama"}, {"n_layer", 4},         {"n_head", 4},        {"n_kv_head", 2},
+                   {"n_embd", 32},    {"intermediate_size", 48}, {"vocab_size", 32}, {"seq_len", kSeq}};
+    json c = {
+        {"train_batch_size", 8},
+        {"train_micro_batch_size_per_gpu", 1},
+        {"gradient_clipping", 0.5},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+        {"zero_optimization", {{"stage", l.zero_stage}, {"reduce_bucket_size", 3000}, {"allgather_bucket_size", 2000}}},
+        {"pipeline", {{"stages", l.pp}}},
+        {"tensor_parallel", {{"size", l.tp}}},
+        {"context_parallel", {{"size", l.cp}, {"method", l.method}}},
+        {"activation_checkpointing", {{"enabled", l.checkpointing}}},
+        {"model", model},
+        {"data", {{"train", *dir_ / "train.bin"}, {"val", *dir_ / "val.bin"}}},
+        {"training", training},
+    };
+    if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
+    return c;
+  }
+
+  static test::TrainJobResult run(const Layout& l, const json& cfg, std::vector<std::string> extra) {
+    static int counter = 0;
+    return test::run_train_job(dir_->path(), "run" + std::to_string(counter++), l.world(), cfg, extra, 240s);
+  }
+
+  // The single process's 20 steps for this layout's model (run once per model).
+  static const std::vector<json>& baseline(const Layout& l) {
+    auto it = baselines_->find(l.model());
+    if (it != baselines_->end()) return it->second;
+    Layout one;
+    one.family = l.family;
+    one.precision = l.precision;
+    auto r = run(one, config(one), {});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.metrics.size(), static_cast<size_t>(kSteps)) << r.err;
+    return baselines_->emplace(l.model(), r.metrics).first->second;
+  }
+
+  static double tolerance(const Layout& l, const std::string& key) {
+    if (l.precision == "fp32") return key == "grad_norm" ? 1e-4 : 1e-5;
+    return key == "grad_norm" ? 2e-2 : 1e-3;
+  }
+
+  static void expect_curve(const Layout& l, const std::vector<json>& m, int first_step, const std::string& what) {
+    const auto& base = baseline(l);
+    ASSERT_EQ(m.size(), static_cast<size_t>(kSteps - first_step + 1)) << what;
+    ASSERT_EQ(base.size(), static_cast<size_t>(kSteps));
+    std::map<std::string, double> worst;
+    for (size_t i = 0; i < m.size(); ++i) {
+      const int step = first_step + static_cast<int>(i);
+      const json& want = base[static_cast<size_t>(step - 1)];
+      EXPECT_EQ(m[i].at("step").get<int>(), step) << what;
+      for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+        if (!want.contains(key)) continue;
+        ASSERT_TRUE(m[i].contains(key)) << what << " step " << step << " " << key;
+        const double w = want.at(key).get<double>(), g = m[i].at(key).get<double>();
+        EXPECT_LE(std::abs(g - w), tolerance(l, key) * std::abs(w))
+            << what << " step " << step << " " << key << ": " << g << " vs single process " << w;
+        worst[key] = std::max(worst[key], std::abs(g - w) / std::abs(w));
+      }
+    }
+    std::cout << what << ": worst relative difference to the single process:";
+    for (const auto& [key, d] : worst) std::cout << " " << key << " " << d;
+    std::cout << "\n";
+  }
+
+  // `dstrain plan --json`'s ranks for a config, one thread per rank as the ranks run.
+  static json plan_ranks(const Layout& l, const json& cfg) {
+    static int counter = 0;
+    const std::string path = *dir_ / ("plan" + std::to_string(counter++) + ".json");
+    std::ofstream(path) << cfg.dump(2);
+    JobProcess plan({DS_DSTRAIN_BIN, "plan", "--config", path, "--world-size", std::to_string(l.world()), "--threads",
+                     "1", "--json"});
+    EXPECT_EQ(plan.wait(60s), 0) << plan.err();
+    return json::parse(plan.out()).at("ranks");
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::map<std::string, std::vector<json>>* baselines_ = nullptr;
+};
+
+TEST_P(ContextParallelTraining, TwentyStepsMatchTheSingleProcessAndThePlan) {
+  const Layout l = GetParam();
+  const json cfg = config(l);
+  auto r = run(l, cfg, {"--metrics-all-ranks"});
+  ASSERT_EQ(r.rc, 0) << l.name() << "\n" << r.err;
+  expect_curve(l, r.metrics, 1, l.name());
+  ASSERT_FALSE(r.metrics.empty());
+  const json ranks = plan_ranks(l, cfg);
+  ASSERT_EQ(ranks.size(), static_cast<size_t>(l.world()));
+  const json& real = r.metrics.back();  // every rank's peaks over the whole run
+  for (int q = 0; q < l.world(); ++q) {
+    for (const char* tag : kTags) {
+      const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
+      ASSERT_TRUE(real.contains(key)) << l.name() << ": " << key << " missing";
+      EXPECT_EQ(real.at(key).get<int64_t>(), ranks[static_cast<size_t>(q)].at(tag).get<int64_t>())
+          << l.name() << " rank " << q << " " << tag << ": measured (left) against dstrain plan (right)";
+    }
+  }
+  std::cout << l.name() << ": rank 0 activations " << real.at("peak_bytes_activations_rank0").get<int64_t>()
+            << " B, total " << real.at("peak_bytes_total_rank0").get<int64_t>() << " B\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ContextParallelTraining,
+    ::testing::Values(Layout{"gpt2", 2}, Layout{"gpt2", 2, "ulysses"}, Layout{"gpt2", 4},
+                      Layout{"gpt2", 2, "ring", 2, 1, 1, 1}, Layout{"gpt2", 2, "ring", 1, 1, 2, 0},
+                      Layout{"gpt2", 2, "ring", 1, 2, 1, 0}, Layout{"llama", 2}, Layout{"llama", 2, "ulysses"},
+                      Layout{"llama", 4}, Layout{"llama", 2, "ring", 2, 1, 1, 3},
+                      Layout{"llama", 2, "ulysses", 2, 1, 1, 1}, Layout{"llama", 2, "ring", 1, 2, 1, 0},
+                      Layout{"llama", 2, "ring", 1, 1, 2, 1}, Layout{"llama", 2, "ring", 1, 1, 1, 0, true},
+                      Layout{"llama", 2, "ulysses", 1, 1, 1, 0, false, "bf16"},
+                      Layout{"gpt2", 2, "ring", 1, 1, 1, 0, false, "bf16"}),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+// Same micro-batch and sequence: a cp 2 rank keeps half the single process's activations.
+TEST_F(ContextParallelTraining, HalfTheActivationsPerRankAtCpTwo) {
+  for (const char* family : {"gpt2", "llama"}) {
+    Layout one, two;
+    one.family = two.family = family;
+    two.cp = 2;
+    const int64_t a1 = plan_ranks(one, config(one))[0].at("activations").get<int64_t>();
+    const int64_t a2 = plan_ranks(two, config(two))[0].at("activations").get<int64_t>();
+    EXPECT_LE(static_cast<double>(a2), 0.6 * static_cast<double>(a1)) << family;
+    std::cout << family << ": activations per rank at cp 1 " << a1 << " B, at cp 2 " << a2 << " B ("
+              << static_cast<double>(a2) / static_cast<double>(a1) << "x)\n";
+  }
+}
+
+// A cp 2 ring checkpoint at step 10 resumes at cp 1 x dp 2 (ZeRO 1: the partitions of the dp x cp
+// group re-read for the dp group) and at cp 2 Ulysses, on the single process's curve.
+TEST_F(ContextParallelTraining, ACheckpointResumesAtAnotherContextParallelLayout) {
+  Layout ring;
+  ring.family = "llama";
+  ring.cp = 2;
+  ring.zero_stage = 1;
+  const std::string ckpt = *dir_ / "ckpt-cp2";
+  auto a = run(ring, config(ring, ckpt), {"--max-steps", "10"});
+  ASSERT_EQ(a.rc, 0) << a.err;
+  std::filesystem::copy(ckpt, *dir_ / "ckpt-cp2-u", std::filesystem::copy_options::recursive);
+  Layout dp2;
+  dp2.family = "llama";
+  dp2.dp = 2;
+  dp2.zero_stage = 1;
+  auto b = run(dp2, config(dp2, ckpt), {"--resume"});
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_NE((b.out + b.err).find("context-parallel 2"), std::string::npos) << b.out << b.err;
+  expect_curve(dp2, b.metrics, 11, "cp2 ring resumed at cp1 x dp2");
+  Layout u = ring;
+  u.method = "ulysses";
+  auto c = run(u, config(u, *dir_ / "ckpt-cp2-u"), {"--resume"});
+  ASSERT_EQ(c.rc, 0) << c.err;
+  expect_curve(u, c.metrics, 11, "cp2 ring resumed at cp2 Ulysses");
+}
+
+}  // namespace
+}  // namespace ds
