@@ -439,6 +439,17 @@ Verdict verdict(const MemoryPlan& p, int64_t device_bytes) {
     n.dp /= 2;
     n.grad_accum *= 2;
     tries.push_back({fmt::format("pipeline stages {} (data parallelism {})", n.pp, n.dp), n});
+    // Context parallelism: the sequence split over twice the ranks (activations halve).
+    for (const auto method : {layout::CpMethod::kRing, layout::CpMethod::kUlysses}) {
+      n = l;
+      n.cp *= 2;
+      n.cp_method = method;
+      n.dp /= 2;
+      n.grad_accum *= 2;
+      tries.push_back({fmt::format("context parallelism {} {} (data parallelism {})", n.cp,
+                                   layout::cp_method_name(method), n.dp),
+                       n});
+    }
   }
   std::vector<std::pair<int64_t, std::string>> ok;
   for (const auto& t : tries) {

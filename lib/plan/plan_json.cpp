@@ -67,6 +67,8 @@ Json layout_json(const Layout& l) {
   return Json{{"tp", l.tp},
               {"pp", l.pp},
               {"dp", l.dp},
+              {"cp", l.cp},
+              {"cp_method", layout::cp_method_name(l.cp_method)},
               {"zero_stage", l.zero_stage},
               {"micro_batch", l.micro_batch},
               {"gradient_accumulation_steps", l.grad_accum},
@@ -166,6 +168,7 @@ Json recommend_json(const RecommendReport& report, const SearchResult& result) {
     e["step_seconds"] = c.time.total();
     e["step"] = {{"compute", c.time.compute}, {"bubble", c.time.bubble},
                  {"tp_comm", c.time.tp_comm}, {"pp_comm", c.time.pp_comm},
+                 {"cp_comm", c.time.cp_comm}, {"cp_comm_total", c.time.cp_comm_total},
                  {"dp_comm", c.time.dp_comm}, {"offload", c.time.offload},
                  {"overhead", c.time.overhead}, {"recompute", c.time.recompute},
                  {"dp_comm_total", c.time.dp_comm_total}, {"optimizer", c.time.optimizer},

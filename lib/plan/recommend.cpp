@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "layout/context_parallel.h"
 
 namespace ds::plan {
 
@@ -24,9 +25,9 @@ std::vector<int> divisors(int64_t n) {
 }  // namespace
 
 std::string describe_layout(const Layout& l) {
-  std::string s = fmt::format("tp {} x pp {} x dp {}, ZeRO-{}, micro-batch {} x {} step{}", l.tp,
-                              l.pp, l.dp, l.zero_stage, l.micro_batch, l.grad_accum,
-                              l.grad_accum == 1 ? "" : "s");
+  std::string s = fmt::format("tp {} x pp {} x dp {}{}, ZeRO-{}, micro-batch {} x {} step{}", l.tp, l.pp, l.dp,
+                              l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, layout::cp_method_name(l.cp_method)) : "",
+                              l.zero_stage, l.micro_batch, l.grad_accum, l.grad_accum == 1 ? "" : "s");
   if (l.checkpointing) s += ", checkpointing";
   if (l.offload_param) {
     s += ", offload params+optimizer";
@@ -61,6 +62,7 @@ std::vector<std::pair<double, std::string>> terms(const StepTime& t) {
           {t.bubble, "pipeline bubble"},
           {t.tp_comm, "tensor-parallel all-reduces"},
           {t.pp_comm, "pipeline send/recv"},
+          {t.cp_comm, "context-parallel transfers"},
           {t.dp_comm, "exposed data-parallel traffic"},
           {t.optimizer, "optimizer"},
           {t.offload, "offload (host link, CPU Adam)"},
@@ -100,54 +102,67 @@ std::string compare_steps(const Candidate& a, const Candidate& b) {
 SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int world_size,
                        int64_t device_bytes, const Calibration& cal, const CommTypes& types) {
   if (world_size < 1) throw invalid_argument("--world-size must be at least 1, got {}", world_size);
-  if (device_bytes <= 0) throw invalid_argument("--recommend needs the device memory (--gpu-mem), got {}", device_bytes);
+  if (device_bytes <= 0)
+    throw invalid_argument("--recommend needs the device memory (--gpu-mem), got {}", device_bytes);
   s.validate();
   const int64_t global_batch = static_cast<int64_t>(base.micro_batch) * base.grad_accum * base.dp;
   SearchResult res;
+  // Context parallelism: cp ranks per sequence (ring, and Ulysses where the heads divide; the
+  // base's own cp and method are among them).
+  std::vector<std::pair<int, layout::CpMethod>> cps;
+  for (int cp : divisors(world_size)) {
+    cps.push_back({cp, layout::CpMethod::kRing});
+    if (cp > 1) cps.push_back({cp, layout::CpMethod::kUlysses});
+  }
   for (int tp : divisors(world_size)) {
     for (int pp : divisors(world_size / tp)) {
-      const int dp = world_size / (tp * pp);
-      for (int zero = 0; zero <= 3; ++zero) {
-        for (int offload = 0; offload <= 2; ++offload) {  // none, optimizer, params + optimizer
-          if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
-          if (offload > 0 && base.device == DeviceKind::kCpu) continue;  // nothing to offload to
-          if (offload == 2) continue;  // the runtime offloads the optimizer, not ZeRO-3 params
-          for (int ckpt = 0; ckpt <= 1; ++ckpt) {
-            Layout l = base;
-            l.tp = tp;
-            l.pp = pp;
-            l.dp = dp;
-            l.zero_stage = zero;
-            l.offload_optimizer = offload >= 1;
-            l.offload_param = offload == 2;
-            l.checkpointing = ckpt == 1;
-            if (global_batch % dp != 0) {
-              ++res.considered;
-              ++res.rejected_rule;  // train_batch_size must divide by dp
-              continue;
-            }
-            for (int mb : divisors(global_batch / dp)) {
-              ++res.considered;
-              l.micro_batch = mb;
-              l.grad_accum = static_cast<int>(global_batch / dp / mb);
-              if (tp > cal.ranks_per_node) {  // tensor parallelism stays inside a node
-                ++res.rejected_rule;
+      for (const auto& [cp, method] : cps) {
+        if ((world_size / (tp * pp)) % cp != 0) continue;
+        const int dp = world_size / (tp * pp * cp);
+        for (int zero = 0; zero <= 3; ++zero) {
+          for (int offload = 0; offload <= 2; ++offload) {  // none, optimizer, params + optimizer
+            if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
+            if (offload > 0 && base.device == DeviceKind::kCpu) continue;  // nothing to offload to
+            if (offload == 2) continue;  // the runtime offloads the optimizer, not ZeRO-3 params
+            for (int ckpt = 0; ckpt <= 1; ++ckpt) {
+              Layout l = base;
+              l.tp = tp;
+              l.pp = pp;
+              l.dp = dp;
+              l.cp = cp;
+              l.cp_method = method;
+              l.zero_stage = zero;
+              l.offload_optimizer = offload >= 1;
+              l.offload_param = offload == 2;
+              l.checkpointing = ckpt == 1;
+              if (global_batch % dp != 0) {
+                ++res.considered;
+                ++res.rejected_rule;  // train_batch_size must divide by dp
                 continue;
               }
-              try {
-                MemoryPlan p = plan_memory(s, l);
-                const int64_t peak = p.peak_total();
-                if (peak > device_bytes) {
-                  ++res.rejected_memory;
+              for (int mb : divisors(global_batch / dp)) {
+                ++res.considered;
+                l.micro_batch = mb;
+                l.grad_accum = static_cast<int>(global_batch / dp / mb);
+                if (tp > cal.ranks_per_node) {  // tensor parallelism stays inside a node
+                  ++res.rejected_rule;
                   continue;
                 }
-                Candidate c;
-                c.layout = l;
-                c.peak_bytes = peak;
-                c.time = step_time(s, l, cal, types);
-                res.fits.push_back(std::move(c));
-              } catch (const Error&) {
-                ++res.rejected_rule;
+                try {
+                  MemoryPlan p = plan_memory(s, l);
+                  const int64_t peak = p.peak_total();
+                  if (peak > device_bytes) {
+                    ++res.rejected_memory;
+                    continue;
+                  }
+                  Candidate c;
+                  c.layout = l;
+                  c.peak_bytes = peak;
+                  c.time = step_time(s, l, cal, types);
+                  res.fits.push_back(std::move(c));
+                } catch (const Error&) {
+                  ++res.rejected_rule;
+                }
               }
             }
           }

@@ -296,18 +296,58 @@ double node_capacity(const Calibration& cal, const model_spec::ModelShape& s, co
 // One pipeline stage's micro-batch, split by kind.
 struct StageMb {
   double fwd = 0, bwd = 0, recompute = 0, tp = 0, p2p = 0, params = 0;
+  double cp = 0, cp_total = 0;  // context parallelism's exposed and total transfer time
   double tp_fwd = 0;   // of tp, the forward's all-reduces
   double handoff = 0;  // one send/recv to a neighbour stage
   int layers = 0;
-  double slot() const { return fwd + bwd + tp + p2p; }
+  double slot() const { return fwd + bwd + tp + p2p + cp; }
 };
+
+// One layer's context-parallel traffic on a rank, forward and backward (recompute: the forward's
+// again), with how much of it the compute hides. Ring: N-1 key/value blocks in the forward; in
+// the backward N-1 blocks and N fp32 dK/dV accumulators, each send/recv overlapping the block
+// attention of the step (window: the layer's compute of that pass split over the N steps).
+// Ulysses: all-to-alls (2 forward, 4 backward), each moving (N-1)/N of the rank's rows of that
+// tensor, as the concurrent pairwise send/recv the runtime posts; nothing overlaps them.
+struct CpLayer {
+  double exposed = 0, total = 0;
+};
+CpLayer cp_layer(const model_spec::ModelShape& s, const Layout& l, const Calibration& cal, const Placement& pl,
+                 const CommTypes& types, double fwd, double bwd, double r) {
+  CpLayer c;
+  if (l.cp <= 1) return c;
+  const int n = l.cp;
+  const bool across = l.tp * l.cp > pl.per_node;
+  const double rows = 1.0 * l.micro_batch * s.seq_len / n;  // the rank's tokens of each micro-batch
+  const double hd = s.head_dim(), nh = 1.0 * s.n_head / l.tp, kv = 1.0 * model_spec::kv_heads(s) / l.tp;
+  auto sendrecv = [&](double bytes) {
+    return collective_time(cal, CollectiveOp::kSendRecv, 2, across, pl.world / 2, bytes);
+  };
+  if (l.cp_method == layout::CpMethod::kRing) {
+    const double block = rows * 2 * kv * hd;  // elements of the rank's keys and values
+    const double f = (n - 1) * sendrecv(block * types.param_bytes);
+    const double b = (n - 1) * sendrecv(block * types.param_bytes) + n * sendrecv(block * 4);
+    c.total = (1 + r) * f + b;
+    c.exposed = (1 + r) * exposed_comm(f, n - 1, fwd, pl.overlap) + exposed_comm(b, 2 * n - 1, bwd, pl.overlap);
+    return c;
+  }
+  const double share = (n - 1.0) / n * types.param_bytes;
+  const double qkv = rows * (nh + 2 * kv) * hd * share, out = rows * nh * hd * share;
+  const double f = sendrecv(qkv) + sendrecv(out);
+  const double b = sendrecv(qkv) + 3 * sendrecv(out) + sendrecv(qkv);  // qkv, out, dout in; dqkv out
+  c.total = c.exposed = (1 + r) * f + b;
+  return c;
+}
 
 std::vector<StageMb> stage_micro_batches(const model_spec::ModelShape& s, const Layout& l,
                                          const Calibration& cal, const Placement& pl,
                                          const CommTypes& types) {
   const std::vector<int> bounds = stage_bounds(s, l.pp, l.partition, l.tp);
-  const PieceTimes pc = compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1);
-  const double act = 1.0 * l.micro_batch * s.seq_len * s.n_embd * types.param_bytes;
+  // A cp rank computes 1/cp of every piece (its T/cp tokens; the ring's chunks balance the causal
+  // attention, Ulysses gives it 1/cp of the heads over the whole sequence).
+  const PieceTimes pc = scale(compute_for(cal, s, l.tp, l.micro_batch, l.precision, 1), 1.0 / l.cp, 1.0 / l.cp,
+                              1.0 / l.cp);
+  const double act = 1.0 * l.micro_batch * s.seq_len / l.cp * s.n_embd * types.param_bytes;
   const double ar = collective_time(cal, CollectiveOp::kAllReduce, l.tp, false, pl.world / l.tp, act);
   const double p2p = l.pp > 1 ? collective_time(cal, CollectiveOp::kSendRecv, 2, pl.world > pl.per_node,
                                                 pl.world / 2, act)
@@ -326,6 +366,9 @@ std::vector<StageMb> stage_micro_batches(const model_spec::ModelShape& s, const 
     m.tp = m.tp_fwd + (2 * n * (1 + r) + last) * ar;
     m.p2p = last ? 0 : 2 * p2p;
     m.handoff = p2p;
+    const CpLayer cpl = cp_layer(s, l, cal, pl, types, pc.layer_fwd, pc.layer_bwd, r);
+    m.cp = n * cpl.exposed;
+    m.cp_total = n * cpl.total;
     model_spec::ModelPart part{bounds[static_cast<size_t>(st)], bounds[static_cast<size_t>(st) + 1],
                                first, last, l.tp, 0};
     m.params = static_cast<double>(model_spec::part_param_count(s, part));
@@ -350,13 +393,14 @@ Buckets buckets(double elems, int64_t cap, int elem_bytes) {
 // The data-parallel traffic of the critical stage: sets dp_comm (exposed) and dp_comm_total.
 void data_parallel(const Layout& l, const Calibration& cal, const Placement& pl,
                    const CommTypes& types, const StageMb& st, StepTime& t) {
-  if (l.dp <= 1) return;
-  const bool across = l.tp * l.dp > pl.per_node;
-  const int groups = pl.world / l.dp;
+  const int zr = l.zero_ranks();  // gradients are reduced over dp x cp
+  if (zr <= 1) return;
+  const bool across = l.tp * zr > pl.per_node;
+  const int groups = pl.world / zr;
   const double ov = l.overlap_comm ? pl.overlap : 0;
   const double n = st.params, m = l.grad_accum, r = l.checkpointing ? 1 : 0;
   auto coll = [&](CollectiveOp op, const Buckets& b) {
-    return b.count * collective_time(cal, op, l.dp, across, groups, b.bytes);
+    return b.count * collective_time(cal, op, zr, across, groups, b.bytes);
   };
   const Buckets grad = buckets(n, l.reduce_bucket_size, types.grad_bytes);
   double exposed = 0, total = 0;
@@ -377,7 +421,7 @@ void data_parallel(const Layout& l, const Calibration& cal, const Placement& pl,
                    exposed_comm(rs + bwd_g, grad.count + units, st.bwd, ov));
   }
   if (l.zero_stage == 1 || l.zero_stage == 2) {  // the updated parameters, gathered after the step
-    const Buckets ag = buckets(n, l.allgather_bucket_size * l.dp, types.param_bytes);
+    const Buckets ag = buckets(n, l.allgather_bucket_size * zr, types.param_bytes);
     const double g = coll(CollectiveOp::kAllGather, ag);
     total += g;
     exposed += g;
@@ -405,10 +449,12 @@ StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calib
   t.recompute = m * st.recompute;
   t.tp_comm = m * st.tp;
   t.pp_comm = m * st.p2p;
+  t.cp_comm = m * st.cp;
+  t.cp_comm_total = m * st.cp_total;
   const double schedule = pipeline_schedule(slots, l.grad_accum);
   t.bubble = schedule - m * st.slot();
   data_parallel(l, cal, pl, types, st, t);
-  const double shard = l.zero_stage == 0 ? st.params : std::ceil(st.params / l.dp);
+  const double shard = l.zero_stage == 0 ? st.params : std::ceil(st.params / l.zero_ranks());
   if (l.offload_optimizer && !cal.cpu) {
     t.offload = 2 * shard * types.param_bytes / cal.host_link_bw + shard / cal.cpu_adam_rate;
   } else {
@@ -418,15 +464,16 @@ StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calib
   // The node's compute (every rank's, at the rate of a rank alone) through what the node
   // delivers with all its ranks at once; tp all-reduces keep a whole group waiting.
   double work = 0;
-  for (const auto& x : stages) work += l.tp * l.dp * m * (x.fwd + x.bwd);
+  for (const auto& x : stages) work += l.tp * l.dp * l.cp * m * (x.fwd + x.bwd);
   work *= 1.0 * pl.per_node / pl.world;
-  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.dp_comm +
+  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.cp_comm + t.dp_comm +
                        t.optimizer + t.offload + t.overhead;
   t.shared_cores = std::max(0.0, bound - t.total());
   if (l.pp > 1) {  // a pipeline's stages share the cores only while they compute at once
     std::vector<StageWork> work_of;
     for (const auto& x : stages) work_of.push_back({x.fwd + x.tp_fwd, x.bwd + x.tp - x.tp_fwd});
-    const int per_stage = std::max(1, static_cast<int>(std::lround(1.0 * l.tp * l.dp * pl.per_node / pl.world)));
+    const int per_stage =
+        std::max(1, static_cast<int>(std::lround(1.0 * l.tp * l.dp * l.cp * pl.per_node / pl.world)));
     std::vector<double> capacity(static_cast<size_t>(pl.per_node) + 1, 0);  // by ranks computing, looked up once
     for (int k = 1; k <= pl.per_node; ++k) capacity[static_cast<size_t>(k)] = node_capacity(cal, s, l, k);
     const double shared = shared_core_pipeline(work_of, l.grad_accum, l.schedule, st.handoff, per_stage,

@@ -101,3 +101,62 @@ TEST(Recommend, RejectsBadArguments) {
 
 }  // namespace
 }  // namespace ds::plan
+
+namespace ds::plan {
+namespace {
+
+// A long sequence: the plan halves a rank's activations per doubling of cp, counts the cp
+// attention's scratch (workspace) and blocks in flight (comm), refuses what does not divide, and
+// both the verdict's fixes and the search offer context parallelism when activations are what
+// does not fit.
+TEST(Recommend, ContextParallelismSplitsTheSequence) {
+  model_spec::ModelShape s = small();
+  s.n_head = 4;
+  s.seq_len = 4096;
+  Layout one = base();
+  one.micro_batch = 1;
+  one.grad_accum = 4;
+  Layout two = one;
+  two.cp = 2;
+  two.dp = 2;
+  two.grad_accum = 8;
+  const MemoryPlan p1 = plan_memory(s, one), p2 = plan_memory(s, two);
+  EXPECT_EQ(p2.ranks[0].activations * 2, p1.ranks[0].activations);
+  EXPECT_GT(p2.ranks[0].comm, p1.ranks[0].comm);  // the ring's blocks in flight
+  const auto scratch = layout::cp_attention_scratch(
+      {1, 4096, 4, 4, 16, 2, layout::CpMethod::kRing, storage_bytes(two), two.num_threads});
+  EXPECT_GT(scratch.workspace, 0);
+  EXPECT_GT(scratch.comm, 0);
+  Layout odd = two;
+  odd.cp = 3;
+  EXPECT_THROW(plan_memory(s, odd), Error);  // 4096 is not divisible by 2 x 3
+  Layout uly = two;
+  uly.cp_method = layout::CpMethod::kUlysses;
+  uly.cp = 8;
+  uly.dp = 1;
+  s.seq_len = 4096;
+  EXPECT_THROW(plan_memory(s, uly), Error);  // 4 heads over 8 ranks
+
+  // Just under the single rank's peak: the fixes include cp 2, and the search ranks cp layouts.
+  const int64_t device = p1.peak_total() - 1;
+  const Verdict v = verdict(p1, device);
+  bool cp_fix = false;
+  for (const auto& f : v.fixes) cp_fix |= f.find("context parallelism 2") != std::string::npos;
+  EXPECT_TRUE(cp_fix);
+  const Calibration cal = builtin_calibration(Hardware{});
+  const auto res = recommend(s, one, 4, device, cal, comm_types(Precision::kBf16, Precision::kBf16));
+  int with_cp = 0;
+  for (const auto& c : res.fits) {
+    EXPECT_EQ(c.layout.world_size(), 4);
+    EXPECT_EQ(c.layout.micro_batch * c.layout.grad_accum * c.layout.dp, 16);  // sequences per step
+    if (c.layout.cp > 1) {
+      ++with_cp;
+      EXPECT_GT(c.time.cp_comm_total, 0) << describe_layout(c.layout);
+      EXPECT_NE(describe_layout(c.layout).find(" x cp "), std::string::npos);
+    }
+  }
+  EXPECT_GT(with_cp, 0);
+}
+
+}  // namespace
+}  // namespace ds::plan
