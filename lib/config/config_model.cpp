@@ -177,12 +177,13 @@ Json model_to_json(const JobConfig& cfg) {
 void read_activation_checkpointing(Section& root, ActivationCheckpointingConfig& out) {
   Section s = root.section("activation_checkpointing");
   s.get_bool("enabled", out.enabled);
+  s.get_choice("mode", out.mode, {"full", "selective"});
   s.ignored(kDsActivationCkptIgnored);
   s.finish();
 }
 
 Json activation_checkpointing_to_json(const ActivationCheckpointingConfig& c) {
-  return Json{{"enabled", c.enabled}};
+  return Json{{"enabled", c.enabled}, {"mode", c.mode}};
 }
 
 }  // namespace ds::config::detail

@@ -147,6 +147,13 @@ struct SchedulerConfig {
 
 struct ActivationCheckpointingConfig {
   bool enabled = false;  // dstrain extension key; DeepSpeed's keys are accepted with a warning
+  // With enabled: "full" recomputes each layer's forward in its backward, keeping only the
+  // layer's output; "selective" (Korthikanti et al.) recomputes only attention's scores and
+  // softmax, which dstrain's attention never stores (its backward recomputes them from q, k and
+  // the kept log-sum-exp), so every other activation is kept and no layer is recomputed.
+  std::string mode = "full";
+  // Whether layers are recomputed in backward (the runtime's ModelOptions::recompute).
+  bool full() const { return enabled && mode == "full"; }
 };
 
 struct PipelineConfig {

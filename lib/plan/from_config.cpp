@@ -36,7 +36,8 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.offload_param = c.zero.offload_param.device == "cpu";
   l.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   l.grad_accum = static_cast<int>(c.gradient_accumulation_steps);
-  l.checkpointing = c.activation_checkpointing.enabled;
+  l.checkpointing = c.activation_checkpointing.full();
+  l.selective_recompute = c.activation_checkpointing.enabled && !c.activation_checkpointing.full();
   l.schedule = c.pipeline.schedule;
   l.partition = c.pipeline.partition;
   l.precision = c.precision();

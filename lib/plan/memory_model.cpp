@@ -301,7 +301,9 @@ void add_notes(MemoryPlan& plan) {
                                     l.cp > 1 ? fmt::format("{} of {}, context-parallel {} {}", s.seq_len / l.cp,
                                                            s.seq_len, l.cp, layout::cp_method_name(l.cp_method))
                                              : std::to_string(s.seq_len),
-                                    l.checkpointing ? ", checkpointed" : "",
+                                    l.checkpointing        ? ", checkpointed"
+                                    : l.selective_recompute ? ", selective recompute: attention scores never stored"
+                                                            : "",
                                     l.checkpointing ? " + " + format_bytes(static_cast<double>(
                                                                   at.shared_activation_bytes)) +
                                                           " to recompute one layer"

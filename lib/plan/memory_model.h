@@ -48,7 +48,10 @@ struct Layout {
   bool offload_param = false;      // zero_optimization.offload_param.device == "cpu" (stage 3)
   int micro_batch = 1;             // train_micro_batch_size_per_gpu (B)
   int grad_accum = 1;              // gradient_accumulation_steps: micro-batches per step (m)
-  bool checkpointing = false;      // activation_checkpointing.enabled
+  bool checkpointing = false;      // activation_checkpointing enabled, mode "full": layers recomputed
+  // Mode "selective": only attention's scores recomputed, which the runtime's attention always
+  // does (it never stores them); the same bytes as no checkpointing, said in the notes.
+  bool selective_recompute = false;
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   StageSplit partition = StageSplit::kParameters;
   Precision precision = Precision::kFp32;

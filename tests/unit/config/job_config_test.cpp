@@ -48,7 +48,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.train_batch_sise: unknown key (did you mean \"train_batch_size\"?)"},
       {"{" + mb + R"("modle": {}})", 1, "t.json:1: $.modle: unknown key (did you mean \"model\"?)"},
       {"{" + mb + R"("activation_checkpointing": {"xyzzy": true}})", 1,
-       "t.json:1: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, "
+       "t.json:1: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, mode, "
        "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
        "number_checkpoints, synchronize_checkpoint_boundary, profile)"},
       {"{" + mb + R"("xyzzy": 1})", 1,
@@ -670,6 +670,18 @@ TEST(JobConfig, ContextParallelSplitsTheWorldAndNamesWhatDoesNotDivide) {
   EXPECT_EQ(errors_of(R"({"train_batch_size": 1, "context_parallel": {"size": 3}})", 4).at(0),
             "t.json:1: $.context_parallel: world size 4 is not divisible by tensor_parallel.size x "
             "context_parallel.size x pipeline.stages = 1 x 3 x 1 = 3 (the data-parallel size must be a whole number)");
+}
+
+
+TEST(JobConfig, ActivationCheckpointingModeIsFullOrSelective) {
+  auto full = parse_job_config(R"({"train_batch_size": 2, "activation_checkpointing": {"enabled": true}})", "", 1);
+  EXPECT_EQ(full.activation_checkpointing.mode, "full");
+  EXPECT_TRUE(full.activation_checkpointing.full());
+  auto sel = parse_job_config(
+      R"({"train_batch_size": 2, "activation_checkpointing": {"enabled": true, "mode": "selective"}})", "", 1);
+  EXPECT_FALSE(sel.activation_checkpointing.full());  // no layer is recomputed
+  EXPECT_EQ(sel.to_json()["activation_checkpointing"]["mode"], "selective");
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 2, "activation_checkpointing": {"mode": "some"}})").size(), 1u);
 }
 
 }  // namespace

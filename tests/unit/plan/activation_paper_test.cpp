@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "common/error.h"
+#include "model_spec/shape.h"
 #include "plan/activation_paper.h"
 
 namespace ds::plan {
@@ -45,6 +46,53 @@ TEST(Korthikanti, RejectsImpossibleSplits) {
   in.sequence_parallel = false;
   in.s = 0;
   EXPECT_THROW(korthikanti_layer_bytes(in), Error);
+}
+
+}  // namespace
+}  // namespace ds::plan
+
+namespace ds::plan {
+namespace {
+
+// activation_checkpointing mode "selective" is Korthikanti's selective recompute: the runtime
+// keeps every activation of a layer except attention's scores and softmax, which its attention
+// never stores. Its per-layer bytes (the family's list, which the runtime allocates and the
+// planner counts) are the paper's sbh(10 + 24/t) less the two dropout masks (dstrain has no
+// dropout: 2sbh at 16 bits, 1 byte an element each) plus the fp32 statistics the paper leaves
+// out (the norms' mean and rstd, attention's lse); full recompute keeps the paper's 2sbh.
+TEST(Korthikanti, SelectiveRecomputeIsWhatTheRuntimeKeeps) {
+  model_spec::ModelShape s;
+  s.n_layer = 2;
+  s.n_head = 8;
+  s.n_embd = 256;
+  s.vocab_size = 512;
+  s.padded_vocab_size = 512;
+  s.seq_len = 128;
+  const int b = 2;
+  for (int t : {1, 2, 4}) {
+    model_spec::ModelPart part = model_spec::ModelPart::whole(s);
+    part.tp = t;
+    for (bool recompute : {false, true}) {
+      model_spec::ActConfig cfg;
+      cfg.B = b;
+      cfg.T = s.seq_len;
+      cfg.recompute = recompute;
+      cfg.storage_bytes = 2;
+      double layer = 0, stats = 0;
+      for (const auto& a : model_spec::model_activations(s, part, cfg)) {
+        if (a.scope != model_spec::ActScope::kPerLayer) continue;
+        (a.fp32 ? stats : layer) += static_cast<double>(a.bytes(2));
+      }
+      KorthikantiInput in{static_cast<double>(s.seq_len), b, static_cast<double>(s.n_embd),
+                          static_cast<double>(s.n_head), static_cast<double>(t), false,
+                          recompute ? PaperRecompute::kFull : PaperRecompute::kSelective};
+      const double sbh = 1.0 * s.seq_len * b * s.n_embd;
+      const double want = korthikanti_layer_bytes(in) - (recompute ? 0 : 2 * sbh);
+      EXPECT_DOUBLE_EQ(layer, want) << "t " << t << (recompute ? " full" : " selective");
+      const double want_stats = recompute ? 0 : 4.0 * s.seq_len * b * (4 + s.n_head / t);
+      EXPECT_DOUBLE_EQ(stats, want_stats) << "t " << t;
+    }
+  }
 }
 
 }  // namespace
