@@ -58,6 +58,7 @@ bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig&
     if (size_valid) out.size = n == 0 ? 1 : n;  // DeepSpeed: 0 = off
   }
   if (s.has("size")) size_valid = s.get_int("size", out.size, 1);
+  s.get_bool("sequence_parallel", out.sequence_parallel);
   s.raw("size");
   s.raw("autotp_size");
   s.ignored(kDsTensorParallelIgnored);
@@ -65,7 +66,9 @@ bool read_tensor_parallel(ReadContext& ctx, Section& root, TensorParallelConfig&
   return size_valid;
 }
 
-Json tensor_parallel_to_json(const TensorParallelConfig& c) { return Json{{"size", c.size}}; }
+Json tensor_parallel_to_json(const TensorParallelConfig& c) {
+  return Json{{"size", c.size}, {"sequence_parallel", c.sequence_parallel}};
+}
 
 bool read_context_parallel(ReadContext& ctx, Section& root, ContextParallelConfig& out) {
   const bool has_section = root.has("context_parallel");

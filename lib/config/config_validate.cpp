@@ -90,6 +90,11 @@ bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, Jo
     return false;
   }
   cfg.data_parallel_size = cfg.world_size / (tp * pp * cp);
+  if (cfg.tensor_parallel.sequence_parallel && tp == 1) {
+    ctx.error(json_path_child(top("tensor_parallel"), "sequence_parallel"),
+              "sequence parallelism splits the activations over the tensor-parallel ranks: it needs "
+              "tensor_parallel.size > 1 (it is 1)");
+  }
   return true;
 }
 
@@ -193,6 +198,18 @@ void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConf
   check_zero3_without_pipeline(ctx, valid, cfg);
   if (valid.batch.valid && layout_whole) resolve_batch_triad(ctx, valid.batch, cfg);
   if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);
+  const int tp = cfg.tensor_parallel.size, cp = cfg.context_parallel.size;
+  if (cfg.has_model && valid.model && layout_whole && valid.batch.valid && cfg.tensor_parallel.sequence_parallel &&
+      tp > 1 && cfg.train_micro_batch_size_per_gpu > 0) {
+    const int64_t tokens = cfg.train_micro_batch_size_per_gpu * (cfg.model.shape.seq_len / cp);
+    if (tokens % tp != 0) {
+      ctx.error(json_path_child(top("tensor_parallel"), "sequence_parallel"),
+                fmt::format("a rank's micro-batch of train_micro_batch_size_per_gpu x model.seq_len / "
+                            "context_parallel.size = {} tokens is not divisible by tensor_parallel.size {} "
+                            "(sequence parallelism gives each tp rank an equal share)",
+                            tokens, tp));
+    }
+  }
 }
 
 }  // namespace ds::config::detail

@@ -164,6 +164,9 @@ struct PipelineConfig {
 
 struct TensorParallelConfig {
   int size = 1;
+  // Megatron's sequence parallelism: outside the tp regions the activations are split by rows
+  // (tokens) over the tp group; needs size > 1.
+  bool sequence_parallel = false;
 };
 
 // Context parallelism: the sequence of every micro-batch split over `size` ranks

@@ -57,31 +57,32 @@ std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& pa
                                         const ActConfig& cfg) {
   const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T;
   const int64_t C = s.n_embd, tp = part.tp;
+  const int64_t Rl = cfg.sequence_parallel ? BT / tp : BT;  // rows of the residual stream held here
   const int64_t NHl = s.n_head / tp, C3l = 3 * C / tp, Cl = C / tp, C4l = 4 * C / tp;
   const bool layers = part.layer_end > part.layer_begin;
   const ActScope inner = cfg.recompute ? ActScope::kShared : ActScope::kPerLayer;
   const ActTag act = ActTag::kActivations, ws = ActTag::kWorkspace;
   std::vector<ActBuffer> v;
-  v.push_back({"input", BT * C, ActScope::kPerMicroBatch, act});
+  v.push_back({"input", Rl * C, ActScope::kPerMicroBatch, act});
   if (layers) {
-    v.push_back({"ln1", BT * C, inner, act});
-    v.push_back({"ln1_mean", BT, inner, act, true});
-    v.push_back({"ln1_rstd", BT, inner, act, true});
+    v.push_back({"ln1", Rl * C, inner, act});
+    v.push_back({"ln1_mean", Rl, inner, act, true});
+    v.push_back({"ln1_rstd", Rl, inner, act, true});
     v.push_back({"qkv", BT * C3l, inner, act});
     v.push_back({"atty", BT * Cl, inner, act});
     v.push_back({"att_lse", BT * NHl, inner, act, true});
-    v.push_back({"res2", BT * C, inner, act});
-    v.push_back({"ln2", BT * C, inner, act});
-    v.push_back({"ln2_mean", BT, inner, act, true});
-    v.push_back({"ln2_rstd", BT, inner, act, true});
+    v.push_back({"res2", Rl * C, inner, act});
+    v.push_back({"ln2", Rl * C, inner, act});
+    v.push_back({"ln2_mean", Rl, inner, act, true});
+    v.push_back({"ln2_rstd", Rl, inner, act, true});
     v.push_back({"fch", BT * C4l, inner, act});
     v.push_back({"fch_gelu", BT * C4l, inner, act});
-    v.push_back({"out", BT * C, ActScope::kPerLayer, act});
+    v.push_back({"out", Rl * C, ActScope::kPerLayer, act});
   }
   if (part.has_head) {
-    v.push_back({"lnf", BT * C, ActScope::kPerMicroBatch, act});
-    v.push_back({"lnf_mean", BT, ActScope::kPerMicroBatch, act, true});
-    v.push_back({"lnf_rstd", BT, ActScope::kPerMicroBatch, act, true});
+    v.push_back({"lnf", Rl * C, ActScope::kPerMicroBatch, act});
+    v.push_back({"lnf_mean", Rl, ActScope::kPerMicroBatch, act, true});
+    v.push_back({"lnf_rstd", Rl, ActScope::kPerMicroBatch, act, true});
     v.push_back({"losses", BT, ActScope::kPerMicroBatch, act, true});
     const int rows = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                              : head_chunk_rows_default(s, cfg.B, cfg.T, part.tp);
@@ -90,7 +91,11 @@ std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& pa
     if (tp > 1) v.push_back({"ce_stats", 3 * static_cast<int64_t>(rows), ActScope::kShared, ws, true});
   }
   // Backward: the residual stream's gradient, flowing in place through the layers.
-  v.push_back({"dres", BT * C, ActScope::kShared, ws});
+  v.push_back({"dres", Rl * C, ActScope::kShared, ws});
+  if (cfg.sequence_parallel) {
+    v.push_back({"sp_gather", BT * C, ActScope::kShared, ws});
+    v.push_back({"dln_sp", Rl * C, ActScope::kShared, ws});
+  }
   if (layers || part.has_head) v.push_back({"dln", BT * C, ActScope::kShared, ws});
   if (layers) {
     v.push_back({"dqkv", BT * C3l, ActScope::kShared, ws});

@@ -96,9 +96,10 @@ namespace {
 
 void llama_head_buffers(std::vector<ActBuffer>& v, const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
   const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T, C = s.n_embd, tp = part.tp;
+  const int64_t Rl = cfg.sequence_parallel ? BT / tp : BT;
   const ActScope mb = ActScope::kPerMicroBatch;
-  v.push_back({"lnf", BT * C, mb, ActTag::kActivations});
-  v.push_back({"lnf_rstd", BT, mb, ActTag::kActivations, true});
+  v.push_back({"lnf", Rl * C, mb, ActTag::kActivations});
+  v.push_back({"lnf_rstd", Rl, mb, ActTag::kActivations, true});
   v.push_back({"losses", BT, mb, ActTag::kActivations, true});
   const int rows = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows : head_chunk_rows_default(s, cfg.B, cfg.T, part.tp);
   v.push_back({"logits", static_cast<int64_t>(rows) * (s.padded_vocab_size / tp), ActScope::kShared,
@@ -111,28 +112,33 @@ void llama_head_buffers(std::vector<ActBuffer>& v, const ModelShape& s, const Mo
 std::vector<ActBuffer> llama_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
   const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T;
   const int64_t C = s.n_embd, tp = part.tp, hd = s.head_dim();
+  const int64_t Rl = cfg.sequence_parallel ? BT / tp : BT;  // rows of the residual stream held here
   const int64_t NHl = s.n_head / tp, KVl = s.n_kv_head / tp, Il = s.intermediate_size / tp;
   const int64_t QKVl = (NHl + 2 * KVl) * hd;
   const bool layers = part.layer_end > part.layer_begin;
   const ActScope inner = cfg.recompute ? ActScope::kShared : ActScope::kPerLayer;
   const ActTag act = ActTag::kActivations, ws = ActTag::kWorkspace;
   std::vector<ActBuffer> v;
-  v.push_back({"input", BT * C, ActScope::kPerMicroBatch, act});
+  v.push_back({"input", Rl * C, ActScope::kPerMicroBatch, act});
   if (layers) {
-    v.push_back({"ln1", BT * C, inner, act});
-    v.push_back({"ln1_rstd", BT, inner, act, true});
+    v.push_back({"ln1", Rl * C, inner, act});
+    v.push_back({"ln1_rstd", Rl, inner, act, true});
     v.push_back({"qkv", BT * QKVl, inner, act});
     v.push_back({"atty", BT * NHl * hd, inner, act});
     v.push_back({"att_lse", BT * NHl, inner, act, true});
-    v.push_back({"res2", BT * C, inner, act});
-    v.push_back({"ln2", BT * C, inner, act});
-    v.push_back({"ln2_rstd", BT, inner, act, true});
+    v.push_back({"res2", Rl * C, inner, act});
+    v.push_back({"ln2", Rl * C, inner, act});
+    v.push_back({"ln2_rstd", Rl, inner, act, true});
     v.push_back({"gu", BT * 2 * Il, inner, act});
     v.push_back({"act", BT * Il, inner, act});
-    v.push_back({"out", BT * C, ActScope::kPerLayer, act});
+    v.push_back({"out", Rl * C, ActScope::kPerLayer, act});
   }
   if (part.has_head) llama_head_buffers(v, s, part, cfg);
-  v.push_back({"dres", BT * C, ActScope::kShared, ws});
+  v.push_back({"dres", Rl * C, ActScope::kShared, ws});
+  if (cfg.sequence_parallel) {
+    v.push_back({"sp_gather", BT * C, ActScope::kShared, ws});
+    v.push_back({"dln_sp", Rl * C, ActScope::kShared, ws});
+  }
   if (layers || part.has_head) v.push_back({"dln", BT * C, ActScope::kShared, ws});
   if (layers) {
     v.push_back({"dqkv", BT * QKVl, ActScope::kShared, ws});

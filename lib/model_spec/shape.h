@@ -191,6 +191,10 @@ struct ActConfig {
   int num_threads = 1;        // attention keeps 2 x (T, T) (+ 8 x T x hs at 16 bits) scratch per thread (0: none, CUDA)
   int head_chunk_rows = 0;    // rows of logits computed at once; 0: head_chunk_rows_default
   int storage_bytes = 4;      // bytes per element of the storage type (fp32 4; bf16, fp16 2)
+  // Megatron's sequence parallelism (part.tp > 1): the residual stream, the norms and their
+  // outputs hold B*T/tp rows (this tp rank's share); the gathered norm output (sp_gather) and the
+  // reduce-scattered input gradient (dln_sp) are shared buffers.
+  bool sequence_parallel = false;
 };
 // Rows of (rows, Vp/tp) logits the head computes at once by default: B*T split into equal chunks
 // of at most ~32 Mi elements (128 MiB fp32) each, a multiple of 16 rows, never more than B*T.

@@ -41,6 +41,11 @@ void validate_layout(const ms::ModelShape& s, const Layout& l) {
                            l.tp, l.pp, l.dp, l.cp);
   }
   s.validate_tp(l.tp);
+  if (l.sequence_parallel && l.tp > 1 && (static_cast<int64_t>(l.micro_batch) * (s.seq_len / l.cp)) % l.tp != 0) {
+    throw invalid_argument("sequence parallelism: a rank's micro-batch of {} x {} tokens is not divisible by "
+                           "tensor_parallel.size {}",
+                           l.micro_batch, s.seq_len / l.cp, l.tp);
+  }
   if (auto why = layout::cp_sequence_rule(s.seq_len, l.cp, l.cp_method)) throw invalid_argument("{}", *why);
   if (auto why = layout::cp_heads_rule(s.n_head, ms::kv_heads(s), l.tp, l.cp, l.cp_method)) {
     throw invalid_argument("{}", *why);
@@ -149,6 +154,7 @@ ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
   // CUDA attention: no scratch; a cp rank's attention keeps its own (cp_attention_scratch).
   act.num_threads = l.device == DeviceKind::kCuda || l.cp > 1 ? 0 : l.num_threads;
   act.storage_bytes = storage_bytes(l);
+  act.sequence_parallel = l.sequence_parallel && l.tp > 1;
   return act;
 }
 

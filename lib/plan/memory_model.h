@@ -39,6 +39,7 @@ enum class DeviceKind { kCpu, kCuda };
 // zero_optimization keys.
 struct Layout {
   int tp = 1;  // tensor_parallel.size
+  bool sequence_parallel = false;  // tensor_parallel.sequence_parallel: the residual stream's rows split over tp
   int pp = 1;  // pipeline.stages
   int dp = 1;  // data-parallel size: world_size / (tp * cp * pp)
   int cp = 1;  // context_parallel.size: each sequence split over cp ranks

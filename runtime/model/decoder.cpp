@@ -83,6 +83,22 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
   }
   if (auto why = layout::cp_sequence_rule(opt_.T * opt_.cp, opt_.cp, opt_.cp_method)) throw invalid_argument("{}", *why);
   runs_ = layout::cp_position_runs(opt_.T * opt_.cp, opt_.cp, opt_.cp_rank, opt_.cp_method);
+  sp_ = opt_.sequence_parallel;
+  const int64_t BT = static_cast<int64_t>(opt_.B) * opt_.T;
+  if (sp_ && (part_.tp < 2 || BT % part_.tp != 0)) {
+    throw invalid_argument("sequence parallelism needs tensor parallelism (tp {}) and the micro-batch's B x T = {} x {} "
+                           "tokens divisible by it",
+                           part_.tp, opt_.B, opt_.T);
+  }
+  Rl_ = sp_ ? BT / part_.tp : BT;
+  for (int b = 0; b < opt_.B; b++) {
+    for (const auto& run : runs_) full_segs_.push_back({static_cast<int64_t>(b) * opt_.T + run.local, run.global, run.length});
+  }
+  const int64_t lo = sp_ ? part_.tp_rank * Rl_ : 0, hi = lo + Rl_;
+  for (const auto& seg : full_segs_) {  // the part of each segment within this rank's rows
+    const int64_t a = std::max(lo, seg.row), z = std::min(hi, seg.row + seg.length);
+    if (a < z) local_segs_.push_back({a - lo, seg.position + static_cast<int>(a - seg.row), static_cast<int>(z - a)});
+  }
   if (opt_.device == Device::kCudaHost) {
     throw invalid_argument("ModelOptions::device: pinned host memory (kCudaHost) is for offload buffers; the model "
                            "runs on kCpu or kCuda");
@@ -118,7 +134,7 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
   // The CUDA attention needs no scratch (kern attention_scratch_floats is 0 there), nor does a
   // context-parallel rank (its attention, parallel/context_parallel.h, keeps its own).
   ms::ActConfig cfg{opt_.B, opt_.T, opt_.recompute, dev == Device::kCuda || opt_.cp > 1 ? 0 : threads_, opt_.head_chunk_rows,
-                    static_cast<int>(dtype_size(opt_.dtype))};
+                    static_cast<int>(dtype_size(opt_.dtype)), sp_};
   head_rows_ = cfg.head_chunk_rows > 0 ? cfg.head_chunk_rows
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
   head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
@@ -168,25 +184,44 @@ void Decoder::upload_rope_tables() {
   kern::copy_from_host(rope_sin_, sn.data(), n * sizeof(float));
 }
 
-// The learned position embedding of this rank's rows: wpe row `global + i` onto local row
-// `local + i` of every sequence, one run at a time (context parallelism holds up to two).
-void Decoder::add_positions(TypedPtr x, TypedPtr wpe) {
-  for (int b = 0; b < opt_.B; b++) {
-    for (const auto& run : runs_) {
-      tk::add_position(x + (static_cast<int64_t>(b) * opt_.T + run.local) * C_, wpe + static_cast<int64_t>(run.global) * C_,
-                       1, run.length, C_);
-    }
+// The learned position embedding of this rank's rows, a segment of consecutive positions at a
+// time (context parallelism holds two runs of each sequence; sequence parallelism a share of the
+// flattened rows).
+void Decoder::add_positions(TypedPtr x, TypedPtr wpe, const std::vector<PositionSegment>& segs) {
+  for (const auto& seg : segs) {
+    tk::add_position(x + seg.row * C_, wpe + static_cast<int64_t>(seg.position) * C_, 1, seg.length, C_);
   }
 }
 
-void Decoder::add_positions_backward(TypedPtr dwpe, const int32_t* tokens) {
-  for (int b = 0; b < opt_.B; b++) {
-    for (const auto& run : runs_) {
-      const int64_t row = static_cast<int64_t>(b) * opt_.T + run.local;
-      tk::encoder_backward(TypedPtr(), dwpe + static_cast<int64_t>(run.global) * C_, dres_ + row * C_, tokens + row, 1,
-                           run.length, C_);
-    }
+void Decoder::add_positions_backward(TypedPtr dwpe, TypedPtr src, const int32_t* tokens,
+                                     const std::vector<PositionSegment>& segs) {
+  for (const auto& seg : segs) {
+    tk::encoder_backward(TypedPtr(), dwpe + static_cast<int64_t>(seg.position) * C_, src + seg.row * C_,
+                         tokens + seg.row, 1, seg.length, C_);
   }
+}
+
+TypedPtr Decoder::gathered(TypedPtr local) {
+  if (!sp_) return local;
+  hooks_->tp_all_gather(sp_gather_, local, Rl_ * C_);
+  return sp_gather_;
+}
+
+void Decoder::reduce_rows(TypedPtr local, TypedPtr full, bool forward) {
+  const int64_t BTC = static_cast<int64_t>(opt_.B) * opt_.T * C_;
+  if (sp_) {
+    hooks_->tp_reduce_scatter(local, full, Rl_ * C_);
+  } else if (forward) {
+    hooks_->tp_reduce_forward(full, BTC);
+  } else {
+    hooks_->tp_reduce_backward(full, BTC);
+  }
+}
+
+void Decoder::sum_norm_grads(TypedPtr dw, TypedPtr db) {
+  if (!sp_) return;
+  hooks_->tp_sum_partial_grads(dw, C_);
+  if (db) hooks_->tp_sum_partial_grads(db, C_);
 }
 
 void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb) {
@@ -201,6 +236,7 @@ void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerAc
     stat = nm == "lnf_mean" ? &mb->lnf_mean : nm == "lnf_rstd" ? &mb->lnf_rstd : nm == "losses" ? &mb->losses : nullptr;
   } else {
     typed = nm == "dres" ? &dres_ : nm == "dln" ? &dln_ : nm == "dqkv" ? &dqkv_ : nm == "datty" ? &datty_
+          : nm == "sp_gather" ? &sp_gather_ : nm == "dln_sp" ? &dln_sp_
           : nm == "dfch" || nm == "dgu" ? &dmlp_h_ : nm == "dact" ? &dmlp_act_ : nm == "logits" ? &logits_ : nullptr;
     stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nm == "rope_cos" ? &rope_cos_
          : nm == "rope_sin" ? &rope_sin_ : nullptr;
@@ -367,7 +403,6 @@ void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
   check_tokens(tokens, "input");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
-  const int64_t BTC = static_cast<int64_t>(opt_.B) * opt_.T * C_;
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   const TypedPtr pte = unit_params(wte);
   const TypedPtr ppe = rope_ ? TypedPtr() : unit_params(wpe);
@@ -375,11 +410,12 @@ void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
     tk::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);  // tokens and positions in one pass
   } else {
     // Vocabulary-parallel (tp 1 holds every row): each rank embeds the tokens of its rows, the
-    // group sums, then a learned position embedding (replicated) is added once, at the rows'
-    // global positions.
-    tk::encoder_forward_vocab(a.input, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
-    if (part_.tp > 1) hooks_->tp_reduce_forward(a.input, BTC);
-    if (!rope_) add_positions(a.input, ppe);
+    // group sums (sequence parallelism: each rank keeps its share of the rows), then a learned
+    // position embedding (replicated) is added once, at the rows' global positions.
+    const TypedPtr full = sp_ ? sp_gather_ : a.input;
+    tk::encoder_forward_vocab(full, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
+    if (part_.tp > 1) reduce_rows(a.input, full, true);
+    if (!rope_) add_positions(a.input, ppe, local_segs_);
   }
   hooks_->params_done(wte);
   if (!rope_) hooks_->params_done(wpe);
@@ -393,8 +429,11 @@ void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
   if (!rope_ && part_.tp == 1 && opt_.cp == 1) {
     tk::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
   } else {
-    tk::encoder_backward_vocab(unit_grads(wte), dres_, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
-    if (!rope_) add_positions_backward(unit_grads(wpe), tokens);
+    // Every row's gradient (all-gathered under sequence parallelism): each rank's vocabulary rows,
+    // and the replicated wpe's gradient the same on every tp rank.
+    const TypedPtr d = gathered(dres_);
+    tk::encoder_backward_vocab(unit_grads(wte), d, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
+    if (!rope_) add_positions_backward(unit_grads(wpe), d, tokens, full_segs_);
   }
   if (!rope_) hooks_->grads_ready(wpe);
   hooks_->grads_ready(wte);
@@ -404,69 +443,80 @@ void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
 
 void Decoder::norm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr x, TypedPtr w, TypedPtr b) {
   if (layer_norm_) {
-    tk::layernorm_forward(out, mean, rstd, x, w, b, opt_.B, opt_.T, C_);
+    tk::layernorm_forward(out, mean, rstd, x, w, b, 1, static_cast<int>(Rl_), C_);
   } else {
-    tk::rmsnorm_forward(out, rstd, x, w, static_cast<int64_t>(opt_.B) * opt_.T, C_, norm_eps_);
+    tk::rmsnorm_forward(out, rstd, x, w, Rl_, C_, norm_eps_);
   }
 }
 
 void Decoder::norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout, TypedPtr x, TypedPtr w,
                             const float* mean, const float* rstd) {
   if (layer_norm_) {
-    tk::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, opt_.B, opt_.T, C_);
+    tk::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, 1, static_cast<int>(Rl_), C_);
   } else {
-    tk::rmsnorm_backward(dx, dw, dout, x, w, rstd, static_cast<int64_t>(opt_.B) * opt_.T, C_);
+    tk::rmsnorm_backward(dx, dw, dout, x, w, rstd, Rl_, C_);
   }
 }
 
 void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full) {
   const int B = opt_.B, T = opt_.T, C = C_;
-  const int64_t BT = static_cast<int64_t>(B) * T, BTC = BT * C;
+  const int64_t BT = static_cast<int64_t>(B) * T, RlC = Rl_ * C;
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
+  const int rows = static_cast<int>(Rl_);
+  // Sequence parallelism: the norms and the residual adds run on this rank's rows; the
+  // column-parallel matmuls read the all-gathered norm output (sp_gather_), and the row-parallel
+  // ones write their partial sums there, reduce-scattered into this rank's rows.
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.norm1_w, w.norm1_b);
-  tk::matmul_forward(a.qkv, a.ln1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
+  tk::matmul_forward(a.qkv, gathered(a.ln1), w.qkv_w, w.qkv_b, B, T, C, QKVl);
   if (rope_) tk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_forward(a.atty, a.att_lse, a.qkv), "context parallelism without a cp attention hook");
   } else {
     tk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
   }
-  // Row-parallel projection straight into res2, reduced over tp, then bias and residual.
-  tk::matmul_forward(a.res2, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
-  hooks_->tp_reduce_forward(a.res2, BTC);
-  if (w.proj_b) tk::add_bias(a.res2, w.proj_b, B * T, C);
-  tk::residual_forward(a.res2, a.res2, x, BTC);
+  // Row-parallel projection (straight into res2 without sp), reduced over tp, then bias and residual.
+  const TypedPtr proj = sp_ ? sp_gather_ : a.res2;
+  tk::matmul_forward(proj, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
+  reduce_rows(a.res2, proj, true);
+  if (w.proj_b) tk::add_bias(a.res2, w.proj_b, rows, C);
+  tk::residual_forward(a.res2, a.res2, x, RlC);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2_w, w.norm2_b);
-  tk::matmul_forward(a.mlp_h, a.ln2, w.up_w, w.up_b, B, T, C, UPl);
+  tk::matmul_forward(a.mlp_h, gathered(a.ln2), w.up_w, w.up_b, B, T, C, UPl);
   if (swiglu_) {
     tk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
   } else {
     tk::gelu_forward(a.mlp_act, a.mlp_h, BT * Hl_);
   }
   if (!full) return;  // a recompute for backward needs nothing past here
-  tk::matmul_forward(a.out, a.mlp_act, w.down_w, TypedPtr(), B, T, Hl_, C);
-  hooks_->tp_reduce_forward(a.out, BTC);
-  if (w.down_b) tk::add_bias(a.out, w.down_b, B * T, C);
-  tk::residual_forward(a.out, a.out, a.res2, BTC);
+  const TypedPtr down = sp_ ? sp_gather_ : a.out;
+  tk::matmul_forward(down, a.mlp_act, w.down_w, TypedPtr(), B, T, Hl_, C);
+  reduce_rows(a.out, down, true);
+  if (w.down_b) tk::add_bias(a.out, w.down_b, rows, C);
+  tk::residual_forward(a.out, a.out, a.res2, RlC);
 }
 
 void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
                              const DecoderLayerWeights& g) {
   const int B = opt_.B, T = opt_.T, C = C_;
-  const int64_t BT = static_cast<int64_t>(B) * T, BTC = BT * C;
+  const int64_t BT = static_cast<int64_t>(B) * T;
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
+  // Under sequence parallelism dres_ holds this rank's rows: the row-parallel matmuls' backward
+  // reads them all-gathered, the column-parallel input gradients (dln_, every row) are
+  // reduce-scattered into dln_sp_, and the norms' weight gradients are summed over tp.
+  const TypedPtr dln = sp_ ? dln_sp_ : dln_;
   // dres holds d(out). MLP: out = res2 + down(act(up(norm2(res2)))).
-  tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, dres_, a.mlp_act, w.down_w, B, T, Hl_, C);
+  tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, gathered(dres_), a.mlp_act, w.down_w, B, T, Hl_, C);
   if (swiglu_) {
     tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
   } else {
     tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
   }
-  tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, a.ln2, w.up_w, B, T, C, UPl);
-  hooks_->tp_reduce_backward(dln_, BTC);
-  norm_backward(dres_, g.norm2_w, g.norm2_b, dln_, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
+  tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, gathered(a.ln2), w.up_w, B, T, C, UPl);
+  reduce_rows(dln, dln_, false);
+  norm_backward(dres_, g.norm2_w, g.norm2_b, dln, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
+  sum_norm_grads(g.norm2_w, g.norm2_b);
   // dres holds d(res2). Attention: res2 = x + proj(attn(positions(qkv(norm1(x))))).
-  tk::matmul_backward(datty_, g.proj_w, g.proj_b, dres_, a.atty, w.proj_w, B, T, Ql, C);
+  tk::matmul_backward(datty_, g.proj_w, g.proj_b, gathered(dres_), a.atty, w.proj_w, B, T, Ql, C);
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse),
              "context parallelism without a cp attention hook");
@@ -474,9 +524,10 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
     tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
   }
   if (rope_) tk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
-  tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, a.ln1, w.qkv_w, B, T, C, QKVl);
-  hooks_->tp_reduce_backward(dln_, BTC);
-  norm_backward(dres_, g.norm1_w, g.norm1_b, dln_, x, w.norm1_w, a.ln1_mean, a.ln1_rstd);
+  tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, gathered(a.ln1), w.qkv_w, B, T, C, QKVl);
+  reduce_rows(dln, dln_, false);
+  norm_backward(dres_, g.norm1_w, g.norm1_b, dln, x, w.norm1_w, a.ln1_mean, a.ln1_rstd);
+  sum_norm_grads(g.norm1_w, g.norm1_b);
   // dres holds d(x).
 }
 
@@ -517,7 +568,7 @@ void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPt
   int64_t bad = 0;
   for (int r0 = 0; r0 < BT; r0 += head_rows_) {
     const int rows = std::min(head_rows_, BT - r0);
-    const TypedPtr xin = a.lnf + static_cast<int64_t>(r0) * C;
+    const TypedPtr xin = (sp_ ? sp_gather_ : a.lnf) + static_cast<int64_t>(r0) * C;
     const TypedPtr dx = dln_ + static_cast<int64_t>(r0) * C;
     tk::matmul_forward(logits_, xin, w, TypedPtr(), 1, rows, C, Vp);
     if (part_.tp > 1) {
@@ -532,7 +583,8 @@ void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPt
                           rows, Vp, v0, V);
       if (backward) {
         tk::matmul_backward(dx, gw, TypedPtr(), logits_, xin, w, 1, rows, C, Vp);
-        hooks_->tp_reduce_backward(dx, static_cast<int64_t>(rows) * C);
+        // Sequence parallelism reduce-scatters all rows' dx after the last chunk instead.
+        if (!sp_) hooks_->tp_reduce_backward(dx, static_cast<int64_t>(rows) * C);
       }
     } else if (backward) {
       bad += tk::crossentropy_softmax_backward(a.losses + r0, logits_, targets + r0, dloss, rows, V, Vp);
@@ -561,16 +613,19 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   const TypedPtr w = tied ? pte : pf + layout_.offset_in_unit(ParamId::kLmHead);
   const TypedPtr x = output(a);
   norm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, x, normw, normb);
+  if (sp_) gathered(a.lnf);  // the head reads every row (head_chunks: sp_gather_)
   TypedPtr gw, gf;
   if (backward && tied) gw = unit_grads(wte);
   if (backward) gf = unit_grads(lnf);
   if (backward && !tied) gw = gf + layout_.offset_in_unit(ParamId::kLmHead);
   head_chunks(a, targets, w, gw, backward, grad_scale / static_cast<float>(BT));
   if (backward) {
-    tk::fill_zero(dres_, static_cast<int64_t>(BT) * C_);
-    norm_backward(dres_, gf + layout_.offset_in_unit(r.final_norm_w),
-                  r.final_norm_b ? gf + layout_.offset_in_unit(*r.final_norm_b) : TypedPtr(), dln_, x, normw,
-                  a.lnf_mean, a.lnf_rstd);
+    if (sp_) reduce_rows(dln_sp_, dln_, false);
+    tk::fill_zero(dres_, Rl_ * C_);
+    const TypedPtr gnw = gf + layout_.offset_in_unit(r.final_norm_w);
+    const TypedPtr gnb = r.final_norm_b ? gf + layout_.offset_in_unit(*r.final_norm_b) : TypedPtr();
+    norm_backward(dres_, gnw, gnb, sp_ ? dln_sp_ : dln_, x, normw, a.lnf_mean, a.lnf_rstd);
+    sum_norm_grads(gnw, gnb);
     hooks_->grads_ready(lnf);
     if (tied && !part_.has_embedding) hooks_->grads_ready(wte);
   }

@@ -184,8 +184,24 @@ class Decoder : public Model {
   static DecoderActivations& own(Activations& a);
   void allocate_shared();
   void upload_rope_tables();
-  void add_positions(TypedPtr x, TypedPtr wpe);                     // x (B,T,C) += wpe at the rows' positions
-  void add_positions_backward(TypedPtr dwpe, const int32_t* tokens);  // dwpe += dres_ at them
+  // Rows of a residual-stream buffer at consecutive positions: rows [row, row + length) hold
+  // positions [position, position + length).
+  struct PositionSegment {
+    int64_t row;
+    int position, length;
+  };
+  // x (its rows as `segs` say) += wpe at the rows' positions; dwpe += src's rows at them.
+  void add_positions(TypedPtr x, TypedPtr wpe, const std::vector<PositionSegment>& segs);
+  void add_positions_backward(TypedPtr dwpe, TypedPtr src, const int32_t* tokens,
+                              const std::vector<PositionSegment>& segs);
+  // Sequence parallelism: `local` (this rank's rows, C wide) all-gathered into sp_gather_, which
+  // is returned; without it, `local` itself.
+  TypedPtr gathered(TypedPtr local);
+  // A row-parallel output or column-parallel input gradient `full` (B*T rows) summed over tp into
+  // `local` (this rank's rows under sequence parallelism, else in place: local == full).
+  void reduce_rows(TypedPtr local, TypedPtr full, bool forward);
+  // The norms' weight gradients, computed from this rank's rows only: summed over tp.
+  void sum_norm_grads(TypedPtr dw, TypedPtr db);
   // Lays buffer b out at `cursor` (bytes), advancing it: a layer's buffer into *layer, a
   // micro-batch's into *mb, a shared one into the model's members (layer = the recompute buffers).
   void place_buffer(const model_spec::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb);
@@ -217,6 +233,10 @@ class Decoder : public Model {
   model_spec::ParamLayout layout_;
   std::vector<model_spec::ActBuffer> act_list_;
   std::vector<layout::PositionRun> runs_;  // this rank's positions (one run without context parallelism)
+  std::vector<PositionSegment> full_segs_, local_segs_;  // all B*T rows; the residual stream's rows
+  bool sp_ = false;         // sequence parallelism
+  int64_t Rl_ = 0;          // rows of the residual stream held here: B*T, or B*T/tp with sp_
+  TypedPtr sp_gather_, dln_sp_;  // sp_: (B*T, C) gathered rows; (Rl, C) reduce-scattered dln
   bool layer_norm_ = true, rope_ = false, swiglu_ = false;
   int head_rows_ = 0;
   int threads_ = 1;  // OpenMP threads the attention scratch was sized for

@@ -58,6 +58,21 @@ class ParallelHooks {
   virtual void tp_loss_reduce_max(float* buf, int64_t n) {}
   virtual void tp_loss_reduce_sum(float* buf, int64_t n) {}
 
+  // ---- Megatron's sequence parallelism (ModelOptions::sequence_parallel, tp > 1 only) ----
+  // all-gather before a column-parallel matmul: `full` (tp x n elements, in tp-rank order) from
+  // every rank's `local` (n elements; this rank's rows of the residual stream).
+  virtual void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) {}
+  // reduce-scatter after a row-parallel matmul (or of a column-parallel input gradient): `local`
+  // (n) = the sum over the group of this rank's share of every rank's `full` (tp x n).
+  virtual void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) {}
+  // A replicated parameter's gradient that this rank computed from its own rows only (the norms'
+  // weights): summed over tp when the hooks below reduce this micro-batch's gradients (at once
+  // for ZeRO-2/3, after the last micro-batch for 0/1, whose buffers accumulate), so every tp
+  // rank ends with the whole sum.
+  virtual void tp_sum_partial_grads(TypedPtr buf, int64_t n) {}
+  // Whether the gradients served in this micro-batch are reduced (or final) at its end.
+  virtual bool grads_final_this_micro_batch() const { return true; }
+
   // ---- context parallelism (the sequence split over a cp group: ModelOptions::cp) ----
   // Attention of this rank's rows over the whole sequence (runtime/parallel/context_parallel.h):
   // out (B,T,NHl hd) and the lse the backward wants, from this rank's qkv (B,T,(NHl+2KVl) hd),

@@ -45,6 +45,11 @@ struct ModelOptions {
   int cp = 1;
   int cp_rank = 0;
   layout::CpMethod cp_method = layout::CpMethod::kRing;
+  // Megatron's sequence parallelism (part.tp > 1, B*T divisible by tp): the residual stream (the
+  // embedding's output, each layer's res2 and out, the norms and their outputs, d_stream()) holds
+  // this tp rank's B*T/tp rows, contiguous in the flattened (B,T) order; the tp hooks all-gather
+  // before column-parallel matmuls and reduce-scatter after row-parallel ones (hooks.h).
+  bool sequence_parallel = false;
 };
 
 // One in-flight micro-batch's activations (tag activations), opaque to the engines but for the
@@ -95,6 +100,12 @@ class Model {
   virtual void blocks_backward(Activations& a, int l0, int l1) = 0;
   virtual void embed_backward(Activations& a, const int32_t* tokens) = 0;
   virtual TypedPtr d_stream() = 0;
+  // Rows of the residual stream this part holds per micro-batch (d_stream(), output()): B*T, or
+  // B*T/tp under sequence parallelism.
+  int64_t stream_rows() const {
+    const int64_t r = static_cast<int64_t>(options().B) * options().T;
+    return options().sequence_parallel ? r / part().tp : r;
+  }
   virtual TypedPtr output(Activations& a) = 0;
 
   // The whole part in one call (embedding, all layers, head).

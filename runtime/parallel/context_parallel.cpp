@@ -67,5 +67,13 @@ void ContextParallelHooks::tp_reduce_forward(TypedPtr buf, int64_t n) { inner_->
 void ContextParallelHooks::tp_reduce_backward(TypedPtr buf, int64_t n) { inner_->tp_reduce_backward(buf, n); }
 void ContextParallelHooks::tp_loss_reduce_max(float* buf, int64_t n) { inner_->tp_loss_reduce_max(buf, n); }
 void ContextParallelHooks::tp_loss_reduce_sum(float* buf, int64_t n) { inner_->tp_loss_reduce_sum(buf, n); }
+void ContextParallelHooks::tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) {
+  inner_->tp_all_gather(full, local, n);
+}
+void ContextParallelHooks::tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) {
+  inner_->tp_reduce_scatter(local, full, n);
+}
+void ContextParallelHooks::tp_sum_partial_grads(TypedPtr buf, int64_t n) { inner_->tp_sum_partial_grads(buf, n); }
+bool ContextParallelHooks::grads_final_this_micro_batch() const { return inner_->grads_final_this_micro_batch(); }
 
 }  // namespace ds::rt::parallel

@@ -47,6 +47,10 @@ class ContextParallelHooks final : public ParallelHooks {
   void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
   void tp_loss_reduce_sum(float* buf, int64_t n) override;
+  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override;
+  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override;
+  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override;
+  bool grads_final_this_micro_batch() const override;
 
  private:
   comm::CommPtr cp_;

@@ -52,7 +52,7 @@ PipelineStage::PipelineStage(Model& model, comm::CommPtr pp, comm::CommPtr tied,
         "{} is its rank {} of {}",
         tied_->name(), stage(), tied_->rank(), tied_->size());
   }
-  btc_ = int64_t{model_.options().B} * model_.options().T * model_.shape().n_embd;
+  btc_ = model_.stream_rows() * model_.shape().n_embd;
 }
 
 void PipelineStage::reduce_tied_grads(TypedPtr wte_grad) {

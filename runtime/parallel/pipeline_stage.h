@@ -164,6 +164,10 @@ class TiedEmbeddingHooks final : public ParallelHooks {
   void tp_reduce_forward(TypedPtr buf, int64_t n) override;
   void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
+  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override { inner_->tp_all_gather(full, local, n); }
+  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override { inner_->tp_reduce_scatter(local, full, n); }
+  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override { inner_->tp_sum_partial_grads(buf, n); }
+  bool grads_final_this_micro_batch() const override { return inner_->grads_final_this_micro_batch(); }
   void tp_loss_reduce_sum(float* buf, int64_t n) override;
 
  private:

@@ -36,6 +36,18 @@ void TensorParallelRegions::loss_sum(float* buf, int64_t n) {
   reduce(buf, n, comm::ReduceOp::kSum);
 }
 
+void TensorParallelRegions::all_gather(TypedPtr full, TypedPtr local, int64_t n) {
+  ++forward_calls_;
+  tp_->all_gather(local.data, full.data, static_cast<size_t>(n), comm_dtype(local.dtype));
+  bytes_ += static_cast<int64_t>(local.bytes(n)) * tp_->size();
+}
+void TensorParallelRegions::reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) {
+  ++backward_calls_;
+  tp_->reduce_scatter(full.data, local.data, static_cast<size_t>(n), comm_dtype(full.dtype), comm::ReduceOp::kSum);
+  bytes_ += static_cast<int64_t>(full.bytes(n)) * tp_->size();
+}
+void TensorParallelRegions::sum(TypedPtr buf, int64_t n) { reduce(buf, n, comm::ReduceOp::kSum); }
+
 TensorParallelHooks::TensorParallelHooks(comm::CommPtr tp, ParallelHooks* inner)
     : regions_(std::move(tp)), inner_(inner) {}
 
@@ -62,6 +74,16 @@ void TensorParallelHooks::tp_loss_reduce_max(float* buf, int64_t n) {
 }
 void TensorParallelHooks::tp_loss_reduce_sum(float* buf, int64_t n) {
   regions_.loss_sum(buf, n);
+}
+void TensorParallelHooks::tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) { regions_.all_gather(full, local, n); }
+void TensorParallelHooks::tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) {
+  regions_.reduce_scatter(local, full, n);
+}
+void TensorParallelHooks::tp_sum_partial_grads(TypedPtr buf, int64_t n) {
+  if (grads_final_this_micro_batch()) regions_.sum(buf, n);
+}
+bool TensorParallelHooks::grads_final_this_micro_batch() const {
+  return inner_ ? inner_->grads_final_this_micro_batch() : true;
 }
 
 }  // namespace ds::rt::parallel

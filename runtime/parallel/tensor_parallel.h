@@ -17,8 +17,14 @@
 // parallel biases, wpe) get identical gradients on every tp rank without communication, because
 // every rank computes them from the same (all-reduced) inputs and output gradients.
 //
-// Deliberately not: sequence parallelism, async/overlapped tp collectives, data or pipeline
-// parallelism (those compose through `inner`, see TensorParallelHooks).
+// Megatron's sequence parallelism (ModelOptions::sequence_parallel): outside the tp regions the
+// residual stream is split by rows over the group; reduce-from-TP becomes a reduce-scatter,
+// copy-to-TP an all-gather before the matmul (and the matching reduce-scatter / all-gather in
+// backward: the same bytes as the all-reduces it replaces), and the norms' weight gradients,
+// computed from a rank's rows only, are summed over tp (tp_sum_partial_grads).
+//
+// Deliberately not: async/overlapped tp collectives, data or pipeline parallelism (those compose
+// through `inner`, see TensorParallelHooks).
 #pragma once
 
 #include <cstdint>
@@ -48,6 +54,12 @@ class TensorParallelRegions {
   // Vocabulary-parallel loss statistics, in place: elementwise max / sum over the group.
   void loss_max(float* buf, int64_t n);
   void loss_sum(float* buf, int64_t n);
+  // Sequence parallelism: all-gather `local` (n) into `full` (tp x n); reduce-scatter `full`
+  // (tp x n) into `local` (n, this rank's share, summed).
+  void all_gather(TypedPtr full, TypedPtr local, int64_t n);
+  void reduce_scatter(TypedPtr local, TypedPtr full, int64_t n);
+  // In place: buf = sum over the group (a replicated parameter's partial gradient).
+  void sum(TypedPtr buf, int64_t n);
 
   // Calls made so far (tests and metrics): forward all-reduces, backward all-reduces, loss ones.
   int64_t forward_calls() const { return forward_calls_; }
@@ -81,6 +93,10 @@ class TensorParallelHooks final : public ParallelHooks {
   void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
   void tp_loss_reduce_sum(float* buf, int64_t n) override;
+  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override;
+  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override;
+  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override;
+  bool grads_final_this_micro_batch() const override;
 
  private:
   TensorParallelRegions regions_;

@@ -128,6 +128,9 @@ class ZeroEngine final : public ParallelHooks {
   // Before each micro-batch's forward(+backward). `last`: the last accumulation micro-batch
   // (stages 0/1 reduce only then). `backward`: forward_backward (false: forward only, e.g. eval).
   void begin_micro_batch(bool last, bool backward);
+  // The gradients served in this micro-batch are reduced (or, with dp 1, final) at its end: every
+  // backward micro-batch at stages 2/3 (fresh buckets), the last one at 0/1 (the buffer accumulates).
+  bool grads_final_this_micro_batch() const override { return grads_final_; }
   // After the micro-batch: flushes and waits for every reduction it started.
   void end_micro_batch();
   // After the optimizer updated opt_params(): stage 1/2 all-gather the parameters, stage 3
@@ -205,6 +208,7 @@ class ZeroEngine final : public ParallelHooks {
 
   // stage 0/1 reduction
   bool reducing_ = false;
+  bool grads_final_ = true;
   int64_t ar_lo_ = 0, ar_hi_ = 0;  // pending bucket range (empty when equal)
   std::vector<comm::WorkPtr> ar_works_;
 

@@ -90,6 +90,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.model.B = static_cast<int>(c.train_micro_batch_size_per_gpu);
   e.model.T = c.model.shape.seq_len;
   e.model.recompute = c.activation_checkpointing.full();
+  e.model.sequence_parallel = c.tensor_parallel.sequence_parallel;
   // Mixed precision: parameters, activations and their gradients in the 16-bit storage type;
   // parameter gradients in grad_accum_dtype / communication_data_type (the storage type unless
   // the config says fp32).
