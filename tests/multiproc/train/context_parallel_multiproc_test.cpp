@@ -1,11 +1,12 @@
-// Context parallelism in training, through `dstrain launch` (real processes, the real store and
+// Context and sequence parallelism in training, through `dstrain launch` (real processes, the real store and
 // collectives, OMP_NUM_THREADS=1 per rank), against the single process of the same model on the
 // same global batch (8 sequences of 16 tokens, micro-batch 1, so G = 8/dp micro-batches
 // accumulate per step), GPT-2 (learned positions, multi-head) and Llama (RoPE, GQA 4 query heads
 // over 2 kv heads):
 //   cp 2 ring, cp 2 Ulysses, cp 4 ring at world 4, cp 2 x dp 2 at ZeRO 1 and 3, cp 2 x pp 2,
 //   cp 2 x tp 2, cp 2 with activation checkpointing, and cp 2 at bf16 against the bf16 single
-//   process;
+//   process; Megatron's sequence parallelism at tp 2 alone, x dp 2 at ZeRO 1 and 2, with
+//   recompute, x pp 2, x cp 2 and at bf16;
 // 20 steps of loss, gradient norm and validation loss within 1e-5 (1e-4 for the norm; bf16 1e-3
 // and 2e-2, as llama_multiproc_test.cpp explains); on every layout `dstrain plan --json`'s bytes
 // equal the measured peaks of every rank and tag (--metrics-all-ranks, the whole run), and a cp 2
@@ -45,12 +46,13 @@ struct Layout {
   int zero_stage = 0;
   bool checkpointing = false;
   std::string precision = "fp32";
+  bool sp = false;  // tensor_parallel.sequence_parallel
   int world() const { return cp * dp * tp * pp; }
   std::string model() const { return family + (precision == "fp32" ? "" : "_" + precision); }
   std::string name() const {
     return model() + "_cp" + std::to_string(cp) + "_" + method + "_dp" + std::to_string(dp) + "_tp" +
            std::to_string(tp) + "_pp" + std::to_string(pp) + "_zero" + std::to_string(zero_stage) +
-           (checkpointing ? "_recompute" : "");
+           (checkpointing ? "_recompute" : "") + (sp ? "_sp" : "");
   }
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
@@ -95,7 +97,7 @@ class ContextParallelTraining : public ::testing::TestWithParam<Layout> {
         {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
         {"zero_optimization", {{"stage", l.zero_stage}, {"reduce_bucket_size", 3000}, {"allgather_bucket_size", 2000}}},
         {"pipeline", {{"stages", l.pp}}},
-        {"tensor_parallel", {{"size", l.tp}}},
+        {"tensor_parallel", {{"size", l.tp}, {"sequence_parallel", l.sp}}},
         {"context_parallel", {{"size", l.cp}, {"method", l.method}}},
         {"activation_checkpointing", {{"enabled", l.checkpointing}}},
         {"model", model},
@@ -201,7 +203,25 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"gpt2", 2, "ring", 1, 1, 1, 0, false, "bf16"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
-// Same micro-batch and sequence: a cp 2 rank keeps half the single process's activations.
+Layout sp(Layout l) {
+  l.sp = true;
+  return l;
+}
+
+// Megatron's sequence parallelism: tp 2 alone, with dp 2 at ZeRO 1 (the norms' gradients
+// accumulate over 4 micro-batches before their tp sum) and ZeRO 2 (summed every micro-batch),
+// with recompute, a pipeline and cp 2; at bf16.
+INSTANTIATE_TEST_SUITE_P(
+    SequenceParallel, ContextParallelTraining,
+    ::testing::Values(sp(Layout{"gpt2", 1, "ring", 1, 2}), sp(Layout{"llama", 1, "ring", 1, 2}),
+                      sp(Layout{"gpt2", 1, "ring", 2, 2, 1, 1}), sp(Layout{"llama", 1, "ring", 2, 2, 1, 2}),
+                      sp(Layout{"gpt2", 1, "ring", 1, 2, 1, 0, true}), sp(Layout{"llama", 1, "ring", 1, 2, 2, 1}),
+                      sp(Layout{"gpt2", 2, "ring", 1, 2}), sp(Layout{"llama", 2, "ring", 1, 2}),
+                      sp(Layout{"llama", 1, "ring", 1, 2, 1, 0, false, "bf16"})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+// Same micro-batch and sequence: a cp 2 rank keeps half the single process's activations; at tp 2
+// sequence parallelism keeps less than tp 2 alone (the residual stream and the norms split too).
 TEST_F(ContextParallelTraining, HalfTheActivationsPerRankAtCpTwo) {
   for (const char* family : {"gpt2", "llama"}) {
     Layout one, two;
@@ -212,6 +232,13 @@ TEST_F(ContextParallelTraining, HalfTheActivationsPerRankAtCpTwo) {
     EXPECT_LE(static_cast<double>(a2), 0.6 * static_cast<double>(a1)) << family;
     std::cout << family << ": activations per rank at cp 1 " << a1 << " B, at cp 2 " << a2 << " B ("
               << static_cast<double>(a2) / static_cast<double>(a1) << "x)\n";
+    Layout tp2 = one;
+    tp2.tp = 2;
+    const Layout tp2sp = sp(tp2);
+    const int64_t t = plan_ranks(tp2, config(tp2))[0].at("activations").get<int64_t>();
+    const int64_t ts = plan_ranks(tp2sp, config(tp2sp))[0].at("activations").get<int64_t>();
+    EXPECT_LT(ts, t) << family;
+    std::cout << family << ": activations per rank at tp 2 " << t << " B, with sequence parallelism " << ts << " B\n";
   }
 }
 

@@ -684,5 +684,25 @@ TEST(JobConfig, ActivationCheckpointingModeIsFullOrSelective) {
   EXPECT_EQ(errors_of(R"({"train_batch_size": 2, "activation_checkpointing": {"mode": "some"}})").size(), 1u);
 }
 
+
+TEST(JobConfig, SequenceParallelNeedsTensorParallelismAndEqualShares) {
+  const std::string model = R"("model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 6})";
+  auto c = parse_job_config(R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"size": 2,
+      "sequence_parallel": true}, )" + model + "}", "", 2);
+  EXPECT_TRUE(c.tensor_parallel.sequence_parallel);
+  EXPECT_EQ(c.to_json()["tensor_parallel"]["sequence_parallel"], true);
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 2, "tensor_parallel": {"sequence_parallel": true}})", 2),
+            std::vector<std::string>{"t.json:1: $.tensor_parallel.sequence_parallel: sequence parallelism splits the "
+                                     "activations over the tensor-parallel ranks: it needs tensor_parallel.size > 1 "
+                                     "(it is 1)"});
+  // 1 x 6 tokens do not split over 4 tp ranks.
+  EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"size": 4, "sequence_parallel": true},
+      "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 6}})", 4),
+            std::vector<std::string>{"t.json:1: $.tensor_parallel.sequence_parallel: a rank's micro-batch of "
+                                     "train_micro_batch_size_per_gpu x model.seq_len / context_parallel.size = 6 tokens "
+                                     "is not divisible by tensor_parallel.size 4 (sequence parallelism gives each tp "
+                                     "rank an equal share)"});
+}
+
 }  // namespace
 }  // namespace ds::config
