@@ -430,6 +430,11 @@ Verdict verdict(const MemoryPlan& p, int64_t device_bytes) {
     n.offload_optimizer = true;
     tries.push_back({"offload parameters and optimizer to CPU", n});
   }
+  if (l.tp > 1 && !l.sequence_parallel) {
+    Layout n = l;
+    n.sequence_parallel = true;
+    tries.push_back({"sequence parallelism (tensor_parallel.sequence_parallel true)", n});
+  }
   if (l.micro_batch > 1 && l.micro_batch % 2 == 0) {
     Layout n = l;
     n.micro_batch /= 2;

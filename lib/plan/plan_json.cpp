@@ -67,6 +67,7 @@ Json layout_json(const Layout& l) {
   return Json{{"tp", l.tp},
               {"pp", l.pp},
               {"dp", l.dp},
+              {"sequence_parallel", l.sequence_parallel},
               {"cp", l.cp},
               {"cp_method", layout::cp_method_name(l.cp_method)},
               {"zero_stage", l.zero_stage},

@@ -28,6 +28,7 @@ std::string describe_layout(const Layout& l) {
   std::string s = fmt::format("tp {} x pp {} x dp {}{}, ZeRO-{}, micro-batch {} x {} step{}", l.tp, l.pp, l.dp,
                               l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, layout::cp_method_name(l.cp_method)) : "",
                               l.zero_stage, l.micro_batch, l.grad_accum, l.grad_accum == 1 ? "" : "s");
+  if (l.sequence_parallel) s += ", sequence-parallel";
   if (l.checkpointing) s += ", checkpointing";
   if (l.offload_param) {
     s += ", offload params+optimizer";
@@ -124,8 +125,10 @@ SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int 
             if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
             if (offload > 0 && base.device == DeviceKind::kCpu) continue;  // nothing to offload to
             if (offload == 2) continue;  // the runtime offloads the optimizer, not ZeRO-3 params
-            for (int ckpt = 0; ckpt <= 1; ++ckpt) {
+            for (int ckpt = 0; ckpt <= 3; ++ckpt) {  // bit 0: checkpointing; bit 1: sequence parallelism
+              if ((ckpt & 2) && tp == 1) continue;
               Layout l = base;
+              l.sequence_parallel = (ckpt & 2) != 0;
               l.tp = tp;
               l.pp = pp;
               l.dp = dp;
@@ -134,7 +137,7 @@ SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int 
               l.zero_stage = zero;
               l.offload_optimizer = offload >= 1;
               l.offload_param = offload == 2;
-              l.checkpointing = ckpt == 1;
+              l.checkpointing = (ckpt & 1) != 0;
               if (global_batch % dp != 0) {
                 ++res.considered;
                 ++res.rejected_rule;  // train_batch_size must divide by dp

@@ -158,5 +158,42 @@ TEST(Recommend, ContextParallelismSplitsTheSequence) {
   EXPECT_GT(with_cp, 0);
 }
 
+
+// Sequence parallelism splits the residual stream's rows over tp: fewer activation bytes than tp
+// alone, offered as a fix, and searched by --recommend.
+TEST(Recommend, SequenceParallelismSplitsTheRestOverTensorParallelRanks) {
+  model_spec::ModelShape s = small();
+  s.n_head = 4;
+  s.seq_len = 1024;
+  Layout tp2 = base();
+  tp2.tp = 2;
+  tp2.dp = 2;
+  tp2.micro_batch = 1;
+  tp2.grad_accum = 8;
+  Layout sp = tp2;
+  sp.sequence_parallel = true;
+  const MemoryPlan a = plan_memory(s, tp2), b = plan_memory(s, sp);
+  EXPECT_LT(b.ranks[0].activations, a.ranks[0].activations);
+  const Verdict v = verdict(a, a.peak_total() - 1);
+  bool offered = false;
+  for (const auto& f : v.fixes) offered |= f.find("sequence parallelism") != std::string::npos;
+  EXPECT_TRUE(offered);
+  Layout odd = sp;
+  s.seq_len = 1023;
+  EXPECT_THROW(plan_memory(s, odd), Error);  // 1 x 1023 tokens over 2 tp ranks
+  s.seq_len = 1024;
+  const auto res = recommend(s, tp2, 4, a.peak_total(), builtin_calibration(Hardware{}),
+                             comm_types(Precision::kBf16, Precision::kBf16));
+  int with_sp = 0;
+  for (const auto& c : res.fits) {
+    EXPECT_FALSE(c.layout.sequence_parallel && c.layout.tp == 1);
+    if (c.layout.sequence_parallel) {
+      ++with_sp;
+      EXPECT_NE(describe_layout(c.layout).find("sequence-parallel"), std::string::npos);
+    }
+  }
+  EXPECT_GT(with_sp, 0);
+}
+
 }  // namespace
 }  // namespace ds::plan
