@@ -10,8 +10,10 @@
 // the MERGED o and lse (so the block's probabilities are the full softmax's):
 //   p_ij = exp(s_ij - lse_i),  D_i = dO_i . o_i,  ds_ij = scale p_ij (dO_i . v_j - D_i),
 //   dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i,  dv_j += sum_i p_ij dO_i.
-// Everything is computed in fp32 over rows converted once from the storage type; partial outputs
-// and gradients are fp32 accumulators (a ring adds several blocks before one rounding).
+// Everything is computed in fp32 over rows converted once from the storage type, in tiles of 64
+// queries whose scores, probabilities and products are gemms (as cpu/attention.cpp's heads);
+// partial outputs and gradients are fp32 accumulators (a ring adds several blocks before one
+// rounding).
 #include <omp.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "kernels/cpu/kernels.h"
+#include "kernels/cpu/vmath.h"
 
 namespace ds::rt::cpu {
 
@@ -31,12 +34,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 inline int visible(int i, int Tk, int q_pos, int k_pos) {
   const int64_t n = static_cast<int64_t>(q_pos) + i - k_pos + 1;
   return static_cast<int>(std::clamp<int64_t>(n, 0, Tk));
-}
-
-inline float dot(const float* a, const float* b, int n) {
-  float s = 0.0f;
-  for (int d = 0; d < n; d++) s += a[d] * b[d];
-  return s;
 }
 
 template <typename S>
@@ -52,6 +49,23 @@ struct BlockGeometry {
   int group() const { return NH / KV; }
 };
 
+constexpr int kRows = 64;  // queries per tile of scores (kRows, Tk)
+
+// Query head h's rows (Tq, hd) of sequence b into q, and kv head g's keys and values (Tk, hd) of
+// the block into k and v, in fp32.
+template <typename S>
+void load_head(float* k, float* v, float* q, const S* kv, const S* qkv, const BlockGeometry& G, int b, int g, int h) {
+  const int hd = G.hd;
+  const S* kvb = kv + static_cast<int64_t>(b) * G.Tk * G.kv_stride();
+  for (int j = 0; j < G.Tk; j++) {
+    load(k + static_cast<int64_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(g) * hd, hd);
+    load(v + static_cast<int64_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(G.KV + g) * hd, hd);
+  }
+  for (int i = 0; i < G.Tq; i++) {
+    load(q + static_cast<int64_t>(i) * hd, qkv + (static_cast<int64_t>(b) * G.Tq + i) * G.qkv_stride() + static_cast<int64_t>(h) * hd, hd);
+  }
+}
+
 }  // namespace
 
 template <typename S>
@@ -59,41 +73,46 @@ void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, 
                              int KV, int hd, int q_pos, int k_pos) {
   const BlockGeometry G{Tq, Tk, NH, KV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  gemm_before_parallel_region();
 #pragma omp parallel if (int64_t{B} * NH * Tq * Tk * hd >= kParallelWork)
   {
-    std::vector<float> k(static_cast<size_t>(Tk) * hd), v(k.size()), q(static_cast<size_t>(hd)), s(static_cast<size_t>(Tk));
+    // This thread's fp32 copies of one head's q (Tq, hd), k and v (Tk, hd), one tile of scores.
+    std::vector<float> q(static_cast<size_t>(Tq) * hd), k(static_cast<size_t>(Tk) * hd), v(k.size()),
+        sc(static_cast<size_t>(kRows) * Tk);
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH, g = h / G.group();
-      const S* kvb = kv + static_cast<int64_t>(b) * Tk * G.kv_stride();
-      for (int j = 0; j < Tk; j++) {
-        load(k.data() + static_cast<size_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(g) * hd, hd);
-        load(v.data() + static_cast<size_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(KV + g) * hd, hd);
-      }
-      for (int i = 0; i < Tq; i++) {
-        float* o = out + (static_cast<int64_t>(b) * Tq + i) * G.out_stride() + static_cast<int64_t>(h) * hd;
-        float& l = lse[(static_cast<int64_t>(b) * NH + h) * Tq + i];
-        const int n = visible(i, Tk, q_pos, k_pos);
-        std::fill(o, o + hd, 0.0f);
-        if (n == 0) {
-          l = kNegInf;
+      load_head(k.data(), v.data(), q.data(), kv, qkv, G, b, g, h);
+      for (int r0 = 0; r0 < Tq; r0 += kRows) {
+        const int r1 = std::min(Tq, r0 + kRows), m = r1 - r0;
+        const int nmax = visible(r1 - 1, Tk, q_pos, k_pos);  // keys any row of the tile sees
+        float* o = out + (static_cast<int64_t>(b) * Tq + r0) * G.out_stride() + static_cast<int64_t>(h) * hd;
+        float* l = lse + (static_cast<int64_t>(b) * NH + h) * Tq;
+        if (nmax == 0) {
+          for (int t = r0; t < r1; t++) {
+            std::fill(o + (t - r0) * G.out_stride(), o + (t - r0) * G.out_stride() + hd, 0.0f);
+            l[t] = kNegInf;
+          }
           continue;
         }
-        load(q.data(), qkv + (static_cast<int64_t>(b) * Tq + i) * G.qkv_stride() + static_cast<int64_t>(h) * hd, hd);
-        float mx = kNegInf;
-        for (int j = 0; j < n; j++) {
-          s[static_cast<size_t>(j)] = scale * dot(q.data(), k.data() + static_cast<size_t>(j) * hd, hd);
-          mx = std::max(mx, s[static_cast<size_t>(j)]);
+        gemm(false, true, m, nmax, hd, scale, q.data() + static_cast<int64_t>(r0) * hd, hd, k.data(), hd, 0.0f,
+             sc.data(), nmax);
+        for (int t = r0; t < r1; t++) {
+          float* row = sc.data() + static_cast<int64_t>(t - r0) * nmax;
+          const int n = visible(t, Tk, q_pos, k_pos);
+          if (n == 0) {
+            std::fill(row, row + nmax, 0.0f);
+            l[t] = kNegInf;
+            continue;
+          }
+          const float mx = vmax(row, n);
+          const float sum = vexp_inplace_sum(row, mx, n);
+          const float inv = 1.0f / sum;
+          for (int j = 0; j < n; j++) row[j] *= inv;
+          std::fill(row + n, row + nmax, 0.0f);
+          l[t] = mx + std::log(sum);
         }
-        float sum = 0.0f;
-        for (int j = 0; j < n; j++) {
-          const float p = std::exp(s[static_cast<size_t>(j)] - mx);
-          sum += p;
-          const float* vj = v.data() + static_cast<size_t>(j) * hd;
-          for (int d = 0; d < hd; d++) o[d] += p * vj[d];
-        }
-        for (int d = 0; d < hd; d++) o[d] /= sum;
-        l = mx + std::log(sum);
+        gemm(false, false, m, hd, nmax, 1.0f, sc.data(), nmax, v.data(), hd, 0.0f, o, static_cast<int>(G.out_stride()));
       }
     }
   }
@@ -128,47 +147,55 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
                               int k_pos) {
   const BlockGeometry G{Tq, Tk, NH, KV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int ldo = static_cast<int>(G.out_stride()), ldkv = static_cast<int>(G.kv_stride());
+  gemm_before_parallel_region();
   // One task per (b, kv head): it owns that head's dk and dv rows and its group's dq rows, so no
   // two threads write the same element, and the sums run in a fixed order.
 #pragma omp parallel if (int64_t{B} * NH * Tq * Tk * hd >= kParallelWork)
   {
-    std::vector<float> k(static_cast<size_t>(Tk) * hd), v(k.size()), q(static_cast<size_t>(hd)),
-        o(q.size()), dO(q.size()), p(static_cast<size_t>(Tk));
+    std::vector<float> q(static_cast<size_t>(Tq) * hd), o(q.size()), dO(q.size()), D(static_cast<size_t>(Tq)),
+        k(static_cast<size_t>(Tk) * hd), v(k.size()), P(static_cast<size_t>(kRows) * Tk), dS(P.size());
 #pragma omp for schedule(static)
     for (int bg = 0; bg < B * KV; bg++) {
       const int b = bg / KV, g = bg % KV;
-      const S* kvb = kv + static_cast<int64_t>(b) * Tk * G.kv_stride();
-      for (int j = 0; j < Tk; j++) {
-        load(k.data() + static_cast<size_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(g) * hd, hd);
-        load(v.data() + static_cast<size_t>(j) * hd, kvb + j * G.kv_stride() + static_cast<int64_t>(KV + g) * hd, hd);
-      }
-      float* dkb = dkv + static_cast<int64_t>(b) * Tk * G.kv_stride() + static_cast<int64_t>(g) * hd;
-      float* dvb = dkv + static_cast<int64_t>(b) * Tk * G.kv_stride() + static_cast<int64_t>(KV + g) * hd;
+      float* dk = dkv + static_cast<int64_t>(b) * Tk * G.kv_stride() + static_cast<int64_t>(g) * hd;
+      float* dv = dkv + static_cast<int64_t>(b) * Tk * G.kv_stride() + static_cast<int64_t>(KV + g) * hd;
       for (int hh = 0; hh < G.group(); hh++) {
         const int h = g * G.group() + hh;
+        load_head(k.data(), v.data(), q.data(), kv, qkv, G, b, g, h);
         for (int i = 0; i < Tq; i++) {
-          const int n = visible(i, Tk, q_pos, k_pos);
-          if (n == 0) continue;
           const int64_t orow = (static_cast<int64_t>(b) * Tq + i) * G.out_stride() + static_cast<int64_t>(h) * hd;
-          load(q.data(), qkv + (static_cast<int64_t>(b) * Tq + i) * G.qkv_stride() + static_cast<int64_t>(h) * hd, hd);
-          load(o.data(), out + orow, hd);
-          load(dO.data(), dout + orow, hd);
-          const float l = lse[(static_cast<int64_t>(b) * NH + h) * Tq + i];
-          const float D = dot(dO.data(), o.data(), hd);
-          float* dqi = dq + orow;
-          for (int j = 0; j < n; j++) {
-            const float* kj = k.data() + static_cast<size_t>(j) * hd;
-            const float* vj = v.data() + static_cast<size_t>(j) * hd;
-            const float pj = std::exp(scale * dot(q.data(), kj, hd) - l);
-            const float ds = scale * pj * (dot(dO.data(), vj, hd) - D);
-            float* dkj = dkb + j * G.kv_stride();
-            float* dvj = dvb + j * G.kv_stride();
-            for (int d = 0; d < hd; d++) {
-              dqi[d] += ds * kj[d];
-              dkj[d] += ds * q[static_cast<size_t>(d)];
-              dvj[d] += pj * dO[static_cast<size_t>(d)];
+          load(o.data() + static_cast<int64_t>(i) * hd, out + orow, hd);
+          load(dO.data() + static_cast<int64_t>(i) * hd, dout + orow, hd);
+          D[static_cast<size_t>(i)] = vdot(dO.data() + static_cast<int64_t>(i) * hd, o.data() + static_cast<int64_t>(i) * hd, hd);
+        }
+        const float* l = lse + (static_cast<int64_t>(b) * NH + h) * Tq;
+        for (int r0 = 0; r0 < Tq; r0 += kRows) {
+          const int r1 = std::min(Tq, r0 + kRows), m = r1 - r0;
+          const int nmax = visible(r1 - 1, Tk, q_pos, k_pos);
+          if (nmax == 0) continue;
+          const float* qt = q.data() + static_cast<int64_t>(r0) * hd;
+          const float* dOt = dO.data() + static_cast<int64_t>(r0) * hd;
+          // P = exp(scale Q K^T - lse) and dP = dO V^T over the tile's visible keys.
+          gemm(false, true, m, nmax, hd, scale, qt, hd, k.data(), hd, 0.0f, P.data(), nmax);
+          gemm(false, true, m, nmax, hd, 1.0f, dOt, hd, v.data(), hd, 0.0f, dS.data(), nmax);
+          for (int t = r0; t < r1; t++) {
+            const int n = visible(t, Tk, q_pos, k_pos);
+            float* prow = P.data() + static_cast<int64_t>(t - r0) * nmax;
+            float* drow = dS.data() + static_cast<int64_t>(t - r0) * nmax;
+            const float lt = l[t], Dt = D[static_cast<size_t>(t)];
+            for (int j = 0; j < n; j++) {
+              prow[j] = vexp(prow[j] - lt);
+              drow[j] = scale * prow[j] * (drow[j] - Dt);
             }
+            std::fill(prow + n, prow + nmax, 0.0f);
+            std::fill(drow + n, drow + nmax, 0.0f);
           }
+          // dQ += dS K; dK += dS^T Q; dV += P^T dO (into the fp32 accumulators in place).
+          float* dqt = dq + (static_cast<int64_t>(b) * Tq + r0) * G.out_stride() + static_cast<int64_t>(h) * hd;
+          gemm(false, false, m, hd, nmax, 1.0f, dS.data(), nmax, k.data(), hd, 1.0f, dqt, ldo);
+          gemm(true, false, nmax, hd, m, 1.0f, dS.data(), nmax, qt, hd, 1.0f, dk, ldkv);
+          gemm(true, false, nmax, hd, m, 1.0f, P.data(), nmax, dOt, hd, 1.0f, dv, ldkv);
         }
       }
     }

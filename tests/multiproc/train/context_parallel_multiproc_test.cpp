@@ -200,7 +200,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{"llama", 2, "ulysses", 2, 1, 1, 1}, Layout{"llama", 2, "ring", 1, 2, 1, 0},
                       Layout{"llama", 2, "ring", 1, 1, 2, 1}, Layout{"llama", 2, "ring", 1, 1, 1, 0, true},
                       Layout{"llama", 2, "ulysses", 1, 1, 1, 0, false, "bf16"},
-                      Layout{"gpt2", 2, "ring", 1, 1, 1, 0, false, "bf16"}),
+                      Layout{"llama", 2, "ring", 1, 1, 1, 0, false, "bf16"}),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 Layout sp(Layout l) {
