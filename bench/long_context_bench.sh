@@ -10,8 +10,10 @@
 # For each layout `dstrain plan --json` finds the longest seq_len (a multiple of STEP_T) whose
 # largest rank fits LIMIT_MIB; then the layout trains STEPS steps at that length under the real
 # launcher. Printed per layout: the sequence, the plan's peak and the largest measured peak per
-# rank (the allocator's, over the run), and tokens/s and ms per step (medians of the steps after
-# the first). Not part of the test suite.
+# rank (the allocator's, over the run), tokens/s and ms per step, and the share of the step rank 0
+# spent blocked on the cp group (the wall-clock breakdown's context_wait: the ring's transfers
+# not hidden behind its compute, Ulysses' all-to-alls), medians of the steps after the first.
+# Not part of the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -35,7 +37,8 @@ config() {
       .train_micro_batch_size_per_gpu = 1 | .train_batch_size = 2 | del(.gradient_accumulation_steps) |
       .zero_optimization = {stage: 1} | .context_parallel = {size: $cp, method: $method} |
       .model.seq_len = $T | .data = {train: $train} | .training.steps = $steps |
-      .training.eval_interval = 0 | .training.log_interval = 1 | del(.scheduler)' "$CONFIG" > "$tmp/$name.json"
+      .training.eval_interval = 0 | .training.log_interval = 1 | .wall_clock_breakdown = true |
+      del(.scheduler)' "$CONFIG" > "$tmp/$name.json"
 }
 
 # planned NAME: the largest rank's planned bytes.
@@ -56,13 +59,14 @@ run() {
   jq -r -s --arg name "$name" --argjson T "$T" --argjson plan "$plan_bytes" '
       (.[1:] | map(.tokens_per_s) | sort | .[length/2|floor]) as $tps |
       (.[1:] | map(.ms_per_step) | sort | .[length/2|floor]) as $ms |
+      (.[1:] | map(.time_context_wait_ms / .ms_per_step) | sort | .[length/2|floor]) as $wait |
       .[-1] as $last | [$last["peak_bytes_total_rank0"], $last["peak_bytes_total_rank1"]] | max as $peak |
-      "\($name)\t\($T)\t\($plan / 1048576 * 100 | round / 100)\t\($peak / 1048576 * 100 | round / 100)\t\($tps | round)\t\($ms | round)"' \
-      "$tmp/$name.jsonl" | awk -F'\t' '{printf "%-22s %8s %12s %14s %10s %10s\n", $1, $2, $3, $4, $5, $6}'
+      "\($name)\t\($T)\t\($plan / 1048576 * 100 | round / 100)\t\($peak / 1048576 * 100 | round / 100)\t\($tps | round)\t\($ms | round)\t\($wait * 1000 | round / 10)%"' \
+      "$tmp/$name.jsonl" | awk -F'\t' '{printf "%-22s %8s %12s %14s %10s %10s %10s\n", $1, $2, $3, $4, $5, $6, $7}'
 }
 
 printf "memory limit %d MiB per rank, 2 ranks, micro-batch 1\n" "$LIMIT_MIB"
-printf "%-22s %8s %12s %14s %10s %10s\n" layout seq_len "plan MiB" "measured MiB" tok/s ms/step
+printf "%-22s %8s %12s %14s %10s %10s %10s\n" layout seq_len "plan MiB" "measured MiB" tok/s ms/step "cp wait"
 declare -A longest
 for l in 1:ring 2:ring 2:ulysses; do
   IFS=: read -r cp method <<< "$l"

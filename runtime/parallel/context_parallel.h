@@ -36,6 +36,9 @@ class ContextParallelHooks final : public ParallelHooks {
   ContextParallelHooks(comm::CommPtr cp, const ContextParallelShape& shape, Allocator& alloc,
                        ParallelHooks* inner = nullptr);
 
+  // Seconds blocked on the cp group's transfers so far (the step clock's context_wait).
+  double blocked_seconds() const { return ring_ ? ring_->blocked_seconds() : ulysses_->blocked_seconds(); }
+
   bool cp_attention_forward(TypedPtr out, float* lse, TypedPtr qkv) override;
   bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) override;
 

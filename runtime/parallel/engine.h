@@ -71,6 +71,7 @@ class Engine {
   Model& model() { return *model_; }
   ZeroEngine& zero() { return *zero_; }
   TiedEmbeddingHooks* tied_hooks() { return tied_hooks_.get(); }  // null unless first/last stage
+  const ContextParallelHooks* cp_hooks() const { return cp_hooks_.get(); }  // null unless cp > 1
   PipelineStage* stage() { return stage_.get(); }                  // null without a pipeline
   const std::vector<Event>& events() const { return events_; }     // this stage's, one step
   Activations& activations() { return *acts_; }                    // without a pipeline only

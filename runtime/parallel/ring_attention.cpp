@@ -1,6 +1,7 @@
 #include "parallel/ring_attention.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -64,7 +65,8 @@ void lse_from_chunk(float* lse, const float* src, const RingShape& s, int k) {
   }
 }
 
-// Sends `send` to the next rank and receives the previous rank's into `recv`, asynchronously.
+// Sends `send` to the next rank and receives the previous rank's into `recv`, asynchronously;
+// finish() adds the seconds it waited to *blocked.
 struct RingStep {
   comm::WorkPtr sent, received;
   void start(comm::Comm& cp, const void* send, void* recv, size_t count, comm::DataType dt, int tag) {
@@ -72,11 +74,13 @@ struct RingStep {
     sent = cp.send_async(send, count, dt, (r + 1) % n, tag);
     received = cp.recv_async(recv, count, dt, (r + n - 1) % n, tag);
   }
-  void finish() {
+  void finish(double* blocked) {
+    const auto t0 = std::chrono::steady_clock::now();
     if (sent) sent->wait();
     if (received) received->wait();
     sent.reset();
     received.reset();
+    *blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
 
@@ -161,7 +165,7 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
       }
     }
     if (step + 1 < n_) {
-      next.finish();
+      next.finish(&blocked_s_);
       std::swap(kv, kv_next);
     }
   }
@@ -206,10 +210,10 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
       // The accumulator moves on after every step: after the last one, it goes home.
       RingStep next_dkv;
       next_dkv.start(cp_, dkv, dkv_next, static_cast<size_t>(2 * ckv), comm::DataType::kFloat32, kTagDkv);
-      next_dkv.finish();
+      next_dkv.finish(&blocked_s_);
       std::swap(dkv, dkv_next);
       if (step + 1 < n_) {
-        next_kv.finish();
+        next_kv.finish(&blocked_s_);
         std::swap(kv, kv_next);
       }
     }

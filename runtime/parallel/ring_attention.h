@@ -56,6 +56,10 @@ class RingAttention {
   template <typename S>
   void backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse);
 
+  // Seconds this rank has waited on transfers still in flight after its compute (the ring's
+  // exposed communication), over every call so far.
+  double blocked_seconds() const { return blocked_s_; }
+
  private:
   // The scratch's parts, carved for element type S.
   template <typename S>
@@ -66,6 +70,7 @@ class RingAttention {
   comm::Comm& cp_;
   RingShape sh_;
   int n_, r_, storage_bytes_;
+  double blocked_s_ = 0;
   Buffer work_, comm_buf_;
 };
 

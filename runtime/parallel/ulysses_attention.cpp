@@ -1,5 +1,6 @@
 #include "parallel/ulysses_attention.h"
 
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
@@ -35,9 +36,10 @@ int64_t row_width(const std::vector<int>& heads, int hd, int n = 1) {
   return static_cast<int64_t>(std::accumulate(heads.begin(), heads.end(), 0) / n) * hd;
 }
 
-// Posts every pair's send and receive of one exchange, then waits for them all. Piece p of `send`
-// (of `recv`) is at p * piece bytes.
-void exchange(comm::Comm& cp, uint8_t* send, uint8_t* recv, size_t piece, int tag) {
+// Posts every pair's send and receive of one exchange, then waits for them all, adding the
+// seconds to *blocked. Piece p of `send` (of `recv`) is at p * piece bytes.
+void exchange(comm::Comm& cp, uint8_t* send, uint8_t* recv, size_t piece, int tag, double* blocked) {
+  const auto t0 = std::chrono::steady_clock::now();
   std::vector<comm::WorkPtr> work;
   const int n = cp.size(), r = cp.rank();
   for (int k = 1; k < n; k++) {
@@ -46,6 +48,7 @@ void exchange(comm::Comm& cp, uint8_t* send, uint8_t* recv, size_t piece, int ta
     work.push_back(cp.recv_async(recv + static_cast<size_t>(from) * piece, piece, comm::DataType::kUInt8, from, tag));
   }
   for (auto& w : work) w->wait();
+  *blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 }  // namespace
@@ -107,7 +110,7 @@ void UlyssesAttention::to_heads(S* dst, const S* src, const std::vector<int>& he
       });
     }
   }
-  exchange(cp_, send, recv, piece, kTagToHeads);
+  exchange(cp_, send, recv, piece, kTagToHeads, &blocked_s_);
   for (int p = 0; p < n_; p++) {  // p's rows, my heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int b = 0; b < sh_.B; b++) {
@@ -130,7 +133,7 @@ void UlyssesAttention::to_sequence(S* dst, const S* src, const std::vector<int>&
                   static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
     }
   }
-  exchange(cp_, send, recv, piece, kTagToSequence);
+  exchange(cp_, send, recv, piece, kTagToSequence, &blocked_s_);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {

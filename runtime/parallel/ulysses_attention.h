@@ -42,6 +42,9 @@ class UlyssesAttention {
   template <typename S>
   void backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse_heads);
 
+  // Seconds this rank has spent in the all-to-alls (nothing overlaps them), over every call.
+  double blocked_seconds() const { return blocked_s_; }
+
  private:
   // Sequence layout (B,T/N,w_all) <-> head layout (B,T,w_mine) for a row made of `parts` column
   // groups (q heads, then k heads, then v heads: `heads[i]` heads of hd each, split N ways).
@@ -62,6 +65,7 @@ class UlyssesAttention {
   comm::Comm& cp_;
   UlyssesShape sh_;
   int n_, r_, Tl_, storage_bytes_, threads_ = 1;
+  double blocked_s_ = 0;
   Buffer work_, comm_buf_;
 };
 

@@ -16,6 +16,9 @@
 //               LR schedule (its gathers excluded)
 //   pipeline    a pipeline stage's time outside its compute events: waiting on receives and sends
 //               (and the schedule's bookkeeping)
+//   context     context parallelism's exposed communication: the seconds the attention waited on
+//               the ring's transfers after its compute, or spent in Ulysses' all-to-alls (out of
+//               forward and backward)
 // Besides the phases, the dp group's own time running the reductions and the gathers (its
 // communication thread included, overlapped or not), from the Comm's busy counters.
 // Thread: the model's (the trainer's) only.
@@ -26,11 +29,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "parallel/context_parallel.h"
 #include "parallel/zero.h"
 
 namespace ds::rt::train {
 
-enum class Phase { kData, kForward, kBackward, kReduce, kGather, kStats, kOptimizer, kPipeline, kCount };
+enum class Phase { kData, kForward, kBackward, kReduce, kGather, kStats, kOptimizer, kPipeline, kContext, kCount };
 const char* phase_name(Phase p);  // "data", "forward", ...
 
 struct StepBreakdown {
@@ -43,8 +47,9 @@ struct StepBreakdown {
 
 class StepClock {
  public:
-  // Starts the step now. `zero` may be null (no exposed-communication split).
-  explicit StepClock(const parallel::ZeroEngine* zero);
+  // Starts the step now. `zero` may be null (no exposed-communication split); `cp` is null
+  // without context parallelism.
+  explicit StepClock(const parallel::ZeroEngine* zero, const parallel::ContextParallelHooks* cp = nullptr);
   // The time since the previous lap (or the start) goes to `p`, less the ZeRO waits in it.
   void lap(Phase p);
   // The breakdown so far, with the dp group's busy time since the start.
@@ -53,6 +58,8 @@ class StepClock {
  private:
   using Clock = std::chrono::steady_clock;
   const parallel::ZeroEngine* zero_;
+  const parallel::ContextParallelHooks* cp_;
+  double last_cp_s_ = 0;
   Clock::time_point last_;
   parallel::ZeroEngine::CommTimes start_comm_, last_comm_;
   StepBreakdown b_;

@@ -70,7 +70,8 @@ class Monitors : public ::testing::Test {
   static void expect_breakdown_sums(const test::TrainJobResult& r, const std::string& what) {
     ASSERT_EQ(r.rc, 0) << what << "\n" << r.err;
     ASSERT_FALSE(r.metrics.empty()) << what;
-    const char* phases[] = {"data", "forward", "backward", "reduce", "gather", "stats", "optimizer", "pipeline_wait"};
+    const char* phases[] = {"data",  "forward",   "backward",      "reduce",      "gather",
+                            "stats", "optimizer", "pipeline_wait", "context_wait"};
     for (const auto& m : r.metrics) {
       double sum = 0;
       for (const char* p : phases) {
