@@ -1,6 +1,7 @@
 // Hung ranks on real 4-rank training jobs: one rank is stopped (SIGSTOP) mid-training, and the
 // job must end within comm_timeout + 10 s, naming that rank, with no process left, through both
-// host backends (shm and Gloo). And a slow rank is not a hung one: a rank that keeps making
+// host backends (shm and Gloo), and with context parallelism (cp 2 x dp 2: the stopped rank's
+// ring partner waits in the ring attention's send/recv). And a slow rank is not a hung one: a rank that keeps making
 // progress but is much slower than comm_timeout per step does not trip it.
 #include <signal.h>
 
@@ -69,8 +70,12 @@ class Hangs : public ::testing::TestWithParam<std::string> {
     rt::data::write_token_file(*dir_ / "train.bin", toks);
   }
   static void TearDownTestSuite() { delete dir_; }
+  // GetParam(): the backend, with "+cp" for context parallelism 2 (ring).
+  static std::string backend() { return GetParam().substr(0, GetParam().find('+')); }
+  static bool cp() { return GetParam().find("+cp") != std::string::npos; }
   static json config(int steps) {
     return {{"train_batch_size", 4},
+            {"context_parallel", {{"size", cp() ? 2 : 1}}},
             {"train_micro_batch_size_per_gpu", 1},
             {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}}}}},
             {"zero_optimization", {{"stage", 1}}},
@@ -82,14 +87,15 @@ class Hangs : public ::testing::TestWithParam<std::string> {
   // returns once `logged` steps are in its metrics file (or 120 s passed).
   std::unique_ptr<test::JobProcess> start(const std::string& name, int steps, size_t logged,
                                                  std::string* metrics) {
-    const std::string cfg = *dir_ / (name + "_" + GetParam() + ".json");
-    *metrics = *dir_ / (name + "_" + GetParam() + ".jsonl");
+    const std::string tag = backend() + (cp() ? "_cp" : "");
+    const std::string cfg = *dir_ / (name + "_" + tag + ".json");
+    *metrics = *dir_ / (name + "_" + tag + ".jsonl");
     std::ofstream(cfg) << config(steps).dump();
     auto job = std::make_unique<test::JobProcess>(
         std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--master-port", "0", "--kill-timeout", "5", "--",
                                  DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", *metrics,
                                  "--comm-timeout", std::to_string(kCommTimeout)},
-        std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + GetParam()},
+        std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + backend()},
         std::vector<std::string>{"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
     const auto until = std::chrono::steady_clock::now() + 120s;
     while (lines_in(*metrics) < logged && std::chrono::steady_clock::now() < until) {
@@ -149,7 +155,12 @@ TEST_P(Hangs, ASlowRankIsNotAHungOne) {
   EXPECT_EQ(lines_in(metrics), 400u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Hangs, ::testing::Values("shm", "gloo"));
+INSTANTIATE_TEST_SUITE_P(Backends, Hangs, ::testing::Values("shm", "gloo", "shm+cp", "gloo+cp"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (auto& c : n) c = c == '+' ? '_' : c;
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace ds
