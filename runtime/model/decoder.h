@@ -48,6 +48,13 @@
 // group must communicate: column-parallel qkv (by heads; kv heads split too) and MLP-up, row-
 // parallel projections, vocabulary-parallel embedding and loss (no rank holds full-vocabulary
 // logits).
+// Context parallelism (ModelOptions::cp > 1): the part holds T = seq/cp positions of each sequence
+// (layout::cp_position_runs); RoPE tables and wpe rows are those of the global positions, and the
+// attention is the cp hooks' (hooks.h: cp_attention_*). Sequence parallelism
+// (ModelOptions::sequence_parallel): the residual stream, the norms and their outputs hold this tp
+// rank's B*T/tp rows; the column-parallel matmuls read them all-gathered (sp_gather) and the
+// row-parallel ones reduce-scatter into them (hooks.h: tp_all_gather, tp_reduce_scatter), and
+// the norms' weight gradients are summed over tp (tp_sum_partial_grads).
 // Thread safety: one thread drives a Decoder at a time.
 #pragma once
 

@@ -61,7 +61,8 @@ std::string describe_training(const config::JobConfig& cfg, int zero_stage) {
       cfg.train_micro_batch_size_per_gpu, shape.seq_len, cfg.gradient_accumulation_steps, cfg.data_parallel_size,
       zero_stage,
       tp * pp == 1 ? std::string()
-                   : fmt::format(" x tensor-parallel {} x pipeline {} ({}, {} partition)", tp, pp,
+                   : fmt::format(" x tensor-parallel {}{} x pipeline {} ({}, {} partition)", tp,
+                                 cfg.tensor_parallel.sequence_parallel ? " (sequence-parallel)" : "", pp,
                                  layout::schedule_name(cfg.pipeline.schedule),
                                  layout::stage_split_name(cfg.pipeline.partition)),
       cfg.context_parallel.size == 1
