@@ -85,4 +85,41 @@ class ParallelHooks {
   }
 };
 
+// A layer of the hook stack (runtime/parallel: context, tensor and pipeline parallelism above
+// ZeRO): every hook goes on to `inner` (null: the defaults above), and a layer overrides only
+// the hooks it answers. `inner` must outlive this object.
+class ForwardingHooks : public ParallelHooks {
+ public:
+  explicit ForwardingHooks(ParallelHooks* inner) : inner_(inner != nullptr ? inner : &defaults_) {}
+  ForwardingHooks(const ForwardingHooks&) = delete;  // inner_ may point at defaults_
+  ForwardingHooks& operator=(const ForwardingHooks&) = delete;
+
+  TypedPtr params_needed(Unit unit, TypedPtr resident) override { return inner_->params_needed(unit, resident); }
+  void params_done(Unit unit) override { inner_->params_done(unit); }
+  TypedPtr grads_needed(Unit unit, TypedPtr resident) override { return inner_->grads_needed(unit, resident); }
+  void grads_ready(Unit unit) override { inner_->grads_ready(unit); }
+  void tp_reduce_forward(TypedPtr buf, int64_t n) override { inner_->tp_reduce_forward(buf, n); }
+  void tp_reduce_backward(TypedPtr buf, int64_t n) override { inner_->tp_reduce_backward(buf, n); }
+  void tp_loss_reduce_max(float* buf, int64_t n) override { inner_->tp_loss_reduce_max(buf, n); }
+  void tp_loss_reduce_sum(float* buf, int64_t n) override { inner_->tp_loss_reduce_sum(buf, n); }
+  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override { inner_->tp_all_gather(full, local, n); }
+  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override {
+    inner_->tp_reduce_scatter(local, full, n);
+  }
+  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override { inner_->tp_sum_partial_grads(buf, n); }
+  bool grads_final_this_micro_batch() const override { return inner_->grads_final_this_micro_batch(); }
+  bool cp_attention_forward(TypedPtr out, float* lse, TypedPtr qkv) override {
+    return inner_->cp_attention_forward(out, lse, qkv);
+  }
+  bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) override {
+    return inner_->cp_attention_backward(dqkv, dout, qkv, out, lse);
+  }
+
+ protected:
+  ParallelHooks* inner_;
+
+ private:
+  ParallelHooks defaults_;
+};
+
 }  // namespace ds::rt

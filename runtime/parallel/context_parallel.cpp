@@ -9,7 +9,7 @@ namespace ds::rt::parallel {
 
 ContextParallelHooks::ContextParallelHooks(comm::CommPtr cp, const ContextParallelShape& shape, Allocator& alloc,
                                            ParallelHooks* inner)
-    : cp_(std::move(cp)), sh_(shape), inner_(inner != nullptr ? inner : &none_) {
+    : ForwardingHooks(inner), cp_(std::move(cp)), sh_(shape) {
   const int n = cp_->size();
   if (auto why = layout::cp_sequence_rule(sh_.T, n, sh_.method)) throw invalid_argument("{}", *why);
   if (auto why = layout::cp_heads_rule(sh_.NH, sh_.KV, 1, n, sh_.method)) throw invalid_argument("{}", *why);
@@ -58,22 +58,5 @@ bool ContextParallelHooks::cp_attention_backward(TypedPtr dqkv, TypedPtr dout, T
   });
   return true;
 }
-
-TypedPtr ContextParallelHooks::params_needed(Unit unit, TypedPtr resident) { return inner_->params_needed(unit, resident); }
-void ContextParallelHooks::params_done(Unit unit) { inner_->params_done(unit); }
-TypedPtr ContextParallelHooks::grads_needed(Unit unit, TypedPtr resident) { return inner_->grads_needed(unit, resident); }
-void ContextParallelHooks::grads_ready(Unit unit) { inner_->grads_ready(unit); }
-void ContextParallelHooks::tp_reduce_forward(TypedPtr buf, int64_t n) { inner_->tp_reduce_forward(buf, n); }
-void ContextParallelHooks::tp_reduce_backward(TypedPtr buf, int64_t n) { inner_->tp_reduce_backward(buf, n); }
-void ContextParallelHooks::tp_loss_reduce_max(float* buf, int64_t n) { inner_->tp_loss_reduce_max(buf, n); }
-void ContextParallelHooks::tp_loss_reduce_sum(float* buf, int64_t n) { inner_->tp_loss_reduce_sum(buf, n); }
-void ContextParallelHooks::tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) {
-  inner_->tp_all_gather(full, local, n);
-}
-void ContextParallelHooks::tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) {
-  inner_->tp_reduce_scatter(local, full, n);
-}
-void ContextParallelHooks::tp_sum_partial_grads(TypedPtr buf, int64_t n) { inner_->tp_sum_partial_grads(buf, n); }
-bool ContextParallelHooks::grads_final_this_micro_batch() const { return inner_->grads_final_this_micro_batch(); }
 
 }  // namespace ds::rt::parallel

@@ -1,6 +1,7 @@
 // Context parallelism as the model's ParallelHooks: the cp_attention_* hooks run the whole
 // sequence's attention over the cp group (ring_attention.h or ulysses_attention.h, as
-// context_parallel.method says), every other hook goes to `inner` (tensor parallelism, then ZeRO).
+// context_parallel.method says); every other hook goes on to `inner` (ForwardingHooks: tensor
+// parallelism, then ZeRO).
 // The engine stacks it on top:
 //   model -> ContextParallelHooks -> TensorParallelHooks -> TiedEmbeddingHooks -> ZeroEngine.
 // What else context parallelism changes lives where it happens: the rank's positions in the model
@@ -29,7 +30,7 @@ struct ContextParallelShape {
   DType dtype = DType::kF32;  // the activations' storage type
 };
 
-class ContextParallelHooks final : public ParallelHooks {
+class ContextParallelHooks final : public ForwardingHooks {
  public:
   // `cp`: the context-parallel group (size > 1). Throws invalid_argument naming the rule when the
   // sequence or the heads do not divide (layout/context_parallel.h).
@@ -42,24 +43,9 @@ class ContextParallelHooks final : public ParallelHooks {
   bool cp_attention_forward(TypedPtr out, float* lse, TypedPtr qkv) override;
   bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) override;
 
-  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
-  void params_done(Unit unit) override;
-  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
-  void grads_ready(Unit unit) override;
-  void tp_reduce_forward(TypedPtr buf, int64_t n) override;
-  void tp_reduce_backward(TypedPtr buf, int64_t n) override;
-  void tp_loss_reduce_max(float* buf, int64_t n) override;
-  void tp_loss_reduce_sum(float* buf, int64_t n) override;
-  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override;
-  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override;
-  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override;
-  bool grads_final_this_micro_batch() const override;
-
  private:
   comm::CommPtr cp_;
   ContextParallelShape sh_;
-  ParallelHooks* inner_;
-  ParallelHooks none_;  // the defaults, when there is no inner
   std::unique_ptr<RingAttention> ring_;
   std::unique_ptr<UlyssesAttention> ulysses_;
 };

@@ -239,7 +239,7 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
 
 TiedEmbeddingHooks::TiedEmbeddingHooks(ParallelHooks* inner, int64_t wte_numel, Allocator& alloc,
                                        Device device, void* cuda_stream, DType grad_dtype)
-    : inner_(inner != nullptr ? inner : &default_),
+    : ForwardingHooks(inner),
       buf_(alloc.allocate(static_cast<size_t>(wte_numel) * dtype_size(grad_dtype), MemTag::kGrads,
                           "pipeline tied wte grad", device)),
       n_(wte_numel), device_(device), stream_(cuda_stream), grad_dtype_(grad_dtype) {}
@@ -269,12 +269,6 @@ void TiedEmbeddingHooks::hand_over() {
   inner_->grads_ready(wte);
 }
 
-TypedPtr TiedEmbeddingHooks::params_needed(Unit unit, TypedPtr resident) {
-  return inner_->params_needed(unit, resident);
-}
-void TiedEmbeddingHooks::params_done(Unit unit) {
-  inner_->params_done(unit);
-}
 TypedPtr TiedEmbeddingHooks::grads_needed(Unit unit, TypedPtr resident) {
   if (unit.kind != ms::UnitKind::kTokenEmbedding) return inner_->grads_needed(unit, resident);
   resident_ = resident;
@@ -283,18 +277,6 @@ TypedPtr TiedEmbeddingHooks::grads_needed(Unit unit, TypedPtr resident) {
 }
 void TiedEmbeddingHooks::grads_ready(Unit unit) {
   if (unit.kind != ms::UnitKind::kTokenEmbedding) inner_->grads_ready(unit);
-}
-void TiedEmbeddingHooks::tp_reduce_forward(TypedPtr buf, int64_t n) {
-  inner_->tp_reduce_forward(buf, n);
-}
-void TiedEmbeddingHooks::tp_reduce_backward(TypedPtr buf, int64_t n) {
-  inner_->tp_reduce_backward(buf, n);
-}
-void TiedEmbeddingHooks::tp_loss_reduce_max(float* buf, int64_t n) {
-  inner_->tp_loss_reduce_max(buf, n);
-}
-void TiedEmbeddingHooks::tp_loss_reduce_sum(float* buf, int64_t n) {
-  inner_->tp_loss_reduce_sum(buf, n);
 }
 
 }  // namespace ds::rt::parallel

@@ -141,7 +141,7 @@ class PipelineStage {
 // over dp like any other unit. Reduction is linear, so this equals summing over the tied stages
 // after the dp reduction. Costs one wte-sized buffer (tag grads) on the first and last stage.
 // Thread safety: the model's thread.
-class TiedEmbeddingHooks final : public ParallelHooks {
+class TiedEmbeddingHooks final : public ForwardingHooks {
  public:
   // `wte_numel`: this tp rank's wte elements (model_spec::local_numel of wte). `inner` may be
   // null and must outlive this object. `device` (and `cuda_stream`): the model's, where the
@@ -157,22 +157,11 @@ class TiedEmbeddingHooks final : public ParallelHooks {
   // pass on: invalid_usage.
   void hand_over();
 
-  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
-  void params_done(Unit unit) override;
+  // The token embedding's gradient goes to the buffer; every other hook on to inner.
   TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
   void grads_ready(Unit unit) override;
-  void tp_reduce_forward(TypedPtr buf, int64_t n) override;
-  void tp_reduce_backward(TypedPtr buf, int64_t n) override;
-  void tp_loss_reduce_max(float* buf, int64_t n) override;
-  void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override { inner_->tp_all_gather(full, local, n); }
-  void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override { inner_->tp_reduce_scatter(local, full, n); }
-  void tp_sum_partial_grads(TypedPtr buf, int64_t n) override { inner_->tp_sum_partial_grads(buf, n); }
-  bool grads_final_this_micro_batch() const override { return inner_->grads_final_this_micro_batch(); }
-  void tp_loss_reduce_sum(float* buf, int64_t n) override;
 
  private:
-  ParallelHooks* inner_;
-  ParallelHooks default_;
   Buffer buf_;
   int64_t n_;
   Device device_;

@@ -49,20 +49,8 @@ void TensorParallelRegions::reduce_scatter(TypedPtr local, TypedPtr full, int64_
 void TensorParallelRegions::sum(TypedPtr buf, int64_t n) { reduce(buf, n, comm::ReduceOp::kSum); }
 
 TensorParallelHooks::TensorParallelHooks(comm::CommPtr tp, ParallelHooks* inner)
-    : regions_(std::move(tp)), inner_(inner) {}
+    : ForwardingHooks(inner), regions_(std::move(tp)) {}
 
-TypedPtr TensorParallelHooks::params_needed(Unit unit, TypedPtr resident) {
-  return inner_ ? inner_->params_needed(unit, resident) : resident;
-}
-void TensorParallelHooks::params_done(Unit unit) {
-  if (inner_) inner_->params_done(unit);
-}
-TypedPtr TensorParallelHooks::grads_needed(Unit unit, TypedPtr resident) {
-  return inner_ ? inner_->grads_needed(unit, resident) : resident;
-}
-void TensorParallelHooks::grads_ready(Unit unit) {
-  if (inner_) inner_->grads_ready(unit);
-}
 void TensorParallelHooks::tp_reduce_forward(TypedPtr buf, int64_t n) {
   regions_.reduce_from_tp_forward(buf, n);
 }
@@ -81,9 +69,6 @@ void TensorParallelHooks::tp_reduce_scatter(TypedPtr local, TypedPtr full, int64
 }
 void TensorParallelHooks::tp_sum_partial_grads(TypedPtr buf, int64_t n) {
   if (grads_final_this_micro_batch()) regions_.sum(buf, n);
-}
-bool TensorParallelHooks::grads_final_this_micro_batch() const {
-  return inner_ ? inner_->grads_final_this_micro_batch() : true;
 }
 
 }  // namespace ds::rt::parallel

@@ -78,17 +78,12 @@ class TensorParallelRegions {
 // defaults: the model's own storage, no reduction). So the trainer stacks its hooks as
 //   model -> TensorParallelHooks -> ZeroEngine (or nothing).
 // `inner` may be null; it must outlive this object.
-class TensorParallelHooks final : public ParallelHooks {
+class TensorParallelHooks final : public ForwardingHooks {
  public:
   explicit TensorParallelHooks(comm::CommPtr tp, ParallelHooks* inner = nullptr);
 
   TensorParallelRegions& regions() { return regions_; }
-  ParallelHooks* inner() { return inner_; }
 
-  TypedPtr params_needed(Unit unit, TypedPtr resident) override;
-  void params_done(Unit unit) override;
-  TypedPtr grads_needed(Unit unit, TypedPtr resident) override;
-  void grads_ready(Unit unit) override;
   void tp_reduce_forward(TypedPtr buf, int64_t n) override;
   void tp_reduce_backward(TypedPtr buf, int64_t n) override;
   void tp_loss_reduce_max(float* buf, int64_t n) override;
@@ -96,11 +91,9 @@ class TensorParallelHooks final : public ParallelHooks {
   void tp_all_gather(TypedPtr full, TypedPtr local, int64_t n) override;
   void tp_reduce_scatter(TypedPtr local, TypedPtr full, int64_t n) override;
   void tp_sum_partial_grads(TypedPtr buf, int64_t n) override;
-  bool grads_final_this_micro_batch() const override;
 
  private:
   TensorParallelRegions regions_;
-  ParallelHooks* inner_;
 };
 
 }  // namespace ds::rt::parallel
