@@ -57,8 +57,6 @@ struct Layout {
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
 
-const char* kTags[] = {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"};
-
 class ContextParallelTraining : public ::testing::TestWithParam<Layout> {
  public:
   static void SetUpTestSuite() {
@@ -132,37 +130,16 @@ class ContextParallelTraining : public ::testing::TestWithParam<Layout> {
   }
 
   static void expect_curve(const Layout& l, const std::vector<json>& m, int first_step, const std::string& what) {
-    const auto& base = baseline(l);
-    ASSERT_EQ(m.size(), static_cast<size_t>(kSteps - first_step + 1)) << what;
-    ASSERT_EQ(base.size(), static_cast<size_t>(kSteps));
-    std::map<std::string, double> worst;
-    for (size_t i = 0; i < m.size(); ++i) {
-      const int step = first_step + static_cast<int>(i);
-      const json& want = base[static_cast<size_t>(step - 1)];
-      EXPECT_EQ(m[i].at("step").get<int>(), step) << what;
-      for (const char* key : {"loss", "grad_norm", "val_loss"}) {
-        if (!want.contains(key)) continue;
-        ASSERT_TRUE(m[i].contains(key)) << what << " step " << step << " " << key;
-        const double w = want.at(key).get<double>(), g = m[i].at(key).get<double>();
-        EXPECT_LE(std::abs(g - w), tolerance(l, key) * std::abs(w))
-            << what << " step " << step << " " << key << ": " << g << " vs single process " << w;
-        worst[key] = std::max(worst[key], std::abs(g - w) / std::abs(w));
-      }
-    }
-    std::cout << what << ": worst relative difference to the single process:";
-    for (const auto& [key, d] : worst) std::cout << " " << key << " " << d;
-    std::cout << "\n";
+    test::expect_curve_matches(baseline(l), m, first_step, [&](const std::string& key) { return tolerance(l, key); },
+                               what);
   }
 
-  // `dstrain plan --json`'s ranks for a config, one thread per rank as the ranks run.
+  // `dstrain plan --json`'s ranks for a config.
   static json plan_ranks(const Layout& l, const json& cfg) {
     static int counter = 0;
     const std::string path = *dir_ / ("plan" + std::to_string(counter++) + ".json");
     std::ofstream(path) << cfg.dump(2);
-    JobProcess plan({DS_DSTRAIN_BIN, "plan", "--config", path, "--world-size", std::to_string(l.world()), "--threads",
-                     "1", "--json"});
-    EXPECT_EQ(plan.wait(60s), 0) << plan.err();
-    return json::parse(plan.out()).at("ranks");
+    return test::plan_ranks(path, l.world());
   }
 
   static inline TempDir* dir_ = nullptr;
@@ -176,17 +153,8 @@ TEST_P(ContextParallelTraining, TwentyStepsMatchTheSingleProcessAndThePlan) {
   ASSERT_EQ(r.rc, 0) << l.name() << "\n" << r.err;
   expect_curve(l, r.metrics, 1, l.name());
   ASSERT_FALSE(r.metrics.empty());
-  const json ranks = plan_ranks(l, cfg);
-  ASSERT_EQ(ranks.size(), static_cast<size_t>(l.world()));
   const json& real = r.metrics.back();  // every rank's peaks over the whole run
-  for (int q = 0; q < l.world(); ++q) {
-    for (const char* tag : kTags) {
-      const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
-      ASSERT_TRUE(real.contains(key)) << l.name() << ": " << key << " missing";
-      EXPECT_EQ(real.at(key).get<int64_t>(), ranks[static_cast<size_t>(q)].at(tag).get<int64_t>())
-          << l.name() << " rank " << q << " " << tag << ": measured (left) against dstrain plan (right)";
-    }
-  }
+  test::expect_plan_equals_peaks(plan_ranks(l, cfg), real, l.world(), l.name());
   std::cout << l.name() << ": rank 0 activations " << real.at("peak_bytes_activations_rank0").get<int64_t>()
             << " B, total " << real.at("peak_bytes_total_rank0").get<int64_t>() << " B\n";
 }

@@ -146,27 +146,8 @@ class LlamaLayouts : public ::testing::TestWithParam<Layout> {
   }
 
   static void expect_curve(const Layout& l, const std::vector<json>& m, int first_step, const std::string& what) {
-    const auto& base = baseline(l);
-    ASSERT_EQ(m.size(), static_cast<size_t>(kSteps - first_step + 1)) << what;
-    ASSERT_EQ(base.size(), static_cast<size_t>(kSteps));
-    std::map<std::string, double> worst;
-    for (size_t i = 0; i < m.size(); ++i) {
-      const int step = first_step + static_cast<int>(i);
-      const json& want = base[static_cast<size_t>(step - 1)];
-      EXPECT_EQ(m[i].at("step").get<int>(), step) << what;
-      for (const char* key : {"loss", "grad_norm", "val_loss"}) {
-        if (!want.contains(key)) continue;
-        ASSERT_TRUE(m[i].contains(key)) << what << " step " << step << " " << key;
-        const double w = want.at(key).get<double>(), g = m[i].at(key).get<double>();
-        const double tol = tolerance(l, key);
-        EXPECT_LE(std::abs(g - w), tol * std::abs(w)) << what << " step " << step << " " << key << ": " << g
-                                                      << " vs single process " << w;
-        worst[key] = std::max(worst[key], std::abs(g - w) / std::abs(w));
-      }
-    }
-    std::cout << what << ": worst relative difference to the single process:";
-    for (const auto& [key, d] : worst) std::cout << " " << key << " " << d;
-    std::cout << "\n";
+    test::expect_curve_matches(baseline(l), m, first_step, [&](const std::string& key) { return tolerance(l, key); },
+                               what);
   }
 
   static inline TempDir* dir_ = nullptr;
@@ -184,25 +165,9 @@ TEST_P(LlamaLayouts, TwentyStepsMatchTheSingleProcessAndThePlan) {
   // `dstrain plan --json` for the same config, one thread per rank as the ranks run.
   const std::string cfg_path = *dir_ / ("plan" + std::to_string(plan_counter++) + ".json");
   std::ofstream(cfg_path) << cfg.dump(2);
-  JobProcess plan({DS_DSTRAIN_BIN, "plan", "--config", cfg_path, "--world-size", std::to_string(l.world()),
-                   "--threads", "1", "--json"});
-  ASSERT_EQ(plan.wait(60s), 0) << plan.err();
-  const json ranks = json::parse(plan.out()).at("ranks");
-  ASSERT_EQ(ranks.size(), static_cast<size_t>(l.world()));
+  const json ranks = test::plan_ranks(cfg_path, l.world());
   // Every rank's peaks over the whole run (rank 0's last line), evaluation included.
-  const json& real = r.metrics.back();
-  int exact = 0;
-  for (int q = 0; q < l.world(); ++q) {
-    for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"}) {
-      const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
-      ASSERT_TRUE(real.contains(key)) << l.name() << ": " << key << " missing";
-      const int64_t measured = real.at(key).get<int64_t>();
-      const int64_t planned = ranks[static_cast<size_t>(q)].at(tag).get<int64_t>();
-      EXPECT_EQ(measured, planned) << l.name() << " rank " << q << " " << tag
-                                   << ": measured (left) against dstrain plan (right)";
-      exact += measured == planned;
-    }
-  }
+  const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
   std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world()
             << " (rank, tag) pairs; rank 0 total " << ranks[0].at("total").get<int64_t>() << " B\n";
   // The trainer's own plan (rank 0's planned_bytes_<tag>) is the same plan.

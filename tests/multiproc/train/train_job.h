@@ -3,13 +3,23 @@
 // the store and rank variables of an outer launch removed), and reads back rank 0's metrics file.
 // Shared by tests/multiproc/train and tests/multiproc/plan.
 //
-// Not here: what a test checks, or the configs themselves.
+// Also the checks the layout tests share: a run's curve against the single process's, and
+// `dstrain plan --json`'s bytes against every rank's measured peaks.
+//
+// Not here: the configs themselves.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +67,62 @@ inline TrainJobResult run_train_job(const std::string& dir, const std::string& n
     if (!line.empty()) r.metrics.push_back(nlohmann::json::parse(line));
   }
   return r;
+}
+
+// The steps of `m` from `first_step` against the single process's `base` (steps 1..), for loss,
+// grad_norm and val_loss where the baseline has them: within tolerance(key) relative. Prints the
+// worst relative difference of each.
+inline void expect_curve_matches(const std::vector<nlohmann::json>& base, const std::vector<nlohmann::json>& m,
+                                 int first_step, const std::function<double(const std::string&)>& tolerance,
+                                 const std::string& what) {
+  ASSERT_EQ(m.size(), base.size() - static_cast<size_t>(first_step - 1)) << what;
+  std::map<std::string, double> worst;
+  for (size_t i = 0; i < m.size(); ++i) {
+    const int step = first_step + static_cast<int>(i);
+    const nlohmann::json& want = base[static_cast<size_t>(step - 1)];
+    EXPECT_EQ(m[i].at("step").get<int>(), step) << what;
+    for (const char* key : {"loss", "grad_norm", "val_loss"}) {
+      if (!want.contains(key)) continue;
+      ASSERT_TRUE(m[i].contains(key)) << what << " step " << step << " " << key;
+      const double w = want.at(key).get<double>(), g = m[i].at(key).get<double>();
+      EXPECT_LE(std::abs(g - w), tolerance(key) * std::abs(w))
+          << what << " step " << step << " " << key << ": " << g << " vs single process " << w;
+      worst[key] = std::max(worst[key], std::abs(g - w) / std::abs(w));
+    }
+  }
+  std::cout << what << ": worst relative difference to the single process:";
+  for (const auto& [key, d] : worst) std::cout << " " << key << " " << d;
+  std::cout << "\n";
+}
+
+// `dstrain plan --json --threads 1` for the config at `cfg_path` on `world` ranks: its "ranks".
+inline nlohmann::json plan_ranks(const std::string& cfg_path, int world) {
+  using namespace std::chrono_literals;
+  JobProcess plan({DS_DSTRAIN_BIN, "plan", "--config", cfg_path, "--world-size", std::to_string(world), "--threads",
+                   "1", "--json"});
+  EXPECT_EQ(plan.wait(60s), 0) << plan.err();
+  return nlohmann::json::parse(plan.out()).at("ranks");
+}
+
+// Every rank's measured peak per tag (`last`: the last metrics line of a --metrics-all-ranks run,
+// peaks over the whole run) equals the plan's `ranks`. Returns how many (rank, tag) pairs agree.
+inline int expect_plan_equals_peaks(const nlohmann::json& ranks, const nlohmann::json& last, int world,
+                                    const std::string& what) {
+  EXPECT_EQ(ranks.size(), static_cast<size_t>(world)) << what;
+  int exact = 0;
+  for (int q = 0; q < world && q < static_cast<int>(ranks.size()); ++q) {
+    for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"}) {
+      const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
+      EXPECT_TRUE(last.contains(key)) << what << ": " << key << " missing";
+      if (!last.contains(key)) continue;
+      const int64_t measured = last.at(key).get<int64_t>();
+      const int64_t planned = ranks[static_cast<size_t>(q)].at(tag).get<int64_t>();
+      EXPECT_EQ(measured, planned) << what << " rank " << q << " " << tag
+                                   << ": measured (left) against dstrain plan (right)";
+      exact += measured == planned;
+    }
+  }
+  return exact;
 }
 
 }  // namespace ds::test
