@@ -51,7 +51,7 @@ bool read_family_key(Section& s, const ms::FamilyKey& k, ms::ModelShape& shape) 
     case ms::FamilyKey::Kind::kInt:
       return s.get_int(k.key, shape.*k.int_field, static_cast<int64_t>(k.lo), static_cast<int64_t>(k.hi));
     case ms::FamilyKey::Kind::kNumber:
-      return s.get_number(k.key, shape.*k.number_field, k.lo, k.hi, /*lo_open=*/true);
+      return s.get_number(k.key, shape.*k.number_field, k.lo, k.hi, k.lo_open);
     case ms::FamilyKey::Kind::kBool:
       return s.get_bool(k.key, shape.*k.bool_field);
   }

@@ -16,7 +16,9 @@ namespace ds::model_spec {
 
 enum class NormKind { kLayerNorm, kRmsNorm };  // LayerNorm: weight and bias, mean and rstd kept
 enum class PositionKind { kLearned, kRope };   // learned: a position embedding (wpe) added once
-enum class MlpKind { kGelu, kSwiGlu };         // GELU: up (H), gelu, down; SwiGLU: gate|up (2H), silu*up, down
+// GELU: up (H), gelu, down; SwiGLU: gate|up (2H), silu*up, down; MoE: a router picks k of E SwiGLU
+// experts per token (up_w / down_w are the stacked experts' w13 / w2, router_w the gate).
+enum class MlpKind { kGelu, kSwiGlu, kMoe };
 
 // The ParamIds of one layer's tensors by the role they play in the block, and of the final norm;
 // nullopt where the family has no such tensor (biases, a RMSNorm's bias). qkv_w is the first of
@@ -36,6 +38,7 @@ struct LayerRoles {
   std::optional<ParamId> down_b;
   ParamId final_norm_w;
   std::optional<ParamId> final_norm_b;
+  std::optional<ParamId> router_w;  // MoE: the router (E, C)
 };
 
 // One config.json key of a Hugging Face model and its value as JSON text ("4096", "1e-05",
@@ -48,12 +51,16 @@ struct HfConfigKey {
 // How Hugging Face stores the family: transformers' class and model_type, each tensor copy's name
 // (layer -1 for global tensors), and config.json's keys beside architectures, model_type and
 // torch_dtype. Import and export (runtime/checkpoint/hf_safetensors.h) read only this.
+// A stacked tensor (Mixtral's experts) is several HF tensors: `pieces` equal blocks of its rows,
+// piece p named tensor_name(id, layer, p) (null `pieces`: one piece each).
 struct HfFormat {
   const char* architecture;  // "LlamaForCausalLM"
   const char* model_type;    // "llama"
-  std::string (*tensor_name)(ParamId id, int layer);
+  std::string (*tensor_name)(ParamId id, int layer, int piece);
   std::vector<HfConfigKey> (*config)(const ModelShape& s);
+  int (*pieces)(ParamId id, const ModelShape& s) = nullptr;
 };
+int hf_pieces(const HfFormat& hf, ParamId id, const ModelShape& s);
 
 // How a shape rule names what it checks. The config reports "n_kv_head (3) must divide n_head
 // (4)" at $.model.n_kv_head (kConfigRuleNames); ModelShape::validate throws "model.n_kv_head (3)
@@ -85,9 +92,11 @@ struct FamilyKey {
   double ModelShape::*number_field = nullptr;  // kNumber, in (lo, hi]
   bool ModelShape::*bool_field = nullptr;      // kBool
   double lo = 0, hi = 0;
+  bool lo_open = true;  // kNumber: (lo, hi] when open, else [lo, hi]
 };
 FamilyKey int_key(const char* key, int ModelShape::*field, bool required, const char* what);
 FamilyKey number_key(const char* key, double ModelShape::*field, double lo_open, double hi, const char* what);
+FamilyKey nonnegative_key(const char* key, double ModelShape::*field, const char* what);  // [0, inf)
 FamilyKey bool_key(const char* key, bool ModelShape::*field, const char* what);
 
 struct FamilyDescription {

@@ -5,13 +5,15 @@ namespace ds::model_spec {
 
 double model_flops_per_token(const ModelShape& s, int T) {
   const double attention = static_cast<double>(s.n_head) * s.head_dim();
-  return 6.0 * static_cast<double>(param_count(s)) + 6.0 * s.n_layer * attention * T;
+  return 6.0 * static_cast<double>(active_param_count(s)) + 6.0 * s.n_layer * attention * T;
 }
 
 double layer_matmul_params(const ModelShape& s) {
   double n = 0;
   for (const auto& t : model_params(s)) {
-    if (t.per_layer && t.shape.size() == 2) n += static_cast<double>(t.numel());
+    if (!t.per_layer || t.shape.size() != 2) continue;
+    n += t.expert ? static_cast<double>(t.numel()) / s.num_local_experts * s.num_experts_per_tok
+                  : static_cast<double>(t.numel());
   }
   return n;
 }

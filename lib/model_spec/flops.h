@@ -15,11 +15,13 @@
 
 namespace ds::model_spec {
 
-// 6N + 6·L·(NH·hd)·T for sequences of T tokens (N = param_count(s)).
+// 6N + 6·L·(NH·hd)·T for sequences of T tokens (N = active_param_count(s): a mixture of experts
+// counts the k experts a token is routed to, not all E, as Megatron and DeepSpeed count MoE MFU).
 double model_flops_per_token(const ModelShape& s, int T);
 
-// Elements of one layer's weight matrices (every per-layer tensor of two dimensions, whole model):
-// the matmuls a token's forward runs twice each (multiply and add).
+// Elements of one layer's weight matrices (every per-layer tensor of two dimensions, whole model;
+// of stacked experts the k of E a token uses): the matmuls a token's forward runs twice each
+// (multiply and add).
 double layer_matmul_params(const ModelShape& s);
 
 // Hardware-style FLOPs of one sequence of T tokens, for the step-time model's rescaling between

@@ -71,7 +71,7 @@ std::vector<ParamTensor> llama_params(const ModelShape& s) {
   return v;
 }
 
-std::string llama_hf_name(ParamId id, int layer) {
+std::string llama_hf_name(ParamId id, int layer, int /*piece*/) {
   const char* leaf = nullptr;
   const char* group = "";
   switch (id) {

@@ -29,8 +29,8 @@ void resolve_llama(ModelShape& s);
 void check_llama(const ModelShape& s, const RuleNames& names, RuleErrors& out);
 // KV and I must divide by tp: each rank holds whole kv heads (family.h's check_tp).
 void check_llama_tp(const ModelShape& s, int tp, const RuleNames& names, RuleErrors& out);
-// Hugging Face's name of one tensor copy ("model.layers.3.mlp.up_proj.weight").
-std::string llama_hf_name(ParamId id, int layer);
+// Hugging Face's name of one tensor copy ("model.layers.3.mlp.up_proj.weight"); one piece each.
+std::string llama_hf_name(ParamId id, int layer, int piece = 0);
 // config.json's LlamaConfig keys for this shape.
 std::vector<HfConfigKey> llama_hf_config(const ModelShape& s);
 

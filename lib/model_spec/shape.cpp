@@ -197,6 +197,15 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
 
 int64_t param_count(const ModelShape& s) { return part_param_count(s, ModelPart::whole(s)); }
 
+int64_t active_param_count(const ModelShape& s) {
+  int64_t n = 0;
+  for (const auto& t : model_params(s)) {
+    const int64_t copies = t.per_layer ? s.n_layer : 1;
+    n += copies * (t.expert ? t.numel() / s.num_local_experts * s.num_experts_per_tok : t.numel());
+  }
+  return n;
+}
+
 int64_t layer_param_count(const ModelShape& s, int tp) {
   int64_t n = 0;
   for (const auto& t : model_params(s)) {

@@ -11,6 +11,7 @@
 // Legend: B = micro-batch, T = sequence length, C = channels (n_embd), NH = heads, L = layers,
 // V = vocabulary, Vp = padded vocabulary, maxT = seq_len (rows of wpe), tp = tensor-parallel size;
 // Llama: KV = kv heads, hd = head size (C / NH), I = intermediate_size (the SwiGLU width).
+// Mixtral: E = num_local_experts (each a SwiGLU of width I), k = num_experts_per_tok.
 #pragma once
 
 #include <array>
@@ -24,6 +25,7 @@ namespace ds::model_spec {
 enum class ModelFamily {
   kGpt2,   // pre-LayerNorm, learned positions, fused qkv with biases, 4C GELU MLP, tied lm_head
   kLlama,  // pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases
+  kMixtral,  // Llama's attention; every MLP a sparse mixture of E SwiGLU experts, top-k routed
 };
 
 struct ModelShape {
@@ -40,6 +42,10 @@ struct ModelShape {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;     // RMSNorm's epsilon
   bool tie_embeddings = false;  // lm_head is the token embedding (a family may always tie: GPT-2)
+  // Mixture of experts (Mixtral): E experts per layer, each token routed to its top k.
+  int num_local_experts = 0;       // E
+  int num_experts_per_tok = 2;     // k <= E
+  double router_aux_loss_coef = 0.02;  // the load-balancing loss's weight in the objective
 
   bool tied() const;  // the head reads the token embedding (tie_embeddings, or the family always ties)
   int head_dim() const { return n_embd / n_head; }
@@ -77,8 +83,11 @@ enum class ParamId {
   // Llama (per layer: input_layernorm, q/k/v/o_proj, post_attention_layernorm, gate/up/down_proj)
   kAttnNorm, kWq, kWk, kWv, kWo, kMlpNorm, kWgate, kWup, kWdown,
   kLmHead,
+  // Mixtral (per layer): the router (block_sparse_moe.gate, (E, C)) and the E experts' weights,
+  // stacked: w13 (E x 2I, C) holds each expert's w1 (I rows) then its w3 (I rows); w2 (E x C, I).
+  kRouter, kExpertW13, kExpertW2,
 };
-inline constexpr int kNumParamTensors = 26;
+inline constexpr int kNumParamTensors = 29;
 inline constexpr int kNumLayerTensors = 12;  // GPT-2's kLn1w .. kFcprojb
 
 enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
@@ -92,6 +101,9 @@ struct ParamTensor {
   TpSplit split;
   int split_groups;              // column splits: 3 for qkv (q, k, v split separately), else 1
   InitKind init;                 // normal std 0.02; residual: 0.02 / sqrt(2L)
+  // Stacked experts (dim 0 is E equal blocks, one per expert): only k of the E blocks work on a
+  // token (FLOPs), and expert parallelism splits the blocks.
+  bool expert = false;
   int64_t numel() const;         // elements of one full copy
 };
 
@@ -157,6 +169,9 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part);
 
 // Parameter counts (elements).
 int64_t param_count(const ModelShape& s);                    // the whole model, unsharded
+// The parameters one token works with: every dense tensor, and k of the E blocks of each stacked
+// expert tensor (Mixtral-8x7B: 12.9B of 46.7B). param_count for a dense model.
+int64_t active_param_count(const ModelShape& s);
 int64_t layer_param_count(const ModelShape& s, int tp = 1);  // one layer on one tp rank
 // Layers [l0, l1) on one tp rank.
 int64_t layers_param_count(const ModelShape& s, int l0, int l1, int tp = 1);

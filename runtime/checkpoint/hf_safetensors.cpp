@@ -22,10 +22,12 @@ namespace {
 
 bool vocab_rows(ms::ParamId id) { return id == ms::ParamId::kWte || id == ms::ParamId::kLmHead; }
 
-// The shape HF stores tensor t in: the real vocabulary's rows for the embedding and lm_head.
-std::vector<int64_t> hf_shape(const ms::ModelShape& s, const ms::ParamTensor& t) {
+// The shape HF stores each of tensor t's `pieces` in: the real vocabulary's rows for the embedding
+// and lm_head; a stacked tensor's rows divided among its pieces.
+std::vector<int64_t> hf_shape(const ms::ModelShape& s, const ms::ParamTensor& t, int pieces) {
   std::vector<int64_t> sh = t.shape;
   if (vocab_rows(t.id)) sh[0] = s.vocab_size;
+  sh[0] /= pieces;
   return sh;
 }
 
@@ -33,10 +35,12 @@ void check_no_strangers(const SafetensorsSet& set, const ms::ModelShape& s, cons
                         const ms::HfFormat& hf) {
   std::set<std::string> known;
   for (const auto& t : all) {
-    if (!t.per_layer) known.insert(hf.tensor_name(t.id, -1));
-    for (int l = 0; t.per_layer && l < s.n_layer; l++) known.insert(hf.tensor_name(t.id, l));
+    for (int p = 0; p < ms::hf_pieces(hf, t.id, s); p++) {
+      if (!t.per_layer) known.insert(hf.tensor_name(t.id, -1, p));
+      for (int l = 0; t.per_layer && l < s.n_layer; l++) known.insert(hf.tensor_name(t.id, l, p));
+    }
   }
-  if (s.tied()) known.insert(hf.tensor_name(ms::ParamId::kLmHead, -1));  // HF may save the tied copy
+  if (s.tied()) known.insert(hf.tensor_name(ms::ParamId::kLmHead, -1, 0));  // HF may save the tied copy
   for (const auto& n : set.names()) {
     if (known.count(n) == 0) {
       throw invalid_argument("{}: holds tensor '{}', which this model (model.type {}, {} layers{}) has no place for",
@@ -70,17 +74,20 @@ void load_hf_safetensors(const std::string& path, const ms::ModelShape& shape, c
   std::vector<float> full;
   for (const auto& ts : layout.tensors) {
     const ms::ParamTensor& t = ms::find_param(all, ts.id);
-    const std::string name = hf.tensor_name(ts.id, ts.layer);
-    if (set.find(name) == nullptr) {
-      throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: no tensor '{}'", path, name),
-                  ts.id == ms::ParamId::kLmHead ? fmt::format("a checkpoint without {} ties it to the embedding: set "
-                                                              "model.tie_embeddings true",
-                                                              name)
-                                                : "");
-    }
-    const std::vector<int64_t> sh = hf_shape(shape, t);
+    const int pieces = ms::hf_pieces(hf, ts.id, shape);
+    const std::vector<int64_t> sh = hf_shape(shape, t, pieces);
     full.assign(static_cast<size_t>(t.numel()), 0.0f);  // padded vocabulary rows stay 0
-    set.read_f32(name, sh, full.data());
+    for (int p = 0; p < pieces; p++) {
+      const std::string name = hf.tensor_name(ts.id, ts.layer, p);
+      if (set.find(name) == nullptr) {
+        throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: no tensor '{}'", path, name),
+                    ts.id == ms::ParamId::kLmHead ? fmt::format("a checkpoint without {} ties it to the embedding: "
+                                                                "set model.tie_embeddings true",
+                                                                name)
+                                                  : "");
+      }
+      set.read_f32(name, sh, full.data() + static_cast<size_t>(t.numel() / pieces * p));
+    }
     for (int64_t i = 0; i < ts.numel; i++) {
       params[ts.offset + i] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i))];
     }
@@ -104,11 +111,15 @@ std::vector<std::string> save_hf_safetensors(const std::string& dir, const ms::M
   std::vector<StTensorOut> out;
   for (const auto& ts : layout.tensors) {
     const ms::ParamTensor& t = ms::find_param(all, ts.id);
-    StTensorOut o{hf.tensor_name(ts.id, ts.layer), dtype, hf_shape(shape, t), {}};
-    int64_t n = 1;
-    for (int64_t d : o.shape) n *= d;
-    o.values.assign(whole + ts.offset, whole + ts.offset + n);  // the first vocab_size rows
-    out.push_back(std::move(o));
+    const int pieces = ms::hf_pieces(hf, ts.id, shape);
+    for (int p = 0; p < pieces; p++) {
+      StTensorOut o{hf.tensor_name(ts.id, ts.layer, p), dtype, hf_shape(shape, t, pieces), {}};
+      int64_t n = 1;
+      for (int64_t d : o.shape) n *= d;
+      const float* from = whole + ts.offset + n * p;
+      o.values.assign(from, from + n);  // the first vocab_size rows
+      out.push_back(std::move(o));
+    }
   }
   std::vector<std::string> files = write_safetensors_dir(dir, out, max_shard_bytes);
   write_file_atomic((fs::path(dir) / "config.json").string(), hf_config_json(shape, dtype));

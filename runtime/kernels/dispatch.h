@@ -166,6 +166,11 @@ inline void attention_merge(float* out, float* lse, const float* part, const flo
                             int hd) {
   DS_KERN(attention_merge, out, lse, part, part_lse, B, T, NH, hd);
 }
+// The routed slots sorted by expert (cpu::moe_sort_slots); on a CUDA device the ids are not
+// checked (the router wrote them).
+inline void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E) {
+  DS_KERN(moe_sort_slots, slots, pos, offsets, idx, NK, E);
+}
 // Inside a CUDA scope these two return 0 (the device does not count invalid targets: the caller
 // validates them on the host first).
 template <typename S>

@@ -37,6 +37,7 @@ struct LayerSlot {
   const char* name;
   TypedPtr DecoderLayerActs::*typed;
   float* DecoderLayerActs::*stat;
+  int32_t* DecoderLayerActs::*ids = nullptr;  // int32 buffers (fp32-sized: ActBuffer::fp32)
 };
 constexpr LayerSlot kLayerSlots[] = {
     {"ln1", &DecoderLayerActs::ln1, nullptr},
@@ -53,6 +54,11 @@ constexpr LayerSlot kLayerSlots[] = {
     {"gu", &DecoderLayerActs::mlp_h, nullptr},
     {"fch_gelu", &DecoderLayerActs::mlp_act, nullptr},
     {"act", &DecoderLayerActs::mlp_act, nullptr},
+    {"moe_gu", &DecoderLayerActs::mlp_h, nullptr},
+    {"moe_act", &DecoderLayerActs::mlp_act, nullptr},
+    {"router_probs", nullptr, &DecoderLayerActs::router_probs},
+    {"topk_w", nullptr, &DecoderLayerActs::topk_w},
+    {"topk_idx", nullptr, nullptr, &DecoderLayerActs::topk_idx},
     {"out", &DecoderLayerActs::out, nullptr},
 };
 
@@ -111,6 +117,13 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
   layer_norm_ = family_.norm == ms::NormKind::kLayerNorm;
   rope_ = family_.positions == ms::PositionKind::kRope;
   swiglu_ = family_.mlp == ms::MlpKind::kSwiGlu;
+  moe_ = family_.mlp == ms::MlpKind::kMoe;
+  if (moe_) {
+    E_ = shape_.num_local_experts;
+    k_ = shape_.num_experts_per_tok;
+    moe_offsets_host_.assign(static_cast<size_t>(E_) + 1, 0);
+    moe_host_e_.assign(static_cast<size_t>(E_), 0.0f);
+  }
   norm_eps_ = static_cast<float>(shape_.norm_eps);
   C_ = shape_.n_embd;
   hd_ = shape_.head_dim();
@@ -228,23 +241,29 @@ void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerAc
   const std::string& nm = b.name;
   TypedPtr* typed = nullptr;
   float** stat = nullptr;
+  int32_t** ids = nullptr;
   if (const LayerSlot* s = layer_slot(nm); s != nullptr && layer != nullptr) {
     if (s->typed != nullptr) typed = &(layer->*(s->typed));
-    else stat = &(layer->*(s->stat));
+    else if (s->stat != nullptr) stat = &(layer->*(s->stat));
+    else ids = &(layer->*(s->ids));
   } else if (mb != nullptr) {
     typed = nm == "input" ? &mb->input : nm == "lnf" ? &mb->lnf : nullptr;
     stat = nm == "lnf_mean" ? &mb->lnf_mean : nm == "lnf_rstd" ? &mb->lnf_rstd : nm == "losses" ? &mb->losses : nullptr;
   } else {
     typed = nm == "dres" ? &dres_ : nm == "dln" ? &dln_ : nm == "dqkv" ? &dqkv_ : nm == "datty" ? &datty_
           : nm == "sp_gather" ? &sp_gather_ : nm == "dln_sp" ? &dln_sp_
-          : nm == "dfch" || nm == "dgu" ? &dmlp_h_ : nm == "dact" ? &dmlp_act_ : nm == "logits" ? &logits_ : nullptr;
+          : nm == "dfch" || nm == "dgu" || nm == "moe_dgu" ? &dmlp_h_ : nm == "dact" || nm == "moe_dact" ? &dmlp_act_
+          : nm == "logits" ? &logits_ : nm == "router_logits" ? &router_logits_ : nm == "moe_xs" ? &moe_xs_
+          : nm == "moe_ys" ? &moe_ys_ : nullptr;
     stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nm == "rope_cos" ? &rope_cos_
-         : nm == "rope_sin" ? &rope_sin_ : nullptr;
+         : nm == "rope_sin" ? &rope_sin_ : nm == "moe_dw" ? &moe_dw_ : nm == "moe_daux" ? &moe_daux_ : nullptr;
+    ids = nm == "moe_slots" ? &moe_slots_ : nm == "moe_pos" ? &moe_pos_ : nm == "moe_offsets" ? &moe_offsets_ : nullptr;
   }
-  DS_CHECK((typed != nullptr) != (stat != nullptr), "activation buffer {} has no view", nm);
-  DS_CHECK((stat != nullptr) == b.fp32, "activation buffer {}: statistic or storage type mixed up", nm);
+  DS_CHECK((typed != nullptr) + (stat != nullptr) + (ids != nullptr) == 1, "activation buffer {} has no view", nm);
+  DS_CHECK((typed == nullptr) == b.fp32, "activation buffer {}: statistic or storage type mixed up", nm);
   if (typed != nullptr) *typed = TypedPtr(cursor, opt_.dtype);
   if (stat != nullptr) *stat = reinterpret_cast<float*>(cursor);
+  if (ids != nullptr) *ids = reinterpret_cast<int32_t*>(cursor);
   cursor += b.bytes(static_cast<int>(dtype_size(opt_.dtype)));
 }
 
@@ -341,7 +360,8 @@ DecoderLayerWeights Decoder::layer_weights(TypedPtr base) const {
   auto opt = [&](const std::optional<ParamId>& id) { return id ? at(*id) : TypedPtr(); };
   return DecoderLayerWeights{at(r.norm1_w), opt(r.norm1_b), at(r.qkv_w),  opt(r.qkv_b),
                              at(r.proj_w),  opt(r.proj_b),  at(r.norm2_w), opt(r.norm2_b),
-                             at(r.up_w),    opt(r.up_b),    at(r.down_w), opt(r.down_b)};
+                             at(r.up_w),    opt(r.up_b),    at(r.down_w), opt(r.down_b),
+                             opt(r.router_w)};
 }
 
 TypedPtr Decoder::unit_params(Unit u) {
@@ -401,6 +421,7 @@ TypedPtr Decoder::output(DecoderActivations& a) { return a.layers.empty() ? a.in
 void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_forward on a part without the embedding");
   check_tokens(tokens, "input");
+  if (moe_) a.router.reset(E_);
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
@@ -458,7 +479,8 @@ void Decoder::norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout
   }
 }
 
-void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full) {
+void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full,
+                            RouterStats* stats) {
   const int B = opt_.B, T = opt_.T, C = C_;
   const int64_t BT = static_cast<int64_t>(B) * T, RlC = Rl_ * C;
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
@@ -481,6 +503,14 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   if (w.proj_b) tk::add_bias(a.res2, w.proj_b, rows, C);
   tk::residual_forward(a.res2, a.res2, x, RlC);
   norm_forward(a.ln2, a.ln2_mean, a.ln2_rstd, a.res2, w.norm2_w, w.norm2_b);
+  if (moe_) {
+    const TypedPtr y = sp_ ? sp_gather_ : a.out;  // written only after the gathered input is read
+    moe_forward(a, gathered(a.ln2), w, y, full, stats);
+    if (!full) return;
+    reduce_rows(a.out, y, true);
+    tk::residual_forward(a.out, a.out, a.res2, RlC);
+    return;
+  }
   tk::matmul_forward(a.mlp_h, gathered(a.ln2), w.up_w, w.up_b, B, T, C, UPl);
   if (swiglu_) {
     tk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
@@ -496,7 +526,7 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
 }
 
 void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
-                             const DecoderLayerWeights& g) {
+                             const DecoderLayerWeights& g, const DecoderActivations& mb) {
   const int B = opt_.B, T = opt_.T, C = C_;
   const int64_t BT = static_cast<int64_t>(B) * T;
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
@@ -505,13 +535,18 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   // reduce-scattered into dln_sp_, and the norms' weight gradients are summed over tp.
   const TypedPtr dln = sp_ ? dln_sp_ : dln_;
   // dres holds d(out). MLP: out = res2 + down(act(up(norm2(res2)))).
-  tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, gathered(dres_), a.mlp_act, w.down_w, B, T, Hl_, C);
-  if (swiglu_) {
-    tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
+  if (moe_) {
+    // The gathered d(out) goes to moe_ys_ / moe_xs_ before sp_gather_ is reused for ln2.
+    moe_backward(a, a.ln2, gathered(dres_), w, g, mb.router, mb.grad_scale);
   } else {
-    tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
+    tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, gathered(dres_), a.mlp_act, w.down_w, B, T, Hl_, C);
+    if (swiglu_) {
+      tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
+    } else {
+      tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
+    }
+    tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, gathered(a.ln2), w.up_w, B, T, C, UPl);
   }
-  tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, gathered(a.ln2), w.up_w, B, T, C, UPl);
   reduce_rows(dln, dln_, false);
   norm_backward(dres_, g.norm2_w, g.norm2_b, dln, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
   sum_norm_grads(g.norm2_w, g.norm2_b);
@@ -531,13 +566,110 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   // dres holds d(x).
 }
 
+// ---- mixture of experts --------------------------------------------------------------------------
+
+const std::vector<int32_t>& Decoder::route(const DecoderLayerActs& a) {
+  const int64_t NK = static_cast<int64_t>(opt_.B) * opt_.T * k_;
+  kern::moe_sort_slots(moe_slots_, moe_pos_, moe_offsets_, a.topk_idx, NK, E_);
+  kern::copy_to_host(moe_offsets_host_.data(), moe_offsets_, moe_offsets_host_.size() * sizeof(int32_t));
+  return moe_offsets_host_;
+}
+
+void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
+                          RouterStats* stats) {
+  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
+  const int64_t NK = static_cast<int64_t>(N) * k_;
+  tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C, E_);
+  tk::moe_router_forward(a.router_probs, a.topk_idx, a.topk_w, moe_daux_, router_logits_, N, E_, k_);
+  const std::vector<int32_t>& off = route(a);
+  tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
+  for (int e = 0; e < E_; e++) {
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const int64_t r0 = off[static_cast<size_t>(e)];
+    tk::matmul_forward(a.mlp_h + r0 * 2 * Il, moe_xs_ + r0 * C, w.up_w + static_cast<int64_t>(e) * 2 * Il * C,
+                       TypedPtr(), 1, n, C, 2 * Il);
+  }
+  tk::swiglu_forward(a.mlp_act, a.mlp_h, NK, Il);
+  if (stats != nullptr) {
+    kern::copy_to_host(moe_host_e_.data(), moe_daux_, moe_host_e_.size() * sizeof(float));
+    for (int e = 0; e < E_; e++) {
+      stats->counts[static_cast<size_t>(e)] += off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+      stats->prob_sums[static_cast<size_t>(e)] += moe_host_e_[static_cast<size_t>(e)];
+    }
+    stats->rows += N;
+  }
+  if (!full) return;
+  for (int e = 0; e < E_; e++) {
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const int64_t r0 = off[static_cast<size_t>(e)];
+    tk::matmul_forward(moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w.down_w + static_cast<int64_t>(e) * C * Il, TypedPtr(),
+                       1, n, Il, C);
+  }
+  tk::moe_combine(y, moe_ys_, moe_pos_, a.topk_w, N, k_, C);
+}
+
+void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const DecoderLayerWeights& w,
+                           const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale) {
+  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
+  const int64_t NK = static_cast<int64_t>(N) * k_;
+  const std::vector<int32_t>& off = route(a);
+  // d(out) of each slot in expert order: unweighted (moe_ys_) and weighted by the slot's routing
+  // weight (moe_xs_, until the slots' inputs are gathered again below).
+  tk::moe_gather_rows(moe_ys_, dy, moe_slots_, nullptr, NK, k_, C);
+  tk::moe_gather_rows(moe_xs_, dy, moe_slots_, a.topk_w, NK, k_, C);
+  for (int e = 0; e < E_; e++) {
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const int64_t r0 = off[static_cast<size_t>(e)];
+    const TypedPtr w2 = w.down_w + static_cast<int64_t>(e) * C * Il;
+    // G = dY @ w2 (the activation's gradient before the weight); w2's gradient from the weighted dY.
+    tk::matmul_backward(dmlp_act_ + r0 * Il, nullptr, nullptr, moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w2, 1, n, Il,
+                        C);
+    tk::matmul_backward(nullptr, g.down_w + static_cast<int64_t>(e) * C * Il, nullptr, moe_xs_ + r0 * C,
+                        a.mlp_act + r0 * Il, w2, 1, n, Il, C);
+  }
+  // d(routing weight) of each slot = <G, act> (summed over tp: act is this rank's columns).
+  tk::moe_slot_dots(moe_dw_, dmlp_act_, a.mlp_act, moe_pos_, NK, Il);
+  if (part_.tp > 1) hooks_->tp_loss_reduce_sum(moe_dw_, NK);
+  tk::moe_scale_rows(dmlp_act_, moe_slots_, a.topk_w, NK, Il);
+  tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, NK, Il);
+  const TypedPtr x = gathered(ln2);
+  tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
+  for (int e = 0; e < E_; e++) {
+    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (n == 0) continue;
+    const int64_t r0 = off[static_cast<size_t>(e)];
+    const int64_t w13 = static_cast<int64_t>(e) * 2 * Il * C;
+    tk::matmul_backward(moe_ys_ + r0 * C, g.up_w + w13, nullptr, dmlp_h_ + r0 * 2 * Il, moe_xs_ + r0 * C, w.up_w + w13,
+                        1, n, C, 2 * Il);
+  }
+  tk::moe_combine(dln_, moe_ys_, moe_pos_, nullptr, N, k_, C);
+  // The router: the load-balancing loss's gradient on every row's probabilities, then the softmax's.
+  const float coef = static_cast<float>(shape_.router_aux_loss_coef);
+  const float* daux = nullptr;
+  if (coef != 0.0f && stats.rows > 0) {
+    const double scale = coef * static_cast<double>(grad_scale) * E_ / (stats.rows * stats.rows);
+    for (int e = 0; e < E_; e++) moe_host_e_[static_cast<size_t>(e)] = static_cast<float>(scale * stats.counts[static_cast<size_t>(e)]);
+    kern::copy_from_host(moe_daux_, moe_host_e_.data(), moe_host_e_.size() * sizeof(float));
+    daux = moe_daux_;
+  }
+  tk::moe_router_backward(router_logits_, a.router_probs, a.topk_idx, a.topk_w, moe_dw_, daux, N, E_, k_);
+  // d x from the router, added once over the tp group (every rank computed the same).
+  tk::matmul_backward(part_.tp_rank == 0 ? moe_xs_ : TypedPtr(), g.router_w, nullptr, router_logits_, x, w.router_w, 1,
+                      N, C, E_);
+  if (part_.tp_rank == 0) tk::add_in_place(dln_, moe_xs_, static_cast<int64_t>(N) * C);
+}
+
 void Decoder::blocks_forward(DecoderActivations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_forward");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
     const Unit u{UnitKind::kLayer, l};
     const DecoderLayerWeights w = layer_weights(unit_params(u));
-    layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true);
+    layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true,
+                  moe_ ? &a.router : nullptr);
     progress::bump();  // comm/beacon.h: a slow step is not a hang
     hooks_->params_done(u);
   }
@@ -552,8 +684,8 @@ void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
     const DecoderLayerWeights g = layer_weights(unit_grads(u));
     DecoderLayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
     const TypedPtr x = layer_input(a, l);
-    if (opt_.recompute) layer_forward(la, x, w, false);
-    layer_backward(la, x, w, g);  // dres: d(out) -> d(x)
+    if (opt_.recompute) layer_forward(la, x, w, false, nullptr);
+    layer_backward(la, x, w, g, a);  // dres: d(out) -> d(x)
     hooks_->params_done(u);
     hooks_->grads_ready(u);
     progress::bump();
@@ -618,6 +750,7 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   if (backward && tied) gw = unit_grads(wte);
   if (backward) gf = unit_grads(lnf);
   if (backward && !tied) gw = gf + layout_.offset_in_unit(ParamId::kLmHead);
+  if (backward) a.grad_scale = grad_scale;
   head_chunks(a, targets, w, gw, backward, grad_scale / static_cast<float>(BT));
   if (backward) {
     if (sp_) reduce_rows(dln_sp_, dln_, false);

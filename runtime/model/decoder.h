@@ -55,6 +55,18 @@
 // rank's B*T/tp rows; the column-parallel matmuls read them all-gathered (sp_gather) and the
 // row-parallel ones reduce-scatter into them (hooks.h: tp_all_gather, tp_reduce_scatter), and
 // the norms' weight gradients are summed over tp (tp_sum_partial_grads).
+// Mixture of experts (MlpKind::kMoe, Mixtral): the MLP is the router and E SwiGLU experts over
+// all B*T rows (gathered under sequence parallelism; every tp rank routes alike). The router
+// picks k experts per row (kern moe_router_forward); the B*T*k slots are sorted by expert, gathered
+// into expert order, and each expert's contiguous rows run one matmul per weight (gate|up, down;
+// an expert with no rows is skipped); the outputs are combined back by the routing weights. Tensor
+// parallelism shards every expert as the dense MLP (w1/w3 by columns, w2 by rows: the combined
+// output is a partial sum reduced like the dense down-projection). The load-balancing loss
+// (RouterStats) is accumulated over the layers' forwards in the Activations; its gradient,
+// router_aux_loss_coef * grad_scale * E * counts_e / rows^2 on every row's probability of e, is
+// added in each layer's backward. Backward: d(weight of slot) = <G, act> with G = dY @ w2 the
+// unweighted gradient of the expert's activation (summed over tp), then w * G is the
+// activation's gradient and the weighted dY gives w2's; no per-slot output is kept.
 // Thread safety: one thread drives a Decoder at a time.
 #pragma once
 
@@ -79,8 +91,9 @@ struct DecoderLayerWeights {
   TypedPtr qkv_w, qkv_b;      // (QKVl, C), (QKVl)
   TypedPtr proj_w, proj_b;    // (C, Ql), (C)
   TypedPtr norm2_w, norm2_b;  // (C)
-  TypedPtr up_w, up_b;        // (UPl, C), (UPl)
-  TypedPtr down_w, down_b;    // (C, Hl), (C)
+  TypedPtr up_w, up_b;        // (UPl, C), (UPl); MoE: the experts' w13 (E x 2Il, C)
+  TypedPtr down_w, down_b;    // (C, Hl), (C); MoE: the experts' w2 (E x C, Il)
+  TypedPtr router_w;          // MoE: (E, C)
 };
 
 // One layer's activations (the family's model_spec list); with recompute every field but `out`
@@ -95,8 +108,11 @@ struct DecoderLayerActs {
   TypedPtr res2;                                    // (B,T,C)
   TypedPtr ln2;                                     // (B,T,C)
   float *ln2_mean = nullptr, *ln2_rstd = nullptr;   // (B,T)
-  TypedPtr mlp_h;                                   // (B,T,UPl): GPT-2's fch, Llama's gu
-  TypedPtr mlp_act;                                 // (B,T,Hl): gelu(fch) / silu(gate) * up
+  TypedPtr mlp_h;                                   // (B,T,UPl): GPT-2's fch, Llama's gu; MoE (NK,2Il)
+  TypedPtr mlp_act;                                 // (B,T,Hl): gelu(fch) / silu(gate) * up; MoE (NK,Il)
+  float* router_probs = nullptr;                    // MoE: (B*T,E) softmax of the router
+  int32_t* topk_idx = nullptr;                      // MoE: (B*T,k) the picked experts
+  float* topk_w = nullptr;                          // MoE: (B*T,k) their renormalised weights
   TypedPtr out;                                     // (B,T,C): the layer's output
 };
 
@@ -226,8 +242,21 @@ class Decoder : public Model {
   void norm_forward(TypedPtr out, float* mean, float* rstd, TypedPtr x, TypedPtr w, TypedPtr b);
   void norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout, TypedPtr x, TypedPtr w, const float* mean,
                      const float* rstd);
-  void layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full);
-  void layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g);
+  // `stats`: where a MoE layer adds its router statistics (null: a recompute, which adds none).
+  void layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full, RouterStats* stats);
+  void layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g,
+                      const DecoderActivations& mb);
+  // The mixture of experts (see the header comment): forward from the MLP's input `x` (B*T rows,
+  // gathered) into `y` (B*T rows, this tp rank's partial sum; skipped unless `full`), adding the
+  // layer's statistics to *stats when not null; backward from `dy` (B*T rows, gathered) into
+  // dln_ (this tp rank's part of d x, the router's share on tp rank 0 only).
+  void moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
+                   RouterStats* stats);
+  void moe_backward(DecoderLayerActs& a, TypedPtr x, TypedPtr dy, const DecoderLayerWeights& w,
+                    const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale);
+  // Sorts the layer's routed slots by expert (moe_slots_, moe_pos_) and returns each expert's
+  // first sorted position (E+1, on the host).
+  const std::vector<int32_t>& route(const DecoderLayerActs& a);
   void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
   float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
 
@@ -244,7 +273,13 @@ class Decoder : public Model {
   bool sp_ = false;         // sequence parallelism
   int64_t Rl_ = 0;          // rows of the residual stream held here: B*T, or B*T/tp with sp_
   TypedPtr sp_gather_, dln_sp_;  // sp_: (B*T, C) gathered rows; (Rl, C) reduce-scattered dln
-  bool layer_norm_ = true, rope_ = false, swiglu_ = false;
+  bool layer_norm_ = true, rope_ = false, swiglu_ = false, moe_ = false;
+  int E_ = 0, k_ = 0;  // MoE: experts, experts per token
+  TypedPtr router_logits_, moe_xs_, moe_ys_;  // MoE scratch (mixtral_spec.h)
+  int32_t *moe_slots_ = nullptr, *moe_pos_ = nullptr, *moe_offsets_ = nullptr;
+  float *moe_dw_ = nullptr, *moe_daux_ = nullptr;
+  std::vector<int32_t> moe_offsets_host_;
+  std::vector<float> moe_host_e_;  // E floats: the prob sums back, the aux gradient up
   int head_rows_ = 0;
   int threads_ = 1;  // OpenMP threads the attention scratch was sized for
   int C_ = 0, hd_ = 0, NHl_ = 0, KVl_ = 0, Hl_ = 0, Vp_l_ = 0;

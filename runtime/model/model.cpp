@@ -6,6 +6,13 @@
 
 namespace ds::rt {
 
+double RouterStats::load_balancing_loss() const {
+  if (rows <= 0 || counts.empty()) return 0.0;
+  double sum = 0.0;
+  for (size_t e = 0; e < counts.size(); e++) sum += counts[e] / rows * (prob_sums[e] / rows);
+  return static_cast<double>(counts.size()) * sum;
+}
+
 float Model::forward(Activations& a, const int32_t* tokens, const int32_t* targets) {
   if (!part().has_embedding || !part().has_head) {
     throw invalid_usage("forward() runs a whole model; a pipeline stage runs the pieces");

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/typed_ptr.h"
@@ -52,6 +53,21 @@ struct ModelOptions {
   bool sequence_parallel = false;
 };
 
+// A mixture of experts' load-balancing statistics of one micro-batch (Hugging Face's
+// load_balancing_loss_func over every layer's router): per expert the routed slots (top-k picks)
+// and the sum of its router probabilities, over `rows` router rows (tokens x layers). Empty for a
+// dense model. The loss is E * sum_e (counts_e / rows) * (prob_sums_e / rows).
+struct RouterStats {
+  std::vector<double> counts, prob_sums;
+  double rows = 0;
+  void reset(int experts) {
+    counts.assign(static_cast<size_t>(experts), 0.0);
+    prob_sums.assign(static_cast<size_t>(experts), 0.0);
+    rows = 0;
+  }
+  double load_balancing_loss() const;  // 0 when empty
+};
+
 // One in-flight micro-batch's activations (tag activations), opaque to the engines but for the
 // stage input and the losses. Movable; made by Model::new_activations.
 class Activations {
@@ -63,6 +79,12 @@ class Activations {
 
   TypedPtr input;          // (B,T,C): encoder output or the previous stage's output
   float* losses = nullptr;  // (B,T): per-token loss of the last head call
+  // Mixture of experts: the statistics of the layers run forward so far (reset by embed_forward;
+  // a pipeline stage receives its predecessors' with the input), and the grad_scale of the
+  // micro-batch's backward (set by head_forward_backward; a pipeline stage receives it with the
+  // stream's gradient), which the load-balancing loss's gradient needs in every layer.
+  RouterStats router;
+  float grad_scale = 1.0f;
   const Buffer& buffer() const { return buf_; }
 
  protected:

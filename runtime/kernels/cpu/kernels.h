@@ -103,6 +103,12 @@ size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4);
 void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
                      int hd);
 
+// The mixture of experts' routed slots (ids (NK) of experts in [0, E), slot s = row * k + j)
+// sorted by expert, stably: slots (NK) the slot at each sorted position, pos (NK) each slot's
+// sorted position, offsets (E+1) where each expert's run starts (offsets[E] = NK). invalid_argument
+// for an expert id outside [0, E).
+void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E);
+
 // ---- buffers ------------------------------------------------------------------------------------
 
 // bytes of zeros at p, split across the OpenMP threads when large (a gradient buffer's memset is

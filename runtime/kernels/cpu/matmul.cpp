@@ -68,7 +68,7 @@ void matmul_backward(std::type_identity_t<S>* dinp, G* dweight, std::type_identi
   // dinp (N,C) = dout (N,OC) @ W (OC,C).
   if (dinp != nullptr) onednn::matmul(s, {dout, OC, 1}, {weight, C, 1}, nullptr, s, dinp, C, N, C, OC, false);
   // dweight (OC,C) += dout^T (OC,N) @ inp (N,C): dout read with strides (1, OC).
-  onednn::matmul(s, {dout, 1, OC}, {inp, C, 1}, nullptr, dtype_of<G>, dweight, C, OC, C, N, true);
+  if (dweight != nullptr) onednn::matmul(s, {dout, 1, OC}, {inp, C, 1}, nullptr, dtype_of<G>, dweight, C, OC, C, N, true);
   if (dbias != nullptr) bias_backward(dbias, dout, N, OC);
 }
 

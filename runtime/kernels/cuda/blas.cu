@@ -282,7 +282,7 @@ void matmul_backward_f32(float* dinp, float* dweight, float* dbias, const float*
   const int BT = B * T;
   if (BT <= 0) return;
   if (dinp != nullptr) gemm(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C, stream);
-  gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
+  if (dweight != nullptr) gemm(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight, C, stream);
   column_sum(dbias, dout, BT, OC, stream);
 }
 
@@ -326,8 +326,10 @@ void matmul_backward(S* dinp, G* dweight, G* dbias, const S* dout, const S* inp,
       gemm_bf16_operands(false, false, BT, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp,
                          CUDA_R_16BF, C, stream);
     }
-    gemm_bf16_operands(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight,
-                       cuda_type<G>(), C, stream);
+    if (dweight != nullptr) {
+      gemm_bf16_operands(true, false, OC, C, BT, 1.0f, dout, OC, inp, C, 1.0f, dweight,
+                         cuda_type<G>(), C, stream);
+    }
     column_sum(dbias, dout, BT, OC, stream);
   }
 }

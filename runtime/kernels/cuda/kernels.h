@@ -123,6 +123,11 @@ double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
 void attention_merge(float* out, float* lse, const float* part, const float* part_lse, int B, int T, int NH,
                      int hd, cudaStream_t stream);
 
+// ---- the mixture of experts' sort of routed slots by expert (cpu::moe_sort_slots; moe.cu) ----------
+
+void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E,
+                    cudaStream_t stream);
+
 // ---- element type conversion (round to nearest even) -----------------------------------------------
 
 void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream);

@@ -128,7 +128,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 70000, "seq_len": 64}})", 1,
        "t.json:1: $.model.vocab_size: expected an integer 1-65536, got 70000"},
       {"{" + mb + R"("model": {"type": "mamba", "n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "seq_len": 64}})", 1,
-       "t.json:1: $.model.type: expected one of \"gpt2\", \"llama\", got \"mamba\""},
+       "t.json:1: $.model.type: expected one of \"gpt2\", \"llama\", \"mixtral\", got \"mamba\""},
       {"{" + mb + R"("model": {"n_layer": 4, "n_head": 4, "n_embd": 128, "vocab_size": 256, "padded_vocab_size": 200, "seq_len": 64}})", 1,
        "t.json:1: $.model.padded_vocab_size: must be >= vocab_size (256), got 200"},
       {"{" + mb + model + R"(, "tensor_parallel": {"size": 8}})", 8,

@@ -68,7 +68,7 @@ TEST(LlamaConfig, ErrorsNameTheKey) {
        "t.json:1: $.model.n_embd: the head size n_embd / n_head (5) must be even for rotary embeddings"},
       {R"({"train_micro_batch_size_per_gpu": 2, "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, )"
        R"("vocab_size": 300, "seq_len": 32, "n_kv_head": 2}})",
-       "t.json:1: $.model.n_kv_head: \"n_kv_head\" is a Llama key: it needs model.type \"llama\""},
+       "t.json:1: $.model.n_kv_head: \"n_kv_head\" is a Llama or Mixtral key: it needs model.type \"llama\" or \"mixtral\""},
       {llama(R"(, "intermediate_size": 176, "n_kv_head": 2)", R"("tensor_parallel": {"size": 4}, )"),
        "t.json:1: $.model.n_kv_head: n_kv_head (2) must be divisible by tensor_parallel.size (4): each rank "
        "holds whole kv heads (dstrain does not replicate them)"},
