@@ -44,6 +44,10 @@ std::vector<ActBuffer> mixtral_activations(const ModelShape& s, const ModelPart&
     if (n == "gu" || n == "act" || n == "dgu" || n == "dact") continue;
     v.push_back(std::move(b));
   }
+  if (!part.has_embedding || !part.has_head) {
+    // A pipeline stage passes the statistics on: (2E+2) doubles forward and backward.
+    v.push_back({"router_wire", 2 * 2 * (2 * E + 2), ActScope::kPerMicroBatch, act, true});
+  }
   if (!layers) return v;
   v.push_back({"router_probs", N * E, inner, act, true});
   v.push_back({"topk_idx", NK, inner, act, true});

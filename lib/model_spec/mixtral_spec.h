@@ -29,6 +29,8 @@ std::vector<ParamTensor> mixtral_params(const ModelShape& s);
 //              backward's input gradients), moe_ys (NK,C) (the experts' outputs; the backward's
 //              output gradients), moe_dgu (NK,2Il), moe_dact (NK,Il), moe_dw (NK) fp32 and
 //              moe_daux (E) fp32 (workspace).
+// A pipeline part also keeps router_wire (per micro-batch, 2 x (2E+2) doubles as fp32 pairs): the
+// load-balancing statistics a stage passes on with the activations and their gradient.
 // Dropless: every buffer holds all N*k slots whatever the routing, so the sizes do not depend on
 // it (the worst case of one expert taking every token is the same bytes).
 std::vector<ActBuffer> mixtral_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);

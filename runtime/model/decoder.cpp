@@ -248,7 +248,8 @@ void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerAc
     else ids = &(layer->*(s->ids));
   } else if (mb != nullptr) {
     typed = nm == "input" ? &mb->input : nm == "lnf" ? &mb->lnf : nullptr;
-    stat = nm == "lnf_mean" ? &mb->lnf_mean : nm == "lnf_rstd" ? &mb->lnf_rstd : nm == "losses" ? &mb->losses : nullptr;
+    stat = nm == "lnf_mean" ? &mb->lnf_mean : nm == "lnf_rstd" ? &mb->lnf_rstd : nm == "losses" ? &mb->losses
+         : nm == "router_wire" ? &mb->router_wire : nullptr;
   } else {
     typed = nm == "dres" ? &dres_ : nm == "dln" ? &dln_ : nm == "dqkv" ? &dqkv_ : nm == "datty" ? &datty_
           : nm == "sp_gather" ? &sp_gather_ : nm == "dln_sp" ? &dln_sp_
@@ -279,6 +280,7 @@ DecoderActivations Decoder::make_activations() {
   a.buf_ = alloc_.allocate(static_cast<size_t>(total), MemTag::kActivations,
                            std::string(family_.name) + " micro-batch activations", opt_.device);
   a.layers.assign(static_cast<size_t>(nl), recompute_);
+  if (moe_) a.router.reset(E_);
   char* cursor = static_cast<char*>(a.buf_.data());
   for (const auto& b : act_list_) {
     if (b.scope == ms::ActScope::kPerMicroBatch) place_buffer(b, cursor, nullptr, &a);

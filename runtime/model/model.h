@@ -85,6 +85,11 @@ class Activations {
   // stream's gradient), which the load-balancing loss's gradient needs in every layer.
   RouterStats router;
   float grad_scale = 1.0f;
+  // A pipeline part of a mixture of experts: where the stage passes the statistics on (in the
+  // model's device memory, tag activations; null otherwise). Two halves of router_wire_floats/2:
+  // [0] what goes forward with the activations (the layers so far), [1] what goes backward with
+  // the stream's gradient (every layer's, and grad_scale). Model::pack_router / unpack_router.
+  float* router_wire = nullptr;
   const Buffer& buffer() const { return buf_; }
 
  protected:
@@ -129,6 +134,13 @@ class Model {
     return options().sequence_parallel ? r / part().tp : r;
   }
   virtual TypedPtr output(Activations& a) = 0;
+
+  // A pipeline stage's mixture of experts: the statistics (and, backward, grad_scale) into half
+  // `half` of a.router_wire (0 forward, 1 backward) and back; router_wire_floats() its size, 0
+  // where a.router_wire is null (a dense model, or a whole model).
+  int64_t router_wire_floats(const Activations& a) const;
+  void pack_router(Activations& a, int half);
+  void unpack_router(Activations& a, int half);
 
   // The whole part in one call (embedding, all layers, head).
   float forward(Activations& a, const int32_t* tokens, const int32_t* targets);

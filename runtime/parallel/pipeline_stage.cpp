@@ -135,8 +135,13 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
 
   const auto act_type = comm_dtype(model_.dtype());  // activations and their gradients: the storage type
   const auto n = static_cast<size_t>(btc_);
-  std::vector<comm::WorkPtr> act_sends(static_cast<size_t>(m));
-  comm::WorkPtr grad_send;
+  std::vector<comm::WorkPtr> act_sends(static_cast<size_t>(m)), router_sends(static_cast<size_t>(m));
+  comm::WorkPtr grad_send, router_grad_send;
+  // A mixture of experts' load-balancing statistics travel beside the activations and their
+  // gradient (Model::pack_router): half 0 forward, half 1 backward.
+  const auto wire = static_cast<size_t>(model_.router_wire_floats(*acts_.front()) / 2);
+  auto wire_half = [&](Activations& a, int half) { return a.router_wire + half * wire; };
+  float* backward_wire = nullptr;  // the last backward's half 1, which kSendGrad sends
   auto wait = [](comm::WorkPtr& w) {
     if (w) {
       w->wait();
@@ -146,6 +151,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   const auto& part = model_.part();
   RunResult res;
   if (is_last()) res.losses.assign(static_cast<size_t>(m), 0.0f);
+  if (is_last()) res.aux_losses.assign(static_cast<size_t>(m), 0.0);
   res.activations_allocated = static_cast<int>(acts_.size());
   using Clock = std::chrono::steady_clock;
   const auto t_start = Clock::now();
@@ -154,40 +160,66 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   for (const auto& e : events) {
     const MicroBatch& mb = mbs[e.mb];
     switch (e.kind) {
-      case EventKind::kRecvActivation:
-        pp_->recv(acts_of(e.mb).input.data, n, act_type, st - 1, kActivationTag);
+      case EventKind::kRecvActivation: {
+        Activations& a = acts_of(e.mb);
+        pp_->recv(a.input.data, n, act_type, st - 1, kActivationTag);
+        if (wire > 0) {
+          pp_->recv(wire_half(a, 0), wire, comm::DataType::kFloat32, st - 1, kRouterTag);
+          model_.unpack_router(a, 0);
+        }
         break;
+      }
       case EventKind::kForward: {
         Activations& a = acts_of(e.mb);
         if (opt.before_event) opt.before_event(e);
         const auto t0 = Clock::now();
         if (is_first()) model_.embed_forward(a, mb.tokens);
         model_.blocks_forward(a, part.layer_begin, part.layer_end);
+        if (wire > 0 && !is_last()) model_.pack_router(a, 0);
         res.compute_seconds += since(t0);
         if (opt.after_event) opt.after_event(e);
         break;
       }
-      case EventKind::kSendActivation:
-        act_sends[e.mb] =
-            pp_->send_async(model_.output(acts_of(e.mb)).data, n, act_type, st + 1, kActivationTag);
+      case EventKind::kSendActivation: {
+        Activations& a = acts_of(e.mb);
+        act_sends[e.mb] = pp_->send_async(model_.output(a).data, n, act_type, st + 1, kActivationTag);
+        if (wire > 0) {
+          router_sends[e.mb] = pp_->send_async(wire_half(a, 0), wire, comm::DataType::kFloat32, st + 1, kRouterTag);
+        }
         break;
-      case EventKind::kRecvGrad:
+      }
+      case EventKind::kRecvGrad: {
         wait(grad_send);
+        wait(router_grad_send);
         grads_->recv(model_.d_stream().data, n, act_type, st + 1, kGradTag);
+        if (wire > 0) {
+          Activations& a = acts_of(e.mb);
+          grads_->recv(wire_half(a, 1), wire, comm::DataType::kFloat32, st + 1, kRouterGradTag);
+          model_.unpack_router(a, 1);
+        }
         break;
+      }
       case EventKind::kBackward: {
         if (!slots.holds(e.mb)) {
           throw invalid_argument("run_schedule (stage {}): backward of micro-batch {} before its forward", st, e.mb);
         }
         Activations& a = acts_of(e.mb);
         wait(grad_send);
+        wait(router_grad_send);
         wait(act_sends[e.mb]);
+        wait(router_sends[e.mb]);
         if (opt.before_event) opt.before_event(e);
         const auto t0 = Clock::now();
-        if (is_last())
+        if (is_last()) {
           res.losses[e.mb] = model_.head_forward_backward(a, mb.targets, opt.grad_scale);
+          res.aux_losses[e.mb] = a.router.load_balancing_loss();
+        }
         model_.blocks_backward(a, part.layer_begin, part.layer_end);
         if (is_first()) model_.embed_backward(a, mb.tokens);
+        if (wire > 0 && !is_first()) {
+          model_.pack_router(a, 1);
+          backward_wire = wire_half(a, 1);
+        }
         res.compute_seconds += since(t0);
         if (opt.after_event) opt.after_event(e);
         slots.release(e.mb);
@@ -195,11 +227,19 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
       }
       case EventKind::kSendGrad:
         grad_send = grads_->send_async(model_.d_stream().data, n, act_type, st - 1, kGradTag);
+        if (wire > 0) {
+          // The slot is released, but its backward half is written only by a later backward,
+          // which waits for this send first.
+          router_grad_send = grads_->send_async(backward_wire, wire, comm::DataType::kFloat32, st - 1,
+                                                kRouterGradTag);
+        }
         break;
     }
   }
   wait(grad_send);
+  wait(router_grad_send);
   for (auto& w : act_sends) wait(w);
+  for (auto& w : router_sends) wait(w);
   res.seconds = since(t_start);
   if (opt.reduce_tied_grads) reduce_tied_grads(opt.wte_grad);
   return res;

@@ -66,6 +66,8 @@ struct RunOptions {
 struct RunResult {
   // Last stage: the mean loss of each micro-batch, indexed by mb; other stages: empty.
   std::vector<float> losses;
+  // Last stage: each micro-batch's load-balancing loss (mixture of experts; 0 for a dense model).
+  std::vector<double> aux_losses;
   int activations_allocated = 0;  // Activations held (the schedule's peak in flight)
   // Wall time of the schedule (its events and the final waits, before the tied-gradient sum) and
   // the part of it spent in the model's forward and backward (without the hooks' before/after
@@ -118,6 +120,8 @@ class PipelineStage {
 
   static constexpr int kActivationTag = 11;
   static constexpr int kGradTag = 12;
+  static constexpr int kRouterTag = 13;      // a mixture of experts' statistics, forward
+  static constexpr int kRouterGradTag = 14;  // and backward
 
  private:
   Model& model_;

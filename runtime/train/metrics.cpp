@@ -67,6 +67,7 @@ void MetricsReporter::report(const StepRecord& r) {
     nlohmann::ordered_json j;
     j["step"] = r.step;
     j["loss"] = r.loss;
+    if (r.aux_loss) j["aux_loss"] = *r.aux_loss;
     j["lr"] = r.lr;
     j["grad_norm"] = r.grad_norm;
     j["loss_scale"] = r.loss_scale;
@@ -98,6 +99,7 @@ void MetricsReporter::report(const StepRecord& r) {
         r.loss_scale, r.skipped ? " (skipped)" : "", r.tokens_per_s, r.ms_per_step, r.tflops,
         r.mfu ? fmt::format(" | MFU {:.2f}%", *r.mfu * 100) : std::string(),
         peak == r.peak_bytes.end() ? std::string("-") : format_bytes(static_cast<double>(peak->second)));
+    if (r.aux_loss) text.insert(text.find(" | lr "), fmt::format(" | aux loss {:.4f}", *r.aux_loss));
     if (r.val_loss) text += fmt::format(" | val loss {:.4f}", *r.val_loss);
     note(text);
     if (r.breakdown) note("  " + breakdown_line(*r.breakdown));

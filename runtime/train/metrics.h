@@ -23,6 +23,9 @@ struct StepRecord {
   int64_t step = 0;           // 1-based step number
   int64_t total_steps = 0;
   double loss = 0;            // mean loss of this step's forward passes (before the update)
+  // A mixture of experts' load-balancing loss (the mean over the micro-batches, each over its
+  // layers' routers), reported beside the cross-entropy `loss`; none for a dense model.
+  std::optional<double> aux_loss;
   double lr = 0;
   double grad_norm = 0;       // global norm before clipping
   double loss_scale = 1;      // 1 without fp16

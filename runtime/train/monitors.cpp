@@ -23,6 +23,7 @@ namespace fs = std::filesystem;
 std::vector<Scalar> monitor_scalars(const StepRecord& r, bool fp16) {
   const std::string p = "Train/Samples/";
   std::vector<Scalar> s = {{p + "train_loss", r.loss}, {p + "lr", r.lr}};
+  if (r.aux_loss) s.push_back({p + "aux_loss", *r.aux_loss});
   if (fp16) s.push_back({p + "loss_scale", r.loss_scale});
   if (r.breakdown) {
     const StepBreakdown& b = *r.breakdown;

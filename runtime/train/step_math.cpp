@@ -12,15 +12,17 @@ namespace ds::rt::train {
 
 StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
                             const OptimizerState& state, double micro_batches, double loss_scale,
-                            bool preempt_requested) {
+                            bool preempt_requested, double owned_aux_sum) {
   double counted = 0, uncounted = 0;
   for (const auto& [off, n] : state.norm_ranges()) counted += kern::typed::sum_of_squares(grads + off, n);
   for (const auto& [off, n] : state.uncounted_ranges()) uncounted += kern::typed::sum_of_squares(grads + off, n);
   const double bad = std::isfinite(uncounted) ? 0.0 : 1.0;
   // The 4th sum carries this rank's preemption flag, so every rank stops after the same step.
-  const auto sums = world.sum_in_rank_order({owned_loss_sum, counted, bad, preempt_requested ? 1.0 : 0.0});
+  const auto sums =
+      world.sum_in_rank_order({owned_loss_sum, counted, bad, preempt_requested ? 1.0 : 0.0, owned_aux_sum});
   StepStats s;
   s.loss = sums[0] / micro_batches;
+  s.aux_loss = sums[4] / micro_batches;
   s.overflow = !std::isfinite(sums[1]) || sums[2] > 0;
   s.grad_norm = std::sqrt(sums[1]) / loss_scale;
   s.preempt = sums[3] > 0;

@@ -23,16 +23,18 @@ namespace ds::rt::train {
 
 struct StepStats {
   double loss = 0;       // mean over the global batch's micro-batches
+  double aux_loss = 0;   // the same of the load-balancing loss (mixture of experts; else 0)
   double grad_norm = 0;  // of the unscaled gradients
   bool overflow = false;
   bool preempt = false;  // some rank was asked to stop (preemption): every rank stops after this step
 };
 
-// `owned_loss_sum`: the sum of this rank's micro-batch losses when it owns them (tp rank 0 of the
-// last stage), else 0. `grads`: the engine's reduced gradients of the optimizer range.
+// `owned_loss_sum` (and `owned_aux_sum`, of the load-balancing losses): the sum of this rank's
+// micro-batch losses when it owns them (tp rank 0 of the last stage), else 0. `grads`: the
+// engine's reduced gradients of the optimizer range.
 StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
                             const OptimizerState& state, double micro_batches, double loss_scale,
-                            bool preempt_requested = false);
+                            bool preempt_requested = false, double owned_aux_sum = 0);
 
 struct UpdateSettings {
   optim::AdamWConfig adamw;

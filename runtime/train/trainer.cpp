@@ -61,6 +61,7 @@ struct Trainer::Impl {
   Device device = Device::kCpu;
   int B = 0, T = 0, G = 1;
   int cp = 1, Tl = 0;  // context parallelism: T tokens a sequence, this rank's Tl = T / cp of them
+  bool moe = false;    // a mixture of experts: the load-balancing loss is reported beside the loss
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
 
@@ -97,8 +98,12 @@ struct Trainer::Impl {
   void open_data(int dp_rank);
   void build(int local_rank);
   void start_or_resume();
-  double micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock);
-  double pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
+  // This rank's sums over the step's micro-batches of the loss and of the load-balancing loss.
+  struct LossSums {
+    double loss = 0, aux = 0;
+  };
+  LossSums micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock);
+  LossSums pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
   double evaluate();
   std::string describe_run() const;
   StepRecord train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step);
@@ -167,6 +172,7 @@ void Trainer::Impl::build(int local_rank) {
   schedule = std::make_unique<optim::LrScheduler>(schedule_of(cfg));
   scaler = std::make_unique<optim::LossScaler>(loss_scaler_of(cfg.fp16));
   flops_per_token = model_flops_per_token(shape);
+  moe = model_spec::family_of(shape).mlp == model_spec::MlpKind::kMoe;
   peak = run_peak_flops(cfg, device, engine->model().dtype(), spec.cuda_device);
 }
 
@@ -246,7 +252,8 @@ Trainer::~Trainer() = default;
 // (the last stage's with a pipeline). With a pipeline every stage reads the step's micro-batches
 // (the first uses the inputs, the last the targets), ZeRO sees each backward event as a
 // micro-batch, and *bubble gets the share of the schedule's time this stage idled.
-double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock) {
+Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bubble,
+                                                    StepClock& clock) {
   const auto scale = static_cast<float>(grad_scale);
   if (pp() > 1) return pipeline_micro_batches(step, scale, bubble, clock);
   parallel::ZeroEngine& zero = engine->zero();
@@ -254,7 +261,7 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
   Model& model = engine->model();
   Activations& acts = engine->activations();
   const auto& part = model.part();
-  double loss_sum = 0;
+  LossSums sums;
   // Decoder::forward_backward's pieces, with a lap after each phase (step_clock.h).
   for (int g = 0; g < G; ++g) {
     load(0, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
@@ -263,7 +270,8 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
     model.embed_forward(acts, mb_inputs(0));
     model.blocks_forward(acts, part.layer_begin, part.layer_end);
     clock.lap(Phase::kForward);
-    loss_sum += model.head_forward_backward(acts, mb_targets(0), scale);
+    sums.loss += model.head_forward_backward(acts, mb_targets(0), scale);
+    sums.aux += acts.router.load_balancing_loss();
     model.blocks_backward(acts, part.layer_begin, part.layer_end);
     model.embed_backward(acts, mb_inputs(0));
     clock.lap(Phase::kBackward);
@@ -271,13 +279,14 @@ double Trainer::Impl::micro_batches(int64_t step, double grad_scale, double* bub
     zero.end_micro_batch();
     clock.lap(Phase::kReduce);
   }
-  return loss_sum;
+  return sums;
 }
 
 // With a pipeline every stage reads the step's micro-batches (the first uses the inputs, the last
 // the targets), ZeRO sees each backward event as a micro-batch, and *bubble gets the share of the
 // schedule's time this stage idled. Time outside the compute events is the pipeline's wait.
-double Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock) {
+Trainer::Impl::LossSums Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* bubble,
+                                                             StepClock& clock) {
   parallel::ZeroEngine& zero = engine->zero();
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   std::vector<parallel::MicroBatch> mbs;
@@ -304,8 +313,9 @@ double Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* 
   };
   const auto res = engine->stage()->run_schedule(engine->events(), mbs, ro);
   clock.lap(Phase::kPipeline);
-  double loss_sum = 0;
-  for (float l : res.losses) loss_sum += l;
+  LossSums sums;
+  for (float l : res.losses) sums.loss += l;
+  for (double l : res.aux_losses) sums.aux += l;
   *bubble = res.seconds > 0 ? 1.0 - res.compute_seconds / res.seconds : 0.0;
   if (tied) {  // the tied wte gradient, summed over both stages, joins ZeRO's reduction
     zero.begin_micro_batch(true, true);
@@ -313,7 +323,7 @@ double Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* 
     zero.end_micro_batch();
     clock.lap(Phase::kReduce);
   }
-  return loss_sum;
+  return sums;
 }
 
 // The mean validation loss over every data-parallel rank's eval_steps micro-batches. With a
@@ -393,14 +403,16 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   double bubble = -1;
   // A cp rank's gradients are of the mean over its rows; summed over dp x cp and scaled by
   // 1/(G dp cp) they are the gradients of the mean over the global batch (every rank holds Tl).
-  const double loss_sum = micro_batches(step, loss_scale / (global_micro_batches * cp), &bubble, clock) / cp;
+  const LossSums sums = micro_batches(step, loss_scale / (global_micro_batches * cp), &bubble, clock);
   const TypedPtr grads = zero.opt_grads();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
     const float inf = std::numeric_limits<float>::infinity();
     kern::typed::from_host_f32(grads, &inf, 1);
   }
-  const StepStats stats = global_step_stats(engine->host_world(), loss_owner() ? loss_sum : 0.0, grads, *state,
-                                            global_micro_batches, loss_scale, preempt::requested());
+  const bool owner = loss_owner();
+  const StepStats stats = global_step_stats(engine->host_world(), owner ? sums.loss / cp : 0.0, grads, *state,
+                                            global_micro_batches, loss_scale, preempt::requested(),
+                                            owner ? sums.aux / cp : 0.0);
   clock.lap(Phase::kStats);
   *preempt_after_step = stats.preempt;
   StepRecord r;
@@ -412,6 +424,7 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   r.step = step;
   r.total_steps = cfg.training.steps;
   r.loss = stats.loss;
+  if (moe) r.aux_loss = stats.aux_loss;
   r.grad_norm = stats.grad_norm;
   r.loss_scale = loss_scale;
   const double tokens = static_cast<double>(B) * T * global_micro_batches;

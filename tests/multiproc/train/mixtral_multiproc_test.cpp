@@ -1,0 +1,155 @@
+// The Mixtral model (a mixture of experts) under the parallel layouts, through `dstrain launch`
+// (real processes, the real store and collectives, OMP_NUM_THREADS=1 per rank), against the single
+// process on the same global batch (8 sequences, micro-batch 1, so G = 8/dp micro-batches
+// accumulate per step). Every layout here keeps the micro-batches whole, so the load-balancing
+// loss (router_aux_loss_coef 0.05, over each micro-batch's layers) is the single process's:
+//   tp 2 (experts sharded as the dense MLP), pp 2 (the router statistics travel with the
+//   activations and their gradient), tp 2 x pp 2, ZeRO 1-3 at dp 2 and 4, recompute in a pipeline,
+//   and bf16 at tp 2 and pp 2;
+// 20 steps of loss, aux loss, gradient norm and validation loss within 1e-5 (1e-4 for the norm;
+// bf16 1e-3 and 2e-2), and `dstrain plan --json`'s bytes equal every rank's measured peaks, every
+// tag.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "data/token_file.h"
+#include "multiproc/launch/job_process.h"
+#include "multiproc/train/train_job.h"
+
+namespace ds {
+namespace {
+
+using namespace std::chrono_literals;
+using nlohmann::json;
+using test::TempDir;
+
+constexpr int kSteps = 20;
+constexpr int kLayers = 4, kHeads = 4, kEmbd = 32, kInter = 24, kExperts = 4, kVocab = 32, kSeq = 16;
+
+struct Layout {
+  int tp = 1, pp = 1, dp = 1;
+  int zero_stage = 0;
+  bool checkpointing = false;
+  std::string precision = "fp32";
+  int world() const { return tp * pp * dp; }
+  std::string name() const {
+    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_zero" +
+           std::to_string(zero_stage) + "_" + precision + (checkpointing ? "_recompute" : "");
+  }
+};
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
+
+class MixtralLayouts : public ::testing::TestWithParam<Layout> {
+ public:
+  static void SetUpTestSuite() {
+    dir_ = new TempDir();
+    std::vector<uint16_t> toks(20000);
+    std::mt19937 rng(5);
+    for (size_t i = 0; i < toks.size(); ++i) {
+      toks[i] = static_cast<uint16_t>((i * 7 + i / 5) % 31);
+      if (rng() % 16 == 0) toks[i] = static_cast<uint16_t>(rng() % kVocab);
+    }
+    rt::data::write_token_file(*dir_ / "train.bin", toks);
+    rt::data::write_token_file(*dir_ / "val.bin", std::vector<uint16_t>(toks.begin(), toks.begin() + 4000));
+    baselines_ = new std::map<std::string, std::vector<json>>();
+  }
+  static void TearDownTestSuite() {
+    delete baselines_;
+    delete dir_;
+  }
+
+ protected:
+  static json config(const Layout& l) {
+    json c = {
+        {"train_batch_size", 8},
+        {"train_micro_batch_size_per_gpu", 1},
+        {"gradient_clipping", 0.5},
+        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.003}, {"weight_decay", 0.1}}}}},
+        {"zero_optimization", {{"stage", l.zero_stage}, {"reduce_bucket_size", 3000}, {"allgather_bucket_size", 2000}}},
+        {"pipeline", {{"stages", l.pp}}},
+        {"tensor_parallel", {{"size", l.tp}}},
+        {"activation_checkpointing", {{"enabled", l.checkpointing}}},
+        {"model",
+         {{"type", "mixtral"}, {"n_layer", kLayers}, {"n_head", kHeads}, {"n_kv_head", 2}, {"n_embd", kEmbd},
+          {"intermediate_size", kInter}, {"num_local_experts", kExperts}, {"num_experts_per_tok", 2},
+          {"router_aux_loss_coef", 0.05}, {"vocab_size", kVocab}, {"seq_len", kSeq}}},
+        {"data", {{"train", *dir_ / "train.bin"}, {"val", *dir_ / "val.bin"}}},
+        {"training",
+         {{"steps", kSteps}, {"seed", 7}, {"log_interval", 5}, {"eval_interval", 10}, {"eval_steps", 8 / l.dp}}},
+    };
+    if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
+    return c;
+  }
+
+  static test::TrainJobResult run(const Layout& l, const json& cfg, std::vector<std::string> extra) {
+    static int counter = 0;
+    return test::run_train_job(dir_->path(), "run" + std::to_string(counter++), l.world(), cfg, extra, 240s);
+  }
+
+  static const std::vector<json>& baseline(const Layout& l) {
+    auto it = baselines_->find(l.precision);
+    if (it != baselines_->end()) return it->second;
+    Layout one;
+    one.precision = l.precision;
+    auto r = run(one, config(one), {});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_EQ(r.metrics.size(), static_cast<size_t>(kSteps)) << r.err;
+    return baselines_->emplace(l.precision, r.metrics).first->second;
+  }
+
+  static double tolerance(const Layout& l, const std::string& key) {
+    if (l.precision == "fp32") return key == "grad_norm" ? 1e-4 : 1e-5;
+    return key == "grad_norm" ? 2e-2 : 1e-3;
+  }
+
+  static inline TempDir* dir_ = nullptr;
+  static inline std::map<std::string, std::vector<json>>* baselines_ = nullptr;
+};
+
+TEST_P(MixtralLayouts, TwentyStepsMatchTheSingleProcessAndThePlan) {
+  const Layout l = GetParam();
+  static int plan_counter = 0;
+  const json cfg = config(l);
+  auto r = run(l, cfg, {"--metrics-all-ranks"});
+  ASSERT_EQ(r.rc, 0) << l.name() << "\n" << r.err;
+  const auto& base = baseline(l);
+  test::expect_curve_matches(base, r.metrics, 1, [&](const std::string& key) { return tolerance(l, key); }, l.name());
+  // The load-balancing loss is reported on every step and follows the single process's.
+  ASSERT_EQ(r.metrics.size(), base.size());
+  double worst = 0;
+  for (size_t i = 0; i < base.size(); i++) {
+    ASSERT_TRUE(r.metrics[i].contains("aux_loss")) << l.name();
+    const double want = base[i].at("aux_loss").get<double>(), got = r.metrics[i].at("aux_loss").get<double>();
+    worst = std::max(worst, std::fabs(got - want) / want);
+    EXPECT_NEAR(got, want, tolerance(l, "loss") * want) << l.name() << " step " << i + 1;
+  }
+  std::cout << l.name() << ": aux_loss worst relative difference " << worst << "\n";
+  const std::string cfg_path = *dir_ / ("plan" + std::to_string(plan_counter++) + ".json");
+  std::ofstream(cfg_path) << cfg.dump(2);
+  const json ranks = test::plan_ranks(cfg_path, l.world());
+  const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
+  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world() << " (rank, tag) pairs\n";
+}
+
+Layout bf16(Layout l) {
+  l.precision = "bf16";
+  return l;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MixtralLayouts,
+    ::testing::Values(Layout{2, 1, 1, 0}, Layout{1, 2, 1, 0}, Layout{2, 2, 1, 0}, Layout{1, 1, 2, 1},
+                      Layout{1, 1, 2, 2}, Layout{1, 1, 4, 3}, Layout{1, 2, 2, 1, true}, bf16(Layout{2, 1, 1, 0}),
+                      bf16(Layout{1, 2, 1, 0})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+}  // namespace
+}  // namespace ds
