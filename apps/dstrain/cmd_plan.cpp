@@ -241,8 +241,11 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
   std::cout << fmt::format("plan for {} on {} rank(s): {}, {}{}\n", o.config, l.world_size(),
                            plan::describe_layout(l), layout::precision_name(l.precision),
                            l.pp > 1 ? fmt::format(", {} schedule", layout::schedule_name(l.schedule)) : "");
-  std::cout << fmt::format("model: {}, {} parameters\n\n", model_spec::describe_shape(s),
-                           count(model_spec::param_count(s)));
+  const int64_t active = model_spec::active_param_count(s);
+  std::cout << fmt::format("model: {}, {} parameters{}\n\n", model_spec::describe_shape(s),
+                           count(model_spec::param_count(s)),
+                           active != model_spec::param_count(s) ? fmt::format(" ({} active per token)", count(active))
+                                                                : std::string());
   auto groups = plan::distinct_ranks(p);
   const char* row = "  {:<12} {:>5} {:>7} {:>9} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11}\n";
   std::cout << fmt::format(fmt::runtime(row), "ranks", "stage", "layers", "in-flight", "params", "grads",

@@ -48,6 +48,16 @@ Generator::Generator(const ms::ModelShape& shape, const float* params)
   up_.resize(static_cast<size_t>(family_.mlp == ms::MlpKind::kSwiGlu ? 2 * h_ : h_));
   act_.resize(static_cast<size_t>(h_));
   logits_.resize(static_cast<size_t>(s_.padded_vocab_size));
+  if (family_.mlp == ms::MlpKind::kMoe) {
+    up_.resize(static_cast<size_t>(2 * h_));
+    const size_t E = static_cast<size_t>(s_.num_local_experts), k = static_cast<size_t>(s_.num_experts_per_tok);
+    router_logits_.resize(E);
+    probs_.resize(E);
+    prob_sums_.resize(E);
+    pick_.resize(k);
+    pick_w_.resize(k);
+    expert_out_.resize(C);
+  }
 }
 
 const float* Generator::p(ParamId id, int layer) const {
@@ -109,6 +119,27 @@ void Generator::layer(int l, float* x) {
   kern::matmul_forward(proj_.data(), y, p(r.proj_w, l), p(r.proj_b, l), 1, 1, Q, C);
   kern::residual_forward(x, x, proj_.data(), C);
   norm(ln_.data(), x, r.norm2_w, r.norm2_b, l);
+  if (family_.mlp == ms::MlpKind::kMoe) {
+    // The router's top k experts, each a SwiGLU over its rows of the stacked w13 / w2, summed by
+    // the routing weights in pick order (as moe_combine sums a token's slots).
+    const int E = s_.num_local_experts, k = s_.num_experts_per_tok;
+    kern::matmul_forward(router_logits_.data(), ln_.data(), p(*r.router_w, l), static_cast<const float*>(nullptr), 1, 1,
+                         C, E);
+    kern::moe_router_forward(probs_.data(), pick_.data(), pick_w_.data(), prob_sums_.data(), router_logits_.data(), 1,
+                             E, k);
+    std::fill(proj_.begin(), proj_.end(), 0.0f);
+    for (int j = 0; j < k; ++j) {
+      const int64_t e = pick_[static_cast<size_t>(j)];
+      kern::matmul_forward(up_.data(), ln_.data(), p(r.up_w, l) + e * 2 * h_ * C, static_cast<const float*>(nullptr),
+                           1, 1, C, 2 * h_);
+      kern::swiglu_forward(act_.data(), up_.data(), int64_t{1}, h_);
+      kern::matmul_forward(expert_out_.data(), act_.data(), p(r.down_w, l) + e * C * h_,
+                           static_cast<const float*>(nullptr), 1, 1, h_, C);
+      for (int c = 0; c < C; ++c) proj_[static_cast<size_t>(c)] += pick_w_[static_cast<size_t>(j)] * expert_out_[static_cast<size_t>(c)];
+    }
+    kern::residual_forward(x, x, proj_.data(), C);
+    return;
+  }
   const bool swiglu = family_.mlp == ms::MlpKind::kSwiGlu;
   kern::matmul_forward(up_.data(), ln_.data(), p(r.up_w, l), p(r.up_b, l), 1, 1, C, swiglu ? 2 * h_ : h_);
   if (swiglu) {

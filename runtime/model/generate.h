@@ -5,9 +5,9 @@
 // The block is the one decoder's (decoder.h), read from the family description
 // (model_spec/family.h): its norm (LayerNorm, or RMSNorm with model.norm_eps), positions (a
 // learned row added to the token's embedding, or RoPE on q and k at the token's position),
-// grouped-query attention (KV = NH for multi-head families), its MLP (GELU, or SwiGLU over
-// gate|up), biases where the family has them, and the head (the token embedding when tied, else
-// lm_head).
+// grouped-query attention (KV = NH for multi-head families), its MLP (GELU, SwiGLU over gate|up,
+// or a mixture of experts: the router's top k SwiGLU experts, weighted), biases where the family
+// has them, and the head (the token embedding when tied, else lm_head).
 //
 // Weights: the whole model (model_spec::ModelPart::whole, tp 1) as fp32 in the flat layer-major
 // layout (model_spec::param_layout), host memory the caller keeps alive. The matmuls, norms,
@@ -58,6 +58,10 @@ class Generator {
   std::vector<float> cache_;     // (L, 2, T, KV*hd): keys then values of every fed position
   std::vector<float> rope_cos_, rope_sin_;  // (T, hd/2) with RoPE
   std::vector<float> x_, ln_, qkv_, att_, proj_, up_, act_, logits_;
+  // A mixture of experts: the router's logits, probabilities and sums (E), picks and weights (k),
+  // one expert's output (C).
+  std::vector<float> router_logits_, probs_, prob_sums_, pick_w_, expert_out_;
+  std::vector<int32_t> pick_;
 };
 
 struct SampleOptions {

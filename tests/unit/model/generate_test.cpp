@@ -1,6 +1,7 @@
 // Generation's KV cache against the training forward (the one decoder over the whole sequence,
 // causal attention): at every position the cache's logits give the decoder's per-token loss, for
-// GPT-2, a grouped-query Llama with an untied head and a multi-head Llama with a tied one. And the
+// GPT-2, a grouped-query Llama with an untied head, a multi-head Llama with a tied one and a Mixtral
+// (the router's top 2 of 4 experts per token). And the
 // sampler's greedy, top-k and seed behaviour.
 #include "model/generate.h"
 
@@ -41,11 +42,21 @@ ms::ModelShape llama_shape(int kv, bool tied) {
   return s;
 }
 
+ms::ModelShape mixtral_shape() {
+  ms::ModelShape s = llama_shape(2, false);
+  s.family = ms::ModelFamily::kMixtral;
+  s.intermediate_size = 40;
+  s.num_local_experts = 4;
+  s.num_experts_per_tok = 2;
+  return s;
+}
+
 class Generate : public ::testing::TestWithParam<const char*> {};
 
 ms::ModelShape shape_named(const std::string& name) {
   if (name == "gpt2") return gpt2_shape();
   if (name == "llama_gqa_untied") return llama_shape(2, false);
+  if (name == "mixtral") return mixtral_shape();
   return llama_shape(4, true);
 }
 
@@ -78,7 +89,7 @@ TEST_P(Generate, KvCacheLogitsGiveTheTrainingForwardsLossAtEveryPosition) {
   EXPECT_THROW(gen.feed(s.vocab_size), Error);  // a token outside the vocabulary
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, Generate, ::testing::Values("gpt2", "llama_gqa_untied", "llama_mha_tied"),
+INSTANTIATE_TEST_SUITE_P(Families, Generate, ::testing::Values("gpt2", "llama_gqa_untied", "llama_mha_tied", "mixtral"),
                          [](const auto& info) { return std::string(info.param); });
 
 TEST(Sampler, GreedyTopKAndSeed) {
