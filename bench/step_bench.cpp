@@ -10,7 +10,7 @@
 // the matmul rate (GFLOP/s) of one 4096x768x768 product on oneDNN fp32, oneDNN bf16 and OpenBLAS
 // sgemm.
 //
-//   step_bench [--config S|M|L|all] [--precision fp32|bf16|all] [--steps N] [--warmup N]
+//   step_bench [--config S|M|L|MoE|all] [--precision fp32|bf16|all] [--steps N] [--warmup N]
 //              [--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch]
 //              [--no-matmul] [--best-env]
 //
@@ -69,7 +69,8 @@ BenchConfig bench_config(const char* name, const char* shape, int B, int T) {
 }
 const std::vector<BenchConfig>& configs() {
   static const std::vector<BenchConfig> c = {bench_config("S", "step-s", 8, 128), bench_config("M", "step-m", 4, 256),
-                                             bench_config("L", "step-l", 8, 128)};
+                                             bench_config("L", "step-l", 8, 128),
+                                             bench_config("MoE", "step-moe", 8, 128)};
   return c;
 }
 
@@ -304,7 +305,7 @@ int main(int argc, char** argv) {
     else if (a == "--best-env") torch_best = true;
     else {
       std::fprintf(stderr,
-                   "usage: step_bench [--config S|M|L|all] [--precision fp32|bf16|all] [--steps N] [--warmup N] "
+                   "usage: step_bench [--config S|M|L|MoE|all] [--precision fp32|bf16|all] [--steps N] [--warmup N] "
                    "[--threads N] [--recompute] [--head-rows N] [--gemm split|blas] [--no-torch] [--no-matmul] "
                    "[--best-env]\n");
       return 2;

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_step import parse_args, time_steps  # noqa: E402  the GPT-2 peer's command line and timed loop
+from torch_gpt2_step import parse_args, time_steps  # noqa: E402  the GPT-2 peer's command line and timed loop
 
 CONFIGS = {  # L, NH, KV, C, I, V, maxT, B, T
     "L": (4, 4, 2, 256, 704, 4096, 128, 8, 128),
@@ -63,6 +63,9 @@ class Layer(nn.Module):  # LlamaDecoderLayer: LlamaAttention, LlamaMLP, no biase
         self.up_proj = nn.Linear(C, I, bias=False)
         self.down_proj = nn.Linear(I, C, bias=False)
 
+    def mlp(self, n):  # LlamaMLP
+        return self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
+
     def forward(self, x, cos, sin, mask):
         B, T, _ = x.shape
         n = self.input_layernorm(x)
@@ -80,15 +83,14 @@ class Layer(nn.Module):  # LlamaDecoderLayer: LlamaAttention, LlamaMLP, no biase
         att = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype)
         y = (att @ v).transpose(1, 2).reshape(B, T, self.NH * self.hd)
         h = x + self.o_proj(y)
-        n = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(n)) * self.up_proj(n))
+        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Llama(nn.Module):  # LlamaForCausalLM, untied lm_head
-    def __init__(self, L, NH, KV, C, I, V, maxT):
+    def __init__(self, L, NH, KV, C, I, V, maxT, layer=Layer):
         super().__init__()
         self.embed_tokens = nn.Embedding(V, C)
-        self.layers = nn.ModuleList([Layer(NH, KV, C, I) for _ in range(L)])
+        self.layers = nn.ModuleList([layer(NH, KV, C, I) for _ in range(L)])
         self.norm = RMSNorm(C)
         self.lm_head = nn.Linear(C, V, bias=False)
         hd = C // NH

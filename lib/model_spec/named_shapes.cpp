@@ -16,8 +16,16 @@ ModelShape llama_shape(int L, int NH, int KV, int C, int I, int V, int maxT) {
   return s;
 }
 
-const std::array<NamedShape, 6>& table() {
-  static const std::array<NamedShape, 6> t = {{
+ModelShape mixtral_shape(int L, int NH, int KV, int C, int I, int E, int k, int V, int maxT) {
+  ModelShape s = llama_shape(L, NH, KV, C, I, V, maxT);
+  s.family = ModelFamily::kMixtral;
+  s.num_local_experts = E;
+  s.num_experts_per_tok = k;
+  return s;
+}
+
+const std::array<NamedShape, 7>& table() {
+  static const std::array<NamedShape, 7> t = {{
       {"124m", "GPT-2 124M (llm.c's shape, Vp 50304)", ModelShape::gpt2_124m()},
       {"350m", "GPT-2 350M (llm.c's shape, Vp 50304)", ModelShape{24, 16, 1024, 50257, 50304, 1024}},
       {"llama-1b", "a Llama of TinyLlama-1.1B's shape (GQA 32/4, SwiGLU 5632, V 32000)",
@@ -27,6 +35,8 @@ const std::array<NamedShape, 6>& table() {
        ModelShape{6, 6, 384, 50304, 50304, 256}},
       {"step-l", "step_bench L: a 4-layer Llama, C 256, GQA 4/2, SwiGLU 704, V 4096",
        llama_shape(4, 4, 2, 256, 704, 4096, 128)},
+      {"step-moe", "step_bench MoE: the L row with every MLP 8 experts of its size, top 2 (a 4-layer Mixtral)",
+       mixtral_shape(4, 4, 2, 256, 704, 8, 2, 4096, 128)},
   }};
   return t;
 }

@@ -581,6 +581,7 @@ void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWei
                           RouterStats* stats) {
   const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
   const int64_t NK = static_cast<int64_t>(N) * k_;
+  const cpu::VariableMatmulRows rows_vary;  // the experts' row counts change every call (CPU matmuls)
   tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C, E_);
   tk::moe_router_forward(a.router_probs, a.topk_idx, a.topk_w, moe_daux_, router_logits_, N, E_, k_);
   const std::vector<int32_t>& off = route(a);
@@ -616,6 +617,7 @@ void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const
                            const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale) {
   const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
   const int64_t NK = static_cast<int64_t>(N) * k_;
+  const cpu::VariableMatmulRows rows_vary;
   const std::vector<int32_t>& off = route(a);
   // d(out) of each slot in expert order: unweighted (moe_ys_) and weighted by the slot's routing
   // weight (moe_xs_, until the slots' inputs are gathered again below).

@@ -109,6 +109,21 @@ void attention_merge(float* out, float* lse, const float* part, const float* par
 // for an expert id outside [0, E).
 void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E);
 
+// While one lives, the matmuls this thread runs have row counts that change from call to call (the
+// mixture of experts' per-expert products: an expert's share of the tokens): the oneDNN products
+// (cpu/onednn.h) then use one primitive with run-time M and K for every row count instead of
+// creating (0.1-1 ms) and caching one per exact shape. Scopes nest.
+class VariableMatmulRows {
+ public:
+  VariableMatmulRows();
+  ~VariableMatmulRows();
+  VariableMatmulRows(const VariableMatmulRows&) = delete;
+  VariableMatmulRows& operator=(const VariableMatmulRows&) = delete;
+
+ private:
+  bool saved_;
+};
+
 // ---- buffers ------------------------------------------------------------------------------------
 
 // bytes of zeros at p, split across the OpenMP threads when large (a gradient buffer's memset is

@@ -25,11 +25,14 @@
 
 namespace ds::rt::cpu::onednn {
 
+thread_local bool t_variable_rows = false;  // cpu::VariableMatmulRows: M and K are run-time dimensions
+
 namespace {
 using dt = dnnl::memory::data_type;
 using Dims = dnnl::memory::dims;
 
 std::atomic<Backend> g_backend{Backend::kOneDnn};
+
 
 dt to_dnnl(DType t) {
   switch (t) {
@@ -45,6 +48,10 @@ using Key = std::tuple<int, int, int, int64_t, int64_t, int64_t, int64_t, int64_
 struct Prim {
   dnnl::matmul prim;
   dnnl::memory::desc a, b, bias, c, scratch;
+  bool runtime_mk = false;  // created with M and K as run-time dimensions (VariableRows)
+  Operand A{}, B{};         // the strides, for the run-time descriptors
+  DType in = DType::kF32, out = DType::kF32;
+  int64_t ldc = 0;
 };
 
 dnnl::engine& engine() {
@@ -78,9 +85,16 @@ void note_used(const std::string& type, const std::string& impl) {
 std::shared_ptr<Prim> create(DType in, Operand A, Operand B, bool bias, DType out, int64_t ldc, int M, int N,
                              int K, bool accumulate) {
   auto p = std::make_shared<Prim>();
-  p->a = dnnl::memory::desc(Dims{M, K}, to_dnnl(in), Dims{A.stride0, A.stride1});
-  p->b = dnnl::memory::desc(Dims{K, N}, to_dnnl(in), Dims{B.stride0, B.stride1});
-  p->c = dnnl::memory::desc(Dims{M, N}, to_dnnl(out), Dims{ldc, 1});
+  p->runtime_mk = M < 0;
+  p->A = A;
+  p->B = B;
+  p->in = in;
+  p->out = out;
+  p->ldc = ldc;
+  const dnnl::memory::dim m = p->runtime_mk ? DNNL_RUNTIME_DIM_VAL : M, k = p->runtime_mk ? DNNL_RUNTIME_DIM_VAL : K;
+  p->a = dnnl::memory::desc(Dims{m, k}, to_dnnl(in), Dims{A.stride0, A.stride1});
+  p->b = dnnl::memory::desc(Dims{k, N}, to_dnnl(in), Dims{B.stride0, B.stride1});
+  p->c = dnnl::memory::desc(Dims{m, N}, to_dnnl(out), Dims{ldc, 1});
   if (bias) p->bias = dnnl::memory::desc(Dims{1, N}, to_dnnl(in), Dims{N, 1});
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -105,6 +119,13 @@ std::shared_ptr<Prim> create(DType in, Operand A, Operand B, bool bias, DType ou
 // The cached primitive of this product, or nullptr where oneDNN has none.
 std::shared_ptr<Prim> lookup(DType in, Operand A, Operand B, bool bias, DType out, int64_t ldc, int M, int N,
                              int K, bool accumulate) {
+  // With VariableRows the key (and the primitive) leaves M and K open: one primitive per (N,
+  // strides, types) serves every row count (the strides are in the key, so a stride that is a
+  // row count still gets a primitive of its own).
+  if (t_variable_rows) {
+    M = -1;
+    K = -1;
+  }
   const Key key{M, N, K, A.stride0, A.stride1, B.stride0, B.stride1, ldc, static_cast<int>(in),
                 static_cast<int>(out), bias, accumulate};
   Cache& c = cache();
@@ -114,12 +135,18 @@ std::shared_ptr<Prim> lookup(DType in, Operand A, Operand B, bool bias, DType ou
   return it->second;
 }
 
-void run(const Prim& p, const void* A, const void* B, const void* bias, void* C) {
+void run(const Prim& p, const void* A, const void* B, const void* bias, void* C, int M, int N, int K) {
   const dnnl::engine& e = engine();
+  dnnl::memory::desc a = p.a, b = p.b, c = p.c;
+  if (p.runtime_mk) {  // the descriptors of this call's M and K
+    a = dnnl::memory::desc(Dims{M, K}, to_dnnl(p.in), Dims{p.A.stride0, p.A.stride1});
+    b = dnnl::memory::desc(Dims{K, N}, to_dnnl(p.in), Dims{p.B.stride0, p.B.stride1});
+    c = dnnl::memory::desc(Dims{M, N}, to_dnnl(p.out), Dims{p.ldc, 1});
+  }
   std::unordered_map<int, dnnl::memory> args{
-      {DNNL_ARG_SRC, dnnl::memory(p.a, e, const_cast<void*>(A))},
-      {DNNL_ARG_WEIGHTS, dnnl::memory(p.b, e, const_cast<void*>(B))},
-      {DNNL_ARG_DST, dnnl::memory(p.c, e, C)}};
+      {DNNL_ARG_SRC, dnnl::memory(a, e, const_cast<void*>(A))},
+      {DNNL_ARG_WEIGHTS, dnnl::memory(b, e, const_cast<void*>(B))},
+      {DNNL_ARG_DST, dnnl::memory(c, e, C)}};
   if (bias != nullptr) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias, e, const_cast<void*>(bias)));
   // The scratchpad is this thread's: oneDNN's own (library mode) is one global buffer unless the
   // library was built for concurrent execution, and ranks run as threads in the tests.
@@ -202,7 +229,7 @@ void matmul_f32(Operand A, Operand B, const float* bias, float* C, int64_t ldc, 
     return;
   }
   auto p = lookup(DType::kF32, A, B, bias != nullptr, DType::kF32, ldc, M, N, K, accumulate);
-  run(*p, A.data, B.data, bias, C);
+  run(*p, A.data, B.data, bias, C, M, N, K);
 }
 
 // 16-bit product through fp32: operands converted, the fp32 primitive, C rounded once.
@@ -229,6 +256,8 @@ void matmul_convert(DType in, Operand A, Operand B, const void* bias, DType out,
 }  // namespace
 
 void set_backend(Backend b) { g_backend.store(b); }
+
+
 Backend backend() { return g_backend.load(); }
 
 void matmul(DType in, Operand A, Operand B, const void* bias, DType out, void* C, int64_t ldc, int M, int N,
@@ -239,7 +268,7 @@ void matmul(DType in, Operand A, Operand B, const void* bias, DType out, void* C
   }
   if (g_backend.load(std::memory_order_relaxed) == Backend::kOneDnn) {
     if (auto p = lookup(in, A, B, bias != nullptr, out, ldc, M, N, K, accumulate)) {
-      return run(*p, A.data, B.data, bias, C);
+      return run(*p, A.data, B.data, bias, C, M, N, K);
     }
   }
   matmul_convert(in, A, B, bias, out, C, ldc, M, N, K, accumulate);
@@ -263,3 +292,8 @@ std::string version() {
 }
 
 }  // namespace ds::rt::cpu::onednn
+
+namespace ds::rt::cpu {
+VariableMatmulRows::VariableMatmulRows() : saved_(onednn::t_variable_rows) { onednn::t_variable_rows = true; }
+VariableMatmulRows::~VariableMatmulRows() { onednn::t_variable_rows = saved_; }
+}  // namespace ds::rt::cpu

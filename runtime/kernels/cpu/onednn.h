@@ -5,7 +5,9 @@
 // strides (a transposed operand is just other strides), C by its row stride. A, B and the bias
 // have one type `in`; C has type `out` (fp32 or `in`); arithmetic accumulates in fp32.
 // - A primitive is created the first time a (shapes, strides, types, bias, accumulate) key is
-//   seen and cached for the process, so a training step creates none after the first.
+//   seen and cached for the process, so a training step creates none after the first. Inside a
+//   cpu::VariableMatmulRows scope the key leaves M and K open (oneDNN's run-time dimensions):
+//   one primitive serves every row count.
 // - bf16 runs oneDNN's bf16 kernels (AVX512-BF16 or AMX where the CPU has them). Where oneDNN
 //   cannot create a 16-bit primitive (fp16 on CPUs without AVX512-FP16; bf16 without AVX-512),
 //   the operands are converted to fp32 in a per-thread buffer (the one allocation the kernels
