@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <numeric>
 #include <set>
@@ -99,6 +100,7 @@ const char* Comm::op_name(OpKind k) {
     case OpKind::kSend: return "send";
     case OpKind::kRecv: return "recv";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kAllToAll: return "all_to_all";
   }
   return "unknown";
 }
@@ -226,6 +228,25 @@ WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
       break;
     case OpKind::kBarrier:
       break;
+    case OpKind::kAllToAll: {
+      if (op.counts.size() != static_cast<size_t>(size_) || op.recv_counts.size() != static_cast<size_t>(size_)) {
+        throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), op.counts.size(),
+                               op.recv_counts.size(), size_);
+      }
+      size_t sent = 0, received = 0;
+      for (int q = 0; q < size_; ++q) {
+        sent += op.counts[static_cast<size_t>(q)];
+        received += op.recv_counts[static_cast<size_t>(q)];
+        check_bytes(op, sent, "total sent");
+        check_bytes(op, received, "total received");
+      }
+      check_ptr(op, op.in, sent, "input");
+      check_ptr(op, op.out, received, "output");
+      if (overlaps(op.in, sent * es, op.out, received * es)) {
+        throw invalid_argument("{}: input and output overlap", describe(op));
+      }
+      break;
+    }
   }
   count_traffic(op, es);
   return submit(std::move(op), async);
@@ -257,6 +278,11 @@ void Comm::count_traffic(const Op& op, size_t es) const {
     }
     case OpKind::kSend:
       bytes = static_cast<double>(op.count * es);
+      break;
+    case OpKind::kAllToAll:
+      for (int q = 0; q < size_; ++q) {
+        if (q != rank_) bytes += static_cast<double>(op.counts[static_cast<size_t>(q)] * es);
+      }
       break;
     case OpKind::kRecv:
     case OpKind::kBarrier:
@@ -413,6 +439,57 @@ WorkPtr Comm::recv_async(void* buf, size_t count, DataType dtype, int peer, int 
 void Comm::recv(void* buf, size_t count, DataType dtype, int peer, int tag,
                 const CallOptions& call) {
   issue(op_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, tag), call, false)->wait();
+}
+
+void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                        std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
+  Op op = make_op(OpKind::kAllToAll, in, out, 0, dtype);
+  op.counts.assign(send_counts.begin(), send_counts.end());
+  op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  if (backend_ == Backend::kNccl) {
+    issue(std::move(op), call, false)->wait();
+    return;
+  }
+  // CPU backends: the checks of one operation, then a send and a recv per peer (each with the
+  // deadline and the peer's name; the sends count the traffic), all posted before any is waited for.
+  const size_t es = dtype_size(dtype);
+  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
+    throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), send_counts.size(),
+                           recv_counts.size(), size_);
+  }
+  size_t sent = 0, received = 0;
+  for (int q = 0; q < size_; ++q) {
+    sent += send_counts[static_cast<size_t>(q)];
+    received += recv_counts[static_cast<size_t>(q)];
+  }
+  check_ptr(op, in, sent, "input");
+  check_ptr(op, out, received, "output");
+  if (overlaps(in, sent * es, out, received * es)) throw invalid_argument("{}: input and output overlap", describe(op));
+  const auto* src = static_cast<const uint8_t*>(in);
+  auto* dst = static_cast<uint8_t*>(out);
+  std::vector<WorkPtr> work;
+  size_t so = 0, ro = 0;
+  const uint8_t* own_src = nullptr;
+  uint8_t* own_dst = nullptr;
+  for (int q = 0; q < size_; ++q) {
+    const size_t s = send_counts[static_cast<size_t>(q)], r = recv_counts[static_cast<size_t>(q)];
+    if (q == rank_) {
+      if (s != r) {
+        throw invalid_argument("{}: this rank sends {} elements to itself but expects {}", describe(op), s, r);
+      }
+      own_src = src + so * es;
+      own_dst = dst + ro * es;
+    } else {
+      if (r > 0) work.push_back(recv_async(dst + ro * es, r, dtype, q, kAllToAllTag, call));
+      if (s > 0) work.push_back(send_async(src + so * es, s, dtype, q, kAllToAllTag, call));
+    }
+    so += s;
+    ro += r;
+  }
+  if (own_src != nullptr && send_counts[static_cast<size_t>(rank_)] > 0) {
+    std::memcpy(own_dst, own_src, send_counts[static_cast<size_t>(rank_)] * es);
+  }
+  for (auto& w : work) w->wait();
 }
 
 WorkPtr Comm::barrier_async(const CallOptions& call) {

@@ -230,6 +230,19 @@ class Comm {
   WorkPtr recv_async(void* buf, size_t count, DataType dtype, int peer, int tag,
                      const CallOptions& call = {});
 
+  // all_to_all_v: rank r sends send_counts[q] elements of `in` to every rank q and receives
+  // recv_counts[q] elements from it: `in` is packed by destination (q's elements start at
+  // send_counts[0] + ... + send_counts[q-1]), `out` by source likewise. recv_counts[q] must be
+  // rank q's send_counts[r] (exchange the counts first: an all_to_all_v of one count per rank).
+  // Counts may be zero and differ per rank (the mixture of experts' token exchange). No overlap
+  // between in and out. CPU backends: every pair's transfer is a send and a recv on this group
+  // (tag kAllToAllTag), all posted before any is waited for, own part copied; each bounded by the
+  // deadline and naming the peer it waited for, as any send/recv. nccl: one ncclGroup of sends and
+  // receives on the group's stream.
+  static constexpr int kAllToAllTag = 0x7a2a;
+  void all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                    std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call = {});
+
   // barrier: returns once every rank of the group has called it.
   void barrier(const CallOptions& call = {});
   WorkPtr barrier_async(const CallOptions& call = {});
@@ -267,14 +280,16 @@ class Comm {
   // One operation as the backends receive it (after argument checks). Public for the backends'
   // benefit; callers use the methods above.
   enum class OpKind : uint8_t {
-    kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier
+    kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier,
+    kAllToAll  // nccl only: CPU backends run all_to_all_v as sends and receives
   };
   struct Op {
     OpKind kind = OpKind::kBarrier;
     const void* in = nullptr;  // all_reduce/broadcast: == out
     void* out = nullptr;
     size_t count = 0;            // all_reduce, broadcast, send, recv
-    std::vector<size_t> counts;  // reduce_scatter, all_gather (per rank; even ones filled in)
+    std::vector<size_t> counts;  // reduce_scatter, all_gather (per rank; even ones filled in); all_to_all: sent
+    std::vector<size_t> recv_counts;  // all_to_all: received from each rank
     DataType dtype = DataType::kFloat32;
     ReduceOp reduce = ReduceOp::kSum;
     int peer = -1;  // broadcast root, send/recv peer

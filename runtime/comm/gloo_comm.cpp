@@ -248,7 +248,8 @@ void GlooComm::run(const Op& op, Deadline dl) {
     case OpKind::kBroadcast: return one_to_all_broadcast(op, dl);
     case OpKind::kBarrier: return dissemination_barrier(op, dl);
     case OpKind::kSend:
-    case OpKind::kRecv: break;
+    case OpKind::kRecv:
+    case OpKind::kAllToAll: break;  // sends and receives (Comm::all_to_all_v)
   }
   DS_CHECK(false, "GlooComm::run got {}", op_name(op.kind));
 }

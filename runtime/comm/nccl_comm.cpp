@@ -265,6 +265,20 @@ class NcclComm : public Comm {
       case OpKind::kRecv: return call(ncclRecv(op.out, op.count, t, op.peer, c, stream_));
       case OpKind::kBarrier:
         return call(ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, c, stream_));
+      case OpKind::kAllToAll: {
+        const auto* in = static_cast<const uint8_t*>(op.in);
+        auto* out = static_cast<uint8_t*>(op.out);
+        size_t so = 0, ro = 0;
+        call(ncclGroupStart());
+        for (int q = 0; q < size(); ++q) {
+          const size_t s = op.counts[static_cast<size_t>(q)], r = op.recv_counts[static_cast<size_t>(q)];
+          if (s > 0) call(ncclSend(in + so * es, s, t, q, c, stream_));
+          if (r > 0) call(ncclRecv(out + ro * es, r, t, q, c, stream_));
+          so += s;
+          ro += r;
+        }
+        return call(ncclGroupEnd());
+      }
       case OpKind::kReduceScatter:
       case OpKind::kAllGather: break;
     }

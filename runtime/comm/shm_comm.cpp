@@ -262,7 +262,8 @@ class ShmComm : public GlooComm {
         arrive();
         return wait_peers(op, dl);
       case OpKind::kSend:
-      case OpKind::kRecv: break;
+      case OpKind::kRecv:
+      case OpKind::kAllToAll: break;  // sends and receives (Comm::all_to_all_v)
     }
     DS_CHECK(false, "ShmComm::run got {}", op_name(op.kind));
   }

@@ -316,6 +316,71 @@ TEST_P(CommTest, SendRecvBetweenPairsBothDirectionsWithTags) {
   });
 }
 
+// all_to_all_v with counts that differ per pair (zero included, and a rank that sends itself
+// nothing): rank r sends (r + 2q) % 5 * 1000 + q elements to rank q (over a MiB in all for 4
+// ranks), element i of that part being r * 1e6 + q * 1e4 + i % 9999; every rank gets exactly what
+// each peer sent it, in source order; then a counts exchange of one int64 per rank.
+TEST_P(CommTest, AllToAllWithPerPairCounts) {
+  auto cs = comms(4);
+  run_on_threads(cs, [&](Comm& c) {
+    const int n = c.size(), r = c.rank();
+    auto count = [](int from, int to) { return static_cast<size_t>(((from + 2 * to) % 5) * 1000 + (from == to ? 0 : to)); };
+    std::vector<size_t> send(static_cast<size_t>(n)), recv(static_cast<size_t>(n));
+    for (int q = 0; q < n; ++q) {
+      send[static_cast<size_t>(q)] = count(r, q);
+      recv[static_cast<size_t>(q)] = count(q, r);
+    }
+    std::vector<int32_t> in, out;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < send[static_cast<size_t>(q)]; ++i) in.push_back(r * 1000000 + q * 10000 + static_cast<int>(i % 9999));
+    }
+    size_t total = 0;
+    for (size_t x : recv) total += x;
+    out.assign(total, -1);
+    c.all_to_all_v(in.data(), send, out.data(), recv, DataType::kInt32);
+    size_t at = 0;
+    for (int q = 0; q < n; ++q) {
+      for (size_t i = 0; i < recv[static_cast<size_t>(q)]; ++i, ++at) {
+        ASSERT_EQ(out[at], q * 1000000 + r * 10000 + static_cast<int>(i % 9999)) << "from " << q << " at " << i;
+      }
+    }
+    // The counts exchange itself: one int64 to each rank.
+    std::vector<int64_t> mine(static_cast<size_t>(n)), theirs(static_cast<size_t>(n), -1);
+    for (int q = 0; q < n; ++q) mine[static_cast<size_t>(q)] = static_cast<int64_t>(count(r, q));
+    const std::vector<size_t> ones(static_cast<size_t>(n), 1);
+    c.all_to_all_v(mine.data(), ones, theirs.data(), ones, DataType::kInt64);
+    for (int q = 0; q < n; ++q) EXPECT_EQ(theirs[static_cast<size_t>(q)], static_cast<int64_t>(count(q, r)));
+    c.barrier();
+  });
+  // Mismatched own counts are refused before anything is sent.
+  std::vector<int32_t> v(8);
+  const std::vector<size_t> send = {1, 0, 0, 0}, recv = {2, 0, 0, 0}, short_counts = {1, 1};
+  EXPECT_THROW(cs[0]->all_to_all_v(v.data(), send, v.data() + 4, recv, DataType::kInt32), Error);
+  EXPECT_THROW(cs[0]->all_to_all_v(v.data(), short_counts, v.data() + 4, short_counts, DataType::kInt32), Error);
+}
+
+// A rank that never joins the all-to-all is named by the ranks that wait for its part.
+TEST_P(CommTest, AllToAllTimeoutNamesTheMissingRank) {
+  auto cs = comms(3, Millis(30000));
+  std::vector<std::string> errors(3);
+  run_on_threads(cs, [&](Comm& c) {
+    if (c.rank() == 2) return;
+    std::vector<float> in(30, 1.0f), out(30);
+    const std::vector<size_t> counts = {10, 10, 10};
+    CallOptions call;
+    call.timeout = Millis(400);
+    try {
+      c.all_to_all_v(in.data(), counts, out.data(), counts, DataType::kFloat32, call);
+      ADD_FAILURE() << "rank " << c.rank() << " did not time out";
+    } catch (const Error& e) {
+      errors[static_cast<size_t>(c.rank())] = e.what();
+    }
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[static_cast<size_t>(r)].find("rank 2"), std::string::npos) << errors[static_cast<size_t>(r)];
+  }
+}
+
 TEST_P(CommTest, ArgumentErrorsAreCaughtBeforeCommunicating) {
   auto cs = comms(2);
   Comm& c = *cs[0];
