@@ -97,4 +97,14 @@ Json context_parallel_to_json(const ContextParallelConfig& c) {
   return Json{{"size", c.size}, {"method", layout::cp_method_name(c.method)}};
 }
 
+bool read_expert_parallel(Section& root, ExpertParallelConfig& out) {
+  Section s = root.section("expert_parallel");
+  bool size_valid = true;
+  if (s.has("size")) size_valid = s.get_int("size", out.size, 1);
+  s.finish();
+  return size_valid;
+}
+
+Json expert_parallel_to_json(const ExpertParallelConfig& c) { return Json{{"size", c.size}}; }
+
 }  // namespace ds::config::detail

@@ -80,6 +80,9 @@ Json tensor_parallel_to_json(const TensorParallelConfig& c);
 // returns whether the size was valid.
 bool read_context_parallel(ReadContext& ctx, Section& root, ContextParallelConfig& out);
 Json context_parallel_to_json(const ContextParallelConfig& c);
+// expert_parallel {size}.
+bool read_expert_parallel(Section& root, ExpertParallelConfig& out);
+Json expert_parallel_to_json(const ExpertParallelConfig& c);
 
 // --- model ----------------------------------------------------------------------------------
 // Sets cfg.model and cfg.has_model; returns whether every shape key was present and valid (and

@@ -192,9 +192,38 @@ void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
   }
 }
 
+// expert_parallel.size: a mixture-of-experts model whose experts it divides, carved from the
+// dp x cp ranks it divides.
+void check_expert_parallel(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg, bool layout_whole) {
+  const int ep = cfg.expert_parallel.size;
+  if (!valid.expert_parallel_size || ep == 1) return;
+  const auto path = json_path_child(top("expert_parallel"), "size");
+  if (cfg.has_model && valid.model) {
+    const model_spec::ModelShape& m = cfg.model.shape;
+    if (model_spec::family_of(m).mlp != model_spec::MlpKind::kMoe) {
+      ctx.error(path, fmt::format("expert parallelism splits a mixture of experts' experts, but model.type \"{}\" has "
+                                  "none (a mixture of experts: model.type \"mixtral\")",
+                                  cfg.model.type));
+      return;
+    }
+    if (m.num_local_experts % ep != 0) {
+      ctx.error(path, fmt::format("expert_parallel.size {} must divide model.num_local_experts ({}): each rank holds "
+                                  "the same number of experts",
+                                  ep, m.num_local_experts));
+    }
+  }
+  if (layout_whole && (cfg.data_parallel_size * cfg.context_parallel.size) % ep != 0) {
+    ctx.error(path, fmt::format("expert_parallel.size {} must divide the data-parallel x context-parallel ranks "
+                                "({} x {} = {}): the expert-parallel groups are carved out of them",
+                                ep, cfg.data_parallel_size, cfg.context_parallel.size,
+                                cfg.data_parallel_size * cfg.context_parallel.size));
+  }
+}
+
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
   check_one_precision(ctx, cfg);
   const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);
+  check_expert_parallel(ctx, valid, cfg, layout_whole);
   check_zero3_without_pipeline(ctx, valid, cfg);
   if (valid.batch.valid && layout_whole) resolve_batch_triad(ctx, valid.batch, cfg);
   if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);

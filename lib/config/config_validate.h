@@ -18,6 +18,7 @@ struct SectionsValid {
   bool pipeline_stages = true;
   bool tensor_parallel_size = true;
   bool context_parallel_size = true;
+  bool expert_parallel_size = true;
   bool model = true;
 };
 

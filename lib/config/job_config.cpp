@@ -38,6 +38,7 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   valid.pipeline_stages = detail::read_pipeline(ctx, root, cfg.pipeline);
   valid.tensor_parallel_size = detail::read_tensor_parallel(ctx, root, cfg.tensor_parallel);
   valid.context_parallel_size = detail::read_context_parallel(ctx, root, cfg.context_parallel);
+  valid.expert_parallel_size = detail::read_expert_parallel(root, cfg.expert_parallel);
   detail::read_checkpoint(root);
   detail::read_monitor(root, "tensorboard", cfg.path, cfg.tensorboard);
   detail::read_monitor(root, "csv_monitor", cfg.path, cfg.csv_monitor);
@@ -132,6 +133,7 @@ nlohmann::ordered_json JobConfig::to_json() const {
   j["pipeline"] = detail::pipeline_to_json(pipeline);
   j["tensor_parallel"] = detail::tensor_parallel_to_json(tensor_parallel);
   j["context_parallel"] = detail::context_parallel_to_json(context_parallel);
+  j["expert_parallel"] = detail::expert_parallel_to_json(expert_parallel);
   j["checkpoint"] = detail::checkpoint_to_json(checkpoint);
   j["tensorboard"] = detail::monitor_to_json(tensorboard);
   j["csv_monitor"] = detail::monitor_to_json(csv_monitor);

@@ -177,6 +177,13 @@ struct ContextParallelConfig {
   layout::CpMethod method = layout::CpMethod::kRing;  // "ring" | "ulysses"
 };
 
+// Expert parallelism (a mixture of experts): each layer's experts split over `size` ranks carved
+// from the data-parallel x context-parallel ranks (layout/topology.h, Megatron's layout); the
+// expert-data-parallel group (dp x cp / size ranks) reduces the experts' gradients.
+struct ExpertParallelConfig {
+  int size = 1;
+};
+
 // DeepSpeed's `tensorboard` and `csv_monitor` sections: rank 0 writes under output_path/job_name.
 struct MonitorConfig {
   bool enabled = false;
@@ -224,6 +231,7 @@ struct JobConfig {
   PipelineConfig pipeline;
   TensorParallelConfig tensor_parallel;
   ContextParallelConfig context_parallel;
+  ExpertParallelConfig expert_parallel;
   CheckpointConfig checkpoint;
   MonitorConfig tensorboard, csv_monitor;
   ModelConfig model;

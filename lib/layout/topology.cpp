@@ -90,6 +90,37 @@ std::vector<int> Topology::gradient_group(int rank) const {
   return out;
 }
 
+namespace {
+void check_ep(int ep, int dp, int cp) {
+  if (ep < 1 || (dp * cp) % ep != 0) {
+    throw invalid_argument("topology: expert-parallel size {} must divide the data-parallel x context-parallel ranks "
+                           "({} x {})",
+                           ep, dp, cp);
+  }
+}
+}  // namespace
+
+int Topology::expert_rank(int rank, int ep) const {
+  check_ep(ep, dp_, cp_);
+  const auto g = gradient_group(rank);
+  return static_cast<int>(std::find(g.begin(), g.end(), rank) - g.begin()) % ep;
+}
+
+std::vector<int> Topology::expert_group(int rank, int ep) const {
+  check_ep(ep, dp_, cp_);
+  const auto g = gradient_group(rank);
+  const int at = static_cast<int>(std::find(g.begin(), g.end(), rank) - g.begin());
+  return std::vector<int>(g.begin() + at / ep * ep, g.begin() + at / ep * ep + ep);
+}
+
+std::vector<int> Topology::expert_data_group(int rank, int ep) const {
+  const int e = expert_rank(rank, ep);
+  const auto g = gradient_group(rank);
+  std::vector<int> out;
+  for (size_t i = static_cast<size_t>(e); i < g.size(); i += static_cast<size_t>(ep)) out.push_back(g[i]);
+  return out;
+}
+
 std::vector<std::vector<int>> Topology::groups(Axis a) const {
   std::vector<std::vector<int>> out;
   for (int r = 0; r < world_size(); ++r) {

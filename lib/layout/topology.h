@@ -54,6 +54,15 @@ class Topology {
   // ranks, ordered by (dp, cp). Gradients are reduced over them (the cp ranks saw other tokens of
   // the same sequences); with cp = 1 it is the dp group.
   std::vector<int> gradient_group(int rank) const;
+  // Expert parallelism of size ep (a divisor of dp x cp), carved from the gradient group as
+  // Megatron carves it: the gradient group split into consecutive runs of ep ranks. expert_group:
+  // rank's run (the experts are split over it; tokens go to their experts by all-to-all);
+  // expert_rank: its index there; expert_data_group: the ranks at the same index of every run
+  // (they hold the same experts: the experts' gradients are reduced over them). invalid_argument
+  // when ep does not divide dp x cp.
+  std::vector<int> expert_group(int rank, int ep) const;
+  std::vector<int> expert_data_group(int rank, int ep) const;
+  int expert_rank(int rank, int ep) const;
 
  private:
   int tp_, dp_, pp_, cp_;

@@ -12,7 +12,7 @@ double layer_matmul_params(const ModelShape& s) {
   double n = 0;
   for (const auto& t : model_params(s)) {
     if (!t.per_layer || t.shape.size() != 2) continue;
-    n += t.expert ? static_cast<double>(t.numel()) / s.num_local_experts * s.num_experts_per_tok
+    n += t.experts > 0 ? static_cast<double>(t.numel()) / t.experts * s.num_experts_per_tok
                   : static_cast<double>(t.numel());
   }
   return n;

@@ -23,10 +23,10 @@ std::vector<ParamTensor> mixtral_params(const ModelShape& s) {
     using S = TpSplit;
     using N = InitKind;
     v.push_back({ParamId::kRouter, "block_sparse_moe.gate", U::kLayer, true, {E, C}, S::kReplicated, 1, N::kNormal});
-    v.push_back({ParamId::kExpertW13, "experts.w13", U::kLayer, true, {E * 2 * I, C}, S::kColumn,
-                 static_cast<int>(2 * E), N::kNormal, /*expert=*/true});
-    v.push_back({ParamId::kExpertW2, "experts.w2", U::kLayer, true, {E * C, I}, S::kRow, 1, N::kNormal,
-                 /*expert=*/true});
+    v.push_back({ParamId::kExpertW13, "experts.w13", U::kExperts, true, {E * 2 * I, C}, S::kColumn,
+                 static_cast<int>(2 * E), N::kNormal, static_cast<int>(E)});
+    v.push_back({ParamId::kExpertW2, "experts.w2", U::kExperts, true, {E * C, I}, S::kRow, 1, N::kNormal,
+                 static_cast<int>(E)});
   }
   return v;
 }
@@ -34,6 +34,7 @@ std::vector<ParamTensor> mixtral_params(const ModelShape& s) {
 std::vector<ActBuffer> mixtral_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
   const int64_t N = static_cast<int64_t>(cfg.B) * cfg.T, C = s.n_embd, E = s.num_local_experts;
   const int64_t NK = N * s.num_experts_per_tok, Il = s.intermediate_size / part.tp;
+  const int64_t R = moe_expert_rows(s, part, N), NR = std::max(NK, R), ep = part.ep, El = E / ep;
   const bool layers = part.layer_end > part.layer_begin;
   const ActScope inner = cfg.recompute ? ActScope::kShared : ActScope::kPerLayer;
   const ActScope shared = ActScope::kShared;
@@ -52,19 +53,36 @@ std::vector<ActBuffer> mixtral_activations(const ModelShape& s, const ModelPart&
   v.push_back({"router_probs", N * E, inner, act, true});
   v.push_back({"topk_idx", NK, inner, act, true});
   v.push_back({"topk_w", NK, inner, act, true});
-  v.push_back({"moe_gu", NK * 2 * Il, inner, act});
-  v.push_back({"moe_act", NK * Il, inner, act});
+  v.push_back({"moe_gu", R * 2 * Il, inner, act});
+  v.push_back({"moe_act", R * Il, inner, act});
+  if (ep > 1) {
+    v.push_back({"moe_ex_x", R * C, inner, act});
+    v.push_back({"moe_ep_counts", ep * El, ActScope::kPerLayer, act, true});
+  }
   v.push_back({"router_logits", N * E, shared, ws});
   v.push_back({"moe_slots", NK, shared, ws, true});
   v.push_back({"moe_pos", NK, shared, ws, true});
   v.push_back({"moe_offsets", E + 1, shared, ws, true});
   v.push_back({"moe_xs", NK * C, shared, ws});
-  v.push_back({"moe_ys", NK * C, shared, ws});
-  v.push_back({"moe_dgu", NK * 2 * Il, shared, ws});
-  v.push_back({"moe_dact", NK * Il, shared, ws});
-  v.push_back({"moe_dw", NK, shared, ws, true});
+  v.push_back({"moe_ys", NR * C, shared, ws});
+  v.push_back({"moe_dgu", R * 2 * Il, shared, ws});
+  v.push_back({"moe_dact", R * Il, shared, ws});
+  v.push_back({"moe_dw", NR, shared, ws, true});
   v.push_back({"moe_daux", E, shared, ws, true});
+  if (ep > 1) {
+    v.push_back({"moe_recv", R * C, shared, ws});
+    v.push_back({"moe_perm", 2 * R, shared, ws, true});
+    v.push_back({"moe_fbuf", 2 * NR, shared, ws, true});
+    v.push_back({"moe_ex_w", R, shared, ws, true});
+    v.push_back({"moe_cnt_send", ep * El, shared, ws, true});
+  }
   return v;
+}
+
+int64_t moe_expert_rows(const ModelShape& s, const ModelPart& part, int64_t N) {
+  const int64_t k = s.num_experts_per_tok;
+  if (part.ep <= 1) return N * k;
+  return part.ep * N * std::min<int64_t>(k, s.num_local_experts / part.ep);
 }
 
 void check_mixtral(const ModelShape& s, const RuleNames& n, RuleErrors& out) {

@@ -29,11 +29,21 @@ std::vector<ParamTensor> mixtral_params(const ModelShape& s);
 //              backward's input gradients), moe_ys (NK,C) (the experts' outputs; the backward's
 //              output gradients), moe_dgu (NK,2Il), moe_dact (NK,Il), moe_dw (NK) fp32 and
 //              moe_daux (E) fp32 (workspace).
+// With expert parallelism (part.ep > 1, R = moe_expert_rows) the experts' rows are R: moe_gu and
+// moe_act (R rows) and per layer moe_ex_x (R,C) (the received inputs in expert order) and
+// moe_ep_counts (ep, E/ep) int32 (how many rows each ep rank sent each local expert); shared
+// moe_recv (R,C) (rows in source order), moe_perm (2R) int32 (expert <-> source order),
+// moe_fbuf (2 max(NK,R)) and moe_ex_w (R) fp32, moe_cnt_send (ep, E/ep) int32.
 // A pipeline part also keeps router_wire (per micro-batch, 2 x (2E+2) doubles as fp32 pairs): the
 // load-balancing statistics a stage passes on with the activations and their gradient.
 // Dropless: every buffer holds all N*k slots whatever the routing, so the sizes do not depend on
 // it (the worst case of one expert taking every token is the same bytes).
 std::vector<ActBuffer> mixtral_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg);
+// Rows a part's experts may receive in one layer from N tokens a rank: the N k routed slots
+// without expert parallelism; with it (ep > 1) every ep rank's tokens may all pick this rank's
+// E/ep experts, each at most min(k, E/ep) times: ep N min(k, E/ep), the dropless worst case the
+// buffers are sized for (the plan counts it).
+int64_t moe_expert_rows(const ModelShape& s, const ModelPart& part, int64_t N);
 // Llama's rules, then 1 <= num_experts_per_tok <= num_local_experts.
 void check_mixtral(const ModelShape& s, const RuleNames& names, RuleErrors& out);
 // HF's names: the router "model.layers.N.block_sparse_moe.gate.weight"; the stacked experts in

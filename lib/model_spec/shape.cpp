@@ -97,8 +97,9 @@ const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id) {
   throw invalid_argument("parameter tensor #{} is not part of this model", static_cast<int>(id));
 }
 
-std::vector<int64_t> local_shape(const ParamTensor& t, int tp) {
+std::vector<int64_t> local_shape(const ParamTensor& t, int tp, int ep) {
   std::vector<int64_t> sh = t.shape;
+  if (t.experts > 0) sh[0] /= ep;
   switch (t.split) {
     case TpSplit::kReplicated: break;
     case TpSplit::kColumn:
@@ -108,11 +109,30 @@ std::vector<int64_t> local_shape(const ParamTensor& t, int tp) {
   return sh;
 }
 
-int64_t local_numel(const ParamTensor& t, int tp) {
-  return t.split == TpSplit::kReplicated ? t.numel() : t.numel() / tp;
+int64_t local_numel(const ParamTensor& t, int tp, int ep) {
+  const int64_t n = t.experts > 0 ? t.numel() / ep : t.numel();
+  return t.split == TpSplit::kReplicated ? n : n / tp;
 }
 
-int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index) {
+namespace {
+// One expert's tensor of a stacked expert tensor (one of its t.experts blocks of dim 0).
+ParamTensor one_expert(const ParamTensor& t) {
+  ParamTensor o = t;
+  o.shape[0] /= t.experts;
+  o.split_groups = std::max(1, t.split_groups / t.experts);
+  o.experts = 0;
+  return o;
+}
+}  // namespace
+
+int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index, int ep, int ep_rank) {
+  if (t.experts > 0) {
+    // This rank's experts are E/ep consecutive blocks; within one, one expert's tensor split by tp.
+    const ParamTensor one = one_expert(t);
+    const int64_t per_local = local_numel(one, tp), per_full = one.numel();
+    const int64_t e = static_cast<int64_t>(ep_rank) * (t.experts / ep) + local_index / per_local;
+    return e * per_full + full_index(one, tp, tp_rank, local_index % per_local);
+  }
   if (t.split == TpSplit::kReplicated || tp == 1) return local_index;
   const int64_t rows = t.shape[0];
   const int64_t inner = t.numel() / rows;  // elements per row of the full tensor
@@ -138,6 +158,10 @@ void ModelPart::validate(const ModelShape& s) const {
   if (tp_rank < 0 || tp_rank >= tp) {
     throw invalid_argument("tensor-parallel rank {} must lie in [0, {})", tp_rank, tp);
   }
+  if (ep_rank < 0 || ep_rank >= ep) throw invalid_argument("expert-parallel rank {} must lie in [0, {})", ep_rank, ep);
+  if (ep > 1 && (s.num_local_experts <= 0 || s.num_local_experts % ep != 0)) {
+    throw invalid_argument("expert-parallel size {} must divide model.num_local_experts ({})", ep, s.num_local_experts);
+  }
   s.validate_tp(tp);
 }
 
@@ -147,7 +171,7 @@ int64_t ParamLayout::offset_in_unit(ParamId id) const {
 
 const UnitSlice* ParamLayout::find_unit(UnitKind kind, int layer) const {
   for (const auto& u : units) {
-    if (u.kind == kind && (kind != UnitKind::kLayer || u.layer == layer)) return &u;
+    if (u.kind == kind && ((kind != UnitKind::kLayer && kind != UnitKind::kExperts) || u.layer == layer)) return &u;
   }
   return nullptr;
 }
@@ -163,7 +187,7 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
   const auto all = model_params(s);
   ParamLayout out;
   // Offsets inside each unit (identical for every layer).
-  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0;
+  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0, experts_end = 0;
   for (const auto& t : all) {
     int64_t* cursor = nullptr;
     switch (t.unit) {
@@ -171,9 +195,10 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
       case UnitKind::kPositionEmbedding: cursor = &wpe_end; break;
       case UnitKind::kLayer: cursor = &layer_end; break;
       case UnitKind::kFinalNorm: cursor = &lnf_end; break;
+      case UnitKind::kExperts: cursor = &experts_end; break;
     }
     out.in_unit_offsets[static_cast<size_t>(t.id)] = *cursor;
-    *cursor += local_numel(t, part.tp);
+    *cursor += local_numel(t, part.tp, part.ep);
   }
   out.layer_numel = layer_end;
   auto add_unit = [&](UnitKind kind, int layer, int64_t numel) {
@@ -183,7 +208,7 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
       if (t.unit != kind) continue;
       out.tensors.push_back(TensorSlice{t.id, layer,
                                         out.total + out.in_unit_offsets[static_cast<size_t>(t.id)],
-                                        local_numel(t, part.tp)});
+                                        local_numel(t, part.tp, part.ep)});
     }
     out.total += numel;
   };
@@ -192,8 +217,33 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
   if (part.has_embedding) add_unit(UnitKind::kPositionEmbedding, -1, wpe_end);
   for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kLayer, l, layer_end);
   if (part.has_head) add_unit(UnitKind::kFinalNorm, -1, lnf_end);
+  out.expert_begin = out.total;
+  for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kExperts, l, experts_end);
   return out;
 }
+
+namespace {
+ParamLayout region(const ParamLayout& l, bool experts) {
+  ParamLayout out;
+  out.in_unit_offsets = l.in_unit_offsets;
+  out.layer_numel = experts ? 0 : l.layer_numel;
+  const int64_t base = experts ? l.expert_begin : 0;
+  for (const auto& u : l.units) {
+    if ((u.kind == UnitKind::kExperts) != experts) continue;
+    out.units.push_back(UnitSlice{u.kind, u.layer, u.offset - base, u.numel});
+    out.total += u.numel;
+  }
+  for (const auto& t : l.tensors) {
+    if ((t.offset >= l.expert_begin) != experts) continue;
+    out.tensors.push_back(TensorSlice{t.id, t.layer, t.offset - base, t.numel});
+  }
+  out.expert_begin = experts ? 0 : out.total;
+  return out;
+}
+}  // namespace
+
+ParamLayout dense_region(const ParamLayout& l) { return region(l, false); }
+ParamLayout expert_region(const ParamLayout& l) { return region(l, true); }
 
 int64_t param_count(const ModelShape& s) { return part_param_count(s, ModelPart::whole(s)); }
 
@@ -201,7 +251,7 @@ int64_t active_param_count(const ModelShape& s) {
   int64_t n = 0;
   for (const auto& t : model_params(s)) {
     const int64_t copies = t.per_layer ? s.n_layer : 1;
-    n += copies * (t.expert ? t.numel() / s.num_local_experts * s.num_experts_per_tok : t.numel());
+    n += copies * (t.experts > 0 ? t.numel() / t.experts * s.num_experts_per_tok : t.numel());
   }
   return n;
 }

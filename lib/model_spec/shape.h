@@ -71,8 +71,10 @@ const char* tp_split_name(TpSplit s);
 
 // Which unit of the flat layout a tensor belongs to. Units are what ZeRO-3 gathers and what
 // pipeline stages own: the token embedding (also the tied lm_head), the position embedding
-// (GPT-2), one unit per layer, the final norm (with Llama's untied lm_head).
-enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm };
+// (GPT-2), one unit per layer, the final norm (with Llama's untied lm_head), and a mixture of
+// experts' experts of each layer (their own unit: expert parallelism splits them and their own
+// data-parallel group reduces them).
+enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm, kExperts };
 
 // Parameter tensors: GPT-2's in llm.c's order, then Llama's own. Llama shares kWte (its
 // embed_tokens) and kLnfw (its final norm); its layer tensors and untied lm_head follow.
@@ -101,9 +103,9 @@ struct ParamTensor {
   TpSplit split;
   int split_groups;              // column splits: 3 for qkv (q, k, v split separately), else 1
   InitKind init;                 // normal std 0.02; residual: 0.02 / sqrt(2L)
-  // Stacked experts (dim 0 is E equal blocks, one per expert): only k of the E blocks work on a
-  // token (FLOPs), and expert parallelism splits the blocks.
-  bool expert = false;
+  // Stacked experts: dim 0 is `experts` equal blocks, one per expert (0: a dense tensor). Only k
+  // of them work on a token (FLOPs), and expert parallelism splits the blocks.
+  int experts = 0;
   int64_t numel() const;         // elements of one full copy
 };
 
@@ -112,12 +114,15 @@ std::vector<ParamTensor> model_params(const ModelShape& s);
 // invalid_argument when `all` has no tensor `id`.
 const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id);
 
-// The shape a tp rank holds of one copy of `t` (every rank holds the same amount).
-std::vector<int64_t> local_shape(const ParamTensor& t, int tp);
-int64_t local_numel(const ParamTensor& t, int tp);
-// Index (flat, row-major) in the full tensor of element `local_index` of tp rank `tp_rank`'s
-// shard. A shard can thus generate or load its part alone (init, checkpoints).
-int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index);
+// The shape a tp rank holds of one copy of `t` (every rank holds the same amount); of a stacked
+// expert tensor an ep rank holds E/ep of the experts (ep_rank's: experts [ep_rank E/ep, ...)),
+// each split by tp as one expert's tensor is.
+std::vector<int64_t> local_shape(const ParamTensor& t, int tp, int ep = 1);
+int64_t local_numel(const ParamTensor& t, int tp, int ep = 1);
+// Index (flat, row-major) in the full tensor of element `local_index` of the shard of tp rank
+// `tp_rank` (and, for expert tensors, ep rank `ep_rank`). A shard can thus generate or load its
+// part alone (init, checkpoints).
+int64_t full_index(const ParamTensor& t, int tp, int tp_rank, int64_t local_index, int ep = 1, int ep_rank = 0);
 
 // What one process holds of the model: a pipeline stage's layers and tensor-parallel shard.
 struct ModelPart {
@@ -127,6 +132,8 @@ struct ModelPart {
   bool has_head = true;          // last stage: lnf and the (tied) wte, the loss
   int tp = 1;
   int tp_rank = 0;
+  int ep = 1;       // expert parallelism: this part holds E/ep experts of each layer
+  int ep_rank = 0;
 
   static ModelPart whole(const ModelShape& s) { return ModelPart{0, s.n_layer, true, true, 1, 0}; }
   void validate(const ModelShape& s) const;  // invalid_argument on a bad range or rank
@@ -147,7 +154,9 @@ struct TensorSlice {
   int64_t numel;    // this tp rank's elements
 };
 
-// The flat layout: units in order wte, wpe, layers [begin, end), lnf (absent units skipped), each
+// The flat layout: units in order wte, wpe, layers [begin, end), lnf, then the experts of layers
+// [begin, end) (a mixture of experts: all the expert units last, so the dense and the expert
+// parameters are two contiguous regions; absent units skipped), each
 // unit contiguous, tensors inside a layer in llm.c's order. Layer-major (unlike llm.c's
 // tensor-major checkpoint) so a layer is one slice for ZeRO-3 and pipeline stages. The tied token
 // embedding lives in a part with the embedding or the head; an untied one (Llama) only with the
@@ -164,7 +173,13 @@ struct ParamLayout {
   const UnitSlice* find_unit(UnitKind kind, int layer = -1) const;  // null when absent
   const TensorSlice* find_tensor(ParamId id, int layer = -1) const;  // null when absent
   std::array<int64_t, kNumParamTensors> in_unit_offsets{};
+  // Where the expert units start (total when there are none): [0, expert_begin) is the dense region.
+  int64_t expert_begin = 0;
 };
+// The dense region's units and tensors alone (offsets as in `l`), or the expert region's
+// (offsets from its start): each a layout of its own, for the engine that partitions it.
+ParamLayout dense_region(const ParamLayout& l);
+ParamLayout expert_region(const ParamLayout& l);
 ParamLayout param_layout(const ModelShape& s, const ModelPart& part);
 
 // Parameter counts (elements).

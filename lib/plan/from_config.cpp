@@ -31,6 +31,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.pp = c.pipeline.stages;
   l.dp = c.data_parallel_size;
   l.cp = c.context_parallel.size;
+  l.ep = c.expert_parallel.size;
   l.cp_method = c.context_parallel.method;
   l.zero_stage = c.zero.stage;
   l.offload_optimizer = c.zero.offload_optimizer.device == "cpu";

@@ -19,7 +19,7 @@ int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
 namespace {
 
 ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, int stage, int tp,
-                       int tp_rank) {
+                       int tp_rank, int ep = 1) {
   const int pp = static_cast<int>(bounds.size()) - 1;
   ms::ModelPart part;
   part.layer_begin = bounds[static_cast<size_t>(stage)];
@@ -28,6 +28,7 @@ ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, 
   part.has_head = stage == pp - 1;
   part.tp = tp;
   part.tp_rank = tp_rank;
+  part.ep = ep;  // every ep rank holds E/ep experts: the sizes are ep rank 0's
   return part;
 }
 
@@ -124,14 +125,23 @@ int grad_bytes(const Layout& l) {
 
 namespace {
 
-// What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
-struct Part {
-  RankMemory base;         // the tags that do not depend on the dp rank
+// One ZeroEngine's region of a part's parameters: the whole part, or for a mixture of experts the
+// dense region (over the dp x cp ranks) and the experts' (over the expert-data-parallel ranks,
+// dp x cp / ep), each partitioned and bucketed on its own (runtime/parallel/expert_parallel.h).
+struct Region {
   ZeroPartition zp;
+  int ranks = 1;           // the group it is partitioned over
+  int divide = 1;          // a rank's index in that group: its dp x cp index / divide
   int64_t persistent = 0;  // ZeRO-3 units kept whole
   int64_t gathered = 0;    // ZeRO-3 pooled gather buffers at their peak
   int64_t bucket = 0;      // ZeRO-2/3 bucket capacity (elements)
   int64_t wte = 0;         // ZeRO-2/3 token-embedding gradient buffer (elements)
+};
+
+// What every (stage, tp_rank) part holds, computed once; dp ranks differ only by their shard.
+struct Part {
+  RankMemory base;         // the tags that do not depend on the dp rank
+  std::vector<Region> regions;
   int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
   int64_t cp_comm = 0;     // the cp attention's buffers in flight (bytes)
 };
@@ -161,25 +171,23 @@ ms::ActConfig act_config(const ms::ModelShape& s, const Layout& l) {
 // ZeRO-2/3 gradient buckets (layout::zero_gradient_buffers, the runtime's own sizing). Pipelines
 // keep the tied token embedding's gradient in a buffer of their own on the first and the last
 // stage (runtime/parallel/pipeline_stage.h, TiedEmbeddingHooks); an untied head has none.
-void count_gradient_buffers(const Layout& l, bool tied, const ms::ModelPart& mp, const ms::ParamLayout& layout,
-                            Part& part) {
+void count_gradient_buffers(const Layout& l, const ms::ParamLayout& layout, Region& region) {
   const auto z = layout::zero_gradient_buffers(layout, l.reduce_bucket_size);
-  part.bucket = z.bucket;
-  part.wte = l.zero_stage < 2 ? 0 : z.token_embedding;
-  if (l.pp > 1 && tied && (mp.has_embedding || mp.has_head)) part.tied = z.token_embedding;
+  region.bucket = z.bucket;
+  region.wte = l.zero_stage < 2 ? 0 : z.token_embedding;
 }
 
 // ZeRO-3: units up to the persistence threshold stay whole; the others are gathered into pooled
 // buffers (one pool per size, never shrunk): the unit in use plus the layers prefetched within
 // stage3_prefetch_bucket_size, at most stage3_max_live_parameters.
-void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Part& part) {
+void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Region& part) {
   if (l.zero_stage != 3) return;
   int64_t layer_n = 0;
   int nl = 0;
   for (const auto& u : layout.units) {
     if (u.numel <= l.stage3_param_persistence_threshold) {
       part.persistent += u.numel;
-    } else if (u.kind == ms::UnitKind::kLayer) {
+    } else if (u.kind == ms::UnitKind::kLayer || u.kind == ms::UnitKind::kExperts) {
       layer_n = u.numel;
       ++nl;
     } else {
@@ -194,7 +202,7 @@ void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Part& pa
 }
 
 Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int>& bounds, int stage, int t) {
-  const ms::ModelPart mp = part_for(s, bounds, stage, l.tp, t);
+  const ms::ModelPart mp = part_for(s, bounds, stage, l.tp, t, l.ep);
   const ms::ParamLayout layout = ms::param_layout(s, mp);
   Part part;
   RankMemory& r = part.base;
@@ -204,7 +212,6 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
   r.layer_end = mp.layer_end;
   r.local_params = layout.total;
   r.in_flight = in_flight_micro_batches(l, stage);
-  part.zp = zero_partition(layout.total, l.zero_ranks());
   const ms::ActTotals at = ms::activation_totals(s, mp, act_config(s, l));
   r.activations = at.per_micro_batch_bytes * r.in_flight + at.shared_activation_bytes;
   // The trainer's token ids (inputs and targets, int32): one micro-batch at a time without a
@@ -222,8 +229,24 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
        static_cast<int>(storage_bytes(l)), l.device == DeviceKind::kCuda ? 0 : l.num_threads});
   r.workspace += cps.workspace;
   part.cp_comm = cps.comm;
-  count_gradient_buffers(l, s.tied(), mp, layout, part);
-  count_zero3_params(l, layout, part);
+  std::vector<std::pair<ms::ParamLayout, int>> regions;  // (layout, ranks / divide)
+  if (ms::family_of(s).mlp == ms::MlpKind::kMoe) {
+    regions = {{ms::dense_region(layout), 1}, {ms::expert_region(layout), l.ep}};
+  } else {
+    regions = {{layout, 1}};
+  }
+  for (const auto& [rl, ep] : regions) {
+    Region rg;
+    rg.ranks = l.zero_ranks() / ep;
+    rg.divide = ep;
+    rg.zp = zero_partition(rl.total, rg.ranks);
+    count_gradient_buffers(l, rl, rg);
+    count_zero3_params(l, rl, rg);
+    part.regions.push_back(rg);
+  }
+  if (l.pp > 1 && s.tied() && (mp.has_embedding || mp.has_head)) {
+    part.tied = layout::zero_gradient_buffers(layout, l.reduce_bucket_size).token_embedding;
+  }
   return part;
 }
 
@@ -236,32 +259,35 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   RankMemory r = part.base;
   r.rank = rank;
   r.dp_rank = (rank / l.tp) % l.zero_ranks();  // its index among the dp x cp ranks of its part
-  const int64_t n = part.zp.total();
-  const int64_t mine = part.zp.count(r.dp_rank);
-  // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
-  const int64_t param_elems = l.zero_stage == 3 ? mine + part.persistent + part.gathered : n;
-  (offload_par ? r.cpu : r.params) += param_elems * sb;
-  // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
   const int nb = l.overlap_comm ? 2 : 1;
-  r.grads = ((l.zero_stage >= 2 ? mine + nb * part.bucket + part.wte : n) + part.tied) * gb;
-  // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
-  // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
-  // whatever the precision and the gradients AdamW reads on the CPU (in their type), all in
-  // pinned host memory.
-  const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
-  if (offload_opt) {
-    r.cpu += opt_elems * (kAdamStateBytes + 4 + gb);
-  } else {
-    r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
-  }
-  // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
-  // allgather_bucket_size is smaller than a partition)
-  if (l.zero_stage >= 2) {
-    r.comm += nb * std::min(part.bucket, mine) * gb;
-    if (part.wte > 0) r.comm += std::min(part.wte, mine) * gb;
-  }
-  if ((l.zero_stage == 1 || l.zero_stage == 2) && l.zero_ranks() > 1 && l.allgather_bucket_size < part.zp.stride()) {
-    r.comm += l.allgather_bucket_size * l.zero_ranks() * sb;
+  r.grads = part.tied * gb;
+  for (const Region& rg : part.regions) {
+    const int64_t n = rg.zp.total();
+    const int64_t mine = rg.zp.count(r.dp_rank / rg.divide);
+    // params: the model's full copy (stages 0-2), or the shard + persistent + gathered units
+    const int64_t param_elems = l.zero_stage == 3 ? mine + rg.persistent + rg.gathered : n;
+    (offload_par ? r.cpu : r.params) += param_elems * sb;
+    // grads: the model's full buffer (stages 0-1), or the partition + buckets + wte buffer
+    r.grads += (l.zero_stage >= 2 ? mine + nb * rg.bucket + rg.wte : n) * gb;
+    // optimizer: Adam m and v, and fp32 master weights beside 16-bit parameters, over the whole
+    // part (stage 0) or this rank's partition. Offloaded (GPU runs): m, v, an fp32 master copy
+    // whatever the precision and the gradients AdamW reads on the CPU (in their type), all in
+    // pinned host memory.
+    const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
+    if (offload_opt) {
+      r.cpu += opt_elems * (kAdamStateBytes + 4 + gb);
+    } else {
+      r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+    }
+    // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
+    // allgather_bucket_size is smaller than a partition)
+    if (l.zero_stage >= 2) {
+      r.comm += nb * std::min(rg.bucket, mine) * gb;
+      if (rg.wte > 0) r.comm += std::min(rg.wte, mine) * gb;
+    }
+    if ((l.zero_stage == 1 || l.zero_stage == 2) && rg.ranks > 1 && l.allgather_bucket_size < rg.zp.stride()) {
+      r.comm += l.allgather_bucket_size * rg.ranks * sb;
+    }
   }
   r.comm += part.cp_comm;  // the cp attention's blocks (ring) or all-to-all pieces (Ulysses)
   return r;
@@ -274,7 +300,7 @@ void add_notes(MemoryPlan& plan) {
   const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   const RankMemory& p = plan.peak_rank();
-  const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank);
+  const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank, l.ep);
   const ms::ActTotals at = ms::activation_totals(s, part, act_config(s, l));
   const int64_t pb = storage_bytes(l);
   auto z = [&](int min_stage) { return l.zero_stage >= min_stage && l.zero_ranks() > 1; };

@@ -43,6 +43,7 @@ struct Layout {
   int pp = 1;  // pipeline.stages
   int dp = 1;  // data-parallel size: world_size / (tp * cp * pp)
   int cp = 1;  // context_parallel.size: each sequence split over cp ranks
+  int ep = 1;  // expert_parallel.size: a mixture's experts split over ep of the dp x cp ranks
   layout::CpMethod cp_method = layout::CpMethod::kRing;
   int zero_stage = 0;
   bool offload_optimizer = false;  // zero_optimization.offload_optimizer.device == "cpu"

@@ -89,7 +89,7 @@ void load_hf_safetensors(const std::string& path, const ms::ModelShape& shape, c
       set.read_f32(name, sh, full.data() + static_cast<size_t>(t.numel() / pieces * p));
     }
     for (int64_t i = 0; i < ts.numel; i++) {
-      params[ts.offset + i] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i))];
+      params[ts.offset + i] = full[static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i, part.ep, part.ep_rank))];
     }
   }
 }

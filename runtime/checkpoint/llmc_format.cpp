@@ -154,7 +154,7 @@ void load_llmc(const std::string& path, const ms::ModelShape& shape, const ms::M
     const auto& t = ms::find_param(all, ts.id);
     int64_t base = off[static_cast<size_t>(ts.id)] + (t.per_layer ? int64_t(ts.layer) * t.numel() : 0);
     for (int64_t i = 0; i < ts.numel; ++i) {
-      params[ts.offset + i] = value(base + ms::full_index(t, part.tp, part.tp_rank, i));
+      params[ts.offset + i] = value(base + ms::full_index(t, part.tp, part.tp_rank, i, part.ep, part.ep_rank));
     }
   }
 }

@@ -171,6 +171,9 @@ inline void attention_merge(float* out, float* lse, const float* part, const flo
 inline void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E) {
   DS_KERN(moe_sort_slots, slots, pos, offsets, idx, NK, E);
 }
+inline void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n) {
+  DS_KERN(moe_gather_f32, out, in, idx, n);
+}
 // Inside a CUDA scope these two return 0 (the device does not count invalid targets: the caller
 // validates them on the host first).
 template <typename S>

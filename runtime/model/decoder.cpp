@@ -16,6 +16,7 @@
 #include "kernels/dispatch.h"
 #include "kernels/typed.h"
 #include "model/init.h"
+#include "model_spec/mixtral_spec.h"
 
 namespace ds::rt {
 
@@ -59,6 +60,8 @@ constexpr LayerSlot kLayerSlots[] = {
     {"router_probs", nullptr, &DecoderLayerActs::router_probs},
     {"topk_w", nullptr, &DecoderLayerActs::topk_w},
     {"topk_idx", nullptr, nullptr, &DecoderLayerActs::topk_idx},
+    {"moe_ex_x", &DecoderLayerActs::moe_ex_x, nullptr},
+    {"moe_ep_counts", nullptr, nullptr, &DecoderLayerActs::moe_ep_counts},
     {"out", &DecoderLayerActs::out, nullptr},
 };
 
@@ -123,6 +126,12 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
     k_ = shape_.num_experts_per_tok;
     moe_offsets_host_.assign(static_cast<size_t>(E_) + 1, 0);
     moe_host_e_.assign(static_cast<size_t>(E_), 0.0f);
+    ep_ = part_.ep;
+    El_ = E_ / ep_;
+    Rmax_ = ms::moe_expert_rows(shape_, part_, static_cast<int64_t>(opt_.B) * opt_.T);
+  } else if (part_.ep > 1) {
+    throw invalid_argument("expert parallelism ({} ranks) needs a mixture of experts; model.type {} has none", part_.ep,
+                           family_.name);
   }
   norm_eps_ = static_cast<float>(shape_.norm_eps);
   C_ = shape_.n_embd;
@@ -132,6 +141,7 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
   Hl_ = ms::mlp_width(shape_) / part_.tp;
   Vp_l_ = shape_.padded_vocab_size / part_.tp;
   layout_ = ms::param_layout(shape_, part_);
+  for (const auto& t : family_.params(shape_)) expert_param_[static_cast<size_t>(t.id)] = t.unit == UnitKind::kExperts;
   const Device dev = opt_.device;
   const size_t n = static_cast<size_t>(layout_.total);
   const std::string name = family_.name;
@@ -255,10 +265,12 @@ void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerAc
           : nm == "sp_gather" ? &sp_gather_ : nm == "dln_sp" ? &dln_sp_
           : nm == "dfch" || nm == "dgu" || nm == "moe_dgu" ? &dmlp_h_ : nm == "dact" || nm == "moe_dact" ? &dmlp_act_
           : nm == "logits" ? &logits_ : nm == "router_logits" ? &router_logits_ : nm == "moe_xs" ? &moe_xs_
-          : nm == "moe_ys" ? &moe_ys_ : nullptr;
+          : nm == "moe_ys" ? &moe_ys_ : nm == "moe_recv" ? &moe_recv_ : nullptr;
     stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nm == "rope_cos" ? &rope_cos_
-         : nm == "rope_sin" ? &rope_sin_ : nm == "moe_dw" ? &moe_dw_ : nm == "moe_daux" ? &moe_daux_ : nullptr;
-    ids = nm == "moe_slots" ? &moe_slots_ : nm == "moe_pos" ? &moe_pos_ : nm == "moe_offsets" ? &moe_offsets_ : nullptr;
+         : nm == "rope_sin" ? &rope_sin_ : nm == "moe_dw" ? &moe_dw_ : nm == "moe_daux" ? &moe_daux_
+         : nm == "moe_fbuf" ? &moe_fbuf_ : nm == "moe_ex_w" ? &moe_ex_w_ : nullptr;
+    ids = nm == "moe_slots" ? &moe_slots_ : nm == "moe_pos" ? &moe_pos_ : nm == "moe_offsets" ? &moe_offsets_
+        : nm == "moe_perm" ? &moe_perm_ : nm == "moe_cnt_send" ? &moe_cnt_send_ : nullptr;
   }
   DS_CHECK((typed != nullptr) + (stat != nullptr) + (ids != nullptr) == 1, "activation buffer {} has no view", nm);
   DS_CHECK((typed == nullptr) == b.fp32, "activation buffer {}: statistic or storage type mixed up", nm);
@@ -336,7 +348,7 @@ void Decoder::init_weights(uint64_t seed) {
   const auto all = family_.params(shape_);
   for (const auto& ts : layout_.tensors) {
     init_tensor_values(dst + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer, part_.tp, part_.tp_rank,
-                       seed, 0, ts.numel);
+                       seed, 0, ts.numel, part_.ep, part_.ep_rank);
   }
   if (direct) return;
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
@@ -356,9 +368,11 @@ const int32_t* Decoder::ids_for_kernels(const int32_t* host, int slot) {
   return dst;
 }
 
-DecoderLayerWeights Decoder::layer_weights(TypedPtr base) const {
+DecoderLayerWeights Decoder::layer_weights(TypedPtr base, TypedPtr experts) const {
   const ms::LayerRoles& r = family_.roles;
-  auto at = [&](ParamId id) { return base + layout_.offset_in_unit(id); };
+  auto at = [&](ParamId id) {
+    return (expert_param_[static_cast<size_t>(id)] ? experts : base) + layout_.offset_in_unit(id);
+  };
   auto opt = [&](const std::optional<ParamId>& id) { return id ? at(*id) : TypedPtr(); };
   return DecoderLayerWeights{at(r.norm1_w), opt(r.norm1_b), at(r.qkv_w),  opt(r.qkv_b),
                              at(r.proj_w),  opt(r.proj_b),  at(r.norm2_w), opt(r.norm2_b),
@@ -579,6 +593,7 @@ const std::vector<int32_t>& Decoder::route(const DecoderLayerActs& a) {
 
 void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
                           RouterStats* stats) {
+  if (ep_ > 1) return moe_forward_ep(a, x, w, y, full, stats);
   const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
   const int64_t NK = static_cast<int64_t>(N) * k_;
   const cpu::VariableMatmulRows rows_vary;  // the experts' row counts change every call (CPU matmuls)
@@ -615,6 +630,7 @@ void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWei
 
 void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const DecoderLayerWeights& w,
                            const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale) {
+  if (ep_ > 1) return moe_backward_ep(a, ln2, dy, w, g, stats, grad_scale);
   const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
   const int64_t NK = static_cast<int64_t>(N) * k_;
   const cpu::VariableMatmulRows rows_vary;
@@ -650,7 +666,13 @@ void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const
                         1, n, C, 2 * Il);
   }
   tk::moe_combine(dln_, moe_ys_, moe_pos_, nullptr, N, k_, C);
-  // The router: the load-balancing loss's gradient on every row's probabilities, then the softmax's.
+  router_backward(a, x, w, g, stats, grad_scale);
+}
+
+void Decoder::router_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
+                              const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale) {
+  const int C = C_, N = opt_.B * opt_.T;
+  // The load-balancing loss's gradient on every row's probabilities, then the softmax's.
   const float coef = static_cast<float>(shape_.router_aux_loss_coef);
   const float* daux = nullptr;
   if (coef != 0.0f && stats.rows > 0) {
@@ -666,15 +688,170 @@ void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const
   if (part_.tp_rank == 0) tk::add_in_place(dln_, moe_xs_, static_cast<int64_t>(N) * C);
 }
 
+// ---- expert parallelism ---------------------------------------------------------------------------
+
+std::vector<int32_t> Decoder::ep_counts(DecoderLayerActs& la, const std::vector<int32_t>& off) {
+  // Rank q gets the counts of its experts [q El, (q+1) El): this rank's slots of each.
+  std::vector<int32_t> mine(static_cast<size_t>(E_));
+  for (int e = 0; e < E_; e++) mine[static_cast<size_t>(e)] = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+  kern::copy_from_host(moe_cnt_send_, mine.data(), mine.size() * sizeof(int32_t));
+  const std::vector<int64_t> each(static_cast<size_t>(ep_), El_);
+  DS_CHECK(hooks_->ep_all_to_all(moe_cnt_send_, each, la.moe_ep_counts, each, sizeof(int32_t)),
+           "expert parallelism without an ep all-to-all hook");
+  std::vector<int32_t> got(static_cast<size_t>(E_));
+  kern::copy_to_host(got.data(), la.moe_ep_counts, got.size() * sizeof(int32_t));
+  return got;
+}
+
+Decoder::EpExchange Decoder::ep_exchange(const std::vector<int32_t>& off, const std::vector<int32_t>& recv_counts) {
+  EpExchange x;
+  x.send_rows.resize(static_cast<size_t>(ep_));
+  x.recv_rows.assign(static_cast<size_t>(ep_), 0);
+  for (int q = 0; q < ep_; q++) {
+    x.send_rows[static_cast<size_t>(q)] = off[static_cast<size_t>((q + 1) * El_)] - off[static_cast<size_t>(q * El_)];
+    for (int j = 0; j < El_; j++) x.recv_rows[static_cast<size_t>(q)] += recv_counts[static_cast<size_t>(q * El_ + j)];
+  }
+  // Source order: rank q's rows, each rank's sorted by local expert. Expert order: expert j's
+  // rows, each expert's by source rank.
+  std::vector<int64_t> src_off(static_cast<size_t>(ep_) + 1, 0);
+  for (int q = 0; q < ep_; q++) src_off[static_cast<size_t>(q) + 1] = src_off[static_cast<size_t>(q)] + x.recv_rows[static_cast<size_t>(q)];
+  x.rows = src_off.back();
+  DS_CHECK(x.rows <= Rmax_, "expert parallelism: {} rows received, more than the {} the buffers hold", x.rows, Rmax_);
+  x.expert_off.assign(static_cast<size_t>(El_) + 1, 0);
+  std::vector<int32_t> to_expert(static_cast<size_t>(x.rows)), to_source(static_cast<size_t>(x.rows));
+  int64_t at = 0;
+  for (int j = 0; j < El_; j++) {
+    for (int q = 0; q < ep_; q++) {
+      int64_t within = 0;  // rank q's rows for local experts before j
+      for (int i = 0; i < j; i++) within += recv_counts[static_cast<size_t>(q * El_ + i)];
+      const int64_t from = src_off[static_cast<size_t>(q)] + within;
+      for (int32_t r = 0; r < recv_counts[static_cast<size_t>(q * El_ + j)]; r++, at++) {
+        to_expert[static_cast<size_t>(at)] = static_cast<int32_t>(from + r);
+        to_source[static_cast<size_t>(from + r)] = static_cast<int32_t>(at);
+      }
+    }
+    x.expert_off[static_cast<size_t>(j) + 1] = static_cast<int32_t>(at);
+  }
+  kern::copy_from_host(moe_perm_, to_expert.data(), to_expert.size() * sizeof(int32_t));
+  kern::copy_from_host(moe_perm_ + Rmax_, to_source.data(), to_source.size() * sizeof(int32_t));
+  return x;
+}
+
+void Decoder::moe_forward_ep(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
+                             RouterStats* stats) {
+  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
+  const int64_t NK = static_cast<int64_t>(N) * k_;
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(opt_.dtype);
+  const cpu::VariableMatmulRows rows_vary;
+  tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C, E_);
+  tk::moe_router_forward(a.router_probs, a.topk_idx, a.topk_w, moe_daux_, router_logits_, N, E_, k_);
+  const std::vector<int32_t> off = route(a);
+  if (stats != nullptr) {
+    kern::copy_to_host(moe_host_e_.data(), moe_daux_, moe_host_e_.size() * sizeof(float));
+    for (int e = 0; e < E_; e++) {
+      stats->counts[static_cast<size_t>(e)] += off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+      stats->prob_sums[static_cast<size_t>(e)] += moe_host_e_[static_cast<size_t>(e)];
+    }
+    stats->rows += N;
+  }
+  tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
+  const EpExchange ex = ep_exchange(off, ep_counts(a, off));
+  // The rows to their experts' ranks, then into expert order.
+  DS_CHECK(hooks_->ep_all_to_all(moe_xs_.data, ex.send_rows, moe_recv_.data, ex.recv_rows, row_bytes),
+           "expert parallelism without an ep all-to-all hook");
+  tk::moe_gather_rows(a.moe_ex_x, moe_recv_, moe_perm_, nullptr, ex.rows, 1, C);
+  for (int j = 0; j < El_; j++) {
+    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
+    if (n == 0) continue;
+    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+    tk::matmul_forward(a.mlp_h + r0 * 2 * Il, a.moe_ex_x + r0 * C, w.up_w + static_cast<int64_t>(j) * 2 * Il * C,
+                       TypedPtr(), 1, n, C, 2 * Il);
+  }
+  tk::swiglu_forward(a.mlp_act, a.mlp_h, ex.rows, Il);
+  if (!full) return;
+  for (int j = 0; j < El_; j++) {
+    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
+    if (n == 0) continue;
+    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+    tk::matmul_forward(moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w.down_w + static_cast<int64_t>(j) * C * Il, TypedPtr(),
+                       1, n, Il, C);
+  }
+  // The outputs back into source order and to their tokens' ranks, then combined.
+  tk::moe_gather_rows(moe_recv_, moe_ys_, moe_perm_ + Rmax_, nullptr, ex.rows, 1, C);
+  DS_CHECK(hooks_->ep_all_to_all(moe_recv_.data, ex.recv_rows, moe_xs_.data, ex.send_rows, row_bytes),
+           "expert parallelism without an ep all-to-all hook");
+  tk::moe_combine(y, moe_xs_, moe_pos_, a.topk_w, N, k_, C);
+}
+
+void Decoder::moe_backward_ep(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const DecoderLayerWeights& w,
+                              const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale) {
+  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
+  const int64_t NK = static_cast<int64_t>(N) * k_;
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(opt_.dtype);
+  const cpu::VariableMatmulRows rows_vary;
+  const std::vector<int32_t> off = route(a);
+  std::vector<int32_t> counts(static_cast<size_t>(E_));
+  kern::copy_to_host(counts.data(), a.moe_ep_counts, counts.size() * sizeof(int32_t));
+  const EpExchange ex = ep_exchange(off, counts);
+  const int64_t R = ex.rows;
+  float* f_src = moe_fbuf_;                                        // R floats in source order
+  float* f_tok = moe_fbuf_ + std::max<int64_t>(NK, Rmax_);          // NK floats in token order
+  // d(out) of each slot and its routing weight, to the experts' ranks, into expert order.
+  tk::moe_gather_rows(moe_xs_, dy, moe_slots_, nullptr, NK, k_, C);
+  DS_CHECK(hooks_->ep_all_to_all(moe_xs_.data, ex.send_rows, moe_recv_.data, ex.recv_rows, row_bytes),
+           "expert parallelism without an ep all-to-all hook");
+  tk::moe_gather_rows(moe_ys_, moe_recv_, moe_perm_, nullptr, R, 1, C);  // dY, expert order
+  kern::moe_gather_f32(f_tok, a.topk_w, moe_slots_, NK);                 // the weights, sorted
+  DS_CHECK(hooks_->ep_all_to_all(f_tok, ex.send_rows, f_src, ex.recv_rows, sizeof(float)),
+           "expert parallelism without an ep all-to-all hook");
+  kern::moe_gather_f32(moe_ex_w_, f_src, moe_perm_, R);
+  // The experts: G = dY w2, the weights' gradients <G, act>, w2's from the weighted dY, w G the
+  // activation's gradient, then SwiGLU and w13.
+  tk::moe_gather_rows(moe_recv_, moe_ys_, nullptr, moe_ex_w_, R, 1, C);  // weighted dY
+  for (int j = 0; j < El_; j++) {
+    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
+    if (n == 0) continue;
+    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+    const TypedPtr w2 = w.down_w + static_cast<int64_t>(j) * C * Il;
+    tk::matmul_backward(dmlp_act_ + r0 * Il, nullptr, nullptr, moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w2, 1, n, Il, C);
+    tk::matmul_backward(nullptr, g.down_w + static_cast<int64_t>(j) * C * Il, nullptr, moe_recv_ + r0 * C,
+                        a.mlp_act + r0 * Il, w2, 1, n, Il, C);
+  }
+  tk::moe_slot_dots(moe_dw_, dmlp_act_, a.mlp_act, nullptr, R, Il);
+  if (part_.tp > 1) hooks_->tp_loss_reduce_sum(moe_dw_, R);
+  tk::moe_scale_rows(dmlp_act_, nullptr, moe_ex_w_, R, Il);
+  tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, R, Il);
+  for (int j = 0; j < El_; j++) {
+    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
+    if (n == 0) continue;
+    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+    const int64_t w13 = static_cast<int64_t>(j) * 2 * Il * C;
+    tk::matmul_backward(moe_ys_ + r0 * C, g.up_w + w13, nullptr, dmlp_h_ + r0 * 2 * Il, a.moe_ex_x + r0 * C,
+                        w.up_w + w13, 1, n, C, 2 * Il);
+  }
+  // The weights' gradients and the inputs' gradients back to the tokens' ranks.
+  kern::moe_gather_f32(f_src, moe_dw_, moe_perm_ + Rmax_, R);
+  DS_CHECK(hooks_->ep_all_to_all(f_src, ex.recv_rows, f_tok, ex.send_rows, sizeof(float)),
+           "expert parallelism without an ep all-to-all hook");
+  kern::moe_gather_f32(moe_dw_, f_tok, moe_pos_, NK);  // slot order
+  tk::moe_gather_rows(moe_recv_, moe_ys_, moe_perm_ + Rmax_, nullptr, R, 1, C);
+  DS_CHECK(hooks_->ep_all_to_all(moe_recv_.data, ex.recv_rows, moe_xs_.data, ex.send_rows, row_bytes),
+           "expert parallelism without an ep all-to-all hook");
+  tk::moe_combine(dln_, moe_xs_, moe_pos_, nullptr, N, k_, C);
+  router_backward(a, gathered(ln2), w, g, stats, grad_scale);
+}
+
 void Decoder::blocks_forward(DecoderActivations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_forward");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
-    const Unit u{UnitKind::kLayer, l};
-    const DecoderLayerWeights w = layer_weights(unit_params(u));
+    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l};
+    const TypedPtr pu = unit_params(u);
+    const DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true,
                   moe_ ? &a.router : nullptr);
     progress::bump();  // comm/beacon.h: a slow step is not a hang
+    if (moe_) hooks_->params_done(ue);
     hooks_->params_done(u);
   }
 }
@@ -683,14 +860,18 @@ void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_backward");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l1 - 1; l >= l0; l--) {
-    const Unit u{UnitKind::kLayer, l};
-    const DecoderLayerWeights w = layer_weights(unit_params(u));
-    const DecoderLayerWeights g = layer_weights(unit_grads(u));
+    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l};
+    const TypedPtr pu = unit_params(u);
+    const DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
+    const TypedPtr gu = unit_grads(u);
+    const DecoderLayerWeights g = layer_weights(gu, moe_ ? unit_grads(ue) : TypedPtr());
     DecoderLayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
     const TypedPtr x = layer_input(a, l);
     if (opt_.recompute) layer_forward(la, x, w, false, nullptr);
     layer_backward(la, x, w, g, a);  // dres: d(out) -> d(x)
+    if (moe_) hooks_->params_done(ue);
     hooks_->params_done(u);
+    if (moe_) hooks_->grads_ready(ue);
     hooks_->grads_ready(u);
     progress::bump();
   }

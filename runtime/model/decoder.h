@@ -70,6 +70,7 @@
 // Thread safety: one thread drives a Decoder at a time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -113,6 +114,8 @@ struct DecoderLayerActs {
   float* router_probs = nullptr;                    // MoE: (B*T,E) softmax of the router
   int32_t* topk_idx = nullptr;                      // MoE: (B*T,k) the picked experts
   float* topk_w = nullptr;                          // MoE: (B*T,k) their renormalised weights
+  TypedPtr moe_ex_x;                                // MoE, ep > 1: (R,C) the received rows, expert order
+  int32_t* moe_ep_counts = nullptr;                 // MoE, ep > 1: (ep, E/ep) rows from each ep rank
   TypedPtr out;                                     // (B,T,C): the layer's output
 };
 
@@ -228,7 +231,9 @@ class Decoder : public Model {
   // Lays buffer b out at `cursor` (bytes), advancing it: a layer's buffer into *layer, a
   // micro-batch's into *mb, a shared one into the model's members (layer = the recompute buffers).
   void place_buffer(const model_spec::ActBuffer& b, char*& cursor, DecoderLayerActs* layer, DecoderActivations* mb);
-  DecoderLayerWeights layer_weights(TypedPtr unit_base) const;
+  // A layer's views: its layer unit's tensors from `unit_base`, a mixture's experts from `experts`
+  // (the layer's kExperts unit; null for a dense family).
+  DecoderLayerWeights layer_weights(TypedPtr unit_base, TypedPtr experts) const;
   TypedPtr unit_params(Unit u);
   TypedPtr unit_grads(Unit u);
   void check_layers(int l0, int l1, const char* what) const;
@@ -257,6 +262,30 @@ class Decoder : public Model {
   // Sorts the layer's routed slots by expert (moe_slots_, moe_pos_) and returns each expert's
   // first sorted position (E+1, on the host).
   const std::vector<int32_t>& route(const DecoderLayerActs& a);
+  // Expert parallelism (part.ep > 1): the token side sorts its slots by expert as above; the rows
+  // of each ep rank's experts go to it by all-to-all (counts first), arrive in source order
+  // (moe_recv_) and are permuted into expert order (moe_ex_x); the experts' outputs (and in the
+  // backward the input gradients and the routing weights' gradients) go back the same way.
+  struct EpExchange {
+    std::vector<int64_t> send_rows, recv_rows;  // per ep rank
+    std::vector<int32_t> expert_off;            // E/ep + 1: each local expert's first row, expert order
+    int64_t rows = 0;                           // R received
+  };
+  // From the sorted offsets (E+1) and the received counts (ep, E/ep): the exchange, with the
+  // source <-> expert order permutations uploaded into moe_perm_ ([0, R): expert row i is source
+  // row perm[i]; [Rmax, Rmax + R): the inverse).
+  EpExchange ep_exchange(const std::vector<int32_t>& off, const std::vector<int32_t>& recv_counts);
+  // Sends each ep rank the per-expert counts of its experts and returns what every rank sent this
+  // one (into la.moe_ep_counts, and on the host).
+  std::vector<int32_t> ep_counts(DecoderLayerActs& la, const std::vector<int32_t>& off);
+  void moe_forward_ep(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
+                      RouterStats* stats);
+  void moe_backward_ep(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const DecoderLayerWeights& w,
+                       const DecoderLayerWeights& g, const RouterStats& stats, float grad_scale);
+  // The router's backward (moe_dw_ holds d(routing weight) of each slot) and its share of d x
+  // into dln_; shared by both paths.
+  void router_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g,
+                       const RouterStats& stats, float grad_scale);
   void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
   float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
 
@@ -274,11 +303,17 @@ class Decoder : public Model {
   int64_t Rl_ = 0;          // rows of the residual stream held here: B*T, or B*T/tp with sp_
   TypedPtr sp_gather_, dln_sp_;  // sp_: (B*T, C) gathered rows; (Rl, C) reduce-scattered dln
   bool layer_norm_ = true, rope_ = false, swiglu_ = false, moe_ = false;
+  std::array<bool, model_spec::kNumParamTensors> expert_param_{};  // in the kExperts units
   int E_ = 0, k_ = 0;  // MoE: experts, experts per token
   TypedPtr router_logits_, moe_xs_, moe_ys_;  // MoE scratch (mixtral_spec.h)
   int32_t *moe_slots_ = nullptr, *moe_pos_ = nullptr, *moe_offsets_ = nullptr;
   float *moe_dw_ = nullptr, *moe_daux_ = nullptr;
   std::vector<int32_t> moe_offsets_host_;
+  int ep_ = 1, El_ = 0;   // expert parallelism: ep ranks, E/ep local experts
+  int64_t Rmax_ = 0;      // rows the local experts may receive (mixtral_spec.h: moe_expert_rows)
+  TypedPtr moe_recv_;     // (Rmax, C) rows in source order
+  int32_t *moe_perm_ = nullptr, *moe_cnt_send_ = nullptr;
+  float *moe_fbuf_ = nullptr, *moe_ex_w_ = nullptr;
   std::vector<float> moe_host_e_;  // E floats: the prob sums back, the aux gradient up
   int head_rows_ = 0;
   int threads_ = 1;  // OpenMP threads the attention scratch was sized for

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/typed_ptr.h"
 #include "model_spec/shape.h"
@@ -83,6 +84,16 @@ class ParallelHooks {
   virtual bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) {
     return false;
   }
+
+  // ---- expert parallelism (a mixture of experts' experts split over an ep group) ----
+  // All-to-all over the ep group: send[q] elements of elem_bytes each from `in` (packed by
+  // destination) to ep rank q, recv[q] from q into `out` (packed by source); recv[q] is q's
+  // send[this rank]. Buffers on the model's device. Returns false where there is no ep group
+  // (the model then holds every expert). Collective: every ep rank calls it in the same order.
+  virtual bool ep_all_to_all(const void* in, const std::vector<int64_t>& send, void* out,
+                             const std::vector<int64_t>& recv, size_t elem_bytes) {
+    return false;
+  }
 };
 
 // A layer of the hook stack (runtime/parallel: context, tensor and pipeline parallelism above
@@ -113,6 +124,10 @@ class ForwardingHooks : public ParallelHooks {
   }
   bool cp_attention_backward(TypedPtr dqkv, TypedPtr dout, TypedPtr qkv, TypedPtr out, const float* lse) override {
     return inner_->cp_attention_backward(dqkv, dout, qkv, out, lse);
+  }
+  bool ep_all_to_all(const void* in, const std::vector<int64_t>& send, void* out, const std::vector<int64_t>& recv,
+                     size_t elem_bytes) override {
+    return inner_->ep_all_to_all(in, send, out, recv, elem_bytes);
   }
 
  protected:

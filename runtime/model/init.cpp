@@ -34,7 +34,7 @@ double init_normal(uint64_t seed, int tensor, int layer, int64_t index) {
 }
 
 void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_layer, int tp,
-                        int tp_rank, uint64_t seed, int64_t local_begin, int64_t count) {
+                        int tp_rank, uint64_t seed, int64_t local_begin, int64_t count, int ep, int ep_rank) {
   double std = 0.0;
   switch (t.init) {
     case ms::InitKind::kZeros: std = -1.0; break;
@@ -51,7 +51,7 @@ void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_l
     } else if (std == -2.0) {
       v = 1.0f;
     } else {
-      const int64_t full = ms::full_index(t, tp, tp_rank, local_begin + i);
+      const int64_t full = ms::full_index(t, tp, tp_rank, local_begin + i, ep, ep_rank);
       v = static_cast<float>(std * init_normal(seed, id, layer, full));
     }
     dst[i] = v;

@@ -17,6 +17,7 @@ double init_normal(uint64_t seed, int tensor, int layer, int64_t index);
 // Writes `count` initial values of tp rank `tp_rank`'s shard of tensor `t` (layer `layer`),
 // starting at local element `local_begin`, to dst. Deterministic, any thread count.
 void init_tensor_values(float* dst, const model_spec::ParamTensor& t, int layer, int n_layer,
-                        int tp, int tp_rank, uint64_t seed, int64_t local_begin, int64_t count);
+                        int tp, int tp_rank, uint64_t seed, int64_t local_begin, int64_t count, int ep = 1,
+                        int ep_rank = 0);
 
 }  // namespace ds::rt

@@ -45,6 +45,10 @@ Engine::Engine(const ms::ModelShape& shape, const EngineSpec& spec, std::shared_
                 "train with training.device \"cpu\", or without context_parallel");
   }
   part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
+  if (spec.ep > 1) {
+    part_.ep = spec.ep;
+    part_.ep_rank = topo_.expert_rank(spec.rank, spec.ep);
+  }
   if (spec.world > 1) {
     if (!store) throw invalid_usage("parallel engine: {} ranks but no store to meet through", spec.world);
     build_groups(std::move(store), spec.pp > 1 && shape.tied() && (part_.has_embedding || part_.has_head));
@@ -69,7 +73,7 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
     no.timeout = spec_.comm_timeout;
     data_world_ = comm::make_world_comm(store, rank, spec_.world, no);
   }
-  if (spec_.tp == 1 && spec_.pp == 1 && spec_.cp == 1) {
+  if (spec_.tp == 1 && spec_.pp == 1 && spec_.cp == 1 && spec_.ep == 1) {
     dp_ = data_world_;
     return;
   }
@@ -82,7 +86,7 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
   };
   tp_ = group(layout::Axis::kTp);
   if (spec_.cp == 1) {
-    dp_ = group(layout::Axis::kDp);
+    dp_ = spec_.tp == 1 && spec_.pp == 1 ? data_world_ : group(layout::Axis::kDp);
   } else if (spec_.tp == 1 && spec_.pp == 1) {
     dp_ = data_world_;  // every rank holds the same parameters
   } else {
@@ -90,6 +94,11 @@ void Engine::build_groups(std::shared_ptr<store::Store> store, bool tied) {
   }
   pp_ = group(layout::Axis::kPp);
   cp_ = group(layout::Axis::kCp);
+  if (spec_.ep > 1) {
+    const auto ep = topo_.expert_group(rank, spec_.ep), edp = topo_.expert_data_group(rank, spec_.ep);
+    ep_ = data_world_->new_group(ep, fmt::format("ep{}", ep.front()));
+    if (edp.size() > 1) edp_ = data_world_->new_group(edp, fmt::format("edp{}", edp.front()));
+  }
   const auto pp_ranks = topo_.group_of(rank, layout::Axis::kPp);
   const int pp_index = topo_.group_index(rank, layout::Axis::kPp);
   if (spec_.pp > 1 && spec_.device == Device::kCuda) {
@@ -105,13 +114,32 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   zo.param_dtype = spec_.model.dtype;
   zo.grad_dtype = spec_.model.grad_dtype;
   zo.tied_head = shape.tied();
-  zero_ = std::make_unique<ZeroEngine>(zo, dp_, ms::param_layout(shape, part_), alloc);
-  ParallelHooks* below_tp = zero_.get();
+  const ms::ParamLayout layout = ms::param_layout(shape, part_);
+  const bool moe = ms::family_of(shape).mlp == ms::MlpKind::kMoe;
+  ParallelHooks* bottom = nullptr;
+  if (moe) {
+    // Two regions: the dense one over the gradients' group, the experts over theirs (the whole
+    // gradients' group without expert parallelism).
+    zero_ = std::make_unique<ZeroEngine>(zo, dp_, ms::dense_region(layout), alloc);
+    ZeroOptions ze = zo;
+    ze.tied_head = false;
+    expert_zero_ = std::make_unique<ZeroEngine>(ze, spec_.ep > 1 ? edp_ : dp_, ms::expert_region(layout), alloc);
+    region_hooks_ = std::make_unique<RegionHooks>(zero_.get(), expert_zero_.get());
+    bottom = region_hooks_.get();
+  } else {
+    zero_ = std::make_unique<ZeroEngine>(zo, dp_, layout, alloc);
+    bottom = zero_.get();
+  }
+  ParallelHooks* below_tp = bottom;
   if (tied_) {
     const auto wte = ms::find_param(ms::model_params(shape), ms::ParamId::kWte);
-    tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(zero_.get(), ms::local_numel(wte, spec_.tp), alloc,
-                                                       spec_.device, nullptr, spec_.model.grad_dtype);
+    tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(bottom, ms::local_numel(wte, spec_.tp), alloc, spec_.device,
+                                                       nullptr, spec_.model.grad_dtype);
     below_tp = tied_hooks_.get();
+  }
+  if (ep_) {
+    ep_hooks_ = std::make_unique<ExpertParallelHooks>(ep_, below_tp);
+    below_tp = ep_hooks_.get();
   }
   ParallelHooks* hooks = below_tp;
   if (tp_) {
@@ -134,6 +162,10 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   mo.device = spec_.device;
   model_ = make_model(shape, part_, mo, alloc, hooks);
   zero_->attach(model_->params(), model_->grads());
+  if (expert_zero_) {
+    auto at = [&](TypedPtr p) { return p ? p + layout.expert_begin : p; };
+    expert_zero_->attach(at(model_->params()), at(model_->grads()));
+  }
   if (spec_.pp > 1) {
     stage_ = std::make_unique<PipelineStage>(*model_, pp_, tied_, pp_grads_);
     events_ = stage_events(spec_.schedule, spec_.pp, coord_.pp, spec_.micro_batches);

@@ -8,8 +8,11 @@
 //            a second pp group for the gradients flowing back (pipeline_stage.h), and the
 //            {first, last} stage group of the tied embedding.
 //   hooks    model -> ContextParallelHooks (cp > 1) -> TensorParallelHooks (tp > 1) ->
-//            TiedEmbeddingHooks (first and last stage of a pipeline) -> ZeroEngine over the
-//            gradients' group (always; stage 0 with a group of 1 is plain local gradients).
+//            ExpertParallelHooks (ep > 1) -> TiedEmbeddingHooks (first and last stage of a
+//            pipeline) -> ZeroEngine over the gradients' group (always; stage 0 with a group of 1
+//            is plain local gradients); a mixture of experts: RegionHooks above two ZeroEngines,
+//            the dense region's over the gradients' group, the experts' over the
+//            expert-data-parallel group (expert_parallel.h).
 //   model    this rank's part (its pipeline stage's layers as its tp shard, its positions of each
 //            sequence as its cp share), attached to ZeRO.
 //   pipeline (pp > 1) the PipelineStage and this stage's event list for one step.
@@ -29,6 +32,7 @@
 #include "layout/topology.h"
 #include "model/decoder.h"
 #include "parallel/context_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/host_world.h"
 #include "layout/pipeline_schedule.h"
 #include "parallel/pipeline_stage.h"
@@ -43,6 +47,7 @@ struct EngineSpec {
   int world = 1;
   int tp = 1, dp = 1, pp = 1;
   int cp = 1;  // context parallelism: each sequence split over cp ranks (layout/context_parallel.h)
+  int ep = 1;  // expert parallelism: a mixture's experts split over ep ranks of the dp x cp ranks
   layout::CpMethod cp_method = layout::CpMethod::kRing;
   layout::StageSplit split = layout::StageSplit::kParameters;
   layout::PipelineSchedule schedule = layout::PipelineSchedule::k1F1B;
@@ -69,7 +74,16 @@ class Engine {
   const layout::Coord& coord() const { return coord_; }
   HostWorld& host_world() { return host_world_; }
   Model& model() { return *model_; }
-  ZeroEngine& zero() { return *zero_; }
+  ZeroEngine& zero() { return *zero_; }  // the dense region's (the whole model without experts)
+  // A mixture of experts: the expert region's engine (over the expert-data-parallel group); null
+  // for a dense model. zeros(): every engine, the dense one first.
+  ZeroEngine* expert_zero() { return expert_zero_.get(); }
+  std::vector<ZeroEngine*> zeros() {
+    std::vector<ZeroEngine*> z{zero_.get()};
+    if (expert_zero_) z.push_back(expert_zero_.get());
+    return z;
+  }
+  const ExpertParallelHooks* ep_hooks() const { return ep_hooks_.get(); }  // null unless ep > 1
   TiedEmbeddingHooks* tied_hooks() { return tied_hooks_.get(); }  // null unless first/last stage
   const ContextParallelHooks* cp_hooks() const { return cp_hooks_.get(); }  // null unless cp > 1
   PipelineStage* stage() { return stage_.get(); }                  // null without a pipeline
@@ -88,12 +102,15 @@ class Engine {
   // The model's groups (null where the axis has size 1; dp is the model's world itself without
   // tensor and pipeline parallelism).
   comm::CommPtr data_world_, tp_, dp_, pp_, pp_grads_, tied_, cp_;  // dp_: the gradients' group (dp x cp)
+  comm::CommPtr ep_, edp_;  // expert parallelism: the ep group, the expert-data-parallel group
   std::shared_ptr<void> beacon_;  // this rank's progress beacon (comm/beacon.h)
   std::unique_ptr<Model> model_;
   std::unique_ptr<TiedEmbeddingHooks> tied_hooks_;
   std::unique_ptr<TensorParallelHooks> tp_hooks_;
   std::unique_ptr<ContextParallelHooks> cp_hooks_;
-  std::unique_ptr<ZeroEngine> zero_;
+  std::unique_ptr<ZeroEngine> zero_, expert_zero_;
+  std::unique_ptr<RegionHooks> region_hooks_;
+  std::unique_ptr<ExpertParallelHooks> ep_hooks_;
   std::unique_ptr<PipelineStage> stage_;
   std::vector<Event> events_;
   std::unique_ptr<Activations> acts_;

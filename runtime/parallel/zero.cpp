@@ -240,7 +240,8 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
       switch (layout_.units[i].kind) {
         case ms::UnitKind::kPositionEmbedding: wpe = static_cast<int>(i); break;
         case ms::UnitKind::kFinalNorm: lnf = static_cast<int>(i); break;
-        case ms::UnitKind::kLayer: layers.push_back(static_cast<int>(i)); break;
+        case ms::UnitKind::kLayer:
+        case ms::UnitKind::kExperts: layers.push_back(static_cast<int>(i)); break;  // an engine holds one kind
         default: break;
       }
     }

@@ -243,4 +243,27 @@ class ZeroEngine final : public ParallelHooks {
   double reduce_wait_s_ = 0, gather_wait_s_ = 0;
 };
 
+// The step calls of every ZeroEngine of a rank (a mixture of experts has two: the dense region's
+// and the experts'), in order: what the trainer drives around a step.
+class ZeroEngines {
+ public:
+  explicit ZeroEngines(std::vector<ZeroEngine*> engines) : engines_(std::move(engines)) {}
+  void begin_step() {
+    for (auto* z : engines_) z->begin_step();
+  }
+  void begin_micro_batch(bool last, bool backward) {
+    for (auto* z : engines_) z->begin_micro_batch(last, backward);
+  }
+  void end_micro_batch() {
+    for (auto* z : engines_) z->end_micro_batch();
+  }
+  void gather_params() {
+    for (auto* z : engines_) z->gather_params();
+  }
+  ZeroEngine& dense() { return *engines_.front(); }
+
+ private:
+  std::vector<ZeroEngine*> engines_;
+};
+
 }  // namespace ds::rt::parallel

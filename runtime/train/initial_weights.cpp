@@ -27,7 +27,8 @@ void random_values(Model& model, uint64_t seed, float* dst, int64_t begin, int64
     const auto r = layout::intersect(begin, begin + count, t.offset, t.offset + t.numel);
     if (r.size() <= 0) continue;
     init_tensor_values(dst + (r.lo - begin), ms::find_param(all, t.id), t.layer, model.shape().n_layer,
-                       model.part().tp, model.part().tp_rank, seed, r.lo - t.offset, r.size());
+                       model.part().tp, model.part().tp_rank, seed, r.lo - t.offset, r.size(), model.part().ep,
+                       model.part().ep_rank);
   }
 }
 
@@ -36,7 +37,7 @@ void random_values(Model& model, uint64_t seed, float* dst, int64_t begin, int64
 void init_weights(parallel::Engine& engine, OptimizerState& state, const std::string& init_from, uint64_t seed,
                   Allocator& alloc) {
   Model& model = engine.model();
-  const int64_t begin = state.opt_begin(), count = state.opt_count();
+  const int64_t begin = state.region_begin() + state.opt_begin(), count = state.opt_count();
   // The fp32 values of the optimizer range, on the host.
   std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {

@@ -21,15 +21,19 @@ namespace ms = ds::model_spec;
 namespace {
 
 // llm.c's practice (and Megatron's): matrices and embeddings decay, biases and LayerNorm weights do not.
-std::vector<optim::DecayRange> decay_ranges(const ms::ModelShape& shape, const ms::ParamLayout& layout) {
+// The tensors of the region [begin, end) of the flat layout, in offsets from `begin`.
+std::vector<optim::DecayRange> decay_ranges(const ms::ModelShape& shape, const ms::ParamLayout& layout, int64_t begin,
+                                            int64_t end) {
   const auto all = ms::model_params(shape);
   std::vector<optim::DecayRange> out;
   for (const auto& t : layout.tensors) {
+    if (t.offset < begin || t.offset >= end) continue;
     const bool decay = ms::find_param(all, t.id).shape.size() == 2;
-    if (!out.empty() && out.back().decay == decay && out.back().offset + out.back().count == t.offset) {
+    const int64_t off = t.offset - begin;
+    if (!out.empty() && out.back().decay == decay && out.back().offset + out.back().count == off) {
       out.back().count += t.numel;
     } else {
-      out.push_back({t.offset, t.numel, decay});
+      out.push_back({off, t.numel, decay});
     }
   }
   return out;
@@ -46,8 +50,9 @@ void append_range(RangeList& ranges, int64_t off, int64_t n) {
 }  // namespace
 
 OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device,
-                               Model& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc)
-    : precision_(precision), device_(device), model_(model), zero_(zero) {
+                               Model& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc,
+                               int64_t region_begin)
+    : precision_(precision), device_(device), model_(model), zero_(zero), region_(region_begin) {
   if (cfg.zero.offload_param.device == "cpu" && device == Device::kCuda) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("{}: $.zero_optimization.offload_param.device \"cpu\" with training.device "
@@ -67,12 +72,12 @@ OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision p
     host_grads_ = alloc.allocate(static_cast<size_t>(opt_count()) * dtype_size(model.grad_dtype()), MemTag::kGrads,
                                  "offloaded gradients", where);
   }
-  decay_ = decay_ranges(model.shape(), model.layout());
+  decay_ = decay_ranges(model.shape(), model.layout(), region_, region_ + zero.partition().total());
   compute_norm_ranges(model.shape(), tp_rank, pp);
 }
 
 TypedPtr OptimizerState::partition_params() {
-  return zero_.stage() == 3 ? zero_.opt_params() : model_.params() + part_begin();
+  return zero_.stage() == 3 ? zero_.opt_params() : model_.params() + region_ + part_begin();
 }
 
 void OptimizerState::compute_norm_ranges(const ms::ModelShape& shape, int tp_rank, int pp) {
@@ -81,7 +86,7 @@ void OptimizerState::compute_norm_ranges(const ms::ModelShape& shape, int tp_ran
   for (const auto& t : model_.layout().tensors) {
     const bool replicated_copy = ms::find_param(all, t.id).split == ms::TpSplit::kReplicated && tp_rank != 0;
     const bool tied_copy = t.id == ms::ParamId::kWte && pp > 1 && !model_.part().has_embedding;
-    const auto r = layout::intersect(lo, hi, t.offset, t.offset + t.numel);
+    const auto r = layout::intersect(lo, hi, t.offset - region_, t.offset - region_ + t.numel);
     if (r.size() <= 0) continue;
     append_range(replicated_copy || tied_copy ? uncounted_ranges_ : norm_ranges_, r.lo - ob, r.size());
   }

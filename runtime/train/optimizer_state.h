@@ -36,12 +36,17 @@ class OptimizerState {
   // Allocates the state (tag optimizer; pinned host memory when offloaded) for `zero`'s range of
   // `model`. `tp_rank` and `pp` decide which elements count in the norm. Throws invalid_argument
   // naming the config key for offload_param on a GPU run.
+  // `region_begin`: where `zero`'s region starts in the model's flat layout (a mixture of experts
+  // has two engines: the dense region from 0, the experts from ParamLayout::expert_begin); the
+  // engine's ranges (opt_begin, part_begin) are relative to it.
   OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Model& model,
-                 parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc);
+                 parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc, int64_t region_begin = 0);
 
   layout::Precision precision() const { return precision_; }
   bool has_master() const { return precision_ != layout::Precision::kFp32 || offload_; }
-  int64_t opt_begin() const { return zero_.opt_begin(); }
+  int64_t opt_begin() const { return zero_.opt_begin(); }  // in the engine's region
+  int64_t region_begin() const { return region_; }         // the region's offset in the model's layout
+  parallel::ZeroEngine& zero() { return zero_; }
   int64_t opt_count() const { return zero_.opt_count(); }
   // This rank's checkpoint partition [part_begin, part_begin + part_count).
   int64_t part_begin() const { return zero_.partition().begin(zero_.dp_rank()); }
@@ -84,6 +89,7 @@ class OptimizerState {
   Device device_;
   Model& model_;
   parallel::ZeroEngine& zero_;
+  int64_t region_ = 0;
   bool offload_ = false;
   Buffer master_, exp_avg_, exp_avg_sq_, host_grads_;
   std::vector<optim::DecayRange> decay_;

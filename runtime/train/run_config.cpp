@@ -73,6 +73,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.dp = c.data_parallel_size;
   e.pp = c.pipeline.stages;
   e.cp = c.context_parallel.size;
+  e.ep = c.expert_parallel.size;
   e.cp_method = c.context_parallel.method;
   e.split = c.pipeline.partition;
   e.schedule = c.pipeline.schedule;

@@ -10,12 +10,15 @@
 
 namespace ds::rt::train {
 
-StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
-                            const OptimizerState& state, double micro_batches, double loss_scale,
-                            bool preempt_requested, double owned_aux_sum) {
+StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const std::vector<OptimizerPart>& parts,
+                            double micro_batches, double loss_scale, bool preempt_requested, double owned_aux_sum) {
   double counted = 0, uncounted = 0;
-  for (const auto& [off, n] : state.norm_ranges()) counted += kern::typed::sum_of_squares(grads + off, n);
-  for (const auto& [off, n] : state.uncounted_ranges()) uncounted += kern::typed::sum_of_squares(grads + off, n);
+  for (const OptimizerPart& p : parts) {
+    for (const auto& [off, n] : p.state->norm_ranges()) counted += kern::typed::sum_of_squares(p.grads + off, n);
+    for (const auto& [off, n] : p.state->uncounted_ranges()) {
+      uncounted += kern::typed::sum_of_squares(p.grads + off, n);
+    }
+  }
   const double bad = std::isfinite(uncounted) ? 0.0 : 1.0;
   // The 4th sum carries this rank's preemption flag, so every rank stops after the same step.
   const auto sums =
@@ -30,7 +33,7 @@ StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, T
 }
 
 bool apply_update(int64_t step, const StepStats& stats, double loss_scale, double lr, const UpdateSettings& settings,
-                  TypedPtr grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule) {
+                  const std::vector<OptimizerPart>& parts, optim::LossScaler& scaler, optim::LrScheduler& schedule) {
   if (scaler.update(stats.overflow)) return true;
   if (stats.overflow) {
     throw remote_error("step {}: the gradients hold inf or nan (loss {}) and fp16 loss scaling is off: "
@@ -38,7 +41,7 @@ bool apply_update(int64_t step, const StepStats& stats, double loss_scale, doubl
                        step, stats.loss);
   }
   const double coef = optim::clip_coefficient(stats.grad_norm, settings.gradient_clipping);
-  state.update(settings.adamw, lr, coef / loss_scale, grads);
+  for (const OptimizerPart& p : parts) p.state->update(settings.adamw, lr, coef / loss_scale, p.grads);
   schedule.step();
   return false;
 }

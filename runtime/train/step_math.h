@@ -29,12 +29,19 @@ struct StepStats {
   bool preempt = false;  // some rank was asked to stop (preemption): every rank stops after this step
 };
 
+// One optimizer state and the reduced gradients of its range (ZeroEngine::opt_grads). A mixture
+// of experts has two: the dense region's and the experts'.
+struct OptimizerPart {
+  OptimizerState* state;
+  TypedPtr grads;
+};
+
 // `owned_loss_sum` (and `owned_aux_sum`, of the load-balancing losses): the sum of this rank's
-// micro-batch losses when it owns them (tp rank 0 of the last stage), else 0. `grads`: the
-// engine's reduced gradients of the optimizer range.
-StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, TypedPtr grads,
-                            const OptimizerState& state, double micro_batches, double loss_scale,
-                            bool preempt_requested = false, double owned_aux_sum = 0);
+// micro-batch losses when it owns them (tp rank 0 of the last stage), else 0. `parts`: every
+// optimizer state of this rank with its gradients (the norm counts each once).
+StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const std::vector<OptimizerPart>& parts,
+                            double micro_batches, double loss_scale, bool preempt_requested = false,
+                            double owned_aux_sum = 0);
 
 struct UpdateSettings {
   optim::AdamWConfig adamw;
@@ -45,6 +52,6 @@ struct UpdateSettings {
 // update). Returns true when the step was skipped. Throws ds::Error (remote) for an overflow
 // without loss scaling, naming the step and the loss.
 bool apply_update(int64_t step, const StepStats& stats, double loss_scale, double lr, const UpdateSettings& settings,
-                  TypedPtr grads, OptimizerState& state, optim::LossScaler& scaler, optim::LrScheduler& schedule);
+                  const std::vector<OptimizerPart>& parts, optim::LossScaler& scaler, optim::LrScheduler& schedule);
 
 }  // namespace ds::rt::train

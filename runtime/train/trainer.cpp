@@ -71,6 +71,13 @@ struct Trainer::Impl {
   // Declaration order is destruction order reversed: the state before the engine it points into.
   std::unique_ptr<parallel::Engine> engine;
   std::unique_ptr<OptimizerState> state;
+  std::unique_ptr<OptimizerState> expert_state;  // a mixture of experts: the expert region's (null otherwise)
+  // Every optimizer state with the reduced gradients of its range (after the step's micro-batches).
+  std::vector<OptimizerPart> optimizer_parts() {
+    std::vector<OptimizerPart> parts{{state.get(), engine->zero().opt_grads()}};
+    if (expert_state) parts.push_back({expert_state.get(), engine->expert_zero()->opt_grads()});
+    return parts;
+  }
   Buffer tokens;  // inputs and targets (B*Tl int32 each) of one micro-batch, or of G with a pipeline
   // With context parallelism: one whole micro-batch (B*T inputs and targets) as the loader reads
   // it, before this rank's rows are copied out (layout::cp_position_runs).
@@ -156,6 +163,10 @@ void Trainer::Impl::build(int local_rank) {
   engine = std::make_unique<parallel::Engine>(shape, spec, job_store(world), alloc);
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
                                            engine->coord().tp, pp(), alloc);
+  if (auto* ez = engine->expert_zero()) {
+    expert_state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), *ez, engine->coord().tp,
+                                                    pp(), alloc, engine->model().layout().expert_begin);
+  }
   for (const auto* off : {&cfg.zero.offload_optimizer, &cfg.zero.offload_param}) {
     if (off->device == "cpu" && device == Device::kCpu && rank == 0) {
       const bool o = off == &cfg.zero.offload_optimizer;
@@ -192,6 +203,7 @@ void Trainer::Impl::start_or_resume() {
   if (!resume_dir) {
     const std::string& init_from = !opt.init_from.empty() ? opt.init_from : cfg.model.init_from;
     init_weights(*engine, *state, init_from, cfg.training.seed, alloc);
+    if (expert_state) init_weights(*engine, *expert_state, init_from, cfg.training.seed, alloc);
     return;
   }
   try {
@@ -256,7 +268,7 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
                                                     StepClock& clock) {
   const auto scale = static_cast<float>(grad_scale);
   if (pp() > 1) return pipeline_micro_batches(step, scale, bubble, clock);
-  parallel::ZeroEngine& zero = engine->zero();
+  parallel::ZeroEngines zero(engine->zeros());
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   Model& model = engine->model();
   Activations& acts = engine->activations();
@@ -287,7 +299,7 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
 // schedule's time this stage idled. Time outside the compute events is the pipeline's wait.
 Trainer::Impl::LossSums Trainer::Impl::pipeline_micro_batches(int64_t step, float scale, double* bubble,
                                                              StepClock& clock) {
-  parallel::ZeroEngine& zero = engine->zero();
+  parallel::ZeroEngines zero(engine->zeros());
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   std::vector<parallel::MicroBatch> mbs;
   for (int g = 0; g < G; ++g) {
@@ -329,7 +341,7 @@ Trainer::Impl::LossSums Trainer::Impl::pipeline_micro_batches(int64_t step, floa
 // The mean validation loss over every data-parallel rank's eval_steps micro-batches. With a
 // pipeline the micro-batches go through the stages G at a time (the token workspace's room).
 double Trainer::Impl::evaluate() {
-  parallel::ZeroEngine& zero = engine->zero();
+  parallel::ZeroEngines zero(engine->zeros());
   val_loader->begin();
   const int64_t steps = val_loader->eval_steps();
   double sum = 0;
@@ -395,8 +407,8 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   const auto t0 = Clock::now();
   const uint64_t sent0 = comm::bytes_sent_by_this_process();
   const double global_micro_batches = static_cast<double>(G) * dp();
-  parallel::ZeroEngine& zero = engine->zero();
-  StepClock clock(&zero, engine->cp_hooks());
+  parallel::ZeroEngines zero(engine->zeros());
+  StepClock clock(&zero.dense(), engine->cp_hooks());
   zero.begin_step();
   if (auto* tied = engine->tied_hooks()) tied->zero();
   const double loss_scale = scaler->scale();
@@ -404,20 +416,20 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   // A cp rank's gradients are of the mean over its rows; summed over dp x cp and scaled by
   // 1/(G dp cp) they are the gradients of the mean over the global batch (every rank holds Tl).
   const LossSums sums = micro_batches(step, loss_scale / (global_micro_batches * cp), &bubble, clock);
-  const TypedPtr grads = zero.opt_grads();
+  const std::vector<OptimizerPart> parts = optimizer_parts();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
     const float inf = std::numeric_limits<float>::infinity();
-    kern::typed::from_host_f32(grads, &inf, 1);
+    kern::typed::from_host_f32(parts.front().grads, &inf, 1);
   }
   const bool owner = loss_owner();
-  const StepStats stats = global_step_stats(engine->host_world(), owner ? sums.loss / cp : 0.0, grads, *state,
+  const StepStats stats = global_step_stats(engine->host_world(), owner ? sums.loss / cp : 0.0, parts,
                                             global_micro_batches, loss_scale, preempt::requested(),
                                             owner ? sums.aux / cp : 0.0);
   clock.lap(Phase::kStats);
   *preempt_after_step = stats.preempt;
   StepRecord r;
   r.lr = schedule->lr();
-  r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, grads, *state, *scaler, *schedule);
+  r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, parts, *scaler, *schedule);
   clock.lap(Phase::kOptimizer);
   r.ms_per_step = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (cfg.wall_clock_breakdown) r.breakdown = clock.finish();

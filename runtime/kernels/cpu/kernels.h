@@ -108,6 +108,8 @@ void attention_merge(float* out, float* lse, const float* part, const float* par
 // sorted position, offsets (E+1) where each expert's run starts (offsets[E] = NK). invalid_argument
 // for an expert id outside [0, E).
 void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E);
+// out[i] = in[idx[i]] for i < n (fp32 values between token and expert order).
+void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n);
 
 // While one lives, the matmuls this thread runs have row counts that change from call to call (the
 // mixture of experts' per-expert products: an expert's share of the tokens): the oneDNN products

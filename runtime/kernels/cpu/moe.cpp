@@ -81,12 +81,13 @@ template <typename S>
 void moe_gather_rows(S* out, const S* inp, const int32_t* slots, const float* w, int64_t M, int k, int C) {
 #pragma omp parallel for schedule(static) if (M * C >= kParallelWork)
   for (int64_t i = 0; i < M; i++) {
-    const S* src = inp + static_cast<int64_t>(slots[i] / k) * C;
+    const int64_t slot = slots != nullptr ? slots[i] : i;
+    const S* src = inp + slot / k * C;
     S* dst = out + i * C;
     if (w == nullptr) {
       for (int c = 0; c < C; c++) dst[c] = src[c];
     } else {
-      const float s = w[slots[i]];
+      const float s = w[slot];
       for (int c = 0; c < C; c++) dst[c] = from_f32<S>(s * to_f32(src[c]));
     }
   }
@@ -117,8 +118,9 @@ template <typename S>
 void moe_slot_dots(float* out, const S* a, const S* b, const int32_t* pos, int64_t NK, int H) {
 #pragma omp parallel for schedule(static) if (NK * H >= kParallelWork)
   for (int64_t s = 0; s < NK; s++) {
-    const S* x = a + static_cast<int64_t>(pos[s]) * H;
-    const S* y = b + static_cast<int64_t>(pos[s]) * H;
+    const int64_t row = pos != nullptr ? pos[s] : s;
+    const S* x = a + row * H;
+    const S* y = b + row * H;
     float d = 0.0f;
     for (int h = 0; h < H; h++) d += to_f32(x[h]) * to_f32(y[h]);
     out[s] = d;
@@ -129,10 +131,14 @@ template <typename S>
 void moe_scale_rows(S* x, const int32_t* slots, const float* w, int64_t M, int H) {
 #pragma omp parallel for schedule(static) if (M * H >= kParallelWork)
   for (int64_t i = 0; i < M; i++) {
-    const float s = w[slots[i]];
+    const float s = w[slots != nullptr ? slots[i] : i];
     S* r = x + i * H;
     for (int h = 0; h < H; h++) r[h] = from_f32<S>(s * to_f32(r[h]));
   }
+}
+
+void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n) {
+  for (int64_t i = 0; i < n; i++) out[i] = in[idx[i]];
 }
 
 void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E) {

@@ -127,6 +127,7 @@ void attention_merge(float* out, float* lse, const float* part, const float* par
 
 void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E,
                     cudaStream_t stream);
+void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n, cudaStream_t stream);
 
 // ---- element type conversion (round to nearest even) -----------------------------------------------
 

@@ -97,8 +97,9 @@ __global__ void router_backward_kernel(S* dlogits, const float* probs, const int
 template <typename S>
 __global__ void gather_rows_kernel(S* out, const S* inp, const int32_t* slots, const float* w, int k, int C) {
   const int64_t i = blockIdx.x;
-  const S* src = inp + static_cast<int64_t>(slots[i] / k) * C;
-  const float s = w != nullptr ? w[slots[i]] : 1.0f;
+  const int64_t slot = slots != nullptr ? slots[i] : i;
+  const S* src = inp + slot / k * C;
+  const float s = w != nullptr ? w[slot] : 1.0f;
   for (int c = threadIdx.x; c < C; c += blockDim.x) st(out + i * C + c, s * ld(src + c));
 }
 
@@ -119,8 +120,9 @@ template <typename S>
 __global__ void slot_dots_kernel(float* out, const S* a, const S* b, const int32_t* pos, int H) {
   __shared__ float part[kThreads];
   const int64_t s = blockIdx.x;
-  const S* x = a + static_cast<int64_t>(pos[s]) * H;
-  const S* y = b + static_cast<int64_t>(pos[s]) * H;
+  const int64_t row = pos != nullptr ? pos[s] : s;
+  const S* x = a + row * H;
+  const S* y = b + row * H;
   float d = 0.0f;
   for (int h = threadIdx.x; h < H; h += blockDim.x) d += ld(x + h) * ld(y + h);
   part[threadIdx.x] = d;
@@ -135,7 +137,7 @@ __global__ void slot_dots_kernel(float* out, const S* a, const S* b, const int32
 template <typename S>
 __global__ void scale_rows_kernel(S* x, const int32_t* slots, const float* w, int H) {
   const int64_t i = blockIdx.x;
-  const float s = w[slots[i]];
+  const float s = w[slots != nullptr ? slots[i] : i];
   for (int h = threadIdx.x; h < H; h += blockDim.x) st(x + i * H + h, s * ld(x + i * H + h));
 }
 
@@ -187,7 +189,19 @@ __global__ void place_kernel(int32_t* slots, int32_t* pos, const int32_t* offset
   }
 }
 
+__global__ void gather_f32_kernel(float* out, const float* in, const int32_t* idx, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    out[i] = in[idx[i]];
+  }
+}
+
 }  // namespace
+
+void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  gather_f32_kernel<<<elementwise_blocks(n, kThreads), kThreads, 0, stream>>>(out, in, idx, n);
+  DS_CUDA_CHECK_LAUNCH("moe gather_f32_kernel");
+}
 
 void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E,
                     cudaStream_t stream) {

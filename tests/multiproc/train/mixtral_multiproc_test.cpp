@@ -39,10 +39,12 @@ struct Layout {
   int zero_stage = 0;
   bool checkpointing = false;
   std::string precision = "fp32";
+  int ep = 1;  // expert parallelism, carved from the dp ranks
   int world() const { return tp * pp * dp; }
   std::string name() const {
-    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) + "_zero" +
-           std::to_string(zero_stage) + "_" + precision + (checkpointing ? "_recompute" : "");
+    return "tp" + std::to_string(tp) + "_pp" + std::to_string(pp) + "_dp" + std::to_string(dp) +
+           (ep > 1 ? "_ep" + std::to_string(ep) : "") + "_zero" + std::to_string(zero_stage) + "_" + precision +
+           (checkpointing ? "_recompute" : "");
   }
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name(); }
@@ -76,6 +78,7 @@ class MixtralLayouts : public ::testing::TestWithParam<Layout> {
         {"zero_optimization", {{"stage", l.zero_stage}, {"reduce_bucket_size", 3000}, {"allgather_bucket_size", 2000}}},
         {"pipeline", {{"stages", l.pp}}},
         {"tensor_parallel", {{"size", l.tp}}},
+        {"expert_parallel", {{"size", l.ep}}},
         {"activation_checkpointing", {{"enabled", l.checkpointing}}},
         {"model",
          {{"type", "mixtral"}, {"n_layer", kLayers}, {"n_head", kHeads}, {"n_kv_head", 2}, {"n_embd", kEmbd},
@@ -149,6 +152,21 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Layout{2, 1, 1, 0}, Layout{1, 2, 1, 0}, Layout{2, 2, 1, 0}, Layout{1, 1, 2, 1},
                       Layout{1, 1, 2, 2}, Layout{1, 1, 4, 3}, Layout{1, 2, 2, 1, true}, bf16(Layout{2, 1, 1, 0}),
                       bf16(Layout{1, 2, 1, 0})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+Layout ep(Layout l, int n) {
+  l.ep = n;
+  return l;
+}
+
+// Expert parallelism: ep 2 alone, over dp 4 with ZeRO 1-3 (the experts partitioned over their
+// expert-data-parallel pairs), with tp 2, with pp 2, ep 4 at world 4 (one expert a rank), with
+// recompute, and at bf16.
+INSTANTIATE_TEST_SUITE_P(
+    Experts, MixtralLayouts,
+    ::testing::Values(ep(Layout{1, 1, 2, 0}, 2), ep(Layout{1, 1, 4, 1}, 2), ep(Layout{1, 1, 4, 2}, 2),
+                      ep(Layout{1, 1, 4, 3}, 2), ep(Layout{2, 1, 2, 0}, 2), ep(Layout{1, 2, 2, 0}, 2),
+                      ep(Layout{1, 1, 4, 0}, 4), ep(Layout{1, 1, 2, 1, true}, 2), ep(bf16(Layout{1, 1, 2, 0}), 2)),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 }  // namespace
