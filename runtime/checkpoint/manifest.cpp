@@ -24,6 +24,12 @@ nlohmann::json manifest_json(const ManifestContent& m) {
                  {"num_params", l.num_params},
                  {"part_num_params", l.part_num_params},
                  {"partitions", parts}};
+  if (!l.expert_partitions.empty()) {
+    nlohmann::json ep = nlohmann::json::array();
+    for (const auto& [b, c] : l.expert_partitions) ep.push_back({b, c});
+    j["layout"]["expert_parallel_size"] = l.expert_parallel_size;
+    j["layout"]["expert_partitions"] = ep;
+  }
   j["data"] = m.data;
   j["lr_schedule"] = m.lr_schedule;
   j["loss_scaler"] = m.loss_scaler;
@@ -63,6 +69,16 @@ void check_layout(ShardLayout& l, const std::string& where, bool has_dp) {
                            l.part_num_params.size(), l.partitions.size());
   }
   if (l.num_params < 0) throw invalid_argument("{}: layout.num_params {} is negative", where, l.num_params);
+  if (!l.expert_partitions.empty() && l.expert_partitions.size() != l.partitions.size()) {
+    throw invalid_argument("{}: layout.expert_partitions has {} entries but layout.partitions {}", where,
+                           l.expert_partitions.size(), l.partitions.size());
+  }
+  const int64_t dpcp = static_cast<int64_t>(l.data_parallel_size) * l.context_parallel_size;
+  if (l.expert_parallel_size < 1 || dpcp % l.expert_parallel_size != 0) {
+    throw invalid_argument("{}: layout.expert_parallel_size {} does not divide the {} data-parallel x "
+                           "context-parallel ranks",
+                           where, l.expert_parallel_size, dpcp);
+  }
   for (size_t q = 0; q < l.partitions.size(); ++q) {
     const int64_t part = l.part_num_params.empty() ? l.num_params : l.part_num_params[q];
     const auto [begin, count] = l.partitions[q];
@@ -91,6 +107,12 @@ ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string&
     l.zero_stage = lay.value("zero_stage", 0);
     for (const auto& p : lay.at("partitions")) l.partitions.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
     if (lay.contains("part_num_params")) l.part_num_params = lay["part_num_params"].get<std::vector<int64_t>>();
+    l.expert_parallel_size = lay.value("expert_parallel_size", 1);
+    if (lay.contains("expert_partitions")) {
+      for (const auto& p : lay.at("expert_partitions")) {
+        l.expert_partitions.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
+      }
+    }
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
   }

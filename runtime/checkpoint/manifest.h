@@ -30,6 +30,12 @@ struct ShardLayout {
   int64_t num_params = 0;                        // of the whole model
   std::vector<int64_t> part_num_params;          // per shard; empty in old manifests
   std::vector<std::pair<int64_t, int64_t>> partitions;  // per shard: begin, count
+  // A mixture of experts: each part's flat layout has a dense region [0, expert_begin) (the
+  // ranges above) and an expert region; its experts are split over expert_parallel_size ranks
+  // and each shard holds a range of its part's expert region too (offsets from expert_begin),
+  // stored under the tensor names prefixed "expert_". Empty for a dense model.
+  int expert_parallel_size = 1;
+  std::vector<std::pair<int64_t, int64_t>> expert_partitions;  // per shard: begin, count
 };
 
 struct ManifestContent {

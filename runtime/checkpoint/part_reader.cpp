@@ -19,7 +19,8 @@ namespace ms = ds::model_spec;
 struct PartReader::ShardSet {
   struct Piece {
     int shard;
-    int64_t begin, count;
+    int64_t begin, count;  // in the part's flat layout
+    bool expert = false;   // a range of the expert region: the shard's "expert_<name>" tensors
   };
   std::string dir, where;
   std::vector<Piece> pieces;
@@ -32,13 +33,14 @@ struct PartReader::ShardSet {
   }
   // Elements [lo, hi) of this old part's tensor `name` (of `dtype`, `elem` bytes each) into dst.
   void read(const std::string& name, const std::string& dtype, size_t elem, int64_t lo, int64_t hi, char* dst) {
-    for (const auto& [q, b, c] : pieces) {
+    for (const auto& [q, b, c, expert] : pieces) {
       const auto r = layout::intersect(lo, hi, b, b + c);
       if (r.size() <= 0) continue;
       ShardReader& rd = reader(q);
-      if (!rd.has(name)) throw invalid_argument("{}: shard {} has no tensor '{}'", where, shard_file_name(q), name);
+      const std::string stored = expert ? "expert_" + name : name;
+      if (!rd.has(stored)) throw invalid_argument("{}: shard {} has no tensor '{}'", where, shard_file_name(q), stored);
       std::vector<char> tmp(static_cast<size_t>(c) * elem);
-      rd.read(name, dtype, {c}, tmp.data(), tmp.size());
+      rd.read(stored, dtype, {c}, tmp.data(), tmp.size());
       std::memcpy(dst + static_cast<size_t>(r.lo - lo) * elem, tmp.data() + static_cast<size_t>(r.lo - b) * elem,
                   static_cast<size_t>(r.size()) * elem);
     }
@@ -54,8 +56,8 @@ struct PartReader::ShardSet {
 struct PartReader::Reshard {
   PartTarget target;
   ms::ParamLayout new_layout;              // the new part's
-  int old_tp = 1, old_pp = 1;
-  std::vector<ms::ModelPart> old_parts;    // [stage * old_tp + tp_rank]
+  int old_tp = 1, old_pp = 1, old_ep = 1;
+  std::vector<ms::ModelPart> old_parts;    // [(stage * old_tp + tp_rank) * old_ep + ep_rank]
   std::vector<ms::ParamLayout> old_layouts;
   std::vector<ShardSet> old_sets;
   std::string cached_name;
@@ -79,7 +81,7 @@ struct PartReader::Reshard {
       return head ? old_pp - 1 : 0;
     }
     for (int st = 0; st < old_pp; ++st) {
-      const auto& op = old_parts[static_cast<size_t>(st * old_tp)];
+      const auto& op = old_parts[static_cast<size_t>(st * old_tp * old_ep)];
       if (ts.layer >= op.layer_begin && ts.layer < op.layer_end) return st;
     }
     throw Error(ErrorKind::kInternal, fmt::format("resharding: layer {} is in no old pipeline stage", ts.layer));
@@ -90,14 +92,17 @@ struct PartReader::Reshard {
     full.assign(static_cast<size_t>(t.numel()) * elem, 0);
     const int st = old_stage_of(ts);
     const int ranks = t.split == ms::TpSplit::kReplicated ? 1 : old_tp;
+    const int eps = t.experts > 0 ? old_ep : 1;  // the experts from every old ep rank, the rest from one
     for (int otp = 0; otp < ranks; ++otp) {
-      const int idx = st * old_tp + otp;
-      const ms::TensorSlice* os = old_layouts[static_cast<size_t>(idx)].find_tensor(ts.id, ts.layer);
-      DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
-      const char* v = old_values(name, dtype, elem, idx).data() + static_cast<size_t>(os->offset) * elem;
-      for (int64_t j = 0; j < os->numel; ++j) {
-        std::memcpy(full.data() + static_cast<size_t>(ms::full_index(t, old_tp, otp, j)) * elem,
-                    v + static_cast<size_t>(j) * elem, elem);
+      for (int oep = 0; oep < eps; ++oep) {
+        const int idx = (st * old_tp + otp) * old_ep + oep;
+        const ms::TensorSlice* os = old_layouts[static_cast<size_t>(idx)].find_tensor(ts.id, ts.layer);
+        DS_CHECK(os != nullptr, "resharding: an old part lacks a tensor it should hold");
+        const char* v = old_values(name, dtype, elem, idx).data() + static_cast<size_t>(os->offset) * elem;
+        for (int64_t j = 0; j < os->numel; ++j) {
+          std::memcpy(full.data() + static_cast<size_t>(ms::full_index(t, old_tp, otp, j, old_ep, oep)) * elem,
+                      v + static_cast<size_t>(j) * elem, elem);
+        }
       }
     }
   }
@@ -111,7 +116,8 @@ struct PartReader::Reshard {
       const ms::ParamTensor& t = ms::find_param(all, ts.id);
       rebuild(name, dtype, elem, t, ts, full);
       for (int64_t i = r.lo; i < r.hi; ++i) {
-        const auto from = static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset));
+        const auto from =
+            static_cast<size_t>(ms::full_index(t, part.tp, part.tp_rank, i - ts.offset, part.ep, part.ep_rank));
         std::memcpy(dst + static_cast<size_t>(i - lo) * elem, full.data() + from * elem, elem);
       }
     }
@@ -120,15 +126,19 @@ struct PartReader::Reshard {
 
 namespace {
 
-// The shards of the old (stage, tp rank) part, checked to cover it.
+// The shards of the old (stage, tp rank, ep rank) part, checked to cover it: the dense region's
+// ranges from every rank of its (stage, tp rank), the expert region's from those of its ep rank.
 PartReader::ShardSet shard_set(const std::string& dir, const std::string& where, const ShardLayout& old,
-                               int stage, int otp, int64_t part_numel) {
+                               int stage, int otp, int oep, const ms::ParamLayout& part_layout) {
+  // The dp x cp ranks folded into one axis: a rank's coordinate there is its place in the
+  // gradient group, whose consecutive runs of ep ranks are the ep groups.
   const layout::Topology topo(old.world_size, old.tensor_parallel_size,
                               old.world_size / (old.tensor_parallel_size * old.pipeline_stages), old.pipeline_stages);
+  const int64_t part_numel = part_layout.total, dense = part_layout.expert_begin;
   PartReader::ShardSet set;
   set.dir = dir;
   set.where = where;
-  int64_t covered = 0;
+  int64_t covered = 0, covered_experts = 0;
   for (int q = 0; q < old.world_size; ++q) {
     const auto c = topo.coord_of(q);
     if (c.pp != stage || c.tp != otp) continue;
@@ -139,10 +149,15 @@ PartReader::ShardSet shard_set(const std::string& dir, const std::string& where,
     }
     set.pieces.push_back({q, old.partitions[Q].first, old.partitions[Q].second});
     covered += old.partitions[Q].second;
+    if (!old.expert_partitions.empty() && c.dp % old.expert_parallel_size == oep) {
+      set.pieces.push_back({q, dense + old.expert_partitions[Q].first, old.expert_partitions[Q].second, true});
+      covered_experts += old.expert_partitions[Q].second;
+    }
   }
-  if (covered != part_numel) {
-    throw invalid_argument("{}: layout.partitions cover {} of the {} parameters of stage {}, tp rank {}", where,
-                           covered, part_numel, stage, otp);
+  if (covered != dense || covered_experts != part_numel - dense) {
+    throw invalid_argument("{}: layout.partitions cover {} of the {} dense and {} of the {} expert parameters of stage "
+                           "{}, tp rank {}, ep rank {}",
+                           where, covered, dense, covered_experts, part_numel - dense, stage, otp, oep);
   }
   return set;
 }
@@ -151,12 +166,12 @@ PartReader::ShardSet shard_set(const std::string& dir, const std::string& where,
 
 PartReader::PartReader(std::string dir, const ShardLayout& old, const PartTarget& target)
     : dir_(std::move(dir)), where_(dir_ + "/manifest.json") {
-  const int old_tp = old.tensor_parallel_size, old_pp = old.pipeline_stages;
-  const bool same_layout = old_tp == target.part.tp && old_pp == target.pp &&
+  const int old_tp = old.tensor_parallel_size, old_pp = old.pipeline_stages, old_ep = old.expert_parallel_size;
+  const bool same_layout = old_tp == target.part.tp && old_pp == target.pp && old_ep == target.part.ep &&
                            (target.pp == 1 || old.pipeline_partition == target.partition);
   if (same_layout) {
     same_ = std::make_unique<ShardSet>(shard_set(dir_, where_, old, target.stage, target.part.tp_rank,
-                                                 ms::param_layout(target.shape, target.part).total));
+                                                 target.part.ep_rank, ms::param_layout(target.shape, target.part)));
     return;
   }
   reshard_ = std::make_unique<Reshard>();
@@ -164,13 +179,18 @@ PartReader::PartReader(std::string dir, const ShardLayout& old, const PartTarget
   reshard_->new_layout = ms::param_layout(target.shape, target.part);
   reshard_->old_tp = old_tp;
   reshard_->old_pp = old_pp;
+  reshard_->old_ep = old_ep;
   const auto split = layout::parse_stage_split_or_throw(old.pipeline_partition, where_ + ": layout.pipeline_partition");
   for (int st = 0; st < old_pp; ++st) {
     for (int otp = 0; otp < old_tp; ++otp) {
-      const auto op = layout::partition_stages(target.shape, old_pp, split, old_tp, otp)[static_cast<size_t>(st)];
-      reshard_->old_parts.push_back(op);
-      reshard_->old_layouts.push_back(ms::param_layout(target.shape, op));
-      reshard_->old_sets.push_back(shard_set(dir_, where_, old, st, otp, reshard_->old_layouts.back().total));
+      for (int oep = 0; oep < old_ep; ++oep) {
+        auto op = layout::partition_stages(target.shape, old_pp, split, old_tp, otp)[static_cast<size_t>(st)];
+        op.ep = old_ep;
+        op.ep_rank = oep;
+        reshard_->old_parts.push_back(op);
+        reshard_->old_layouts.push_back(ms::param_layout(target.shape, op));
+        reshard_->old_sets.push_back(shard_set(dir_, where_, old, st, otp, oep, reshard_->old_layouts.back()));
+      }
     }
   }
 }

@@ -26,6 +26,10 @@ std::vector<char> to_host(TypedPtr src, int64_t n) {
   return h;
 }
 
+// Per rank: its dense partition (begin, count), its part's size, its expert partition (begin,
+// count; 0 without experts).
+constexpr size_t kRecords = 5;
+
 ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>& records) {
   const auto& cfg = run.cfg;
   ckpt::ShardLayout l;
@@ -38,9 +42,11 @@ ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>&
   l.zero_stage = cfg.zero.stage;
   l.num_params = ms::param_count(run.engine.model().shape());
   for (size_t q = 0; q < static_cast<size_t>(cfg.world_size); ++q) {
-    l.partitions.emplace_back(records[3 * q], records[3 * q + 1]);
-    l.part_num_params.push_back(records[3 * q + 2]);
+    l.partitions.emplace_back(records[kRecords * q], records[kRecords * q + 1]);
+    l.part_num_params.push_back(records[kRecords * q + 2]);
+    if (run.expert_state != nullptr) l.expert_partitions.emplace_back(records[kRecords * q + 3], records[kRecords * q + 4]);
   }
+  l.expert_parallel_size = cfg.expert_parallel.size;
   return l;
 }
 
@@ -50,21 +56,28 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
   auto& world = run.engine.host_world();
   OptimizerState& st = run.state;
   const auto& root = run.cfg.training.checkpoint_dir;
-  const auto records = world.gather_int64({st.part_begin(), st.part_count(), run.engine.model().num_params()});
+  OptimizerState* es = run.expert_state;
+  const auto records = world.gather_int64({st.part_begin(), st.part_count(), run.engine.model().num_params(),
+                                           es ? es->part_begin() : 0, es ? es->part_count() : 0});
   auto write_shard = [&] {
     const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
-    const int64_t n = st.part_count();
     std::vector<std::vector<char>> host;  // host copies of the partition's tensors (device memory on a GPU)
-    host.reserve(4);
-    auto add = [&](const char* name, TypedPtr src) {
-      host.push_back(to_host(src, n));
-      w.add(name, ckpt::shard_dtype_name(src.dtype), {n}, host.back().data(), host.back().size());
+    host.reserve(8);
+    // The dense region's partition, and the expert region's under "expert_" names.
+    auto add_state = [&](OptimizerState& s, const std::string& prefix) {
+      const int64_t n = s.part_count();
+      auto add = [&](const std::string& name, TypedPtr src) {
+        host.push_back(to_host(src, n));
+        w.add(prefix + name, ckpt::shard_dtype_name(src.dtype), {n}, host.back().data(), host.back().size());
+      };
+      add("params", s.partition_params());
+      if (s.precision() != layout::Precision::kFp32) add("master", s.partition_of(s.master()));
+      add("exp_avg", s.partition_of(s.exp_avg()));
+      add("exp_avg_sq", s.partition_of(s.exp_avg_sq()));
     };
-    add("params", st.partition_params());
-    if (st.precision() != layout::Precision::kFp32) add("master", st.partition_of(st.master()));
-    add("exp_avg", st.partition_of(st.exp_avg()));
-    add("exp_avg_sq", st.partition_of(st.exp_avg_sq()));
+    add_state(st, "");
+    if (es != nullptr) add_state(*es, "expert_");
     w.write(tmp + "/" + ckpt::shard_file_name(world.rank()));
   };
   auto commit = [&] {
@@ -87,8 +100,6 @@ namespace {
 
 // Every tensor of this rank's state from the reader, onto the model's device.
 void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::string& where) {
-  OptimizerState& st = run.state;
-  parallel::ZeroEngine& zero = run.engine.zero();
   auto read = [&](const std::string& name, int64_t lo, int64_t hi, TypedPtr dst) {
     std::vector<char> h(dst.bytes(hi - lo));
     reader.read(name, dst.dtype, lo, hi, h.data());
@@ -101,22 +112,27 @@ void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::strin
                            "it with the same bf16/fp16 settings",
                            where, stored, wanted);
   }
-  if (zero.stage() == 3) {
-    read("params", st.part_begin(), st.part_begin() + st.part_count(), zero.opt_params());
-  } else {
-    read("params", 0, run.engine.model().num_params(), run.engine.model().params());
-  }
-  const int64_t ob = st.opt_begin(), oe = ob + st.opt_count();
-  if (st.precision() != layout::Precision::kFp32) {
-    if (!reader.has("master")) {
-      throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; resume it with "
-                             "the same precision settings",
-                             where);
+  if (run.engine.zero().stage() != 3) read("params", 0, run.engine.model().num_params(), run.engine.model().params());
+  // Each region's state (the reader maps the expert region's offsets to the "expert_" tensors).
+  auto read_region = [&](OptimizerState& st) {
+    const int64_t base = st.region_begin();
+    if (st.zero().stage() == 3) {
+      read("params", base + st.part_begin(), base + st.part_begin() + st.part_count(), st.zero().opt_params());
     }
-    read("master", ob, oe, st.master());
-  }
-  read("exp_avg", ob, oe, st.exp_avg());
-  read("exp_avg_sq", ob, oe, st.exp_avg_sq());
+    const int64_t ob = base + st.opt_begin(), oe = ob + st.opt_count();
+    if (st.precision() != layout::Precision::kFp32) {
+      if (!reader.has("master")) {
+        throw invalid_argument("{}: the checkpoint was written without bf16/fp16 master weights; resume it with "
+                               "the same precision settings",
+                               where);
+      }
+      read("master", ob, oe, st.master());
+    }
+    read("exp_avg", ob, oe, st.exp_avg());
+    read("exp_avg_sq", ob, oe, st.exp_avg_sq());
+  };
+  read_region(run.state);
+  if (run.expert_state != nullptr) read_region(*run.expert_state);
 }
 
 void log_layout_change(const ckpt::ShardLayout& old, CheckpointedRun& run, const std::string& dir, bool reshard) {
@@ -133,6 +149,10 @@ void log_layout_change(const ckpt::ShardLayout& old, CheckpointedRun& run, const
                  "data-parallel {} x context-parallel {}, ZeRO stage {}",
                  dir, old.data_parallel_size, old.context_parallel_size, old.zero_stage, dp, cp, stage);
   }
+  if (old.expert_parallel_size != cfg.expert_parallel.size) {
+    spdlog::info("resharding checkpoint {}'s experts from expert-parallel {} to {}", dir, old.expert_parallel_size,
+                 cfg.expert_parallel.size);
+  }
 }
 
 }  // namespace
@@ -142,6 +162,10 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
   const std::string where = dir + "/manifest.json";
   const auto& model = run.engine.model();
   const auto old = ckpt::read_shard_layout(m, where, layout::stage_split_name(run.cfg.pipeline.partition));
+  if (old.expert_partitions.empty() != (run.expert_state == nullptr)) {
+    throw invalid_argument("{}: the checkpoint {} a mixture of experts' expert region but this run's model {}", where,
+                           old.expert_partitions.empty() ? "has no" : "holds", run.expert_state ? "has one" : "does not");
+  }
   if (old.num_params != ms::param_count(model.shape())) {
     throw invalid_argument("{}: the checkpoint holds a model of {} parameters but the config's model has {}", where,
                            old.num_params, ms::param_count(model.shape()));
@@ -154,6 +178,7 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
   try {
     read_state(run, reader, where);
     run.state.set_adam_steps(m.at("adam_steps").get<int64_t>());
+    if (run.expert_state != nullptr) run.expert_state->set_adam_steps(m.at("adam_steps").get<int64_t>());
     next_step = m.at("step").get<int64_t>() + 1;
     run.loader.restore(data::LoaderState::from_json(m.at("data"), where + ": data"));
     run.schedule.restore(m.at("lr_schedule"), where + ": lr_schedule");
@@ -162,6 +187,7 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
   }
   run.state.after_load();
+  if (run.expert_state != nullptr) run.expert_state->after_load();
   spdlog::info("resumed from {} (continuing at step {})", dir, next_step);
   return next_step;
 }

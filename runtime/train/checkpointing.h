@@ -27,6 +27,7 @@ struct CheckpointedRun {
   const config::JobConfig& cfg;
   parallel::Engine& engine;
   OptimizerState& state;
+  OptimizerState* expert_state;  // a mixture of experts: the expert region's (null otherwise)
   data::DataLoader& loader;
   optim::LrScheduler& schedule;
   optim::LossScaler& scaler;

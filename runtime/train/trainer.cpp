@@ -72,6 +72,11 @@ struct Trainer::Impl {
   std::unique_ptr<parallel::Engine> engine;
   std::unique_ptr<OptimizerState> state;
   std::unique_ptr<OptimizerState> expert_state;  // a mixture of experts: the expert region's (null otherwise)
+  std::vector<OptimizerState*> optimizer_states() {
+    std::vector<OptimizerState*> v{state.get()};
+    if (expert_state) v.push_back(expert_state.get());
+    return v;
+  }
   // Every optimizer state with the reduced gradients of its range (after the step's micro-batches).
   std::vector<OptimizerPart> optimizer_parts() {
     std::vector<OptimizerPart> parts{{state.get(), engine->zero().opt_grads()}};
@@ -100,7 +105,7 @@ struct Trainer::Impl {
   // The rank that holds a (dp, cp, tp) position's loss: tp rank 0 of the last stage. Under
   // context parallelism every cp rank holds the mean over its rows; the step's loss is their mean.
   bool loss_owner() const { return engine->coord().tp == 0 && engine->coord().pp == pp() - 1; }
-  CheckpointedRun checkpointed() { return {cfg, *engine, *state, *loader, *schedule, *scaler}; }
+  CheckpointedRun checkpointed() { return {cfg, *engine, *state, expert_state.get(), *loader, *schedule, *scaler}; }
 
   void open_data(int dp_rank);
   void build(int local_rank);
@@ -378,11 +383,12 @@ void Trainer::Impl::note_planned_memory(StepRecord& r, MetricsReporter& reporter
 // training.sample_interval samples from rank 0's model, so rank 0 must hold all of it.
 void Trainer::Impl::check_sampling() {
   if (cfg.training.sample_interval <= 0) return;
-  if (cfg.tensor_parallel.size > 1 || pp() > 1 || cfg.zero.stage == 3) {
+  if (cfg.tensor_parallel.size > 1 || pp() > 1 || cfg.zero.stage == 3 || cfg.expert_parallel.size > 1) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("{}: $.training.sample_interval: samples need the whole model on rank 0, but this layout "
-                            "splits it (tensor_parallel.size {}, pipeline.stages {}, ZeRO stage {})",
-                            cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage),
+                            "splits it (tensor_parallel.size {}, pipeline.stages {}, ZeRO stage {}, "
+                            "expert_parallel.size {})",
+                            cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage, cfg.expert_parallel.size),
                 "sample from a checkpoint instead: dstrain sample --checkpoint DIR");
   }
   codec = codec_for(cfg.model.shape.vocab_size);
@@ -517,14 +523,14 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
 
 void Trainer::export_llmc(const std::string& path, bool bf16) {
   Impl& s = *impl_;
-  write_llmc_export(path, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, bf16);
+  write_llmc_export(path, *s.engine, s.optimizer_states(), s.cfg.pipeline.partition, s.alloc, s.device, bf16);
 }
 
 void Trainer::export_safetensors(const std::string& dir, const std::string& dtype) {
   Impl& s = *impl_;
   const ckpt::StDtype d = dtype == "bf16" ? ckpt::StDtype::kBF16 : dtype == "fp16" ? ckpt::StDtype::kF16
                                                                                    : ckpt::StDtype::kF32;
-  write_safetensors_export(dir, *s.engine, *s.state, s.cfg.pipeline.partition, s.alloc, s.device, d);
+  write_safetensors_export(dir, *s.engine, s.optimizer_states(), s.cfg.pipeline.partition, s.alloc, s.device, d);
 }
 
 }  // namespace ds::rt::train

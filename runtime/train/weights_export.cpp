@@ -17,23 +17,29 @@ namespace ms = ds::model_spec;
 
 namespace {
 
-// Step 1: this rank's whole part as fp32 host values.
-std::vector<float> part_on_host(parallel::Engine& engine, OptimizerState& state, Allocator& alloc, Device device) {
-  parallel::ZeroEngine& zero = engine.zero();
+// Step 1: this rank's whole part as fp32 host values, region by region (a mixture of experts has
+// the dense one and the experts', each gathered over its own engine's group).
+std::vector<float> part_on_host(parallel::Engine& engine, const std::vector<OptimizerState*>& states, Allocator& alloc,
+                                Device device) {
   Model& model = engine.model();
-  const int64_t n = model.num_params();
-  const bool fp32 = state.precision() == layout::Precision::kFp32;
-  const bool full_on_rank = zero.stage() == 0 || (zero.stage() < 3 && fp32);
-  std::vector<float> part(static_cast<size_t>(n));
-  if (full_on_rank && zero.dp_size() == 1) {
-    kern::copy_to_host(part.data(), fp32 ? model.params().f32() : state.master(), part.size() * sizeof(float));
-    return part;
+  std::vector<float> part(static_cast<size_t>(model.num_params()));
+  for (OptimizerState* st : states) {
+    OptimizerState& state = *st;
+    parallel::ZeroEngine& zero = state.zero();
+    const int64_t base = state.region_begin(), n = zero.partition().total();
+    float* out = part.data() + base;
+    const bool fp32 = state.precision() == layout::Precision::kFp32;
+    const bool full_on_rank = zero.stage() == 0 || (zero.stage() < 3 && fp32);
+    if (full_on_rank && zero.dp_size() == 1) {
+      kern::copy_to_host(out, fp32 ? model.params().f32() + base : state.master(), static_cast<size_t>(n) * sizeof(float));
+      continue;
+    }
+    Buffer full = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", device);
+    const float* src = fp32 ? state.partition_params().f32() : state.partition_of(state.master());
+    kern::copy(full.as<float>() + state.part_begin(), src, static_cast<size_t>(state.part_count()) * sizeof(float));
+    zero.all_gather_partitions(full.as<float>());
+    kern::copy_to_host(out, full.as<float>(), static_cast<size_t>(n) * sizeof(float));
   }
-  Buffer full = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", device);
-  const float* src = fp32 ? state.partition_params().f32() : state.partition_of(state.master());
-  kern::copy(full.as<float>() + state.part_begin(), src, static_cast<size_t>(state.part_count()) * sizeof(float));
-  zero.all_gather_partitions(full.as<float>());
-  kern::copy_to_host(part.data(), full.as<float>(), part.size() * sizeof(float));
   return part;
 }
 
@@ -48,7 +54,7 @@ void place_part(const ms::ModelShape& shape, const ms::ModelPart& mp, const ms::
     const ms::TensorSlice* dst = whole.find_tensor(ts.id, ts.layer);
     DS_CHECK(dst != nullptr, "export: a part's tensor is not in the whole model");
     for (int64_t i = 0; i < ts.numel; ++i) {
-      model[static_cast<size_t>(dst->offset + ms::full_index(t, mp.tp, mp.tp_rank, i))] =
+      model[static_cast<size_t>(dst->offset + ms::full_index(t, mp.tp, mp.tp_rank, i, mp.ep, mp.ep_rank))] =
           values[static_cast<size_t>(ts.offset + i)];
     }
   }
@@ -56,31 +62,36 @@ void place_part(const ms::ModelShape& shape, const ms::ModelPart& mp, const ms::
 
 }  // namespace
 
-void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::StageSplit split, Allocator& alloc,
-                       Device device, const std::function<void(const float*)>& write) {
+void write_whole_model(parallel::Engine& engine, const std::vector<OptimizerState*>& states, layout::StageSplit split,
+                       Allocator& alloc, Device device, const std::function<void(const float*)>& write) {
   const kern::DeviceScope scope(device);
-  const std::vector<float> part = part_on_host(engine, state, alloc, device);
+  const std::vector<float> part = part_on_host(engine, states, alloc, device);
   const ms::ModelShape& shape = engine.model().shape();
   const layout::Topology& topo = engine.topology();
+  const int ep = engine.model().part().ep;
   auto& world = engine.host_world();
-  if (topo.tp() * topo.pp() == 1) {
+  if (topo.tp() * topo.pp() * ep == 1) {
     if (world.rank() == 0) write(part.data());
     return;
   }
+  // One part of every (stage, tp rank, ep rank): the first ep ranks of each gradient group.
+  auto place = [&](int q) { return topo.coord_of(q).dp * topo.cp() + topo.coord_of(q).cp; };
   const ms::ParamLayout whole = ms::param_layout(shape, ms::ModelPart::whole(shape));
   std::vector<float> model;
   if (world.rank() == 0) model.resize(static_cast<size_t>(whole.total));
   world.gather_to_root(
-      part, [&](int q) { return topo.coord_of(q).dp == 0 && topo.coord_of(q).cp == 0; },
+      part, [&](int q) { return place(q) < ep; },
       [&](int q, std::span<const float> values) {
         const layout::Coord c = topo.coord_of(q);
-        const auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];
+        auto mp = layout::partition_stages(shape, topo.pp(), split, topo.tp(), c.tp)[static_cast<size_t>(c.pp)];
+        mp.ep = ep;
+        mp.ep_rank = place(q) % ep;
         place_part(shape, mp, whole, values, model);
       },
       [&] { write(model.data()); });
 }
 
-void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
+void write_llmc_export(const std::string& path, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16) {
   const ms::ModelShape& shape = engine.model().shape();
   const ms::FamilyDescription& family = ms::family_of(shape);
@@ -89,11 +100,11 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, Optimi
                            "--export-safetensors DIR",
                            ms::llmc_family().display_name, family.name);
   }
-  write_whole_model(engine, state, split, alloc, device,
+  write_whole_model(engine, states, split, alloc, device,
                     [&](const float* whole) { ckpt::save_llmc(path, shape, whole, bf16); });
 }
 
-void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
+void write_safetensors_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype) {
   const ms::ModelShape& shape = engine.model().shape();
   if (ms::family_of(shape).hf == nullptr) {
@@ -101,7 +112,7 @@ void write_safetensors_export(const std::string& dir, parallel::Engine& engine, 
                            "dstrain; it exports with --export-llmc",
                            ms::family_of(shape).name);
   }
-  write_whole_model(engine, state, split, alloc, device,
+  write_whole_model(engine, states, split, alloc, device,
                     [&](const float* whole) { ckpt::save_hf_safetensors(dir, shape, whole, dtype); });
 }
 

@@ -14,6 +14,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "checkpoint/safetensors.h"
 #include "core/allocator.h"
@@ -24,14 +25,14 @@
 namespace ds::rt::train {
 
 // `bf16`: llm.c's version 5 file (each fp32 master value rounded to bf16 once), else version 3.
-void write_llmc_export(const std::string& path, parallel::Engine& engine, OptimizerState& state,
+void write_llmc_export(const std::string& path, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
                        layout::StageSplit split, Allocator& alloc, Device device, bool bf16 = false);
 // the family's Hugging Face layout in `dtype` into `dir` (checkpoint/hf_safetensors.h, save_hf_safetensors).
-void write_safetensors_export(const std::string& dir, parallel::Engine& engine, OptimizerState& state,
+void write_safetensors_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype);
 // Steps 1 and 2 above, then `write` on rank 0 with the whole model's fp32 values (the layout of
 // model_spec::param_layout(shape, ModelPart::whole(shape))).
-void write_whole_model(parallel::Engine& engine, OptimizerState& state, layout::StageSplit split, Allocator& alloc,
+void write_whole_model(parallel::Engine& engine, const std::vector<OptimizerState*>& states, layout::StageSplit split, Allocator& alloc,
                        Device device, const std::function<void(const float*)>& write);
 
 }  // namespace ds::rt::train

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/safetensors.h"
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
@@ -69,7 +70,7 @@ class MixtralLayouts : public ::testing::TestWithParam<Layout> {
   }
 
  protected:
-  static json config(const Layout& l) {
+  static json config(const Layout& l, const std::string& ckpt_dir = "") {
     json c = {
         {"train_batch_size", 8},
         {"train_micro_batch_size_per_gpu", 1},
@@ -89,6 +90,10 @@ class MixtralLayouts : public ::testing::TestWithParam<Layout> {
          {{"steps", kSteps}, {"seed", 7}, {"log_interval", 5}, {"eval_interval", 10}, {"eval_steps", 8 / l.dp}}},
     };
     if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
+    if (!ckpt_dir.empty()) {
+      c["training"]["checkpoint_dir"] = ckpt_dir;
+      c["training"]["checkpoint_interval"] = 10;
+    }
     return c;
   }
 
@@ -168,6 +173,71 @@ INSTANTIATE_TEST_SUITE_P(
                       ep(Layout{1, 1, 4, 3}, 2), ep(Layout{2, 1, 2, 0}, 2), ep(Layout{1, 2, 2, 0}, 2),
                       ep(Layout{1, 1, 4, 0}, 4), ep(Layout{1, 1, 2, 1, true}, 2), ep(bf16(Layout{1, 1, 2, 0}), 2)),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
+
+class MixtralCheckpoints : public MixtralLayouts {};
+
+// A checkpoint of ep 2 (ZeRO 1 over dp 2: the experts partitioned over their pairs) resumes on one
+// process (ep 1) and one of ep 1 (dp 4, ZeRO 2) at ep 4 (one expert a rank, ZeRO 3): every
+// expert resharded, the curve the single process's.
+TEST_F(MixtralCheckpoints, ExpertsReshardAcrossExpertParallelSizes) {
+  const std::string a_dir = *dir_ / "ckpt-ep2", b_dir = *dir_ / "ckpt-ep1";
+  const Layout ep2 = ep(Layout{1, 1, 4, 1}, 2), one;
+  auto a = run(ep2, config(ep2, a_dir), {"--max-steps", "10"});
+  ASSERT_EQ(a.rc, 0) << a.err;
+  auto b = run(one, config(one, a_dir), {"--resume"});
+  ASSERT_EQ(b.rc, 0) << b.err;
+  EXPECT_NE((b.out + b.err).find("resharding checkpoint"), std::string::npos) << b.out << b.err;
+  test::expect_curve_matches(baseline(one), b.metrics, 11, [&](const std::string& key) { return tolerance(one, key); },
+                             "ep2 resumed at ep1");
+  const Layout dp4{1, 1, 4, 2};
+  auto c = run(dp4, config(dp4, b_dir), {"--max-steps", "10"});
+  ASSERT_EQ(c.rc, 0) << c.err;
+  const Layout ep4 = ep(Layout{1, 1, 4, 3}, 4);
+  auto d = run(ep4, config(ep4, b_dir), {"--resume"});
+  ASSERT_EQ(d.rc, 0) << d.err;
+  test::expect_curve_matches(baseline(one), d.metrics, 11, [&](const std::string& key) { return tolerance(one, key); },
+                             "ep1 resumed at ep4");
+}
+
+// All tensors of a safetensors directory as fp32, by name.
+std::map<std::string, std::vector<float>> read_all(const std::string& dir) {
+  rt::ckpt::SafetensorsSet set(dir);
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& n : set.names()) {
+    std::vector<float> v(static_cast<size_t>(set.find(n)->numel()));
+    set.read_f32(n, {}, v.data());
+    out[n] = std::move(v);
+  }
+  return out;
+}
+
+// --export-safetensors from ep 2 x tp 2 (ZeRO 2) writes exactly the single process's weights in
+// HF Mixtral's names (each expert's w1, w2, w3), and a run starting from them has the single
+// process's first loss.
+TEST_F(MixtralCheckpoints, SafetensorsExportFromExpertPartsIsTheWholeModel) {
+  const std::string one = *dir_ / "hf-single", parts = *dir_ / "hf-parts";
+  const Layout single, split = ep(Layout{2, 1, 2, 2}, 2);
+  auto a = run(single, config(single), {"--max-steps", "0", "--export-safetensors", one});
+  ASSERT_EQ(a.rc, 0) << a.err;
+  auto b = run(split, config(split), {"--max-steps", "0", "--export-safetensors", parts});
+  ASSERT_EQ(b.rc, 0) << b.err;
+  const auto wa = read_all(one), wb = read_all(parts);
+  EXPECT_EQ(wa.size(), 2u + (7u + 3u * kExperts) * kLayers + 1u);  // embed, layers (router, experts), norm, lm_head
+  EXPECT_EQ(wa, wb);
+  EXPECT_EQ(wa.at("model.layers.1.block_sparse_moe.experts.3.w2.weight").size(), static_cast<size_t>(kEmbd * kInter));
+  const json hf = json::parse(test::slurp(one + "/config.json"));
+  EXPECT_EQ(hf["architectures"][0], "MixtralForCausalLM");
+  EXPECT_EQ(hf["num_local_experts"], kExperts);
+  json cfg = config(split);
+  cfg["model"]["init_from"] = parts;
+  cfg["training"]["seed"] = 99;
+  cfg["training"]["steps"] = 1;
+  auto c = run(split, cfg, {});
+  ASSERT_EQ(c.rc, 0) << c.err;
+  ASSERT_FALSE(c.metrics.empty());
+  const double want = baseline(single)[0].at("loss").get<double>();
+  EXPECT_LE(std::abs(c.metrics[0].at("loss").get<double>() - want), 1e-5 * want);
+}
 
 }  // namespace
 }  // namespace ds
