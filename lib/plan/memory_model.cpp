@@ -48,6 +48,12 @@ void validate_layout(const ms::ModelShape& s, const Layout& l) {
                            l.micro_batch, s.seq_len / l.cp, l.tp);
   }
   if (auto why = layout::cp_sequence_rule(s.seq_len, l.cp, l.cp_method)) throw invalid_argument("{}", *why);
+  if (l.ep < 1 || (l.ep > 1 && (ms::family_of(s).mlp != ms::MlpKind::kMoe || s.num_local_experts % l.ep != 0 ||
+                                (l.dp * l.cp) % l.ep != 0))) {
+    throw invalid_argument("expert_parallel.size {} must divide a mixture of experts' num_local_experts ({}) and the "
+                           "data-parallel x context-parallel ranks ({} x {})",
+                           l.ep, s.num_local_experts, l.dp, l.cp);
+  }
   if (auto why = layout::cp_heads_rule(s.n_head, ms::kv_heads(s), l.tp, l.cp, l.cp_method)) {
     throw invalid_argument("{}", *why);
   }

@@ -26,7 +26,8 @@ std::vector<int> divisors(int64_t n) {
 
 std::string describe_layout(const Layout& l) {
   std::string s = fmt::format("tp {} x pp {} x dp {}{}, ZeRO-{}, micro-batch {} x {} step{}", l.tp, l.pp, l.dp,
-                              l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, layout::cp_method_name(l.cp_method)) : "",
+                              (l.cp > 1 ? fmt::format(" x cp {} ({})", l.cp, layout::cp_method_name(l.cp_method)) : "") +
+                                  (l.ep > 1 ? fmt::format(" x ep {}", l.ep) : ""),
                               l.zero_stage, l.micro_batch, l.grad_accum, l.grad_accum == 1 ? "" : "s");
   if (l.sequence_parallel) s += ", sequence-parallel";
   if (l.checkpointing) s += ", checkpointing";
@@ -64,6 +65,7 @@ std::vector<std::pair<double, std::string>> terms(const StepTime& t) {
           {t.tp_comm, "tensor-parallel all-reduces"},
           {t.pp_comm, "pipeline send/recv"},
           {t.cp_comm, "context-parallel transfers"},
+          {t.ep_comm, "expert all-to-alls"},
           {t.dp_comm, "exposed data-parallel traffic"},
           {t.optimizer, "optimizer"},
           {t.offload, "offload (host link, CPU Adam)"},
@@ -120,6 +122,15 @@ SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int 
       for (const auto& [cp, method] : cps) {
         if ((world_size / (tp * pp)) % cp != 0) continue;
         const int dp = world_size / (tp * pp * cp);
+        // Expert parallelism (a mixture of experts): every ep dividing the experts and dp x cp.
+        std::vector<int> eps{1};
+        if (model_spec::family_of(s).mlp == model_spec::MlpKind::kMoe) {
+          eps.clear();
+          for (int ep : divisors(dp * cp)) {
+            if (s.num_local_experts % ep == 0) eps.push_back(ep);
+          }
+        }
+        for (int ep : eps)
         for (int zero = 0; zero <= 3; ++zero) {
           for (int offload = 0; offload <= 2; ++offload) {  // none, optimizer, params + optimizer
             if ((offload == 1 && zero == 0) || (offload == 2 && zero != 3)) continue;
@@ -134,6 +145,7 @@ SearchResult recommend(const model_spec::ModelShape& s, const Layout& base, int 
               l.dp = dp;
               l.cp = cp;
               l.cp_method = method;
+              l.ep = ep;
               l.zero_stage = zero;
               l.offload_optimizer = offload >= 1;
               l.offload_param = offload == 2;

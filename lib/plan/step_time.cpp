@@ -300,7 +300,8 @@ struct StageMb {
   double tp_fwd = 0;   // of tp, the forward's all-reduces
   double handoff = 0;  // one send/recv to a neighbour stage
   int layers = 0;
-  double slot() const { return fwd + bwd + tp + p2p + cp; }
+  double ep = 0;        // expert parallelism's all-to-alls
+  double slot() const { return fwd + bwd + tp + p2p + cp + ep; }
 };
 
 // One layer's context-parallel traffic on a rank, forward and backward (recompute: the forward's
@@ -339,6 +340,26 @@ CpLayer cp_layer(const model_spec::ModelShape& s, const Layout& l, const Calibra
   return c;
 }
 
+// One layer's expert-parallel traffic on a rank, forward and backward (recompute: the forward's
+// dispatch again), as the runtime exchanges it (runtime/model/decoder.cpp, moe_*_ep): the B T k
+// routed rows to their experts' ranks and the outputs back in the forward; d(out) to the experts
+// and d(in) back, with the routing weights and their gradients (fp32), in the backward. On
+// average (ep-1)/ep of the rows leave the rank (balanced routing); each all-to-all is the
+// concurrent pairwise send/recv the runtime posts, and nothing overlaps them.
+double ep_layer(const model_spec::ModelShape& s, const Layout& l, const Calibration& cal, const Placement& pl,
+                const CommTypes& types, double r) {
+  if (l.ep <= 1 || model_spec::family_of(s).mlp != model_spec::MlpKind::kMoe) return 0;
+  const double slots = 1.0 * l.micro_batch * s.seq_len / l.cp * s.num_experts_per_tok;
+  const double share = (l.ep - 1.0) / l.ep;
+  const bool across = l.tp * l.cp * l.ep > pl.per_node;
+  auto sendrecv = [&](double bytes) {
+    return collective_time(cal, CollectiveOp::kSendRecv, 2, across, pl.world / 2, bytes);
+  };
+  const double rows = sendrecv(slots * s.n_embd * types.param_bytes * share);
+  const double floats = sendrecv(slots * 4 * share);
+  return (2 + r) * rows + 2 * rows + 2 * floats;
+}
+
 std::vector<StageMb> stage_micro_batches(const model_spec::ModelShape& s, const Layout& l,
                                          const Calibration& cal, const Placement& pl,
                                          const CommTypes& types) {
@@ -369,8 +390,10 @@ std::vector<StageMb> stage_micro_batches(const model_spec::ModelShape& s, const 
     const CpLayer cpl = cp_layer(s, l, cal, pl, types, pc.layer_fwd, pc.layer_bwd, r);
     m.cp = n * cpl.exposed;
     m.cp_total = n * cpl.total;
+    m.ep = n * ep_layer(s, l, cal, pl, types, r);
+    // Expert parallelism: a rank holds (and reduces, updates) E/ep of the experts.
     model_spec::ModelPart part{bounds[static_cast<size_t>(st)], bounds[static_cast<size_t>(st) + 1],
-                               first, last, l.tp, 0};
+                               first, last, l.tp, 0, l.ep, 0};
     m.params = static_cast<double>(model_spec::part_param_count(s, part));
     out.push_back(m);
   }
@@ -451,6 +474,7 @@ StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calib
   t.pp_comm = m * st.p2p;
   t.cp_comm = m * st.cp;
   t.cp_comm_total = m * st.cp_total;
+  t.ep_comm = m * st.ep;
   const double schedule = pipeline_schedule(slots, l.grad_accum);
   t.bubble = schedule - m * st.slot();
   data_parallel(l, cal, pl, types, st, t);
@@ -466,7 +490,7 @@ StepTime step_time(const model_spec::ModelShape& s, const Layout& l, const Calib
   double work = 0;
   for (const auto& x : stages) work += l.tp * l.dp * l.cp * m * (x.fwd + x.bwd);
   work *= 1.0 * pl.per_node / pl.world;
-  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.cp_comm + t.dp_comm +
+  const double bound = work / node_capacity(cal, s, l, pl.per_node) + t.tp_comm + t.cp_comm + t.ep_comm + t.dp_comm +
                        t.optimizer + t.offload + t.overhead;
   t.shared_cores = std::max(0.0, bound - t.total());
   if (l.pp > 1) {  // a pipeline's stages share the cores only while they compute at once

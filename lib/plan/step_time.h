@@ -142,6 +142,7 @@ struct StepTime {
   double pp_comm = 0;       // pipeline send/recv
   double cp_comm = 0;       // context parallelism: the ring's exposed transfers, Ulysses' all-to-alls
   double cp_comm_total = 0; // all of the ring's, hidden or not (not in total())
+  double ep_comm = 0;       // expert parallelism: the token all-to-alls (nothing hides them)
   double dp_comm = 0;       // exposed data-parallel traffic (ZeRO reduce/gather)
   double dp_comm_total = 0; // all of it, hidden or not (not in total())
   double optimizer = 0;     // the update of this rank's optimizer partition
@@ -149,7 +150,7 @@ struct StepTime {
   double overhead = 0;      // fixed per-step cost (calibrated) + per-layer launch overhead
   double shared_cores = 0;  // extra time because the node's ranks share too few cores
   double total() const {
-    return compute + tp_comm + bubble + pp_comm + cp_comm + dp_comm + optimizer + offload + overhead +
+    return compute + tp_comm + bubble + pp_comm + cp_comm + ep_comm + dp_comm + optimizer + offload + overhead +
            shared_cores;
   }
 };
