@@ -7,8 +7,9 @@
 #
 #   bench/moe_bench.sh [build-dir]      env: STEPS=12
 #
-# Printed per layout: tokens/s and ms per step (medians of the steps after the first), the largest
-# rank's measured peak, the final loss. Not part of the test suite.
+# Printed per layout: tokens/s, ms per step and rank 0's ms in the token all-to-alls (the wall-clock
+# breakdown's expert_wait; medians of the steps after the first), the largest rank's measured
+# peak, the final loss. Not part of the test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -28,7 +29,7 @@ run() {
   jq --arg train "$train" --argjson ep "$ep" --argjson steps "$STEPS" '
       .train_batch_size = 16 | .train_micro_batch_size_per_gpu = 8 | del(.gradient_accumulation_steps) |
       .expert_parallel = {size: $ep} | .data = {train: $train} | .training.steps = $steps |
-      .training.eval_interval = 0 | .training.log_interval = 1 | del(.scheduler)' "$CONFIG" > "$tmp/$name.json"
+      .training.eval_interval = 0 | .training.log_interval = 1 | .wall_clock_breakdown = true | del(.scheduler)' "$CONFIG" > "$tmp/$name.json"
   local cmd=("$BIN" train --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" --metrics-all-ranks)
   if [ "$ranks" -gt 1 ]; then
     "$BIN" launch --nproc-per-node "$ranks" --env "OMP_NUM_THREADS=$threads" -- "${cmd[@]}" > "$tmp/$name.log" 2>&1 ||
@@ -39,12 +40,13 @@ run() {
   jq -r -s --arg name "$name" '
       (.[1:] | map(.tokens_per_s) | sort | .[length/2|floor]) as $tps |
       (.[1:] | map(.ms_per_step) | sort | .[length/2|floor]) as $ms |
+      (.[1:] | map(.time_expert_wait_ms) | sort | .[length/2|floor]) as $a2a |
       .[-1] as $last | ([$last | to_entries[] | select(.key | test("^peak_bytes_total_rank")) | .value] + [$last.peak_bytes_total]) | max as $peak |
-      "\($name)\t\($tps | round)\t\($ms | round)\t\($peak / 1048576 * 100 | round / 100)\t\($last.loss * 10000 | round / 10000)"' \
-      "$tmp/$name.jsonl" | awk -F'\t' '{printf "%-26s %10s %10s %14s %10s\n", $1, $2, $3, $4, $5}'
+      "\($name)\t\($tps | round)\t\($ms | round)\t\($a2a * 10 | round / 10)\t\($peak / 1048576 * 100 | round / 100)\t\($last.loss * 10000 | round / 10000)"' \
+      "$tmp/$name.jsonl" | awk -F'\t' '{printf "%-26s %10s %10s %12s %14s %10s\n", $1, $2, $3, $4, $5, $6}'
 }
 
-printf "%-26s %10s %10s %14s %10s\n" layout tok/s ms/step "peak MiB/rank" loss
+printf "%-26s %10s %10s %12s %14s %10s\n" layout tok/s ms/step "a2a ms" "peak MiB/rank" loss
 run "ep1 (1 rank x 2 threads)" 1 1 2
 run "dp2 (2 ranks x 1 thread)" 2 1 1
 run "ep2 (2 ranks x 1 thread)" 2 2 1

@@ -9,7 +9,7 @@ namespace ds::rt::train {
 
 namespace {
 constexpr const char* kPhaseNames[] = {"data",  "forward",   "backward",      "reduce",      "gather",
-                                       "stats", "optimizer", "pipeline_wait", "context_wait"};
+                                       "stats", "optimizer", "pipeline_wait", "context_wait", "expert_wait"};
 static_assert(std::size(kPhaseNames) == static_cast<size_t>(Phase::kCount));
 }  // namespace
 
@@ -21,10 +21,12 @@ double StepBreakdown::sum_ms() const {
   return s;
 }
 
-StepClock::StepClock(const parallel::ZeroEngine* zero, const parallel::ContextParallelHooks* cp)
-    : zero_(zero), cp_(cp), last_(Clock::now()) {
+StepClock::StepClock(const parallel::ZeroEngine* zero, const parallel::ContextParallelHooks* cp,
+                     const parallel::ExpertParallelHooks* ep)
+    : zero_(zero), cp_(cp), ep_(ep), last_(Clock::now()) {
   if (zero_) start_comm_ = last_comm_ = zero_->comm_times();
   if (cp_) last_cp_s_ = cp_->blocked_seconds();
+  if (ep_) last_ep_s_ = ep_->blocked_seconds();
 }
 
 void StepClock::lap(Phase p) {
@@ -46,6 +48,12 @@ void StepClock::lap(Phase p) {
     const double now_s = cp_->blocked_seconds(), waited = (now_s - last_cp_s_) * 1e3;
     last_cp_s_ = now_s;
     b_[Phase::kContext] += waited;
+    ms -= waited;
+  }
+  if (ep_) {
+    const double now_s = ep_->blocked_seconds(), waited = (now_s - last_ep_s_) * 1e3;
+    last_ep_s_ = now_s;
+    b_[Phase::kExpert] += waited;
     ms -= waited;
   }
   b_[p] += ms;

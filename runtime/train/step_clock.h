@@ -19,6 +19,8 @@
 //   context     context parallelism's exposed communication: the seconds the attention waited on
 //               the ring's transfers after its compute, or spent in Ulysses' all-to-alls (out of
 //               forward and backward)
+//   expert      expert parallelism's token all-to-alls (the seconds the model's thread spent in
+//               them, out of forward and backward)
 // Besides the phases, the dp group's own time running the reductions and the gathers (its
 // communication thread included, overlapped or not), from the Comm's busy counters.
 // Thread: the model's (the trainer's) only.
@@ -30,11 +32,14 @@
 #include <nlohmann/json.hpp>
 
 #include "parallel/context_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "parallel/zero.h"
 
 namespace ds::rt::train {
 
-enum class Phase { kData, kForward, kBackward, kReduce, kGather, kStats, kOptimizer, kPipeline, kContext, kCount };
+enum class Phase {
+  kData, kForward, kBackward, kReduce, kGather, kStats, kOptimizer, kPipeline, kContext, kExpert, kCount
+};
 const char* phase_name(Phase p);  // "data", "forward", ...
 
 struct StepBreakdown {
@@ -48,8 +53,9 @@ struct StepBreakdown {
 class StepClock {
  public:
   // Starts the step now. `zero` may be null (no exposed-communication split); `cp` is null
-  // without context parallelism.
-  explicit StepClock(const parallel::ZeroEngine* zero, const parallel::ContextParallelHooks* cp = nullptr);
+  // without context parallelism, `ep` without expert parallelism.
+  explicit StepClock(const parallel::ZeroEngine* zero, const parallel::ContextParallelHooks* cp = nullptr,
+                     const parallel::ExpertParallelHooks* ep = nullptr);
   // The time since the previous lap (or the start) goes to `p`, less the ZeRO waits in it.
   void lap(Phase p);
   // The breakdown so far, with the dp group's busy time since the start.
@@ -59,7 +65,8 @@ class StepClock {
   using Clock = std::chrono::steady_clock;
   const parallel::ZeroEngine* zero_;
   const parallel::ContextParallelHooks* cp_;
-  double last_cp_s_ = 0;
+  const parallel::ExpertParallelHooks* ep_;
+  double last_cp_s_ = 0, last_ep_s_ = 0;
   Clock::time_point last_;
   parallel::ZeroEngine::CommTimes start_comm_, last_comm_;
   StepBreakdown b_;

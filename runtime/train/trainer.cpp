@@ -414,7 +414,7 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   const uint64_t sent0 = comm::bytes_sent_by_this_process();
   const double global_micro_batches = static_cast<double>(G) * dp();
   parallel::ZeroEngines zero(engine->zeros());
-  StepClock clock(&zero.dense(), engine->cp_hooks());
+  StepClock clock(&zero.dense(), engine->cp_hooks(), engine->ep_hooks());
   zero.begin_step();
   if (auto* tied = engine->tied_hooks()) tied->zero();
   const double loss_scale = scaler->scale();

@@ -71,7 +71,7 @@ class Monitors : public ::testing::Test {
     ASSERT_EQ(r.rc, 0) << what << "\n" << r.err;
     ASSERT_FALSE(r.metrics.empty()) << what;
     const char* phases[] = {"data",  "forward",   "backward",      "reduce",      "gather",
-                            "stats", "optimizer", "pipeline_wait", "context_wait"};
+                            "stats", "optimizer", "pipeline_wait", "context_wait", "expert_wait"};
     for (const auto& m : r.metrics) {
       double sum = 0;
       for (const char* p : phases) {
