@@ -321,6 +321,12 @@ void add_notes(MemoryPlan& plan) {
                                               l.precision != Precision::kFp32 && pb == 4 ? " values in fp32 buffers (GPU)" : "",
                                               l.zero_stage == 3 ? fmt::format(", ZeRO-3 shard 1/{} + persistent and gathered units", zr) : "")});
   if (offload_par) plan.notes.back().text += ", offloaded to CPU";
+  const bool moe = ms::family_of(s).mlp == ms::MlpKind::kMoe;
+  if (moe) {
+    plan.notes.back().text += fmt::format("; the experts: {} of {} per layer{}", s.num_local_experts / l.ep,
+                                          s.num_local_experts,
+                                          l.ep > 1 ? fmt::format(" (expert-parallel {})", l.ep) : std::string());
+  }
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", grad_bytes(l),
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",
                                                                              l.zero_stage, zr, l.overlap_comm ? 2 : 1) : "")});
@@ -331,6 +337,9 @@ void add_notes(MemoryPlan& plan) {
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, zr) : "",
                                                  offload_opt ? ", offloaded to CPU" : "")});
+  if (moe && l.zero_stage >= 1) {
+    plan.notes.back().text += fmt::format(" (the experts' over their expert-data-parallel group: 1/{})", zr / l.ep);
+  }
   plan.notes.push_back({"activations",
                         fmt::format("{} micro-batch(es) in flight ({}) x {} per micro-batch (B={}, T={}{}){}",
                                     p.in_flight, l.pp > 1 ? layout::schedule_name(l.schedule) : "no pipeline",
