@@ -1,6 +1,10 @@
 // Writing and reading the manifest's content (manifest.h).
 #include "checkpoint/manifest.h"
 
+#include <limits>
+#include <string>
+#include <utility>
+
 #include "common/error.h"
 
 namespace ds::rt::ckpt {
@@ -89,6 +93,26 @@ void check_layout(ShardLayout& l, const std::string& where, bool has_dp) {
   }
 }
 
+// An integer of the manifest: a JSON integer (not a float, which nlohmann would cast, undefined
+// beyond the range) within [lo, hi], else invalid_argument naming `where` and the key.
+int64_t as_int(const nlohmann::json& v, const std::string& where, const std::string& key, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) throw invalid_argument("{}: {} must be an integer, got {}", where, key, v.dump());
+  const bool too_big = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(hi);
+  if (too_big || v.get<int64_t>() < lo || v.get<int64_t>() > hi) {
+    throw invalid_argument("{}: {} must lie in [{}, {}], got {}", where, key, lo, hi, v.dump());
+  }
+  return v.get<int64_t>();
+}
+int64_t int_field(const nlohmann::json& lay, const char* key, int64_t def, const std::string& where, int64_t lo,
+                  int64_t hi) {
+  return lay.contains(key) ? as_int(lay[key], where, std::string("layout.") + key, lo, hi) : def;
+}
+std::pair<int64_t, int64_t> range_of(const nlohmann::json& p, const std::string& where, const std::string& key) {
+  if (!p.is_array() || p.size() != 2) throw invalid_argument("{}: {} must be [begin, count], got {}", where, key, p.dump());
+  const int64_t big = std::numeric_limits<int64_t>::max() / 2;
+  return {as_int(p[0], where, key, -big, big), as_int(p[1], where, key, -big, big)};
+}
+
 }  // namespace
 
 ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string& where,
@@ -97,20 +121,26 @@ ShardLayout read_shard_layout(const nlohmann::json& manifest, const std::string&
   bool lay_has_dp = false;
   try {
     const auto& lay = manifest.at("layout");
-    l.num_params = lay.at("num_params").get<int64_t>();
-    l.tensor_parallel_size = lay.value("tensor_parallel_size", 1);
-    l.pipeline_stages = lay.value("pipeline_stages", 1);
-    l.context_parallel_size = lay.value("context_parallel_size", 1);
+    // Ranges only where a cast could overflow; check_layout below states the rules.
+    const int64_t big = std::numeric_limits<int64_t>::max() / 2, imax = std::numeric_limits<int>::max();
+    l.num_params = as_int(lay.at("num_params"), where, "layout.num_params", -big, big);
+    l.tensor_parallel_size = static_cast<int>(int_field(lay, "tensor_parallel_size", 1, where, -imax, imax));
+    l.pipeline_stages = static_cast<int>(int_field(lay, "pipeline_stages", 1, where, -imax, imax));
+    l.context_parallel_size = static_cast<int>(int_field(lay, "context_parallel_size", 1, where, -imax, imax));
     lay_has_dp = lay.contains("data_parallel_size");
-    l.data_parallel_size = lay.value("data_parallel_size", 1);
+    l.data_parallel_size = static_cast<int>(int_field(lay, "data_parallel_size", 1, where, -imax, imax));
     l.pipeline_partition = lay.value("pipeline_partition", default_partition);
-    l.zero_stage = lay.value("zero_stage", 0);
-    for (const auto& p : lay.at("partitions")) l.partitions.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
-    if (lay.contains("part_num_params")) l.part_num_params = lay["part_num_params"].get<std::vector<int64_t>>();
-    l.expert_parallel_size = lay.value("expert_parallel_size", 1);
+    l.zero_stage = static_cast<int>(int_field(lay, "zero_stage", 0, where, -imax, imax));
+    for (const auto& p : lay.at("partitions")) l.partitions.push_back(range_of(p, where, "layout.partitions"));
+    if (lay.contains("part_num_params")) {
+      for (const auto& n : lay["part_num_params"]) {
+        l.part_num_params.push_back(as_int(n, where, "layout.part_num_params", -big, big));
+      }
+    }
+    l.expert_parallel_size = static_cast<int>(int_field(lay, "expert_parallel_size", 1, where, -imax, imax));
     if (lay.contains("expert_partitions")) {
       for (const auto& p : lay.at("expert_partitions")) {
-        l.expert_partitions.emplace_back(p.at(0).get<int64_t>(), p.at(1).get<int64_t>());
+        l.expert_partitions.push_back(range_of(p, where, "layout.expert_partitions"));
       }
     }
   } catch (const nlohmann::json::exception& e) {

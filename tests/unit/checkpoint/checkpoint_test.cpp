@@ -355,6 +355,14 @@ TEST_F(CheckpointDir, ALayoutOutsideItsRulesIsNamed) {
   EXPECT_EQ(with("data_parallel_size", 0), "m.json: layout.data_parallel_size 0 x tp x cp x pp 1 is not the 2 shards of layout.partitions");
   EXPECT_EQ(with("tensor_parallel_size", 65536).substr(0, 40), "m.json: layout.partitions has 2 entries,");
   EXPECT_EQ(with("zero_stage", 4), "m.json: layout.zero_stage 4 is not 0-3");
+  // A float where an integer belongs is named, not cast (fuzz_manifest found a huge one).
+  EXPECT_EQ(with("pipeline_stages", 3.3e104), "m.json: layout.pipeline_stages must be an integer, got 3.3e+104");
+  EXPECT_EQ(with("tensor_parallel_size", 1.5), "m.json: layout.tensor_parallel_size must be an integer, got 1.5");
+  EXPECT_EQ(with("zero_stage", int64_t{1} << 40),
+            "m.json: layout.zero_stage must lie in [-2147483647, 2147483647], got 1099511627776");
+  EXPECT_EQ(with("partitions", {{0, 8}, {8.5, 8}}), "m.json: layout.partitions must be an integer, got 8.5");
+  EXPECT_EQ(with("expert_parallel_size", 3), "m.json: layout.expert_parallel_size 3 does not divide the 2 "
+                                              "data-parallel x context-parallel ranks");
   EXPECT_EQ(with("part_num_params", {16, 10}),
             "m.json: layout.partitions[1] = [8, 8] is not a range inside its part's 10 parameters");
   auto old = ok;
