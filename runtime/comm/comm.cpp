@@ -446,6 +446,15 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
   Op op = make_op(OpKind::kAllToAll, in, out, 0, dtype);
   op.counts.assign(send_counts.begin(), send_counts.end());
   op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
+  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
+    throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), send_counts.size(),
+                           recv_counts.size(), size_);
+  }
+  const size_t own = send_counts[static_cast<size_t>(rank_)];
+  if (own != recv_counts[static_cast<size_t>(rank_)]) {
+    throw invalid_argument("{}: this rank sends {} elements to itself but expects {}", describe(op), own,
+                           recv_counts[static_cast<size_t>(rank_)]);
+  }
   if (backend_ == Backend::kNccl) {
     issue(std::move(op), call, false)->wait();
     return;
@@ -453,10 +462,6 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
   // CPU backends: the checks of one operation, then a send and a recv per peer (each with the
   // deadline and the peer's name; the sends count the traffic), all posted before any is waited for.
   const size_t es = dtype_size(dtype);
-  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
-    throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), send_counts.size(),
-                           recv_counts.size(), size_);
-  }
   size_t sent = 0, received = 0;
   for (int q = 0; q < size_; ++q) {
     sent += send_counts[static_cast<size_t>(q)];
@@ -474,9 +479,6 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
   for (int q = 0; q < size_; ++q) {
     const size_t s = send_counts[static_cast<size_t>(q)], r = recv_counts[static_cast<size_t>(q)];
     if (q == rank_) {
-      if (s != r) {
-        throw invalid_argument("{}: this rank sends {} elements to itself but expects {}", describe(op), s, r);
-      }
       own_src = src + so * es;
       own_dst = dst + ro * es;
     } else {
@@ -486,9 +488,7 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
     so += s;
     ro += r;
   }
-  if (own_src != nullptr && send_counts[static_cast<size_t>(rank_)] > 0) {
-    std::memcpy(own_dst, own_src, send_counts[static_cast<size_t>(rank_)] * es);
-  }
+  if (own > 0) std::memcpy(own_dst, own_src, own * es);
   for (auto& w : work) w->wait();
 }
 
