@@ -166,6 +166,31 @@ bool overlaps(const void* a, size_t an, const void* b, size_t bn) {
   return an > 0 && bn > 0 && pa < pb + bn && pb < pa + an;
 }
 
+// all_to_all_v's arguments (op.counts sent, op.recv_counts received): a count per rank, this
+// rank's own part the same both ways, sums that fit, buffers that hold them and do not overlap.
+void check_all_to_all(const Comm::Op& op, int rank, int size, const std::string& what) {
+  if (op.counts.size() != static_cast<size_t>(size) || op.recv_counts.size() != static_cast<size_t>(size)) {
+    throw invalid_argument("{}: {} send and {} receive counts for a group of {}", what, op.counts.size(),
+                           op.recv_counts.size(), size);
+  }
+  const size_t own = op.counts[static_cast<size_t>(rank)];
+  if (own != op.recv_counts[static_cast<size_t>(rank)]) {
+    throw invalid_argument("{}: this rank sends {} elements to itself but expects {}", what, own,
+                           op.recv_counts[static_cast<size_t>(rank)]);
+  }
+  size_t sent = 0, received = 0;
+  for (int q = 0; q < size; ++q) {
+    sent += op.counts[static_cast<size_t>(q)];
+    received += op.recv_counts[static_cast<size_t>(q)];
+    check_bytes(op, sent, "total sent");
+    check_bytes(op, received, "total received");
+  }
+  check_ptr(op, op.in, sent, "input");
+  check_ptr(op, op.out, received, "output");
+  const size_t es = dtype_size(op.dtype);
+  if (overlaps(op.in, sent * es, op.out, received * es)) throw invalid_argument("{}: input and output overlap", what);
+}
+
 }  // namespace
 
 WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
@@ -228,25 +253,9 @@ WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
       break;
     case OpKind::kBarrier:
       break;
-    case OpKind::kAllToAll: {
-      if (op.counts.size() != static_cast<size_t>(size_) || op.recv_counts.size() != static_cast<size_t>(size_)) {
-        throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), op.counts.size(),
-                               op.recv_counts.size(), size_);
-      }
-      size_t sent = 0, received = 0;
-      for (int q = 0; q < size_; ++q) {
-        sent += op.counts[static_cast<size_t>(q)];
-        received += op.recv_counts[static_cast<size_t>(q)];
-        check_bytes(op, sent, "total sent");
-        check_bytes(op, received, "total received");
-      }
-      check_ptr(op, op.in, sent, "input");
-      check_ptr(op, op.out, received, "output");
-      if (overlaps(op.in, sent * es, op.out, received * es)) {
-        throw invalid_argument("{}: input and output overlap", describe(op));
-      }
+    case OpKind::kAllToAll:
+      check_all_to_all(op, rank_, size_, describe(op));
       break;
-    }
   }
   count_traffic(op, es);
   return submit(std::move(op), async);
@@ -446,30 +455,15 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
   Op op = make_op(OpKind::kAllToAll, in, out, 0, dtype);
   op.counts.assign(send_counts.begin(), send_counts.end());
   op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
-  if (send_counts.size() != static_cast<size_t>(size_) || recv_counts.size() != static_cast<size_t>(size_)) {
-    throw invalid_argument("{}: {} send and {} receive counts for a group of {}", describe(op), send_counts.size(),
-                           recv_counts.size(), size_);
-  }
+  check_all_to_all(op, rank_, size_, describe(op));
   const size_t own = send_counts[static_cast<size_t>(rank_)];
-  if (own != recv_counts[static_cast<size_t>(rank_)]) {
-    throw invalid_argument("{}: this rank sends {} elements to itself but expects {}", describe(op), own,
-                           recv_counts[static_cast<size_t>(rank_)]);
-  }
   if (backend_ == Backend::kNccl) {
     issue(std::move(op), call, false)->wait();
     return;
   }
-  // CPU backends: the checks of one operation, then a send and a recv per peer (each with the
-  // deadline and the peer's name; the sends count the traffic), all posted before any is waited for.
+  // CPU backends: a send and a recv per peer (each with the deadline and the peer's name; the
+  // sends count the traffic), all posted before any is waited for, and the own part copied.
   const size_t es = dtype_size(dtype);
-  size_t sent = 0, received = 0;
-  for (int q = 0; q < size_; ++q) {
-    sent += send_counts[static_cast<size_t>(q)];
-    received += recv_counts[static_cast<size_t>(q)];
-  }
-  check_ptr(op, in, sent, "input");
-  check_ptr(op, out, received, "output");
-  if (overlaps(in, sent * es, out, received * es)) throw invalid_argument("{}: input and output overlap", describe(op));
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
   std::vector<WorkPtr> work;

@@ -65,6 +65,16 @@ constexpr LayerSlot kLayerSlots[] = {
     {"out", &DecoderLayerActs::out, nullptr},
 };
 
+// f(e, first row, rows) for every expert e < n with rows, in order: `off` (n + 1) holds where
+// each expert's contiguous rows start.
+template <typename F>
+void for_each_expert(const std::vector<int32_t>& off, int n, F&& f) {
+  for (int e = 0; e < n; e++) {
+    const int rows = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
+    if (rows > 0) f(e, static_cast<int64_t>(off[static_cast<size_t>(e)]), rows);
+  }
+}
+
 const LayerSlot* layer_slot(const std::string& name) {
   for (const auto& s : kLayerSlots) {
     if (name == s.name) return &s;
@@ -591,24 +601,12 @@ const std::vector<int32_t>& Decoder::route(const DecoderLayerActs& a) {
   return moe_offsets_host_;
 }
 
-void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
-                          RouterStats* stats) {
-  if (ep_ > 1) return moe_forward_ep(a, x, w, y, full, stats);
-  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
-  const int64_t NK = static_cast<int64_t>(N) * k_;
-  const cpu::VariableMatmulRows rows_vary;  // the experts' row counts change every call (CPU matmuls)
-  tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C, E_);
+const std::vector<int32_t>& Decoder::router_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
+                                                    RouterStats* stats) {
+  const int N = opt_.B * opt_.T;
+  tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C_, E_);
   tk::moe_router_forward(a.router_probs, a.topk_idx, a.topk_w, moe_daux_, router_logits_, N, E_, k_);
   const std::vector<int32_t>& off = route(a);
-  tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
-  for (int e = 0; e < E_; e++) {
-    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-    if (n == 0) continue;
-    const int64_t r0 = off[static_cast<size_t>(e)];
-    tk::matmul_forward(a.mlp_h + r0 * 2 * Il, moe_xs_ + r0 * C, w.up_w + static_cast<int64_t>(e) * 2 * Il * C,
-                       TypedPtr(), 1, n, C, 2 * Il);
-  }
-  tk::swiglu_forward(a.mlp_act, a.mlp_h, NK, Il);
   if (stats != nullptr) {
     kern::copy_to_host(moe_host_e_.data(), moe_daux_, moe_host_e_.size() * sizeof(float));
     for (int e = 0; e < E_; e++) {
@@ -617,14 +615,27 @@ void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWei
     }
     stats->rows += N;
   }
+  return off;
+}
+
+void Decoder::moe_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, TypedPtr y, bool full,
+                          RouterStats* stats) {
+  if (ep_ > 1) return moe_forward_ep(a, x, w, y, full, stats);
+  const int C = C_, Il = Hl_, N = opt_.B * opt_.T;
+  const int64_t NK = static_cast<int64_t>(N) * k_;
+  const cpu::VariableMatmulRows rows_vary;  // the experts' row counts change every call (CPU matmuls)
+  const std::vector<int32_t>& off = router_forward(a, x, w, stats);
+  tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
+  for_each_expert(off, E_, [&](int e, int64_t r0, int n) {
+    tk::matmul_forward(a.mlp_h + r0 * 2 * Il, moe_xs_ + r0 * C, w.up_w + static_cast<int64_t>(e) * 2 * Il * C,
+                       TypedPtr(), 1, n, C, 2 * Il);
+  });
+  tk::swiglu_forward(a.mlp_act, a.mlp_h, NK, Il);
   if (!full) return;
-  for (int e = 0; e < E_; e++) {
-    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-    if (n == 0) continue;
-    const int64_t r0 = off[static_cast<size_t>(e)];
+  for_each_expert(off, E_, [&](int e, int64_t r0, int n) {
     tk::matmul_forward(moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w.down_w + static_cast<int64_t>(e) * C * Il, TypedPtr(),
                        1, n, Il, C);
-  }
+  });
   tk::moe_combine(y, moe_ys_, moe_pos_, a.topk_w, N, k_, C);
 }
 
@@ -639,17 +650,14 @@ void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const
   // weight (moe_xs_, until the slots' inputs are gathered again below).
   tk::moe_gather_rows(moe_ys_, dy, moe_slots_, nullptr, NK, k_, C);
   tk::moe_gather_rows(moe_xs_, dy, moe_slots_, a.topk_w, NK, k_, C);
-  for (int e = 0; e < E_; e++) {
-    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-    if (n == 0) continue;
-    const int64_t r0 = off[static_cast<size_t>(e)];
+  for_each_expert(off, E_, [&](int e, int64_t r0, int n) {
     const TypedPtr w2 = w.down_w + static_cast<int64_t>(e) * C * Il;
     // G = dY @ w2 (the activation's gradient before the weight); w2's gradient from the weighted dY.
     tk::matmul_backward(dmlp_act_ + r0 * Il, nullptr, nullptr, moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w2, 1, n, Il,
                         C);
     tk::matmul_backward(nullptr, g.down_w + static_cast<int64_t>(e) * C * Il, nullptr, moe_xs_ + r0 * C,
                         a.mlp_act + r0 * Il, w2, 1, n, Il, C);
-  }
+  });
   // d(routing weight) of each slot = <G, act> (summed over tp: act is this rank's columns).
   tk::moe_slot_dots(moe_dw_, dmlp_act_, a.mlp_act, moe_pos_, NK, Il);
   if (part_.tp > 1) hooks_->tp_loss_reduce_sum(moe_dw_, NK);
@@ -657,14 +665,11 @@ void Decoder::moe_backward(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, const
   tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, NK, Il);
   const TypedPtr x = gathered(ln2);
   tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
-  for (int e = 0; e < E_; e++) {
-    const int n = off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-    if (n == 0) continue;
-    const int64_t r0 = off[static_cast<size_t>(e)];
+  for_each_expert(off, E_, [&](int e, int64_t r0, int n) {
     const int64_t w13 = static_cast<int64_t>(e) * 2 * Il * C;
     tk::matmul_backward(moe_ys_ + r0 * C, g.up_w + w13, nullptr, dmlp_h_ + r0 * 2 * Il, moe_xs_ + r0 * C, w.up_w + w13,
                         1, n, C, 2 * Il);
-  }
+  });
   tk::moe_combine(dln_, moe_ys_, moe_pos_, nullptr, N, k_, C);
   router_backward(a, x, w, g, stats, grad_scale);
 }
@@ -743,39 +748,23 @@ void Decoder::moe_forward_ep(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   const int64_t NK = static_cast<int64_t>(N) * k_;
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(opt_.dtype);
   const cpu::VariableMatmulRows rows_vary;
-  tk::matmul_forward(router_logits_, x, w.router_w, TypedPtr(), 1, N, C, E_);
-  tk::moe_router_forward(a.router_probs, a.topk_idx, a.topk_w, moe_daux_, router_logits_, N, E_, k_);
-  const std::vector<int32_t> off = route(a);
-  if (stats != nullptr) {
-    kern::copy_to_host(moe_host_e_.data(), moe_daux_, moe_host_e_.size() * sizeof(float));
-    for (int e = 0; e < E_; e++) {
-      stats->counts[static_cast<size_t>(e)] += off[static_cast<size_t>(e) + 1] - off[static_cast<size_t>(e)];
-      stats->prob_sums[static_cast<size_t>(e)] += moe_host_e_[static_cast<size_t>(e)];
-    }
-    stats->rows += N;
-  }
+  const std::vector<int32_t> off = router_forward(a, x, w, stats);
   tk::moe_gather_rows(moe_xs_, x, moe_slots_, nullptr, NK, k_, C);
   const EpExchange ex = ep_exchange(off, ep_counts(a, off));
   // The rows to their experts' ranks, then into expert order.
   DS_CHECK(hooks_->ep_all_to_all(moe_xs_.data, ex.send_rows, moe_recv_.data, ex.recv_rows, row_bytes),
            "expert parallelism without an ep all-to-all hook");
   tk::moe_gather_rows(a.moe_ex_x, moe_recv_, moe_perm_, nullptr, ex.rows, 1, C);
-  for (int j = 0; j < El_; j++) {
-    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
-    if (n == 0) continue;
-    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+  for_each_expert(ex.expert_off, El_, [&](int j, int64_t r0, int n) {
     tk::matmul_forward(a.mlp_h + r0 * 2 * Il, a.moe_ex_x + r0 * C, w.up_w + static_cast<int64_t>(j) * 2 * Il * C,
                        TypedPtr(), 1, n, C, 2 * Il);
-  }
+  });
   tk::swiglu_forward(a.mlp_act, a.mlp_h, ex.rows, Il);
   if (!full) return;
-  for (int j = 0; j < El_; j++) {
-    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
-    if (n == 0) continue;
-    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+  for_each_expert(ex.expert_off, El_, [&](int j, int64_t r0, int n) {
     tk::matmul_forward(moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w.down_w + static_cast<int64_t>(j) * C * Il, TypedPtr(),
                        1, n, Il, C);
-  }
+  });
   // The outputs back into source order and to their tokens' ranks, then combined.
   tk::moe_gather_rows(moe_recv_, moe_ys_, moe_perm_ + Rmax_, nullptr, ex.rows, 1, C);
   DS_CHECK(hooks_->ep_all_to_all(moe_recv_.data, ex.recv_rows, moe_xs_.data, ex.send_rows, row_bytes),
@@ -808,27 +797,21 @@ void Decoder::moe_backward_ep(DecoderLayerActs& a, TypedPtr ln2, TypedPtr dy, co
   // The experts: G = dY w2, the weights' gradients <G, act>, w2's from the weighted dY, w G the
   // activation's gradient, then SwiGLU and w13.
   tk::moe_gather_rows(moe_recv_, moe_ys_, nullptr, moe_ex_w_, R, 1, C);  // weighted dY
-  for (int j = 0; j < El_; j++) {
-    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
-    if (n == 0) continue;
-    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+  for_each_expert(ex.expert_off, El_, [&](int j, int64_t r0, int n) {
     const TypedPtr w2 = w.down_w + static_cast<int64_t>(j) * C * Il;
     tk::matmul_backward(dmlp_act_ + r0 * Il, nullptr, nullptr, moe_ys_ + r0 * C, a.mlp_act + r0 * Il, w2, 1, n, Il, C);
     tk::matmul_backward(nullptr, g.down_w + static_cast<int64_t>(j) * C * Il, nullptr, moe_recv_ + r0 * C,
                         a.mlp_act + r0 * Il, w2, 1, n, Il, C);
-  }
+  });
   tk::moe_slot_dots(moe_dw_, dmlp_act_, a.mlp_act, nullptr, R, Il);
   if (part_.tp > 1) hooks_->tp_loss_reduce_sum(moe_dw_, R);
   tk::moe_scale_rows(dmlp_act_, nullptr, moe_ex_w_, R, Il);
   tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, R, Il);
-  for (int j = 0; j < El_; j++) {
-    const int n = ex.expert_off[static_cast<size_t>(j) + 1] - ex.expert_off[static_cast<size_t>(j)];
-    if (n == 0) continue;
-    const int64_t r0 = ex.expert_off[static_cast<size_t>(j)];
+  for_each_expert(ex.expert_off, El_, [&](int j, int64_t r0, int n) {
     const int64_t w13 = static_cast<int64_t>(j) * 2 * Il * C;
     tk::matmul_backward(moe_ys_ + r0 * C, g.up_w + w13, nullptr, dmlp_h_ + r0 * 2 * Il, a.moe_ex_x + r0 * C,
                         w.up_w + w13, 1, n, C, 2 * Il);
-  }
+  });
   // The weights' gradients and the inputs' gradients back to the tokens' ranks.
   kern::moe_gather_f32(f_src, moe_dw_, moe_perm_ + Rmax_, R);
   DS_CHECK(hooks_->ep_all_to_all(f_src, ex.recv_rows, f_tok, ex.send_rows, sizeof(float)),

@@ -262,6 +262,11 @@ class Decoder : public Model {
   // Sorts the layer's routed slots by expert (moe_slots_, moe_pos_) and returns each expert's
   // first sorted position (E+1, on the host).
   const std::vector<int32_t>& route(const DecoderLayerActs& a);
+  // The router on the MLP's input x (B*T rows): its logits, probabilities, picks and weights into
+  // `a`, the slots sorted (route), the layer's statistics added to *stats when not null. Returns
+  // route's offsets.
+  const std::vector<int32_t>& router_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w,
+                                             RouterStats* stats);
   // Expert parallelism (part.ep > 1): the token side sorts its slots by expert as above; the rows
   // of each ep rank's experts go to it by all-to-all (counts first), arrive in source order
   // (moe_recv_) and are permuted into expert order (moe_ex_x); the experts' outputs (and in the
