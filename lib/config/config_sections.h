@@ -13,6 +13,7 @@
 //   config_model.cpp      model, activation_checkpointing
 //   config_training.cpp   data, training, checkpoint
 //   config_monitors.cpp   tensorboard, csv_monitor
+//   config_lora.cpp       lora (after the model: its names depend on model.type)
 //   config_validate.cpp   the rules across sections (batch triad against the world size, the
 //                         model against the layout, ...): config_validate.h
 // The order in which parse_job_config (job_config.cpp) calls the readers is the order of the
@@ -112,5 +113,11 @@ Json checkpoint_to_json(const CheckpointConfig& c);
 // `key` is the section's name; output_path resolves against config_path ("" = its directory).
 void read_monitor(Section& root, const std::string& key, const std::string& config_path, MonitorConfig& out);
 Json monitor_to_json(const MonitorConfig& c);
+
+// --- lora (config_lora.cpp) ----------------------------------------------------------------
+// Sets cfg.lora; after read_model (target_modules are checked against model.type's family).
+// init_from resolves against cfg.path.
+void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg);
+Json lora_to_json(const LoraConfig& c);  // null without a lora section
 
 }  // namespace ds::config::detail

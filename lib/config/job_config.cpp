@@ -43,6 +43,7 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   detail::read_monitor(root, "tensorboard", cfg.path, cfg.tensorboard);
   detail::read_monitor(root, "csv_monitor", cfg.path, cfg.csv_monitor);
   valid.model = detail::read_model(ctx, root, cfg);
+  detail::read_lora(ctx, root, cfg);
   detail::read_data(ctx, root, cfg);
   const detail::TrainingRead training = detail::read_training(ctx, root, cfg.path, cfg.training);
   detail::check_eval_needs_val(ctx, cfg, training.eval_interval_given);
@@ -138,6 +139,7 @@ nlohmann::ordered_json JobConfig::to_json() const {
   j["tensorboard"] = detail::monitor_to_json(tensorboard);
   j["csv_monitor"] = detail::monitor_to_json(csv_monitor);
   j["model"] = detail::model_to_json(*this);
+  j["lora"] = detail::lora_to_json(lora);
   j["data"] = detail::data_to_json(*this);
   j["training"] = detail::training_to_json(training);
   return j;

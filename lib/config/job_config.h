@@ -15,9 +15,9 @@
 // and it does not require the training sections: a plain DeepSpeed config validates.
 // require_training_sections() adds that requirement (what `dstrain train` needs).
 //
-// Relative paths (data.train, data.val, model.init_from, training.checkpoint_dir) are resolved
-// against the directory of the config file, lexically (no filesystem access): with the config
-// at configs/x.json, "../data/kjv/train.bin" becomes "data/kjv/train.bin".
+// Relative paths (data.train, data.val, model.init_from, lora.init_from, training.checkpoint_dir)
+// are resolved against the directory of the config file, lexically (no filesystem access): with
+// the config at configs/x.json, "../data/kjv/train.bin" becomes "data/kjv/train.bin".
 //
 // All errors are collected: parse_job_config throws one ConfigError listing every fault, each
 // as "file:line: $.json.path: what was expected, got what".
@@ -51,6 +51,27 @@ struct ModelConfig {
   model_spec::ModelShape shape;
   // A file in a format the family has: llm.c's checkpoint, or a .safetensors file or a directory
   // with model.safetensors.index.json and its shards (Hugging Face's names); "" = random init.
+  std::string init_from;
+};
+
+// The lora section: train low-rank adapters (PEFT's LoRA) on the target modules of a frozen base
+// model. Names and defaults are PEFT's LoraConfig's (r, lora_alpha, lora_dropout, target_modules).
+// With init_from, absent r, alpha and target_modules stay 0 / 0 / empty: the runtime takes them
+// from the adapter's adapter_config.json (runtime/checkpoint/peft_adapter.h).
+struct LoraConfig {
+  bool enabled = false;  // the section is present
+  int r = 0;             // the rank, >= 1; required unless init_from gives it (0 = from the adapter)
+  // PEFT's lora_alpha (the update is scaled by alpha / r), > 0; default 8 (PEFT's), or 0 = from
+  // the adapter when init_from is given and alpha is not.
+  double alpha = 0;
+  double dropout = 0.0;  // on the adapter's input, [0, 1)
+  // The family's module names as written ("q_proj", "c_attn", "attn.c_proj";
+  // model_spec/lora_targets.h), each valid and selecting tensors no other name selects;
+  // "all-linear" is expanded to model_spec::lora_all_linear_names. Empty only with init_from (=
+  // from the adapter).
+  std::vector<std::string> target_modules;
+  // A PEFT adapter directory (adapter_config.json, adapter_model.safetensors) to start from;
+  // resolved like model.init_from; "" = fresh adapters (A random, B zero, as PEFT).
   std::string init_from;
 };
 
@@ -237,6 +258,7 @@ struct JobConfig {
   ModelConfig model;
   DataConfig data;
   TrainingConfig training;
+  LoraConfig lora;
   bool has_model = false;  // the file had a model section
   bool has_data = false;   // the file had a data section
   // DeepSpeed keys accepted but not acted on, and other notes, one message each:

@@ -1,0 +1,164 @@
+// dstrain's lora section: low-rank adapters (PEFT's LoRA) on a frozen base model. Its keys are
+// PEFT's LoraConfig's under shorter names (r, alpha = lora_alpha, dropout = lora_dropout,
+// target_modules) with PEFT's defaults, plus init_from, an adapter directory to start from.
+// target_modules is checked against model.type's family (model_spec/lora_targets.h): each name
+// must select some of the family's linear layers and none that another name already selects (a
+// duplicate, or "c_proj" beside "attn.c_proj"); "all-linear" is expanded to the family's names, as
+// PEFT writes them into adapter_config.json. With init_from, r, alpha and target_modules may be
+// absent: the runtime then takes them from the adapter's adapter_config.json. The file format's
+// null for them means absent too, so the resolved config (to_json) reads back.
+#include <fmt/format.h>
+
+#include <map>
+
+#include "config/config_sections.h"
+#include "model_spec/family.h"
+#include "model_spec/lora_targets.h"
+
+namespace ds::config::detail {
+
+namespace {
+
+namespace ms = ds::model_spec;
+
+constexpr double kPeftDefaultAlpha = 8;  // peft.LoraConfig's lora_alpha default
+
+// Present and not null; a null key is declared known and counts as absent.
+bool lora_key_given(Section& s, const std::string& key) {
+  if (s.has(key) && !s.raw_is_null(key)) return true;
+  s.raw(key);
+  return false;
+}
+
+// Whether the model section names a family (a bad model.type is reported by the model reader;
+// checking names against the default family would only add a confusing second message).
+bool lora_family_known(const ReadContext& ctx, const JobConfig& cfg) {
+  if (!cfg.has_model) return false;
+  const Json& model = ctx.doc.value["model"];
+  if (!model.contains("type")) return true;  // the default, gpt2
+  const Json& t = model["type"];
+  return t.is_string() && ms::find_family(t.get<std::string>()) != nullptr;
+}
+
+// target_modules: "all-linear" or a non-empty list of non-empty strings, as written.
+bool read_lora_target_list(ReadContext& ctx, Section& s, const ms::ModelShape& shape, LoraConfig& out) {
+  const Json* v = s.raw("target_modules");
+  const std::string where = s.child("target_modules");
+  if (v->is_string() && v->get<std::string>() == ms::kLoraAllLinear) {
+    out.target_modules = ms::lora_all_linear_names(shape);
+    return false;  // expanded: nothing to check name by name
+  }
+  const std::string expect = fmt::format("a non-empty list of module names or \"{}\"", ms::kLoraAllLinear);
+  if (v->is_string()) {
+    ctx.error(where, fmt::format("expected {}, got {} (a list of one name is written [{}])", expect, show(*v),
+                                 show(*v)));
+    return false;
+  }
+  if (!v->is_array() || v->empty()) {
+    ctx.error(where, fmt::format("expected {}, got {}", expect, show(*v)));
+    return false;
+  }
+  bool ok = true;
+  for (size_t i = 0; i < v->size(); ++i) {
+    const Json& e = (*v)[i];
+    if (!e.is_string() || e.get<std::string>().empty()) {
+      ctx.error(json_path_index(where, i), fmt::format("expected a module name (a non-empty string), got {}", show(e)));
+      ok = false;
+    } else if (e.get<std::string>() == ms::kLoraAllLinear) {
+      ctx.error(json_path_index(where, i), fmt::format("\"{0}\" stands alone: write \"target_modules\": \"{0}\"",
+                                                       ms::kLoraAllLinear));
+      ok = false;
+    } else {
+      out.target_modules.push_back(e.get<std::string>());
+    }
+  }
+  return ok;
+}
+
+// A module's path inside a block: "attn.c_proj" of "transformer.h.0.attn.c_proj".
+std::string lora_in_block(const ms::ModelShape& shape, ms::ParamId id) {
+  std::string p = ms::lora_module_path(shape, id, 0);
+  for (int dots = 0; dots < 3; ++dots) p = p.substr(p.find('.') + 1);
+  return p;
+}
+
+// Each name selects some of the family's modules, none selected by an earlier name.
+void check_lora_targets(ReadContext& ctx, const std::string& where, const ms::ModelShape& shape,
+                        const std::vector<std::string>& names) {
+  std::map<ms::ParamId, size_t> first;  // tensor -> the name that selected it first
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string path = json_path_index(where, i);
+    std::vector<ms::ParamId> ids;
+    try {
+      ids = ms::lora_target_params(shape, names[i]);
+    } catch (const Error& e) {
+      ctx.error(path, e.what());
+      continue;
+    }
+    for (ms::ParamId id : ids) {
+      auto [it, added] = first.emplace(id, i);
+      if (added) continue;
+      const size_t j = it->second;
+      if (names[j] == names[i]) {
+        ctx.error(path, fmt::format("\"{}\" is listed twice (first at target_modules[{}])", names[i], j));
+      } else {
+        ctx.error(path, fmt::format("\"{}\" selects {}, which target_modules[{}] \"{}\" already selects", names[i],
+                                    lora_in_block(shape, id), j, names[j]));
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg) {
+  Section s = root.section("lora", /*nullable=*/true);
+  LoraConfig& out = cfg.lora;
+  out.enabled = s.present();
+  if (!s.present()) return;
+  const bool r_given = lora_key_given(s, "r");
+  if (r_given) s.get_int("r", out.r, 1);
+  const bool alpha_given = lora_key_given(s, "alpha");
+  if (alpha_given) s.get_number("alpha", out.alpha, 0, kInf, /*lo_open=*/true);
+  if (const Json* d = s.raw("dropout"); d != nullptr) {
+    if (!d->is_number() || !(d->get<double>() >= 0 && d->get<double>() < 1)) {
+      ctx.error(s.child("dropout"), fmt::format("expected a number >= 0 and < 1, got {}", show(*d)));
+    } else {
+      out.dropout = d->get<double>();
+    }
+  }
+  const bool targets_given = lora_key_given(s, "target_modules");
+  bool check_names = false;
+  if (targets_given) check_names = read_lora_target_list(ctx, s, cfg.model.shape, out);
+  s.get_path("init_from", out.init_from, cfg.path, /*nullable=*/true);
+  s.finish();
+
+  const bool from_adapter = !out.init_from.empty();
+  if (!from_adapter) {
+    if (!r_given) ctx.error(s.path(), "missing required key \"r\" (the adapters' rank)");
+    if (!targets_given) {
+      ctx.error(s.path(), fmt::format("missing required key \"target_modules\" (a list of module names, or \"{}\")",
+                                      ms::kLoraAllLinear));
+    }
+  }
+  if (!alpha_given) out.alpha = from_adapter ? 0 : kPeftDefaultAlpha;
+  if (!cfg.has_model) {
+    ctx.error(s.path(), "LoRA needs a model section (the base model whose modules it adapts)");
+    return;
+  }
+  if (check_names && lora_family_known(ctx, cfg)) {
+    check_lora_targets(ctx, s.child("target_modules"), cfg.model.shape, out.target_modules);
+  }
+}
+
+Json lora_to_json(const LoraConfig& c) {
+  if (!c.enabled) return nullptr;
+  return Json{{"r", c.r > 0 ? Json(c.r) : Json(nullptr)},
+              {"alpha", c.alpha > 0 ? Json(c.alpha) : Json(nullptr)},
+              {"dropout", c.dropout},
+              {"target_modules", c.target_modules.empty() ? Json(nullptr) : Json(c.target_modules)},
+              {"init_from", string_or_null(c.init_from)}};
+}
+
+}  // namespace ds::config::detail
