@@ -132,6 +132,11 @@ void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg) {
   bool check_names = false;
   if (targets_given) check_names = read_lora_target_list(ctx, s, cfg.model.shape, out);
   s.get_path("init_from", out.init_from, cfg.path, /*nullable=*/true);
+  for (const char* peft_key : {"lora_alpha", "lora_dropout"}) {  // PEFT's names, the likeliest slip
+    if (!s.has(peft_key)) continue;
+    s.raw(peft_key);
+    ctx.error(s.child(peft_key), fmt::format("unknown key (PEFT's {} is \"{}\" here)", peft_key, peft_key + 5));
+  }
   s.finish();
 
   const bool from_adapter = !out.init_from.empty();

@@ -337,7 +337,8 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(j["csv_monitor"]["job_name"], "DeepSpeedJobName");
   EXPECT_EQ(j["context_parallel"].dump(), R"({"size":1,"method":"ring"})");
   EXPECT_EQ(j["expert_parallel"].dump(), R"({"size":1})");
-  EXPECT_EQ(j.size(), 24u);
+  EXPECT_TRUE(j["lora"].is_null());
+  EXPECT_EQ(j.size(), 25u);
 }
 
 // data_types.grad_accum_dtype and communication_data_type: one gradient type, the storage type by
