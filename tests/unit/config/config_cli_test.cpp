@@ -128,5 +128,27 @@ TEST_F(ConfigCli, BadInvocationsExitWithClearErrors) {
   EXPECT_NE(r.out.find("--world-size"), std::string::npos) << r.out;
 }
 
+TEST_F(ConfigCli, LoraSectionIsPrintedResolved) {
+  const std::string model = R"("model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64, )"
+                            R"("vocab_size": 300, "seq_len": 32, "intermediate_size": 176})";
+  std::string path = write("lora.json", R"({"train_micro_batch_size_per_gpu": 2, )" + model +
+                                            R"(, "lora": {"r": 4, "target_modules": "all-linear", "init_from": "ad"}})");
+  auto r = run_command(dstrain() + " config check " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out)["lora"];
+  EXPECT_EQ(j["r"], 4);
+  EXPECT_EQ(j["alpha"], nullptr);  // with init_from and no alpha: the adapter's
+  EXPECT_EQ(j["target_modules"],
+            nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
+  EXPECT_EQ(j["init_from"], dir_ + "/ad");
+  path = write("bad.json", R"({"train_micro_batch_size_per_gpu": 2, )" + model +
+                               R"(, "lora": {"r": 4, "target_modules": ["w1"]}})");
+  r = run_command(dstrain() + " config check " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("$.lora.target_modules[0]: \"w1\" names no LoRA target of model.type llama"),
+            std::string::npos)
+      << r.err;
+}
+
 }  // namespace
 }  // namespace ds
