@@ -35,6 +35,7 @@ struct TrainCmdOptions {
   double comm_timeout = 0;                 // > 0: overrides training.comm_timeout
   std::string export_safetensors;          // after training: HF safetensors + config.json
   std::string export_safetensors_dtype = "fp32";
+  std::string export_adapter;              // after training: a LoRA run's adapters in PEFT's files
 };
 
 // How many times the job was restarted: by dstrain launch --max-restarts, or by Slurm (requeue).
@@ -76,6 +77,10 @@ int run_train(const TrainCmdOptions& o) {
   if (!result.preempted && !o.export_llmc.empty()) {
     trainer.export_llmc(o.export_llmc, o.export_llmc_dtype == "bf16");
     if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";
+  }
+  if (!result.preempted && !o.export_adapter.empty()) {
+    trainer.export_adapter(o.export_adapter, o.export_safetensors_dtype);
+    if (rank0) std::cerr << "dstrain: wrote the LoRA adapter (PEFT) in " << o.export_adapter << "\n";
   }
   if (!result.preempted && !o.export_safetensors.empty()) {
     trainer.export_safetensors(o.export_safetensors, o.export_safetensors_dtype);
@@ -133,8 +138,13 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   sub->add_option("--export-safetensors", o->export_safetensors,
                   "after training, write the weights into this directory as Hugging Face safetensors "
                   "(the family's HF names) with a config.json transformers reads (families with an HF format)");
-  sub->add_option("--export-safetensors-dtype", o->export_safetensors_dtype, "fp32 (default), bf16 or fp16")
+  sub->add_option("--export-safetensors-dtype", o->export_safetensors_dtype,
+                  "fp32 (default), bf16 or fp16 (also the adapter's, --export-adapter)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  sub->add_option("--export-adapter", o->export_adapter,
+                  "after training a LoRA run, write its adapters into this directory as PEFT's "
+                  "adapter_config.json and adapter_model.safetensors (peft.PeftModel.from_pretrained loads "
+                  "them); --export-safetensors and --export-llmc write the merged model W + (alpha/r) B A");
   // Test hooks (hidden): a rank SIGKILLs itself mid-step.
   sub->add_option("--comm-timeout", o->comm_timeout,
                   "seconds a rank may show no progress while the others wait for it in a collective "

@@ -5,14 +5,25 @@
 // must select some of the family's linear layers and none that another name already selects (a
 // duplicate, or "c_proj" beside "attn.c_proj"); "all-linear" is expanded to the family's names, as
 // PEFT writes them into adapter_config.json. With init_from, r, alpha and target_modules may be
-// absent: the runtime then takes them from the adapter's adapter_config.json. The file format's
-// null for them means absent too, so the resolved config (to_json) reads back.
+// absent: they are then read from the adapter's adapter_config.json here, so the plan sees the
+// adapters too (a value given in both that differs is an error naming both). The file format's
+// null for them means absent too, so the resolved config (to_json) reads back. The resolved
+// section becomes model.shape.lora (model_spec/shape.h: LoraShape), which the model, the plan and
+// checkpoints read.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
+#include <nlohmann/json.hpp>
+
+#include "common/error.h"
 #include "config/config_sections.h"
 #include "model_spec/family.h"
+#include "model_spec/lora_spec.h"
 #include "model_spec/lora_targets.h"
 
 namespace ds::config::detail {
@@ -112,6 +123,68 @@ void check_lora_targets(ReadContext& ctx, const std::string& where, const ms::Mo
 
 }  // namespace
 
+// lora.init_from's adapter_config.json: what the config left out (r, alpha, target_modules) is
+// taken from it; what both give must agree. False after an error.
+static bool fill_from_adapter_config(ReadContext& ctx, Section& s, LoraConfig& out, bool r_given, bool alpha_given,
+                              bool targets_given) {
+  const std::string file = (std::filesystem::path(out.init_from) / "adapter_config.json").string();
+  nlohmann::json j;
+  try {
+    std::ifstream in(file);
+    if (!in) {
+      ctx.error(s.child("init_from"), fmt::format("cannot read {} (a PEFT adapter directory holds "
+                                                  "adapter_config.json and adapter_model.safetensors)", file));
+      return false;
+    }
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    ctx.error(s.child("init_from"), fmt::format("{} is not valid JSON: {}", file, e.what()));
+    return false;
+  }
+  auto bad = [&](const char* key, const char* what) {
+    ctx.error(s.child("init_from"), fmt::format("{}: \"{}\" must be {}", file, key, what));
+    return false;
+  };
+  if (!j.is_object() || !j.contains("r") || !j["r"].is_number_integer() || j["r"].get<int64_t>() < 1) {
+    return bad("r", "an integer >= 1");
+  }
+  const int r = static_cast<int>(j["r"].get<int64_t>());
+  const double alpha = j.contains("lora_alpha") && j["lora_alpha"].is_number() ? j["lora_alpha"].get<double>() : 8.0;
+  std::vector<std::string> targets;
+  const auto& tm = j.contains("target_modules") ? j["target_modules"] : nlohmann::json();
+  if (tm.is_string()) {
+    targets.push_back(tm.get<std::string>());
+  } else if (tm.is_array()) {
+    for (const auto& t : tm) {
+      if (!t.is_string()) return bad("target_modules", "a list of module names");
+      targets.push_back(t.get<std::string>());
+    }
+  } else {
+    return bad("target_modules", "a list of module names");
+  }
+  auto differs = [&](const char* key, const std::string& mine, const std::string& theirs, const char* file_key) {
+    ctx.error(s.child(key), fmt::format("{} but the adapter {} has {} {}: remove {} to use the adapter's", mine, file,
+                                        file_key, theirs, key));
+  };
+  if (!r_given) out.r = r;
+  else if (out.r != r) differs("r", fmt::format("r is {}", out.r), std::to_string(r), "r");
+  if (!alpha_given) out.alpha = alpha;
+  else if (out.alpha != alpha) differs("alpha", fmt::format("alpha is {}", out.alpha), fmt::format("{}", alpha), "lora_alpha");
+  if (!targets_given) {
+    out.target_modules = targets;
+  } else {
+    auto sorted = [](std::vector<std::string> v) {
+      std::sort(v.begin(), v.end());
+      return v;
+    };
+    if (sorted(out.target_modules) != sorted(targets)) {
+      differs("target_modules", fmt::format("target_modules is [{}]", fmt::join(out.target_modules, ", ")),
+              fmt::format("[{}]", fmt::join(targets, ", ")), "target_modules");
+    }
+  }
+  return true;
+}
+
 void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg) {
   Section s = root.section("lora", /*nullable=*/true);
   LoraConfig& out = cfg.lora;
@@ -154,6 +227,24 @@ void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg) {
   }
   if (check_names && lora_family_known(ctx, cfg)) {
     check_lora_targets(ctx, s.child("target_modules"), cfg.model.shape, out.target_modules);
+  }
+  const bool complete = r_given && alpha_given && targets_given;  // the runtime checks them against the file
+  if (from_adapter && !complete && !fill_from_adapter_config(ctx, s, out, r_given, alpha_given, targets_given)) return;
+  if (!lora_family_known(ctx, cfg) || out.r < 1) return;
+  // The model's view: its rank, scale, dropout and the tensors adapted.
+  ms::LoraShape& l = cfg.model.shape.lora;
+  l.r = out.r;
+  l.alpha = out.alpha;
+  l.dropout = out.dropout;
+  l.targets = 0;
+  for (const auto& name : out.target_modules) {
+    try {
+      for (ms::ParamId id : ms::lora_target_params(cfg.model.shape, name)) {
+        l.targets |= uint64_t{1} << ms::lora_target_index(id);
+      }
+    } catch (const Error&) {
+      // a name that selects nothing: check_lora_targets has named it at its index
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "common/error.h"
 #include "model_spec/family.h"
+#include "model_spec/lora_spec.h"
 
 namespace ds::model_spec {
 
@@ -87,7 +88,12 @@ int64_t ParamTensor::numel() const {
 }
 
 std::vector<ParamTensor> model_params(const ModelShape& s) {
-  return family_of(s).params(s);
+  std::vector<ParamTensor> v = family_of(s).params(s);
+  if (s.lora.on()) {
+    std::vector<ParamTensor> a = lora_params(s, v);
+    v.insert(v.end(), a.begin(), a.end());
+  }
+  return v;
 }
 
 const ParamTensor& find_param(const std::vector<ParamTensor>& all, ParamId id) {
@@ -171,7 +177,8 @@ int64_t ParamLayout::offset_in_unit(ParamId id) const {
 
 const UnitSlice* ParamLayout::find_unit(UnitKind kind, int layer) const {
   for (const auto& u : units) {
-    if (u.kind == kind && ((kind != UnitKind::kLayer && kind != UnitKind::kExperts) || u.layer == layer)) return &u;
+    const bool per_layer = kind == UnitKind::kLayer || kind == UnitKind::kExperts || kind == UnitKind::kAdapters;
+    if (u.kind == kind && (!per_layer || u.layer == layer)) return &u;
   }
   return nullptr;
 }
@@ -187,7 +194,7 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
   const auto all = model_params(s);
   ParamLayout out;
   // Offsets inside each unit (identical for every layer).
-  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0, experts_end = 0;
+  int64_t wte_end = 0, wpe_end = 0, layer_end = 0, lnf_end = 0, experts_end = 0, adapters_end = 0;
   for (const auto& t : all) {
     int64_t* cursor = nullptr;
     switch (t.unit) {
@@ -196,6 +203,7 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
       case UnitKind::kLayer: cursor = &layer_end; break;
       case UnitKind::kFinalNorm: cursor = &lnf_end; break;
       case UnitKind::kExperts: cursor = &experts_end; break;
+      case UnitKind::kAdapters: cursor = &adapters_end; break;
     }
     out.in_unit_offsets[static_cast<size_t>(t.id)] = *cursor;
     *cursor += local_numel(t, part.tp, part.ep);
@@ -219,31 +227,49 @@ ParamLayout param_layout(const ModelShape& s, const ModelPart& part) {
   if (part.has_head) add_unit(UnitKind::kFinalNorm, -1, lnf_end);
   out.expert_begin = out.total;
   for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kExperts, l, experts_end);
+  out.adapter_begin = out.total;
+  for (int l = part.layer_begin; l < part.layer_end; l++) add_unit(UnitKind::kAdapters, l, adapters_end);
   return out;
 }
 
 namespace {
-ParamLayout region(const ParamLayout& l, bool experts) {
+// The units and tensors of [lo, hi) of `l`, offsets from lo.
+ParamLayout region(const ParamLayout& l, int64_t lo, int64_t hi) {
   ParamLayout out;
   out.in_unit_offsets = l.in_unit_offsets;
-  out.layer_numel = experts ? 0 : l.layer_numel;
-  const int64_t base = experts ? l.expert_begin : 0;
   for (const auto& u : l.units) {
-    if ((u.kind == UnitKind::kExperts) != experts) continue;
-    out.units.push_back(UnitSlice{u.kind, u.layer, u.offset - base, u.numel});
+    if (u.offset < lo || u.offset >= hi) continue;
+    out.units.push_back(UnitSlice{u.kind, u.layer, u.offset - lo, u.numel});
     out.total += u.numel;
+    if (u.kind == UnitKind::kLayer && out.layer_numel == 0) out.layer_numel = u.numel;
   }
   for (const auto& t : l.tensors) {
-    if ((t.offset >= l.expert_begin) != experts) continue;
-    out.tensors.push_back(TensorSlice{t.id, t.layer, t.offset - base, t.numel});
+    if (t.offset < lo || t.offset >= hi) continue;
+    out.tensors.push_back(TensorSlice{t.id, t.layer, t.offset - lo, t.numel});
   }
-  out.expert_begin = experts ? 0 : out.total;
+  out.expert_begin = out.adapter_begin = out.total;
   return out;
 }
 }  // namespace
 
-ParamLayout dense_region(const ParamLayout& l) { return region(l, false); }
-ParamLayout expert_region(const ParamLayout& l) { return region(l, true); }
+ParamLayout dense_region(const ParamLayout& l) {
+  ParamLayout d = region(l, 0, l.expert_begin);
+  d.layer_numel = l.layer_numel;
+  return d;
+}
+ParamLayout expert_region(const ParamLayout& l) {
+  ParamLayout e = region(l, l.expert_begin, l.adapter_begin);
+  e.layer_numel = 0;
+  e.expert_begin = 0;
+  return e;
+}
+ParamLayout adapter_region(const ParamLayout& l) {
+  ParamLayout a = region(l, l.adapter_begin, l.total);
+  a.layer_numel = 0;
+  a.expert_begin = a.total;
+  a.adapter_begin = 0;
+  return a;
+}
 
 int64_t param_count(const ModelShape& s) { return part_param_count(s, ModelPart::whole(s)); }
 
@@ -288,7 +314,25 @@ int head_chunk_rows_default(const ModelShape& s, int B, int T, int tp) {
 }
 
 std::vector<ActBuffer> model_activations(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {
-  return family_of(s).activations(s, part, cfg);
+  std::vector<ActBuffer> v = family_of(s).activations(s, part, cfg);
+  if (s.lora.on() && part.layer_end > part.layer_begin) {
+    // LoRA's scratch, one adapter at a time: A x and its gradient (B*T, r), B (A x) and the scaled
+    // output gradient (B*T, widest local output), the input gradient's share (B*T, widest input).
+    int64_t in = 0, out = 0;
+    for (const auto& t : lora_params(s, family_of(s).params(s))) {
+      const auto sh = local_shape(t, part.tp);
+      if (is_lora_a(t.id)) in = std::max(in, sh[1]);
+      else out = std::max(out, sh[0]);
+    }
+    const int64_t BT = static_cast<int64_t>(cfg.B) * cfg.T, r = s.lora.r;
+    v.push_back({"lora_t", BT * r, ActScope::kShared, ActTag::kWorkspace});
+    v.push_back({"lora_dt", BT * r, ActScope::kShared, ActTag::kWorkspace});
+    v.push_back({"lora_u", BT * out, ActScope::kShared, ActTag::kWorkspace});
+    v.push_back({"lora_dx", BT * in, ActScope::kShared, ActTag::kWorkspace});
+    // With dropout the dropped input (B*T, widest input), made again in the backward.
+    if (s.lora.dropout > 0) v.push_back({"lora_x", BT * in, ActScope::kShared, ActTag::kWorkspace});
+  }
+  return v;
 }
 
 ActTotals activation_totals(const ModelShape& s, const ModelPart& part, const ActConfig& cfg) {

@@ -22,6 +22,17 @@
 
 namespace ds::model_spec {
 
+// LoRA (lib/model_spec/lora_spec.h): low-rank adapters y = W x + (alpha / r) B (A x) on chosen
+// weight matrices, the base frozen. r = 0: none.
+struct LoraShape {
+  int r = 0;                // rank; 0: no adapters
+  double alpha = 8.0;       // PEFT's lora_alpha
+  double dropout = 0.0;     // on the adapter's input, training only
+  uint64_t targets = 0;     // bit i set: the i-th entry of kLoraTargetable (lora_spec.h) is adapted
+  bool on() const { return r > 0; }
+  float scale() const { return static_cast<float>(alpha / r); }
+};
+
 enum class ModelFamily {
   kGpt2,   // pre-LayerNorm, learned positions, fused qkv with biases, 4C GELU MLP, tied lm_head
   kLlama,  // pre-RMSNorm, rotary positions, grouped-query attention, SwiGLU, no biases
@@ -46,6 +57,8 @@ struct ModelShape {
   int num_local_experts = 0;       // E
   int num_experts_per_tok = 2;     // k <= E
   double router_aux_loss_coef = 0.02;  // the load-balancing loss's weight in the objective
+  // LoRA adapters on the weight matrices it targets (the base frozen); none by default.
+  LoraShape lora{};
 
   bool tied() const;  // the head reads the token embedding (tie_embeddings, or the family always ties)
   int head_dim() const { return n_embd / n_head; }
@@ -73,8 +86,9 @@ const char* tp_split_name(TpSplit s);
 // pipeline stages own: the token embedding (also the tied lm_head), the position embedding
 // (GPT-2), one unit per layer, the final norm (with Llama's untied lm_head), and a mixture of
 // experts' experts of each layer (their own unit: expert parallelism splits them and their own
-// data-parallel group reduces them).
-enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm, kExperts };
+// data-parallel group reduces them), and LoRA's adapters of each layer (their own unit, after
+// everything else: the trainable region of a run whose base is frozen).
+enum class UnitKind { kTokenEmbedding, kPositionEmbedding, kLayer, kFinalNorm, kExperts, kAdapters };
 
 // Parameter tensors: GPT-2's in llm.c's order, then Llama's own. Llama shares kWte (its
 // embed_tokens) and kLnfw (its final norm); its layer tensors and untied lm_head follow.
@@ -88,11 +102,18 @@ enum class ParamId {
   // Mixtral (per layer): the router (block_sparse_moe.gate, (E, C)) and the E experts' weights,
   // stacked: w13 (E x 2I, C) holds each expert's w1 (I rows) then its w3 (I rows); w2 (E x C, I).
   kRouter, kExpertW13, kExpertW2,
+  // LoRA (per layer, UnitKind::kAdapters): A (r, in) and B (out, r) of each weight matrix a LoRA
+  // may adapt (lora_spec.h: kLoraTargetable, in that order).
+  kLoraAQkvw, kLoraBQkvw, kLoraAAttprojw, kLoraBAttprojw, kLoraAFcw, kLoraBFcw, kLoraAFcprojw, kLoraBFcprojw,
+  kLoraAWq, kLoraBWq, kLoraAWk, kLoraBWk, kLoraAWv, kLoraBWv, kLoraAWo, kLoraBWo,
+  kLoraAWgate, kLoraBWgate, kLoraAWup, kLoraBWup, kLoraAWdown, kLoraBWdown,
 };
-inline constexpr int kNumParamTensors = 29;
+inline constexpr int kNumParamTensors = 51;
 inline constexpr int kNumLayerTensors = 12;  // GPT-2's kLn1w .. kFcprojb
 
-enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes };
+// kKaimingUniform: U(-1/sqrt(in), 1/sqrt(in)) with in = shape[1] (torch's kaiming_uniform_ with
+// a = sqrt(5), as PEFT initialises a LoRA A).
+enum class InitKind { kNormal, kNormalResidual, kZeros, kOnes, kKaimingUniform };
 
 struct ParamTensor {
   ParamId id;
@@ -175,11 +196,16 @@ struct ParamLayout {
   std::array<int64_t, kNumParamTensors> in_unit_offsets{};
   // Where the expert units start (total when there are none): [0, expert_begin) is the dense region.
   int64_t expert_begin = 0;
+  // Where the LoRA adapter units start (total when there are none): [adapter_begin, total) is the
+  // trainable region of a run with a frozen base.
+  int64_t adapter_begin = 0;
 };
 // The dense region's units and tensors alone (offsets as in `l`), or the expert region's
 // (offsets from its start): each a layout of its own, for the engine that partitions it.
 ParamLayout dense_region(const ParamLayout& l);
 ParamLayout expert_region(const ParamLayout& l);
+// LoRA: the adapters' units and tensors alone (offsets from adapter_begin).
+ParamLayout adapter_region(const ParamLayout& l);
 ParamLayout param_layout(const ModelShape& s, const ModelPart& part);
 
 // Parameter counts (elements).

@@ -149,6 +149,7 @@ struct Part {
   RankMemory base;         // the tags that do not depend on the dp rank
   std::vector<Region> regions;
   int64_t tied = 0;        // pipeline: the tied wte gradient buffer (elements)
+  int64_t frozen = 0;      // LoRA: the frozen base (elements), the model's own at any stage, no grads or state
   int64_t cp_comm = 0;     // the cp attention's buffers in flight (bytes)
 };
 
@@ -193,7 +194,7 @@ void count_zero3_params(const Layout& l, const ms::ParamLayout& layout, Region& 
   for (const auto& u : layout.units) {
     if (u.numel <= l.stage3_param_persistence_threshold) {
       part.persistent += u.numel;
-    } else if (u.kind == ms::UnitKind::kLayer || u.kind == ms::UnitKind::kExperts) {
+    } else if (u.kind == ms::UnitKind::kLayer || u.kind == ms::UnitKind::kExperts || u.kind == ms::UnitKind::kAdapters) {
       layer_n = u.numel;
       ++nl;
     } else {
@@ -238,6 +239,10 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
   std::vector<std::pair<ms::ParamLayout, int>> regions;  // (layout, ranks / divide)
   if (ms::family_of(s).mlp == ms::MlpKind::kMoe) {
     regions = {{ms::dense_region(layout), 1}, {ms::expert_region(layout), l.ep}};
+  } else if (s.lora.on()) {
+    // LoRA: ZeRO, the gradients and the optimizer cover the adapters alone (runtime/parallel/engine.h).
+    regions = {{ms::adapter_region(layout), 1}};
+    part.frozen = layout.adapter_begin;
   } else {
     regions = {{layout, 1}};
   }
@@ -250,7 +255,7 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
     count_zero3_params(l, rl, rg);
     part.regions.push_back(rg);
   }
-  if (l.pp > 1 && s.tied() && (mp.has_embedding || mp.has_head)) {
+  if (l.pp > 1 && s.tied() && (mp.has_embedding || mp.has_head) && !s.lora.on()) {
     part.tied = layout::zero_gradient_buffers(layout, l.reduce_bucket_size).token_embedding;
   }
   return part;
@@ -267,6 +272,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   r.dp_rank = (rank / l.tp) % l.zero_ranks();  // its index among the dp x cp ranks of its part
   const int nb = l.overlap_comm ? 2 : 1;
   r.grads = part.tied * gb;
+  r.params = part.frozen * sb;
   for (const Region& rg : part.regions) {
     const int64_t n = rg.zp.total();
     const int64_t mine = rg.zp.count(r.dp_rank / rg.divide);
@@ -326,6 +332,12 @@ void add_notes(MemoryPlan& plan) {
     plan.notes.back().text += fmt::format("; the experts: {} of {} per layer{}", s.num_local_experts / l.ep,
                                           s.num_local_experts,
                                           l.ep > 1 ? fmt::format(" (expert-parallel {})", l.ep) : std::string());
+  }
+  if (s.lora.on()) {
+    const ms::ParamLayout pl = ms::param_layout(s, part);
+    plan.notes.back().text += fmt::format("; LoRA r={} alpha={}: the base's {} elements frozen (no gradients, no "
+                                          "optimizer state, never ZeRO-partitioned), the adapters' {} train",
+                                          s.lora.r, s.lora.alpha, pl.adapter_begin, pl.total - pl.adapter_begin);
   }
   plan.notes.push_back({"grads", fmt::format("{} B per element{}", grad_bytes(l),
                                              l.zero_stage >= 2 ? fmt::format(", ZeRO-{} partition 1/{} + {} bucket(s) + token-embedding buffer",

@@ -126,6 +126,13 @@ struct PartReader::Reshard {
 
 namespace {
 
+// The layout a checkpoint's shards cover: the part's, or a LoRA run's adapters alone (its frozen
+// base is not in checkpoints: model_spec/lora_spec.h).
+ms::ParamLayout trained_layout(const ms::ModelShape& shape, const ms::ModelPart& part) {
+  const ms::ParamLayout l = ms::param_layout(shape, part);
+  return shape.lora.on() ? ms::adapter_region(l) : l;
+}
+
 // The shards of the old (stage, tp rank, ep rank) part, checked to cover it: the dense region's
 // ranges from every rank of its (stage, tp rank), the expert region's from those of its ep rank.
 PartReader::ShardSet shard_set(const std::string& dir, const std::string& where, const ShardLayout& old,
@@ -171,12 +178,12 @@ PartReader::PartReader(std::string dir, const ShardLayout& old, const PartTarget
                            (target.pp == 1 || old.pipeline_partition == target.partition);
   if (same_layout) {
     same_ = std::make_unique<ShardSet>(shard_set(dir_, where_, old, target.stage, target.part.tp_rank,
-                                                 target.part.ep_rank, ms::param_layout(target.shape, target.part)));
+                                                 target.part.ep_rank, trained_layout(target.shape, target.part)));
     return;
   }
   reshard_ = std::make_unique<Reshard>();
   reshard_->target = target;
-  reshard_->new_layout = ms::param_layout(target.shape, target.part);
+  reshard_->new_layout = trained_layout(target.shape, target.part);
   reshard_->old_tp = old_tp;
   reshard_->old_pp = old_pp;
   reshard_->old_ep = old_ep;
@@ -188,7 +195,7 @@ PartReader::PartReader(std::string dir, const ShardLayout& old, const PartTarget
         op.ep = old_ep;
         op.ep_rank = oep;
         reshard_->old_parts.push_back(op);
-        reshard_->old_layouts.push_back(ms::param_layout(target.shape, op));
+        reshard_->old_layouts.push_back(trained_layout(target.shape, op));
         reshard_->old_sets.push_back(shard_set(dir_, where_, old, st, otp, oep, reshard_->old_layouts.back()));
       }
     }

@@ -17,6 +17,7 @@
 #include "kernels/typed.h"
 #include "model/init.h"
 #include "model_spec/mixtral_spec.h"
+#include "model_spec/lora_spec.h"
 
 namespace ds::rt {
 
@@ -143,6 +144,12 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
     throw invalid_argument("expert parallelism ({} ranks) needs a mixture of experts; model.type {} has none", part_.ep,
                            family_.name);
   }
+  lora_ = shape_.lora.on();
+  if (lora_ && moe_) {
+    throw invalid_argument("LoRA on a mixture of experts ({}) is not built: its experts' region and the adapters' "
+                           "would need a third parameter region",
+                           family_.display_name);
+  }
   norm_eps_ = static_cast<float>(shape_.norm_eps);
   C_ = shape_.n_embd;
   hd_ = shape_.head_dim();
@@ -155,9 +162,16 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
   const Device dev = opt_.device;
   const size_t n = static_cast<size_t>(layout_.total);
   const std::string name = family_.name;
-  if (opt_.own_params) params_ = alloc_.allocate(n * dtype_size(opt_.dtype), MemTag::kParams, name + " parameters", dev);
+  // LoRA: the frozen base [0, adapter_begin) is always the model's own and has no gradients; the
+  // adapters follow the ownership options like a whole model's parameters.
+  const size_t base = static_cast<size_t>(layout_.adapter_begin);
+  const size_t n_params = opt_.own_params ? n : lora_ ? base : 0;
+  if (n_params > 0) {
+    params_ = alloc_.allocate(n_params * dtype_size(opt_.dtype), MemTag::kParams, name + " parameters", dev);
+  }
   if (opt_.own_grads) {
-    grads_ = alloc_.allocate(n * dtype_size(opt_.grad_dtype), MemTag::kGrads, name + " gradients", dev);
+    const size_t n_grads = lora_ ? n - base : n;
+    grads_ = alloc_.allocate(n_grads * dtype_size(opt_.grad_dtype), MemTag::kGrads, name + " gradients", dev);
   }
   if (dev == Device::kCuda) {
     dev_ids_ = alloc_.allocate(2 * static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t), MemTag::kWorkspace,
@@ -172,8 +186,9 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
                                        : ms::head_chunk_rows_default(shape_, opt_.B, opt_.T, part_.tp);
   head_rows_ = std::min(head_rows_, opt_.B * opt_.T);
   cfg.head_chunk_rows = head_rows_;
-  act_list_ = family_.activations(shape_, part_, cfg);
+  act_list_ = ms::model_activations(shape_, part_, cfg);
   allocate_shared();
+  if (lora_) init_lora_sites();
   if (rope_cos_ != nullptr) upload_rope_tables();
 }
 
@@ -252,7 +267,7 @@ void Decoder::reduce_rows(TypedPtr local, TypedPtr full, bool forward) {
 }
 
 void Decoder::sum_norm_grads(TypedPtr dw, TypedPtr db) {
-  if (!sp_) return;
+  if (!sp_ || !dw) return;  // null: frozen (LoRA)
   hooks_->tp_sum_partial_grads(dw, C_);
   if (db) hooks_->tp_sum_partial_grads(db, C_);
 }
@@ -275,7 +290,9 @@ void Decoder::place_buffer(const ms::ActBuffer& b, char*& cursor, DecoderLayerAc
           : nm == "sp_gather" ? &sp_gather_ : nm == "dln_sp" ? &dln_sp_
           : nm == "dfch" || nm == "dgu" || nm == "moe_dgu" ? &dmlp_h_ : nm == "dact" || nm == "moe_dact" ? &dmlp_act_
           : nm == "logits" ? &logits_ : nm == "router_logits" ? &router_logits_ : nm == "moe_xs" ? &moe_xs_
-          : nm == "moe_ys" ? &moe_ys_ : nm == "moe_recv" ? &moe_recv_ : nullptr;
+          : nm == "moe_ys" ? &moe_ys_ : nm == "moe_recv" ? &moe_recv_ : nm == "lora_t" ? &lora_t_
+          : nm == "lora_dt" ? &lora_dt_ : nm == "lora_u" ? &lora_u_ : nm == "lora_dx" ? &lora_dx_
+          : nm == "lora_x" ? &lora_x_ : nullptr;
     stat = nm == "att_scratch" ? &att_scratch_ : nm == "ce_stats" ? &ce_stats_ : nm == "rope_cos" ? &rope_cos_
          : nm == "rope_sin" ? &rope_sin_ : nm == "moe_dw" ? &moe_dw_ : nm == "moe_daux" ? &moe_daux_
          : nm == "moe_fbuf" ? &moe_fbuf_ : nm == "moe_ex_w" ? &moe_ex_w_ : nullptr;
@@ -325,20 +342,23 @@ DecoderActivations& Decoder::own(Activations& a) {
 
 TypedPtr Decoder::param(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
-  if (t == nullptr || params_.empty()) {
+  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
+  if (t == nullptr || t->offset + t->numel > held) {
     throw invalid_argument("parameter {} (layer {}) is not held by this model part",
-                           ms::find_param(family_.params(shape_), id).name, layer);
+                           ms::find_param(ms::model_params(shape_), id).name, layer);
   }
   return params() + t->offset;
 }
 
 TypedPtr Decoder::grad(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
-  if (t == nullptr || grads_.empty()) {
-    throw invalid_argument("gradient of {} (layer {}) is not held by this model part",
-                           ms::find_param(family_.params(shape_), id).name, layer);
+  const int64_t first = lora_ ? layout_.adapter_begin : 0;  // LoRA: the adapters' gradients only
+  if (t == nullptr || grads_.empty() || t->offset < first) {
+    throw invalid_argument("gradient of {} (layer {}) is not held by this model part{}",
+                           ms::find_param(ms::model_params(shape_), id).name, layer,
+                           lora_ && t != nullptr ? " (a LoRA run's base is frozen: it has no gradients)" : "");
   }
-  return grads() + t->offset;
+  return grads() + (t->offset - first);
 }
 
 void Decoder::init_weights(uint64_t seed) {
@@ -351,18 +371,21 @@ void Decoder::init_weights(uint64_t seed) {
   const bool direct = opt_.device == Device::kCpu && opt_.dtype == DType::kF32;
   std::vector<float> host;
   float* dst = direct ? params_.as<float>() : nullptr;
+  // Without its own adapters (LoRA under ZeRO-3) the model holds the base only.
+  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
   if (!direct) {
-    host.resize(static_cast<size_t>(layout_.total));
+    host.resize(static_cast<size_t>(held));
     dst = host.data();
   }
-  const auto all = family_.params(shape_);
+  const auto all = ms::model_params(shape_);
   for (const auto& ts : layout_.tensors) {
+    if (ts.offset + ts.numel > held) continue;
     init_tensor_values(dst + ts.offset, ms::find_param(all, ts.id), ts.layer, shape_.n_layer, part_.tp, part_.tp_rank,
                        seed, 0, ts.numel, part_.ep, part_.ep_rank);
   }
   if (direct) return;
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
-  tk::from_host_f32(params(), host.data(), layout_.total);
+  tk::from_host_f32(params(), host.data(), held);
 }
 
 void Decoder::zero_grads() {
@@ -380,7 +403,7 @@ const int32_t* Decoder::ids_for_kernels(const int32_t* host, int slot) {
 
 DecoderLayerWeights Decoder::layer_weights(TypedPtr base, TypedPtr experts) const {
   const ms::LayerRoles& r = family_.roles;
-  auto at = [&](ParamId id) {
+  auto at = [&](ParamId id) {  // null when the unit is (a frozen base's gradients)
     return (expert_param_[static_cast<size_t>(id)] ? experts : base) + layout_.offset_in_unit(id);
   };
   auto opt = [&](const std::optional<ParamId>& id) { return id ? at(*id) : TypedPtr(); };
@@ -393,7 +416,9 @@ DecoderLayerWeights Decoder::layer_weights(TypedPtr base, TypedPtr experts) cons
 TypedPtr Decoder::unit_params(Unit u) {
   const auto* s = layout_.find_unit(u.kind, u.layer);
   DS_CHECK(s != nullptr, "unit not in this part");
-  const TypedPtr p = hooks_->params_needed(u, params_.empty() ? TypedPtr() : params() + s->offset);
+  if (frozen(u)) return params() + s->offset;  // LoRA's base: the model's own
+  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
+  const TypedPtr p = hooks_->params_needed(u, s->offset < held ? params() + s->offset : TypedPtr());
   if (!p) {
     throw invalid_usage("no parameters for a model unit (layer {}): the model was built without its own parameters "
                         "and the parallel hooks returned none",
@@ -405,7 +430,9 @@ TypedPtr Decoder::unit_params(Unit u) {
 TypedPtr Decoder::unit_grads(Unit u) {
   const auto* s = layout_.find_unit(u.kind, u.layer);
   DS_CHECK(s != nullptr, "unit not in this part");
-  const TypedPtr g = hooks_->grads_needed(u, grads_.empty() ? TypedPtr() : grads() + s->offset);
+  if (frozen(u)) return TypedPtr();  // LoRA's base: no gradients
+  const int64_t first = lora_ ? layout_.adapter_begin : 0;
+  const TypedPtr g = hooks_->grads_needed(u, grads_.empty() ? TypedPtr() : grads() + (s->offset - first));
   if (!g) {
     throw invalid_usage("no gradient buffer for a model unit (layer {}): the model was built without its own "
                         "gradients and the parallel hooks returned none",
@@ -464,12 +491,13 @@ void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
     if (part_.tp > 1) reduce_rows(a.input, full, true);
     if (!rope_) add_positions(a.input, ppe, local_segs_);
   }
-  hooks_->params_done(wte);
-  if (!rope_) hooks_->params_done(wpe);
+  params_done(wte);
+  if (!rope_) params_done(wpe);
 }
 
 void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
+  if (lora_) return;  // a frozen embedding: the gradient stops at the first layer's input
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
@@ -482,8 +510,8 @@ void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
     tk::encoder_backward_vocab(unit_grads(wte), d, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
     if (!rope_) add_positions_backward(unit_grads(wpe), d, tokens, full_segs_);
   }
-  if (!rope_) hooks_->grads_ready(wpe);
-  hooks_->grads_ready(wte);
+  if (!rope_) grads_ready(wpe);
+  grads_ready(wte);
 }
 
 // ---- decoder blocks ------------------------------------------------------------------------------
@@ -515,7 +543,9 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   // column-parallel matmuls read the all-gathered norm output (sp_gather_), and the row-parallel
   // ones write their partial sums there, reduce-scattered into this rank's rows.
   norm_forward(a.ln1, a.ln1_mean, a.ln1_rstd, x, w.norm1_w, w.norm1_b);
-  tk::matmul_forward(a.qkv, gathered(a.ln1), w.qkv_w, w.qkv_b, B, T, C, QKVl);
+  const TypedPtr x1 = gathered(a.ln1);
+  tk::matmul_forward(a.qkv, x1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
+  if (lora_) lora_forward(kLoraQkv, a.qkv, QKVl, x1, w.adapters);
   if (rope_) tk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_forward(a.atty, a.att_lse, a.qkv), "context parallelism without a cp attention hook");
@@ -525,6 +555,7 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   // Row-parallel projection (straight into res2 without sp), reduced over tp, then bias and residual.
   const TypedPtr proj = sp_ ? sp_gather_ : a.res2;
   tk::matmul_forward(proj, a.atty, w.proj_w, TypedPtr(), B, T, Ql, C);
+  if (lora_) lora_forward(kLoraProj, proj, C, a.atty, w.adapters);
   reduce_rows(a.res2, proj, true);
   if (w.proj_b) tk::add_bias(a.res2, w.proj_b, rows, C);
   tk::residual_forward(a.res2, a.res2, x, RlC);
@@ -537,7 +568,9 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
     tk::residual_forward(a.out, a.out, a.res2, RlC);
     return;
   }
-  tk::matmul_forward(a.mlp_h, gathered(a.ln2), w.up_w, w.up_b, B, T, C, UPl);
+  const TypedPtr x2 = gathered(a.ln2);
+  tk::matmul_forward(a.mlp_h, x2, w.up_w, w.up_b, B, T, C, UPl);
+  if (lora_) lora_forward(kLoraUp, a.mlp_h, UPl, x2, w.adapters);
   if (swiglu_) {
     tk::swiglu_forward(a.mlp_act, a.mlp_h, BT, Hl_);
   } else {
@@ -546,6 +579,7 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   if (!full) return;  // a recompute for backward needs nothing past here
   const TypedPtr down = sp_ ? sp_gather_ : a.out;
   tk::matmul_forward(down, a.mlp_act, w.down_w, TypedPtr(), B, T, Hl_, C);
+  if (lora_) lora_forward(kLoraDown, down, C, a.mlp_act, w.adapters);
   reduce_rows(a.out, down, true);
   if (w.down_b) tk::add_bias(a.out, w.down_b, rows, C);
   tk::residual_forward(a.out, a.out, a.res2, RlC);
@@ -565,19 +599,25 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
     // The gathered d(out) goes to moe_ys_ / moe_xs_ before sp_gather_ is reused for ln2.
     moe_backward(a, a.ln2, gathered(dres_), w, g, mb.router, mb.grad_scale);
   } else {
-    tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, gathered(dres_), a.mlp_act, w.down_w, B, T, Hl_, C);
+    const TypedPtr dy = gathered(dres_);
+    tk::matmul_backward(dmlp_act_, g.down_w, g.down_b, dy, a.mlp_act, w.down_w, B, T, Hl_, C);
+    if (lora_) lora_backward(kLoraDown, dy, C, a.mlp_act, dmlp_act_, w.adapters, g.adapters);
     if (swiglu_) {
       tk::swiglu_backward(dmlp_h_, dmlp_act_, a.mlp_h, BT, Hl_);
     } else {
       tk::gelu_backward(dmlp_h_, a.mlp_h, dmlp_act_, BT * Hl_);  // in place: dmlp_act_ is dmlp_h_
     }
-    tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, gathered(a.ln2), w.up_w, B, T, C, UPl);
+    const TypedPtr x2 = gathered(a.ln2);
+    tk::matmul_backward(dln_, g.up_w, g.up_b, dmlp_h_, x2, w.up_w, B, T, C, UPl);
+    if (lora_) lora_backward(kLoraUp, dmlp_h_, UPl, x2, dln_, w.adapters, g.adapters);
   }
   reduce_rows(dln, dln_, false);
   norm_backward(dres_, g.norm2_w, g.norm2_b, dln, a.res2, w.norm2_w, a.ln2_mean, a.ln2_rstd);
   sum_norm_grads(g.norm2_w, g.norm2_b);
   // dres holds d(res2). Attention: res2 = x + proj(attn(positions(qkv(norm1(x))))).
-  tk::matmul_backward(datty_, g.proj_w, g.proj_b, gathered(dres_), a.atty, w.proj_w, B, T, Ql, C);
+  const TypedPtr dy = gathered(dres_);
+  tk::matmul_backward(datty_, g.proj_w, g.proj_b, dy, a.atty, w.proj_w, B, T, Ql, C);
+  if (lora_) lora_backward(kLoraProj, dy, C, a.atty, datty_, w.adapters, g.adapters);
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse),
              "context parallelism without a cp attention hook");
@@ -585,11 +625,91 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
     tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
   }
   if (rope_) tk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
-  tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, gathered(a.ln1), w.qkv_w, B, T, C, QKVl);
+  const TypedPtr x1 = gathered(a.ln1);
+  tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, x1, w.qkv_w, B, T, C, QKVl);
+  if (lora_) lora_backward(kLoraQkv, dqkv_, QKVl, x1, dln_, w.adapters, g.adapters);
   reduce_rows(dln, dln_, false);
   norm_backward(dres_, g.norm1_w, g.norm1_b, dln, x, w.norm1_w, a.ln1_mean, a.ln1_rstd);
   sum_norm_grads(g.norm1_w, g.norm1_b);
   // dres holds d(x).
+}
+
+// ---- LoRA ----------------------------------------------------------------------------------------
+
+void Decoder::init_lora_sites() {
+  lora_r_ = shape_.lora.r;
+  lora_scale_ = shape_.lora.scale();
+  const auto all = ms::model_params(shape_);
+  // Each adapted tensor's matmul and its columns in that matmul's output (this tp rank's part):
+  // the fused qkv holds q, k, v (Llama: wq, wk, wv in turn), the fused up holds gate then up.
+  const int q = NHl_ * hd_, kv = KVl_ * hd_;
+  struct Where {
+    ParamId base;
+    LoraMatmul m;
+    int c0;
+  };
+  const Where where[] = {
+      {ParamId::kQkvw, kLoraQkv, 0},       {ParamId::kAttprojw, kLoraProj, 0}, {ParamId::kFcw, kLoraUp, 0},
+      {ParamId::kFcprojw, kLoraDown, 0},   {ParamId::kWq, kLoraQkv, 0},        {ParamId::kWk, kLoraQkv, q},
+      {ParamId::kWv, kLoraQkv, q + kv},    {ParamId::kWo, kLoraProj, 0},       {ParamId::kWgate, kLoraUp, 0},
+      {ParamId::kWup, kLoraUp, Hl_},       {ParamId::kWdown, kLoraDown, 0},
+  };
+  for (const Where& wh : where) {
+    if (!ms::lora_targets(shape_.lora, wh.base)) continue;
+    const ms::ParamTensor& ta = ms::find_param(all, ms::lora_a_id(wh.base));
+    const ms::ParamTensor& tb = ms::find_param(all, ms::lora_b_id(wh.base));
+    LoraSite site{ta.id, tb.id};
+    site.in = static_cast<int>(ms::local_shape(ta, part_.tp)[1]);
+    site.out = static_cast<int>(ms::local_shape(tb, part_.tp)[0]);
+    site.c0 = wh.c0;
+    site.a_partial = part_.tp > 1 && tb.split != ms::TpSplit::kReplicated;
+    site.full_in = ta.shape[1];
+    site.col0 = ta.split == ms::TpSplit::kRow ? static_cast<int64_t>(part_.tp_rank) * site.in : 0;
+    lora_sites_[wh.m].push_back(site);
+  }
+}
+
+TypedPtr Decoder::lora_input(const LoraSite& s, int index, TypedPtr x) {
+  if (!lora_dropout_on()) return x;
+  tk::lora_dropout(lora_x_, x, static_cast<int64_t>(opt_.B) * opt_.T, s.in, s.col0, s.full_in,
+                   static_cast<float>(shape_.lora.dropout), lora_key_ * 64 + static_cast<uint64_t>(index));
+  return lora_x_;
+}
+
+void Decoder::lora_forward(LoraMatmul m, TypedPtr y, int ldy, TypedPtr x, TypedPtr adapters) {
+  const int BT = opt_.B * opt_.T, r = lora_r_;
+  for (size_t i = 0; i < lora_sites_[m].size(); ++i) {
+    const LoraSite& s = lora_sites_[m][i];
+    const TypedPtr A = adapters + layout_.offset_in_unit(s.a), Bw = adapters + layout_.offset_in_unit(s.b);
+    const TypedPtr xin = lora_input(s, m * 8 + static_cast<int>(i), x);
+    tk::matmul_forward(lora_t_, xin, A, TypedPtr(), 1, BT, s.in, r);          // t = drop(x) A^T  (BT, r)
+    tk::matmul_forward(lora_u_, lora_t_, Bw, TypedPtr(), 1, BT, r, s.out);    // u = t B^T  (BT, out)
+    tk::columns_axpy(y + s.c0, ldy, lora_u_, s.out, lora_scale_, BT, s.out, true);
+  }
+}
+
+void Decoder::lora_backward(LoraMatmul m, TypedPtr dy, int ldy, TypedPtr x, TypedPtr dx, TypedPtr adapters,
+                            TypedPtr grads) {
+  const int BT = opt_.B * opt_.T, r = lora_r_;
+  for (size_t i = 0; i < lora_sites_[m].size(); ++i) {
+    const LoraSite& s = lora_sites_[m][i];
+    const TypedPtr A = adapters + layout_.offset_in_unit(s.a), Bw = adapters + layout_.offset_in_unit(s.b);
+    const TypedPtr gA = grads + layout_.offset_in_unit(s.a), gB = grads + layout_.offset_in_unit(s.b);
+    const int index = m * 8 + static_cast<int>(i);
+    const TypedPtr xin = lora_input(s, index, x);                                      // the forward's masks
+    tk::columns_axpy(lora_u_, s.out, dy + s.c0, ldy, lora_scale_, BT, s.out, false);  // du = scale dy
+    tk::matmul_forward(lora_t_, xin, A, TypedPtr(), 1, BT, s.in, r);                   // t again
+    tk::matmul_backward(lora_dt_, gB, TypedPtr(), lora_u_, lora_t_, Bw, 1, BT, r, s.out);  // dt; dB += du^T t
+    tk::matmul_backward(lora_dx_, gA, TypedPtr(), lora_dt_, xin, A, 1, BT, s.in, r);   // dx share; dA += dt^T x
+    if (lora_dropout_on()) {  // through the dropout: the same mask and scale
+      tk::lora_dropout(lora_dx_, lora_dx_, BT, s.in, s.col0, s.full_in, static_cast<float>(shape_.lora.dropout),
+                       lora_key_ * 64 + static_cast<uint64_t>(index));
+    }
+    tk::add_in_place(dx, lora_dx_, static_cast<int64_t>(BT) * s.in);
+    // The replicated factor's gradient came from this rank's part of the sum: the tp group adds them.
+    if (s.a_partial) hooks_->tp_sum_partial_grads(gA, static_cast<int64_t>(r) * s.in);
+    if (part_.tp > 1 && !s.a_partial) hooks_->tp_sum_partial_grads(gB, static_cast<int64_t>(s.out) * r);
+  }
 }
 
 // ---- mixture of experts --------------------------------------------------------------------------
@@ -828,14 +948,20 @@ void Decoder::blocks_forward(DecoderActivations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_forward");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l0; l < l1; l++) {
-    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l};
+    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l}, ua{UnitKind::kAdapters, l};
     const TypedPtr pu = unit_params(u);
-    const DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
+    DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
+    if (lora_) {
+      w.adapters = unit_params(ua);
+      if (l == part_.layer_begin) a.lora_key = ++lora_mb_count_;  // a new micro-batch's masks
+      lora_key_ = a.lora_key * 4096 + static_cast<uint64_t>(l);
+    }
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true,
                   moe_ ? &a.router : nullptr);
     progress::bump();  // comm/beacon.h: a slow step is not a hang
-    if (moe_) hooks_->params_done(ue);
-    hooks_->params_done(u);
+    if (lora_) params_done(ua);
+    if (moe_) params_done(ue);
+    params_done(u);
   }
 }
 
@@ -843,19 +969,26 @@ void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
   check_layers(l0, l1, "blocks_backward");
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   for (int l = l1 - 1; l >= l0; l--) {
-    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l};
+    const Unit u{UnitKind::kLayer, l}, ue{UnitKind::kExperts, l}, ua{UnitKind::kAdapters, l};
     const TypedPtr pu = unit_params(u);
-    const DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
+    DecoderLayerWeights w = layer_weights(pu, moe_ ? unit_params(ue) : TypedPtr());
     const TypedPtr gu = unit_grads(u);
-    const DecoderLayerWeights g = layer_weights(gu, moe_ ? unit_grads(ue) : TypedPtr());
+    DecoderLayerWeights g = layer_weights(gu, moe_ ? unit_grads(ue) : TypedPtr());
+    if (lora_) {
+      w.adapters = unit_params(ua);
+      g.adapters = unit_grads(ua);
+      lora_key_ = a.lora_key * 4096 + static_cast<uint64_t>(l);  // the forward's masks
+    }
     DecoderLayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
     const TypedPtr x = layer_input(a, l);
     if (opt_.recompute) layer_forward(la, x, w, false, nullptr);
     layer_backward(la, x, w, g, a);  // dres: d(out) -> d(x)
-    if (moe_) hooks_->params_done(ue);
-    hooks_->params_done(u);
-    if (moe_) hooks_->grads_ready(ue);
-    hooks_->grads_ready(u);
+    if (lora_) params_done(ua);
+    if (moe_) params_done(ue);
+    params_done(u);
+    if (lora_) grads_ready(ua);
+    if (moe_) grads_ready(ue);
+    grads_ready(u);
     progress::bump();
   }
 }
@@ -927,11 +1060,11 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
     const TypedPtr gnb = r.final_norm_b ? gf + layout_.offset_in_unit(*r.final_norm_b) : TypedPtr();
     norm_backward(dres_, gnw, gnb, sp_ ? dln_sp_ : dln_, x, normw, a.lnf_mean, a.lnf_rstd);
     sum_norm_grads(gnw, gnb);
-    hooks_->grads_ready(lnf);
-    if (tied && !part_.has_embedding) hooks_->grads_ready(wte);
+    grads_ready(lnf);
+    if (tied && !part_.has_embedding) grads_ready(wte);
   }
-  if (tied) hooks_->params_done(wte);
-  hooks_->params_done(lnf);
+  if (tied) params_done(wte);
+  params_done(lnf);
   // The per-token losses, on the host (on CUDA a copy back: the one synchronisation per micro-batch).
   const float* losses = a.losses;
   std::vector<float> host_losses;

@@ -95,6 +95,7 @@ struct DecoderLayerWeights {
   TypedPtr up_w, up_b;        // (UPl, C), (UPl); MoE: the experts' w13 (E x 2Il, C)
   TypedPtr down_w, down_b;    // (C, Hl), (C); MoE: the experts' w2 (E x C, Il)
   TypedPtr router_w;          // MoE: (E, C)
+  TypedPtr adapters{};        // LoRA: the layer's adapter unit (null without LoRA)
 };
 
 // One layer's activations (the family's model_spec list); with recompute every field but `out`
@@ -129,6 +130,7 @@ class DecoderActivations : public Activations {
   std::vector<DecoderLayerActs> layers;  // indexed by layer - part.layer_begin
   TypedPtr lnf;                           // (B,T,C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T)
+  uint64_t lora_key = 0;  // LoRA's dropout: this micro-batch's masks (drawn again by its backward)
 
  private:
   friend class Decoder;
@@ -160,6 +162,7 @@ class Decoder : public Model {
   // layout; with 16-bit storage the fp32 values are rounded to it.
   void init_weights(uint64_t seed) override;
   void zero_grads() override;
+  void set_training(bool on) override { training_ = on; }
 
   // One micro-batch's activations (tag activations), zeroed.
   DecoderActivations make_activations();
@@ -291,6 +294,33 @@ class Decoder : public Model {
   // into dln_; shared by both paths.
   void router_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g,
                        const RouterStats& stats, float grad_scale);
+  // LoRA (lora_spec.h): the adapters of one of a layer's four matmuls. y (B*T rows of ldy
+  // columns; this tp rank's part, a row-parallel one's partial sum) += scale B (A x) for each
+  // adapted tensor, at its columns. Backward: from dy (ldy columns) and the matmul's input x, the
+  // adapters' gradients accumulate into `grads` (the unit's; the replicated factor's summed over
+  // tp) and x's gradient share is added to dx (the base's, already written).
+  enum LoraMatmul { kLoraQkv, kLoraProj, kLoraUp, kLoraDown, kLoraMatmuls };
+  struct LoraSite {
+    model_spec::ParamId a, b;
+    int in = 0, out = 0, c0 = 0;  // A (r, in), B (out, r) local; the output columns [c0, c0 + out)
+    bool a_partial = false;       // A's gradient is a per-tp-rank partial (a column-parallel base)
+    int64_t col0 = 0, full_in = 0;  // this rank's first input column of the whole input's full_in (dropout)
+  };
+  // LoRA's dropout on site `s`'s input x into lora_x_ (returned), or x itself without dropout.
+  TypedPtr lora_input(const LoraSite& s, int index, TypedPtr x);
+  bool lora_dropout_on() const { return training_ && shape_.lora.dropout > 0; }
+  void lora_forward(LoraMatmul m, TypedPtr y, int ldy, TypedPtr x, TypedPtr adapters);
+  void lora_backward(LoraMatmul m, TypedPtr dy, int ldy, TypedPtr x, TypedPtr dx, TypedPtr adapters, TypedPtr grads);
+  void init_lora_sites();
+  // The hooks of a unit, except a frozen base's (LoRA), which the hooks never see: its parameters
+  // are the model's own and it has no gradients.
+  bool frozen(const Unit& u) const { return lora_ && u.kind != model_spec::UnitKind::kAdapters; }
+  void params_done(Unit u) {
+    if (!frozen(u)) hooks_->params_done(u);
+  }
+  void grads_ready(Unit u) {
+    if (!frozen(u)) hooks_->grads_ready(u);
+  }
   void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
   float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
 
@@ -329,6 +359,15 @@ class Decoder : public Model {
   Buffer dev_ids_;  // (2, B, T) int32 on a CUDA device; empty on the CPU
   DecoderLayerActs recompute_{};  // shared recompute buffers (recompute only)
   TypedPtr dres_, dln_, dqkv_, datty_, dmlp_h_, dmlp_act_, logits_;
+  bool lora_ = false;  // LoRA: the base is frozen, the adapters train
+  int lora_r_ = 0;
+  float lora_scale_ = 0;
+  std::array<std::vector<LoraSite>, kLoraMatmuls> lora_sites_;
+  TypedPtr lora_t_, lora_dt_, lora_u_, lora_dx_;  // (B*T, r) x2, (B*T, out), (B*T, in)
+  TypedPtr lora_x_;             // (B*T, in): the dropped input (dropout only)
+  bool training_ = true;        // set_training: dropout on
+  uint64_t lora_mb_count_ = 0;  // micro-batches forwarded: each draws its own dropout masks
+  uint64_t lora_key_ = 0;       // the dropout key of the layer being run (its micro-batch's, its index)
   float *att_scratch_ = nullptr, *ce_stats_ = nullptr, *rope_cos_ = nullptr, *rope_sin_ = nullptr;
 };
 

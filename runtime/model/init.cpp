@@ -23,10 +23,20 @@ uint64_t mix64(uint64_t x) {  // splitmix64's finaliser
 }
 }  // namespace
 
-double init_normal(uint64_t seed, int tensor, int layer, int64_t index) {
+namespace {
+uint64_t init_hash(uint64_t seed, int tensor, int layer, int64_t index) {
   const uint64_t key = (static_cast<uint64_t>(tensor) << 56) ^
                        (static_cast<uint64_t>(layer + 1) << 40) ^ static_cast<uint64_t>(index);
-  const uint64_t h1 = mix64(key ^ mix64(seed));
+  return mix64(key ^ mix64(seed));
+}
+}  // namespace
+
+double init_uniform(uint64_t seed, int tensor, int layer, int64_t index) {
+  return (static_cast<double>(init_hash(seed, tensor, layer, index) >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
+}
+
+double init_normal(uint64_t seed, int tensor, int layer, int64_t index) {
+  const uint64_t h1 = init_hash(seed, tensor, layer, index);
   const uint64_t h2 = mix64(h1 ^ 0x5851f42d4c957f2dull);
   const double u1 = (static_cast<double>(h1 >> 11) + 0.5) * 0x1.0p-53;  // (0, 1)
   const double u2 = static_cast<double>(h2 >> 11) * 0x1.0p-53;          // [0, 1)
@@ -41,7 +51,10 @@ void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_l
     case ms::InitKind::kOnes: std = -2.0; break;
     case ms::InitKind::kNormal: std = 0.02; break;
     case ms::InitKind::kNormalResidual: std = 0.02 / std::sqrt(2.0 * n_layer); break;
+    case ms::InitKind::kKaimingUniform: std = -3.0; break;
   }
+  // Kaiming-uniform (a LoRA A): U(-1/sqrt(in), 1/sqrt(in)), in = shape[1].
+  const double bound = 1.0 / std::sqrt(static_cast<double>(t.shape.size() > 1 ? t.shape[1] : 1));
   const int id = static_cast<int>(t.id);
 #pragma omp parallel for schedule(static) if (count >= 16384)
   for (int64_t i = 0; i < count; i++) {
@@ -50,6 +63,9 @@ void init_tensor_values(float* dst, const ms::ParamTensor& t, int layer, int n_l
       v = 0.0f;
     } else if (std == -2.0) {
       v = 1.0f;
+    } else if (std == -3.0) {
+      const int64_t full = ms::full_index(t, tp, tp_rank, local_begin + i, ep, ep_rank);
+      v = static_cast<float>(bound * (2.0 * init_uniform(seed, id, layer, full) - 1.0));
     } else {
       const int64_t full = ms::full_index(t, tp, tp_rank, local_begin + i, ep, ep_rank);
       v = static_cast<float>(std * init_normal(seed, id, layer, full));

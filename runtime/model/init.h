@@ -13,6 +13,8 @@ namespace ds::rt {
 
 // A standard normal sample for (seed, tensor id, layer (-1 for global tensors), full index).
 double init_normal(uint64_t seed, int tensor, int layer, int64_t index);
+// U(0, 1) (open) from the same counter-based generator.
+double init_uniform(uint64_t seed, int tensor, int layer, int64_t index);
 
 // Writes `count` initial values of tp rank `tp_rank`'s shard of tensor `t` (layer `layer`),
 // starting at local element `local_begin`, to dst. Deterministic, any thread count.

@@ -116,6 +116,8 @@ class Model {
   // layer, index in the full tensor).
   virtual void init_weights(uint64_t seed) = 0;
   virtual void zero_grads() = 0;
+  // Training (the default) or evaluation: what differs is dropout (LoRA's), active in training only.
+  virtual void set_training(bool on) {}
 
   virtual std::unique_ptr<Activations> new_activations() = 0;
 

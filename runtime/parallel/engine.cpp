@@ -116,6 +116,7 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   zo.tied_head = shape.tied();
   const ms::ParamLayout layout = ms::param_layout(shape, part_);
   const bool moe = ms::family_of(shape).mlp == ms::MlpKind::kMoe;
+  const bool lora = shape.lora.on();
   ParallelHooks* bottom = nullptr;
   if (moe) {
     // Two regions: the dense one over the gradients' group, the experts over theirs (the whole
@@ -126,12 +127,19 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
     expert_zero_ = std::make_unique<ZeroEngine>(ze, spec_.ep > 1 ? edp_ : dp_, ms::expert_region(layout), alloc);
     region_hooks_ = std::make_unique<RegionHooks>(zero_.get(), expert_zero_.get());
     bottom = region_hooks_.get();
+  } else if (lora) {
+    // LoRA: ZeRO over the adapters alone (the trainable region); the frozen base is the model's
+    // own, replicated over dp, and never reaches the hooks (decoder.h).
+    ZeroOptions za = zo;
+    za.tied_head = false;
+    zero_ = std::make_unique<ZeroEngine>(za, dp_, ms::adapter_region(layout), alloc);
+    bottom = zero_.get();
   } else {
     zero_ = std::make_unique<ZeroEngine>(zo, dp_, layout, alloc);
     bottom = zero_.get();
   }
   ParallelHooks* below_tp = bottom;
-  if (tied_) {
+  if (tied_ && !lora) {  // a frozen tied embedding has no gradients to share
     const auto wte = ms::find_param(ms::model_params(shape), ms::ParamId::kWte);
     tied_hooks_ = std::make_unique<TiedEmbeddingHooks>(bottom, ms::local_numel(wte, spec_.tp), alloc, spec_.device,
                                                        nullptr, spec_.model.grad_dtype);
@@ -161,7 +169,13 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   mo.own_grads = zero_->model_owns_grads();
   mo.device = spec_.device;
   model_ = make_model(shape, part_, mo, alloc, hooks);
-  zero_->attach(model_->params(), model_->grads());
+  if (lora) {
+    // The adapters: after the base in the model's parameters (when it holds them: not at ZeRO-3);
+    // the model's gradients are the adapters' alone.
+    zero_->attach(mo.own_params ? model_->params() + layout.adapter_begin : TypedPtr(), model_->grads());
+  } else {
+    zero_->attach(model_->params(), model_->grads());
+  }
   if (expert_zero_) {
     auto at = [&](TypedPtr p) { return p ? p + layout.expert_begin : p; };
     expert_zero_->attach(at(model_->params()), at(model_->grads()));

@@ -12,7 +12,8 @@
 //            pipeline) -> ZeroEngine over the gradients' group (always; stage 0 with a group of 1
 //            is plain local gradients); a mixture of experts: RegionHooks above two ZeroEngines,
 //            the dense region's over the gradients' group, the experts' over the
-//            expert-data-parallel group (expert_parallel.h).
+//            expert-data-parallel group (expert_parallel.h); LoRA: one ZeroEngine over the
+//            adapters' region only (model_spec/lora_spec.h), the frozen base outside every hook.
 //   model    this rank's part (its pipeline stage's layers as its tp shard, its positions of each
 //            sequence as its cp share), attached to ZeRO.
 //   pipeline (pp > 1) the PipelineStage and this stage's event list for one step.

@@ -241,7 +241,8 @@ void ZeroEngine::begin_micro_batch(bool last, bool backward) {
         case ms::UnitKind::kPositionEmbedding: wpe = static_cast<int>(i); break;
         case ms::UnitKind::kFinalNorm: lnf = static_cast<int>(i); break;
         case ms::UnitKind::kLayer:
-        case ms::UnitKind::kExperts: layers.push_back(static_cast<int>(i)); break;  // an engine holds one kind
+        case ms::UnitKind::kExperts:
+        case ms::UnitKind::kAdapters: layers.push_back(static_cast<int>(i)); break;  // an engine holds one kind
         default: break;
       }
     }

@@ -26,6 +26,11 @@ std::vector<char> to_host(TypedPtr src, int64_t n) {
   return h;
 }
 
+// What a checkpoint holds of a part: all of it, or a LoRA run's adapters (its frozen base is
+// loaded from model.init_from at every start).
+int64_t trained_numel(const Model& m) { return m.num_params() - (m.shape().lora.on() ? m.layout().adapter_begin : 0); }
+TypedPtr trained_params(Model& m) { return m.params() + (m.shape().lora.on() ? m.layout().adapter_begin : 0); }
+
 // Per rank: its dense partition (begin, count), its part's size, its expert partition (begin,
 // count; 0 without experts).
 constexpr size_t kRecords = 5;
@@ -57,7 +62,7 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
   OptimizerState& st = run.state;
   const auto& root = run.cfg.training.checkpoint_dir;
   OptimizerState* es = run.expert_state;
-  const auto records = world.gather_int64({st.part_begin(), st.part_count(), run.engine.model().num_params(),
+  const auto records = world.gather_int64({st.part_begin(), st.part_count(), trained_numel(run.engine.model()),
                                            es ? es->part_begin() : 0, es ? es->part_count() : 0});
   auto write_shard = [&] {
     const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
@@ -112,10 +117,12 @@ void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::strin
                            "it with the same bf16/fp16 settings",
                            where, stored, wanted);
   }
-  if (run.engine.zero().stage() != 3) read("params", 0, run.engine.model().num_params(), run.engine.model().params());
+  Model& model = run.engine.model();
+  if (run.engine.zero().stage() != 3) read("params", 0, trained_numel(model), trained_params(model));
   // Each region's state (the reader maps the expert region's offsets to the "expert_" tensors).
   auto read_region = [&](OptimizerState& st) {
-    const int64_t base = st.region_begin();
+    // The reader's offsets: a LoRA run's checkpoint covers its adapters' region only.
+    const int64_t base = model.shape().lora.on() ? 0 : st.region_begin();
     if (st.zero().stage() == 3) {
       read("params", base + st.part_begin(), base + st.part_begin() + st.part_count(), st.zero().opt_params());
     }

@@ -45,6 +45,7 @@
 #include "train/step_clock.h"
 #include "train/step_math.h"
 #include "train/throughput.h"
+#include "train/lora_weights.h"
 #include "train/weights_export.h"
 
 namespace ds::rt::train {
@@ -166,8 +167,10 @@ void Trainer::Impl::build(int local_rank) {
   open_data(topo.coord_of(rank).dp);
   runs = layout::cp_position_runs(T, cp, topo.coord_of(rank).cp, spec.cp_method);
   engine = std::make_unique<parallel::Engine>(shape, spec, job_store(world), alloc);
+  // LoRA: the optimizer's region is the adapters' (the base is frozen: no state at all).
+  const int64_t region = shape.lora.on() ? engine->model().layout().adapter_begin : 0;
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
-                                           engine->coord().tp, pp(), alloc);
+                                           engine->coord().tp, pp(), alloc, region);
   if (auto* ez = engine->expert_zero()) {
     expert_state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), *ez, engine->coord().tp,
                                                     pp(), alloc, engine->model().layout().expert_begin);
@@ -205,8 +208,11 @@ void Trainer::Impl::start_or_resume() {
     resume_dir = ckpt::latest_checkpoint(root);
     if (!resume_dir) spdlog::info("--resume: no checkpoint in {} yet, starting fresh", root);
   }
+  const std::string& init_from = !opt.init_from.empty() ? opt.init_from : cfg.model.init_from;
+  // LoRA: the frozen base at every start (a checkpoint holds the adapters' state only).
+  if (shape.lora.on()) init_lora_base(*engine, init_from, cfg.training.seed, alloc);
   if (!resume_dir) {
-    const std::string& init_from = !opt.init_from.empty() ? opt.init_from : cfg.model.init_from;
+    if (shape.lora.on()) return init_lora_adapters(*engine, *state, cfg.lora.init_from, cfg.training.seed, alloc);
     init_weights(*engine, *state, init_from, cfg.training.seed, alloc);
     if (expert_state) init_weights(*engine, *expert_state, init_from, cfg.training.seed, alloc);
     return;
@@ -346,6 +352,12 @@ Trainer::Impl::LossSums Trainer::Impl::pipeline_micro_batches(int64_t step, floa
 // The mean validation loss over every data-parallel rank's eval_steps micro-batches. With a
 // pipeline the micro-batches go through the stages G at a time (the token workspace's room).
 double Trainer::Impl::evaluate() {
+  // Evaluation: no dropout (LoRA's), training again after.
+  struct EvalMode {
+    Model& m;
+    explicit EvalMode(Model& model) : m(model) { m.set_training(false); }
+    ~EvalMode() { m.set_training(true); }
+  } eval_mode(engine->model());
   parallel::ZeroEngines zero(engine->zeros());
   val_loader->begin();
   const int64_t steps = val_loader->eval_steps();
@@ -402,6 +414,12 @@ void Trainer::Impl::print_sample(int64_t step, MetricsReporter& reporter) {
   GenerateOptions o;
   o.tokens = 64;
   o.seed = cfg.training.seed + static_cast<uint64_t>(step);
+  if (shape.lora.on()) {  // the generator runs plain models: the adapters merged, W + (alpha/r) B A
+    params = merge_lora(shape, params.data());
+    reporter.note(fmt::format("sample at step {}:\n---\n{}\n---", step,
+                              generate_text(lora_base_shape(shape), params.data(), *codec, o)));
+    return;
+  }
   reporter.note(fmt::format("sample at step {}:\n---\n{}\n---", step, generate_text(shape, params.data(), *codec, o)));
 }
 
@@ -524,6 +542,14 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
 void Trainer::export_llmc(const std::string& path, bool bf16) {
   Impl& s = *impl_;
   write_llmc_export(path, *s.engine, s.optimizer_states(), s.cfg.pipeline.partition, s.alloc, s.device, bf16);
+}
+
+void Trainer::export_adapter(const std::string& dir, const std::string& dtype) {
+  Impl& s = *impl_;
+  const ckpt::StDtype d = dtype == "bf16" ? ckpt::StDtype::kBF16 : dtype == "fp16" ? ckpt::StDtype::kF16
+                                                                                   : ckpt::StDtype::kF32;
+  write_adapter_export(dir, *s.engine, s.optimizer_states(), s.cfg.pipeline.partition, s.alloc, s.device, d,
+                       s.cfg.lora.target_modules, s.cfg.model.init_from);
 }
 
 void Trainer::export_safetensors(const std::string& dir, const std::string& dtype) {

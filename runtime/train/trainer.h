@@ -89,6 +89,10 @@ class Trainer {
   // The weights as Hugging Face safetensors plus config.json (families with an HF format) in `dir` (--export-safetensors);
   // `dtype` "fp32", "bf16" or "fp16". Collective like export_llmc.
   void export_safetensors(const std::string& dir, const std::string& dtype = "fp32");
+  // A LoRA run's adapters as PEFT's adapter_config.json and adapter_model.safetensors in `dir`
+  // (--export-adapter; `dtype` as above). Collective like export_llmc. The two exports above
+  // write the merged model W + (alpha/r) B A.
+  void export_adapter(const std::string& dir, const std::string& dtype = "fp32");
 
  private:
   struct Impl;

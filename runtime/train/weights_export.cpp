@@ -9,7 +9,9 @@
 #include "common/error.h"
 #include "kernels/dispatch.h"
 #include "layout/partition.h"
+#include "kernels/typed.h"
 #include "model_spec/family.h"
+#include "train/lora_weights.h"
 
 namespace ds::rt::train {
 
@@ -23,6 +25,13 @@ std::vector<float> part_on_host(parallel::Engine& engine, const std::vector<Opti
                                 Device device) {
   Model& model = engine.model();
   std::vector<float> part(static_cast<size_t>(model.num_params()));
+  if (model.shape().lora.on()) {
+    // LoRA: the frozen base is the model's own, whole on every rank (in its storage type).
+    const int64_t n = model.layout().adapter_begin;
+    Buffer f = alloc.allocate(static_cast<size_t>(n) * sizeof(float), MemTag::kWorkspace, "export", device);
+    kern::typed::convert(TypedPtr(f.as<float>()), model.params(), n);
+    kern::copy_to_host(part.data(), f.as<float>(), static_cast<size_t>(n) * sizeof(float));
+  }
   for (OptimizerState* st : states) {
     OptimizerState& state = *st;
     parallel::ZeroEngine& zero = state.zero();
@@ -100,8 +109,10 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, const 
                            "--export-safetensors DIR",
                            ms::llmc_family().display_name, family.name);
   }
-  write_whole_model(engine, states, split, alloc, device,
-                    [&](const float* whole) { ckpt::save_llmc(path, shape, whole, bf16); });
+  write_whole_model(engine, states, split, alloc, device, [&](const float* whole) {
+    if (!shape.lora.on()) return ckpt::save_llmc(path, shape, whole, bf16);
+    ckpt::save_llmc(path, lora_base_shape(shape), merge_lora(shape, whole).data(), bf16);  // W + (alpha/r) B A
+  });
 }
 
 void write_safetensors_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
@@ -112,8 +123,26 @@ void write_safetensors_export(const std::string& dir, parallel::Engine& engine, 
                            "dstrain; it exports with --export-llmc",
                            ms::family_of(shape).name);
   }
-  write_whole_model(engine, states, split, alloc, device,
-                    [&](const float* whole) { ckpt::save_hf_safetensors(dir, shape, whole, dtype); });
+  write_whole_model(engine, states, split, alloc, device, [&](const float* whole) {
+    if (!shape.lora.on()) {
+      ckpt::save_hf_safetensors(dir, shape, whole, dtype);
+      return;
+    }
+    ckpt::save_hf_safetensors(dir, lora_base_shape(shape), merge_lora(shape, whole).data(), dtype);
+  });
+}
+
+void write_adapter_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
+                          layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype,
+                          const std::vector<std::string>& target_modules, const std::string& base_model) {
+  const ms::ModelShape& shape = engine.model().shape();
+  if (!shape.lora.on()) {
+    throw Error(ErrorKind::kInvalidArgument, "--export-adapter writes LoRA adapters, and this run has none",
+                "add a \"lora\" section to the config, or export the model with --export-safetensors");
+  }
+  write_whole_model(engine, states, split, alloc, device, [&](const float* whole) {
+    ckpt::write_peft_adapter(dir, peft_adapter_of(shape, whole, target_modules, base_model), dtype);
+  });
 }
 
 }  // namespace ds::rt::train

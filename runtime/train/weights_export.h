@@ -3,7 +3,7 @@
 // config.json (--export-safetensors, families with an HfFormat), from any layout.
 // Collective over the world:
 //   1. each rank's part (its stage's layers, its tp shard) as fp32 weights on the host: the
-//      master weights with mixed precision, assembled from the dp group's partitions where ZeRO
+//      master weights with mixed precision (a LoRA run's frozen base: the model's own values), assembled from the dp group's partitions where ZeRO
 //      splits them (collective over the dp group);
 //   2. without tensor or pipeline parallelism rank 0 writes it; otherwise dp rank 0 of every
 //      (stage, tp rank) part sends it to rank 0 over the host world, which places every element at
@@ -30,6 +30,11 @@ void write_llmc_export(const std::string& path, parallel::Engine& engine, const 
 // the family's Hugging Face layout in `dtype` into `dir` (checkpoint/hf_safetensors.h, save_hf_safetensors).
 void write_safetensors_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
                               layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype);
+// LoRA (lora_weights.h): PEFT's adapter_config.json and adapter_model.safetensors in `dtype` into
+// `dir` (--export-adapter); the two exports above write the merged model W + (alpha/r) B A.
+void write_adapter_export(const std::string& dir, parallel::Engine& engine, const std::vector<OptimizerState*>& states,
+                          layout::StageSplit split, Allocator& alloc, Device device, ckpt::StDtype dtype,
+                          const std::vector<std::string>& target_modules, const std::string& base_model);
 // Steps 1 and 2 above, then `write` on rank 0 with the whole model's fp32 values (the layout of
 // model_spec::param_layout(shape, ModelPart::whole(shape))).
 void write_whole_model(parallel::Engine& engine, const std::vector<OptimizerState*>& states, layout::StageSplit split, Allocator& alloc,

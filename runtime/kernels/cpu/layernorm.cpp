@@ -78,7 +78,7 @@ void layernorm_backward(S* dinp, G* dweight, std::type_identity_t<G>* dbias, con
     }
     // Parameter gradients: each thread owns a block of channels and walks every row.
     const int kBlock = 32;
-    const int nblocks = (C + kBlock - 1) / kBlock;
+    const int nblocks = dweight == nullptr ? 0 : (C + kBlock - 1) / kBlock;  // null: frozen weights
 #pragma omp for schedule(static)
     for (int cb = 0; cb < nblocks; cb++) {
       const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);

@@ -57,6 +57,40 @@ void scale_in_place(S* x, int64_t n, float coef) {
 }
 
 template <typename S>
+void columns_axpy(S* dst, int ld_dst, const S* src, int ld_src, float scale, int64_t N, int cols, bool accumulate) {
+#pragma omp parallel for schedule(static) if (N * cols >= kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    S* d = dst + n * ld_dst;
+    const S* s = src + n * ld_src;
+    for (int j = 0; j < cols; ++j) d[j] = from_f32<S>((accumulate ? to_f32(d[j]) : 0.0f) + scale * to_f32(s[j]));
+  }
+}
+
+namespace {
+inline uint64_t dropout_mix(uint64_t x) {  // splitmix64's finaliser
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+}  // namespace
+
+template <typename S>
+void lora_dropout(S* out, const S* x, int64_t N, int cols, int64_t col0, int64_t full_cols, float p, uint64_t key) {
+  const float keep_scale = 1.0f / (1.0f - p);
+  const uint64_t k = dropout_mix(key);
+#pragma omp parallel for schedule(static) if (N * cols >= kParallelMin)
+  for (int64_t n = 0; n < N; ++n) {
+    for (int j = 0; j < cols; ++j) {
+      const uint64_t h = dropout_mix(k ^ static_cast<uint64_t>(n * full_cols + col0 + j));
+      const float u = static_cast<float>(h >> 40) * 0x1.0p-24f;  // [0, 1)
+      const int64_t i = n * cols + j;
+      out[i] = from_f32<S>(u < p ? 0.0f : to_f32(x[i]) * keep_scale);
+    }
+  }
+}
+
+template <typename S>
 bool all_finite(const S* x, int64_t n) {
   // Branch-free accumulation so the loop vectorises: x - x is 0 for finite x, nan otherwise.
   float acc = 0.0f;
@@ -68,6 +102,8 @@ bool all_finite(const S* x, int64_t n) {
 #define DS_INST_S(S)                                        \
   template double sum_of_squares<S>(const S*, int64_t);     \
   template void scale_in_place<S>(S*, int64_t, float);      \
+  template void columns_axpy<S>(S*, int, const S*, int, float, int64_t, int, bool); \
+  template void lora_dropout<S>(S*, const S*, int64_t, int, int64_t, int64_t, float, uint64_t); \
   template bool all_finite<S>(const S*, int64_t);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 

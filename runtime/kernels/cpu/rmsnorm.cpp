@@ -80,7 +80,7 @@ void rmsnorm_backward(S* dinp, G* dweight, const S* dout, const S* inp, const S*
     for (int64_t r = 0; r < N; r++) rms_row_backward(dinp + r * C, dout + r * C, inp + r * C, weight, rstd[r], C);
     // dweight: each thread owns a block of channels and walks every row (no races, fixed order).
     constexpr int kBlock = 32;
-    const int nblocks = (C + kBlock - 1) / kBlock;
+    const int nblocks = dweight == nullptr ? 0 : (C + kBlock - 1) / kBlock;  // null: a frozen weight
 #pragma omp for schedule(static)
     for (int cb = 0; cb < nblocks; cb++) {
       const int c0 = cb * kBlock, c1 = std::min(C, c0 + kBlock);

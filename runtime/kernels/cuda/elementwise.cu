@@ -298,6 +298,37 @@ __global__ void scale_kernel(T* x, int64_t n, float coef) {
 }
 
 template <typename T>
+__global__ void columns_axpy_kernel(T* dst, int ld_dst, const T* src, int ld_src, float scale, int64_t N, int cols,
+                                    bool accumulate) {
+  const int64_t n_all = N * cols;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n_all; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t r = i / cols, c = i % cols;
+    T* d = dst + r * ld_dst + c;
+    st(d, (accumulate ? ld(d) : 0.0f) + scale * ld(src + r * ld_src + c));
+  }
+}
+
+__device__ inline uint64_t dropout_mix(uint64_t x) {  // splitmix64's finaliser, as the CPU kernel's
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename T>
+__global__ void lora_dropout_kernel(T* out, const T* x, int64_t N, int cols, int64_t col0, int64_t full_cols, float p,
+                                    uint64_t key) {
+  const uint64_t k = dropout_mix(key);
+  const float keep_scale = 1.0f / (1.0f - p);
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < N * cols; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t n = i / cols, j = i % cols;
+    const uint64_t h = dropout_mix(k ^ static_cast<uint64_t>(n * full_cols + col0 + j));
+    const float u = static_cast<float>(h >> 40) * 0x1.0p-24f;
+    st(out + i, u < p ? 0.0f : ld(x + i) * keep_scale);
+  }
+}
+
+template <typename T>
 void sum_of_squares_impl(double* out, double* scratch, const T* x, int64_t n, cudaStream_t stream) {
   sum_squares_partial_kernel<T><<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
                                                                             n > 0 ? n : 0);
@@ -452,6 +483,18 @@ void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream) {
   DS_ELEMENTWISE(scale_kernel<S>, n, x, n, coef);
 }
 
+template <typename S>
+void columns_axpy(S* dst, int ld_dst, const S* src, int ld_src, float scale, int64_t N, int cols, bool accumulate,
+                  cudaStream_t stream) {
+  DS_ELEMENTWISE(columns_axpy_kernel<S>, N * cols, dst, ld_dst, src, ld_src, scale, N, cols, accumulate);
+}
+
+template <typename S>
+void lora_dropout(S* out, const S* x, int64_t N, int cols, int64_t col0, int64_t full_cols, float p, uint64_t key,
+                  cudaStream_t stream) {
+  DS_ELEMENTWISE(lora_dropout_kernel<S>, N * cols, out, x, N, cols, col0, full_cols, p, key);
+}
+
 #define DS_CUDA_INST_S(S)                                                                       \
   template void encoder_forward<S>(S*, const int32_t*, const S*, const S*, int, int, int,       \
                                    cudaStream_t);                                               \
@@ -465,7 +508,9 @@ void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream) {
   template void add_in_place<S>(S*, const S*, int64_t, cudaStream_t);                           \
   template void add_bias<S>(S*, const S*, int, int, cudaStream_t);                              \
   template double sum_of_squares_to_host<S>(const S*, int64_t, cudaStream_t);                   \
-  template void scale_in_place<S>(S*, int64_t, float, cudaStream_t);
+  template void scale_in_place<S>(S*, int64_t, float, cudaStream_t);                            \
+  template void columns_axpy<S>(S*, int, const S*, int, float, int64_t, int, bool, cudaStream_t);    \
+  template void lora_dropout<S>(S*, const S*, int64_t, int, int64_t, int64_t, float, uint64_t, cudaStream_t);
 #define DS_CUDA_INST_SG(S, G)                                                                    \
   template void encoder_backward<S, G>(G*, G*, const S*, const int32_t*, int, int, int,          \
                                        cudaStream_t);                                            \

@@ -157,6 +157,7 @@ void layernorm_backward_impl(T* dinp, G* dweight, G* dbias, const T* dout, const
         dinp, dout, inp, weight, mean, rstd, rows, C);
   }
   DS_CUDA_CHECK_LAUNCH("layernorm_backward_dinp_kernel");
+  if (dweight == nullptr) return;  // frozen weights (a LoRA base)
   column_sums::run<2>(rows, C, LayerNormParamTerms<T>{dout, inp, mean, rstd, C}, AddWeightAndBias<G>{dweight, dbias},
                       stream);
 }

@@ -130,6 +130,7 @@ void rmsnorm_backward_impl(S* dinp, G* dweight, const S* dout, const S* inp, con
         dinp, dout, inp, weight, rstd, N, C);
   }
   DS_CUDA_CHECK_LAUNCH("rmsnorm_backward_dinp_kernel");
+  if (dweight == nullptr) return;  // a frozen weight (a LoRA base)
   column_sums::run<1>(N, C, RmsNormWeightTerm<S>{dout, inp, rstd, C}, AddWeight<G>{dweight}, stream);
 }
 

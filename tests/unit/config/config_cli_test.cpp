@@ -131,13 +131,16 @@ TEST_F(ConfigCli, BadInvocationsExitWithClearErrors) {
 TEST_F(ConfigCli, LoraSectionIsPrintedResolved) {
   const std::string model = R"("model": {"type": "llama", "n_layer": 2, "n_head": 4, "n_embd": 64, )"
                             R"("vocab_size": 300, "seq_len": 32, "intermediate_size": 176})";
+  std::filesystem::create_directories(dir_ + "/ad");
+  write("ad/adapter_config.json", R"({"peft_type": "LORA", "r": 4, "lora_alpha": 16, "target_modules": )"
+                                  R"(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]})");
   std::string path = write("lora.json", R"({"train_micro_batch_size_per_gpu": 2, )" + model +
                                             R"(, "lora": {"r": 4, "target_modules": "all-linear", "init_from": "ad"}})");
   auto r = run_command(dstrain() + " config check " + path);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = nlohmann::json::parse(r.out)["lora"];
   EXPECT_EQ(j["r"], 4);
-  EXPECT_EQ(j["alpha"], nullptr);  // with init_from and no alpha: the adapter's
+  EXPECT_EQ(j["alpha"], 16);  // with init_from and no alpha: the adapter's (read when the config is)
   EXPECT_EQ(j["target_modules"],
             nlohmann::json({"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}));
   EXPECT_EQ(j["init_from"], dir_ + "/ad");

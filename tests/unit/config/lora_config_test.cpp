@@ -1,6 +1,8 @@
 // The lora section: keys and PEFT's defaults, target names checked against model.type's family,
 // "all-linear" expanded, init_from standing in for r / alpha / target_modules, the JSON round trip,
 // and every bad value named by its JSON path.
+#include <filesystem>
+#include <fstream>
 #include <gtest/gtest.h>
 
 #include "config/job_config.h"
@@ -44,6 +46,7 @@ TEST(LoraConfig, KeysAndPeftDefaults) {
   EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
   EXPECT_EQ(c.lora.init_from, "");
 
+  // Every key given: the adapter directory is not read here (the runtime checks it against the file).
   const JobConfig d = parse_job_config(
       with_lora(kLlama, R"("r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["self_attn.o_proj", "down_proj"], )"
                         R"("init_from": "../adapters/run1")"),
@@ -53,7 +56,7 @@ TEST(LoraConfig, KeysAndPeftDefaults) {
   EXPECT_EQ(d.lora.dropout, 0.05);
   EXPECT_EQ(d.lora.target_modules, (std::vector<std::string>{"self_attn.o_proj", "down_proj"}));
   EXPECT_EQ(d.lora.init_from, "adapters/run1");  // against the config's directory, as model.init_from
-  EXPECT_EQ(parse_job_config(with_lora(kLlama, R"("r": 1, "target_modules": ["q_proj"], "init_from": "/abs/a")"),
+  EXPECT_EQ(parse_job_config(with_lora(kLlama, R"("r": 1, "alpha": 2, "target_modules": ["q_proj"], "init_from": "/abs/a")"),
                              "configs/x.json", 1)
                 .lora.init_from,
             "/abs/a");
@@ -77,17 +80,29 @@ TEST(LoraConfig, Gpt2Names) {
   }
 }
 
+// A PEFT adapter directory of the given adapter_config.json text, in a fresh temporary directory.
+std::string adapter_dir(const std::string& name, const std::string& config_json) {
+  const auto dir = std::filesystem::temp_directory_path() / ("dstrain-lora-config-" + name);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "adapter_config.json") << config_json;
+  return dir.string();
+}
+
 TEST(LoraConfig, InitFromStandsInForTheAdaptersKeys) {
-  const JobConfig c = parse_job_config(with_lora(kLlama, R"("init_from": "adapter")"), "configs/x.json", 1);
+  const std::string ad = adapter_dir(
+      "a", R"({"peft_type": "LORA", "r": 4, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"]})");
+  const JobConfig c = parse_job_config(with_lora(kLlama, R"("init_from": ")" + ad + R"(")"), "configs/x.json", 1);
   EXPECT_TRUE(c.lora.enabled);
-  EXPECT_EQ(c.lora.r, 0);       // from the adapter's adapter_config.json
-  EXPECT_EQ(c.lora.alpha, 0);   // likewise: not PEFT's default, which could disagree with the adapter
-  EXPECT_TRUE(c.lora.target_modules.empty());
-  EXPECT_EQ(c.lora.init_from, "configs/adapter");
+  EXPECT_EQ(c.lora.r, 4);       // from the adapter's adapter_config.json
+  EXPECT_EQ(c.lora.alpha, 16);  // likewise: not PEFT's default, which could disagree with the adapter
+  EXPECT_EQ(c.lora.target_modules, (std::vector<std::string>{"q_proj", "v_proj"}));
+  EXPECT_EQ(c.lora.init_from, ad);
+  EXPECT_EQ(c.model.shape.lora.r, 4);  // the model's view
+  EXPECT_EQ(c.model.shape.lora.alpha, 16);
   // null is absent.
   const JobConfig n = parse_job_config(
-      with_lora(kLlama, R"("r": null, "alpha": null, "target_modules": null, "init_from": "adapter")"), "t.json", 1);
-  EXPECT_EQ(n.lora.r, 0);
+      with_lora(kLlama, R"("r": null, "alpha": null, "target_modules": null, "init_from": ")" + ad + R"(")"), "t.json", 1);
+  EXPECT_EQ(n.lora.r, 4);
   // The resolved config reads back, with and without init_from.
   for (const JobConfig& cfg :
        {c, parse_job_config(with_lora(kGpt2, R"("r": 2, "alpha": 3.5, "dropout": 0.1, "target_modules": "all-linear")"),
@@ -99,11 +114,15 @@ TEST(LoraConfig, InitFromStandsInForTheAdaptersKeys) {
     EXPECT_EQ(again.lora.alpha, cfg.lora.alpha);
     EXPECT_EQ(again.lora.target_modules, cfg.lora.target_modules);
   }
-  const auto j = c.to_json()["lora"];
-  EXPECT_TRUE(j["r"].is_null());
-  EXPECT_TRUE(j["alpha"].is_null());
-  EXPECT_TRUE(j["target_modules"].is_null());
-  EXPECT_EQ(j["init_from"], "configs/adapter");
+  // A value the config gives and the adapter contradicts, and an adapter that is not there: named.
+  const auto e1 = errors_of(with_lora(kLlama, R"("r": 8, "init_from": ")" + ad + R"(")"));
+  ASSERT_EQ(e1.size(), 1u);
+  EXPECT_NE(e1[0].find("$.lora.r: r is 8 but the adapter " + ad + "/adapter_config.json has r 4"), std::string::npos)
+      << e1[0];
+  const auto e2 = errors_of(with_lora(kLlama, R"("init_from": "/nonexistent/adapter")"));
+  ASSERT_EQ(e2.size(), 1u);
+  EXPECT_NE(e2[0].find("$.lora.init_from: cannot read /nonexistent/adapter/adapter_config.json"), std::string::npos)
+      << e2[0];
 }
 
 TEST(LoraConfig, ErrorsNameTheJsonPath) {
