@@ -51,11 +51,13 @@ struct HfConfigKey {
 // A config.json key an import checks against the model: present and equal to `json` (numbers
 // compared as numbers), or, when not `required`, possibly absent (transformers then takes its
 // default, which is `json`). `model_key` names what it must agree with ("model.seq_len").
+// `at_least`: a number >= `json` (n_positions: a longer position table's first rows are read).
 struct HfConfigCheck {
   std::string key;
   std::string json;
   bool required;
   std::string model_key;
+  bool at_least = false;
 };
 
 // How Hugging Face stores the family: transformers' class and model_type, each tensor copy's name

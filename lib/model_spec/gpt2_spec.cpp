@@ -116,7 +116,7 @@ std::vector<HfConfigCheck> gpt2_hf_checks(const ModelShape& s) {
       {"n_layer", num(s.n_layer), true, "model.n_layer"},
       {"n_head", num(s.n_head), true, "model.n_head"},
       {"vocab_size", num(s.vocab_size), true, "model.vocab_size"},
-      {"n_positions", num(s.seq_len), true, "model.seq_len"},
+      {"n_positions", num(s.seq_len), true, "model.seq_len", /*at_least=*/true},
       {"layer_norm_epsilon", "1e-05", true, "dstrain's LayerNorm epsilon"},
       {"activation_function", "\"gelu_new\"", false, "dstrain's GELU (the tanh approximation)"},
       {"scale_attn_weights", "true", false, "dstrain's attention (scores scaled by 1/sqrt(head size))"},

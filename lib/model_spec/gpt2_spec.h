@@ -40,8 +40,8 @@ bool gpt2_hf_transposed(ParamId id);
 bool gpt2_hf_ignored(std::string_view name);
 // config.json's GPT2Config keys for this shape (vocab_size the real one, not padded).
 std::vector<HfConfigKey> gpt2_hf_config(const ModelShape& s);
-// What an import requires of config.json: model_type gpt2, n_embd, n_layer, n_head, vocab_size,
-// n_positions (= model.seq_len) and layer_norm_epsilon 1e-5 present and equal; where given,
+// What an import requires of config.json: model_type gpt2, n_embd, n_layer, n_head, vocab_size
+// and layer_norm_epsilon 1e-5 present and equal, n_positions >= model.seq_len; where given,
 // activation_function gelu_new, scale_attn_weights true, scale_attn_by_inverse_layer_idx false,
 // tie_word_embeddings true.
 std::vector<HfConfigCheck> gpt2_hf_checks(const ModelShape& s);

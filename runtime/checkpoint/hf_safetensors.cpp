@@ -132,9 +132,13 @@ void check_config_json(const std::string& path, const ms::ModelShape& s, const m
       if (!c.required) continue;
       throw invalid_argument("{}: no key \"{}\" (expected {}, from {})", cpath, c.key, want.dump(), c.model_key);
     }
-    if (j[c.key] != want) {
-      throw invalid_argument("{}: \"{}\" is {}, but {} is {}", cpath, c.key, j[c.key].dump(), c.model_key,
-                             want.dump());
+    const nlohmann::json& got = j[c.key];
+    if (c.at_least && !(got.is_number() && got.get<double>() >= want.get<double>())) {
+      throw invalid_argument("{}: \"{}\" is {}, but {} is {}: it must be at least that", cpath, c.key, got.dump(),
+                             c.model_key, want.dump());
+    }
+    if (!c.at_least && got != want) {
+      throw invalid_argument("{}: \"{}\" is {}, but {} is {}", cpath, c.key, got.dump(), c.model_key, want.dump());
     }
   }
 }
@@ -184,13 +188,19 @@ void load_hf_safetensors(const std::string& path, const ms::ModelShape& shape, c
                                                   : "");
       }
       float* dst = full.data() + static_cast<size_t>(t.numel() / pieces * p);
-      if (!ms::hf_transposed(hf, ts.id)) {
+      const std::vector<int64_t>& file_shape = set.find(name)->shape;
+      if (t.unit == ms::UnitKind::kPositionEmbedding && file_shape.size() == 2 && file_shape[0] > sh[0] &&
+          file_shape[1] == sh[1]) {  // a longer table (n_positions > model.seq_len): its first rows
+        stored.resize(static_cast<size_t>(file_shape[0] * file_shape[1]));
+        set.read_f32(name, file_shape, stored.data());
+        std::copy_n(stored.begin(), sh[0] * sh[1], dst);
+      } else if (ms::hf_transposed(hf, ts.id)) {
+        stored.resize(static_cast<size_t>(sh[0] * sh[1]));
+        set.read_f32(name, sh, stored.data());
+        transpose(stored.data(), sh[0], sh[1], dst);
+      } else {
         set.read_f32(name, sh, dst);
-        continue;
       }
-      stored.resize(static_cast<size_t>(sh[0] * sh[1]));
-      set.read_f32(name, sh, stored.data());
-      transpose(stored.data(), sh[0], sh[1], dst);
     }
     if (ts.id == ms::ParamId::kWte) check_tied_head(set, shape, names, sh, full.data());
     for (int64_t i = 0; i < ts.numel; i++) {

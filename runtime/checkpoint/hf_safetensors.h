@@ -26,7 +26,8 @@ const model_spec::HfFormat& hf_format(const model_spec::ModelShape& shape, const
 // Fills `params` (the part's layout.total fp32 values) with this part's share of the weights in
 // `path` (a .safetensors file, or a directory with model.safetensors.index.json and shards, or
 // with model.safetensors). F32/BF16/F16 read exactly into fp32; a tensor the format transposes
-// (HfFormat::transposed) is read as HF's (in, out) and stored as dstrain's (out, in).
+// (HfFormat::transposed) is read as HF's (in, out) and stored as dstrain's (out, in); a position
+// embedding with more rows than model.seq_len gives its first seq_len.
 // invalid_argument naming the file and tensor when a tensor is missing, has another shape (both
 // named), or the file holds tensors this model has no place for (more layers; the format's
 // ignored buffers are skipped; an lm_head for a tied model must equal the embedding). A format

@@ -6,7 +6,7 @@
 //   - the HF import equals the llm.c import value for value (the padded vocabulary's rows zero in
 //     both), whole and as one tensor-parallel rank's share, and its loss and logits match the HF
 //     forward (fp32 against float64: loss 1e-5 relative, logits 1e-5 absolute);
-//   - export then import is bit-exact; the exported file holds HF's names and shapes (the Conv1D
+//   - export then import is bit-exact (one file, or shards with an index); the exported file holds HF's names and shapes (the Conv1D
 //     weights (in, out), no lm_head, vocab_size rows) with the source file's values, and a
 //     config.json GPT2LMHeadModel reads; a bf16 export reads back as each value rounded once;
 //   - GPT2Model's names (no "transformer." prefix) import the same;
@@ -226,6 +226,13 @@ TEST(Gpt2Hf, ExportRoundTripsInHfNamesAndShapes) {
   EXPECT_EQ(c["tie_word_embeddings"], true);
   EXPECT_EQ(c["torch_dtype"], "float32");
 
+  // Shards of at most 8 KiB with model.safetensors.index.json read back the same.
+  const std::string sharded = tmp_dir("shards");
+  const auto shard_files = ckpt::save_hf_safetensors(sharded, s, w.data(), ckpt::StDtype::kF32, 8192);
+  EXPECT_GT(shard_files.size(), 3u);
+  EXPECT_TRUE(fs::exists(sharded + "/model.safetensors.index.json"));
+  EXPECT_TRUE(bit_equal(import_hf(sharded, s), w));
+
   // bf16: each value rounded to bf16 once, read back exactly.
   const std::string dir16 = tmp_dir("export16");
   ckpt::save_hf_safetensors(dir16, s, w.data(), ckpt::StDtype::kBF16);
@@ -276,8 +283,9 @@ TEST(Gpt2Hf, BadInputNamesTheFileAndTheTensorOrKey) {
   expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "no key \"n_head\"", "model.n_head"});
   d = edited("nhead", nullptr, [](json& c) { c["n_head"] = 4; });
   expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "\"n_head\" is 4", "model.n_head is 2"});
-  d = edited("npos", nullptr, [](json& c) { c["n_positions"] = 1024; });
-  expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "\"n_positions\" is 1024", "model.seq_len is 8"});
+  d = edited("npos", nullptr, [](json& c) { c["n_positions"] = 4; });
+  expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "\"n_positions\" is 4", "model.seq_len is 8",
+                                            "at least"});
   d = edited("gelu", nullptr, [](json& c) { c["activation_function"] = "gelu"; });
   expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "\"activation_function\" is \"gelu\""});
   d = edited("noconfig", nullptr);
@@ -288,6 +296,27 @@ TEST(Gpt2Hf, BadInputNamesTheFileAndTheTensorOrKey) {
   wide.n_embd = 32;
   d = edited("wide", nullptr, [](json& c) { c["n_embd"] = 32; });
   expect_invalid([&] { import_hf(d, wide); }, {d, "transformer.wte.weight", "[30, 16]", "[30, 32]"});
+}
+
+// A shorter context than the file's n_positions: wpe's first seq_len rows, every other tensor the same.
+TEST(Gpt2Hf, AShorterContextReadsThePositionTablesFirstRows) {
+  const ms::ModelShape s = shape_of(reference());
+  ms::ModelShape short_s = s;
+  short_s.seq_len = 5;
+  const std::vector<float> full = import_hf(data("gpt2_hf"), s), part = import_hf(data("gpt2_hf"), short_s);
+  const ms::ParamLayout lf = ms::param_layout(s, ms::ModelPart::whole(s));
+  const ms::ParamLayout ls = ms::param_layout(short_s, ms::ModelPart::whole(short_s));
+  ASSERT_EQ(lf.tensors.size(), ls.tensors.size());
+  for (size_t i = 0; i < ls.tensors.size(); i++) {
+    const ms::TensorSlice& a = lf.tensors[i];
+    const ms::TensorSlice& b = ls.tensors[i];
+    ASSERT_EQ(a.id, b.id);
+    EXPECT_EQ(b.numel, a.id == ms::ParamId::kWpe ? 5 * s.n_embd : a.numel);
+    for (int64_t k = 0; k < b.numel; k++) {
+      ASSERT_EQ(part[static_cast<size_t>(b.offset + k)], full[static_cast<size_t>(a.offset + k)])
+          << "tensor #" << static_cast<int>(a.id) << " layer " << a.layer << " element " << k;
+    }
+  }
 }
 
 TEST(Gpt2Hf, WeightsPathsTellSafetensorsFromLlmcFiles) {
