@@ -122,7 +122,8 @@ void check_config_json(const std::string& path, const ms::ModelShape& s, const m
                 fmt::format("{}: no config.json beside the weights ({}): dstrain checks the model's sizes in it "
                             "against model.*",
                             path, cpath),
-                fmt::format("copy the config.json of the Hugging Face {} directory the weights come from", f.display_name));
+                fmt::format("copy the config.json of the Hugging Face {} directory the weights come from",
+                            f.display_name));
   }
   const nlohmann::json j = nlohmann::json::parse(read_file(cpath, "Hugging Face config"), nullptr, false);
   if (j.is_discarded() || !j.is_object()) throw invalid_argument("{}: expected a JSON object", cpath);

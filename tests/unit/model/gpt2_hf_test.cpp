@@ -6,9 +6,11 @@
 //   - the HF import equals the llm.c import value for value (the padded vocabulary's rows zero in
 //     both), whole and as one tensor-parallel rank's share, and its loss and logits match the HF
 //     forward (fp32 against float64: loss 1e-5 relative, logits 1e-5 absolute);
-//   - export then import is bit-exact (one file, or shards with an index); the exported file holds HF's names and shapes (the Conv1D
-//     weights (in, out), no lm_head, vocab_size rows) with the source file's values, and a
-//     config.json GPT2LMHeadModel reads; a bf16 export reads back as each value rounded once;
+//   - export then import is bit-exact (one file, or shards with an index); the exported file
+//     holds HF's names and shapes (the Conv1D weights (in, out), no lm_head, vocab_size rows)
+//     with the source file's values, and a config.json GPT2LMHeadModel reads; a bf16 export
+//     reads back as each value rounded once;
+//   - a shorter model.seq_len than the file's n_positions reads wpe's first rows;
 //   - GPT2Model's names (no "transformer." prefix) import the same;
 //   - bad input is an invalid_argument naming the file and the tensor or key.
 #include <gtest/gtest.h>
@@ -107,7 +109,8 @@ std::map<std::string, ckpt::StTensorOut> read_all(const std::string& src) {
 }
 
 // The fixture's directory with its tensors and config.json edited, written to a fresh directory.
-std::string edited(const std::string& tag, const std::function<void(std::map<std::string, ckpt::StTensorOut>&)>& tensors,
+using Tensors = std::map<std::string, ckpt::StTensorOut>;
+std::string edited(const std::string& tag, const std::function<void(Tensors&)>& tensors,
                    const std::function<void(json&)>& config = nullptr) {
   auto t = read_all(data("gpt2_hf/model.safetensors"));
   if (tensors) tensors(t);
@@ -129,7 +132,9 @@ void expect_invalid(const std::function<void()>& f, const std::vector<std::strin
     ADD_FAILURE() << "no error; expected one naming " << parts.front();
   } catch (const ds::Error& e) {
     EXPECT_EQ(e.kind(), ds::ErrorKind::kInvalidArgument) << e.what();
-    for (const auto& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nmissing: " << p;
+    for (const auto& p : parts) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what() << "\nmissing: " << p;
+    }
   }
 }
 
@@ -277,7 +282,8 @@ TEST(Gpt2Hf, BadInputNamesTheFileAndTheTensorOrKey) {
   expect_invalid([&] { import_hf(d, s); }, {d, "transformer.h.2.ln_1.weight", "no place"});
   // An lm_head that is not the embedding.
   d = edited("head", [](auto& t) { t.at("lm_head.weight").values[17] += 1.0f; });
-  expect_invalid([&] { import_hf(d, s); }, {d, "'lm_head.weight' differs from 'transformer.wte.weight'", "row 1, column 1"});
+  expect_invalid([&] { import_hf(d, s); },
+                 {d, "'lm_head.weight' differs from 'transformer.wte.weight'", "row 1, column 1"});
   // config.json: a key missing, a key that disagrees with the model, a GELU dstrain does not run.
   d = edited("nokey", nullptr, [](json& c) { c.erase("n_head"); });
   expect_invalid([&] { import_hf(d, s); }, {d + "/config.json", "no key \"n_head\"", "model.n_head"});
