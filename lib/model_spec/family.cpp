@@ -15,6 +15,9 @@ namespace {
 
 // Function-local statics: the descriptions hold vectors, built on first use (no static
 // initialisation order to depend on).
+const HfFormat kGpt2Hf{"GPT2LMHeadModel", "gpt2", &gpt2_hf_name, &gpt2_hf_config, /*pieces=*/nullptr,
+                       &gpt2_hf_transposed, &gpt2_hf_ignored, "transformer.", &gpt2_hf_checks};
+
 const FamilyDescription& gpt2_family() {
   static const FamilyDescription f{
     ModelFamily::kGpt2,
@@ -37,7 +40,7 @@ const FamilyDescription& gpt2_family() {
     /*check=*/nullptr,
     &check_gpt2_tp,
     /*llmc_checkpoint=*/true,
-    /*hf=*/nullptr,
+    &kGpt2Hf,
   };
   return f;
 }
@@ -122,6 +125,7 @@ const FamilyDescription& mixtral_family() {
 }  // namespace
 
 int hf_pieces(const HfFormat& hf, ParamId id, const ModelShape& s) { return hf.pieces != nullptr ? hf.pieces(id, s) : 1; }
+bool hf_transposed(const HfFormat& hf, ParamId id) { return hf.transposed != nullptr && hf.transposed(id); }
 
 FamilyKey nonnegative_key(const char* key, double ModelShape::*field, const char* what) {
   FamilyKey k = number_key(key, field, 0.0, std::numeric_limits<double>::infinity(), what);

@@ -48,6 +48,18 @@ struct HfConfigKey {
   std::string json;
 };
 
+// A config.json key an import checks against the model: present and equal to `json` (numbers
+// compared as numbers), or, when not `required`, possibly absent (transformers then takes its
+// default, which is `json`). `model_key` names what it must agree with ("model.seq_len").
+// `at_least`: a number >= `json` (n_positions: a longer position table's first rows are read).
+struct HfConfigCheck {
+  std::string key;
+  std::string json;
+  bool required;
+  std::string model_key;
+  bool at_least = false;
+};
+
 // How Hugging Face stores the family: transformers' class and model_type, each tensor copy's name
 // (layer -1 for global tensors), and config.json's keys beside architectures, model_type and
 // torch_dtype. Import and export (runtime/checkpoint/hf_safetensors.h) read only this.
@@ -59,8 +71,20 @@ struct HfFormat {
   std::string (*tensor_name)(ParamId id, int layer, int piece);
   std::vector<HfConfigKey> (*config)(const ModelShape& s);
   int (*pieces)(ParamId id, const ModelShape& s) = nullptr;
+  // HF stores the (out, in) matrix transposed, as (in, out): GPT-2's Conv1D. Null: none is.
+  bool (*transposed)(ParamId id) = nullptr;
+  // Names in HF's files that are no weights (GPT-2's causal-mask buffers attn.bias and
+  // attn.masked_bias in old files): skipped on import. Null: none.
+  bool (*ignored)(std::string_view name) = nullptr;
+  // The prefix the base model's files leave off ("transformer." of GPT2LMHeadModel, which
+  // GPT2Model's files lack): a file none of whose names starts with it is read without it. Null: none.
+  const char* base_prefix = nullptr;
+  // The config.json keys an import checks (then the config.json beside the weights is required).
+  // Null: an import does not read config.json.
+  std::vector<HfConfigCheck> (*import_checks)(const ModelShape& s) = nullptr;
 };
 int hf_pieces(const HfFormat& hf, ParamId id, const ModelShape& s);
+bool hf_transposed(const HfFormat& hf, ParamId id);
 
 // How a shape rule names what it checks. The config reports "n_kv_head (3) must divide n_head
 // (4)" at $.model.n_kv_head (kConfigRuleNames); ModelShape::validate throws "model.n_kv_head (3)

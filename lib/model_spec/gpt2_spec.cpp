@@ -1,5 +1,6 @@
 // GPT-2 as shapes: its 16 tensors in llm.c's order, llm.c's checkpoint offsets, its activation
-// buffers and its tensor-parallel rule. See gpt2_spec.h.
+// buffers, its tensor-parallel rule and Hugging Face's GPT2LMHeadModel names and config keys. See
+// gpt2_spec.h.
 #include "model_spec/gpt2_spec.h"
 
 #include <algorithm>
@@ -51,6 +52,77 @@ int64_t llmc_offset(const ModelShape& s, ParamId id, int layer) {
     off += t.numel() * (t.per_layer ? s.n_layer : 1);
   }
   return off;
+}
+
+std::string gpt2_hf_name(ParamId id, int layer, int /*piece*/) {
+  const char* leaf = nullptr;
+  switch (id) {
+    case ParamId::kWte: return "transformer.wte.weight";
+    case ParamId::kWpe: return "transformer.wpe.weight";
+    case ParamId::kLnfw: return "transformer.ln_f.weight";
+    case ParamId::kLnfb: return "transformer.ln_f.bias";
+    case ParamId::kLmHead: return "lm_head.weight";
+    case ParamId::kLn1w: leaf = "ln_1.weight"; break;
+    case ParamId::kLn1b: leaf = "ln_1.bias"; break;
+    case ParamId::kQkvw: leaf = "attn.c_attn.weight"; break;
+    case ParamId::kQkvb: leaf = "attn.c_attn.bias"; break;
+    case ParamId::kAttprojw: leaf = "attn.c_proj.weight"; break;
+    case ParamId::kAttprojb: leaf = "attn.c_proj.bias"; break;
+    case ParamId::kLn2w: leaf = "ln_2.weight"; break;
+    case ParamId::kLn2b: leaf = "ln_2.bias"; break;
+    case ParamId::kFcw: leaf = "mlp.c_fc.weight"; break;
+    case ParamId::kFcb: leaf = "mlp.c_fc.bias"; break;
+    case ParamId::kFcprojw: leaf = "mlp.c_proj.weight"; break;
+    case ParamId::kFcprojb: leaf = "mlp.c_proj.bias"; break;
+    default: throw invalid_usage("parameter tensor #{} has no Hugging Face GPT-2 name", static_cast<int>(id));
+  }
+  return fmt::format("transformer.h.{}.{}", layer, leaf);
+}
+
+bool gpt2_hf_transposed(ParamId id) {
+  return id == ParamId::kQkvw || id == ParamId::kAttprojw || id == ParamId::kFcw || id == ParamId::kFcprojw;
+}
+
+bool gpt2_hf_ignored(std::string_view name) {
+  return name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias");
+}
+
+std::vector<HfConfigKey> gpt2_hf_config(const ModelShape& s) {
+  auto num = [](double v) { return fmt::format("{}", v); };
+  return {
+      {"n_embd", num(s.n_embd)},
+      {"n_head", num(s.n_head)},
+      {"n_layer", num(s.n_layer)},
+      {"n_positions", num(s.seq_len)},
+      {"n_ctx", num(s.seq_len)},
+      {"vocab_size", num(s.vocab_size)},
+      {"n_inner", "null"},  // 4 n_embd
+      {"layer_norm_epsilon", "1e-05"},
+      {"activation_function", "\"gelu_new\""},  // the tanh approximation, as llm.c's GELU
+      {"scale_attn_weights", "true"},
+      {"scale_attn_by_inverse_layer_idx", "false"},
+      {"reorder_and_upcast_attn", "false"},
+      {"tie_word_embeddings", "true"},
+      {"initializer_range", "0.02"},
+      {"use_cache", "true"},
+  };
+}
+
+std::vector<HfConfigCheck> gpt2_hf_checks(const ModelShape& s) {
+  auto num = [](double v) { return fmt::format("{}", v); };
+  return {
+      {"model_type", "\"gpt2\"", true, "model.type"},
+      {"n_embd", num(s.n_embd), true, "model.n_embd"},
+      {"n_layer", num(s.n_layer), true, "model.n_layer"},
+      {"n_head", num(s.n_head), true, "model.n_head"},
+      {"vocab_size", num(s.vocab_size), true, "model.vocab_size"},
+      {"n_positions", num(s.seq_len), true, "model.seq_len", /*at_least=*/true},
+      {"layer_norm_epsilon", "1e-05", true, "dstrain's LayerNorm epsilon"},
+      {"activation_function", "\"gelu_new\"", false, "dstrain's GELU (the tanh approximation)"},
+      {"scale_attn_weights", "true", false, "dstrain's attention (scores scaled by 1/sqrt(head size))"},
+      {"scale_attn_by_inverse_layer_idx", "false", false, "dstrain's attention (no per-layer scaling)"},
+      {"tie_word_embeddings", "true", false, "GPT-2's tied lm_head"},
+  };
 }
 
 std::vector<ActBuffer> gpt2_activations(const ModelShape& s, const ModelPart& part,

@@ -42,9 +42,11 @@ void init_weights(parallel::Engine& engine, OptimizerState& state, const std::st
   std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {
     std::vector<float> whole(static_cast<size_t>(model.num_params()));
-    // The family's own checkpoint format: llm.c's file where it has one, else Hugging Face's
-    // safetensors (which names the families that have one when this one has neither).
-    if (model_spec::family_of(model.shape()).llmc_checkpoint) {
+    // Hugging Face's safetensors when the path names them (a directory or a .safetensors file)
+    // or the family has no other format, else llm.c's file (GPT-2's own). load_hf_safetensors
+    // names the families with an HF format when this one has none.
+    const ms::FamilyDescription& family = ms::family_of(model.shape());
+    if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(init_from))) {
       ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
       spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
     } else {

@@ -1,5 +1,5 @@
-// A fresh run's initial weights, the same whatever the layout: from an llm.c checkpoint
-// (model.init_from or --init-from), else random from training.seed (model/init.h, a function of
+// A fresh run's initial weights, the same whatever the layout: from an llm.c checkpoint or Hugging
+// Face safetensors (model.init_from or --init-from), else random from training.seed (model/init.h, a function of
 // each element's place in the whole model). Each rank fills its optimizer range
 // (OptimizerState::init_from_f32: the master copy, the model's rounded values, ZeRO's gathers of
 // the rest). Runs inside the model device's scope.
@@ -14,7 +14,8 @@
 
 namespace ds::rt::train {
 
-// `init_from`: an llm.c checkpoint, or "" for random weights from `seed`.
+// `init_from`: an llm.c checkpoint (families with one), Hugging Face safetensors (a directory or a
+// .safetensors file; checkpoint/hf_safetensors.h), or "" for random weights from `seed`.
 void init_weights(parallel::Engine& engine, OptimizerState& state, const std::string& init_from, uint64_t seed,
                   Allocator& alloc);
 

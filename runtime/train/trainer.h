@@ -42,7 +42,7 @@
 namespace ds::rt::train {
 
 struct TrainOptions {
-  std::string init_from;        // llm.c checkpoint; overrides model.init_from
+  std::string init_from;        // llm.c checkpoint or HF safetensors (initial_weights.h); overrides model.init_from
   std::string metrics_path;     // one JSON object per step ("" = none)
   // Rank 0's metrics also carry every rank's peak bytes per tag: peak_bytes_<tag>_rank<r>.
   bool metrics_all_ranks = false;
