@@ -8,9 +8,9 @@
 //      < + - < ~ < unary < postfix . [] () and filters);
 //   3. run: values are Python-like (undefined, none, bool, int, string, list, dict); a for loop
 //      opens a scope per iteration, so a {% set %} inside it does not leak out, as in Jinja.
-// Constructs outside the subset fail at parse time when they can be seen there (tags, filters,
-// tests, functions), else at run time (a method call, an unsupported operand), each naming the
-// template's line.
+// Tags outside the subset fail at parse time; filters, tests, functions and methods outside it
+// fail when they run (so a template's branch for tools, never taken here, may use tojson), each
+// naming the template's line.
 #include "data/jinja_chat_template.h"
 
 #include <algorithm>
@@ -212,8 +212,6 @@ std::vector<Token> lex(std::string_view s, const Site& site) {
   return out;
 }
 
-const std::set<std::string> kFilters = {"trim", "length"};
-const std::set<std::string> kTests = {"defined", "undefined", "none", "string"};
 
 // Precedence climbing over one piece's tokens.
 class ExprParser {
@@ -310,7 +308,6 @@ class ExprParser {
         auto t = node(Expr::Kind::kTest);
         t->negate = accept_name("not");
         t->name = name();
-        if (!kTests.count(t->name)) site_.fail(fmt::format("the test `is {}` is not supported (defined, undefined, none, string)", t->name));
         t->args.push_back(std::move(e));
         e = std::move(t);
       } else {
@@ -340,9 +337,8 @@ class ExprParser {
     ExprPtr e = postfix(primary());
     while (accept_op("|")) {
       auto f = node(Expr::Kind::kFilter, name());
-      if (!kFilters.count(f->name)) site_.fail(fmt::format("the filter |{} is not supported (trim, length)", f->name));
-      if (t_[p_].type == Token::Type::kOp && t_[p_].text == "(") site_.fail(fmt::format("the filter |{} takes no arguments", f->name));
       f->args.push_back(std::move(e));
+      if (accept_op("(")) arguments(*f);
       e = postfix(std::move(f));
     }
     if (t_[p_].type == Token::Type::kOp) {
@@ -387,6 +383,15 @@ class ExprParser {
     }
     site_.fail(fmt::format("expected an expression, got {}", describe()));
   }
+  // Call arguments after '(' up to ')', into e.args; keyword arguments (k=v) keep only v.
+  void arguments(Expr& e) {
+    if (accept_op(")")) return;
+    do {
+      if (t_[p_].type == Token::Type::kName && t_[p_ + 1].type == Token::Type::kOp && t_[p_ + 1].text == "=") p_ += 2;
+      e.args.push_back(cond());
+    } while (accept_op(","));
+    expect_op(")");
+  }
   ExprPtr postfix(ExprPtr e) {
     for (;;) {
       if (accept_op(".")) {
@@ -402,16 +407,11 @@ class ExprParser {
         expect_op("]");
         e = std::move(a);
       } else if (accept_op("(")) {
-        if (e->kind == Expr::Kind::kAttr) {
-          site_.fail(fmt::format("the method .{}() is not supported", e->name));
-        }
-        if (e->kind != Expr::Kind::kName || e->name != "raise_exception") {
-          site_.fail(fmt::format("the function {}() is not supported (raise_exception only)",
-                                 e->kind == Expr::Kind::kName ? e->name : "(expression)"));
-        }
-        auto c = node(Expr::Kind::kCall, e->name);
-        c->args.push_back(cond());
-        expect_op(")");
+        auto c = node(Expr::Kind::kCall, e->kind == Expr::Kind::kName ? e->name + "()"
+                                         : e->kind == Expr::Kind::kAttr ? "the method ." + e->name + "()"
+                                                                        : "(a call)");
+        c->args.push_back(std::move(e));
+        arguments(*c);
         e = std::move(c);
       } else {
         return e;
@@ -644,7 +644,7 @@ class Runner {
     if (seq.kind == Value::Kind::kList) items = *seq.list;
     else if (seq.kind == Value::Kind::kDict) for (const auto& kv : *seq.dict) items.push_back(Value::string(kv.first));
     else if (seq.kind == Value::Kind::kString) for (char c : seq.s) items.push_back(Value::string(std::string(1, c)));
-    else fail(n.line, fmt::format("cannot loop over {}", kind_name(seq)));
+    else if (seq.kind != Value::Kind::kUndefined) fail(n.line, fmt::format("cannot loop over {}", kind_name(seq)));
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
       Dict loop{{"index0", Value::integer(k)}, {"index", Value::integer(k + 1)},
@@ -682,11 +682,20 @@ class Runner {
       case Expr::Kind::kAttr: return member(eval(*e.args[0]), Value::string(e.name), e.line, true);
       case Expr::Kind::kIndex: return member(eval(*e.args[0]), eval(*e.args[1]), e.line, false);
       case Expr::Kind::kCall: {
-        const Value msg = eval(*e.args[0]);
+        // Known only at run time, so that a template's unused branches (tools) may call more.
+        if (e.args[0]->kind != Expr::Kind::kName || e.args[0]->name != "raise_exception" || e.args.size() != 2) {
+          fail(e.line, fmt::format("{} is not supported (raise_exception(msg) only)",
+                                   e.args[0]->kind == Expr::Kind::kName ? "the function " + e.name : e.name));
+        }
+        const Value msg = eval(*e.args[1]);
         throw invalid_argument("{}: chat template {}: line {}: the template raised an exception: {}",
                                where_, name_, e.line, to_text(msg, e.line));
       }
-      case Expr::Kind::kFilter: return filter(e.name, eval(*e.args[0]), e.line);
+      case Expr::Kind::kFilter:
+        if (e.args.size() > 1 && (e.name == "trim" || e.name == "length")) {
+          fail(e.line, fmt::format("the filter |{} takes no arguments", e.name));
+        }
+        return filter(e.name, eval(*e.args[0]), e.line);
       case Expr::Kind::kNot: return Value::boolean(!truthy(eval(*e.args[0])));
       case Expr::Kind::kAnd: {
         Value a = eval(*e.args[0]);
@@ -699,7 +708,7 @@ class Runner {
       case Expr::Kind::kCond:
         if (truthy(eval(*e.args[0]))) return eval(*e.args[1]);
         return e.args.size() > 2 ? eval(*e.args[2]) : Value{};
-      case Expr::Kind::kTest: return Value::boolean(test(e.name, eval(*e.args[0])) != e.negate);
+      case Expr::Kind::kTest: return Value::boolean(test(e.name, eval(*e.args[0]), e.line) != e.negate);
       case Expr::Kind::kBinary: return binary(e, eval(*e.args[0]), eval(*e.args[1]));
     }
     return Value{};
@@ -723,6 +732,7 @@ class Runner {
   }
 
   Value filter(const std::string& f, const Value& v, int line) const {
+    if (f != "trim" && f != "length") fail(line, fmt::format("the filter |{} is not supported (trim, length)", f));
     if (f == "trim") {
       if (v.kind != Value::Kind::kString) fail(line, fmt::format("|trim needs a string, got {}", kind_name(v)));
       return Value::string(strip(v.s));
@@ -735,11 +745,12 @@ class Runner {
     }
   }
 
-  static bool test(const std::string& t, const Value& v) {
+  bool test(const std::string& t, const Value& v, int line) const {
     if (t == "defined") return v.kind != Value::Kind::kUndefined;
     if (t == "undefined") return v.kind == Value::Kind::kUndefined;
     if (t == "none") return v.kind == Value::Kind::kNone;
-    return v.kind == Value::Kind::kString;  // string
+    if (t == "string") return v.kind == Value::Kind::kString;
+    fail(line, fmt::format("the test `is {}` is not supported (defined, undefined, none, string)", t));
   }
 
   Value binary(const Expr& e, const Value& a, const Value& b) const {

@@ -11,8 +11,9 @@
 // x.attr, x['key'], x[0], + (numbers, strings, lists), ~ (concatenation as strings), == != < <=
 // > >=, in / not in, and, or, not, `a if c else b`, `is [not] defined/none/string`, the filters
 // trim and length, and raise_exception(msg), which throws ds::Error naming the template and the
-// conversation. Any other tag, filter, test, function or method (macro, call, include, a
-// .strip() call, tojson, namespace(), ...) is a ds::Error naming it and the template's line.
+// conversation. Any other tag (macro, call, include, ...) is a ds::Error when the template is
+// read; any other filter, test, function or method (tojson, a .strip() call, namespace(), ...)
+// is one when it runs (so an unused tools branch may hold them), each naming it and the line.
 //
 // Segments (chat.h): the conversation is rendered for messages[0..i] for each i; the text message
 // i adds is its segment, trainable iff its role is "assistant". For an assistant message, the
