@@ -45,6 +45,22 @@ const strings = [
   "x",
   "  \n  \n",
 ];
+// 150 random strings from pieces that stress the pre-tokenizer scanners (deterministic LCG).
+// No U+017F (ſ): this JS implementation folds (?i:...) in ASCII only, the Rust and tiktoken
+// regex engines (and dstrain) fold ſ to s.
+const alphabet = ["a", "Z", "é", "ß", "日", "本", "한", "Ω", "0", "7", "٣", "½", "Ⅻ", " ", "  ", "\t",
+  "\n", "\r\n", "\r", "\u00a0", "\u3000", "\u2003", "'", "'s", "'S", "'ll", "'LL", "'Re", "!", ".",
+  ",", "(", ")", "#", "$", "😀", "👍🏽", "e\u0301", "\u0301", "-", "_", "<|eot_id|>", "<|im_start|>",
+  "<|endoftext|>", "<|", "|>", "word", " the", "1234567", "\n\n", " \n", "\t\n "];
+let seed = 12345;
+const rand = n => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+const fuzz = [];
+for (let k = 0; k < 150; ++k) {
+  let t = '';
+  const n = 5 + rand(36);
+  for (let j = 0; j < n; ++j) t += alphabet[rand(alphabet.length)];
+  fuzz.push(t);
+}
 const kinds = ['gpt2', 'llama3', 'qwen2'];
 const out = { source: "@huggingface/tokenizers@0.2.0 and @huggingface/jinja@0.5.13 (node " +
               process.version + "), tests/data/hf_ids.js", cases: [], chats: [] };
@@ -55,7 +71,7 @@ for (const k of kinds) {
   const cfg = fs.existsSync(cfgPath) ? JSON.parse(fs.readFileSync(cfgPath, 'utf8')) : {};
   toks[k] = { tok: new Tokenizer(tj, cfg), cfg };
 }
-for (const text of strings) {
+for (const text of strings.concat(fuzz)) {
   const c = { text };
   for (const k of kinds) {
     const ids = toks[k].tok.encode(text, { add_special_tokens: false }).ids;
