@@ -130,7 +130,7 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
-  enum class Kind { kLiteral, kName, kAttr, kIndex, kCall, kFilter, kBinary, kNot, kAnd, kOr, kCond, kTest };
+  enum class Kind { kLiteral, kName, kAttr, kIndex, kSlice, kCall, kFilter, kBinary, kNot, kAnd, kOr, kCond, kTest };
   Kind kind;
   int line = 0;
   Value literal;
@@ -224,6 +224,7 @@ class ExprParser {
     if (t_[p_].type == Token::Type::kName && t_[p_].text == word) return ++p_, true;
     return false;
   }
+  bool is_op(const char* op) const { return t_[p_].type == Token::Type::kOp && t_[p_].text == op; }
   bool accept_op(const char* op) {
     if (t_[p_].type == Token::Type::kOp && t_[p_].text == op) return ++p_, true;
     return false;
@@ -399,11 +400,18 @@ class ExprParser {
         a->args.push_back(std::move(e));
         e = std::move(a);
       } else if (accept_op("[")) {
-        if (t_[p_].type == Token::Type::kOp && t_[p_].text == ":") site_.fail("slices are not supported");
+        // x[i], or the slice x[a:b] with either bound left out (args: x, a, b; null = none).
         auto a = node(Expr::Kind::kIndex);
         a->args.push_back(std::move(e));
-        a->args.push_back(cond());
-        if (t_[p_].type == Token::Type::kOp && t_[p_].text == ":") site_.fail("slices are not supported");
+        auto bound = [&] { return is_op(":") || is_op("]") ? nullptr : cond(); };
+        a->args.push_back(bound());
+        if (accept_op(":")) {
+          a->kind = Expr::Kind::kSlice;
+          a->args.push_back(bound());
+          if (is_op(":")) site_.fail("slices with a step are not supported");
+        } else if (a->args[1] == nullptr) {
+          site_.fail(fmt::format("expected an index, got {}", describe()));
+        }
         expect_op("]");
         e = std::move(a);
       } else if (accept_op("(")) {
@@ -681,6 +689,7 @@ class Runner {
       case Expr::Kind::kName: return lookup(e.name);
       case Expr::Kind::kAttr: return member(eval(*e.args[0]), Value::string(e.name), e.line, true);
       case Expr::Kind::kIndex: return member(eval(*e.args[0]), eval(*e.args[1]), e.line, false);
+      case Expr::Kind::kSlice: return slice(e);
       case Expr::Kind::kCall: {
         // Known only at run time, so that a template's unused branches (tools) may call more.
         if (e.args[0]->kind != Expr::Kind::kName || e.args[0]->name != "raise_exception" || e.args.size() != 2) {
@@ -731,6 +740,24 @@ class Runner {
     fail(line, fmt::format("cannot index {} with {}", kind_name(obj), kind_name(key)));
   }
 
+  // Python's x[a:b] on a list or string, bounds clamped, negative ones from the end.
+  Value slice(const Expr& e) {
+    const Value x = eval(*e.args[0]);
+    if (x.kind != Value::Kind::kList && x.kind != Value::Kind::kString) {
+      fail(e.line, fmt::format("cannot slice {}", kind_name(x)));
+    }
+    const auto n = static_cast<int64_t>(x.kind == Value::Kind::kList ? x.list->size() : x.s.size());
+    auto bound = [&](const ExprPtr& b, int64_t dflt) {
+      if (b == nullptr) return dflt;
+      const Value v = eval(*b);
+      if (v.kind != Value::Kind::kInt) fail(e.line, fmt::format("a slice bound must be an integer, got {}", kind_name(v)));
+      return std::clamp(v.i < 0 ? v.i + n : v.i, int64_t{0}, n);
+    };
+    const int64_t lo = bound(e.args[1], 0), hi = std::max(lo, bound(e.args[2], n));
+    if (x.kind == Value::Kind::kString) return Value::string(x.s.substr(static_cast<size_t>(lo), static_cast<size_t>(hi - lo)));
+    return Value::of_list(List(x.list->begin() + lo, x.list->begin() + hi));
+  }
+
   Value filter(const std::string& f, const Value& v, int line) const {
     if (f != "trim" && f != "length") fail(line, fmt::format("the filter |{} is not supported (trim, length)", f));
     if (f == "trim") {
@@ -750,7 +777,14 @@ class Runner {
     if (t == "undefined") return v.kind == Value::Kind::kUndefined;
     if (t == "none") return v.kind == Value::Kind::kNone;
     if (t == "string") return v.kind == Value::Kind::kString;
-    fail(line, fmt::format("the test `is {}` is not supported (defined, undefined, none, string)", t));
+    if (t == "number") return v.kind == Value::Kind::kInt;
+    if (t == "boolean") return v.kind == Value::Kind::kBool;
+    if (t == "mapping") return v.kind == Value::Kind::kDict;
+    if (t == "sequence" || t == "iterable") {
+      return v.kind == Value::Kind::kList || v.kind == Value::Kind::kString || v.kind == Value::Kind::kDict;
+    }
+    fail(line, fmt::format("the test `is {}` is not supported (defined, undefined, none, string, number, "
+                           "boolean, mapping, sequence, iterable)", t));
   }
 
   Value binary(const Expr& e, const Value& a, const Value& b) const {
@@ -797,7 +831,9 @@ class Runner {
 // The string literals of the template (roles it may name).
 void collect_literals(const Expr& e, std::set<std::string>& out) {
   if (e.kind == Expr::Kind::kLiteral && e.literal.kind == Value::Kind::kString) out.insert(e.literal.s);
-  for (const auto& a : e.args) collect_literals(*a, out);
+  for (const auto& a : e.args) {
+    if (a) collect_literals(*a, out);  // a slice's missing bound is null
+  }
 }
 
 void collect_literals(const std::vector<Node>& nodes, std::set<std::string>& out) {

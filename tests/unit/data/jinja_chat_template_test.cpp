@@ -118,6 +118,105 @@ TEST(JinjaChatTemplate, SubsetMatchesJinja) {
                    "T{% else %}F{% endif %}"), "ab\nT");
   EXPECT_EQ(render("{% if 1 > 2 %}a{% elif messages[1].role == 'assistant' %}b{% else %}c{% endif %}"), "b");
   EXPECT_EQ(render("{{ true }}{{ none }}{{ 3 + 4 }}{{ -1 + 3 }}"), "TrueNone72");
+  // Slices (Llama-3.1 drops a system message with messages[1:]) and more tests.
+  EXPECT_EQ(render("{% for m in messages[1:] %}{{ m.role }}{% endfor %}|{{ 'abcdef'[1:-2] }}|{{ 'abc'[:1] }}"
+                   "{{ 'abc'[5:] }}|{% for m in messages[:-1] %}{{ m.content }}{% endfor %}"),
+            "assistant|bcd|a|hi");
+  EXPECT_EQ(render("{% if messages[0] is mapping and messages is sequence and 3 is number %}ok{% endif %}"), "ok");
+}
+
+// A template in the style of Llama-3.1's (its system block, messages[1:], tool branches that use
+// filters outside the subset): the expected texts are @huggingface/jinja 0.5.13's rendering.
+const char* kLlama31Style = R"JINJA({{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+        {{- '{"name": "' + tool_call.name + '", ' }}
+        {{- '"parameters": ' }}
+        {{- tool_call.arguments | tojson }}
+        {{- "}" }}
+        {{- "<|eot_id|>" }}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+)JINJA";
+
+TEST(JinjaChatTemplate, Llama31StyleTemplate) {
+  const JinjaChatTemplate t(kLlama31Style, "<|begin_of_text|>", "<|eot_id|>", "llama31");
+  const std::vector<ChatMessage> chat = {{"system", " Be brief. "}, {"user", "Hi"}, {"assistant", "Hello."}};
+  const std::string head =
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
+      "2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
+      "<|eot_id|>";
+  EXPECT_EQ(t.render_text(chat, false, "w"),
+            head + "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
+  EXPECT_EQ(t.render_text({chat[0], chat[1]}, true, "w"), head + "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  const auto segs = t.render(chat, "w");
+  ASSERT_EQ(segs.size(), 4u);
+  EXPECT_EQ(segs[3].text, "Hello.<|eot_id|>");
+  EXPECT_TRUE(segs[3].trainable);
+  EXPECT_FALSE(segs[2].trainable);
+  // A tool message takes the branch that needs |tojson: named, with the template's line.
+  const std::string err = error_of([&] { t.render({chat[1], {"tool", "42"}}, "chat.jsonl:5"); });
+  EXPECT_NE(err.find("chat.jsonl:5: chat template llama31: line 60: the filter |tojson is not supported"),
+            std::string::npos) << err;
 }
 
 TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
@@ -134,7 +233,8 @@ TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
   has(run_error("{{ messages | tojson(indent=2) }}"), "c.jsonl:2: chat template t.json: line 1: the filter |tojson is not supported");
   has(run_error("\n{{ messages[0].content.strip() }}"), "line 2: the method .strip() is not supported");
   has(run_error("{% set ns = namespace(a=1) %}"), "the function namespace() is not supported");
-  has(run_error("{% if messages is sequence %}{% endif %}"), "the test `is sequence` is not supported");
+  has(run_error("{% if messages is callable %}{% endif %}"), "the test `is callable` is not supported");
+  has(parse_error("{{ messages[::2] }}"), "slices with a step are not supported");
   // Unused branches may hold what is not supported (Qwen2.5's tools branch uses tojson).
   EXPECT_EQ(error_of([] {
               JinjaChatTemplate("{% if tools %}{{ tools | tojson }}{% endif %}{% for t in tools %}x{% endfor %}ok",
@@ -144,6 +244,7 @@ TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
   has(parse_error("{% if true %}x"), "has no {% endif %}");
   has(parse_error("{{ 'open }}"), "not closed");
   has(parse_error("{{ [1, 2] }}"), "list literals are not supported");
+  has(parse_error("{{ messages[] }}"), "expected an index, got ']'");
   has(parse_error("{{ 2 * 3 }}"), "the operator '*' is not supported");
 
   const JinjaChatTemplate raising(
