@@ -113,7 +113,8 @@ int alphabet_byte(char32_t c) {
   static const auto inverse = [] {
     std::array<int16_t, 0x144> inv{};
     inv.fill(-1);
-    for (int b = 0; b < 256; ++b) inv[gpt2_byte_to_unicode(static_cast<uint8_t>(b))] = static_cast<int16_t>(b);
+    for (int b = 0; b < 256; ++b)
+      inv[gpt2_byte_to_unicode(static_cast<uint8_t>(b))] = static_cast<int16_t>(b);
     return inv;
   }();
   return c < inverse.size() ? inverse[c] : -1;
@@ -133,9 +134,12 @@ std::string vocab_bytes(const std::string& s) {
     const auto b0 = static_cast<unsigned char>(s[i]);
     char32_t c = b0;
     size_t len = 1;
-    if (b0 >= 0xF0) c = b0 & 0x07, len = 4;
-    else if (b0 >= 0xE0) c = b0 & 0x0F, len = 3;
-    else if (b0 >= 0xC0) c = b0 & 0x1F, len = 2;
+    if (b0 >= 0xF0)
+      c = b0 & 0x07, len = 4;
+    else if (b0 >= 0xE0)
+      c = b0 & 0x0F, len = 3;
+    else if (b0 >= 0xC0)
+      c = b0 & 0x1F, len = 2;
     for (size_t k = 1; k < len && i + k < s.size(); ++k) c = (c << 6) | (s[i + k] & 0x3F);
     const int byte = alphabet_byte(c);
     if (byte < 0) return s;
@@ -153,7 +157,9 @@ std::string read_file(const std::string& path) {
   return text;
 }
 
-std::string quoted(const json& j) { return j.dump(); }
+std::string quoted(const json& j) {
+  return j.dump();
+}
 
 // Reads one JSON file's values, naming the file and JSON path in every error.
 struct Reader {
@@ -182,14 +188,16 @@ struct Reader {
   bool flag(const json& obj, const std::string& path, const char* key, bool dflt) const {
     const json& v = optional(obj, key);
     if (v.is_null()) return dflt;
-    if (!v.is_boolean()) fail(path + "." + key, fmt::format("expected true or false, got {}", quoted(v)));
+    if (!v.is_boolean())
+      fail(path + "." + key, fmt::format("expected true or false, got {}", quoted(v)));
     return v.get<bool>();
   }
   // A flag this reader implements only with one value.
   void require_flag(const json& obj, const std::string& path, const char* key, bool dflt,
                     bool want) const {
     if (flag(obj, path, key, dflt) != want) {
-      fail(path + "." + key, fmt::format("{} is not supported (dstrain implements {})", !want, want));
+      fail(path + "." + key,
+           fmt::format("{} is not supported (dstrain implements {})", !want, want));
     }
   }
   uint32_t id(const json& v, const std::string& path) const {
@@ -228,7 +236,9 @@ std::atomic<uint64_t> g_hf_next_instance{1};
 
 // ---- The Llama-3 / Qwen2 scanner -------------------------------------------------------------
 
-bool is_newline(char c) { return c == '\r' || c == '\n'; }
+bool is_newline(char c) {
+  return c == '\r' || c == '\n';
+}
 
 size_t class_run_end(std::string_view text, size_t pos, CharClass cls) {
   while (pos < text.size()) {
@@ -293,8 +303,10 @@ size_t llama_piece_end(std::string_view text, size_t pos, int max_digits) {
     return e;
   }
   size_t sym = std::string_view::npos;
-  if (c.cls == CharClass::kSymbol) sym = pos;
-  else if (text[pos] == ' ' && has_next && n.cls == CharClass::kSymbol) sym = next;
+  if (c.cls == CharClass::kSymbol)
+    sym = pos;
+  else if (text[pos] == ' ' && has_next && n.cls == CharClass::kSymbol)
+    sym = next;
   if (sym != std::string_view::npos) {
     size_t e = class_run_end(text, sym, CharClass::kSymbol);
     while (e < text.size() && is_newline(text[e])) ++e;
@@ -317,8 +329,8 @@ bool nfc(std::string_view text, std::string& out) {
   if (U_FAILURE(st)) return false;
   if (unorm2_isNormalized(norm, src.data(), len, &st) || U_FAILURE(st)) return false;
   dst.resize(static_cast<size_t>(len) * 3 + 16);
-  const int32_t n = unorm2_normalize(norm, src.data(), len, dst.data(),
-                                     static_cast<int32_t>(dst.size()), &st);
+  const int32_t n =
+      unorm2_normalize(norm, src.data(), len, dst.data(), static_cast<int32_t>(dst.size()), &st);
   if (U_FAILURE(st)) return false;
   int32_t bytes = 0;
   out.resize(static_cast<size_t>(n) * 3 + 4);
@@ -336,15 +348,15 @@ struct HfTokenizer::Tables {
   std::vector<std::string> token_bytes;  // by id; empty = no such id
   std::vector<bool> present;             // by id
   std::array<uint32_t, 256> byte_token{};
-  hfd::StringIds vocab;                       // vocab string (alphabet) -> id
-  hfd::StringIds vocab_by_bytes;              // a vocab entry's bytes -> id (ignore_merges)
+  hfd::StringIds vocab;           // vocab string (alphabet) -> id
+  hfd::StringIds vocab_by_bytes;  // a vocab entry's bytes -> id (ignore_merges)
   hfd::PairRanks merges;
   bool ignore_merges = false;
   bool nfc = false;
   bool add_prefix_space = false;
   hfd::Pattern pattern = hfd::Pattern::kGpt2;
-  std::vector<hfd::AddedToken> added;                   // longest first
-  std::array<bool, 256> added_first{};             // a byte some added token starts with
+  std::vector<hfd::AddedToken> added;   // longest first
+  std::array<bool, 256> added_first{};  // a byte some added token starts with
   int64_t bos = -1, eos = -1, template_bos = -1, endoftext = -1;
 
   std::optional<uint32_t> find(std::string_view token) const {
@@ -367,14 +379,18 @@ struct HfTokenizer::Tables {
   }
   size_t piece_end(std::string_view text, size_t pos) const {
     switch (pattern) {
-      case hfd::Pattern::kGpt2: return gpt2_piece_end(text, pos);
-      case hfd::Pattern::kLlama3: return hfd::llama_piece_end(text, pos, 3);
-      case hfd::Pattern::kQwen2: return hfd::llama_piece_end(text, pos, 1);
+      case hfd::Pattern::kGpt2:
+        return gpt2_piece_end(text, pos);
+      case hfd::Pattern::kLlama3:
+        return hfd::llama_piece_end(text, pos, 3);
+      case hfd::Pattern::kQwen2:
+        return hfd::llama_piece_end(text, pos, 1);
     }
     return text.size();
   }
   void bpe(std::string_view piece, std::vector<uint32_t>& out) const;
-  void encode_stretch(std::string_view text, hfd::PieceCache& cache, std::vector<uint32_t>& out) const;
+  void encode_stretch(std::string_view text, hfd::PieceCache& cache,
+                      std::vector<uint32_t>& out) const;
 };
 
 namespace hf_tokenizer_detail {
@@ -409,7 +425,8 @@ void read_vocab(const Reader& r, const json& model, HfTokenizer::Tables& t) {
     auto it = t.vocab.find(key);
     if (it == t.vocab.end()) {
       r.fail("model.vocab", fmt::format("the byte token for byte {} ({}) is missing; a byte-level "
-                                        "BPE vocabulary holds all 256", b, json(key).dump()));
+                                        "BPE vocabulary holds all 256",
+                                        b, json(key).dump()));
     }
     t.byte_token[static_cast<size_t>(b)] = it->second;
   }
@@ -417,7 +434,8 @@ void read_vocab(const Reader& r, const json& model, HfTokenizer::Tables& t) {
 
 void read_merges(const Reader& r, const json& model, HfTokenizer::Tables& t) {
   const json& merges = r.member(model, "model", "merges");
-  if (!merges.is_array()) r.fail("model.merges", fmt::format("expected an array, got {}", merges.type_name()));
+  if (!merges.is_array())
+    r.fail("model.merges", fmt::format("expected an array, got {}", merges.type_name()));
   t.merges.reserve(merges.size());
   for (size_t i = 0; i < merges.size(); ++i) {
     const std::string path = fmt::format("model.merges[{}]", i);
@@ -444,7 +462,8 @@ void read_merges(const Reader& r, const json& model, HfTokenizer::Tables& t) {
       }
       return it->second;
     };
-    const uint32_t ia = id_of(a, "token"), ib = id_of(b, "token"), merged = id_of(a + b, "the merged token");
+    const uint32_t ia = id_of(a, "token"), ib = id_of(b, "token"),
+                   merged = id_of(a + b, "the merged token");
     t.merges.insert(ia, ib, static_cast<uint32_t>(i), merged);
   }
 }
@@ -455,14 +474,17 @@ void read_model(const Reader& r, const json& root, HfTokenizer::Tables& t) {
   if (!type.is_null() && type != "BPE") {
     r.fail("model.type", fmt::format("{} is not supported: dstrain reads byte-level BPE "
                                      "tokenizer.json files (model.type \"BPE\"); a SentencePiece "
-                                     "model goes through --tokenizer sentencepiece", quoted(type)));
+                                     "model goes through --tokenizer sentencepiece",
+                                     quoted(type)));
   }
-  if (!r.optional(model, "dropout").is_null()) r.fail("model.dropout", "BPE dropout is not supported (expected null)");
+  if (!r.optional(model, "dropout").is_null())
+    r.fail("model.dropout", "BPE dropout is not supported (expected null)");
   r.require_flag(model, "model", "byte_fallback", false, false);
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
     const json& v = r.optional(model, key);
     if (!v.is_null() && v != "") {
-      r.fail(std::string("model.") + key, fmt::format("{} is not supported (expected null or \"\")", quoted(v)));
+      r.fail(std::string("model.") + key,
+             fmt::format("{} is not supported (expected null or \"\")", quoted(v)));
     }
   }
   t.ignore_merges = r.flag(model, "model", "ignore_merges", false);
@@ -473,7 +495,8 @@ void read_model(const Reader& r, const json& root, HfTokenizer::Tables& t) {
 void read_added_tokens(const Reader& r, const json& root, HfTokenizer::Tables& t) {
   const json& added = r.optional(root, "added_tokens");
   if (added.is_null()) return;
-  if (!added.is_array()) r.fail("added_tokens", fmt::format("expected an array, got {}", added.type_name()));
+  if (!added.is_array())
+    r.fail("added_tokens", fmt::format("expected an array, got {}", added.type_name()));
   for (size_t i = 0; i < added.size(); ++i) {
     const std::string path = fmt::format("added_tokens[{}]", i);
     const uint32_t id = r.id(r.member(added[i], path, "id"), path + ".id");
@@ -532,7 +555,9 @@ Pattern read_split(const Reader& r, const json& split, const std::string& path) 
 
 void read_pre_tokenizer(const Reader& r, const json& root, HfTokenizer::Tables& t) {
   const json& pre = r.member(root, "", "pre_tokenizer");
-  if (pre.is_null()) r.fail("pre_tokenizer", "null is not supported (expected ByteLevel or a Sequence of Split + ByteLevel)");
+  if (pre.is_null())
+    r.fail("pre_tokenizer",
+           "null is not supported (expected ByteLevel or a Sequence of Split + ByteLevel)");
   const std::string type = r.string(pre, "pre_tokenizer", "type");
   if (type == "ByteLevel") {
     r.require_flag(pre, "pre_tokenizer", "use_regex", true, true);
@@ -542,13 +567,14 @@ void read_pre_tokenizer(const Reader& r, const json& root, HfTokenizer::Tables& 
   }
   if (type != "Sequence") {
     r.fail("pre_tokenizer.type", fmt::format("\"{}\" is not supported (ByteLevel, or a Sequence "
-                                             "of Split + ByteLevel)", type));
+                                             "of Split + ByteLevel)",
+                                             type));
   }
   const json& seq = r.member(pre, "pre_tokenizer", "pretokenizers");
   if (!seq.is_array() || seq.size() != 2 || !seq[0].is_object() || !seq[1].is_object() ||
       seq[0].value("type", "") != "Split" || seq[1].value("type", "") != "ByteLevel") {
-    r.fail("pre_tokenizer.pretokenizers", fmt::format("expected [Split, ByteLevel], got {}",
-                                                      seq.dump().substr(0, 200)));
+    r.fail("pre_tokenizer.pretokenizers",
+           fmt::format("expected [Split, ByteLevel], got {}", seq.dump().substr(0, 200)));
   }
   t.pattern = read_split(r, seq[0], "pre_tokenizer.pretokenizers[0]");
   r.require_flag(seq[1], "pre_tokenizer.pretokenizers[1]", "use_regex", true, false);
@@ -558,7 +584,8 @@ void read_pre_tokenizer(const Reader& r, const json& root, HfTokenizer::Tables& 
 void read_decoder(const Reader& r, const json& root) {
   const json& d = r.member(root, "", "decoder");
   if (d.is_null() || r.string(d, "decoder", "type") != "ByteLevel") {
-    r.fail("decoder", fmt::format("expected {{\"type\": \"ByteLevel\"}}, got {}", d.dump().substr(0, 200)));
+    r.fail("decoder",
+           fmt::format("expected {{\"type\": \"ByteLevel\"}}, got {}", d.dump().substr(0, 200)));
   }
 }
 
@@ -573,11 +600,13 @@ int64_t template_bos(const Reader& r, const json& p, const std::string& path,
   const json& table = r.optional(p, "special_tokens");
   if (table.is_object() && table.contains(name)) {
     const json& ids = r.member(table[name], path + ".special_tokens." + name, "ids");
-    if (ids.is_array() && ids.size() == 1) return r.id(ids[0], path + ".special_tokens." + name + ".ids[0]");
+    if (ids.is_array() && ids.size() == 1)
+      return r.id(ids[0], path + ".special_tokens." + name + ".ids[0]");
     r.fail(path + ".special_tokens." + name + ".ids", "expected one id");
   }
   if (auto id = t.find(name)) return *id;
-  r.fail(path + ".single[0]", fmt::format("the special token {} is not a token", json(name).dump()));
+  r.fail(path + ".single[0]",
+         fmt::format("the special token {} is not a token", json(name).dump()));
 }
 
 void read_post_processor(const Reader& r, const json& p, const std::string& path,
@@ -598,7 +627,8 @@ void read_post_processor(const Reader& r, const json& p, const std::string& path
     return;
   }
   r.fail(path + ".type", fmt::format("\"{}\" is not supported (ByteLevel, TemplateProcessing or "
-                                     "a Sequence of them)", type));
+                                     "a Sequence of them)",
+                                     type));
 }
 
 // tokenizer_config.json's bos_token / eos_token: a string, {"content": ...} or null.
@@ -607,9 +637,12 @@ int64_t config_token(const Reader& r, const json& config, const char* key,
   const json& v = r.optional(config, key);
   if (v.is_null()) return -1;
   std::string name;
-  if (v.is_string()) name = v.get<std::string>();
-  else if (v.is_object()) name = r.string(v, key, "content");
-  else r.fail(key, fmt::format("expected a string, {{\"content\": ...}} or null, got {}", quoted(v)));
+  if (v.is_string())
+    name = v.get<std::string>();
+  else if (v.is_object())
+    name = r.string(v, key, "content");
+  else
+    r.fail(key, fmt::format("expected a string, {{\"content\": ...}} or null, got {}", quoted(v)));
   if (auto id = t.find(name)) return *id;
   r.fail(key, fmt::format("{} is not a token of the tokenizer", json(name).dump()));
 }
@@ -620,7 +653,8 @@ void HfTokenizer::Tables::bpe(std::string_view piece, std::vector<uint32_t>& out
   thread_local std::vector<uint32_t> sym;
   thread_local std::vector<uint32_t> rank;
   sym.resize(piece.size());
-  for (size_t i = 0; i < piece.size(); ++i) sym[i] = byte_token[static_cast<unsigned char>(piece[i])];
+  for (size_t i = 0; i < piece.size(); ++i)
+    sym[i] = byte_token[static_cast<unsigned char>(piece[i])];
   auto rank_of = [&](size_t i) {
     const hfd::PairRanks::Entry* e = merges.find(sym[i], sym[i + 1]);
     return e != nullptr ? e->rank : hfd::kNoRank;
@@ -669,11 +703,15 @@ void HfTokenizer::Tables::encode_stretch(std::string_view text, hfd::PieceCache&
     }
     const size_t before = out.size();
     auto whole = ignore_merges ? vocab_by_bytes.find(piece) : vocab_by_bytes.end();
-    if (whole != vocab_by_bytes.end()) out.push_back(whole->second);
-    else bpe(piece, out);
+    if (whole != vocab_by_bytes.end())
+      out.push_back(whole->second);
+    else
+      bpe(piece, out);
     const auto off = static_cast<uint32_t>(cache.arena.size());
-    cache.arena.insert(cache.arena.end(), out.begin() + static_cast<std::ptrdiff_t>(before), out.end());
-    cache.map.emplace(std::string(piece), std::pair{off, static_cast<uint32_t>(out.size() - before)});
+    cache.arena.insert(cache.arena.end(), out.begin() + static_cast<std::ptrdiff_t>(before),
+                       out.end());
+    cache.map.emplace(std::string(piece),
+                      std::pair{off, static_cast<uint32_t>(out.size() - before)});
   }
 }
 
@@ -689,7 +727,8 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view tokenizer_json,
   auto t = std::make_unique<Tables>();
   const hfd::json root = hfd::parse_json(tokenizer_json, tokenizer_name);
   const hfd::Reader r{tokenizer_name};
-  if (!root.is_object()) r.fail("(top level)", fmt::format("expected an object, got {}", root.type_name()));
+  if (!root.is_object())
+    r.fail("(top level)", fmt::format("expected an object, got {}", root.type_name()));
   hfd::read_model(r, root, *t);
   hfd::read_added_tokens(r, root, *t);
   hfd::read_normalizer(r, root, *t);
@@ -710,19 +749,24 @@ std::unique_ptr<HfTokenizer> HfTokenizer::parse(std::string_view tokenizer_json,
 std::unique_ptr<HfTokenizer> HfTokenizer::from_path(const std::string& path) {
   namespace fs = std::filesystem;
   std::error_code ec;
-  const fs::path file = fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
+  const fs::path file =
+      fs::is_directory(path, ec) ? fs::path(path) / "tokenizer.json" : fs::path(path);
   if (!fs::is_regular_file(file, ec)) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("hf tokenizer: {} is neither a directory holding tokenizer.json "
-                            "nor a tokenizer.json file", path),
+                            "nor a tokenizer.json file",
+                            path),
                 "pass a Hugging Face model directory holding tokenizer.json, or the file itself");
   }
   const fs::path config = file.parent_path() / "tokenizer_config.json";
-  const std::string config_text = fs::is_regular_file(config, ec) ? hfd::read_file(config.string()) : "";
+  const std::string config_text =
+      fs::is_regular_file(config, ec) ? hfd::read_file(config.string()) : "";
   return parse(hfd::read_file(file.string()), config_text, file.string(), config.string());
 }
 
-int64_t HfTokenizer::vocab_size() const { return static_cast<int64_t>(t_->token_bytes.size()); }
+int64_t HfTokenizer::vocab_size() const {
+  return static_cast<int64_t>(t_->token_bytes.size());
+}
 
 int64_t HfTokenizer::document_token() const {
   if (t_->bos >= 0) return t_->bos;
@@ -730,15 +774,22 @@ int64_t HfTokenizer::document_token() const {
   return t_->endoftext;
 }
 
-int64_t HfTokenizer::eos_token() const { return t_->eos; }
+int64_t HfTokenizer::eos_token() const {
+  return t_->eos;
+}
 
-std::optional<uint32_t> HfTokenizer::token_id(std::string_view token) const { return t_->find(token); }
+std::optional<uint32_t> HfTokenizer::token_id(std::string_view token) const {
+  return t_->find(token);
+}
 
 std::string_view HfTokenizer::pattern_name() const {
   switch (t_->pattern) {
-    case hfd::Pattern::kGpt2: return "gpt2";
-    case hfd::Pattern::kLlama3: return "llama3";
-    case hfd::Pattern::kQwen2: return "qwen2";
+    case hfd::Pattern::kGpt2:
+      return "gpt2";
+    case hfd::Pattern::kLlama3:
+      return "llama3";
+    case hfd::Pattern::kQwen2:
+      return "qwen2";
   }
   return "";
 }
@@ -763,8 +814,10 @@ void HfTokenizer::encode(std::string_view text, std::vector<uint32_t>& out) cons
 void HfTokenizer::decode(std::span<const uint32_t> tokens, std::string& out) const {
   for (size_t i = 0; i < tokens.size(); ++i) {
     if (tokens[i] >= t_->present.size() || !t_->present[tokens[i]]) {
-      throw invalid_argument("hf tokenizer: token {} at index {} is not in the vocabulary (ids "
-                             "0..{}, with gaps)", tokens[i], i, t_->present.size() - 1);
+      throw invalid_argument(
+          "hf tokenizer: token {} at index {} is not in the vocabulary (ids "
+          "0..{}, with gaps)",
+          tokens[i], i, t_->present.size() - 1);
     }
     out += t_->token_bytes[tokens[i]];
   }

@@ -78,13 +78,20 @@ struct Value {
 
 const char* kind_name(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "none";
-    case Value::Kind::kBool: return "a boolean";
-    case Value::Kind::kInt: return "an integer";
-    case Value::Kind::kString: return "a string";
-    case Value::Kind::kList: return "a list";
-    case Value::Kind::kDict: return "a dict";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "none";
+    case Value::Kind::kBool:
+      return "a boolean";
+    case Value::Kind::kInt:
+      return "an integer";
+    case Value::Kind::kString:
+      return "a string";
+    case Value::Kind::kList:
+      return "a list";
+    case Value::Kind::kDict:
+      return "a dict";
   }
   return "?";
 }
@@ -92,28 +99,38 @@ const char* kind_name(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.b;
-    case Value::Kind::kInt: return v.i != 0;
-    case Value::Kind::kString: return !v.s.empty();
-    case Value::Kind::kList: return !v.list->empty();
-    case Value::Kind::kDict: return !v.dict->empty();
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.b;
+    case Value::Kind::kInt:
+      return v.i != 0;
+    case Value::Kind::kString:
+      return !v.s.empty();
+    case Value::Kind::kList:
+      return !v.list->empty();
+    case Value::Kind::kDict:
+      return !v.dict->empty();
   }
   return false;
 }
 
 bool equal(const Value& a, const Value& b) {
   using K = Value::Kind;
-  const bool an = a.kind == K::kInt || a.kind == K::kBool, bn = b.kind == K::kInt || b.kind == K::kBool;
+  const bool an = a.kind == K::kInt || a.kind == K::kBool,
+             bn = b.kind == K::kInt || b.kind == K::kBool;
   if (an && bn) return (a.kind == K::kInt ? a.i : a.b) == (b.kind == K::kInt ? b.i : b.b);
   if (a.kind != b.kind) return false;
   switch (a.kind) {
-    case K::kString: return a.s == b.s;
+    case K::kString:
+      return a.s == b.s;
     case K::kList:
       return a.list->size() == b.list->size() &&
              std::equal(a.list->begin(), a.list->end(), b.list->begin(), equal);
-    case K::kDict: return a.dict == b.dict;
-    default: return true;  // undefined == undefined, none == none
+    case K::kDict:
+      return a.dict == b.dict;
+    default:
+      return true;  // undefined == undefined, none == none
   }
 }
 
@@ -130,11 +147,25 @@ struct Expr;
 using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
-  enum class Kind { kLiteral, kName, kAttr, kIndex, kSlice, kCall, kFilter, kBinary, kNot, kAnd, kOr, kCond, kTest };
+  enum class Kind {
+    kLiteral,
+    kName,
+    kAttr,
+    kIndex,
+    kSlice,
+    kCall,
+    kFilter,
+    kBinary,
+    kNot,
+    kAnd,
+    kOr,
+    kCond,
+    kTest
+  };
   Kind kind;
   int line = 0;
   Value literal;
-  std::string name;  // name, attribute, operator, filter, test, function
+  std::string name;     // name, attribute, operator, filter, test, function
   bool negate = false;  // `is not`, `not in`
   std::vector<ExprPtr> args;
 };
@@ -185,11 +216,23 @@ std::vector<Token> lex(std::string_view s, const Site& site) {
         }
         const char e = s[++j];
         switch (e) {
-          case 'n': v.push_back('\n'); break;
-          case 't': v.push_back('\t'); break;
-          case 'r': v.push_back('\r'); break;
-          case '\\': case '\'': case '"': v.push_back(e); break;
-          default: v.push_back('\\'); v.push_back(e);
+          case 'n':
+            v.push_back('\n');
+            break;
+          case 't':
+            v.push_back('\t');
+            break;
+          case 'r':
+            v.push_back('\r');
+            break;
+          case '\\':
+          case '\'':
+          case '"':
+            v.push_back(e);
+            break;
+          default:
+            v.push_back('\\');
+            v.push_back(e);
         }
       }
       if (j >= s.size()) site.fail("a string literal is not closed");
@@ -212,7 +255,6 @@ std::vector<Token> lex(std::string_view s, const Site& site) {
   return out;
 }
 
-
 // Precedence climbing over one piece's tokens.
 class ExprParser {
  public:
@@ -230,7 +272,8 @@ class ExprParser {
     return false;
   }
   std::string name() {
-    if (t_[p_].type != Token::Type::kName) site_.fail(fmt::format("expected a name, got {}", describe()));
+    if (t_[p_].type != Token::Type::kName)
+      site_.fail(fmt::format("expected a name, got {}", describe()));
     return t_[p_++].text;
   }
   void expect_op(const char* op) {
@@ -319,9 +362,12 @@ class ExprParser {
   ExprPtr math() {
     ExprPtr e = concat();
     for (;;) {
-      if (accept_op("+")) e = binary(Expr::Kind::kBinary, "+", std::move(e), concat());
-      else if (accept_op("-")) e = binary(Expr::Kind::kBinary, "-", std::move(e), concat());
-      else return e;
+      if (accept_op("+"))
+        e = binary(Expr::Kind::kBinary, "+", std::move(e), concat());
+      else if (accept_op("-"))
+        e = binary(Expr::Kind::kBinary, "-", std::move(e), concat());
+      else
+        return e;
     }
   }
   ExprPtr concat() {
@@ -368,10 +414,14 @@ class ExprParser {
     if (t.type == Token::Type::kName) {
       ++p_;
       auto e = node(Expr::Kind::kLiteral);
-      if (t.text == "true" || t.text == "True") e->literal = Value::boolean(true);
-      else if (t.text == "false" || t.text == "False") e->literal = Value::boolean(false);
-      else if (t.text == "none" || t.text == "None") e->literal = Value::none();
-      else e = node(Expr::Kind::kName, t.text);
+      if (t.text == "true" || t.text == "True")
+        e->literal = Value::boolean(true);
+      else if (t.text == "false" || t.text == "False")
+        e->literal = Value::boolean(false);
+      else if (t.text == "none" || t.text == "None")
+        e->literal = Value::none();
+      else
+        e = node(Expr::Kind::kName, t.text);
       return e;
     }
     if (accept_op("(")) {
@@ -388,7 +438,9 @@ class ExprParser {
   void arguments(Expr& e) {
     if (accept_op(")")) return;
     do {
-      if (t_[p_].type == Token::Type::kName && t_[p_ + 1].type == Token::Type::kOp && t_[p_ + 1].text == "=") p_ += 2;
+      if (t_[p_].type == Token::Type::kName && t_[p_ + 1].type == Token::Type::kOp &&
+          t_[p_ + 1].text == "=")
+        p_ += 2;
       e.args.push_back(cond());
     } while (accept_op(","));
     expect_op(")");
@@ -415,9 +467,10 @@ class ExprParser {
         expect_op("]");
         e = std::move(a);
       } else if (accept_op("(")) {
-        auto c = node(Expr::Kind::kCall, e->kind == Expr::Kind::kName ? e->name + "()"
-                                         : e->kind == Expr::Kind::kAttr ? "the method ." + e->name + "()"
-                                                                        : "(a call)");
+        auto c =
+            node(Expr::Kind::kCall, e->kind == Expr::Kind::kName   ? e->name + "()"
+                                    : e->kind == Expr::Kind::kAttr ? "the method ." + e->name + "()"
+                                                                   : "(a call)");
         c->args.push_back(std::move(e));
         arguments(*c);
         e = std::move(c);
@@ -442,7 +495,8 @@ struct Piece {
 };
 
 int line_of(const std::string& src, size_t pos) {
-  return 1 + static_cast<int>(std::count(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
+  return 1 + static_cast<int>(
+                 std::count(src.begin(), src.begin() + static_cast<std::ptrdiff_t>(pos), '\n'));
 }
 
 // The end of the tag opened at `open` (index of its closing delimiter), skipping string literals.
@@ -450,8 +504,10 @@ size_t tag_end(const std::string& src, size_t open, char closer) {
   char quote = 0;
   for (size_t i = open + 2; i + 1 < src.size(); ++i) {
     if (quote != 0) {
-      if (src[i] == '\\') ++i;
-      else if (src[i] == quote) quote = 0;
+      if (src[i] == '\\')
+        ++i;
+      else if (src[i] == quote)
+        quote = 0;
     } else if (closer != '#' && (src[i] == '\'' || src[i] == '"')) {
       quote = src[i];
     } else if (src[i] == closer && src[i + 1] == '}') {
@@ -472,7 +528,8 @@ std::vector<Piece> split_pieces(const std::string& src, const std::string& name)
   };
   while (pos <= src.size()) {
     size_t open = src.find('{', pos);
-    while (open != std::string::npos && open + 1 < src.size() && std::string("{%#").find(src[open + 1]) == std::string::npos) {
+    while (open != std::string::npos && open + 1 < src.size() &&
+           std::string("{%#").find(src[open + 1]) == std::string::npos) {
       open = src.find('{', open + 1);
     }
     if (open + 1 >= src.size()) open = std::string::npos;
@@ -487,7 +544,8 @@ std::vector<Piece> split_pieces(const std::string& src, const std::string& name)
     const int line = line_of(src, open);
     const size_t close = tag_end(src, open, closer);
     if (close == std::string::npos) {
-      throw invalid_argument("chat template {}: line {}: the tag opened here is not closed", name, line);
+      throw invalid_argument("chat template {}: line {}: the tag opened here is not closed", name,
+                             line);
     }
     std::string inner = src.substr(open + 2, close - open - 2);
     const bool lstrip = !inner.empty() && inner[0] == '-', plus = !inner.empty() && inner[0] == '+';
@@ -499,11 +557,14 @@ std::vector<Piece> split_pieces(const std::string& src, const std::string& name)
     } else if (!plus && kind != '{') {
       size_t k = 0;  // lstrip_blocks: spaces and tabs from the start of the line
       while (k < open - pos && (src[open - k - 1] == ' ' || src[open - k - 1] == '\t')) ++k;
-      if ((open - k == 0 || src[open - k - 1] == '\n') && k <= text.size()) text.resize(text.size() - k);
+      if ((open - k == 0 || src[open - k - 1] == '\n') && k <= text.size())
+        text.resize(text.size() - k);
     }
     flush_text(line);
-    if (kind == '{') out.push_back({Piece::Type::kOutput, inner, line});
-    else if (kind == '%') out.push_back({Piece::Type::kStatement, inner, line});
+    if (kind == '{')
+      out.push_back({Piece::Type::kOutput, inner, line});
+    else if (kind == '%')
+      out.push_back({Piece::Type::kStatement, inner, line});
     strip_next = rstrip;
     trim_newline = !rstrip && kind != '{';
     pos = close + 2;
@@ -524,7 +585,8 @@ struct Node {
 
 class TemplateParser {
  public:
-  TemplateParser(std::vector<Piece> pieces, const std::string& name) : pieces_(std::move(pieces)), name_(name) {}
+  TemplateParser(std::vector<Piece> pieces, const std::string& name)
+      : pieces_(std::move(pieces)), name_(name) {}
 
   std::vector<Node> parse_all() {
     std::string end;
@@ -557,7 +619,8 @@ class TemplateParser {
       }
       if (word == "set") {
         Node n{Node::Kind::kSet, p.line, parser_->name(), nullptr, {}, {}};
-        if (parser_->accept_op(".")) site.fail("assigning to an attribute (namespace) is not supported");
+        if (parser_->accept_op("."))
+          site.fail("assigning to an attribute (namespace) is not supported");
         if (parser_->accept_op(",")) site.fail("{% set a, b = ... %} is not supported");
         parser_->expect_op("=");
         n.expr = parser_->parse();
@@ -566,9 +629,11 @@ class TemplateParser {
       } else if (word == "for") {
         Node n{Node::Kind::kFor, p.line, parser_->name(), nullptr, {}, {}};
         if (parser_->accept_op(",")) site.fail("{% for a, b in ... %} is not supported");
-        if (!parser_->accept_name("in")) site.fail(fmt::format("expected 'in', got {}", parser_->describe()));
+        if (!parser_->accept_name("in"))
+          site.fail(fmt::format("expected 'in', got {}", parser_->describe()));
         n.expr = parser_->parse();
-        if (!parser_->at_end()) site.fail(fmt::format("{} in a for tag is not supported", parser_->describe()));
+        if (!parser_->at_end())
+          site.fail(fmt::format("{} in a for tag is not supported", parser_->describe()));
         std::string end;
         n.body = block({"endfor", "else"}, &end);
         if (end == "else") site.fail("{% for %}...{% else %} is not supported");
@@ -625,9 +690,15 @@ class Runner {
   void run(const std::vector<Node>& nodes, std::string& out) {
     for (const Node& n : nodes) {
       switch (n.kind) {
-        case Node::Kind::kText: out += n.text; break;
-        case Node::Kind::kOutput: out += to_text(eval(*n.expr), n.line); break;
-        case Node::Kind::kSet: scopes.back()[n.text] = eval(*n.expr); break;
+        case Node::Kind::kText:
+          out += n.text;
+          break;
+        case Node::Kind::kOutput:
+          out += to_text(eval(*n.expr), n.line);
+          break;
+        case Node::Kind::kSet:
+          scopes.back()[n.text] = eval(*n.expr);
+          break;
         case Node::Kind::kIf:
           for (const auto& [cond, body] : n.branches) {
             if (cond == nullptr || truthy(eval(*cond))) {
@@ -636,7 +707,9 @@ class Runner {
             }
           }
           break;
-        case Node::Kind::kFor: run_for(n, out); break;
+        case Node::Kind::kFor:
+          run_for(n, out);
+          break;
       }
     }
   }
@@ -649,17 +722,25 @@ class Runner {
   void run_for(const Node& n, std::string& out) {
     const Value seq = eval(*n.expr);
     List items;
-    if (seq.kind == Value::Kind::kList) items = *seq.list;
-    else if (seq.kind == Value::Kind::kDict) for (const auto& kv : *seq.dict) items.push_back(Value::string(kv.first));
-    else if (seq.kind == Value::Kind::kString) for (char c : seq.s) items.push_back(Value::string(std::string(1, c)));
-    else if (seq.kind != Value::Kind::kUndefined) fail(n.line, fmt::format("cannot loop over {}", kind_name(seq)));
+    if (seq.kind == Value::Kind::kList)
+      items = *seq.list;
+    else if (seq.kind == Value::Kind::kDict)
+      for (const auto& kv : *seq.dict) items.push_back(Value::string(kv.first));
+    else if (seq.kind == Value::Kind::kString)
+      for (char c : seq.s) items.push_back(Value::string(std::string(1, c)));
+    else if (seq.kind != Value::Kind::kUndefined)
+      fail(n.line, fmt::format("cannot loop over {}", kind_name(seq)));
     const auto len = static_cast<int64_t>(items.size());
     for (int64_t k = 0; k < len; ++k) {
-      Dict loop{{"index0", Value::integer(k)}, {"index", Value::integer(k + 1)},
-                {"first", Value::boolean(k == 0)}, {"last", Value::boolean(k + 1 == len)},
-                {"length", Value::integer(len)}, {"revindex", Value::integer(len - k)},
+      Dict loop{{"index0", Value::integer(k)},
+                {"index", Value::integer(k + 1)},
+                {"first", Value::boolean(k == 0)},
+                {"last", Value::boolean(k + 1 == len)},
+                {"length", Value::integer(len)},
+                {"revindex", Value::integer(len - k)},
                 {"revindex0", Value::integer(len - k - 1)}};
-      scopes.push_back(Dict{{n.text, items[static_cast<size_t>(k)]}, {"loop", Value::of_dict(std::move(loop))}});
+      scopes.push_back(
+          Dict{{n.text, items[static_cast<size_t>(k)]}, {"loop", Value::of_dict(std::move(loop))}});
       run(n.body, out);
       scopes.pop_back();
     }
@@ -667,12 +748,18 @@ class Runner {
 
   std::string to_text(const Value& v, int line) const {
     switch (v.kind) {
-      case Value::Kind::kUndefined: return "";
-      case Value::Kind::kNone: return "None";
-      case Value::Kind::kBool: return v.b ? "True" : "False";
-      case Value::Kind::kInt: return std::to_string(v.i);
-      case Value::Kind::kString: return v.s;
-      default: fail(line, fmt::format("printing {} is not supported", kind_name(v)));
+      case Value::Kind::kUndefined:
+        return "";
+      case Value::Kind::kNone:
+        return "None";
+      case Value::Kind::kBool:
+        return v.b ? "True" : "False";
+      case Value::Kind::kInt:
+        return std::to_string(v.i);
+      case Value::Kind::kString:
+        return v.s;
+      default:
+        fail(line, fmt::format("printing {} is not supported", kind_name(v)));
     }
   }
 
@@ -685,27 +772,36 @@ class Runner {
 
   Value eval(const Expr& e) {
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.literal;
-      case Expr::Kind::kName: return lookup(e.name);
-      case Expr::Kind::kAttr: return member(eval(*e.args[0]), Value::string(e.name), e.line, true);
-      case Expr::Kind::kIndex: return member(eval(*e.args[0]), eval(*e.args[1]), e.line, false);
-      case Expr::Kind::kSlice: return slice(e);
+      case Expr::Kind::kLiteral:
+        return e.literal;
+      case Expr::Kind::kName:
+        return lookup(e.name);
+      case Expr::Kind::kAttr:
+        return member(eval(*e.args[0]), Value::string(e.name), e.line, true);
+      case Expr::Kind::kIndex:
+        return member(eval(*e.args[0]), eval(*e.args[1]), e.line, false);
+      case Expr::Kind::kSlice:
+        return slice(e);
       case Expr::Kind::kCall: {
         // Known only at run time, so that a template's unused branches (tools) may call more.
-        if (e.args[0]->kind != Expr::Kind::kName || e.args[0]->name != "raise_exception" || e.args.size() != 2) {
+        if (e.args[0]->kind != Expr::Kind::kName || e.args[0]->name != "raise_exception" ||
+            e.args.size() != 2) {
           fail(e.line, fmt::format("{} is not supported (raise_exception(msg) only)",
-                                   e.args[0]->kind == Expr::Kind::kName ? "the function " + e.name : e.name));
+                                   e.args[0]->kind == Expr::Kind::kName ? "the function " + e.name
+                                                                        : e.name));
         }
         const Value msg = eval(*e.args[1]);
-        throw invalid_argument("{}: chat template {}: line {}: the template raised an exception: {}",
-                               where_, name_, e.line, to_text(msg, e.line));
+        throw invalid_argument(
+            "{}: chat template {}: line {}: the template raised an exception: {}", where_, name_,
+            e.line, to_text(msg, e.line));
       }
       case Expr::Kind::kFilter:
         if (e.args.size() > 1 && (e.name == "trim" || e.name == "length")) {
           fail(e.line, fmt::format("the filter |{} takes no arguments", e.name));
         }
         return filter(e.name, eval(*e.args[0]), e.line);
-      case Expr::Kind::kNot: return Value::boolean(!truthy(eval(*e.args[0])));
+      case Expr::Kind::kNot:
+        return Value::boolean(!truthy(eval(*e.args[0])));
       case Expr::Kind::kAnd: {
         Value a = eval(*e.args[0]);
         return truthy(a) ? eval(*e.args[1]) : a;
@@ -717,8 +813,10 @@ class Runner {
       case Expr::Kind::kCond:
         if (truthy(eval(*e.args[0]))) return eval(*e.args[1]);
         return e.args.size() > 2 ? eval(*e.args[2]) : Value{};
-      case Expr::Kind::kTest: return Value::boolean(test(e.name, eval(*e.args[0]), e.line) != e.negate);
-      case Expr::Kind::kBinary: return binary(e, eval(*e.args[0]), eval(*e.args[1]));
+      case Expr::Kind::kTest:
+        return Value::boolean(test(e.name, eval(*e.args[0]), e.line) != e.negate);
+      case Expr::Kind::kBinary:
+        return binary(e, eval(*e.args[0]), eval(*e.args[1]));
     }
     return Value{};
   }
@@ -730,10 +828,13 @@ class Runner {
     }
     if ((obj.kind == Value::Kind::kList || obj.kind == Value::Kind::kString) && !attr &&
         key.kind == Value::Kind::kInt) {
-      const auto n = static_cast<int64_t>(obj.kind == Value::Kind::kList ? obj.list->size() : obj.s.size());
+      const auto n =
+          static_cast<int64_t>(obj.kind == Value::Kind::kList ? obj.list->size() : obj.s.size());
       const int64_t k = key.i < 0 ? key.i + n : key.i;
-      if (k < 0 || k >= n) fail(line, fmt::format("index {} is out of range (length {})", key.i, n));
-      if (obj.kind == Value::Kind::kString) return Value::string(std::string(1, obj.s[static_cast<size_t>(k)]));
+      if (k < 0 || k >= n)
+        fail(line, fmt::format("index {} is out of range (length {})", key.i, n));
+      if (obj.kind == Value::Kind::kString)
+        return Value::string(std::string(1, obj.s[static_cast<size_t>(k)]));
       return (*obj.list)[static_cast<size_t>(k)];
     }
     if (attr) fail(line, fmt::format("{} has no attribute .{}", kind_name(obj), key.s));
@@ -750,25 +851,33 @@ class Runner {
     auto bound = [&](const ExprPtr& b, int64_t dflt) {
       if (b == nullptr) return dflt;
       const Value v = eval(*b);
-      if (v.kind != Value::Kind::kInt) fail(e.line, fmt::format("a slice bound must be an integer, got {}", kind_name(v)));
+      if (v.kind != Value::Kind::kInt)
+        fail(e.line, fmt::format("a slice bound must be an integer, got {}", kind_name(v)));
       return std::clamp(v.i < 0 ? v.i + n : v.i, int64_t{0}, n);
     };
     const int64_t lo = bound(e.args[1], 0), hi = std::max(lo, bound(e.args[2], n));
-    if (x.kind == Value::Kind::kString) return Value::string(x.s.substr(static_cast<size_t>(lo), static_cast<size_t>(hi - lo)));
+    if (x.kind == Value::Kind::kString)
+      return Value::string(x.s.substr(static_cast<size_t>(lo), static_cast<size_t>(hi - lo)));
     return Value::of_list(List(x.list->begin() + lo, x.list->begin() + hi));
   }
 
   Value filter(const std::string& f, const Value& v, int line) const {
-    if (f != "trim" && f != "length") fail(line, fmt::format("the filter |{} is not supported (trim, length)", f));
+    if (f != "trim" && f != "length")
+      fail(line, fmt::format("the filter |{} is not supported (trim, length)", f));
     if (f == "trim") {
-      if (v.kind != Value::Kind::kString) fail(line, fmt::format("|trim needs a string, got {}", kind_name(v)));
+      if (v.kind != Value::Kind::kString)
+        fail(line, fmt::format("|trim needs a string, got {}", kind_name(v)));
       return Value::string(strip(v.s));
     }
     switch (v.kind) {  // length
-      case Value::Kind::kString: return Value::integer(static_cast<int64_t>(v.s.size()));
-      case Value::Kind::kList: return Value::integer(static_cast<int64_t>(v.list->size()));
-      case Value::Kind::kDict: return Value::integer(static_cast<int64_t>(v.dict->size()));
-      default: fail(line, fmt::format("|length needs a string, list or dict, got {}", kind_name(v)));
+      case Value::Kind::kString:
+        return Value::integer(static_cast<int64_t>(v.s.size()));
+      case Value::Kind::kList:
+        return Value::integer(static_cast<int64_t>(v.list->size()));
+      case Value::Kind::kDict:
+        return Value::integer(static_cast<int64_t>(v.dict->size()));
+      default:
+        fail(line, fmt::format("|length needs a string, list or dict, got {}", kind_name(v)));
     }
   }
 
@@ -781,10 +890,13 @@ class Runner {
     if (t == "boolean") return v.kind == Value::Kind::kBool;
     if (t == "mapping") return v.kind == Value::Kind::kDict;
     if (t == "sequence" || t == "iterable") {
-      return v.kind == Value::Kind::kList || v.kind == Value::Kind::kString || v.kind == Value::Kind::kDict;
+      return v.kind == Value::Kind::kList || v.kind == Value::Kind::kString ||
+             v.kind == Value::Kind::kDict;
     }
-    fail(line, fmt::format("the test `is {}` is not supported (defined, undefined, none, string, number, "
-                           "boolean, mapping, sequence, iterable)", t));
+    fail(line,
+         fmt::format("the test `is {}` is not supported (defined, undefined, none, string, number, "
+                     "boolean, mapping, sequence, iterable)",
+                     t));
   }
 
   Value binary(const Expr& e, const Value& a, const Value& b) const {
@@ -795,10 +907,16 @@ class Runner {
     if (op == "~") return Value::string(to_text(a, e.line) + to_text(b, e.line));
     if (op == "in") {
       bool found = false;
-      if (b.kind == K::kString && a.kind == K::kString) found = b.s.find(a.s) != std::string::npos;
-      else if (b.kind == K::kList) found = std::any_of(b.list->begin(), b.list->end(), [&](const Value& x) { return equal(a, x); });
-      else if (b.kind == K::kDict && a.kind == K::kString) found = b.dict->count(a.s) > 0;
-      else fail(e.line, fmt::format("`in` needs a string, list or dict on its right, got {}", kind_name(b)));
+      if (b.kind == K::kString && a.kind == K::kString)
+        found = b.s.find(a.s) != std::string::npos;
+      else if (b.kind == K::kList)
+        found = std::any_of(b.list->begin(), b.list->end(),
+                            [&](const Value& x) { return equal(a, x); });
+      else if (b.kind == K::kDict && a.kind == K::kString)
+        found = b.dict->count(a.s) > 0;
+      else
+        fail(e.line,
+             fmt::format("`in` needs a string, list or dict on its right, got {}", kind_name(b)));
       return Value::boolean(found != e.negate);
     }
     if (op == "+" && a.kind == K::kString && b.kind == K::kString) return Value::string(a.s + b.s);
@@ -830,7 +948,8 @@ class Runner {
 
 // The string literals of the template (roles it may name).
 void collect_literals(const Expr& e, std::set<std::string>& out) {
-  if (e.kind == Expr::Kind::kLiteral && e.literal.kind == Value::Kind::kString) out.insert(e.literal.s);
+  if (e.kind == Expr::Kind::kLiteral && e.literal.kind == Value::Kind::kString)
+    out.insert(e.literal.s);
   for (const auto& a : e.args) {
     if (a) collect_literals(*a, out);  // a slice's missing bound is null
   }
@@ -866,8 +985,9 @@ JinjaChatTemplate::JinjaChatTemplate(const std::string& source, std::string bos_
   jd::collect_literals(program_->nodes, literals);
   roles_ = {"system", "user", "assistant"};
   for (const std::string& s : literals) {
-    const bool word = !s.empty() && s.size() <= 32 &&
-                      std::all_of(s.begin(), s.end(), [](char c) { return std::islower(static_cast<unsigned char>(c)) || c == '_'; });
+    const bool word = !s.empty() && s.size() <= 32 && std::all_of(s.begin(), s.end(), [](char c) {
+      return std::islower(static_cast<unsigned char>(c)) || c == '_';
+    });
     if (word && std::find(roles_.begin(), roles_.end(), s) == roles_.end()) roles_.push_back(s);
   }
 }
@@ -879,8 +999,8 @@ std::string JinjaChatTemplate::render_text(const std::vector<ChatMessage>& messa
                                            const std::string& where) const {
   jd::List list;
   for (const auto& m : messages) {
-    list.push_back(jd::Value::of_dict({{"role", jd::Value::string(m.role)},
-                                        {"content", jd::Value::string(m.content)}}));
+    list.push_back(jd::Value::of_dict(
+        {{"role", jd::Value::string(m.role)}, {"content", jd::Value::string(m.content)}}));
   }
   jd::Runner r(name_, where);
   r.scopes.push_back({{"messages", jd::Value::of_list(std::move(list))},
@@ -898,8 +1018,10 @@ std::vector<ChatSegment> JinjaChatTemplate::render(const std::vector<ChatMessage
   if (messages.empty()) throw invalid_argument("{}: an empty conversation", where);
   for (size_t i = 0; i < messages.size(); ++i) {
     if (std::find(roles_.begin(), roles_.end(), messages[i].role) == roles_.end()) {
-      throw invalid_argument("{}: message {}: the role \"{}\" is not one the chat template {} "
-                             "knows ({})", where, i, messages[i].role, name_, fmt::join(roles_, ", "));
+      throw invalid_argument(
+          "{}: message {}: the role \"{}\" is not one the chat template {} "
+          "knows ({})",
+          where, i, messages[i].role, name_, fmt::join(roles_, ", "));
     }
   }
   std::vector<ChatSegment> out;
@@ -912,9 +1034,10 @@ std::vector<ChatSegment> JinjaChatTemplate::render(const std::vector<ChatMessage
     upto.push_back(messages[i]);
     std::string full = render_text(upto, false, where);
     if (full.compare(0, prev.size(), prev) != 0) {
-      throw invalid_argument("{}: chat template {}: the text for messages 0..{} does not extend "
-                             "the text for messages 0..{}, so message {} has no segment of its own",
-                             where, name_, i, i - 1, i);
+      throw invalid_argument(
+          "{}: chat template {}: the text for messages 0..{} does not extend "
+          "the text for messages 0..{}, so message {} has no segment of its own",
+          where, name_, i, i - 1, i);
     }
     size_t start = prev.size();
     if (assistant && gen.size() > prev.size() && gen.compare(0, prev.size(), prev) == 0 &&
@@ -938,33 +1061,40 @@ std::unique_ptr<ChatTemplate> open_jinja_chat_template(const std::string& tokeni
   } catch (const nlohmann::json::parse_error& e) {
     throw invalid_argument("chat template {}: not valid JSON: {}", tokenizer_config_path, e.what());
   }
-  if (!j.is_object()) throw invalid_argument("chat template {}: expected a JSON object", tokenizer_config_path);
+  if (!j.is_object())
+    throw invalid_argument("chat template {}: expected a JSON object", tokenizer_config_path);
   auto token = [&](const char* key) -> std::string {
     auto it = j.find(key);
     if (it == j.end() || it->is_null()) return "";
     if (it->is_string()) return it->get<std::string>();
-    if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) return (*it)["content"];
-    throw invalid_argument("chat template {}: {}: expected a string, {{\"content\": ...}} or null, got {}",
-                           tokenizer_config_path, key, it->dump());
+    if (it->is_object() && it->contains("content") && (*it)["content"].is_string())
+      return (*it)["content"];
+    throw invalid_argument(
+        "chat template {}: {}: expected a string, {{\"content\": ...}} or null, got {}",
+        tokenizer_config_path, key, it->dump());
   };
   auto it = j.find("chat_template");
   if (it == j.end() || it->is_null()) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("chat template {}: there is no chat_template key", tokenizer_config_path),
-                "a base model ships no chat template: use a built-in one (--chat-template llama3)");
+    throw Error(
+        ErrorKind::kInvalidArgument,
+        fmt::format("chat template {}: there is no chat_template key", tokenizer_config_path),
+        "a base model ships no chat template: use a built-in one (--chat-template llama3)");
   }
   std::string source;
   if (it->is_string()) {
     source = it->get<std::string>();
   } else if (it->is_array()) {
     for (const auto& t : *it) {
-      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") && t["template"].is_string()) {
+      if (t.is_object() && t.value("name", "") == "default" && t.contains("template") &&
+          t["template"].is_string()) {
         source = t["template"];
       }
     }
     if (source.empty()) {
-      throw invalid_argument("chat template {}: chat_template: a list with no {{\"name\": \"default\", "
-                             "\"template\": ...}} entry", tokenizer_config_path);
+      throw invalid_argument(
+          "chat template {}: chat_template: a list with no {{\"name\": \"default\", "
+          "\"template\": ...}} entry",
+          tokenizer_config_path);
     }
   } else {
     throw invalid_argument("chat template {}: chat_template: expected a string, got {}",

@@ -52,19 +52,23 @@ class HfFixtures : public ::testing::Test {
 };
 test::TempDir* HfFixtures::dir_ = nullptr;
 
-json cases() { return json::parse(test::read_file(test::source_path("tests/data/hf_cases.json"))); }
+json cases() {
+  return json::parse(test::read_file(test::source_path("tests/data/hf_cases.json")));
+}
 
 // Pseudo-English with code, numbers, CJK, special tokens and newline runs; deterministic.
 std::string generated_text(size_t lines, uint32_t seed) {
-  static const char* words[] = {"the", "and", "of", "To", "in", "light", "God", "said", "12345",
-                                "3.14", "don't", "WE'LL", "naïve", "café", "日本語", "\t", "  ",
-                                "(x)", "{", "};", "<|eot_id|>", "<|im_start|>", "<|endoftext|>",
-                                "!!", "\r\n", "\n\n", " \n", "👋🏽", "x2", "e\u0301"};
+  static const char* words[] = {
+      "the",   "and",  "of",    "To",       "in",         "light",        "God",           "said",
+      "12345", "3.14", "don't", "WE'LL",    "naïve",      "café",         "日本語",        "\t",
+      "  ",    "(x)",  "{",     "};",       "<|eot_id|>", "<|im_start|>", "<|endoftext|>", "!!",
+      "\r\n",  "\n\n", " \n",   "👋🏽", "x2",         "e\u0301"};
   std::mt19937 rng(seed);
   std::string s;
   for (size_t l = 0; l < lines; ++l) {
     const int n = 2 + static_cast<int>(rng() % 12);
-    for (int w = 0; w < n; ++w) s += std::string(rng() % 3 ? " " : "") + words[rng() % std::size(words)];
+    for (int w = 0; w < n; ++w)
+      s += std::string(rng() % 3 ? " " : "") + words[rng() % std::size(words)];
     s += rng() % 4 == 0 ? "\n\n" : "\n";
   }
   return s;
@@ -136,7 +140,9 @@ TEST_F(HfFixtures, SpecialTokensAndDocumentToken) {
   EXPECT_EQ(via_open->name(), "hf");
   EXPECT_EQ(via_open->document_token(), 50257);
   EXPECT_THROW(open_tokenizer({"hf", ""}), Error);
-  EXPECT_NE(error_of([&] { open_tokenizer({"hf", dir_->path() + "/none"}); }).find("/none is neither a directory"),
+  EXPECT_NE(error_of([&] {
+              open_tokenizer({"hf", dir_->path() + "/none"});
+            }).find("/none is neither a directory"),
             std::string::npos);
   std::string id_error = error_of([&] { llama->decode(std::vector<uint32_t>{1, 50262}); });
   EXPECT_NE(id_error.find("token 50262 at index 1"), std::string::npos) << id_error;
@@ -175,25 +181,33 @@ json small_tokenizer() {
   for (int b = 0; b < 256; ++b) {
     const char32_t c = gpt2_byte_to_unicode(static_cast<uint8_t>(b));
     std::string key;
-    if (c < 0x80) key.push_back(static_cast<char>(c));
-    else key += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
+    if (c < 0x80)
+      key.push_back(static_cast<char>(c));
+    else
+      key += {static_cast<char>(0xC0 | (c >> 6)), static_cast<char>(0x80 | (c & 0x3F))};
     vocab[key] = b;
   }
   vocab["ab"] = 256;
   return {{"version", "1.0"},
           {"added_tokens", json::array({{{"id", 257}, {"content", "<|x|>"}, {"special", true}}})},
           {"normalizer", nullptr},
-          {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", json::array({
-              {{"type", "Split"}, {"pattern", {{"Regex", kHfLlama3Pattern}}},
-               {"behavior", "Isolated"}, {"invert", false}},
-              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
+          {"pre_tokenizer",
+           {{"type", "Sequence"},
+            {"pretokenizers",
+             json::array(
+                 {{{"type", "Split"},
+                   {"pattern", {{"Regex", kHfLlama3Pattern}}},
+                   {"behavior", "Isolated"},
+                   {"invert", false}},
+                  {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}}})}}},
           {"post_processor", nullptr},
           {"decoder", {{"type", "ByteLevel"}}},
           {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", json::array({"a b"})}}}};
 }
 
 std::string parse_error(const json& j, const std::string& config = "") {
-  return error_of([&] { HfTokenizer::parse(j.dump(), config, "t/tokenizer.json", "t/tokenizer_config.json"); });
+  return error_of(
+      [&] { HfTokenizer::parse(j.dump(), config, "t/tokenizer.json", "t/tokenizer_config.json"); });
 }
 
 TEST(HfTokenizer, SmallFileEncodes) {
@@ -209,7 +223,8 @@ TEST(HfTokenizer, SmallFileEncodes) {
 
 TEST(HfTokenizer, BadFilesAreNamed) {
   auto expect = [](const std::string& err, std::initializer_list<const char*> parts) {
-    for (const char* p : parts) EXPECT_NE(err.find(p), std::string::npos) << "want '" << p << "' in: " << err;
+    for (const char* p : parts)
+      EXPECT_NE(err.find(p), std::string::npos) << "want '" << p << "' in: " << err;
   };
   json j = small_tokenizer();
   j["model"]["type"] = "WordPiece";

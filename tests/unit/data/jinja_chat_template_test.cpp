@@ -24,7 +24,8 @@ using json = nlohmann::json;
 // tokenizer_config.json hold them.
 const char* kLlama3 =
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
-    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim "
+    "+ "
     "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
     "{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
@@ -64,9 +65,12 @@ TEST(JinjaChatTemplate, RealTemplatesRenderAsHuggingFacesJinja) {
     const JinjaChatTemplate& t = c["kind"] == "llama3" ? llama : qwen;
     const auto msgs = messages_of(c["messages"]);
     for (size_t i = 0; i < msgs.size(); ++i) {
-      const std::vector<ChatMessage> upto(msgs.begin(), msgs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
-      const std::vector<ChatMessage> before(msgs.begin(), msgs.begin() + static_cast<std::ptrdiff_t>(i));
-      EXPECT_EQ(t.render_text(upto, false, "x"), c["prefixes"][i].get<std::string>()) << t.name() << i;
+      const std::vector<ChatMessage> upto(msgs.begin(),
+                                          msgs.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+      const std::vector<ChatMessage> before(msgs.begin(),
+                                            msgs.begin() + static_cast<std::ptrdiff_t>(i));
+      EXPECT_EQ(t.render_text(upto, false, "x"), c["prefixes"][i].get<std::string>())
+          << t.name() << i;
       EXPECT_EQ(t.render_text(before, true, "x"), c["gen"][i].get<std::string>()) << t.name() << i;
     }
     const auto segs = t.render(msgs, "chat.jsonl:1");
@@ -78,12 +82,15 @@ TEST(JinjaChatTemplate, RealTemplatesRenderAsHuggingFacesJinja) {
 
 TEST(JinjaChatTemplate, SegmentsSplitAtTheAssistantTurns) {
   const JinjaChatTemplate llama(kLlama3, "<|begin_of_text|>", "<|eot_id|>", "llama3");
-  const std::vector<ChatMessage> chat = {{"system", "Be brief."}, {"user", "Hi"},
-                                         {"assistant", "  Hello.\n"}, {"user", "Bye"},
+  const std::vector<ChatMessage> chat = {{"system", "Be brief."},
+                                         {"user", "Hi"},
+                                         {"assistant", "  Hello.\n"},
+                                         {"user", "Bye"},
                                          {"assistant", "Bye!"}};
   const auto s = llama.render(chat, "chat.jsonl:3");
   ASSERT_EQ(s.size(), 7u);
-  EXPECT_EQ(s[0].text, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>");
+  EXPECT_EQ(s[0].text,
+            "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>");
   EXPECT_EQ(s[1].text, "<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>");
   EXPECT_EQ(s[2].text, "<|start_header_id|>assistant<|end_header_id|>\n\n");
   EXPECT_EQ(s[3].text, "Hello.<|eot_id|>");  // |trim
@@ -94,7 +101,9 @@ TEST(JinjaChatTemplate, SegmentsSplitAtTheAssistantTurns) {
   const JinjaChatTemplate qwen(kQwen2, "", "<|im_end|>", "qwen2");
   const auto q = qwen.render({{"user", "Hi"}, {"assistant", "Hello"}}, "w");
   ASSERT_EQ(q.size(), 3u);
-  EXPECT_EQ(q[0].text, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
+  EXPECT_EQ(q[0].text,
+            "<|im_start|>system\nYou are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
   EXPECT_EQ(q[1].text, "<|im_start|>assistant\n");
   EXPECT_FALSE(q[1].trainable);
   EXPECT_EQ(q[2].text, "Hello<|im_end|>\n");
@@ -104,25 +113,44 @@ TEST(JinjaChatTemplate, SegmentsSplitAtTheAssistantTurns) {
 // Expected texts from @huggingface/jinja 0.5.13 (booleans aside: Python prints True).
 TEST(JinjaChatTemplate, SubsetMatchesJinja) {
   const std::vector<ChatMessage> msgs = {{"user", "hi"}, {"assistant", "yo"}};
-  auto render = [&](const std::string& src) { return JinjaChatTemplate(src, "", "", "t").render_text(msgs, false, "w"); };
+  auto render = [&](const std::string& src) {
+    return JinjaChatTemplate(src, "", "", "t").render_text(msgs, false, "w");
+  };
   EXPECT_EQ(render("a  {%- if true -%}  x  {%- endif %} b"), "ax b");
-  EXPECT_EQ(render("line1\n    {% if true %}\n    yes\n    {% endif %}\nend"), "line1\n    yes\nend");
+  EXPECT_EQ(render("line1\n    {% if true %}\n    yes\n    {% endif %}\nend"),
+            "line1\n    yes\nend");
   EXPECT_EQ(render("{# comment #}\n{% set x = 'v' %}{{ x ~ 1 }}|{{ 'ab' if x == 'v' else 'cd' }}|"
-                   "{{ ' pad ' | trim }}|{{ messages | length }}"), "v1|ab|pad|2");
-  EXPECT_EQ(render("{% for m in messages %}{{ loop.index }}:{{ m.role }}{% if not loop.last %},{% endif %}"
-                   "{% endfor %}"), "1:user,2:assistant");
-  EXPECT_EQ(render("{% for m in messages %}{% set y = m.role %}{% endfor %}[{{ y }}]{% if x is defined %}D"
-                   "{% endif %}{% if messages[0].content is string %}S{% endif %}{{ messages[-1]['role'] }}"),
-            "[]Sassistant");
-  EXPECT_EQ(render("{{ 'a' ~ \"b\\n\" }}{% if messages[0]['role'] != 'system' and 'x' not in 'abc' or false %}"
-                   "T{% else %}F{% endif %}"), "ab\nT");
-  EXPECT_EQ(render("{% if 1 > 2 %}a{% elif messages[1].role == 'assistant' %}b{% else %}c{% endif %}"), "b");
+                   "{{ ' pad ' | trim }}|{{ messages | length }}"),
+            "v1|ab|pad|2");
+  EXPECT_EQ(
+      render(
+          "{% for m in messages %}{{ loop.index }}:{{ m.role }}{% if not loop.last %},{% endif %}"
+          "{% endfor %}"),
+      "1:user,2:assistant");
+  EXPECT_EQ(
+      render(
+          "{% for m in messages %}{% set y = m.role %}{% endfor %}[{{ y }}]{% if x is defined %}D"
+          "{% endif %}{% if messages[0].content is string %}S{% endif %}{{ messages[-1]['role'] "
+          "}}"),
+      "[]Sassistant");
+  EXPECT_EQ(render("{{ 'a' ~ \"b\\n\" }}{% if messages[0]['role'] != 'system' and 'x' not in 'abc' "
+                   "or false %}"
+                   "T{% else %}F{% endif %}"),
+            "ab\nT");
+  EXPECT_EQ(
+      render("{% if 1 > 2 %}a{% elif messages[1].role == 'assistant' %}b{% else %}c{% endif %}"),
+      "b");
   EXPECT_EQ(render("{{ true }}{{ none }}{{ 3 + 4 }}{{ -1 + 3 }}"), "TrueNone72");
   // Slices (Llama-3.1 drops a system message with messages[1:]) and more tests.
-  EXPECT_EQ(render("{% for m in messages[1:] %}{{ m.role }}{% endfor %}|{{ 'abcdef'[1:-2] }}|{{ 'abc'[:1] }}"
-                   "{{ 'abc'[5:] }}|{% for m in messages[:-1] %}{{ m.content }}{% endfor %}"),
-            "assistant|bcd|a|hi");
-  EXPECT_EQ(render("{% if messages[0] is mapping and messages is sequence and 3 is number %}ok{% endif %}"), "ok");
+  EXPECT_EQ(
+      render(
+          "{% for m in messages[1:] %}{{ m.role }}{% endfor %}|{{ 'abcdef'[1:-2] }}|{{ 'abc'[:1] }}"
+          "{{ 'abc'[5:] }}|{% for m in messages[:-1] %}{{ m.content }}{% endfor %}"),
+      "assistant|bcd|a|hi");
+  EXPECT_EQ(
+      render(
+          "{% if messages[0] is mapping and messages is sequence and 3 is number %}ok{% endif %}"),
+      "ok");
 }
 
 // A template in the style of Llama-3.1's (its system block, messages[1:], tool branches that use
@@ -200,14 +228,18 @@ const char* kLlama31Style = R"JINJA({{- bos_token }}
 
 TEST(JinjaChatTemplate, Llama31StyleTemplate) {
   const JinjaChatTemplate t(kLlama31Style, "<|begin_of_text|>", "<|eot_id|>", "llama31");
-  const std::vector<ChatMessage> chat = {{"system", " Be brief. "}, {"user", "Hi"}, {"assistant", "Hello."}};
+  const std::vector<ChatMessage> chat = {
+      {"system", " Be brief. "}, {"user", "Hi"}, {"assistant", "Hello."}};
   const std::string head =
-      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December "
-      "2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
+      "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: "
+      "December "
+      "2023\nToday Date: 26 Jul 2024\n\nBe "
+      "brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
       "<|eot_id|>";
   EXPECT_EQ(t.render_text(chat, false, "w"),
             head + "<|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|>");
-  EXPECT_EQ(t.render_text({chat[0], chat[1]}, true, "w"), head + "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  EXPECT_EQ(t.render_text({chat[0], chat[1]}, true, "w"),
+            head + "<|start_header_id|>assistant<|end_header_id|>\n\n");
   const auto segs = t.render(chat, "w");
   ASSERT_EQ(segs.size(), 4u);
   EXPECT_EQ(segs[3].text, "Hello.<|eot_id|>");
@@ -215,8 +247,10 @@ TEST(JinjaChatTemplate, Llama31StyleTemplate) {
   EXPECT_FALSE(segs[2].trainable);
   // A tool message takes the branch that needs |tojson: named, with the template's line.
   const std::string err = error_of([&] { t.render({chat[1], {"tool", "42"}}, "chat.jsonl:5"); });
-  EXPECT_NE(err.find("chat.jsonl:5: chat template llama31: line 60: the filter |tojson is not supported"),
-            std::string::npos) << err;
+  EXPECT_NE(
+      err.find("chat.jsonl:5: chat template llama31: line 60: the filter |tojson is not supported"),
+      std::string::npos)
+      << err;
 }
 
 TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
@@ -226,20 +260,30 @@ TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
   auto has = [](const std::string& err, const char* part) {
     EXPECT_NE(err.find(part), std::string::npos) << "want '" << part << "' in: " << err;
   };
-  has(parse_error("x\n{% macro f() %}{% endmacro %}"), "line 2: the tag {% macro %} is not supported");
+  has(parse_error("x\n{% macro f() %}{% endmacro %}"),
+      "line 2: the tag {% macro %} is not supported");
   auto run_error = [](const std::string& src) {
-    return error_of([&] { JinjaChatTemplate(src, "", "", "t.json").render({{"user", "a"}}, "c.jsonl:2"); });
+    return error_of([&] {
+      JinjaChatTemplate(src, "", "", "t.json").render({{"user", "a"}}, "c.jsonl:2");
+    });
   };
-  has(run_error("{{ messages | tojson(indent=2) }}"), "c.jsonl:2: chat template t.json: line 1: the filter |tojson is not supported");
-  has(run_error("\n{{ messages[0].content.strip() }}"), "line 2: the method .strip() is not supported");
+  has(run_error("{{ messages | tojson(indent=2) }}"),
+      "c.jsonl:2: chat template t.json: line 1: the filter |tojson is not supported");
+  has(run_error("\n{{ messages[0].content.strip() }}"),
+      "line 2: the method .strip() is not supported");
   has(run_error("{% set ns = namespace(a=1) %}"), "the function namespace() is not supported");
-  has(run_error("{% if messages is callable %}{% endif %}"), "the test `is callable` is not supported");
+  has(run_error("{% if messages is callable %}{% endif %}"),
+      "the test `is callable` is not supported");
   has(parse_error("{{ messages[::2] }}"), "slices with a step are not supported");
   // Unused branches may hold what is not supported (Qwen2.5's tools branch uses tojson).
-  EXPECT_EQ(error_of([] {
-              JinjaChatTemplate("{% if tools %}{{ tools | tojson }}{% endif %}{% for t in tools %}x{% endfor %}ok",
-                                "", "", "t").render({{"user", "a"}}, "w");
-            }), "(no error)");
+  EXPECT_EQ(
+      error_of([] {
+        JinjaChatTemplate(
+            "{% if tools %}{{ tools | tojson }}{% endif %}{% for t in tools %}x{% endfor %}ok", "",
+            "", "t")
+            .render({{"user", "a"}}, "w");
+      }),
+      "(no error)");
   has(parse_error("{% for m in messages %}x"), "has no {% endfor %}");
   has(parse_error("{% if true %}x"), "has no {% endif %}");
   has(parse_error("{{ 'open }}"), "not closed");
@@ -249,35 +293,51 @@ TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
 
   const JinjaChatTemplate raising(
       "{% for m in messages %}{% if m.role == 'tool' %}{{ raise_exception('no tools: ' + m.role) }}"
-      "{% endif %}{{ m.content }}{% endfor %}", "", "", "jinja:cfg.json");
-  has(error_of([&] { raising.render({{"user", "a"}, {"tool", "b"}}, "chat.jsonl:7"); }),
-      "chat.jsonl:7: chat template jinja:cfg.json: line 1: the template raised an exception: no tools: tool");
-  has(error_of([&] { raising.render({{"robot", "a"}}, "chat.jsonl:8"); }),
+      "{% endif %}{{ m.content }}{% endfor %}",
+      "", "", "jinja:cfg.json");
+  has(error_of([&] {
+        raising.render({{"user", "a"}, {"tool", "b"}}, "chat.jsonl:7");
+      }),
+      "chat.jsonl:7: chat template jinja:cfg.json: line 1: the template raised an exception: no "
+      "tools: tool");
+  has(error_of([&] {
+        raising.render({{"robot", "a"}}, "chat.jsonl:8");
+      }),
       "chat.jsonl:8: message 0: the role \"robot\" is not one");
   has(error_of([&] { raising.render({}, "chat.jsonl:9"); }), "chat.jsonl:9: an empty conversation");
-  has(error_of([&] { JinjaChatTemplate("{{ messages[0] + 1 }}", "", "", "t").render({{"user", "a"}}, "w"); }),
+  has(error_of([&] {
+        JinjaChatTemplate("{{ messages[0] + 1 }}", "", "", "t").render({{"user", "a"}}, "w");
+      }),
       "cannot apply '+' to a dict and an integer");
   // Not incremental: the last message is rendered first.
-  const JinjaChatTemplate reversed("{{ messages[-1].content }}{% for m in messages %}{{ m.content }}{% endfor %}",
-                                   "", "", "rev");
-  has(error_of([&] { reversed.render({{"user", "a"}, {"assistant", "b"}}, "w"); }),
+  const JinjaChatTemplate reversed(
+      "{{ messages[-1].content }}{% for m in messages %}{{ m.content }}{% endfor %}", "", "",
+      "rev");
+  has(error_of([&] {
+        reversed.render({{"user", "a"}, {"assistant", "b"}}, "w");
+      }),
       "does not extend the text for messages 0..0");
 }
 
 TEST(JinjaChatTemplate, OpensTokenizerConfig) {
   test::TempDir dir;
   const std::string path = dir.file("tokenizer_config.json");
-  std::ofstream(path) << json{{"bos_token", {{"content", "<s>"}}}, {"eos_token", "</s>"},
-                              {"chat_template", "{{ bos_token }}{% for m in messages %}{{ m.content }}{% if m.role == "
-                                               "'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"}}
-                             .dump();
+  std::ofstream(path)
+      << json{{"bos_token", {{"content", "<s>"}}},
+              {"eos_token", "</s>"},
+              {"chat_template",
+               "{{ bos_token }}{% for m in messages %}{{ m.content }}{% if m.role == "
+               "'assistant' %}{{ eos_token }}{% endif %}{% endfor %}"}}
+             .dump();
   const auto t = open_jinja_chat_template(path);
   EXPECT_EQ(t->name(), "jinja:" + path);
   const auto s = t->render({{"user", "a"}, {"assistant", "b"}}, "w");
   EXPECT_EQ(joined(s), "<s>ab</s>");
   EXPECT_TRUE(s.back().trainable);
-  std::ofstream(path) << json{{"chat_template", json::array({{{"name", "default"}, {"template", "{{ 'd' }}"}},
-                                                            {{"name", "tool_use"}, {"template", "{{ 't' }}"}}})}}.dump();
+  std::ofstream(path) << json{{"chat_template",
+                               json::array({{{"name", "default"}, {"template", "{{ 'd' }}"}},
+                                            {{"name", "tool_use"}, {"template", "{{ 't' }}"}}})}}
+                             .dump();
   EXPECT_EQ(joined(open_jinja_chat_template(path)->render({{"user", "a"}}, "w")), "d");
   std::ofstream(path) << json{{"bos_token", "<s>"}}.dump();
   EXPECT_NE(error_of([&] { open_jinja_chat_template(path); }).find("there is no chat_template key"),
