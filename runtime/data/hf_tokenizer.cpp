@@ -53,6 +53,9 @@ namespace hf_tokenizer_detail {
 
 using json = nlohmann::json;
 constexpr uint32_t kNoRank = std::numeric_limits<uint32_t>::max();
+// Ids index dense tables: a bound keeps a corrupt file from asking for gigabytes (the largest
+// real vocabularies hold a few hundred thousand tokens).
+constexpr int64_t kMaxId = 1 << 24;
 
 enum class Pattern { kGpt2, kLlama3, kQwen2 };
 
@@ -202,8 +205,8 @@ struct Reader {
   }
   uint32_t id(const json& v, const std::string& path) const {
     if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
-      fail(path, fmt::format("expected a token id (a non-negative integer), got {}", quoted(v)));
+        v.get<int64_t>() >= kMaxId) {
+      fail(path, fmt::format("expected a token id in [0, {}), got {}", kMaxId, quoted(v)));
     }
     return v.get<uint32_t>();
   }

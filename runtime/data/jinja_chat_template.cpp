@@ -186,6 +186,31 @@ struct Site {
   }
 };
 
+// The string literal opening at s[i] into out; returns the index after its closing quote.
+size_t lex_string(std::string_view s, size_t i, const Site& site, std::vector<Token>& out) {
+  static const std::map<char, char> kEscapes = {{'n', '\n'},  {'t', '\t'},  {'r', '\r'},
+                                                {'\\', '\\'}, {'\'', '\''}, {'"', '"'}};
+  const char quote = s[i];
+  std::string v;
+  size_t j = i + 1;
+  for (; j < s.size() && s[j] != quote; ++j) {
+    if (s[j] != '\\' || j + 1 >= s.size()) {
+      v.push_back(s[j]);
+      continue;
+    }
+    const char e = s[++j];
+    if (auto it = kEscapes.find(e); it != kEscapes.end()) {
+      v.push_back(it->second);
+    } else {
+      v.push_back('\\');
+      v.push_back(e);
+    }
+  }
+  if (j >= s.size()) site.fail("a string literal is not closed");
+  out.push_back({Token::Type::kString, v, 0});
+  return j + 1;
+}
+
 std::vector<Token> lex(std::string_view s, const Site& site) {
   std::vector<Token> out;
   size_t i = 0;
@@ -202,42 +227,13 @@ std::vector<Token> lex(std::string_view s, const Site& site) {
       size_t j = i;
       while (j < s.size() && std::isdigit(static_cast<unsigned char>(s[j]))) ++j;
       if (j < s.size() && s[j] == '.') site.fail("floating-point literals are not supported");
+      if (j - i > 18) site.fail(fmt::format("the integer {} is too large", s.substr(i, j - i)));
       Token t{Token::Type::kInt, std::string(s.substr(i, j - i)), 0};
       t.number = std::stoll(t.text);
       out.push_back(t);
       i = j;
     } else if (c == '\'' || c == '"') {
-      std::string v;
-      size_t j = i + 1;
-      for (; j < s.size() && s[j] != c; ++j) {
-        if (s[j] != '\\' || j + 1 >= s.size()) {
-          v.push_back(s[j]);
-          continue;
-        }
-        const char e = s[++j];
-        switch (e) {
-          case 'n':
-            v.push_back('\n');
-            break;
-          case 't':
-            v.push_back('\t');
-            break;
-          case 'r':
-            v.push_back('\r');
-            break;
-          case '\\':
-          case '\'':
-          case '"':
-            v.push_back(e);
-            break;
-          default:
-            v.push_back('\\');
-            v.push_back(e);
-        }
-      }
-      if (j >= s.size()) site.fail("a string literal is not closed");
-      out.push_back({Token::Type::kString, v, 0});
-      i = j + 1;
+      i = lex_string(s, i, site, out);
     } else {
       static const char* two[] = {"==", "!=", "<=", ">=", "//", "**"};
       std::string op(1, c);
