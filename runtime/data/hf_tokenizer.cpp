@@ -204,8 +204,7 @@ struct Reader {
     }
   }
   uint32_t id(const json& v, const std::string& path) const {
-    if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
-        v.get<int64_t>() >= kMaxId) {
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxId) {
       fail(path, fmt::format("expected a token id in [0, {}), got {}", kMaxId, quoted(v)));
     }
     return v.get<uint32_t>();

@@ -247,7 +247,8 @@ TEST(HfTokenizer, BadFilesAreNamed) {
   expect(parse_error(j), {"model.merges[0]", "two tokens"});
   j = small_tokenizer();
   j["added_tokens"][0]["id"] = 4000000000LL;
-  expect(parse_error(j), {"added_tokens[0].id", "expected a token id in [0, 16777216), got 4000000000"});
+  expect(parse_error(j),
+         {"added_tokens[0].id", "expected a token id in [0, 16777216), got 4000000000"});
   j = small_tokenizer();
   j["normalizer"] = {{"type", "NFKC"}};
   expect(parse_error(j), {"normalizer.type", "NFKC"});

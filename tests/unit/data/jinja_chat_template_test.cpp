@@ -289,7 +289,8 @@ TEST(JinjaChatTemplate, OutsideTheSubsetIsNamed) {
   has(parse_error("{{ 'open }}"), "not closed");
   has(parse_error("{{ [1, 2] }}"), "list literals are not supported");
   has(parse_error("{{ messages[] }}"), "expected an index, got ']'");
-  has(parse_error("{{ 123456789012345678901234 }}"), "the integer 123456789012345678901234 is too large");
+  has(parse_error("{{ 123456789012345678901234 }}"),
+      "the integer 123456789012345678901234 is too large");
   has(parse_error("{{ 2 * 3 }}"), "the operator '*' is not supported");
 
   const JinjaChatTemplate raising(
