@@ -545,8 +545,8 @@ std::vector<Piece> split_pieces(const std::string& src, const std::string& name)
     }
     std::string inner = src.substr(open + 2, close - open - 2);
     const bool lstrip = !inner.empty() && inner[0] == '-', plus = !inner.empty() && inner[0] == '+';
-    const bool rstrip = !inner.empty() && inner.back() == '-';
     if (lstrip || plus) inner.erase(0, 1);
+    const bool rstrip = !inner.empty() && inner.back() == '-';  // "{%-%}" is only a left marker
     if (rstrip) inner.pop_back();
     if (lstrip) {
       text.erase(text.find_last_not_of(" \t\n\r") + 1);

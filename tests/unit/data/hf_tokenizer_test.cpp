@@ -276,3 +276,39 @@ TEST(HfTokenizer, BadFilesAreNamed) {
 
 }  // namespace
 }  // namespace ds::rt::data
+
+namespace ds::rt::data {
+namespace {
+
+// Random edits of a small tokenizer.json either load (and then encode and decode) or throw
+// ds::Error: never another exception or a crash.
+TEST(HfTokenizer, MutatedFilesFailCleanly) {
+  const std::string base = small_tokenizer().dump();
+  const std::string pieces[] = {"\"",   "{",  "}",           "[",       "]",       ",", ":", "null",
+                                "true", "-1", "99999999999", "\"BPE\"", "\\u0000", "0", " "};
+  std::mt19937 rng(5);
+  int ok = 0, errors = 0;
+  for (int k = 0; k < 1500; ++k) {
+    std::string j = base;
+    for (int e = 1 + static_cast<int>(rng() % 3); e > 0; --e) {
+      const size_t at = rng() % (j.size() + 1);
+      if (rng() % 2)
+        j.insert(at, pieces[rng() % std::size(pieces)]);
+      else
+        j.erase(at, 1 + rng() % 4);
+    }
+    try {
+      const auto tok = HfTokenizer::parse(j, "", "m.json", "c.json");
+      const auto ids = tok->encode("ab<|x|> cd\n\n12 'S");
+      tok->decode(ids);
+      ++ok;
+    } catch (const Error&) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(errors, 0);
+}
+
+}  // namespace
+}  // namespace ds::rt::data

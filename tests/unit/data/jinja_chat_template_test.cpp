@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -344,6 +345,42 @@ TEST(JinjaChatTemplate, OpensTokenizerConfig) {
   std::ofstream(path) << json{{"bos_token", "<s>"}}.dump();
   EXPECT_NE(error_of([&] { open_jinja_chat_template(path); }).find("there is no chat_template key"),
             std::string::npos);
+}
+
+}  // namespace
+}  // namespace ds::rt::data
+
+namespace ds::rt::data {
+namespace {
+
+// Random edits of the real templates either work or throw ds::Error: never another exception,
+// a crash or a hang (a cheap stand-in for a fuzz target).
+TEST(JinjaChatTemplate, MutatedTemplatesFailCleanly) {
+  const std::string pieces[] = {"{{",    "}}",     "{%",   "%}", "{%-",  "-%}",  "{#",   "#}",
+                                "'",     "\"",     "[",    "]",  "(",    ")",    "|",    ".",
+                                ":",     "-",      "+",    "~",  "not ", " in ", " if ", " else ",
+                                "endif", "endfor", "loop", "1",  "99999"};
+  std::mt19937 rng(3);
+  int ok = 0, errors = 0;
+  for (int k = 0; k < 3000; ++k) {
+    std::string src = k % 2 ? kLlama3 : kQwen2;
+    for (int e = 1 + static_cast<int>(rng() % 3); e > 0; --e) {
+      const size_t at = rng() % (src.size() + 1);
+      if (rng() % 2)
+        src.insert(at, pieces[rng() % std::size(pieces)]);
+      else
+        src.erase(at, 1 + rng() % 4);
+    }
+    try {
+      const JinjaChatTemplate t(src, "<s>", "</s>", "mutated");
+      t.render({{"system", "s"}, {"user", "u"}, {"assistant", "a"}}, "w");
+      ++ok;
+    } catch (const Error&) {
+      ++errors;
+    }
+  }
+  EXPECT_GT(ok, 0);
+  EXPECT_GT(errors, 0);
 }
 
 }  // namespace
