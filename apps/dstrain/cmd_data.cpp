@@ -1,4 +1,4 @@
-// `dstrain data prepare --input TEXT... --output DIR [--tokenizer byte|gpt2|sentencepiece] ...`:
+// `dstrain data prepare --input TEXT... --output DIR [--tokenizer byte|gpt2|hf|sentencepiece] ...`:
 // text files to llm.c token files. Every input file is one document (the tokenizer's document
 // token, GPT-2's <|endoftext|>, comes before each); the text streams through the parallel encoder
 // (runtime/data/encode_pipeline.h), so a corpus larger than memory is fine. The last
@@ -43,7 +43,7 @@ struct DataPrepareOptions {
   std::string output;
   double val_fraction = 0.1;
   std::string tokenizer = "byte";
-  std::string vocab;       // gpt2
+  std::string vocab;       // gpt2; hf: a directory holding tokenizer.json, or the file
   std::string model;       // sentencepiece
   int64_t train_vocab = 0;  // sentencepiece: train a model of this size first
   std::string model_type = "bpe";
@@ -109,7 +109,7 @@ int64_t total_bytes(const std::vector<std::string>& inputs) {
 
 // The tokenizer to encode with; trains DIR/tokenizer.model first when asked.
 std::unique_ptr<dd::Tokenizer> prepare_tokenizer(const DataPrepareOptions& o, int threads) {
-  dd::TokenizerSpec spec{o.tokenizer, o.tokenizer == "gpt2" ? o.vocab : o.model};
+  dd::TokenizerSpec spec{o.tokenizer, o.tokenizer == "gpt2" || o.tokenizer == "hf" ? o.vocab : o.model};
   if (o.train_vocab > 0) {
     dd::SentencePieceTraining t;
     t.inputs = o.inputs;
@@ -193,11 +193,12 @@ void add_prepare(CLI::App* data, std::vector<Command>& out) {
                       "fraction of the input bytes, taken from the end, written to val.bin "
                       "(0 = no val.bin)")
       ->capture_default_str();
-  prepare->add_option("--tokenizer", opts->tokenizer, "byte, gpt2 or sentencepiece")
-      ->check(CLI::IsMember({"byte", "gpt2", "sentencepiece"}))
+  prepare->add_option("--tokenizer", opts->tokenizer, "byte, gpt2, hf or sentencepiece")
+      ->check(CLI::IsMember({"byte", "gpt2", "hf", "sentencepiece"}))
       ->capture_default_str();
   prepare->add_option("--vocab", opts->vocab,
-                      "gpt2: directory with vocab.json + merges.txt or encoder.json + vocab.bpe");
+                      "gpt2: directory with vocab.json + merges.txt or encoder.json + vocab.bpe; hf: a "
+                      "directory holding tokenizer.json, or the file");
   prepare->add_option("--model", opts->model, "sentencepiece: an existing .model file");
   prepare->add_option("--train-vocab", opts->train_vocab,
                       "sentencepiece: train a model of N pieces on the inputs first "

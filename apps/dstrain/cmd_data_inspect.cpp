@@ -36,7 +36,7 @@ struct DataInspectOptions {
 std::unique_ptr<dd::Tokenizer> tokenizer_for(const DataInspectOptions& o, const std::string& file,
                                              std::string* from) {
   if (!o.tokenizer.empty()) {
-    const std::string& path = o.tokenizer == "gpt2" ? o.vocab
+    const std::string& path = o.tokenizer == "gpt2" || o.tokenizer == "hf" ? o.vocab
                               : o.tokenizer == "llmc" ? o.llmc
                                                       : o.model;
     *from = o.tokenizer + (path.empty() ? "" : " " + path);
@@ -98,10 +98,10 @@ void add_data_inspect_command(CLI::App* data, std::vector<Command>& out) {
       ->required()
       ->expected(1, -1);
   inspect->add_option("--tokenizer", opts->tokenizer,
-                      "byte, gpt2, sentencepiece or llmc (default: a gpt2_tokenizer.bin or "
+                      "byte, gpt2, hf, sentencepiece or llmc (default: a gpt2_tokenizer.bin or "
                       "tokenizer.model beside the file)")
-      ->check(CLI::IsMember({"byte", "gpt2", "sentencepiece", "llmc"}));
-  inspect->add_option("--vocab", opts->vocab, "gpt2: the vocabulary directory");
+      ->check(CLI::IsMember({"byte", "gpt2", "hf", "sentencepiece", "llmc"}));
+  inspect->add_option("--vocab", opts->vocab, "gpt2: the vocabulary directory; hf: tokenizer.json or its directory");
   inspect->add_option("--model", opts->model, "sentencepiece: the .model file");
   inspect->add_option("--llmc-tokenizer", opts->llmc, "llmc: llm.c's gpt2_tokenizer.bin");
   inspect->add_option("--tokens", opts->tokens, "how many leading tokens to show")

@@ -44,7 +44,7 @@ int run_sample(const SampleCmdOptions& o) {
   rt::data::TokenizerSpec spec;
   if (!o.tokenizer.empty()) {
     spec.kind = o.tokenizer;
-    spec.path = o.tokenizer == "gpt2" ? o.vocab : o.tokenizer == "llmc" ? o.llmc : o.spm_model;
+    spec.path = o.tokenizer == "gpt2" || o.tokenizer == "hf" ? o.vocab : o.tokenizer == "llmc" ? o.llmc : o.spm_model;
   }
   const auto codec =
       rt::train::codec_for(model.shape.vocab_size, o.tokenizer.empty() ? nullptr : &spec);
@@ -75,10 +75,10 @@ void add_sample_command(CLI::App& app, std::vector<Command>& out) {
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--seed", o->gen.seed, "random seed (default 1337)");
   sub->add_option("--tokenizer", o->tokenizer,
-                  "the run's tokenizer: byte, gpt2, sentencepiece or llmc (default: byte-level for a vocabulary "
+                  "the run's tokenizer: byte, gpt2, hf, sentencepiece or llmc (default: byte-level for a vocabulary "
                   "of 256 or less)")
-      ->check(CLI::IsMember({"byte", "gpt2", "sentencepiece", "llmc"}));
-  sub->add_option("--vocab", o->vocab, "gpt2: the vocabulary directory (scripts/fetch-gpt2-tokenizer.sh: data/gpt2)");
+      ->check(CLI::IsMember({"byte", "gpt2", "hf", "sentencepiece", "llmc"}));
+  sub->add_option("--vocab", o->vocab, "gpt2: the vocabulary directory (scripts/fetch-gpt2-tokenizer.sh: data/gpt2); hf: tokenizer.json or its directory");
   sub->add_option("--spm-model", o->spm_model, "sentencepiece: the .model file");
   sub->add_option("--llmc-tokenizer", o->llmc, "llmc: llm.c's gpt2_tokenizer.bin (decode only: no --prompt)");
   out.push_back({sub, [o] { return run_sample(*o); }});

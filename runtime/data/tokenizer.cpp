@@ -1,8 +1,9 @@
-// The byte-level tokenizer, and open_tokenizer's choice among the four kinds.
+// The byte-level tokenizer, and open_tokenizer's choice among the five kinds.
 #include "data/tokenizer.h"
 
 #include "common/error.h"
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/llmc_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
 
@@ -52,6 +53,13 @@ std::unique_ptr<Tokenizer> open_tokenizer(const TokenizerSpec& spec) {
     }
     return Gpt2Tokenizer::from_dir(spec.path);
   }
+  if (spec.kind == "hf") {
+    if (spec.path.empty()) {
+      throw Error(ErrorKind::kInvalidArgument, "tokenizer hf needs its tokenizer.json",
+                  "pass --vocab DIR (a Hugging Face model directory) or --vocab tokenizer.json");
+    }
+    return HfTokenizer::from_path(spec.path);
+  }
   if (spec.kind == "sentencepiece" || spec.kind == "llmc") {
     if (spec.path.empty()) {
       throw invalid_argument("tokenizer {} needs its file ({})", spec.kind,
@@ -61,7 +69,7 @@ std::unique_ptr<Tokenizer> open_tokenizer(const TokenizerSpec& spec) {
     if (spec.kind == "llmc") return LlmcTokenizer::from_file(spec.path);
     return SentencePieceTokenizer::from_file(spec.path);
   }
-  throw invalid_argument("unknown tokenizer \"{}\": expected byte, gpt2, sentencepiece or llmc",
+  throw invalid_argument("unknown tokenizer \"{}\": expected byte, gpt2, hf, sentencepiece or llmc",
                          spec.kind);
 }
 

@@ -1,6 +1,7 @@
-// Tokenizers: text to token ids and back. One interface, four implementations:
+// Tokenizers: text to token ids and back. One interface, five implementations:
 //   byte           vocabulary 256, token = byte value; lossless for any input, no special tokens
 //   gpt2           GPT-2's byte-level BPE (gpt2_bpe.h), <|endoftext|> = 50256
+//   hf             a Hugging Face byte-level BPE tokenizer.json (hf_tokenizer.h): GPT-2, Llama-3, Qwen2
 //   sentencepiece  a SentencePiece model through libsentencepiece (sentencepiece_tokenizer.h)
 //   llmc           llm.c's gpt2_tokenizer.bin (llmc_tokenizer.h): decode only
 // `dstrain data prepare` encodes with the same object `dstrain data inspect` decodes with, so
@@ -25,7 +26,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // "byte", "gpt2", "sentencepiece" or "llmc".
+  // "byte", "gpt2", "hf", "sentencepiece" or "llmc".
   virtual std::string_view name() const = 0;
   // Ids are in [0, vocab_size).
   virtual int64_t vocab_size() const = 0;
@@ -73,8 +74,9 @@ class ByteTokenizer final : public Tokenizer {
 
 // Which tokenizer to open, as `dstrain data prepare/inspect` name it.
 struct TokenizerSpec {
-  std::string kind = "byte";  // byte | gpt2 | sentencepiece | llmc
+  std::string kind = "byte";  // byte | gpt2 | hf | sentencepiece | llmc
   std::string path;           // gpt2: the vocabulary directory; sentencepiece: the .model file;
+                              // hf: a directory holding tokenizer.json, or that file;
                               // llmc: gpt2_tokenizer.bin; byte: unused
 };
 

@@ -2,6 +2,7 @@
 // and its errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -10,6 +11,7 @@
 
 #include "data/token_file.h"
 #include "data/gpt2_bpe.h"
+#include "data/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "gpt2_vocab.h"
 #include "support/run_command.h"
@@ -132,6 +134,42 @@ TEST(DataPrepare, Gpt2WithShardsAndInspect) {
   EXPECT_NE(r.out.find("tokens: " + std::to_string(expected.size())), std::string::npos);
   EXPECT_NE(r.out.find("first 3 ids: [50256, 15496, 995]"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("(beside the file): \"<|endoftext|>Hello world\""), std::string::npos) << r.out;
+}
+
+// A Llama-3-layout tokenizer.json (tests/data/hf_tokenizer_make.py): <|begin_of_text|> before
+// each document, special tokens in the text kept, the same ids on 3 threads with tiny chunks.
+TEST(DataPrepare, HfTokenizerJsonAndInspect) {
+  DS_REQUIRE_GPT2_VOCAB();
+  TempDir dir;
+  auto r = run_command("python3 " + test::source_path("tests/data/hf_tokenizer_make.py") + " " +
+                       test::gpt2_vocab_dir() + " " + dir.file("hf"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string a = "Hello world.\nIt's 2024!<|eot_id|>\n\nIn the beginning\n", b = "God created 12345\n";
+  write_text(dir.file("a.txt"), a);
+  write_text(dir.file("b.txt"), b);
+  const std::string base = dstrain() + " data prepare --tokenizer hf --vocab " + dir.file("hf/llama3") +
+                           " --input " + dir.file("a.txt") + " " + dir.file("b.txt") +
+                           " --val-fraction 0 --no-progress";
+  r = run_command(base + " --output " + dir.file("one") + " --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto hf = HfTokenizer::from_path(dir.file("hf/llama3"));
+  std::vector<uint32_t> expected = {50257};
+  hf->encode(a, expected);
+  expected.push_back(50257);
+  hf->encode(b, expected);
+  EXPECT_EQ(ids_of(TokenFile(dir.file("one/train.bin"))), expected);
+  EXPECT_NE(std::find(expected.begin(), expected.end(), 50261u), expected.end());  // <|eot_id|>
+  r = run_command(base + " --output " + dir.file("many") + " --threads 3 --chunk-bytes 5");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ids_of(TokenFile(dir.file("many/train.bin"))), expected);
+  r = run_command(dstrain() + " data inspect " + dir.file("one/train.bin") + " --tokens 3 --tokenizer hf --vocab " +
+                  dir.file("hf/llama3/tokenizer.json"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"<|begin_of_text|>Hello world\""), std::string::npos) << r.out;
+  r = run_command(dstrain() + " data prepare --tokenizer hf --vocab " + dir.file("nowhere") + " --input " +
+                  dir.file("a.txt") + " --output " + dir.file("x"));
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("nowhere is neither a directory holding tokenizer.json"), std::string::npos) << r.err;
 }
 
 // A GPT-2-style vocabulary of 70,000 tokens (the 256 bytes, then filler) goes to uint32 files.
