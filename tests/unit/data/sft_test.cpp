@@ -196,6 +196,28 @@ TEST(SftPrepare, ValSplitIsTheLastExamplesAndTextPrepareRemovesStaleMasks) {
   EXPECT_FALSE(TokenCorpus(dir.file("o/train.bin")).has_mask());
 }
 
+TEST(SftPrepare, ShardsEachHaveTheirMask) {
+  TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 12; ++i) lines += "{\"prompt\": \"question " + std::to_string(i) + "\", \"completion\": \"ok\"}\n";
+  write_text(dir.file("a.jsonl"), lines);
+  for (const std::string shards : {"0", "25"}) {
+    auto r = run_command(dstrain() + " data prepare --format sft --input " + dir.file("a.jsonl") + " --output " +
+                         dir.file("o" + shards) + " --val-fraction 0 --shard-tokens " + shards);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  const TokenCorpus whole(dir.file("o0/train.bin")), sharded(dir.file("o25/train_*.bin"));
+  ASSERT_TRUE(sharded.has_mask());
+  ASSERT_GT(sharded.files().size(), 5u);
+  ASSERT_EQ(whole.size(), sharded.size());
+  for (const auto& f : sharded.files()) EXPECT_TRUE(std::filesystem::exists(mask_path_for(f.path()))) << f.path();
+  std::vector<int32_t> a(whole.size(), 0), b(whole.size(), 0);
+  whole.apply_mask(0, whole.size(), a.data());
+  sharded.apply_mask(0, sharded.size(), b.data());
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(whole.counted(0, whole.size()), 12 * 3);  // "ok\n" of each example
+}
+
 TEST(SftPrepare, BadLinesAreNamed) {
   TempDir dir;
   auto prepare = [&](const std::string& text, const std::string& extra = "") {
