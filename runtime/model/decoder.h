@@ -24,7 +24,7 @@
 // gradients computed are those of grad_scale * (that mean): with gradient accumulation over k
 // equal micro-batches pass grad_scale = 1/k (times the fp16 loss scale) to get the mean over the
 // global batch. Gradients ACCUMULATE into the gradient buffer; zero_grads() is separate.
-// Loss masks (SFT, data/sft.h): a target of kern kIgnoreTarget (-1) has loss 0 and no gradient;
+// Loss masks (SFT, data/sft.h): a target of cpu::kIgnoreTarget (-1) has loss 0 and no gradient;
 // the head still returns (sum of losses) / (B*T), and with set_loss_divisor(d) (model.h) each
 // counted token's gradient is grad_scale / d instead of grad_scale / (B*T).
 //
