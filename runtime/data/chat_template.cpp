@@ -68,8 +68,12 @@ class Llama3Template final : public ChatTemplate {
 std::unique_ptr<ChatTemplate> open_chat_template(const std::string& name) {
   if (name == "plain") return std::make_unique<PlainTemplate>();
   if (name == "llama3") return std::make_unique<Llama3Template>();
-  // A tokenizer_config.json's Jinja template ("jinja:<file>") is opened here once
-  // jinja_chat_template.cpp is in the build.
+  // A tokenizer_config.json's Jinja template: "jinja:<file>" opens jinja_chat_template.cpp's
+  // template here once that file is in the build.
+  if (name.rfind("jinja:", 0) == 0) {
+    throw invalid_argument("chat template \"{}\": Jinja templates are not in this build (expected plain or llama3)",
+                           name);
+  }
   throw invalid_argument("chat template \"{}\": unknown (expected plain or llama3)", name);
 }
 
