@@ -7,12 +7,18 @@
 // uint16 for vocabularies up to 65,536, else uint32. With gpt2, DIR/gpt2_tokenizer.bin (llm.c's
 // decoder file) is written beside the data; with --train-vocab N, DIR/tokenizer.model is trained
 // on the inputs first. `data inspect` lives in cmd_data_inspect.cpp.
+//
+// `--format sft`: the inputs are JSONL instruction/chat examples (data/sft.h); each is rendered by
+// --chat-template (data/chat_template.h), tokenized on one thread, and written with its loss mask
+// (DIR/train.bin.mask beside DIR/train.bin, ...). The last --val-fraction of the examples goes to
+// val.bin; --pad-to T pads every example to T tokens (masked out) so each fills one row of a batch.
 #include <unistd.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -24,10 +30,12 @@
 
 #include "commands.h"
 #include "common/error.h"
+#include "data/chat_template.h"
 #include "data/corpus.h"
 #include "data/encode_pipeline.h"
 #include "data/llmc_tokenizer.h"
 #include "data/sentencepiece_tokenizer.h"
+#include "data/sft.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 
@@ -51,6 +59,9 @@ struct DataPrepareOptions {
   int threads = 0;  // 0 = every core
   int64_t chunk_bytes = 1 << 20;
   bool no_progress = false;
+  std::string format = "text";           // text | sft
+  std::string chat_template = "plain";   // sft
+  int64_t pad_to = 0;                    // sft: pad each example to this many tokens (0 = packed)
 };
 
 // A one-line progress bar on stderr (only on a terminal): percent, MB, MB/s, ETA, tokens.
@@ -88,6 +99,13 @@ void check_options(const DataPrepareOptions& o) {
   }
   if (o.shard_tokens < 0) throw invalid_argument("data prepare: --shard-tokens must be >= 0");
   if (o.chunk_bytes < 1) throw invalid_argument("data prepare: --chunk-bytes must be >= 1");
+  if (o.format != "sft" && (o.pad_to != 0 || o.chat_template != "plain")) {
+    throw invalid_argument("data prepare: --pad-to and --chat-template need --format sft");
+  }
+  if (o.format == "sft" && o.train_vocab != 0) {
+    throw invalid_argument("data prepare: --train-vocab trains on text files; with --format sft pass --model");
+  }
+  if (o.pad_to < 0) throw invalid_argument("data prepare: --pad-to must be >= 0");
   if (o.train_vocab != 0 && o.tokenizer != "sentencepiece") {
     throw invalid_argument("data prepare: --train-vocab needs --tokenizer sentencepiece");
   }
@@ -129,8 +147,81 @@ void print_files(const std::vector<std::pair<std::string, int64_t>>& files) {
   for (const auto& [path, count] : files) std::cout << fmt::format("{}: {} tokens\n", path, count);
 }
 
+// --format sft: JSONL examples, one at a time, into token files with masks beside them.
+int run_sft_prepare(const DataPrepareOptions& o) {
+  const auto tmpl = dd::open_chat_template(o.chat_template);
+  std::error_code ec;
+  fs::create_directories(o.output, ec);
+  if (ec) {
+    throw system_error("data prepare: cannot create the output directory {}: {}", o.output, ec.message());
+  }
+  const auto tok = prepare_tokenizer(o, 1);
+  auto is_blank = [](const std::string& l) { return l.find_first_not_of(" \t\r") == std::string::npos; };
+  int64_t examples = 0;
+  for (const auto& in : o.inputs) {
+    std::ifstream f(in);
+    for (std::string line; std::getline(f, line);) examples += is_blank(line) ? 0 : 1;
+  }
+  if (examples == 0) throw invalid_argument("data prepare: the inputs ({}) hold no examples", fmt::join(o.inputs, ", "));
+  const auto val_examples = static_cast<int64_t>(std::floor(static_cast<double>(examples) * o.val_fraction));
+  if (o.val_fraction > 0 && (val_examples == 0 || val_examples == examples)) {
+    throw invalid_argument("data prepare: {} examples are too few for a validation split of {}", examples,
+                           o.val_fraction);
+  }
+  const auto format = dd::token_format_for_vocab(tok->vocab_size());
+  dd::ShardWriter train(o.output, "train", format, o.shard_tokens, true);
+  dd::ShardWriter val(o.output, "val", format, o.shard_tokens, true);
+  const uint32_t pad = tok->document_token() >= 0 ? static_cast<uint32_t>(tok->document_token()) : 0;
+  std::vector<uint32_t> ids;
+  std::vector<uint8_t> mask;
+  int64_t index = 0, counted = 0, total = 0, longest = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const auto& in : o.inputs) {
+    std::ifstream f(in);
+    int64_t line_no = 0;
+    for (std::string line; std::getline(f, line);) {
+      ++line_no;
+      if (is_blank(line)) continue;
+      const std::string where = fmt::format("{}:{}", in, line_no);
+      ids.clear();
+      mask.clear();
+      dd::encode_sft_example(*tok, *tmpl, dd::parse_sft_line(line, where), where, ids, mask);
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(ids.size()));
+      if (o.pad_to > 0) {
+        if (static_cast<int64_t>(ids.size()) > o.pad_to) {
+          throw invalid_argument("{}: the example has {} tokens, more than --pad-to {}", where, ids.size(), o.pad_to);
+        }
+        ids.resize(static_cast<size_t>(o.pad_to), pad);
+        mask.resize(static_cast<size_t>(o.pad_to), 0);
+      }
+      for (uint8_t m : mask) counted += m;
+      total += static_cast<int64_t>(ids.size());
+      (index++ < examples - val_examples ? train : val).append(ids, mask);
+    }
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<std::string> removed;
+  print_files(train.finish(&removed));
+  if (val.count() > 0) print_files(val.finish(&removed));
+  else std::cout << "no validation split (--val-fraction 0)\n";
+  for (const auto& r : removed) std::cout << fmt::format("removed stale shard {}\n", r);
+  if (tok->name() == "gpt2") {
+    const std::string bin = (fs::path(o.output) / "gpt2_tokenizer.bin").string();
+    dd::write_llmc_tokenizer(bin, *tok);
+    std::cout << fmt::format("{}: llm.c's tokenizer file\n", bin);
+  }
+  std::cout << fmt::format("sft: {} examples ({} train, {} val), chat template {}, {} tokens of which {} counted in "
+                           "the loss ({:.1f}%), longest example {} tokens{}; masks beside each token file "
+                           "(.mask); {:.2f} s\n",
+                           examples, examples - val_examples, val_examples, tmpl->name(), total, counted,
+                           total > 0 ? 100.0 * counted / total : 0.0, longest,
+                           o.pad_to > 0 ? fmt::format(", each padded to {}", o.pad_to) : "", secs);
+  return 0;
+}
+
 int run_data_prepare(const DataPrepareOptions& o) {
   check_options(o);
+  if (o.format == "sft") return run_sft_prepare(o);
   const int64_t bytes = total_bytes(o.inputs);
   if (bytes == 0) {
     throw invalid_argument("data prepare: the inputs ({}) hold no text: empty corpus",
@@ -184,7 +275,8 @@ void add_prepare(CLI::App* data, std::vector<Command>& out) {
   auto opts = std::make_shared<DataPrepareOptions>();
   auto* prepare = data->add_subcommand(
       "prepare", "tokenize text files into DIR/train.bin and DIR/val.bin (or shards)");
-  prepare->add_option("--input", opts->inputs, "text files, one document each, in this order")
+  prepare->add_option("--input", opts->inputs,
+                      "text files, one document each (or JSONL with --format sft), in this order")
       ->required()
       ->expected(1, -1);
   prepare->add_option("--output", opts->output, "output directory (created if missing)")
@@ -215,6 +307,18 @@ void add_prepare(CLI::App* data, std::vector<Command>& out) {
                       "bytes per parallel chunk (the ids do not depend on it)")
       ->capture_default_str();
   prepare->add_flag("--no-progress", opts->no_progress, "no progress bar on a terminal");
+  prepare->add_option("--format", opts->format,
+                      "text: each input is one document; sft: each input is JSONL instruction/chat "
+                      "examples, written with a loss mask beside each token file")
+      ->check(CLI::IsMember({"text", "sft"}))
+      ->capture_default_str();
+  prepare->add_option("--chat-template", opts->chat_template,
+                      "sft: how messages become text: plain or llama3 (docs/data.md)")
+      ->capture_default_str();
+  prepare->add_option("--pad-to", opts->pad_to,
+                      "sft: pad every example to N tokens (masked out), one example per row of "
+                      "seq_len N; 0 = packed back to back")
+      ->capture_default_str();
   out.push_back({prepare, [opts] { return run_data_prepare(*opts); }});
 }
 

@@ -15,6 +15,7 @@
 
 #include "commands.h"
 #include "common/error.h"
+#include "data/sft.h"
 #include "data/token_file.h"
 #include "data/tokenizer.h"
 
@@ -66,6 +67,15 @@ void inspect_one(const DataInspectOptions& o, const std::string& path) {
   std::vector<uint32_t> head(n);
   for (size_t i = 0; i < n; ++i) head[i] = f.token(static_cast<int64_t>(i));
   std::cout << fmt::format("  first {} ids: [{}]\n", n, fmt::join(head, ", "));
+  if (std::filesystem::exists(dd::mask_path_for(path))) {  // SFT data: its loss mask (validated)
+    const dd::MaskFile m(dd::mask_path_for(path), f.size());
+    int64_t counted = 0;
+    for (uint8_t b : m.mask()) counted += b;
+    std::vector<int> mh(m.mask().begin(), m.mask().begin() + static_cast<int64_t>(n));
+    std::cout << fmt::format("  loss mask {}: {} of {} tokens count ({:.1f}%); first {}: [{}]\n", m.path(), counted,
+                             m.size(), 100.0 * static_cast<double>(counted) / static_cast<double>(m.size()), n,
+                             fmt::join(mh, ", "));
+  }
   std::string from;
   const auto tok = tokenizer_for(o, path, &from);
   if (!tok) {

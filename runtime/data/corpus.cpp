@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 
 #include "common/check.h"
 #include "common/error.h"
@@ -66,6 +67,38 @@ TokenCorpus::TokenCorpus(const std::vector<std::string>& sources, int64_t vocab_
   description_ = paths.size() == 1 ? paths[0]
                                    : fmt::format("{} (+{} more shards: {} .. {})", paths.front(),
                                                  paths.size() - 1, paths.front(), paths.back());
+  // Loss masks: all files have one or none.
+  size_t with = 0;
+  for (const auto& f : files_) with += std::filesystem::exists(mask_path_for(f.path())) ? 1 : 0;
+  if (with == 0) return;
+  mask_.reserve(static_cast<size_t>(total_));
+  for (const auto& f : files_) {
+    const std::string mp = mask_path_for(f.path());
+    if (!std::filesystem::exists(mp)) {
+      throw invalid_argument("token file {}: no loss mask {} beside it, but {} of the corpus's {} files have one",
+                             f.path(), mp, with, files_.size());
+    }
+    const MaskFile m(mp, f.size());
+    mask_.insert(mask_.end(), m.mask().begin(), m.mask().end());
+  }
+}
+
+void TokenCorpus::apply_mask(int64_t start, int64_t count, int32_t* targets) const {
+  if (mask_.empty()) return;
+  DS_CHECK(start >= 0 && count >= 0 && start + count <= total_, "[{}, +{}) in {} tokens", start, count, total_);
+  const uint8_t* m = mask_.data() + start;
+  for (int64_t k = 0; k < count; ++k) {
+    if (m[k] == 0) targets[k] = -1;
+  }
+}
+
+int64_t TokenCorpus::counted(int64_t start, int64_t count) const {
+  if (mask_.empty()) return count;
+  DS_CHECK(start >= 0 && count >= 0 && start + count <= total_, "[{}, +{}) in {} tokens", start, count, total_);
+  int64_t n = 0;
+  const uint8_t* m = mask_.data() + start;
+  for (int64_t k = 0; k < count; ++k) n += m[k];
+  return n;
 }
 
 void TokenCorpus::copy(int64_t start, int64_t count, int32_t* out) const {
@@ -86,45 +119,61 @@ void TokenCorpus::copy(int64_t start, int64_t count, int32_t* out) const {
 }
 
 ShardWriter::ShardWriter(std::string dir, std::string stem, TokenFormat format,
-                         int64_t shard_tokens)
-    : dir_(std::move(dir)), stem_(std::move(stem)), format_(format), shard_tokens_(shard_tokens) {}
+                         int64_t shard_tokens, bool with_masks)
+    : dir_(std::move(dir)), stem_(std::move(stem)), format_(format), shard_tokens_(shard_tokens),
+      with_masks_(with_masks) {}
+
+ShardWriter::~ShardWriter() = default;
+
+// Finishes the open file (and its mask); without masks, removes a stale mask beside it.
+void ShardWriter::finish_current() {
+  current_->finish();
+  if (current_mask_) {
+    current_mask_->finish();
+    current_mask_.reset();
+  } else {
+    std::remove(mask_path_for(current_->path()).c_str());
+  }
+  done_.emplace_back(current_->path(), current_->count());
+  current_.reset();
+}
 
 std::string ShardWriter::shard_path(int64_t index) const {
   if (shard_tokens_ <= 0) return fmt::format("{}/{}.bin", dir_, stem_);
   return fmt::format("{}/{}_{:06d}.bin", dir_, stem_, index);
 }
 
-void ShardWriter::append(std::span<const uint32_t> tokens) {
+void ShardWriter::append(std::span<const uint32_t> tokens, std::span<const uint8_t> mask) {
+  DS_CHECK(with_masks_ ? mask.size() == tokens.size() : mask.empty(), "{} mask bytes for {} tokens",
+           mask.size(), tokens.size());
   while (!tokens.empty()) {
     if (!current_) {
       current_ = std::make_unique<TokenFileWriter>(shard_path(static_cast<int64_t>(done_.size())),
                                                    format_);
+      if (with_masks_) current_mask_ = std::make_unique<MaskFileWriter>(mask_path_for(current_->path()));
     }
     size_t n = tokens.size();
     if (shard_tokens_ > 0) {
       n = std::min<size_t>(n, static_cast<size_t>(shard_tokens_ - current_->count()));
     }
     current_->append(tokens.first(n));
+    if (current_mask_) {
+      current_mask_->append(mask.first(n));
+      mask = mask.subspan(n);
+    }
     total_ += static_cast<int64_t>(n);
     tokens = tokens.subspan(n);
-    if (shard_tokens_ > 0 && current_->count() == shard_tokens_) {
-      current_->finish();
-      done_.emplace_back(current_->path(), current_->count());
-      current_.reset();
-    }
+    if (shard_tokens_ > 0 && current_->count() == shard_tokens_) finish_current();
   }
 }
 
 std::vector<std::pair<std::string, int64_t>> ShardWriter::finish(std::vector<std::string>* removed) {
-  if (current_) {
-    current_->finish();
-    done_.emplace_back(current_->path(), current_->count());
-    current_.reset();
-  }
+  if (current_) finish_current();
   if (shard_tokens_ > 0) {
     for (auto i = static_cast<int64_t>(done_.size());; ++i) {
       const std::string stale = shard_path(i);
       if (std::remove(stale.c_str()) != 0) break;
+      std::remove(mask_path_for(stale).c_str());
       if (removed != nullptr) removed->push_back(stale);
     }
   }

@@ -5,6 +5,8 @@
 //
 // Sources are paths or glob patterns (glob(3): *, ?, [...]); every match of every source is
 // taken, and the union is sorted by byte order. Shards may mix the uint16 and uint32 formats.
+// Loss masks (sft.h): when a file has "<file>.mask" beside it, the corpus reads it too (every
+// shard must have one then, or none); the loader turns masked-out targets into -1.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/sft.h"
 #include "data/token_file.h"
 
 namespace ds::rt::data {
@@ -38,7 +41,16 @@ class TokenCorpus {
   // out[k] = token (start + k) of the concatenation; [start, start+count) must lie in it.
   void copy(int64_t start, int64_t count, int32_t* out) const;
 
+  // Loss masks: whether every file has a mask file beside it (sft.h). Opening throws ds::Error
+  // naming the shard without one when only some have, and what MaskFile throws.
+  bool has_mask() const { return !mask_.empty(); }
+  // targets[k] = -1 (kIgnoreTarget) where token (start + k) is masked out; no-op without masks.
+  void apply_mask(int64_t start, int64_t count, int32_t* targets) const;
+  // Tokens of [start, start+count) that count (all of them without masks).
+  int64_t counted(int64_t start, int64_t count) const;
+
  private:
+  std::vector<uint8_t> mask_;  // every file's mask, concatenated (empty: no masks)
   std::vector<TokenFile> files_;
   std::vector<int64_t> offsets_;  // (files + 1): first token of each file in the concatenation
   int64_t total_ = 0;
@@ -50,8 +62,13 @@ class TokenCorpus {
 // be shorter), each written atomically by TokenFileWriter. Throws what TokenFileWriter throws.
 class ShardWriter {
  public:
-  ShardWriter(std::string dir, std::string stem, TokenFormat format, int64_t shard_tokens);
-  void append(std::span<const uint32_t> tokens);
+  // with_masks: every file gets its loss mask beside it ("<file>.mask", sft.h) from the masks
+  // given to append; without, a stale mask beside a file written is removed.
+  ShardWriter(std::string dir, std::string stem, TokenFormat format, int64_t shard_tokens,
+              bool with_masks = false);
+  ~ShardWriter();
+  // `mask` (with_masks only): one byte per token of `tokens`.
+  void append(std::span<const uint32_t> tokens, std::span<const uint8_t> mask = {});
   int64_t count() const { return total_; }
   // Finishes the open file; returns every file written with its token count. With shards, also
   // removes DIR/<stem>_NNNNNN.bin files past the last one written (left by an earlier, larger
@@ -65,6 +82,9 @@ class ShardWriter {
   int64_t shard_tokens_;
   int64_t total_ = 0;
   std::unique_ptr<TokenFileWriter> current_;
+  bool with_masks_ = false;
+  std::unique_ptr<MaskFileWriter> current_mask_;
+  void finish_current();
   std::vector<std::pair<std::string, int64_t>> done_;
 };
 

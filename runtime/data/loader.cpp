@@ -112,7 +112,25 @@ void DataLoader::next(int32_t* inputs, int32_t* targets) {
            start, file_->size());
   file_->copy(start, window_tokens_, inputs);
   file_->copy(start + 1, window_tokens_, targets);
+  file_->apply_mask(start + 1, window_tokens_, targets);
   ++micro_step_;
+}
+
+int64_t DataLoader::step_counted_targets(int64_t micro_step) {
+  const auto& o = options_;
+  DS_CHECK(micro_step >= 0 && micro_step % o.grad_accum_steps == 0, "micro_step {} with G {}", micro_step,
+           o.grad_accum_steps);
+  const int64_t windows = o.data_parallel_size * o.grad_accum_steps;
+  if (!file_->has_mask()) return windows * window_tokens_;
+  // A step never crosses an epoch, so one permutation serves all its windows.
+  if (o.shuffle) ensure_permutation(micro_step / micro_steps_per_epoch());
+  const int64_t first_slot = (micro_step % micro_steps_per_epoch()) * o.data_parallel_size;
+  int64_t n = 0;
+  for (int64_t s = first_slot; s < first_slot + windows; ++s) {
+    const int64_t w = o.shuffle ? perm_[static_cast<size_t>(s)] : s;
+    n += file_->counted(w * window_tokens_ + 1, window_tokens_);
+  }
+  return n;
 }
 
 LoaderState DataLoader::state() const {

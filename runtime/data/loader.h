@@ -26,6 +26,10 @@
 // The corpus may be many shards (corpus.h): n is their total, and windows read across shard
 // boundaries, so a corpus split into shards gives the same batches as the unsplit file.
 //
+// Loss masks (sft.h): when the corpus has masks, a target whose token is masked out is -1
+// (kIgnoreTarget) in the targets next() fills; step_counted_targets says how many targets of a
+// whole optimizer step count, from the masks of all its N*G windows (no collective needed).
+//
 // Not here: sequence packing across documents, attention masks.
 #pragma once
 
@@ -88,6 +92,10 @@ class DataLoader {
 
   // First token of the window this rank reads at micro-step k (pure: no state changes).
   int64_t window_start(int64_t micro_step) const;
+
+  // The targets that count in the optimizer step starting at micro-step k (a multiple of G):
+  // over its G micro-steps and all N ranks' windows, B*T targets each; N*G*B*T without masks.
+  int64_t step_counted_targets(int64_t micro_step);
 
   int64_t micro_step() const { return micro_step_; }
   int64_t epoch() const { return micro_step_ / micro_steps_per_epoch(); }

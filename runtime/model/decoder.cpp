@@ -453,9 +453,10 @@ void Decoder::check_layers(int l0, int l1, const char* what) const {
   }
 }
 
-void Decoder::check_tokens(const int32_t* ids, const char* what) const {
+void Decoder::check_tokens(const int32_t* ids, const char* what, bool allow_ignore) const {
   const int64_t BT = static_cast<int64_t>(opt_.B) * opt_.T;
   for (int64_t i = 0; i < BT; i++) {
+    if (allow_ignore && ids[i] == -1) continue;  // kIgnoreTarget: a masked-out target
     if (ids[i] < 0 || ids[i] >= shape_.vocab_size) {
       throw invalid_argument("{} token {} at position {} (row {}, column {}) is outside the vocabulary [0, {})", what,
                              ids[i], i, i / opt_.T, i % opt_.T, shape_.vocab_size);
@@ -1031,7 +1032,7 @@ void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPt
 
 float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale) {
   if (!part_.has_head) throw invalid_usage("head on a part without the head");
-  check_tokens(targets, "target");
+  check_tokens(targets, "target", true);
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   targets = ids_for_kernels(targets, 1);
   const int BT = opt_.B * opt_.T;
@@ -1052,7 +1053,9 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   if (backward) gf = unit_grads(lnf);
   if (backward && !tied) gw = gf + layout_.offset_in_unit(ParamId::kLmHead);
   if (backward) a.grad_scale = grad_scale;
-  head_chunks(a, targets, w, gw, backward, grad_scale / static_cast<float>(BT));
+  // Each counted token's dloss: grad_scale / (B*T), or / loss_divisor_ with loss masks (model.h).
+  const float divisor = loss_divisor_ > 0 ? static_cast<float>(loss_divisor_) : static_cast<float>(BT);
+  head_chunks(a, targets, w, gw, backward, grad_scale / divisor);
   if (backward) {
     if (sp_) reduce_rows(dln_sp_, dln_, false);
     tk::fill_zero(dres_, Rl_ * C_);

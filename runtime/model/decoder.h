@@ -24,6 +24,9 @@
 // gradients computed are those of grad_scale * (that mean): with gradient accumulation over k
 // equal micro-batches pass grad_scale = 1/k (times the fp16 loss scale) to get the mean over the
 // global batch. Gradients ACCUMULATE into the gradient buffer; zero_grads() is separate.
+// Loss masks (SFT, data/sft.h): a target of cpu::kIgnoreTarget (-1) has loss 0 and no gradient;
+// the head still returns (sum of losses) / (B*T), and with set_loss_divisor(d) (model.h) each
+// counted token's gradient is grad_scale / d instead of grad_scale / (B*T).
 //
 // The per-layer math keeps memory down, as llm.c's does and more: attention keeps only its output
 // and per-row log-sum-exp (backward recomputes the scores); the attention and MLP projections
@@ -240,7 +243,8 @@ class Decoder : public Model {
   TypedPtr unit_params(Unit u);
   TypedPtr unit_grads(Unit u);
   void check_layers(int l0, int l1, const char* what) const;
-  void check_tokens(const int32_t* ids, const char* what) const;
+  // allow_ignore: -1 (a masked-out target) is allowed too.
+  void check_tokens(const int32_t* ids, const char* what, bool allow_ignore = false) const;
   TypedPtr layer_input(DecoderActivations& a, int l);
   // Host token ids as the kernels need them: the host pointer on the CPU; on a CUDA device the
   // ids uploaded into slot 0 (tokens) or 1 (targets) of dev_ids_.

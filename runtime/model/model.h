@@ -147,6 +147,15 @@ class Model {
   // The whole part in one call (embedding, all layers, head).
   float forward(Activations& a, const int32_t* tokens, const int32_t* targets);
   float forward_backward(Activations& a, const int32_t* tokens, const int32_t* targets, float grad_scale);
+
+  // Loss masks (SFT): the head's backward gives each counted target the gradient of
+  // grad_scale * loss / d instead of grad_scale * loss / (B*T) (0, the default: B*T). The trainer
+  // sets d = (counted targets in the optimizer step) / (micro-batches x cp ranks in it), so the
+  // step's gradient is that of the mean over its counted tokens (docs/training.md).
+  void set_loss_divisor(double d) { loss_divisor_ = d; }
+
+ protected:
+  double loss_divisor_ = 0;
 };
 
 // Builds the one decoder (decoder.h) for shape.family.

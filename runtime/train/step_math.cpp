@@ -11,7 +11,8 @@
 namespace ds::rt::train {
 
 StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const std::vector<OptimizerPart>& parts,
-                            double micro_batches, double loss_scale, bool preempt_requested, double owned_aux_sum) {
+                            double micro_batches, double loss_scale, bool preempt_requested, double owned_aux_sum,
+                            double loss_tokens) {
   double counted = 0, uncounted = 0;
   for (const OptimizerPart& p : parts) {
     for (const auto& [off, n] : p.state->norm_ranges()) counted += kern::typed::sum_of_squares(p.grads + off, n);
@@ -24,7 +25,7 @@ StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, c
   const auto sums =
       world.sum_in_rank_order({owned_loss_sum, counted, bad, preempt_requested ? 1.0 : 0.0, owned_aux_sum});
   StepStats s;
-  s.loss = sums[0] / micro_batches;
+  s.loss = sums[0] / (loss_tokens > 0 ? loss_tokens : micro_batches);
   s.aux_loss = sums[4] / micro_batches;
   s.overflow = !std::isfinite(sums[1]) || sums[2] > 0;
   s.grad_norm = std::sqrt(sums[1]) / loss_scale;

@@ -9,6 +9,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
 #include <optional>
@@ -62,6 +63,7 @@ struct Trainer::Impl {
   Device device = Device::kCpu;
   int B = 0, T = 0, G = 1;
   int cp = 1, Tl = 0;  // context parallelism: T tokens a sequence, this rank's Tl = T / cp of them
+  bool masked = false;  // the training data has loss masks (data/sft.h): the loss is over counted tokens
   bool moe = false;    // a mixture of experts: the load-balancing loss is reported beside the loss
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
@@ -139,6 +141,7 @@ void Trainer::Impl::open_data(int dp_rank) {
   lo.shuffle = cfg.data.shuffle;
   lo.seed = cfg.training.seed;
   loader = std::make_unique<data::DataLoader>(*train_file, lo);
+  masked = train_file->has_mask();
   if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
     val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.shape.vocab_size);
     val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
@@ -361,12 +364,22 @@ double Trainer::Impl::evaluate() {
   parallel::ZeroEngines zero(engine->zeros());
   val_loader->begin();
   const int64_t steps = val_loader->eval_steps();
-  double sum = 0;
+  // With loss masks: each micro-batch's sum of token losses and its counted targets, so the result is
+  // (sum of counted losses) / (counted targets) over every rank's rows.
+  const bool val_masked = val_file->has_mask();
+  const double rows = static_cast<double>(B) * Tl;
+  double sum = 0, counted = 0;
+  auto count_targets = [&](int g) {
+    const int32_t* t = mb_targets(g);
+    for (int64_t i = 0; i < static_cast<int64_t>(B) * Tl; ++i) counted += t[i] != -1 ? 1 : 0;
+  };
   for (int64_t i = 0; i < steps; i += pp() == 1 ? 1 : G) {
     if (pp() == 1) {
       load(0, [&](int32_t* in, int32_t* tg) { val_loader->next(in, tg); });
+      count_targets(0);
       zero.begin_micro_batch(false, false);
-      sum += engine->model().forward(engine->activations(), mb_inputs(0), mb_targets(0));
+      const double l = engine->model().forward(engine->activations(), mb_inputs(0), mb_targets(0));
+      sum += val_masked ? l * rows : l;
       zero.end_micro_batch();
       continue;
     }
@@ -374,11 +387,16 @@ double Trainer::Impl::evaluate() {
     std::vector<parallel::MicroBatch> mbs;
     for (int g = 0; g < k; ++g) {
       load(g, [&](int32_t* in, int32_t* tg) { val_loader->next(in, tg); });
+      count_targets(g);
       mbs.push_back({mb_inputs(g), mb_targets(g)});
     }
     zero.begin_micro_batch(false, false);
-    for (float l : engine->stage()->evaluate(mbs).losses) sum += l;
+    for (float l : engine->stage()->evaluate(mbs).losses) sum += val_masked ? l * rows : l;
     zero.end_micro_batch();
+  }
+  if (val_masked) {
+    const auto t = engine->host_world().sum_in_rank_order({loss_owner() ? sum : 0.0, loss_owner() ? counted : 0.0});
+    return t[1] > 0 ? t[0] / t[1] : 0.0;
   }
   const double total = engine->host_world().sum_in_rank_order({loss_owner() ? sum : 0.0})[0];
   return total / static_cast<double>(steps * dp() * cp);
@@ -439,6 +457,13 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   double bubble = -1;
   // A cp rank's gradients are of the mean over its rows; summed over dp x cp and scaled by
   // 1/(G dp cp) they are the gradients of the mean over the global batch (every rank holds Tl).
+  // With loss masks each counted target's gradient is loss_scale / (the step's counted targets),
+  // which every rank computes from the masks of the step's G x dp windows (docs/training.md).
+  double step_counted = 0;
+  if (masked) {
+    step_counted = static_cast<double>(loader->step_counted_targets(loader->micro_step()));
+    engine->model().set_loss_divisor(step_counted > 0 ? step_counted / (global_micro_batches * cp) : 1.0);
+  }
   const LossSums sums = micro_batches(step, loss_scale / (global_micro_batches * cp), &bubble, clock);
   const std::vector<OptimizerPart> parts = optimizer_parts();
   if (step == opt.inject_inf_at_step && state->opt_begin() == 0 && state->opt_count() > 0) {
@@ -446,9 +471,11 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
     kern::typed::from_host_f32(parts.front().grads, &inf, 1);
   }
   const bool owner = loss_owner();
-  const StepStats stats = global_step_stats(engine->host_world(), owner ? sums.loss / cp : 0.0, parts,
-                                            global_micro_batches, loss_scale, preempt::requested(),
-                                            owner ? sums.aux / cp : 0.0);
+  // Masked: the owners' sums of token losses (each micro-batch's mean x its B x Tl rows) over the count.
+  const double owned_loss = !owner ? 0.0 : masked ? sums.loss * B * Tl : sums.loss / cp;
+  const StepStats stats = global_step_stats(engine->host_world(), owned_loss, parts, global_micro_batches, loss_scale,
+                                            preempt::requested(), owner ? sums.aux / cp : 0.0,
+                                            masked ? std::max(step_counted, 1.0) : 0.0);
   clock.lap(Phase::kStats);
   *preempt_after_step = stats.preempt;
   StepRecord r;
@@ -469,6 +496,10 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   r.tflops = f.tflops;
   if (peak.tflops > 0) r.mfu = f.mfu;
   if (bubble >= 0) r.extra["pipeline_bubble"] = bubble;  // rank 0's: the first stage's
+  if (masked) {  // loss masks: the targets that counted in this step, and their rate
+    r.extra["counted_tokens"] = step_counted;
+    r.extra["counted_tokens_per_s"] = step_counted / (r.ms_per_step / 1000.0);
+  }
   // This rank's bytes through the collectives of this step (comm/comm.h's ring count).
   r.extra["comm_bytes_sent"] = comm::bytes_sent_by_this_process() - sent0;
   return r;

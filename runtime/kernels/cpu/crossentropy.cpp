@@ -2,6 +2,8 @@
 // type (kernels.h: S); losses and every sum are fp32. With fp32 logits the softmax is written in
 // place and scaled (one exp per element); with 16-bit logits the exponentials go to an fp32 row
 // of the thread's and each dlogit is computed from it and rounded once (one exp, one rounding).
+// A target of kIgnoreTarget (a masked-out token) has loss 0 and zero dlogits, here and in the
+// vocabulary-parallel variant.
 #include <algorithm>
 #include <cmath>
 #include <type_traits>
@@ -54,6 +56,13 @@ int64_t crossentropy(float* losses, S* logits, const int32_t* targets, float dlo
   for (int n = 0; n < N; n++) {
     S* x = logits + static_cast<int64_t>(n) * Vp;
     const int32_t tgt = targets[n];
+    if (tgt == kIgnoreTarget) {  // masked out: loss 0, and backward no gradient
+      losses[n] = 0.0f;
+      if constexpr (kBackward) {
+        for (int v = 0; v < Vp; v++) x[v] = from_f32<S>(0.0f);
+      }
+      continue;
+    }
     if (tgt < 0 || tgt >= V) {
       bad++;
       losses[n] = NAN;
@@ -120,10 +129,11 @@ void vocab_ce_finish(float* losses, S* logits, const float* mx, const float* sum
   const int nv = valid_columns(Vl, v0, V);
 #pragma omp parallel for schedule(static) if (int64_t{N} * Vl >= kParallelWork)
   for (int n = 0; n < N; n++) {
-    losses[n] = mx[n] + std::log(sumexp[n]) - tlogit[n];
+    const bool ignored = targets[n] == kIgnoreTarget;  // masked out: loss 0, no gradient
+    losses[n] = ignored ? 0.0f : mx[n] + std::log(sumexp[n]) - tlogit[n];
     if (logits == nullptr) continue;
     S* x = logits + static_cast<int64_t>(n) * Vl;
-    const float scale = dloss / sumexp[n];
+    const float scale = ignored ? 0.0f : dloss / sumexp[n];
     const int t = targets[n] - v0;
     for (int v = 0; v < nv; v++) {
       const float d = vexp(to_f32(x[v]) - mx[n]) * scale;

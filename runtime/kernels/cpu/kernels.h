@@ -138,8 +138,12 @@ void round_to_f16_in_place(float* x, int64_t N);
 
 // ---- fused softmax + cross-entropy ----------------------------------------------------------------
 
+inline constexpr int32_t kIgnoreTarget = -1;  // a masked-out target: no loss, no gradient
+
 // losses (N) = -log softmax(logits[n, :V])[targets[n]]; logits (N,Vp), columns >= V ignored.
-// Returns the number of targets outside [0, V) (their loss is NaN); 0 when all are valid.
+// A target of kIgnoreTarget (-1: a token the loss mask leaves out, data/sft.h) gets loss 0 and,
+// backward, a row of zero dlogits. Returns the number of other targets outside [0, V) (their
+// loss is NaN); 0 when all are valid.
 template <typename S>
 int64_t crossentropy_forward(float* losses, const S* logits, const int32_t* targets, int N, int V,
                              int Vp);

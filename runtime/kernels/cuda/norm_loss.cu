@@ -194,6 +194,13 @@ __global__ void crossentropy_kernel(float* losses, T* logits, const int32_t* tar
   const int64_t n = blockIdx.x;
   T* x = logits + n * Vp;
   const int32_t tgt = targets[n];
+  if (tgt == -1) {  // kIgnoreTarget, a masked-out token: loss 0, no gradient (uniform per block)
+    if (threadIdx.x == 0) losses[n] = 0.0f;
+    if constexpr (kBackward) {
+      for (int v = threadIdx.x; v < Vp; v += blockDim.x) st(x + v, 0.0f);
+    }
+    return;
+  }
   if (tgt < 0 || tgt >= V) {  // uniform across the block: nobody reaches a barrier
     if (threadIdx.x == 0) {
       losses[n] = __int_as_float(0x7fc00000);  // NaN
@@ -270,10 +277,11 @@ __global__ void vocab_ce_finish_kernel(float* losses, T* logits, const float* mx
                                        int nv) {
   const int64_t n = blockIdx.x;
   const float m = mx[n], s = sumexp[n];
-  if (threadIdx.x == 0) losses[n] = m + logf(s) - tlogit[n];
+  const bool ignored = targets[n] == -1;  // kIgnoreTarget: loss 0, no gradient
+  if (threadIdx.x == 0) losses[n] = ignored ? 0.0f : m + logf(s) - tlogit[n];
   if (logits == nullptr) return;
   T* x = logits + n * Vl;
-  const float scale = dloss / s;
+  const float scale = ignored ? 0.0f : dloss / s;
   const int t = targets[n] - v0;
   for (int v = threadIdx.x; v < Vl; v += blockDim.x) {
     float d = 0.0f;

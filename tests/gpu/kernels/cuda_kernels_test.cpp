@@ -263,6 +263,38 @@ TEST_F(CudaKernels, CrossEntropyForwardBackwardWithABadTarget) {
   EXPECT_EQ(bad.download()[0], 2);
 }
 
+// Loss masks: a target of -1 (kIgnoreTarget) has loss 0 and zero dlogits and is not counted as
+// bad, in the fused kernel and the vocabulary-parallel phases, as on the CPU.
+TEST_F(CudaKernels, CrossEntropyIgnoredTargets) {
+  const int N = 6, V = 1000, Vp = 1024;
+  auto logits = random_floats(size_t{N} * Vp, 1, 3.0f);
+  auto targets = random_tokens(N, 2, V);
+  targets[1] = targets[4] = -1;
+  DeviceArray<float> dl(logits), losses(N);
+  DeviceArray<int32_t> dt(targets), bad(1);
+  std::vector<float> rl(N);
+  cu().f32.crossentropy_softmax_backward(losses.get(), dl.get(), dt.get(), 0.25f, N, V, Vp, bad.get(),
+                                      stream_);
+  EXPECT_EQ(cpu::crossentropy_softmax_backward(rl.data(), logits.data(), targets.data(), 0.25f, N, V, Vp), 0);
+  EXPECT_EQ(bad.download()[0], 0);
+  EXPECT_EQ(rl[1], 0.0f);
+  EXPECT_TRUE(close(losses.download(), rl, kSum, 1e-5));
+  EXPECT_TRUE(close(dl.download(), logits, kSum, 1e-7));
+  const int v0 = 512, Vl = 512;  // the second half of the vocabulary
+  auto shard = random_floats(size_t{N} * Vl, 3, 2.0f);
+  DeviceArray<float> ds(shard), mx(N), se(N), tl(N), vl(N);
+  std::vector<float> rmx(N), rse(N), rtl(N), rvl(N);
+  cu().f32.vocab_ce_max(mx.get(), ds.get(), N, Vl, v0, V, stream_);
+  cpu::vocab_ce_max(rmx.data(), shard.data(), N, Vl, v0, V);
+  cu().f32.vocab_ce_sums(se.get(), tl.get(), ds.get(), mx.get(), dt.get(), N, Vl, v0, V, stream_);
+  cpu::vocab_ce_sums(rse.data(), rtl.data(), shard.data(), rmx.data(), targets.data(), N, Vl, v0, V);
+  cu().f32.vocab_ce_finish(vl.get(), ds.get(), mx.get(), se.get(), tl.get(), dt.get(), 0.5f, N, Vl, v0, V, stream_);
+  cpu::vocab_ce_finish(rvl.data(), shard.data(), rmx.data(), rse.data(), rtl.data(), targets.data(), 0.5f, N, Vl, v0, V);
+  EXPECT_EQ(rvl[4], 0.0f);
+  EXPECT_TRUE(close(vl.download(), rvl, kSum, 1e-5));
+  EXPECT_TRUE(close(ds.download(), shard, kSum, 1e-7));
+}
+
 TEST_F(CudaKernels, VocabParallelCrossEntropyPhases) {
   // One shard of a vocabulary of 100 split in 64-column shards: this rank holds [64, 128), of
   // which only [64, 100) are real.

@@ -295,8 +295,10 @@ TEST_F(ModelTest, BadInputsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("position 3"), std::string::npos) << e.what();
   }
   in[3] = 0;
-  tg[6] = -1;
+  tg[6] = -2;
   EXPECT_THROW(m.forward(a, in.data(), tg.data()), ds::Error);
+  tg[6] = -1;  // kIgnoreTarget: a masked-out target (SFT loss masks), not an error
+  EXPECT_NO_THROW(m.forward(a, in.data(), tg.data()));
   EXPECT_THROW(Gpt2(s, ms::ModelPart::whole(s), Gpt2Options{kB, 9}, alloc), ds::Error);
   EXPECT_THROW(m.blocks_forward(a, 1, 3), ds::Error);
 }
