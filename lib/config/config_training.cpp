@@ -57,6 +57,11 @@ void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   }
   get_paths(ctx, s, "val", cfg.data.val, cfg.path);
   s.get_bool("shuffle", cfg.data.shuffle);
+  std::string packing = "none";
+  if (s.get_choice("packing", packing, {"none", "document"})) {
+    cfg.data.packing = packing == "document" ? Packing::kDocument : Packing::kNone;
+  }
+  if (!s.raw_is_null("document_token")) s.get_int("document_token", cfg.data.document_token, 0, kI32Max);
   s.finish();
 }
 
@@ -64,7 +69,9 @@ Json data_to_json(const JobConfig& cfg) {
   if (!cfg.has_data) return nullptr;
   return Json{{"train", paths_to_json(cfg.data.train)},
               {"val", paths_to_json(cfg.data.val)},
-              {"shuffle", cfg.data.shuffle}};
+              {"shuffle", cfg.data.shuffle},
+              {"packing", cfg.data.packing == Packing::kDocument ? "document" : "none"},
+              {"document_token", cfg.data.document_token >= 0 ? Json(cfg.data.document_token) : Json(nullptr)}};
 }
 
 TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,

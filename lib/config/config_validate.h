@@ -32,6 +32,9 @@ void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_inte
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 
 void check_one_precision(ReadContext& ctx, const JobConfig& cfg);
+// data.packing "document" needs data.document_token in the model's vocabulary and no context
+// parallelism (yet); data.document_token is refused without it.
+void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg);
 // Returns whether the layout is whole (world_size divisible by tp x cp x pp, all valid).
 bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
