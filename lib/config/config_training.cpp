@@ -45,10 +45,10 @@ Json paths_to_json(const std::vector<std::string>& paths) {
 
 }  // namespace
 
-void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
+bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   Section s = root.section("data", /*nullable=*/true);
   cfg.has_data = s.present();
-  if (!s.present()) return;
+  if (!s.present()) return true;
   if (!s.has("train") || s.raw_is_null("train")) {
     s.raw("train");
     ctx.error(s.path(), "missing required key \"train\" (the training token file)");
@@ -61,8 +61,14 @@ void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   if (s.get_choice("packing", packing, {"none", "document"})) {
     cfg.data.packing = packing == "document" ? Packing::kDocument : Packing::kNone;
   }
-  if (!s.raw_is_null("document_token")) s.get_int("document_token", cfg.data.document_token, 0, kI32Max);
+  bool token_valid = true;
+  if (s.raw_is_null("document_token")) {
+    s.raw("document_token");  // null: not given (the resolved config writes it so)
+  } else {
+    token_valid = s.get_int("document_token", cfg.data.document_token, 0, kI32Max) || !s.has("document_token");
+  }
   s.finish();
+  return token_valid;
 }
 
 Json data_to_json(const JobConfig& cfg) {

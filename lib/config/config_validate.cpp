@@ -221,7 +221,7 @@ void check_expert_parallel(ReadContext& ctx, const SectionsValid& valid, const J
 }
 
 void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg) {
-  if (!cfg.has_data) return;
+  if (!cfg.has_data || !valid.document_token) return;
   const auto data = top("data");
   const int64_t token = cfg.data.document_token;
   if (cfg.data.packing != Packing::kDocument) {

@@ -20,6 +20,7 @@ struct SectionsValid {
   bool context_parallel_size = true;
   bool expert_parallel_size = true;
   bool model = true;
+  bool document_token = true;
 };
 
 // training.eval_interval > 0 with a data section needs data.val. Runs right after the training

@@ -734,7 +734,7 @@ TEST(JobConfig, DocumentPackingNeedsItsTokenAndNamesBothKeys) {
       "document_token": -2}})").size(), 1u);
   EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 1, "data": {"train": "t.bin", "packing": "document",
       "document_token": 256}, )" + model + "}"),
-            std::vector<std::string>{"t.json:1: $.data.document_token: data.document_token 256 is outside "
+            std::vector<std::string>{"t.json:2: $.data.document_token: data.document_token 256 is outside "
                                      "model.vocab_size (256): need a token of the vocabulary"});
   EXPECT_EQ(errors_of(R"({"train_micro_batch_size_per_gpu": 1, "context_parallel": {"size": 2},
       "data": {"train": "t.bin", "packing": "document", "document_token": 1}})", 2),
