@@ -4,7 +4,9 @@
 //   S = scale * Q[r0:r1] K[0:r1]^T                (gemm into the thread's (T,T) tile)
 // With documents (packing: row t sees keys [ds[t], t]) the block's gemms start at the block's
 // lowest document start k0, so a block past a document boundary skips the earlier keys; the row
-// steps run over [ds[t], t] and zero the rest of the row.
+// steps run over [ds[t], t] and zero the rest of the block's row; backward sums dK and dV block by
+// block over [k0, r1) instead of one (T,T) product. A window whose starts are all 0 runs the path
+// without documents, bit for bit.
 //   P = softmax over j <= t (row t), lse[t] = max + log(sum exp)   (P written over S, 0 for j > t)
 //   O[r0:r1] = P V[0:r1]                         (gemm)
 // Backward recomputes P = exp(S - lse) the same way (no (T,T) activation is kept), then
@@ -87,6 +89,22 @@ void head_forward(float* o, int ldo, float* l, const float* q, const float* k, c
 void head_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
                    int ldq, const float* o, const float* dO, int ldo, const float* l, float* P,
                    float* dS, int T, int hs, float scale, float beta, const int32_t* ds) {
+  // With documents that start after row 0, dK and dV are summed block by block over each block's
+  // keys [k0, r1) only; starts that are all 0 (no document boundary in the window) take the path
+  // without documents, bit for bit.
+  bool blocked = false;
+  for (int t = 0; ds != nullptr && t < T && !blocked; t++) blocked = ds[t] != 0;
+  if (!blocked) ds = nullptr;
+  if (blocked) {
+    for (int j = 0; j < T; j++) {
+      for (int i = 0; i < hs; i++) {
+        float* kk = dk + static_cast<int64_t>(j) * ldq + i;
+        float* vv = dv + static_cast<int64_t>(j) * ldq + i;
+        *kk = beta == 0.0f ? 0.0f : beta * *kk;
+        *vv = beta == 0.0f ? 0.0f : beta * *vv;
+      }
+    }
+  }
   for (int r0 = 0; r0 < T; r0 += kRows) {
     const int r1 = std::min(T, r0 + kRows);
     const int k0 = first_key(ds, r0, r1);
@@ -98,19 +116,27 @@ void head_backward(float* dq, float* dk, float* dv, const float* q, const float*
     for (int t = r0; t < r1; t++) {
       float* prow = P + static_cast<int64_t>(t) * T;
       float* dsrow = dS + static_cast<int64_t>(t) * T;
-      // Keys before the row's document: 0 in both tiles (dK and dV below read whole rows).
+      // Keys of the block before the row's document: 0 in both tiles. Without documents the rows
+      // are zeroed to T (dK and dV below read whole rows); with them to r1 (the block's keys).
       const int lo = ds == nullptr ? 0 : ds[t];
-      for (int j = 0; j < lo; j++) prow[j] = dsrow[j] = 0.0f;
-      probs_row(prow + lo, l[t], t - lo, T - lo);
+      const int width = ds == nullptr ? T : r1;
+      for (int j = k0; j < lo; j++) prow[j] = dsrow[j] = 0.0f;
+      probs_row(prow + lo, l[t], t - lo, width - lo);
       const float D = vdot(dO + static_cast<int64_t>(t) * ldo, o + static_cast<int64_t>(t) * ldo, hs);
-      dscores_row(dsrow + lo, prow + lo, D, scale, t - lo, T - lo);
+      dscores_row(dsrow + lo, prow + lo, D, scale, t - lo, width - lo);
     }
     // dQ rows [r0, r1) = dS K over keys [k0, r1).
     gemm(false, false, r1 - r0, hs, r1 - k0, 1.0f, dS + static_cast<int64_t>(r0) * T + k0, T,
          k + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, dq + static_cast<int64_t>(r0) * ldq, ldq);
+    if (blocked) {  // dK, dV rows [k0, r1) += this block's dS^T Q, P^T dO
+      gemm(true, false, r1 - k0, hs, r1 - r0, 1.0f, dS + static_cast<int64_t>(r0) * T + k0, T,
+           q + static_cast<int64_t>(r0) * ldq, ldq, 1.0f, dk + static_cast<int64_t>(k0) * ldq, ldq);
+      gemm(true, false, r1 - k0, hs, r1 - r0, 1.0f, P + static_cast<int64_t>(r0) * T + k0, T,
+           dO + static_cast<int64_t>(r0) * ldo, ldo, 1.0f, dv + static_cast<int64_t>(k0) * ldq, ldq);
+    }
   }
-  // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal and before each row's
-  // document), onto beta * themselves.
+  if (blocked) return;
+  // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal), onto beta * themselves.
   gemm(true, false, T, hs, T, 1.0f, dS, T, q, ldq, beta, dk, ldq);
   gemm(true, false, T, hs, T, 1.0f, P, T, dO, ldo, beta, dv, ldq);
 }
