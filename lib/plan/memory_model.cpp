@@ -384,7 +384,10 @@ void add_notes(MemoryPlan& plan) {
                                                      : "",
                                                  (l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                            : std::string()) +
-                                                     (l.cp > 1 ? " (and one whole micro-batch as read)" : ""))});
+                                                     (l.cp > 1 ? " (and one whole micro-batch as read)" : "") +
+                                                     (l.document_packing
+                                                          ? ", document starts (int32) of each micro-batch in flight"
+                                                          : ""))});
 }
 
 }  // namespace
