@@ -3,7 +3,8 @@
 // in a sequence of its own length with positions from 0, their losses and gradients weighted by
 // their share of the window's tokens (the window's mean loss is the token-weighted mean of theirs).
 // For GPT-2 (learned positions: wpe rows read at each document's positions) and Llama (RoPE tables
-// read at them, grouped-query attention), with and without recompute. A window without any
+// read at them, grouped-query attention), with and without recompute; the first layer's q, k and v
+// rows of each document are its own run's (positions restart at every document). A window without any
 // document token trains bit for bit as packing "none".
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -58,6 +59,7 @@ Window make_window(int B, int T, const std::vector<std::vector<int>>& docs, uint
 struct Result {
   double loss = 0;
   std::vector<float> grads;
+  std::vector<float> qkv;  // the first layer's q, k, v rows (q and k after RoPE), row by row
 };
 
 Result run(const ms::ModelShape& s, const ModelOptions& o, const int32_t* in, const int32_t* tg, float scale) {
@@ -70,6 +72,9 @@ Result run(const ms::ModelShape& s, const ModelOptions& o, const int32_t* in, co
   r.loss = m.forward_backward(a, in, tg, scale);
   const float* g = m.grads().f32();
   r.grads.assign(g, g + m.num_params());
+  const int width = (s.n_head + 2 * ms::kv_heads(s)) * s.head_dim();
+  const float* q = a.layers[0].qkv.f32();
+  r.qkv.assign(q, q + static_cast<int64_t>(o.B) * o.T * width);
   return r;
 }
 
@@ -92,6 +97,7 @@ Result one_by_one(const ms::ModelShape& s, const Window& w, bool recompute) {
       sum.loss += r.loss * share;
       if (sum.grads.empty()) sum.grads.assign(r.grads.size(), 0.0f);
       for (size_t i = 0; i < r.grads.size(); i++) sum.grads[i] += r.grads[i];
+      sum.qkv.insert(sum.qkv.end(), r.qkv.begin(), r.qkv.end());  // documents in row order
       start = t;
     }
   }
@@ -121,6 +127,15 @@ void expect_packed_equals_one_by_one(const ms::ModelShape& s, bool recompute) {
       ADD_FAILURE() << "gradient " << i << ": packed " << packed.grads[i] << " one by one " << ref.grads[i];
       bad++;
     }
+  }
+  // Each document's rows of the first layer's qkv (q and k rotated at their positions under RoPE,
+  // GPT-2's input carrying wpe) are the document's own: positions restart at every document. (A
+  // RoPE model's loss alone cannot show it: its scores depend on distances only.)
+  ASSERT_EQ(packed.qkv.size(), ref.qkv.size());
+  float qmax = 0;
+  for (float v : ref.qkv) qmax = std::max(qmax, std::fabs(v));
+  for (size_t i = 0; i < ref.qkv.size(); i++) {
+    ASSERT_NEAR(packed.qkv[i], ref.qkv[i], 1e-5f * qmax) << "qkv element " << i;
   }
   // Packing changes the numbers: the same window without it is another loss.
   o.document_token = -1;
