@@ -96,7 +96,8 @@ Json activation_checkpointing_to_json(const ActivationCheckpointingConfig& c);
 
 // --- data, training, DeepSpeed's checkpoint section -----------------------------------------
 // Sets cfg.data and cfg.has_data; paths resolve against cfg.path.
-void read_data(ReadContext& ctx, Section& root, JobConfig& cfg);
+// Returns whether data.document_token, when given, was a valid value (the packing rule runs only then).
+bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg);
 Json data_to_json(const JobConfig& cfg);  // null without a data section
 struct TrainingRead {
   bool steps_valid = false;          // training.steps given and valid

@@ -45,10 +45,10 @@ Json paths_to_json(const std::vector<std::string>& paths) {
 
 }  // namespace
 
-void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
+bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   Section s = root.section("data", /*nullable=*/true);
   cfg.has_data = s.present();
-  if (!s.present()) return;
+  if (!s.present()) return true;
   if (!s.has("train") || s.raw_is_null("train")) {
     s.raw("train");
     ctx.error(s.path(), "missing required key \"train\" (the training token file)");
@@ -57,14 +57,27 @@ void read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   }
   get_paths(ctx, s, "val", cfg.data.val, cfg.path);
   s.get_bool("shuffle", cfg.data.shuffle);
+  std::string packing = "none";
+  if (s.get_choice("packing", packing, {"none", "document"})) {
+    cfg.data.packing = packing == "document" ? Packing::kDocument : Packing::kNone;
+  }
+  bool token_valid = true;
+  if (s.raw_is_null("document_token")) {
+    s.raw("document_token");  // null: not given (the resolved config writes it so)
+  } else {
+    token_valid = s.get_int("document_token", cfg.data.document_token, 0, kI32Max) || !s.has("document_token");
+  }
   s.finish();
+  return token_valid;
 }
 
 Json data_to_json(const JobConfig& cfg) {
   if (!cfg.has_data) return nullptr;
   return Json{{"train", paths_to_json(cfg.data.train)},
               {"val", paths_to_json(cfg.data.val)},
-              {"shuffle", cfg.data.shuffle}};
+              {"shuffle", cfg.data.shuffle},
+              {"packing", cfg.data.packing == Packing::kDocument ? "document" : "none"},
+              {"document_token", cfg.data.document_token >= 0 ? Json(cfg.data.document_token) : Json(nullptr)}};
 }
 
 TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,

@@ -220,7 +220,40 @@ void check_expert_parallel(ReadContext& ctx, const SectionsValid& valid, const J
   }
 }
 
+void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg) {
+  if (!cfg.has_data || !valid.document_token) return;
+  const auto data = top("data");
+  const int64_t token = cfg.data.document_token;
+  if (cfg.data.packing != Packing::kDocument) {
+    if (token >= 0) {
+      ctx.error(json_path_child(data, "document_token"),
+                fmt::format("data.document_token ({}) is read only with data.packing \"document\" (packing is "
+                            "\"none\"); set data.packing to \"document\" or remove the key",
+                            token));
+    }
+    return;
+  }
+  if (token < 0) {
+    ctx.error(json_path_child(data, "document_token"),
+              "data.packing \"document\" needs data.document_token, the token that begins each document (GPT-2's "
+              "<|endoftext|> is 50256, a SentencePiece model's BOS its id; `dstrain data inspect FILE` shows a "
+              "file's first ids)");
+  } else if (cfg.has_model && valid.model && token >= cfg.model.shape.vocab_size) {
+    ctx.error(json_path_child(data, "document_token"),
+              fmt::format("data.document_token {} is outside model.vocab_size ({}): need a token of the vocabulary",
+                          token, cfg.model.shape.vocab_size));
+  }
+  if (valid.context_parallel_size && cfg.context_parallel.size > 1) {
+    ctx.error(json_path_child(data, "packing"),
+              fmt::format("data.packing \"document\" does not run with context_parallel.size {} yet (the ring and "
+                          "Ulysses attentions have no document mask); set context_parallel.size to 1 or "
+                          "data.packing to \"none\"",
+                          cfg.context_parallel.size));
+  }
+}
+
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
+  check_packing(ctx, valid, cfg);
   check_one_precision(ctx, cfg);
   const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);
   check_expert_parallel(ctx, valid, cfg, layout_whole);

@@ -20,6 +20,7 @@ struct SectionsValid {
   bool context_parallel_size = true;
   bool expert_parallel_size = true;
   bool model = true;
+  bool document_token = true;
 };
 
 // training.eval_interval > 0 with a data section needs data.val. Runs right after the training
@@ -32,6 +33,9 @@ void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_inte
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 
 void check_one_precision(ReadContext& ctx, const JobConfig& cfg);
+// data.packing "document" needs data.document_token in the model's vocabulary and no context
+// parallelism (yet); data.document_token is refused without it.
+void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg);
 // Returns whether the layout is whole (world_size divisible by tp x cp x pp, all valid).
 bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,

@@ -44,7 +44,7 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   detail::read_monitor(root, "csv_monitor", cfg.path, cfg.csv_monitor);
   valid.model = detail::read_model(ctx, root, cfg);
   detail::read_lora(ctx, root, cfg);
-  detail::read_data(ctx, root, cfg);
+  valid.document_token = detail::read_data(ctx, root, cfg);
   const detail::TrainingRead training = detail::read_training(ctx, root, cfg.path, cfg.training);
   detail::check_eval_needs_val(ctx, cfg, training.eval_interval_given);
   detail::read_scheduler_params(ctx, sched, cfg, training.steps_valid, cfg.scheduler);

@@ -78,10 +78,20 @@ struct LoraConfig {
 // data.train / data.val: a path, a glob ("fineweb_train_*.bin") or a list of them, each resolved
 // against the config's directory; the runtime expands the globs and reads the files in sorted
 // order as one corpus (runtime/data/corpus.h).
+// data.packing: how documents packed back to back into a window see each other (docs/data.md).
+// kNone: one causal sequence per window, positions 0..T-1 (the default). kDocument: Megatron's
+// reset attention mask and position ids: each document attends to itself only and its positions
+// count from its document token, which data.document_token names.
+enum class Packing { kNone, kDocument };
+
 struct DataConfig {
   std::vector<std::string> train;  // llm.c token files; required when the data section is present
   std::vector<std::string> val;    // empty = none
   bool shuffle = false;
+  Packing packing = Packing::kNone;
+  // The token that begins each document (GPT-2: 50256, a SentencePiece model: its BOS): required
+  // with packing "document", refused without it; -1 = not given.
+  int64_t document_token = -1;
 };
 
 struct TrainingConfig {

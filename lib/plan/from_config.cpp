@@ -28,6 +28,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   Layout& l = in.layout;
   l.tp = c.tensor_parallel.size;
   l.sequence_parallel = c.tensor_parallel.sequence_parallel;
+  l.document_packing = c.data.packing == config::Packing::kDocument;
   l.pp = c.pipeline.stages;
   l.dp = c.data_parallel_size;
   l.cp = c.context_parallel.size;

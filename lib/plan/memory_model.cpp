@@ -235,6 +235,8 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
       {l.micro_batch, s.seq_len, s.n_head / l.tp, ms::kv_heads(s) / l.tp, s.head_dim(), l.cp, l.cp_method,
        static_cast<int>(storage_bytes(l)), l.device == DeviceKind::kCuda ? 0 : l.num_threads});
   r.workspace += cps.workspace;
+  // Document packing: each micro-batch's Activations keeps its rows' document starts (int32).
+  if (l.document_packing) r.workspace += int64_t{4} * l.micro_batch * Tl * r.in_flight;
   part.cp_comm = cps.comm;
   std::vector<std::pair<ms::ParamLayout, int>> regions;  // (layout, ranks / divide)
   if (ms::family_of(s).mlp == ms::MlpKind::kMoe) {
@@ -394,7 +396,10 @@ void add_notes(MemoryPlan& plan) {
                                                      : "",
                                                  (l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
                                                            : std::string()) +
-                                                     (l.cp > 1 ? " (and one whole micro-batch as read)" : ""))});
+                                                     (l.cp > 1 ? " (and one whole micro-batch as read)" : "") +
+                                                     (l.document_packing
+                                                          ? ", document starts (int32) of each micro-batch in flight"
+                                                          : ""))});
 }
 
 }  // namespace

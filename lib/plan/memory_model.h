@@ -40,6 +40,7 @@ enum class DeviceKind { kCpu, kCuda };
 struct Layout {
   int tp = 1;  // tensor_parallel.size
   bool sequence_parallel = false;  // tensor_parallel.sequence_parallel: the residual stream's rows split over tp
+  bool document_packing = false;   // data.packing "document": B x T int32 document starts per micro-batch in flight
   int pp = 1;  // pipeline.stages
   int dp = 1;  // data-parallel size: world_size / (tp * cp * pp)
   int cp = 1;  // context_parallel.size: each sequence split over cp ranks
@@ -177,6 +178,8 @@ void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 //               all-gather staging buffer of allgather_bucket_size x dp (x sb)
 //   workspace   model_spec's shared workspace buffers (bytes as above) + the token ids: 8 B per token
 //               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
+//               + with document packing the model's document starts: 4 B per token x B x T x
+//               the micro-batches in flight
 // Throws what validate_layout throws.
 MemoryPlan plan_memory(const model_spec::ModelShape& s, const Layout& l);
 

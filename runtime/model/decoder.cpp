@@ -119,6 +119,12 @@ Decoder::Decoder(const ms::ModelShape& shape, const ms::ModelPart& part, const M
     const int64_t a = std::max(lo, seg.row), z = std::min(hi, seg.row + seg.length);
     if (a < z) local_segs_.push_back({a - lo, seg.position + static_cast<int>(a - seg.row), static_cast<int>(z - a)});
   }
+  packing_ = opt_.document_token >= 0;
+  if (packing_ && (opt_.cp > 1 || opt_.document_token >= shape_.vocab_size)) {
+    throw invalid_argument("document-aware packing: document token {} with context parallelism {}: need a token in "
+                           "[0, {}) and cp 1",
+                           opt_.document_token, opt_.cp, shape_.vocab_size);
+  }
   if (opt_.device == Device::kCudaHost) {
     throw invalid_argument("ModelOptions::device: pinned host memory (kCudaHost) is for offload buffers; the model "
                            "runs on kCpu or kCuda");
@@ -327,6 +333,11 @@ DecoderActivations Decoder::make_activations() {
     for (auto& la : a.layers) place_buffer(b, cursor, &la, nullptr);
   }
   DS_CHECK(cursor == static_cast<char*>(a.buf_.data()) + total);
+  if (packing_) {
+    a.doc_buf = alloc_.allocate(static_cast<size_t>(opt_.B) * opt_.T * sizeof(int32_t), MemTag::kWorkspace,
+                                std::string(family_.name) + " document starts", opt_.device);
+    a.doc_start = a.doc_buf.as<int32_t>();
+  }
   return a;
 }
 
@@ -470,18 +481,74 @@ TypedPtr Decoder::layer_input(DecoderActivations& a, int l) {
 
 TypedPtr Decoder::output(DecoderActivations& a) { return a.layers.empty() ? a.input : a.layers.back().out; }
 
+// ---- documents (packing) ----------------------------------------------------------------------------
+
+// Each row's document starts at the last document token at or before it (index 0 when the window
+// has none before it): one pass per sequence. The starts go to the kernels' memory; each document
+// is one segment of consecutive positions from 0, cut to this rank's rows under sequence
+// parallelism as the constructor cuts full_segs_.
+void Decoder::find_documents(DecoderActivations& a, const int32_t* tokens) {
+  if (!packing_) return;
+  if (tokens == nullptr) {
+    throw invalid_argument("document-aware packing needs the micro-batch's input tokens on every pipeline stage "
+                           "(they give the document starts)");
+  }
+  const int B = opt_.B, T = opt_.T;
+  std::vector<int32_t> starts(static_cast<size_t>(B) * T);
+  a.doc_segs.clear();
+  a.doc_local_segs.clear();
+  for (int b = 0; b < B; b++) {
+    const int64_t r0 = static_cast<int64_t>(b) * T;
+    int start = 0;
+    for (int t = 0; t < T; t++) {
+      if (tokens[r0 + t] == opt_.document_token && t > start) {
+        a.doc_segs.push_back({r0 + start, 0, t - start});
+        start = t;
+      }
+      starts[static_cast<size_t>(r0 + t)] = start;
+    }
+    a.doc_segs.push_back({r0 + start, 0, T - start});
+  }
+  const int64_t lo = sp_ ? part_.tp_rank * Rl_ : 0, hi = lo + Rl_;
+  for (const auto& seg : a.doc_segs) {
+    const int64_t x = std::max(lo, seg.row), z = std::min(hi, seg.row + seg.length);
+    if (x < z) a.doc_local_segs.push_back({x - lo, seg.position + static_cast<int>(x - seg.row), static_cast<int>(z - x)});
+  }
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  kern::copy_from_host(a.doc_start, starts.data(), starts.size() * sizeof(int32_t));
+}
+
+// RoPE of q and k (the first NHl + KVl heads of each qkv row): the table row of each row's
+// position, one document segment at a time under packing.
+void Decoder::rope(TypedPtr qkv, const DecoderActivations& mb, bool backward) {
+  const int QKVl = (NHl_ + 2 * KVl_) * hd_, heads = NHl_ + KVl_;
+  auto apply = [&](TypedPtr x, const float* c, const float* sn, int B, int T) {
+    if (backward) {
+      tk::rope_backward(x, c, sn, B, T, heads, hd_, QKVl, 0);
+    } else {
+      tk::rope_forward(x, c, sn, B, T, heads, hd_, QKVl, 0);
+    }
+  };
+  if (!packing_) return apply(qkv, rope_cos_, rope_sin_, opt_.B, opt_.T);
+  const int64_t half = hd_ / 2;
+  for (const auto& seg : mb.doc_segs) {
+    apply(qkv + seg.row * QKVl, rope_cos_ + seg.position * half, rope_sin_ + seg.position * half, 1, seg.length);
+  }
+}
+
 // ---- embedding -----------------------------------------------------------------------------------
 
 void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_forward on a part without the embedding");
   check_tokens(tokens, "input");
+  find_documents(a, tokens);
   if (moe_) a.router.reset(E_);
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
   const TypedPtr pte = unit_params(wte);
   const TypedPtr ppe = rope_ ? TypedPtr() : unit_params(wpe);
-  if (!rope_ && part_.tp == 1 && opt_.cp == 1) {
+  if (!rope_ && part_.tp == 1 && opt_.cp == 1 && !packing_) {
     tk::encoder_forward(a.input, tokens, pte, ppe, opt_.B, opt_.T, C_);  // tokens and positions in one pass
   } else {
     // Vocabulary-parallel (tp 1 holds every row): each rank embeds the tokens of its rows, the
@@ -490,26 +557,26 @@ void Decoder::embed_forward(DecoderActivations& a, const int32_t* tokens) {
     const TypedPtr full = sp_ ? sp_gather_ : a.input;
     tk::encoder_forward_vocab(full, tokens, pte, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
     if (part_.tp > 1) reduce_rows(a.input, full, true);
-    if (!rope_) add_positions(a.input, ppe, local_segs_);
+    if (!rope_) add_positions(a.input, ppe, packing_ ? a.doc_local_segs : local_segs_);
   }
   params_done(wte);
   if (!rope_) params_done(wpe);
 }
 
-void Decoder::embed_backward(DecoderActivations&, const int32_t* tokens) {
+void Decoder::embed_backward(DecoderActivations& a, const int32_t* tokens) {
   if (!part_.has_embedding) throw invalid_usage("embed_backward on a part without the embedding");
   if (lora_) return;  // a frozen embedding: the gradient stops at the first layer's input
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
   tokens = ids_for_kernels(tokens, 0);
   const Unit wte{UnitKind::kTokenEmbedding}, wpe{UnitKind::kPositionEmbedding};
-  if (!rope_ && part_.tp == 1 && opt_.cp == 1) {
+  if (!rope_ && part_.tp == 1 && opt_.cp == 1 && !packing_) {
     tk::encoder_backward(unit_grads(wte), unit_grads(wpe), dres_, tokens, opt_.B, opt_.T, C_);
   } else {
     // Every row's gradient (all-gathered under sequence parallelism): each rank's vocabulary rows,
     // and the replicated wpe's gradient the same on every tp rank.
     const TypedPtr d = gathered(dres_);
     tk::encoder_backward_vocab(unit_grads(wte), d, tokens, opt_.B, opt_.T, C_, part_.tp_rank * Vp_l_, Vp_l_);
-    if (!rope_) add_positions_backward(unit_grads(wpe), d, tokens, full_segs_);
+    if (!rope_) add_positions_backward(unit_grads(wpe), d, tokens, packing_ ? a.doc_segs : full_segs_);
   }
   if (!rope_) grads_ready(wpe);
   grads_ready(wte);
@@ -535,7 +602,7 @@ void Decoder::norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout
 }
 
 void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full,
-                            RouterStats* stats) {
+                            RouterStats* stats, const DecoderActivations& mb) {
   const int B = opt_.B, T = opt_.T, C = C_;
   const int64_t BT = static_cast<int64_t>(B) * T, RlC = Rl_ * C;
   const int Ql = NHl_ * hd_, QKVl = (NHl_ + 2 * KVl_) * hd_, UPl = swiglu_ ? 2 * Hl_ : Hl_;
@@ -547,9 +614,11 @@ void Decoder::layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerW
   const TypedPtr x1 = gathered(a.ln1);
   tk::matmul_forward(a.qkv, x1, w.qkv_w, w.qkv_b, B, T, C, QKVl);
   if (lora_) lora_forward(kLoraQkv, a.qkv, QKVl, x1, w.adapters);
-  if (rope_) tk::rope_forward(a.qkv, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);  // q and k heads
+  if (rope_) rope(a.qkv, mb, false);  // q and k heads
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_forward(a.atty, a.att_lse, a.qkv), "context parallelism without a cp attention hook");
+  } else if (packing_) {
+    tk::attention_gqa_doc_forward(a.atty, a.att_lse, a.qkv, mb.doc_start, att_scratch_, B, T, NHl_, KVl_, hd_);
   } else {
     tk::attention_gqa_forward(a.atty, a.att_lse, a.qkv, att_scratch_, B, T, NHl_, KVl_, hd_);
   }
@@ -622,10 +691,13 @@ void Decoder::layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayer
   if (opt_.cp > 1) {
     DS_CHECK(hooks_->cp_attention_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse),
              "context parallelism without a cp attention hook");
+  } else if (packing_) {
+    tk::attention_gqa_doc_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, mb.doc_start, att_scratch_, B, T, NHl_,
+                                   KVl_, hd_);
   } else {
     tk::attention_gqa_backward(dqkv_, datty_, a.qkv, a.atty, a.att_lse, att_scratch_, B, T, NHl_, KVl_, hd_);
   }
-  if (rope_) tk::rope_backward(dqkv_, rope_cos_, rope_sin_, B, T, NHl_ + KVl_, hd_, QKVl, 0);
+  if (rope_) rope(dqkv_, mb, true);
   const TypedPtr x1 = gathered(a.ln1);
   tk::matmul_backward(dln_, g.qkv_w, g.qkv_b, dqkv_, x1, w.qkv_w, B, T, C, QKVl);
   if (lora_) lora_backward(kLoraQkv, dqkv_, QKVl, x1, dln_, w.adapters, g.adapters);
@@ -958,7 +1030,7 @@ void Decoder::blocks_forward(DecoderActivations& a, int l0, int l1) {
       lora_key_ = a.lora_key * 4096 + static_cast<uint64_t>(l);
     }
     layer_forward(a.layers[static_cast<size_t>(l - part_.layer_begin)], layer_input(a, l), w, true,
-                  moe_ ? &a.router : nullptr);
+                  moe_ ? &a.router : nullptr, a);
     progress::bump();  // comm/beacon.h: a slow step is not a hang
     if (lora_) params_done(ua);
     if (moe_) params_done(ue);
@@ -982,7 +1054,7 @@ void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
     }
     DecoderLayerActs& la = a.layers[static_cast<size_t>(l - part_.layer_begin)];
     const TypedPtr x = layer_input(a, l);
-    if (opt_.recompute) layer_forward(la, x, w, false, nullptr);
+    if (opt_.recompute) layer_forward(la, x, w, false, nullptr, a);
     layer_backward(la, x, w, g, a);  // dres: d(out) -> d(x)
     if (lora_) params_done(ua);
     if (moe_) params_done(ue);

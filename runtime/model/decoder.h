@@ -70,6 +70,12 @@
 // added in each layer's backward. Backward: d(weight of slot) = <G, act> with G = dY @ w2 the
 // unweighted gradient of the expert's activation (summed over tp), then w * G is the
 // activation's gradient and the weighted dY gives w2's; no per-slot output is kept.
+// Document-aware packing (ModelOptions::document_token): find_documents (from embed_forward, or a
+// later pipeline stage's own call) turns the micro-batch's input tokens into each row's document
+// start (the micro-batch's doc_start, in the model's memory) and each document's run of rows; the
+// attention takes the starts (kern attention_gqa_doc_*), RoPE and wpe are applied one document
+// at a time from position 0, and the loss is unchanged. A window without a document token runs
+// bit for bit as without packing.
 // Thread safety: one thread drives a Decoder at a time.
 #pragma once
 
@@ -125,6 +131,13 @@ struct DecoderLayerActs {
 
 class Decoder;
 
+// Rows of a residual-stream buffer at consecutive positions: rows [row, row + length) hold
+// positions [position, position + length).
+struct PositionSegment {
+  int64_t row;
+  int position, length;
+};
+
 // The activations of one in-flight micro-batch of one Decoder (tag: activations). Movable.
 // `input` and `losses` are the base's.
 class DecoderActivations : public Activations {
@@ -134,6 +147,11 @@ class DecoderActivations : public Activations {
   TypedPtr lnf;                           // (B,T,C)
   float *lnf_mean = nullptr, *lnf_rstd = nullptr;  // (B,T)
   uint64_t lora_key = 0;  // LoRA's dropout: this micro-batch's masks (drawn again by its backward)
+  // Document-aware packing: doc_start's memory (tag workspace, B*T int32), and each document's
+  // rows as position segments (position 0 at its first row) over all B*T rows and over this
+  // rank's rows of the residual stream (sequence parallelism).
+  Buffer doc_buf;
+  std::vector<PositionSegment> doc_segs, doc_local_segs;
 
  private:
   friend class Decoder;
@@ -172,6 +190,8 @@ class Decoder : public Model {
   std::unique_ptr<Activations> new_activations() override;
 
   // ---- pieces ----
+  // Model::find_documents.
+  void find_documents(DecoderActivations& a, const int32_t* tokens);
   // tokens (B,T) in [0, V): invalid_argument naming the first bad position otherwise.
   void embed_forward(DecoderActivations& a, const int32_t* tokens);
   // Layers [l0, l1) within the part, in order, after the layer before l0 (or embed / input).
@@ -203,6 +223,7 @@ class Decoder : public Model {
   using Model::forward_backward;
 
   // The pieces on the engines' Activations (made by new_activations; invalid_usage otherwise).
+  void find_documents(Activations& a, const int32_t* t) override { find_documents(own(a), t); }
   void embed_forward(Activations& a, const int32_t* t) override { embed_forward(own(a), t); }
   void blocks_forward(Activations& a, int l0, int l1) override { blocks_forward(own(a), l0, l1); }
   float head_forward(Activations& a, const int32_t* t) override { return head_forward(own(a), t); }
@@ -216,12 +237,6 @@ class Decoder : public Model {
   static DecoderActivations& own(Activations& a);
   void allocate_shared();
   void upload_rope_tables();
-  // Rows of a residual-stream buffer at consecutive positions: rows [row, row + length) hold
-  // positions [position, position + length).
-  struct PositionSegment {
-    int64_t row;
-    int position, length;
-  };
   // x (its rows as `segs` say) += wpe at the rows' positions; dwpe += src's rows at them.
   void add_positions(TypedPtr x, TypedPtr wpe, const std::vector<PositionSegment>& segs);
   void add_positions_backward(TypedPtr dwpe, TypedPtr src, const int32_t* tokens,
@@ -255,7 +270,11 @@ class Decoder : public Model {
   void norm_backward(TypedPtr dx, TypedPtr dw, TypedPtr db, TypedPtr dout, TypedPtr x, TypedPtr w, const float* mean,
                      const float* rstd);
   // `stats`: where a MoE layer adds its router statistics (null: a recompute, which adds none).
-  void layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full, RouterStats* stats);
+  // `mb`: the micro-batch the layer belongs to (its document starts under packing).
+  void layer_forward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, bool full, RouterStats* stats,
+                     const DecoderActivations& mb);
+  // RoPE on q and k of a layer's qkv (B*T rows), forward or backward, at the rows' positions.
+  void rope(TypedPtr qkv, const DecoderActivations& mb, bool backward);
   void layer_backward(DecoderLayerActs& a, TypedPtr x, const DecoderLayerWeights& w, const DecoderLayerWeights& g,
                       const DecoderActivations& mb);
   // The mixture of experts (see the header comment): forward from the MLP's input `x` (B*T rows,
@@ -342,6 +361,7 @@ class Decoder : public Model {
   int64_t Rl_ = 0;          // rows of the residual stream held here: B*T, or B*T/tp with sp_
   TypedPtr sp_gather_, dln_sp_;  // sp_: (B*T, C) gathered rows; (Rl, C) reduce-scattered dln
   bool layer_norm_ = true, rope_ = false, swiglu_ = false, moe_ = false;
+  bool packing_ = false;  // ModelOptions::document_token >= 0
   std::array<bool, model_spec::kNumParamTensors> expert_param_{};  // in the kExperts units
   int E_ = 0, k_ = 0;  // MoE: experts, experts per token
   TypedPtr router_logits_, moe_xs_, moe_ys_;  // MoE scratch (mixtral_spec.h)

@@ -51,6 +51,12 @@ struct ModelOptions {
   // this tp rank's B*T/tp rows, contiguous in the flattened (B,T) order; the tp hooks all-gather
   // before column-parallel matmuls and reduce-scatter after row-parallel ones (hooks.h).
   bool sequence_parallel = false;
+  // Document-aware packing (data.packing "document", docs/data.md): the token that begins each
+  // document (>= 0), or -1 for none (attention over the whole window, positions 0..T-1). With it,
+  // row t belongs to the document starting at the last document token at or before t (index 0
+  // when there is none); attention sees only its document's keys and positions (RoPE, wpe) count
+  // from the document's start. Not with context parallelism (cp > 1).
+  int document_token = -1;
 };
 
 // A mixture of experts' load-balancing statistics of one micro-batch (Hugging Face's
@@ -90,6 +96,9 @@ class Activations {
   // [0] what goes forward with the activations (the layers so far), [1] what goes backward with
   // the stream's gradient (every layer's, and grad_scale). Model::pack_router / unpack_router.
   float* router_wire = nullptr;
+  // Document-aware packing (ModelOptions::document_token): each row's document start (B,T) int32
+  // in the model's memory, set by Model::find_documents; null without packing.
+  int32_t* doc_start = nullptr;
   const Buffer& buffer() const { return buf_; }
 
  protected:
@@ -122,6 +131,11 @@ class Model {
   virtual std::unique_ptr<Activations> new_activations() = 0;
 
   // ---- pieces (gpt2.h states their contract) ----
+  // Document-aware packing: the micro-batch's document starts from its input tokens (B,T), host
+  // pointer) into `a`. embed_forward calls it; a pipeline stage without the embedding calls it
+  // before blocks_forward. Nothing to do without ModelOptions::document_token; with it, null
+  // tokens are invalid_argument.
+  virtual void find_documents(Activations& a, const int32_t* tokens) = 0;
   virtual void embed_forward(Activations& a, const int32_t* tokens) = 0;
   virtual void blocks_forward(Activations& a, int l0, int l1) = 0;
   virtual float head_forward(Activations& a, const int32_t* targets) = 0;

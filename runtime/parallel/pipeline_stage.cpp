@@ -173,7 +173,11 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
         Activations& a = acts_of(e.mb);
         if (opt.before_event) opt.before_event(e);
         const auto t0 = Clock::now();
-        if (is_first()) model_.embed_forward(a, mb.tokens);
+        if (is_first()) {
+          model_.embed_forward(a, mb.tokens);
+        } else {
+          model_.find_documents(a, mb.tokens);  // packing: every stage reads its window's document starts
+        }
         model_.blocks_forward(a, part.layer_begin, part.layer_end);
         if (wire > 0 && !is_last()) model_.pack_router(a, 0);
         res.compute_seconds += since(t0);
@@ -266,6 +270,7 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
       model_.embed_forward(a, mbs[i].tokens);
     } else {
       pp_->recv(a.input.data, n, comm_dtype(model_.dtype()), stage() - 1, kActivationTag);
+      model_.find_documents(a, mbs[i].tokens);
     }
     model_.blocks_forward(a, part.layer_begin, part.layer_end);
     if (is_last()) {

@@ -41,7 +41,9 @@ using layout::stage_events;
 
 // One micro-batch's tokens, (B,T) int32 each. `tokens` is read on the first stage (forward and
 // backward), `targets` on the last; either may be null where not read. Caller-owned, valid for
-// the run.
+// the run. Under document-aware packing (ModelOptions::document_token) every stage reads
+// `tokens` in its forward: each finds the micro-batch's document starts from them (the trainer's
+// loader gives every stage the same window), so nothing beyond the activations crosses stages.
 struct MicroBatch {
   const int32_t* tokens = nullptr;
   const int32_t* targets = nullptr;

@@ -92,6 +92,7 @@ parallel::EngineSpec engine_spec_of(const config::JobConfig& c, int rank, int lo
   e.model.T = c.model.shape.seq_len;
   e.model.recompute = c.activation_checkpointing.full();
   e.model.sequence_parallel = c.tensor_parallel.sequence_parallel;
+  if (c.data.packing == config::Packing::kDocument) e.model.document_token = static_cast<int>(c.data.document_token);
   // Mixed precision: parameters, activations and their gradients in the 16-bit storage type;
   // parameter gradients in grad_accum_dtype / communication_data_type (the storage type unless
   // the config says fp32).

@@ -2,6 +2,11 @@
 //
 // Forward, per head, in row blocks of kRows queries [r0, r1) (causality: keys [0, r1) only):
 //   S = scale * Q[r0:r1] K[0:r1]^T                (gemm into the thread's (T,T) tile)
+// With documents (packing: row t sees keys [ds[t], t]) the block's gemms start at the block's
+// lowest document start k0, so a block past a document boundary skips the earlier keys; the row
+// steps run over [ds[t], t] and zero the rest of the block's row; backward sums dK and dV block by
+// block over [k0, r1) instead of one (T,T) product. A window whose starts are all 0 runs the path
+// without documents, bit for bit.
 //   P = softmax over j <= t (row t), lse[t] = max + log(sum exp)   (P written over S, 0 for j > t)
 //   O[r0:r1] = P V[0:r1]                         (gemm)
 // Backward recomputes P = exp(S - lse) the same way (no (T,T) activation is kept), then
@@ -52,44 +57,85 @@ void dscores_row(float* dp, const float* p, float D, float scale, int t, int wid
 namespace {
 constexpr int kRows = 64;
 
-// Scores of rows [r0, r1) against keys [0, r1), into tile rows r0.. (row stride T).
-void scores(float* S, const float* q, const float* k, int r0, int r1, int ldq, int T, int hs,
-            float scale) {
-  gemm(false, true, r1 - r0, r1, hs, scale, q + static_cast<int64_t>(r0) * ldq, ldq, k, ldq, 0.0f,
-       S + static_cast<int64_t>(r0) * T, T);
+// The lowest document start of rows [r0, r1) (0 without documents): a block's keys before it are
+// masked for every row, so the block's gemms start there.
+int first_key(const int32_t* ds, int r0, int r1) {
+  if (ds == nullptr) return 0;
+  int k0 = ds[r0];
+  for (int t = r0 + 1; t < r1; t++) k0 = std::min(k0, ds[t]);
+  return k0;
 }
 }  // namespace
 
 void head_forward(float* o, int ldo, float* l, const float* q, const float* k, const float* v,
-                  int ldq, float* S, int T, int hs, float scale) {
+                  int ldq, float* S, int T, int hs, float scale, const int32_t* ds) {
   for (int r0 = 0; r0 < T; r0 += kRows) {
     const int r1 = std::min(T, r0 + kRows);
-    scores(S, q, k, r0, r1, ldq, T, hs, scale);
-    for (int t = r0; t < r1; t++) l[t] = softmax_row(S + static_cast<int64_t>(t) * T, t, r1);
-    gemm(false, false, r1 - r0, hs, r1, 1.0f, S + static_cast<int64_t>(r0) * T, T, v, ldq, 0.0f,
-         o + static_cast<int64_t>(r0) * ldo, ldo);
+    const int k0 = first_key(ds, r0, r1);
+    // Scores of rows [r0, r1) against keys [k0, r1), into tile columns k0.. (row stride T).
+    gemm(false, true, r1 - r0, r1 - k0, hs, scale, q + static_cast<int64_t>(r0) * ldq, ldq,
+         k + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, S + static_cast<int64_t>(r0) * T + k0, T);
+    for (int t = r0; t < r1; t++) {
+      float* srow = S + static_cast<int64_t>(t) * T;
+      const int lo = ds == nullptr ? 0 : ds[t];
+      for (int j = k0; j < lo; j++) srow[j] = 0.0f;
+      l[t] = softmax_row(srow + lo, t - lo, r1 - lo);
+    }
+    gemm(false, false, r1 - r0, hs, r1 - k0, 1.0f, S + static_cast<int64_t>(r0) * T + k0, T,
+         v + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, o + static_cast<int64_t>(r0) * ldo, ldo);
   }
 }
 
 void head_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v,
                    int ldq, const float* o, const float* dO, int ldo, const float* l, float* P,
-                   float* dS, int T, int hs, float scale, float beta) {
+                   float* dS, int T, int hs, float scale, float beta, const int32_t* ds) {
+  // With documents that start after row 0, dK and dV are summed block by block over each block's
+  // keys [k0, r1) only; starts that are all 0 (no document boundary in the window) take the path
+  // without documents, bit for bit.
+  bool blocked = false;
+  for (int t = 0; ds != nullptr && t < T && !blocked; t++) blocked = ds[t] != 0;
+  if (!blocked) ds = nullptr;
+  if (blocked) {
+    for (int j = 0; j < T; j++) {
+      for (int i = 0; i < hs; i++) {
+        float* kk = dk + static_cast<int64_t>(j) * ldq + i;
+        float* vv = dv + static_cast<int64_t>(j) * ldq + i;
+        *kk = beta == 0.0f ? 0.0f : beta * *kk;
+        *vv = beta == 0.0f ? 0.0f : beta * *vv;
+      }
+    }
+  }
   for (int r0 = 0; r0 < T; r0 += kRows) {
     const int r1 = std::min(T, r0 + kRows);
-    scores(P, q, k, r0, r1, ldq, T, hs, scale);
-    // dP rows [r0, r1) = dO V^T over keys [0, r1).
-    gemm(false, true, r1 - r0, r1, hs, 1.0f, dO + static_cast<int64_t>(r0) * ldo, ldo, v, ldq, 0.0f,
-         dS + static_cast<int64_t>(r0) * T, T);
+    const int k0 = first_key(ds, r0, r1);
+    gemm(false, true, r1 - r0, r1 - k0, hs, scale, q + static_cast<int64_t>(r0) * ldq, ldq,
+         k + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, P + static_cast<int64_t>(r0) * T + k0, T);
+    // dP rows [r0, r1) = dO V^T over keys [k0, r1).
+    gemm(false, true, r1 - r0, r1 - k0, hs, 1.0f, dO + static_cast<int64_t>(r0) * ldo, ldo,
+         v + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, dS + static_cast<int64_t>(r0) * T + k0, T);
     for (int t = r0; t < r1; t++) {
       float* prow = P + static_cast<int64_t>(t) * T;
-      probs_row(prow, l[t], t, T);
+      float* dsrow = dS + static_cast<int64_t>(t) * T;
+      // Keys of the block before the row's document: 0 in both tiles. Without documents the rows
+      // are zeroed to T (dK and dV below read whole rows); with them to r1 (the block's keys).
+      const int lo = ds == nullptr ? 0 : ds[t];
+      const int width = ds == nullptr ? T : r1;
+      for (int j = k0; j < lo; j++) prow[j] = dsrow[j] = 0.0f;
+      probs_row(prow + lo, l[t], t - lo, width - lo);
       const float D = vdot(dO + static_cast<int64_t>(t) * ldo, o + static_cast<int64_t>(t) * ldo, hs);
-      dscores_row(dS + static_cast<int64_t>(t) * T, prow, D, scale, t, T);
+      dscores_row(dsrow + lo, prow + lo, D, scale, t - lo, width - lo);
     }
-    // dQ rows [r0, r1) = dS K over keys [0, r1).
-    gemm(false, false, r1 - r0, hs, r1, 1.0f, dS + static_cast<int64_t>(r0) * T, T, k, ldq, 0.0f,
-         dq + static_cast<int64_t>(r0) * ldq, ldq);
+    // dQ rows [r0, r1) = dS K over keys [k0, r1).
+    gemm(false, false, r1 - r0, hs, r1 - k0, 1.0f, dS + static_cast<int64_t>(r0) * T + k0, T,
+         k + static_cast<int64_t>(k0) * ldq, ldq, 0.0f, dq + static_cast<int64_t>(r0) * ldq, ldq);
+    if (blocked) {  // dK, dV rows [k0, r1) += this block's dS^T Q, P^T dO
+      gemm(true, false, r1 - k0, hs, r1 - r0, 1.0f, dS + static_cast<int64_t>(r0) * T + k0, T,
+           q + static_cast<int64_t>(r0) * ldq, ldq, 1.0f, dk + static_cast<int64_t>(k0) * ldq, ldq);
+      gemm(true, false, r1 - k0, hs, r1 - r0, 1.0f, P + static_cast<int64_t>(r0) * T + k0, T,
+           dO + static_cast<int64_t>(r0) * ldo, ldo, 1.0f, dv + static_cast<int64_t>(k0) * ldq, ldq);
+    }
   }
+  if (blocked) return;
   // dK = dS^T Q and dV = P^T dO over all rows (zeros above the diagonal), onto beta * themselves.
   gemm(true, false, T, hs, T, 1.0f, dS, T, q, ldq, beta, dk, ldq);
   gemm(true, false, T, hs, T, 1.0f, P, T, dO, ldo, beta, dv, ldq);

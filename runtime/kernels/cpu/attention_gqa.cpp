@@ -13,6 +13,9 @@
 // the forward copies its query head and the kv head it reads; the backward copies the kv head
 // once, sums the group's dK and dV in fp32 and rounds them once at the end, and rounds each query
 // head's dQ as it is done.
+// Documents (attention_gqa_doc_*, packing): each head's rows see only their document's keys
+// (attention_rows.h's ds); the bf16 dot-product path has no document mask, so bf16 with documents
+// takes the fp32 copies.
 #include <omp.h>
 
 #include <cmath>
@@ -36,15 +39,14 @@ struct Geometry {
   int64_t v_col(int g) const { return static_cast<int64_t>(NH + KV + g) * hd; }
 };
 
-}  // namespace
-
 template <typename S>
-void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV, int hd) {
+void gqa_forward(S* out, float* lse, const S* qkv, const int32_t* doc_start, float* scratch, int B, int T, int NH,
+                 int KV, int hd) {
   const Geometry G{T, NH, KV, hd};
   const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
-  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hd);
+  const bool bf16_dot = std::is_same_v<S, bf16> && doc_start == nullptr && bf16_dot_head_supported(T, hd);
   if constexpr (std::is_same_v<S, bf16>) note_bf16_path(bf16_dot);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * NH > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
@@ -54,8 +56,9 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int
     const S* row0 = qkv + static_cast<int64_t>(b) * T * st;
     S* o = out + static_cast<int64_t>(b) * T * os + G.q_col(h);
     float* l = lse + static_cast<int64_t>(bh) * T;
+    const int32_t* ds = doc_start == nullptr ? nullptr : doc_start + static_cast<int64_t>(b) * T;
     if constexpr (std::is_same_v<S, float>) {
-      head_forward(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale);
+      head_forward(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale, ds);
     } else if (bf16_dot) {
       if constexpr (std::is_same_v<S, bf16>) {
         head_forward_bf16(o, os, l, row0 + G.q_col(h), row0 + G.k_col(g), row0 + G.v_col(g), st, tile, T, hd, scale);
@@ -66,20 +69,20 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int
       gather_rows(f, row0 + G.q_col(h), st, T, hd);
       gather_rows(f + th, row0 + G.k_col(g), st, T, hd);
       gather_rows(f + 2 * th, row0 + G.v_col(g), st, T, hd);
-      head_forward(f + 3 * th, hd, l, f, f + th, f + 2 * th, hd, tile, T, hd, scale);
+      head_forward(f + 3 * th, hd, l, f, f + th, f + 2 * th, hd, tile, T, hd, scale, ds);
       scatter_rows(o, os, f + 3 * th, T, hd);
     }
   }
 }
 
 template <typename S>
-void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, float* scratch,
-                            int B, int T, int NH, int KV, int hd) {
+void gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, const int32_t* doc_start,
+                  float* scratch, int B, int T, int NH, int KV, int hd) {
   const Geometry G{T, NH, KV, hd};
   const int st = static_cast<int>(G.stride()), os = static_cast<int>(G.ostride());
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const size_t per_thread = per_thread_floats(T, hd, sizeof(S));
-  const bool bf16_dot = std::is_same_v<S, bf16> && bf16_dot_head_supported(T, hd);
+  const bool bf16_dot = std::is_same_v<S, bf16> && doc_start == nullptr && bf16_dot_head_supported(T, hd);
   gemm_before_parallel_region();
 #pragma omp parallel for schedule(static) if (B * KV > 1 && int64_t{T} * T * NH * hd >= kParallelWork)
   for (int bg = 0; bg < B * KV; bg++) {
@@ -89,12 +92,13 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
     const int64_t rbase = static_cast<int64_t>(b) * T * st, obase = static_cast<int64_t>(b) * T * os;
     const S* row0 = qkv + rbase;
     S* drow0 = dqkv + rbase;
+    const int32_t* ds = doc_start == nullptr ? nullptr : doc_start + static_cast<int64_t>(b) * T;
     if constexpr (std::is_same_v<S, float>) {
       for (int j = 0; j < G.group(); j++) {
         const int h = g * G.group() + j;
         head_backward(drow0 + G.q_col(h), drow0 + G.k_col(g), drow0 + G.v_col(g), row0 + G.q_col(h),
                       row0 + G.k_col(g), row0 + G.v_col(g), st, out + obase + G.q_col(h), dout + obase + G.q_col(h),
-                      os, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd, scale, j == 0 ? 0.0f : 1.0f);
+                      os, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd, scale, j == 0 ? 0.0f : 1.0f, ds);
       }
     } else if (bf16_dot) {
       if constexpr (std::is_same_v<S, bf16>) {
@@ -124,7 +128,7 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
         gather_rows(o, out + obase + G.q_col(h), os, T, hd);
         gather_rows(dO, dout + obase + G.q_col(h), os, T, hd);
         head_backward(dq, dk, dv, q, k, v, hd, o, dO, hd, lse + (static_cast<int64_t>(b) * NH + h) * T, P, dS, T, hd,
-                      scale, j == 0 ? 0.0f : 1.0f);
+                      scale, j == 0 ? 0.0f : 1.0f, ds);
         scatter_rows(drow0 + G.q_col(h), st, dq, T, hd);
       }
       scatter_rows(drow0 + G.k_col(g), st, dk, T, hd);
@@ -133,10 +137,36 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
   }
 }
 
+}  // namespace
+
+template <typename S>
+void attention_gqa_forward(S* out, float* lse, const S* qkv, float* scratch, int B, int T, int NH, int KV, int hd) {
+  gqa_forward(out, lse, qkv, nullptr, scratch, B, T, NH, KV, hd);
+}
+template <typename S>
+void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, float* scratch,
+                            int B, int T, int NH, int KV, int hd) {
+  gqa_backward(dqkv, dout, qkv, out, lse, nullptr, scratch, B, T, NH, KV, hd);
+}
+template <typename S>
+void attention_gqa_doc_forward(S* out, float* lse, const S* qkv, const int32_t* doc_start, float* scratch, int B,
+                               int T, int NH, int KV, int hd) {
+  gqa_forward(out, lse, qkv, doc_start, scratch, B, T, NH, KV, hd);
+}
+template <typename S>
+void attention_gqa_doc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                                const int32_t* doc_start, float* scratch, int B, int T, int NH, int KV, int hd) {
+  gqa_backward(dqkv, dout, qkv, out, lse, doc_start, scratch, B, T, NH, KV, hd);
+}
+
 #define DS_INST_S(S)                                                                                            \
   template void attention_gqa_forward<S>(S*, float*, const S*, float*, int, int, int, int, int);               \
   template void attention_gqa_backward<S>(S*, const S*, const S*, const S*, const float*, float*, int, int, int, \
-                                          int, int);
+                                          int, int);                                                            \
+  template void attention_gqa_doc_forward<S>(S*, float*, const S*, const int32_t*, float*, int, int, int, int,  \
+                                             int);                                                              \
+  template void attention_gqa_doc_backward<S>(S*, const S*, const S*, const S*, const float*, const int32_t*,   \
+                                              float*, int, int, int, int, int);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

@@ -22,16 +22,17 @@ void probs_row(float* s, float lse, int t, int width);
 void dscores_row(float* dp, const float* p, float D, float scale, int t, int width);
 
 // One head's forward over fp32 q, k, v (T rows of hs, row stride ldq) into o (row stride ldo) and
-// its log-sum-exp l (T); S is the thread's (T, T) tile.
+// its log-sum-exp l (T); S is the thread's (T, T) tile. ds: the rows' document starts (T, each in
+// [0, t]; ops.def's attention_gqa_doc_forward), row t seeing keys [ds[t], t]; null: [0, t].
 void head_forward(float* o, int ldo, float* l, const float* q, const float* k, const float* v, int ldq, float* S,
-                  int T, int hs, float scale);
+                  int T, int hs, float scale, const int32_t* ds = nullptr);
 // One head's backward: dq (row stride ldq) overwritten; dk, dv (row stride ldq) = beta * themselves
 // + this head's part (beta 0: overwritten; 1: a grouped-query kv head summing its query heads);
 // from q, k, v (stride ldq), o and dO (stride ldo) and l. P and dS are the thread's two (T, T)
-// tiles.
+// tiles. ds as head_forward's.
 void head_backward(float* dq, float* dk, float* dv, const float* q, const float* k, const float* v, int ldq,
                    const float* o, const float* dO, int ldo, const float* l, float* P, float* dS, int T, int hs,
-                   float scale, float beta = 0.0f);
+                   float scale, float beta = 0.0f, const int32_t* ds = nullptr);
 
 // The same two on bf16 operands and the bf16 dot-product instruction (attention_bf16.cpp), where
 // bf16_dot_head_supported(T, hs): q, k, v, o, dO as stored; o and dq rounded once into place; dK

@@ -16,6 +16,8 @@
 //                 order and every later query row: dk_j = sum of dS[t,j] q_t, dv_j = sum of
 //                 P[t,j] dO_t, in fp32 registers, written once.
 //   Every output row is written by exactly one warp: no atomics, no scratch, deterministic.
+// Documents (packing, attention_gqa_doc_*): row t walks keys [doc_start, t] only, and the dkv
+// kernel stops at the first later row of another document.
 // Cost: O(T^2 hd) work like any exact attention, but K/V rows are re-read from L2 by every warp.
 // The row steps (online softmax, dq row, one query's dk/dv share) are attention_rows.cuh's, shared
 // with ring attention's block kernels (attention_block.cu).
@@ -64,8 +66,13 @@ GqaShape make_gqa_shape(int B, int T, int NH, int KV, int hd, const char* what) 
   return GqaShape{B, T, NH, KV, hd, 1.0f / sqrtf(static_cast<float>(hd))};
 }
 
+// doc (B,T): each row's document start (packing; null: 0), row t attending to keys [doc, t].
+__device__ inline int doc_first(const int32_t* doc, int b, int T, int t) {
+  return doc == nullptr ? 0 : doc[int64_t{b} * T + t];
+}
+
 template <typename S>
-__global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh) {
+__global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, const int32_t* doc, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -75,9 +82,11 @@ __global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh
   const int64_t st_ = sh.stride();
   const S* base = qkv + int64_t{b} * sh.T * st_;
   float qr[kRegs], acc[kRegs], m, l;
+  const int lo = doc_first(doc, b, sh.T, t);
+  const S* kv0 = base + lo * st_;
   rows::load(qr, base + t * st_ + sh.q_col(h), sh.hd, lane);
-  rows::attend<S>(qr, t + 1, sh.hd, lane, sh.scale,
-                  [&](int j) { return rows::KvRow<S>{base + j * st_ + sh.k_col(g), base + j * st_ + sh.v_col(g)}; },
+  rows::attend<S>(qr, t + 1 - lo, sh.hd, lane, sh.scale,
+                  [&](int j) { return rows::KvRow<S>{kv0 + j * st_ + sh.k_col(g), kv0 + j * st_ + sh.v_col(g)}; },
                   acc, m, l);
   S* o = out + (int64_t{b} * sh.T + t) * sh.ostride() + sh.q_col(h);
   const float inv = 1.0f / l;
@@ -91,7 +100,7 @@ __global__ void gqa_forward_kernel(S* out, float* lse, const S* qkv, GqaShape sh
 
 template <typename S>
 __global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
-                                       const float* lse, GqaShape sh) {
+                                       const float* lse, const int32_t* doc, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.NH * sh.T) return;
@@ -106,8 +115,10 @@ __global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, con
   rows::load(qr, base + t * st_ + sh.q_col(h), sh.hd, lane);
   rows::load(dor, dout + ooff, sh.hd, lane);
   rows::load(orr, out + ooff, sh.hd, lane);
-  rows::dq_row<S>(qr, dor, orr, lse[bh * sh.T + t], t + 1, sh.hd, lane, sh.scale,
-                  [&](int j) { return rows::KvRow<S>{base + j * st_ + sh.k_col(g), base + j * st_ + sh.v_col(g)}; },
+  const int lo = doc_first(doc, b, sh.T, t);
+  const S* kv0 = base + lo * st_;
+  rows::dq_row<S>(qr, dor, orr, lse[bh * sh.T + t], t + 1 - lo, sh.hd, lane, sh.scale,
+                  [&](int j) { return rows::KvRow<S>{kv0 + j * st_ + sh.k_col(g), kv0 + j * st_ + sh.v_col(g)}; },
                   acc);
   S* dq = dqkv + rbase + t * st_ + sh.q_col(h);
 #pragma unroll
@@ -119,7 +130,7 @@ __global__ void gqa_backward_dq_kernel(S* dqkv, const S* dout, const S* qkv, con
 
 template <typename S>
 __global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, const S* out,
-                                        const float* lse, GqaShape sh) {
+                                        const float* lse, const int32_t* doc, GqaShape sh) {
   const int64_t row = (blockIdx.x * int64_t{blockDim.x} + threadIdx.x) / 32;
   const int lane = threadIdx.x % 32;
   if (row >= int64_t{sh.B} * sh.KV * sh.T) return;
@@ -137,7 +148,8 @@ __global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, co
   for (int jh = 0; jh < sh.group(); jh++) {
     const int h = g * sh.group() + jh;
     const float* lrow = lse + (int64_t{b} * sh.NH + h) * sh.T;
-    for (int t = j; t < sh.T; t++) {
+    // Later rows of another document never see key j (document starts do not decrease).
+    for (int t = j; t < sh.T && doc_first(doc, b, sh.T, t) <= j; t++) {
       rows::dkv_query(kr, vr, base + t * st_ + sh.q_col(h), dout + obase + t * os + sh.q_col(h),
                       out + obase + t * os + sh.q_col(h), lrow[t], sh.hd, lane, sh.scale, dk, dv);
     }
@@ -155,27 +167,27 @@ __global__ void gqa_backward_dkv_kernel(S* dqkv, const S* dout, const S* qkv, co
 }
 
 template <typename S>
-void gqa_forward_impl(S* out, float* lse, const S* qkv, int B, int T, int NH, int KV, int hd,
+void gqa_forward_impl(S* out, float* lse, const S* qkv, const int32_t* doc, int B, int T, int NH, int KV, int hd,
                       cudaStream_t stream) {
   const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_forward");
   const int64_t rows = int64_t{B} * NH * T;
   if (rows <= 0) return;
   gqa_forward_kernel<S>
-      <<<blocks_for(rows * 32, kAttThreads), kAttThreads, 0, stream>>>(out, lse, qkv, sh);
+      <<<blocks_for(rows * 32, kAttThreads), kAttThreads, 0, stream>>>(out, lse, qkv, doc, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_forward_kernel");
 }
 
 template <typename S>
-void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, int B,
-                       int T, int NH, int KV, int hd, cudaStream_t stream) {
+void gqa_backward_impl(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse, const int32_t* doc,
+                       int B, int T, int NH, int KV, int hd, cudaStream_t stream) {
   const GqaShape sh = make_gqa_shape(B, T, NH, KV, hd, "attention_gqa_backward");
   const int64_t qrows = int64_t{B} * NH * T, kvrows = int64_t{B} * KV * T;
   if (qrows <= 0) return;
   gqa_backward_dq_kernel<S><<<blocks_for(qrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
+      dqkv, dout, qkv, out, lse, doc, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_backward_dq_kernel");
   gqa_backward_dkv_kernel<S><<<blocks_for(kvrows * 32, kAttThreads), kAttThreads, 0, stream>>>(
-      dqkv, dout, qkv, out, lse, sh);
+      dqkv, dout, qkv, out, lse, doc, sh);
   DS_CUDA_CHECK_LAUNCH("gqa_backward_dkv_kernel");
 }
 
@@ -205,7 +217,7 @@ void attention_forward(S* out, float* lse, const S* qkv, float* /*scratch*/, int
       return;
     }
   }
-  gqa_forward_impl(out, lse, qkv, B, T, NH, NH, hs, stream);
+  gqa_forward_impl(out, lse, qkv, nullptr, B, T, NH, NH, hs, stream);
 }
 
 template <typename S>
@@ -220,7 +232,7 @@ void attention_backward(S* dqkv, const S* dout, const S* qkv, const S* out, cons
       return;
     }
   }
-  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, NH, hs, stream);
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, NH, hs, stream);
 }
 
 #define DS_CUDA_INST_S(S)                                                                        \
@@ -245,7 +257,7 @@ void attention_gqa_forward(S* out, float* lse, const S* qkv, float* /*scratch*/,
       return;
     }
   }
-  gqa_forward_impl(out, lse, qkv, B, T, NH, KV, hd, stream);
+  gqa_forward_impl(out, lse, qkv, nullptr, B, T, NH, KV, hd, stream);
 }
 template <typename S>
 void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
@@ -259,7 +271,7 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
       return;
     }
   }
-  gqa_backward_impl(dqkv, dout, qkv, out, lse, B, T, NH, KV, hd, stream);
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, nullptr, B, T, NH, KV, hd, stream);
 }
 
 #define DS_CUDA_INST_S(S)                                                                        \
@@ -267,6 +279,32 @@ void attention_gqa_backward(S* dqkv, const S* dout, const S* qkv, const S* out, 
                                          cudaStream_t);                                          \
   template void attention_gqa_backward<S>(S*, const S*, const S*, const S*, const float*, float*, \
                                           int, int, int, int, int, cudaStream_t);
+DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
+#undef DS_CUDA_INST_S
+
+// With documents (packing) every storage type runs the exact kernels, each row walking only its
+// document's keys (flash_attention.cu has no document mask yet); null doc_start is the above.
+template <typename S>
+void attention_gqa_doc_forward(S* out, float* lse, const S* qkv, const int32_t* doc_start, float* scratch, int B,
+                               int T, int NH, int KV, int hd, cudaStream_t stream) {
+  if (doc_start == nullptr) return attention_gqa_forward(out, lse, qkv, scratch, B, T, NH, KV, hd, stream);
+  gqa_forward_impl(out, lse, qkv, doc_start, B, T, NH, KV, hd, stream);
+}
+template <typename S>
+void attention_gqa_doc_backward(S* dqkv, const S* dout, const S* qkv, const S* out, const float* lse,
+                                const int32_t* doc_start, float* scratch, int B, int T, int NH, int KV, int hd,
+                                cudaStream_t stream) {
+  if (doc_start == nullptr) {
+    return attention_gqa_backward(dqkv, dout, qkv, out, lse, scratch, B, T, NH, KV, hd, stream);
+  }
+  gqa_backward_impl(dqkv, dout, qkv, out, lse, doc_start, B, T, NH, KV, hd, stream);
+}
+
+#define DS_CUDA_INST_S(S)                                                                                      \
+  template void attention_gqa_doc_forward<S>(S*, float*, const S*, const int32_t*, float*, int, int, int, int, \
+                                             int, cudaStream_t);                                               \
+  template void attention_gqa_doc_backward<S>(S*, const S*, const S*, const S*, const float*, const int32_t*,  \
+                                              float*, int, int, int, int, int, cudaStream_t);
 DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
 #undef DS_CUDA_INST_S
 

@@ -253,6 +253,55 @@ TEST_F(LlamaCudaKernels, GqaAttentionForwardBackwardBf16) {
   }
 }
 
+// Document-aware attention (packing): the CUDA twin against the CPU's with the same document
+// starts (documents inside and on the boundary of a 64-row block, one sequence without any), fp32
+// and bf16 storage (both run the exact kernels with documents). NOT RUN YET: written without a GPU.
+TEST_F(LlamaCudaKernels, DocumentAttentionForwardBackward) {
+  for (const GqaCase& c : kGqaCases) {
+    std::vector<int32_t> starts(size_t(c.B) * c.T);
+    for (int b = 0; b < c.B; b++) {
+      int s = 0;
+      for (int t = 0; t < c.T; t++) {
+        if (b == 0 && (t == 5 || t == 64 || t == 65 || t == c.T - 3)) s = t;
+        starts[size_t(b) * c.T + t] = s;
+      }
+    }
+    DeviceArray<int32_t> gstarts(starts);
+    auto qkv = random_floats(c.qkv(), 4), dout = random_floats(c.out(), 5);
+    std::vector<float> out(c.out()), lse(c.lse()), dqkv(c.qkv()),
+        scratch(cpu::attention_scratch_floats(c.T, c.hd, 4));
+    cpu::attention_gqa_doc_forward(out.data(), lse.data(), qkv.data(), starts.data(), scratch.data(), c.B, c.T, c.NH,
+                                   c.KV, c.hd);
+    cpu::attention_gqa_doc_backward(dqkv.data(), dout.data(), qkv.data(), out.data(), lse.data(), starts.data(),
+                                    scratch.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    DeviceArray<float> gqkv(qkv), gdout(dout), gout(c.out()), glse(c.lse()), cout(out), clse(lse),
+        gd(random_floats(c.qkv(), 6));
+    cu().f32.attention_gqa_doc_forward(gout.get(), glse.get(), gqkv.get(), gstarts.get(), nullptr, c.B, c.T, c.NH,
+                                       c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(gout.download(), out, kSum, 1e-5)) << c.name();
+    EXPECT_TRUE(close(glse.download(), lse, kSum, 1e-5)) << c.name();
+    cu().f32.attention_gqa_doc_backward(gd.get(), gdout.get(), gqkv.get(), cout.get(), clse.get(), gstarts.get(),
+                                        nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(gd.download(), dqkv, 1e-3, 1e-4)) << c.name();
+    // bf16 storage on the same (rounded) inputs.
+    auto q16 = to_bf16(qkv), d16 = to_bf16(dout);
+    std::vector<uint16_t> o16(c.out()), dq16(c.qkv());
+    std::vector<float> l16(c.lse()), s16(cpu::attention_scratch_floats(c.T, c.hd, 2));
+    cpu::attention_gqa_doc_forward(as_bf(o16), l16.data(), as_bf(q16), starts.data(), s16.data(), c.B, c.T, c.NH,
+                                   c.KV, c.hd);
+    cpu::attention_gqa_doc_backward(as_bf(dq16), as_bf(d16), as_bf(q16), as_bf(o16), l16.data(), starts.data(),
+                                    s16.data(), c.B, c.T, c.NH, c.KV, c.hd);
+    DeviceArray<uint16_t> bq(q16), bdo(d16), bo(c.out()), bco(o16), bd(c.qkv());
+    DeviceArray<float> bl(c.lse()), bcl(l16);
+    cu().bf16.attention_gqa_doc_forward(b16(bo.get()), bl.get(), b16(bq.get()), gstarts.get(), nullptr, c.B, c.T,
+                                        c.NH, c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(from_bf16(bo.download()), from_bf16(o16), kBf16, 1e-2)) << c.name();
+    cu().bf16.attention_gqa_doc_backward(b16(bd.get()), b16(bdo.get()), b16(bq.get()), b16(bco.get()), bcl.get(),
+                                         gstarts.get(), nullptr, c.B, c.T, c.NH, c.KV, c.hd, stream_);
+    EXPECT_TRUE(close(from_bf16(bd.download()), from_bf16(dq16), kBf16, 2e-2)) << c.name();
+  }
+}
+
 TEST_F(LlamaCudaKernels, GqaAttentionRejectsBadShapes) {
   DeviceArray<float> buf(16);
   // head size above kMaxHeadSize, and NH not a multiple of KV.
