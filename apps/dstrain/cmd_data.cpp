@@ -313,7 +313,8 @@ void add_prepare(CLI::App* data, std::vector<Command>& out) {
       ->check(CLI::IsMember({"text", "sft"}))
       ->capture_default_str();
   prepare->add_option("--chat-template", opts->chat_template,
-                      "sft: how messages become text: plain or llama3 (docs/data.md)")
+                      "sft: how messages become text: plain, llama3, or jinja:PATH for a Hugging Face "
+                      "tokenizer_config.json's chat_template (PATH the file or its model directory; docs/data.md)")
       ->capture_default_str();
   prepare->add_option("--pad-to", opts->pad_to,
                       "sft: pad every example to N tokens (masked out), one example per row of "

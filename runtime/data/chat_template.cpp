@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <string_view>
 
 #include <fmt/format.h>
+
+#include "data/jinja_chat_template.h"
 
 #include "common/error.h"
 
@@ -68,13 +71,16 @@ class Llama3Template final : public ChatTemplate {
 std::unique_ptr<ChatTemplate> open_chat_template(const std::string& name) {
   if (name == "plain") return std::make_unique<PlainTemplate>();
   if (name == "llama3") return std::make_unique<Llama3Template>();
-  // A tokenizer_config.json's Jinja template: "jinja:<file>" opens jinja_chat_template.cpp's
-  // template here once that file is in the build.
+  // A tokenizer_config.json's Jinja template (jinja_chat_template.h): "jinja:<file>", or
+  // "jinja:<dir>" for the directory's tokenizer_config.json (a Hugging Face model directory).
   if (name.rfind("jinja:", 0) == 0) {
-    throw invalid_argument("chat template \"{}\": Jinja templates are not in this build (expected plain or llama3)",
-                           name);
+    std::string path = name.substr(6);
+    if (std::filesystem::is_directory(path)) path = (std::filesystem::path(path) / "tokenizer_config.json").string();
+    return open_jinja_chat_template(path);
   }
-  throw invalid_argument("chat template \"{}\": unknown (expected plain or llama3)", name);
+  throw invalid_argument("chat template \"{}\": unknown (expected plain, llama3, or jinja:<tokenizer_config.json or "
+                         "model directory>)",
+                         name);
 }
 
 }  // namespace ds::rt::data

@@ -21,8 +21,9 @@
 
 namespace ds::rt::data {
 
-// "plain", "llama3" (and, where built, "jinja:<tokenizer_config.json>"). Throws ds::Error
-// (invalid argument) naming the unknown name and the known ones.
+// "plain", "llama3", or "jinja:<tokenizer_config.json>" / "jinja:<model directory>" (its
+// tokenizer_config.json's chat_template, jinja_chat_template.h). Throws ds::Error (invalid
+// argument) naming the unknown name and the known ones.
 std::unique_ptr<ChatTemplate> open_chat_template(const std::string& name);
 
 }  // namespace ds::rt::data

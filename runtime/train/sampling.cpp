@@ -13,6 +13,7 @@
 #include "model_spec/family.h"
 #include "data/tokenizer.h"
 #include "kernels/dispatch.h"
+#include "train/lora_weights.h"
 #include "train/run_config.h"
 
 namespace ds::rt::train {
@@ -136,16 +137,41 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
   ckpt::PartReader reader(dir, old, target);
   const int64_t n = ms::param_count(out.shape);
   out.params.resize(static_cast<size_t>(n));
+  // A LoRA run's checkpoint holds its adapters: the frozen base comes from the run's
+  // model.init_from (else its seed, as training started), and the generator gets W + (alpha/r) B A.
+  const bool lora = out.shape.lora.on();
+  const int64_t first = lora ? ms::param_layout(out.shape, ms::ModelPart::whole(out.shape)).adapter_begin : 0;
   const std::string name = reader.has("master") ? "master" : "params";
   const std::string stored = reader.dtype_of(name);
   if (stored == "f32" || stored.empty()) {
-    reader.read(name, 0, n, out.params.data());
+    reader.read(name, 0, n - first, out.params.data() + first);
   } else {
     const DType t = stored == "bf16" ? DType::kBF16 : DType::kF16;
-    std::vector<uint16_t> h(static_cast<size_t>(n));
-    reader.read(name, t, 0, n, h.data());
-    if (t == DType::kBF16) kern::convert_bf16_to_f32(out.params.data(), h.data(), n);
-    else kern::convert_f16_to_f32(out.params.data(), h.data(), n);
+    std::vector<uint16_t> h(static_cast<size_t>(n - first));
+    reader.read(name, t, 0, n - first, h.data());
+    if (t == DType::kBF16) kern::convert_bf16_to_f32(out.params.data() + first, h.data(), n - first);
+    else kern::convert_f16_to_f32(out.params.data() + first, h.data(), n - first);
+  }
+  if (lora) {
+    const config::JobConfig run = config::parse_job_config(m.at("config").dump(), "", old.world_size);
+    const ms::ModelShape base = lora_base_shape(out.shape);
+    std::vector<float> w(static_cast<size_t>(first));
+    const std::string& init = run.model.init_from;
+    const ms::FamilyDescription& family = ms::family_of(base);
+    if (init.empty()) {
+      throw invalid_argument("{}: a LoRA checkpoint holds the adapters only, and its run's base was random (no "
+                             "model.init_from): export the merged model at the end of training "
+                             "(--export-safetensors) to sample it",
+                             where);
+    } else if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(init))) {
+      ckpt::load_llmc(init, base, ms::ModelPart::whole(base), w.data());
+    } else {
+      ckpt::load_hf_safetensors(init, base, ms::ModelPart::whole(base), w.data());
+    }
+    std::copy(w.begin(), w.end(), out.params.begin());
+    out.params = merge_lora(out.shape, out.params.data());
+    out.shape = base;
+    out.source += fmt::format(" (LoRA adapters merged into {})", init);
   }
   return out;
 }
@@ -161,7 +187,7 @@ SamplingModel load_llmc_model(const std::string& path) {
 
 SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cfg) {
   SamplingModel out;
-  out.shape = cfg.model.shape;
+  out.shape = lora_base_shape(cfg.model.shape);  // a LoRA run's merged export is the base model's shape
   out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
   ckpt::load_hf_safetensors(path, out.shape, ms::ModelPart::whole(out.shape), out.params.data());
   out.source = "Hugging Face safetensors " + path;
@@ -169,7 +195,7 @@ SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cf
 }
 
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg) {
-  const ms::ModelShape want = cfg.model.shape;
+  const ms::ModelShape want = lora_base_shape(cfg.model.shape);  // LoRA: sampled merged
   const ms::ModelShape& got = model.shape;
   if (!same_model(got, want)) {
     throw Error(ErrorKind::kInvalidArgument,
