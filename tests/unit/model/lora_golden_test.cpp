@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <string>
@@ -23,6 +24,7 @@
 #include "common/error.h"
 #include "comm/comm.h"
 #include "core/allocator.h"
+#include "model/gpt2.h"
 #include "model/llama.h"
 #include "model_spec/lora_spec.h"
 #include "model_spec/lora_targets.h"
@@ -205,4 +207,155 @@ TEST(LoraGolden, TensorParallelMatchesPyTorch) {
     EXPECT_NEAR(losses[static_cast<size_t>(r)], g.loss, 1e-5 * g.loss) << r;
     EXPECT_EQ(checked[static_cast<size_t>(r)], 2 * 7 * g.shape.n_layer);
   }
+}
+
+// LoRA's dropout: evaluation (set_training(false)) is the model without dropout, bit for bit; in
+// training the masks of a micro-batch are drawn again by its backward and by a recompute (the
+// gradients with and without recompute are identical), and the gradient is the dropped-out loss's:
+// against central finite differences on fresh models, whose first micro-batch draws the same masks.
+TEST(LoraGolden, DropoutGradientsMatchFiniteDifferences) {
+  omp_set_num_threads(2);
+  Golden g = read_golden();
+  ms::ModelShape with_dropout = g.shape;
+  with_dropout.lora.dropout = 0.3;
+  ModelOptions o;
+  o.B = g.B;
+  o.T = g.T;
+  Allocator alloc;
+  auto loss_of = [&](const ms::ModelShape& s, bool training, const std::function<void(Llama&)>& edit) {
+    Llama m(s, ms::ModelPart::whole(s), o, alloc);
+    load(m);
+    if (edit) edit(m);
+    m.set_training(training);
+    auto a = m.make_activations();
+    m.zero_grads();
+    return static_cast<double>(m.forward_backward(a, g.tokens.data(), g.targets.data(), 1.0f));
+  };
+  EXPECT_EQ(loss_of(with_dropout, false, nullptr), loss_of(g.shape, true, nullptr));
+  const double dropped = loss_of(with_dropout, true, nullptr);
+  EXPECT_GT(std::fabs(dropped - g.loss), 1e-3) << "dropout changed nothing";
+  // The analytic gradients, with and without recompute.
+  std::vector<std::vector<float>> grads;
+  for (bool recompute : {false, true}) {
+    ModelOptions ro = o;
+    ro.recompute = recompute;
+    Llama m(with_dropout, ms::ModelPart::whole(with_dropout), ro, alloc);
+    load(m);
+    auto a = m.make_activations();
+    m.zero_grads();
+    EXPECT_EQ(m.forward_backward(a, g.tokens.data(), g.targets.data(), 1.0f), dropped);
+    const int64_t n = m.num_params() - m.layout().adapter_begin;
+    grads.emplace_back(m.grads().f32(), m.grads().f32() + n);
+  }
+  EXPECT_EQ(grads[0], grads[1]) << "recompute drew other masks";
+  // Central differences on the largest-gradient elements of four adapter tensors.
+  Llama probe(with_dropout, ms::ModelPart::whole(with_dropout), o, alloc);
+  const int64_t first = probe.layout().adapter_begin;
+  int checked = 0;
+  for (const auto& [id, layer] : std::vector<std::pair<ms::ParamId, int>>{
+           {ms::ParamId::kLoraAWq, 0}, {ms::ParamId::kLoraBWv, 1}, {ms::ParamId::kLoraAWdown, 1}, {ms::ParamId::kLoraBWup, 0}}) {
+    const auto* ts = probe.layout().find_tensor(id, layer);
+    ASSERT_NE(ts, nullptr);
+    int64_t best = ts->offset;
+    for (int64_t i = ts->offset; i < ts->offset + ts->numel; i++) {
+      if (std::fabs(grads[0][static_cast<size_t>(i - first)]) > std::fabs(grads[0][static_cast<size_t>(best - first)])) best = i;
+    }
+    const double eps = 1e-2;
+    auto at = [&](double d) {
+      return loss_of(with_dropout, true, [&](Llama& m) { m.params().f32()[best] += static_cast<float>(d); });
+    };
+    const double fd = (at(eps) - at(-eps)) / (2 * eps), an = grads[0][static_cast<size_t>(best - first)];
+    EXPECT_NEAR(an, fd, 0.03 * std::fabs(fd) + 1e-5) << "tensor " << static_cast<int>(id) << " layer " << layer;
+    std::printf("dropout: d loss / d %s[%ld] analytic %.6g, finite differences %.6g\n",
+                ms::is_lora_a(id) ? "A" : "B", static_cast<long>(best - ts->offset), an, fd);
+    checked++;
+  }
+  EXPECT_EQ(checked, 4);
+}
+
+// GPT-2 with LoRA on every linear layer (c_attn's fused q|k|v, both c_proj's, c_fc), tensor-parallel
+// 2 against one process: the fused qkv's B is split by q, k and v rows as the weight is. Random base
+// and adapters (B non-zero), the loss and every adapter gradient within fp32 rounding.
+TEST(LoraGolden, Gpt2TensorParallelMatchesOneProcess) {
+  omp_set_num_threads(1);
+  ms::ModelShape s{2, 4, 32, 50, 64, 16};
+  s.family = ms::ModelFamily::kGpt2;
+  s.lora.r = 4;
+  s.lora.alpha = 8;
+  for (const char* t : {"c_attn", "c_proj", "c_fc"}) {
+    for (ms::ParamId id : ms::lora_target_params(s, t)) s.lora.targets |= uint64_t{1} << ms::lora_target_index(id);
+  }
+  const int B = 2, T = 8;
+  std::vector<int32_t> tokens(B * T), targets(B * T);
+  for (int i = 0; i < B * T; i++) {
+    tokens[static_cast<size_t>(i)] = (i * 7 + 3) % 50;
+    targets[static_cast<size_t>(i)] = (i * 11 + 5) % 50;
+  }
+  // Every B gets values too (PEFT starts it at zero): element i of the full tensor is a function of i.
+  auto fill_b = [&](Gpt2& m) {
+    const auto all = ms::model_params(s);
+    for (const auto& ts : m.layout().tensors) {
+      if (!ms::lora_base_of(ts.id) || ms::is_lora_a(ts.id)) continue;
+      const auto& t = ms::find_param(all, ts.id);
+      for (int64_t i = 0; i < ts.numel; i++) {
+        const int64_t f = ms::full_index(t, m.part().tp, m.part().tp_rank, i);
+        m.params().f32()[ts.offset + i] = 0.05f * static_cast<float>(std::sin(0.7 * static_cast<double>(f) + ts.layer));
+      }
+    }
+  };
+  auto run = [&](Gpt2& m, std::vector<float>* grads_full) {
+    m.init_weights(5);
+    fill_b(m);
+    m.zero_grads();
+    auto a = m.make_activations();
+    const float loss = m.forward_backward(a, tokens.data(), targets.data(), 1.0f);
+    const auto all = ms::model_params(s);
+    const int64_t first = m.layout().adapter_begin;
+    const ms::ParamLayout whole = ms::param_layout(s, ms::ModelPart::whole(s));
+    for (const auto& ts : m.layout().tensors) {
+      if (!ms::lora_base_of(ts.id)) continue;
+      const auto& t = ms::find_param(all, ts.id);
+      const int64_t dst = whole.find_tensor(ts.id, ts.layer)->offset - whole.adapter_begin;
+      for (int64_t i = 0; i < ts.numel; i++) {
+        (*grads_full)[static_cast<size_t>(dst + ms::full_index(t, m.part().tp, m.part().tp_rank, i))] =
+            m.grads().f32()[ts.offset - first + i];
+      }
+    }
+    return loss;
+  };
+  const ms::ParamLayout whole = ms::param_layout(s, ms::ModelPart::whole(s));
+  const size_t n = static_cast<size_t>(whole.total - whole.adapter_begin);
+  std::vector<float> one(n), split(n);
+  Allocator alloc;
+  ModelOptions o;
+  o.B = B;
+  o.T = T;
+  Gpt2 m1(s, ms::ModelPart::whole(s), o, alloc);
+  const float loss1 = run(m1, &one);
+  auto comms = ds::rt::comm::make_thread_comms(2);
+  std::vector<float> losses(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; r++) {
+    threads.emplace_back([&, r] {
+      Allocator a;
+      ds::rt::parallel::TensorParallelHooks hooks(comms[static_cast<size_t>(r)], nullptr);
+      ms::ModelPart part = ms::ModelPart::whole(s);
+      part.tp = 2;
+      part.tp_rank = r;
+      Gpt2 m(s, part, o, a, &hooks);
+      losses[static_cast<size_t>(r)] = run(m, &split);  // each rank writes its own shard's elements
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_NEAR(losses[0], loss1, 1e-5 * loss1);
+  EXPECT_NEAR(losses[1], loss1, 1e-5 * loss1);
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < n; i++) {
+    worst = std::max(worst, std::fabs(double(one[i]) - split[i]));
+    scale = std::max(scale, std::fabs(double(one[i])));
+  }
+  EXPECT_GT(scale, 0.0);
+  EXPECT_LE(worst, 1e-5 * scale + 1e-7) << "adapter gradients, tp 2 against one process";
+  std::printf("GPT-2 LoRA tp 2: loss %.6f vs %.6f, adapter gradients worst %.3g of max %.3g\n", losses[0], loss1, worst,
+              scale);
 }
