@@ -32,7 +32,7 @@ run() {
       (if $lora == 1 then .lora = {r: 16, alpha: 32, target_modules: "all-linear"} else . end)' "$BASE" > "$tmp/$name.json"
   OMP_NUM_THREADS=2 "$BIN" train --config "$tmp/$name.json" --metrics "$tmp/$name.jsonl" > "$tmp/$name.log" 2>&1 ||
     { tail -20 "$tmp/$name.log" >&2; exit 1; }
-  "$BIN" plan --config "$tmp/$name.json" --json > "$tmp/$name.plan.json"
+  OMP_NUM_THREADS=2 "$BIN" plan --config "$tmp/$name.json" --world-size 1 --json > "$tmp/$name.plan.json"
   jq -r -s --slurpfile plan "$tmp/$name.plan.json" --arg name "$name" '
       (.[1:] | map(.ms_per_step) | sort | .[length/2|floor]) as $ms | .[-1] as $last | $plan[0].ranks[0] as $p |
       def mib(x): (x / 1048576 * 10 | round / 10);
