@@ -76,6 +76,15 @@
 // attention takes the starts (kern attention_gqa_doc_*), RoPE and wpe are applied one document
 // at a time from position 0, and the loss is unchanged. A window without a document token runs
 // bit for bit as without packing.
+// LoRA (ModelShape::lora, model_spec/lora_spec.h): the adapters of each layer are a unit of their
+// own (kAdapters) after every other unit; the base before them is frozen: the model's own buffer
+// whatever the ownership options (they apply to the adapters), never handed to the hooks, with no
+// gradient buffer (grads() holds the adapters' only), its weight gradients and the embedding's
+// backward never computed. After each adapted matmul its output columns get
+// (alpha/r) B (A dropout(x)) (lora_forward), and its backward adds the adapters' share of the
+// input gradient and accumulates their gradients (lora_backward). Dropout masks are counter-based,
+// keyed by the micro-batch, the layer and the adapter, so a backward or a recompute draws them
+// again; set_training(false) turns dropout off.
 // Thread safety: one thread drives a Decoder at a time.
 #pragma once
 
@@ -171,8 +180,10 @@ class Decoder : public Model {
   const model_spec::ParamLayout& layout() const override { return layout_; }
   const model_spec::FamilyDescription& family() const { return family_; }
 
-  TypedPtr params() override { return {params_.data(), opt_.dtype}; }     // null without own_params
-  TypedPtr grads() override { return {grads_.data(), opt_.grad_dtype}; }  // null without own_grads
+  // null without own_params (LoRA: the frozen base, then the adapters unless ZeRO-3 serves them)
+  TypedPtr params() override { return {params_.data(), opt_.dtype}; }
+  // null without own_grads (LoRA: the adapters' gradients alone, from adapter_begin)
+  TypedPtr grads() override { return {grads_.data(), opt_.grad_dtype}; }
   // View of one tensor in the flat parameter / gradient buffer (layer -1 for global tensors).
   // invalid_argument when this part does not hold it.
   TypedPtr param(model_spec::ParamId id, int layer = -1) override;
