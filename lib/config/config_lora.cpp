@@ -125,8 +125,8 @@ void check_lora_targets(ReadContext& ctx, const std::string& where, const ms::Mo
 
 // lora.init_from's adapter_config.json: what the config left out (r, alpha, target_modules) is
 // taken from it; what both give must agree. False after an error.
-static bool fill_from_adapter_config(ReadContext& ctx, Section& s, LoraConfig& out, bool r_given, bool alpha_given,
-                              bool targets_given) {
+static bool fill_from_adapter_config(ReadContext& ctx, Section& s, const ms::ModelShape& shape, LoraConfig& out,
+                                     bool r_given, bool alpha_given, bool targets_given) {
   const std::string file = (std::filesystem::path(out.init_from) / "adapter_config.json").string();
   nlohmann::json j;
   try {
@@ -161,6 +161,15 @@ static bool fill_from_adapter_config(ReadContext& ctx, Section& s, LoraConfig& o
     }
   } else {
     return bad("target_modules", "a list of module names");
+  }
+  // PEFT may keep "all-linear" as written: the family's names, as the config expands it.
+  if (targets.size() == 1 && targets[0] == ms::kLoraAllLinear) {
+    try {
+      targets = ms::lora_all_linear_names(shape);
+    } catch (const Error& e) {
+      ctx.error(s.child("init_from"), fmt::format("{}: target_modules \"all-linear\": {}", file, e.what()));
+      return false;
+    }
   }
   auto differs = [&](const char* key, const std::string& mine, const std::string& theirs, const char* file_key) {
     ctx.error(s.child(key), fmt::format("{} but the adapter {} has {} {}: remove {} to use the adapter's", mine, file,
@@ -229,7 +238,9 @@ void read_lora(ReadContext& ctx, Section& root, JobConfig& cfg) {
     check_lora_targets(ctx, s.child("target_modules"), cfg.model.shape, out.target_modules);
   }
   const bool complete = r_given && alpha_given && targets_given;  // the runtime checks them against the file
-  if (from_adapter && !complete && !fill_from_adapter_config(ctx, s, out, r_given, alpha_given, targets_given)) return;
+  if (from_adapter && !complete && !fill_from_adapter_config(ctx, s, cfg.model.shape, out, r_given, alpha_given, targets_given)) {
+    return;
+  }
   if (!lora_family_known(ctx, cfg) || out.r < 1) return;
   // The model's view: its rank, scale, dropout and the tensors adapted.
   ms::LoraShape& l = cfg.model.shape.lora;

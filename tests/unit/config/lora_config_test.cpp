@@ -114,6 +114,11 @@ TEST(LoraConfig, InitFromStandsInForTheAdaptersKeys) {
     EXPECT_EQ(again.lora.alpha, cfg.lora.alpha);
     EXPECT_EQ(again.lora.target_modules, cfg.lora.target_modules);
   }
+  // An adapter that kept "all-linear" as written: the family's names, equal to the config's expansion.
+  const std::string all = adapter_dir("all", R"({"peft_type": "LORA", "r": 2, "target_modules": "all-linear"})");
+  const JobConfig a = parse_job_config(with_lora(kGpt2, R"("init_from": ")" + all + R"(")"), "t.json", 1);
+  EXPECT_EQ(a.lora.target_modules, (std::vector<std::string>{"c_attn", "c_proj", "c_fc"}));
+  EXPECT_TRUE(errors_of(with_lora(kGpt2, R"("target_modules": "all-linear", "init_from": ")" + all + R"(")")).empty());
   // A value the config gives and the adapter contradicts, and an adapter that is not there: named.
   const auto e1 = errors_of(with_lora(kLlama, R"("r": 8, "init_from": ")" + ad + R"(")"));
   ASSERT_EQ(e1.size(), 1u);
