@@ -3,8 +3,8 @@
 // golden adapter (lora.init_from: A and B both non-zero; tests/unit/model/make_lora_golden.py),
 // against the single process on the same global batch (8 sequences, micro-batch 1):
 //   dp 2 at ZeRO 1, 2 and 3 (over the adapters), tp 2 (A or B sharded as the base matrix), pp 2,
-//   tp 2 x pp 2, and bf16 (a 16-bit frozen base) at dp 2 and tp 2;
-// 12 steps of loss, gradient norm and validation loss within 1e-5 (1e-4 for the norm; bf16: step 1
+//   tp 2 x pp 2, bf16 (a 16-bit frozen base) at dp 2 and tp 2, and fp16 (loss scaling) at dp 2 ZeRO 2;
+// 12 steps of loss, gradient norm and validation loss within 1e-5 (1e-4 for the norm; 16-bit: step 1
 // within 1e-3 and 1e-2, the curve 1e-2 and 0.2, see tolerance()), and `dstrain plan --json`'s bytes equal every rank's measured peaks, every tag (the
 // frozen base counted in params only). Exports: the adapter at step 0 is the input adapter; after
 // training every layout's exported adapter is the single process's, and the merged model is
@@ -93,6 +93,7 @@ class LoraLayouts : public ::testing::TestWithParam<Layout> {
          {{"steps", kSteps}, {"seed", 3}, {"log_interval", 4}, {"eval_interval", 6}, {"eval_steps", 8 / l.dp}}},
     };
     if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
+    if (l.precision == "fp16") c["fp16"] = {{"enabled", true}, {"initial_scale_power", 12}};
     return c;
   }
 
@@ -181,11 +182,15 @@ Layout bf16(Layout l) {
   l.precision = "bf16";
   return l;
 }
+Layout fp16(Layout l) {
+  l.precision = "fp16";
+  return l;
+}
 
 INSTANTIATE_TEST_SUITE_P(Layouts, LoraLayouts,
                          ::testing::Values(Layout{1, 1, 2, 1}, Layout{1, 1, 2, 2}, Layout{1, 1, 2, 3}, Layout{2, 1, 1, 0},
                                            Layout{1, 2, 1, 0}, Layout{2, 2, 1, 0}, Layout{1, 2, 1, 0, "fp32", true},
-                                           bf16(Layout{1, 1, 2, 1}), bf16(Layout{2, 1, 1, 0})),
+                                           bf16(Layout{1, 1, 2, 1}), bf16(Layout{2, 1, 1, 0}), fp16(Layout{1, 1, 2, 2})),
                          [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 class LoraExports : public LoraLayouts {};
