@@ -353,8 +353,7 @@ DecoderActivations& Decoder::own(Activations& a) {
 
 TypedPtr Decoder::param(ParamId id, int layer) {
   const auto* t = layout_.find_tensor(id, layer);
-  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
-  if (t == nullptr || t->offset + t->numel > held) {
+  if (t == nullptr || t->offset + t->numel > params_held()) {
     throw invalid_argument("parameter {} (layer {}) is not held by this model part",
                            ms::find_param(ms::model_params(shape_), id).name, layer);
   }
@@ -383,7 +382,7 @@ void Decoder::init_weights(uint64_t seed) {
   std::vector<float> host;
   float* dst = direct ? params_.as<float>() : nullptr;
   // Without its own adapters (LoRA under ZeRO-3) the model holds the base only.
-  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
+  const int64_t held = params_held();
   if (!direct) {
     host.resize(static_cast<size_t>(held));
     dst = host.data();
@@ -428,8 +427,7 @@ TypedPtr Decoder::unit_params(Unit u) {
   const auto* s = layout_.find_unit(u.kind, u.layer);
   DS_CHECK(s != nullptr, "unit not in this part");
   if (frozen(u)) return params() + s->offset;  // LoRA's base: the model's own
-  const int64_t held = static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype));
-  const TypedPtr p = hooks_->params_needed(u, s->offset < held ? params() + s->offset : TypedPtr());
+  const TypedPtr p = hooks_->params_needed(u, s->offset < params_held() ? params() + s->offset : TypedPtr());
   if (!p) {
     throw invalid_usage("no parameters for a model unit (layer {}): the model was built without its own parameters "
                         "and the parallel hooks returned none",

@@ -266,6 +266,9 @@ class Decoder : public Model {
   // A layer's views: its layer unit's tensors from `unit_base`, a mixture's experts from `experts`
   // (the layer's kExperts unit; null for a dense family).
   DecoderLayerWeights layer_weights(TypedPtr unit_base, TypedPtr experts) const;
+  // Elements of the flat layout the model's own parameter buffer holds: all, the frozen base alone
+  // (LoRA under ZeRO-3), or none.
+  int64_t params_held() const { return static_cast<int64_t>(params_.bytes() / dtype_size(opt_.dtype)); }
   TypedPtr unit_params(Unit u);
   TypedPtr unit_grads(Unit u);
   void check_layers(int l0, int l1, const char* what) const;

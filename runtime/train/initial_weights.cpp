@@ -34,6 +34,20 @@ void random_values(Model& model, uint64_t seed, float* dst, int64_t begin, int64
 
 }  // namespace
 
+void load_weights_file(const std::string& path, const ms::ModelShape& shape, const ms::ModelPart& part, float* dst) {
+  // Hugging Face's safetensors when the path names them (a directory or a .safetensors file) or
+  // the family has no other format, else llm.c's file (GPT-2's own). load_hf_safetensors names the
+  // families with an HF format when this one has none.
+  const ms::FamilyDescription& family = ms::family_of(shape);
+  if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(path))) {
+    ckpt::load_llmc(path, shape, part, dst);
+    spdlog::info("weights from llm.c checkpoint {}", path);
+  } else {
+    ckpt::load_hf_safetensors(path, shape, part, dst);
+    spdlog::info("weights from Hugging Face safetensors {}", path);
+  }
+}
+
 void init_weights(parallel::Engine& engine, OptimizerState& state, const std::string& init_from, uint64_t seed,
                   Allocator& alloc) {
   Model& model = engine.model();
@@ -42,17 +56,7 @@ void init_weights(parallel::Engine& engine, OptimizerState& state, const std::st
   std::vector<float> values(static_cast<size_t>(count));
   if (!init_from.empty()) {
     std::vector<float> whole(static_cast<size_t>(model.num_params()));
-    // Hugging Face's safetensors when the path names them (a directory or a .safetensors file)
-    // or the family has no other format, else llm.c's file (GPT-2's own). load_hf_safetensors
-    // names the families with an HF format when this one has none.
-    const ms::FamilyDescription& family = ms::family_of(model.shape());
-    if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(init_from))) {
-      ckpt::load_llmc(init_from, model.shape(), model.part(), whole.data());
-      spdlog::info("initialised weights from llm.c checkpoint {}", init_from);
-    } else {
-      ckpt::load_hf_safetensors(init_from, model.shape(), model.part(), whole.data());
-      spdlog::info("initialised weights from Hugging Face safetensors {}", init_from);
-    }
+    load_weights_file(init_from, model.shape(), model.part(), whole.data());
     std::copy_n(whole.begin() + begin, count, values.begin());
   } else {
     random_values(model, seed, values.data(), begin, count);

@@ -50,12 +50,7 @@ void init_lora_base(parallel::Engine& engine, const std::string& init_from, uint
   DS_CHECK(layout.total == model.layout().adapter_begin, "the base's layout is the LoRA layout's base region");
   std::vector<float> values(static_cast<size_t>(layout.total));
   if (!init_from.empty()) {
-    const ms::FamilyDescription& family = ms::family_of(base);
-    if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(init_from))) {
-      ckpt::load_llmc(init_from, base, model.part(), values.data());
-    } else {
-      ckpt::load_hf_safetensors(init_from, base, model.part(), values.data());
-    }
+    load_weights_file(init_from, base, model.part(), values.data());
     spdlog::info("LoRA: the frozen base from {}", init_from);
   } else {
     const auto all = ms::model_params(base);

@@ -13,6 +13,7 @@
 #include "model_spec/family.h"
 #include "data/tokenizer.h"
 #include "kernels/dispatch.h"
+#include "train/initial_weights.h"
 #include "train/lora_weights.h"
 #include "train/run_config.h"
 
@@ -157,17 +158,13 @@ SamplingModel load_checkpoint_model(const std::string& dir_in) {
     const ms::ModelShape base = lora_base_shape(out.shape);
     std::vector<float> w(static_cast<size_t>(first));
     const std::string& init = run.model.init_from;
-    const ms::FamilyDescription& family = ms::family_of(base);
     if (init.empty()) {
       throw invalid_argument("{}: a LoRA checkpoint holds the adapters only, and its run's base was random (no "
                              "model.init_from): export the merged model at the end of training "
                              "(--export-safetensors) to sample it",
                              where);
-    } else if (family.llmc_checkpoint && !(family.hf != nullptr && ckpt::is_hf_weights_path(init))) {
-      ckpt::load_llmc(init, base, ms::ModelPart::whole(base), w.data());
-    } else {
-      ckpt::load_hf_safetensors(init, base, ms::ModelPart::whole(base), w.data());
     }
+    load_weights_file(init, base, ms::ModelPart::whole(base), w.data());
     std::copy(w.begin(), w.end(), out.params.begin());
     out.params = merge_lora(out.shape, out.params.data());
     out.shape = base;

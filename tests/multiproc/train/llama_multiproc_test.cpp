@@ -28,6 +28,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/safetensors_all.h"
 #include "multiproc/train/train_job.h"
 
 namespace ds {
@@ -218,18 +219,6 @@ TEST_F(LlamaCheckpoints, ATensorParallelCheckpointResumesAtOtherLayouts) {
   expect_curve(all, c.metrics, 11, "llama tp2 resumed at tp2 x pp2 x dp2, ZeRO 2");
 }
 
-// All tensors of a safetensors directory as fp32, by name.
-std::map<std::string, std::vector<float>> read_all(const std::string& dir) {
-  rt::ckpt::SafetensorsSet set(dir);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& n : set.names()) {
-    std::vector<float> v(static_cast<size_t>(set.find(n)->numel()));
-    set.read_f32(n, {}, v.data());
-    out[n] = std::move(v);
-  }
-  return out;
-}
-
 TEST_F(LlamaCheckpoints, SafetensorsExportFromPartsIsTheWholeModelAndImportsBack) {
   const std::string one = *dir_ / "hf-single", parts = *dir_ / "hf-parts";
   Layout single, tp2pp2{2, 2, 1, 0, 2};
@@ -237,7 +226,7 @@ TEST_F(LlamaCheckpoints, SafetensorsExportFromPartsIsTheWholeModelAndImportsBack
   ASSERT_EQ(a.rc, 0) << a.err;
   auto b = run(tp2pp2, config(tp2pp2), {"--max-steps", "0", "--export-safetensors", parts});
   ASSERT_EQ(b.rc, 0) << b.err;
-  const auto wa = read_all(one), wb = read_all(parts);
+  const auto wa = test::read_safetensors_all(one), wb = test::read_safetensors_all(parts);
   EXPECT_EQ(wa.size(), 2u + 9u * kLayers + 1u);  // embed, layers, norm, lm_head
   EXPECT_EQ(wa, wb);
   EXPECT_EQ(wa.at("model.layers.0.self_attn.k_proj.weight").size(), static_cast<size_t>(2 * 8 * kEmbd));

@@ -25,6 +25,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/safetensors_all.h"
 #include "multiproc/train/train_job.h"
 
 namespace ds {
@@ -195,18 +196,6 @@ INSTANTIATE_TEST_SUITE_P(Layouts, LoraLayouts,
 
 class LoraExports : public LoraLayouts {};
 
-// All tensors of a safetensors file or directory as fp32, by name.
-std::map<std::string, std::vector<float>> read_all(const std::string& path) {
-  rt::ckpt::SafetensorsSet set(path);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& n : set.names()) {
-    std::vector<float> v(static_cast<size_t>(set.find(n)->numel()));
-    set.read_f32(n, {}, v.data());
-    out[n] = std::move(v);
-  }
-  return out;
-}
-
 // Step 0: the exported adapter is the input adapter, bit for bit. After training (tp 2 x dp 2,
 // ZeRO 2): the merged export is W + (alpha/r) B A of the golden base W and the exported adapter,
 // element for element (computed in double and rounded once, as the export does), every other
@@ -227,8 +216,8 @@ TEST_F(LoraExports, AdapterRoundTripsAndTheMergedModelIsBasePlusBA) {
   auto r = run(split, config(split), {"--export-adapter", adapter, "--export-safetensors", merged});
   ASSERT_EQ(r.rc, 0) << r.err;
   const auto trained = rt::ckpt::read_peft_adapter(adapter);
-  const auto base = read_all(data("llama_golden.safetensors"));
-  const auto m = read_all(merged);
+  const auto base = test::read_safetensors_all(data("llama_golden.safetensors"));
+  const auto m = test::read_safetensors_all(merged);
   EXPECT_EQ(m.size(), base.size());
   const double scale = trained.config.lora_alpha / trained.config.r;
   std::map<std::string, const rt::ckpt::PeftModuleWeights*> by;

@@ -23,6 +23,7 @@
 #include "checkpoint/safetensors.h"
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
+#include "multiproc/train/safetensors_all.h"
 #include "multiproc/train/train_job.h"
 
 namespace ds {
@@ -213,18 +214,6 @@ TEST_F(MixtralCheckpoints, ExpertsReshardAcrossExpertParallelSizes) {
                              "ep1 resumed at ep4");
 }
 
-// All tensors of a safetensors directory as fp32, by name.
-std::map<std::string, std::vector<float>> read_all(const std::string& dir) {
-  rt::ckpt::SafetensorsSet set(dir);
-  std::map<std::string, std::vector<float>> out;
-  for (const auto& n : set.names()) {
-    std::vector<float> v(static_cast<size_t>(set.find(n)->numel()));
-    set.read_f32(n, {}, v.data());
-    out[n] = std::move(v);
-  }
-  return out;
-}
-
 // --export-safetensors from ep 2 x tp 2 (ZeRO 2) writes exactly the single process's weights in
 // HF Mixtral's names (each expert's w1, w2, w3), and a run starting from them has the single
 // process's first loss.
@@ -235,7 +224,7 @@ TEST_F(MixtralCheckpoints, SafetensorsExportFromExpertPartsIsTheWholeModel) {
   ASSERT_EQ(a.rc, 0) << a.err;
   auto b = run(split, config(split), {"--max-steps", "0", "--export-safetensors", parts});
   ASSERT_EQ(b.rc, 0) << b.err;
-  const auto wa = read_all(one), wb = read_all(parts);
+  const auto wa = test::read_safetensors_all(one), wb = test::read_safetensors_all(parts);
   EXPECT_EQ(wa.size(), 2u + (7u + 3u * kExperts) * kLayers + 1u);  // embed, layers (router, experts), norm, lm_head
   EXPECT_EQ(wa, wb);
   EXPECT_EQ(wa.at("model.layers.1.block_sparse_moe.experts.3.w2.weight").size(), static_cast<size_t>(kEmbd * kInter));
