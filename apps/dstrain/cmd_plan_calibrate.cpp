@@ -45,7 +45,7 @@ std::string default_shape_what() {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
-std::string self_exe() {
+std::string this_executable() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
   if (ec) throw system_error("readlink /proc/self/exe: {}", ec.message());
@@ -152,7 +152,7 @@ int run_calibrate(const CalibrateRequest& r) {
   }
   const int nproc = r.nproc_per_node > 0 ? r.nproc_per_node : 1;
   const int threads = plan::resolve_threads_per_rank(r.threads);
-  const std::string exe = self_exe();
+  const std::string exe = this_executable();
   const std::string dir = temp_dir("calibrate");
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, nproc, threads);
   argv.insert(argv.end(), {exe, "plan", "--calibrate-worker", dir});
@@ -185,7 +185,7 @@ double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
   const std::string dir = temp_dir("measure");
   const std::string cfg = dir + "/layout.json", metrics = dir + "/metrics.jsonl", log = dir + "/log";
   std::ofstream(cfg) << layout_config(r.config, l, r.steps).dump(2) << "\n";
-  const std::string exe = self_exe();
+  const std::string exe = this_executable();
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, r.world_size, r.threads);
   argv.insert(argv.end(), {exe, "train", "--config", cfg, "--metrics", metrics});
   std::cerr << fmt::format("measuring {} ({} steps) ...\n", plan::describe_layout(l), r.steps);

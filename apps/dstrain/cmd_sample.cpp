@@ -41,13 +41,16 @@ int run_sample(const SampleCmdOptions& o) {
                                    : hf                  ? rt::train::load_hf_model(o.init_from, *cfg)
                                                          : rt::train::load_llmc_model(o.init_from);
   if (cfg) rt::train::require_same_model(model, *cfg);
-  rt::data::TokenizerSpec spec;
+  // The tokenizer: the flags, else the config's data.tokenizer.
+  std::optional<rt::data::TokenizerSpec> spec;
   if (!o.tokenizer.empty()) {
-    spec.kind = o.tokenizer;
-    spec.path = o.tokenizer == "gpt2" || o.tokenizer == "hf" ? o.vocab : o.tokenizer == "llmc" ? o.llmc : o.spm_model;
+    spec = rt::data::TokenizerSpec{o.tokenizer, o.tokenizer == "gpt2" || o.tokenizer == "hf" ? o.vocab
+                                                : o.tokenizer == "llmc"                      ? o.llmc
+                                                                                             : o.spm_model};
+  } else if (cfg) {
+    spec = rt::train::config_tokenizer(*cfg);
   }
-  const auto codec =
-      rt::train::codec_for(model.shape.vocab_size, o.tokenizer.empty() ? nullptr : &spec);
+  const auto codec = rt::train::codec_for(model.shape.vocab_size, spec ? &*spec : nullptr);
   std::cerr << "dstrain: sampling " << o.gen.tokens << " tokens from " << model.source << " (" << codec->name()
             << " tokenizer, seed " << o.gen.seed << ")\n";
   std::cout << rt::train::generate_text(model.shape, model.params.data(), *codec, o.gen) << "\n";
@@ -75,8 +78,8 @@ void add_sample_command(CLI::App& app, std::vector<Command>& out) {
       ->check(CLI::Range(0, 1 << 20));
   sub->add_option("--seed", o->gen.seed, "random seed (default 1337)");
   sub->add_option("--tokenizer", o->tokenizer,
-                  "the run's tokenizer: byte, gpt2, hf, sentencepiece or llmc (default: byte-level for a vocabulary "
-                  "of 256 or less)")
+                  "the run's tokenizer: byte, gpt2, hf, sentencepiece or llmc (default: the config's data.tokenizer, "
+                  "else byte-level for a vocabulary of 256 or less)")
       ->check(CLI::IsMember({"byte", "gpt2", "hf", "sentencepiece", "llmc"}));
   sub->add_option("--vocab", o->vocab, "gpt2: the vocabulary directory (scripts/fetch-gpt2-tokenizer.sh: data/gpt2); hf: tokenizer.json or its directory");
   sub->add_option("--spm-model", o->spm_model, "sentencepiece: the .model file");

@@ -28,6 +28,7 @@ void add_data_inspect_command(CLI::App* data, std::vector<Command>& out);
 void add_checkpoint_command(CLI::App& app, std::vector<Command>& out);
 void add_token_command(CLI::App& app, std::vector<Command>& out);
 void add_sample_command(CLI::App& app, std::vector<Command>& out);
+void add_eval_command(CLI::App& app, std::vector<Command>& out);
 void add_plot_command(CLI::App& app, std::vector<Command>& out);
 
 }  // namespace ds::cli

@@ -43,6 +43,51 @@ Json paths_to_json(const std::vector<std::string>& paths) {
   return Json(paths);
 }
 
+// data.tokenizer: {"kind", "path"}; path required for every kind but byte.
+void read_tokenizer(ReadContext& ctx, Section& data, JobConfig& cfg) {
+  Section t = data.section("tokenizer", /*nullable=*/true);
+  if (!t.present()) return;
+  if (!t.has("kind")) ctx.error(t.path(), "missing \"kind\" (byte, gpt2, hf, sentencepiece or llmc)");
+  t.get_choice("kind", cfg.data.tokenizer_kind, {"byte", "gpt2", "hf", "sentencepiece", "llmc"});
+  t.get_path("path", cfg.data.tokenizer_path, cfg.path, /*nullable=*/true);
+  t.finish();
+  const std::string& k = cfg.data.tokenizer_kind;
+  if (!k.empty() && k != "byte" && cfg.data.tokenizer_path.empty()) {
+    ctx.error(t.child("path"), fmt::format("the {} tokenizer needs its files: {}", k,
+                                           k == "gpt2"            ? "the vocabulary directory (vocab.json + merges.txt)"
+                                           : k == "hf"            ? "tokenizer.json or its directory"
+                                           : k == "sentencepiece" ? "the .model file"
+                                                                  : "llm.c's gpt2_tokenizer.bin"));
+  }
+}
+
+// training.eval_tasks: a list of {"task", "data", "limit"}.
+void read_eval_tasks(ReadContext& ctx, Section& training, const std::string& config_path, TrainingConfig& out) {
+  const Json* v = training.raw("eval_tasks");
+  if (v == nullptr || v->is_null()) return;
+  const std::string where = training.child("eval_tasks");
+  if (!v->is_array()) {
+    ctx.error(where, fmt::format("expected a list of {{\"task\", \"data\", \"limit\"}} objects, got {}", show(*v)));
+    return;
+  }
+  for (size_t i = 0; i < v->size(); ++i) {
+    const std::string at = json_path_index(where, i);
+    if (!(*v)[i].is_object()) {
+      ctx.error(at, fmt::format("expected an object {{\"task\", \"data\", \"limit\"}}, got {}", show((*v)[i])));
+      continue;
+    }
+    Section e(ctx, &(*v)[i], at);
+    EvalTaskConfig t;
+    if (!e.has("task")) ctx.error(at, "missing \"task\" (hellaswag or lambada)");
+    if (!e.has("data")) ctx.error(at, "missing \"data\" (the task's jsonl file)");
+    e.get_choice("task", t.task, {"hellaswag", "lambada"});
+    e.get_path("data", t.data, config_path, /*nullable=*/false);
+    e.get_int("limit", t.limit, 0, kI64Max);
+    e.finish();
+    out.eval_tasks.push_back(t);
+  }
+}
+
 }  // namespace
 
 bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
@@ -67,6 +112,7 @@ bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
   } else {
     token_valid = s.get_int("document_token", cfg.data.document_token, 0, kI32Max) || !s.has("document_token");
   }
+  read_tokenizer(ctx, s, cfg);
   s.finish();
   return token_valid;
 }
@@ -77,7 +123,11 @@ Json data_to_json(const JobConfig& cfg) {
               {"val", paths_to_json(cfg.data.val)},
               {"shuffle", cfg.data.shuffle},
               {"packing", cfg.data.packing == Packing::kDocument ? "document" : "none"},
-              {"document_token", cfg.data.document_token >= 0 ? Json(cfg.data.document_token) : Json(nullptr)}};
+              {"document_token", cfg.data.document_token >= 0 ? Json(cfg.data.document_token) : Json(nullptr)},
+              {"tokenizer", cfg.data.tokenizer_kind.empty()
+                                ? Json(nullptr)
+                                : Json{{"kind", cfg.data.tokenizer_kind},
+                                       {"path", string_or_null(cfg.data.tokenizer_path)}}}};
 }
 
 TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,
@@ -100,7 +150,11 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_number("comm_timeout", out.comm_timeout, 0, kInf, /*lo_open=*/true);
   s.get_number("peak_tflops", out.peak_tflops, 0);
   s.get_int("sample_interval", out.sample_interval, 0);
+  read_eval_tasks(ctx, s, config_path, out);
   s.finish();
+  if (!out.eval_tasks.empty() && out.eval_interval == 0) {
+    ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
+  }
   if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
     ctx.error(s.child("checkpoint_interval"),
               fmt::format("checkpoint_interval {} needs training.checkpoint_dir",
@@ -108,6 +162,14 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   }
   return read;
 }
+
+namespace {
+Json eval_tasks_to_json(const std::vector<EvalTaskConfig>& tasks) {
+  Json a = Json::array();
+  for (const auto& t : tasks) a.push_back(Json{{"task", t.task}, {"data", t.data}, {"limit", t.limit}});
+  return a;
+}
+}  // namespace
 
 Json training_to_json(const TrainingConfig& c) {
   return Json{{"steps", c.steps > 0 ? Json(c.steps) : Json(nullptr)},
@@ -121,7 +183,8 @@ Json training_to_json(const TrainingConfig& c) {
               {"device", c.device},
               {"comm_timeout", c.comm_timeout},
               {"peak_tflops", c.peak_tflops},
-              {"sample_interval", c.sample_interval}};
+              {"sample_interval", c.sample_interval},
+              {"eval_tasks", eval_tasks_to_json(c.eval_tasks)}};
 }
 
 void read_checkpoint(Section& root) {

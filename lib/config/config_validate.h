@@ -23,7 +23,7 @@ struct SectionsValid {
   bool document_token = true;
 };
 
-// training.eval_interval > 0 with a data section needs data.val. Runs right after the training
+// training.eval_interval > 0 with a data section needs data.val or training.eval_tasks. Runs right after the training
 // section is read (its message comes before the scheduler's).
 void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_interval_given);
 

@@ -92,6 +92,19 @@ struct DataConfig {
   // The token that begins each document (GPT-2: 50256, a SentencePiece model: its BOS): required
   // with packing "document", refused without it; -1 = not given.
   int64_t document_token = -1;
+  // data.tokenizer: the tokenizer the data was prepared with, for text the run encodes or decodes
+  // itself (training.eval_tasks, training.sample_interval): {"kind": byte | gpt2 | hf |
+  // sentencepiece | llmc, "path": its files, as `dstrain data prepare` names them}. Absent: kind
+  // "" (byte-level for a vocabulary of 256 or less, else an error where text is needed).
+  std::string tokenizer_kind;
+  std::string tokenizer_path;  // resolved against the config's directory; "" for byte
+};
+
+// training.eval_tasks[i]: a downstream task scored every eval_interval (runtime/train/task_eval.h).
+struct EvalTaskConfig {
+  std::string task;   // "hellaswag" | "lambada"
+  std::string data;   // its jsonl file, resolved against the config's directory
+  int64_t limit = 0;  // the first N items; 0 = all
 };
 
 struct TrainingConfig {
@@ -112,6 +125,8 @@ struct TrainingConfig {
   double peak_tflops = 0;
   // Print a short sample of generated text every N steps (rank 0, as llm.c does); 0 = never.
   int sample_interval = 0;
+  // Downstream tasks scored every eval_interval (docs/evaluation.md); empty = none.
+  std::vector<EvalTaskConfig> eval_tasks;
 };
 
 struct Fp16Config {

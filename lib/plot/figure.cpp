@@ -222,6 +222,17 @@ std::string metrics_figure_svg(const std::vector<MetricsRun>& runs) {
       {"learning rate", "lr", {solid("lr")}, 1, true},
       {"throughput", "tokens/s", {solid("tokens_per_s")}, 1, true},
   };
+  // training.eval_tasks: per task its accuracies (acc solid, acc_norm dashed) and LAMBADA's perplexity.
+  std::set<std::string> tasks;
+  for (const auto& r : runs)
+    for (const auto& [field, series] : r.series)
+      if (field.rfind("eval_", 0) == 0 && field.size() > 9 && field.compare(field.size() - 4, 4, "_acc") == 0)
+        tasks.insert(field.substr(5, field.size() - 9));
+  for (const auto& t : tasks) {
+    const std::string p = "eval_" + t + "_";
+    small.push_back({"eval: " + t, "accuracy", {{p + "acc", "", true}, {p + "acc_norm", "6 4", true}}, 1, true});
+    small.push_back({"eval: " + t + " perplexity", "ppl", {{p + "ppl", "", true}}, 1, false});
+  }
   std::vector<std::string> left_out;
   for (const auto& tag : memory_tags(runs)) {
     const std::string field = "peak_bytes_" + tag;

@@ -40,6 +40,7 @@ bool is_rank_copy(const std::string& name) {
 
 bool is_plotted_field(const std::string& name) {
   if (name == "loss" || name == "val_loss" || name == "lr" || name == "tokens_per_s") return true;
+  if (starts_with(name, "eval_") && !is_rank_copy(name)) return true;  // training.eval_tasks' scores
   return starts_with(name, "peak_bytes_") && name.size() > 11 && !is_rank_copy(name);
 }
 

@@ -1067,7 +1067,7 @@ void Decoder::blocks_backward(DecoderActivations& a, int l0, int l1) {
 // ---- head: final norm, lm_head (or the tied embedding), loss -------------------------------------
 
 void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward,
-                          float dloss) {
+                          float dloss, const int32_t* host_targets) {
   const int C = C_, BT = opt_.B * opt_.T, V = shape_.vocab_size, Vp = Vp_l_;
   int64_t bad = 0;
   for (int r0 = 0; r0 < BT; r0 += head_rows_) {
@@ -1096,14 +1096,37 @@ void Decoder::head_chunks(DecoderActivations& a, const int32_t* targets, TypedPt
     } else {
       bad += tk::crossentropy_forward(a.losses + r0, logits_, targets + r0, rows, V, Vp);
     }
+    if (a.record_top && !backward) record_top_rows(a, host_targets, r0, rows);
   }
   DS_CHECK(bad == 0, "targets were validated");
+}
+
+void Decoder::record_top_rows(DecoderActivations& a, const int32_t* host_targets, int r0, int rows) {
+  const int V = shape_.vocab_size, Vp = Vp_l_;
+  uint8_t* top = a.target_is_top.data() + r0;
+  if (part_.tp > 1) {  // the reduced row maxima and target logits of the vocabulary-parallel loss
+    std::vector<float> st(3 * static_cast<size_t>(rows));
+    kern::copy_to_host(st.data(), ce_stats_, st.size() * sizeof(float));
+    for (int r = 0; r < rows; r++) top[r] = host_targets[r0 + r] < 0 || st[2 * rows + r] >= st[r] ? 1 : 0;
+    return;
+  }
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int r = 0; r < rows; r++) {
+    const int32_t t = host_targets[r0 + r];
+    if (t < 0) {
+      top[r] = 1;
+      continue;
+    }
+    kern::typed::to_host_f32(row.data(), logits_ + static_cast<int64_t>(r) * Vp, V);
+    top[r] = *std::max_element(row.begin(), row.end()) <= row[static_cast<size_t>(t)] ? 1 : 0;
+  }
 }
 
 float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale) {
   if (!part_.has_head) throw invalid_usage("head on a part without the head");
   check_tokens(targets, "target", true);
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  const int32_t* host_targets = targets;
   targets = ids_for_kernels(targets, 1);
   const int BT = opt_.B * opt_.T;
   const bool tied = shape_.tied();
@@ -1125,7 +1148,8 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   if (backward) a.grad_scale = grad_scale;
   // Each counted token's dloss: grad_scale / (B*T), or / loss_divisor_ with loss masks (model.h).
   const float divisor = loss_divisor_ > 0 ? static_cast<float>(loss_divisor_) : static_cast<float>(BT);
-  head_chunks(a, targets, w, gw, backward, grad_scale / divisor);
+  if (a.record_top && !backward) a.target_is_top.assign(static_cast<size_t>(BT), 1);
+  head_chunks(a, targets, w, gw, backward, grad_scale / divisor, host_targets);
   if (backward) {
     if (sp_) reduce_rows(dln_sp_, dln_, false);
     tk::fill_zero(dres_, Rl_ * C_);
@@ -1140,8 +1164,9 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   params_done(lnf);
   // The per-token losses, on the host (on CUDA a copy back: the one synchronisation per micro-batch).
   const float* losses = a.losses;
-  std::vector<float> host_losses;
-  if (opt_.device == Device::kCuda) {
+  std::vector<float> device_losses;
+  std::vector<float>& host_losses = a.record_top && !backward ? a.host_losses : device_losses;
+  if (opt_.device == Device::kCuda || &host_losses == &a.host_losses) {
     host_losses.resize(static_cast<size_t>(BT));
     kern::copy_to_host(host_losses.data(), a.losses, host_losses.size() * sizeof(float));
     losses = host_losses.data();

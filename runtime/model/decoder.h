@@ -358,7 +358,10 @@ class Decoder : public Model {
   void grads_ready(Unit u) {
     if (!frozen(u)) hooks_->grads_ready(u);
   }
-  void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss);
+  void head_chunks(DecoderActivations& a, const int32_t* targets, TypedPtr w, TypedPtr gw, bool backward, float dloss,
+                   const int32_t* host_targets);
+  // Activations::record_top: rows [r0, r0+rows) of target_is_top from this chunk's logits.
+  void record_top_rows(DecoderActivations& a, const int32_t* host_targets, int r0, int rows);
   float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
 
   model_spec::ModelShape shape_;

@@ -99,6 +99,14 @@ class Activations {
   // Document-aware packing (ModelOptions::document_token): each row's document start (B,T) int32
   // in the model's memory, set by Model::find_documents; null without packing.
   int32_t* doc_start = nullptr;
+  // Evaluation (runtime/train/task_eval.h): set record_top before a forward-only head to have it
+  // also keep, on the host, the per-token losses (host_losses, B*T) and per target whether it is
+  // the model's most likely token among the vocabulary's first vocab_size (target_is_top, B*T: 1
+  // or 0; an ignored target 1; a tie with another token counts as the top). Costs a host pass
+  // over the logits (a copy per row on a GPU): evaluation only.
+  bool record_top = false;
+  std::vector<float> host_losses;
+  std::vector<uint8_t> target_is_top;
   const Buffer& buffer() const { return buf_; }
 
  protected:

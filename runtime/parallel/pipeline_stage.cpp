@@ -249,7 +249,7 @@ RunResult PipelineStage::run_schedule(const std::vector<Event>& events,
   return res;
 }
 
-RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
+RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs, bool record_top) {
   const int m = static_cast<int>(mbs.size());
   for (int i = 0; i < m; ++i) {
     if (is_first() && mbs[i].tokens == nullptr) {
@@ -263,6 +263,7 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
   Activations& a = *acts_.front();
   const auto& part = model_.part();
   const auto n = static_cast<size_t>(btc_);
+  a.record_top = record_top;
   RunResult res;
   res.activations_allocated = static_cast<int>(acts_.size());
   for (int i = 0; i < m; ++i) {
@@ -275,10 +276,15 @@ RunResult PipelineStage::evaluate(std::span<const MicroBatch> mbs) {
     model_.blocks_forward(a, part.layer_begin, part.layer_end);
     if (is_last()) {
       res.losses.push_back(model_.head_forward(a, mbs[i].targets));
+      if (record_top) {
+        res.token_losses.insert(res.token_losses.end(), a.host_losses.begin(), a.host_losses.end());
+        res.target_is_top.insert(res.target_is_top.end(), a.target_is_top.begin(), a.target_is_top.end());
+      }
     } else {
       pp_->send(model_.output(a).data, n, comm_dtype(model_.dtype()), stage() + 1, kActivationTag);
     }
   }
+  a.record_top = false;
   return res;
 }
 

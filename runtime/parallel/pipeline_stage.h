@@ -70,6 +70,10 @@ struct RunResult {
   std::vector<float> losses;
   // Last stage: each micro-batch's load-balancing loss (mixture of experts; 0 for a dense model).
   std::vector<double> aux_losses;
+  // Last stage of evaluate(mbs, record_top = true): every micro-batch's per-token losses and
+  // Activations::target_is_top, B*T each, in micro-batch order.
+  std::vector<float> token_losses;
+  std::vector<uint8_t> target_is_top;
   int activations_allocated = 0;  // Activations held (the schedule's peak in flight)
   // Wall time of the schedule (its events and the final waits, before the tied-gradient sum) and
   // the part of it spent in the model's forward and backward (without the hooks' before/after
@@ -112,9 +116,10 @@ class PipelineStage {
 
   // Forward only (evaluation): every micro-batch in order through the pipeline (recv, forward,
   // send; the last stage runs head_forward), one Activations, no gradients. Returns the mean
-  // loss of each micro-batch on the last stage (empty elsewhere). Same failure behaviour as
+  // loss of each micro-batch on the last stage (empty elsewhere), and with record_top their
+  // per-token losses and top-token flags (Activations::record_top). Same failure behaviour as
   // run_schedule.
-  RunResult evaluate(std::span<const MicroBatch> mbs);
+  RunResult evaluate(std::span<const MicroBatch> mbs, bool record_top = false);
 
   // The tied wte gradient sum over the first and last stage, in place (no-op for pp == 1 or a
   // middle stage). run_schedule calls it unless options.reduce_tied_grads is false.

@@ -38,6 +38,10 @@ std::vector<Scalar> monitor_scalars(const StepRecord& r, bool fp16) {
   s.push_back({p + "tflops", r.tflops});
   if (r.mfu) s.push_back({p + "mfu", *r.mfu});
   if (r.val_loss) s.push_back({p + "val_loss", *r.val_loss});
+  // training.eval_tasks' scores: eval_<task>_acc, eval_<task>_acc_norm / _ppl
+  for (const auto& [k, v] : r.extra.items()) {
+    if (k.rfind("eval_", 0) == 0 && v.is_number()) s.push_back({p + k, v.get<double>()});
+  }
   for (const auto& [tag, bytes] : r.peak_bytes) s.push_back({p + "peak_bytes_" + tag, static_cast<double>(bytes)});
   return s;
 }

@@ -13,6 +13,8 @@
 #include "model_spec/family.h"
 #include "data/tokenizer.h"
 #include "kernels/dispatch.h"
+#include "kernels/typed.h"
+#include "model/model.h"
 #include "train/initial_weights.h"
 #include "train/lora_weights.h"
 #include "train/run_config.h"
@@ -104,19 +106,66 @@ std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* 
               fmt::format("no tokenizer given for a vocabulary of {} tokens (byte-level covers {})", vocab_size,
                           data::kByteVocabSize),
               "pass the run's tokenizer: --tokenizer gpt2 --vocab DIR, --tokenizer sentencepiece --spm-model FILE "
-              "or --tokenizer llmc --llmc-tokenizer gpt2_tokenizer.bin");
+              "or --tokenizer llmc --llmc-tokenizer gpt2_tokenizer.bin on the command line, or data.tokenizer "
+              "{\"kind\", \"path\"} in the config");
+}
+
+namespace {
+// A step directory, or a training.checkpoint_dir's latest.
+std::string step_dir_of(const std::string& dir) {
+  if (fs::exists(fs::path(dir) / "manifest.json")) return dir;
+  if (!fs::exists(fs::path(dir) / "latest")) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{} is not a dstrain checkpoint: no manifest.json and no latest", dir),
+                "pass a step directory (step_N) or a training.checkpoint_dir");
+  }
+  return *ckpt::latest_checkpoint(dir);
+}
+}  // namespace
+
+config::JobConfig checkpoint_config(const std::string& dir_in) {
+  const std::string dir = step_dir_of(dir_in);
+  const auto m = ckpt::read_manifest(dir);
+  const std::string where = dir + "/manifest.json";
+  try {
+    const auto old = ckpt::read_shard_layout(m, where, "parameters");
+    return config::parse_job_config(m.at("config").dump(), where, old.world_size);
+  } catch (const nlohmann::json::exception& e) {
+    throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
+  } catch (const config::ConfigError& e) {
+    throw invalid_argument("{}: the manifest's config does not parse: {}", where, e.what());
+  }
+}
+
+std::optional<data::TokenizerSpec> config_tokenizer(const config::JobConfig& cfg) {
+  if (cfg.data.tokenizer_kind.empty()) return std::nullopt;
+  return data::TokenizerSpec{cfg.data.tokenizer_kind, cfg.data.tokenizer_path};
+}
+
+SamplingModel load_config_model(const config::JobConfig& cfg) {
+  const std::string& root = cfg.training.checkpoint_dir;
+  if (!root.empty() && fs::exists(fs::path(root) / "latest")) return load_checkpoint_model(root);
+  SamplingModel out;
+  out.shape = lora_base_shape(cfg.model.shape);  // LoRA: the base (the adapters start at B = 0)
+  const ms::ModelPart whole = ms::ModelPart::whole(out.shape);
+  out.params.resize(static_cast<size_t>(ms::param_count(out.shape)));
+  if (!cfg.model.init_from.empty()) {
+    load_weights_file(cfg.model.init_from, out.shape, whole, out.params.data());
+    out.source = fmt::format("{}'s model.init_from {}", cfg.path, cfg.model.init_from);
+    return out;
+  }
+  ModelOptions o;  // the smallest model that holds the weights
+  auto model = make_model(out.shape, whole, o, Allocator::process());
+  model->init_weights(cfg.training.seed);
+  kern::typed::to_host_f32(out.params.data(), model->params(), model->num_params());
+  out.source = fmt::format("{}'s initial weights (seed {}, untrained: no checkpoint in training.checkpoint_dir, "
+                           "no model.init_from)",
+                           cfg.path, cfg.training.seed);
+  return out;
 }
 
 SamplingModel load_checkpoint_model(const std::string& dir_in) {
-  std::string dir = dir_in;
-  if (!fs::exists(fs::path(dir) / "manifest.json")) {
-    if (!fs::exists(fs::path(dir) / "latest")) {
-      throw Error(ErrorKind::kInvalidArgument,
-                  fmt::format("{} is not a dstrain checkpoint: no manifest.json and no latest", dir),
-                  "pass a step directory (step_N) or a training.checkpoint_dir");
-    }
-    dir = *ckpt::latest_checkpoint(dir);
-  }
+  const std::string dir = step_dir_of(dir_in);
   const auto m = ckpt::read_manifest(dir);
   const std::string where = dir + "/manifest.json";
   const auto old = ckpt::read_shard_layout(m, where, "parameters");

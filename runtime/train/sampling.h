@@ -57,6 +57,15 @@ SamplingModel load_llmc_model(const std::string& path);
 // carries no shape that dstrain reads, so the config gives it.
 SamplingModel load_hf_model(const std::string& path, const config::JobConfig& cfg);
 
+// The model a run's config names, for commands given only --config: the newest checkpoint in
+// training.checkpoint_dir, else model.init_from (an llm.c file or Hugging Face safetensors), else
+// the initial weights of training.seed (an untrained model, as training starts: a chance baseline).
+SamplingModel load_config_model(const config::JobConfig& cfg);
+// A config's data.tokenizer; nullopt when it names none.
+std::optional<data::TokenizerSpec> config_tokenizer(const config::JobConfig& cfg);
+// The config a checkpoint (a step directory or a training.checkpoint_dir) was written with.
+config::JobConfig checkpoint_config(const std::string& dir);
+
 // Throws invalid_argument naming both shapes when `model` is not the model `cfg` describes.
 void require_same_model(const SamplingModel& model, const config::JobConfig& cfg);
 

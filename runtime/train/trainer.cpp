@@ -45,6 +45,7 @@
 #include "train/sampling.h"
 #include "train/step_clock.h"
 #include "train/step_math.h"
+#include "train/task_eval.h"
 #include "train/throughput.h"
 #include "train/lora_weights.h"
 #include "train/weights_export.h"
@@ -71,6 +72,7 @@ struct Trainer::Impl {
   std::unique_ptr<data::TokenCorpus> train_file, val_file;  // one file or shards
   std::unique_ptr<data::DataLoader> loader;
   std::unique_ptr<data::ValidationLoader> val_loader;
+  std::vector<EvalTask> eval_tasks;  // training.eval_tasks, tokenized (task_eval.h)
   // Declaration order is destruction order reversed: the state before the engine it points into.
   std::unique_ptr<parallel::Engine> engine;
   std::unique_ptr<OptimizerState> state;
@@ -120,6 +122,9 @@ struct Trainer::Impl {
   LossSums micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock);
   LossSums pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
   double evaluate();
+  // training.eval_tasks: each task's score over every data-parallel rank's share of its rows.
+  std::vector<TaskScore> evaluate_tasks();
+  std::vector<RowScore> score_rows(const std::vector<const EvalRow*>& rows);
   std::string describe_run() const;
   StepRecord train_step(int64_t step, const UpdateSettings& settings, bool* preempt_after_step);
   void run_steps(int64_t stop, const UpdateSettings& settings, MetricsReporter& reporter, TrainResult& result);
@@ -145,6 +150,14 @@ void Trainer::Impl::open_data(int dp_rank) {
   if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
     val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.shape.vocab_size);
     val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
+  }
+  if (!cfg.training.eval_tasks.empty()) {
+    const auto spec = config_tokenizer(cfg);
+    const auto task_codec = codec_for(cfg.model.shape.vocab_size, spec ? &*spec : nullptr);
+    for (const auto& t : cfg.training.eval_tasks) {
+      eval_tasks.push_back(read_eval_task(task_kind_of(t.task, "training.eval_tasks"), t.data, *task_codec, t.limit,
+                                          cfg.model.shape.seq_len));
+    }
   }
 }
 
@@ -402,6 +415,104 @@ double Trainer::Impl::evaluate() {
   return total / static_cast<double>(steps * dp() * cp);
 }
 
+// Every row goes to one data-parallel rank (contiguous shares); each rank runs the same number
+// of micro-batches of B rows (ZeRO-3 gathers and tensor-parallel regions are collective), the last
+// ones padded. The loss owners' per-row sums (each cp rank's over its positions) are summed over
+// the world.
+std::vector<RowScore> Trainer::Impl::score_rows(const std::vector<const EvalRow*>& rows) {
+  const int64_t R = static_cast<int64_t>(rows.size());
+  const int64_t per_rank = (R + dp() - 1) / dp();
+  const int64_t r0 = engine->coord().dp * per_rank, r1 = std::min(R, r0 + per_rank);
+  const int64_t mbs = (per_rank + B - 1) / B;
+  const size_t BT = static_cast<size_t>(B) * T, BTl = static_cast<size_t>(B) * Tl;
+  auto row_at = [&](int64_t mb, int b) -> const EvalRow* {
+    const int64_t r = r0 + mb * B + b;
+    return r < r1 ? rows[static_cast<size_t>(r)] : nullptr;
+  };
+  std::vector<double> sums(2 * static_cast<size_t>(R), 0.0);
+  std::vector<float> losses(BT);
+  std::vector<uint8_t> top(BT);
+  // This rank's (B, Tl) losses and flags of micro-batch `mb` into the rows' sums, by global position.
+  auto collect = [&](int64_t mb, const float* l, const uint8_t* t) {
+    if (!loss_owner()) return;
+    if (cp == 1) {
+      std::copy_n(l, BT, losses.begin());
+      std::copy_n(t, BT, top.begin());
+    } else {
+      std::fill(losses.begin(), losses.end(), 0.0f);
+      std::fill(top.begin(), top.end(), uint8_t{1});
+      for (int b = 0; b < B; b++) {
+        for (const auto& run : runs) {
+          const size_t from = static_cast<size_t>(b) * Tl + run.local, to = static_cast<size_t>(b) * T + run.global;
+          std::copy_n(l + from, run.length, losses.begin() + static_cast<std::ptrdiff_t>(to));
+          std::copy_n(t + from, run.length, top.begin() + static_cast<std::ptrdiff_t>(to));
+        }
+      }
+    }
+    for (int b = 0; b < B; b++) {
+      const EvalRow* row = row_at(mb, b);
+      if (row == nullptr) continue;
+      const RowScore rs = score_eval_row(*row, losses.data() + static_cast<size_t>(b) * T,
+                                         top.data() + static_cast<size_t>(b) * T);
+      const size_t i = 2 * static_cast<size_t>(r0 + mb * B + b);
+      sums[i] += rs.loss;
+      sums[i + 1] += rs.misses;
+    }
+  };
+  auto fill = [&](int64_t mb) {
+    return [&, mb](int32_t* in, int32_t* tg) {
+      for (int b = 0; b < B; b++) fill_eval_row(row_at(mb, b), T, in + static_cast<size_t>(b) * T, tg + static_cast<size_t>(b) * T);
+    };
+  };
+  parallel::ZeroEngines zero(engine->zeros());
+  for (int64_t m = 0; m < mbs; m += pp() == 1 ? 1 : G) {
+    if (pp() == 1) {
+      load(0, fill(m));
+      Activations& a = engine->activations();
+      a.record_top = true;
+      zero.begin_micro_batch(false, false);
+      engine->model().forward(a, mb_inputs(0), mb_targets(0));
+      zero.end_micro_batch();
+      a.record_top = false;
+      collect(m, a.host_losses.data(), a.target_is_top.data());
+      continue;
+    }
+    const int k = static_cast<int>(std::min<int64_t>(G, mbs - m));
+    std::vector<parallel::MicroBatch> batch;
+    for (int g = 0; g < k; ++g) {
+      load(g, fill(m + g));
+      batch.push_back({mb_inputs(g), mb_targets(g)});
+    }
+    zero.begin_micro_batch(false, false);
+    const auto res = engine->stage()->evaluate(batch, /*record_top=*/true);
+    zero.end_micro_batch();
+    for (int g = 0; g < k && !res.token_losses.empty(); ++g) {
+      collect(m + g, res.token_losses.data() + g * BTl, res.target_is_top.data() + g * BTl);
+    }
+  }
+  const std::vector<double> total = engine->host_world().sum_in_rank_order(sums);
+  std::vector<RowScore> out(static_cast<size_t>(R));
+  for (size_t r = 0; r < out.size(); ++r) out[r] = {total[2 * r], total[2 * r + 1]};
+  return out;
+}
+
+std::vector<TaskScore> Trainer::Impl::evaluate_tasks() {
+  struct EvalMode {  // no dropout (LoRA's); training again after
+    Model& m;
+    explicit EvalMode(Model& model) : m(model) { m.set_training(false); }
+    ~EvalMode() { m.set_training(true); }
+  } eval_mode(engine->model());
+  std::vector<TaskScore> out;
+  for (const EvalTask& task : eval_tasks) {
+    std::vector<const EvalRow*> rows;
+    for (const auto& item : task.items) {
+      for (const auto& row : item.rows) rows.push_back(&row);
+    }
+    out.push_back(summarize_task(task, score_rows(rows)));
+  }
+  return out;
+}
+
 void Trainer::Impl::record_peaks(StepRecord& r) {
   record_memory_peaks(r, alloc.stats(), opt.metrics_all_ranks ? &engine->host_world() : nullptr);
 }
@@ -421,7 +532,8 @@ void Trainer::Impl::check_sampling() {
                             cfg.path, cfg.tensor_parallel.size, pp(), cfg.zero.stage, cfg.expert_parallel.size),
                 "sample from a checkpoint instead: dstrain sample --checkpoint DIR");
   }
-  codec = codec_for(cfg.model.shape.vocab_size);
+  const auto spec = config_tokenizer(cfg);
+  codec = codec_for(cfg.model.shape.vocab_size, spec ? &*spec : nullptr);
 }
 
 // llm.c's sample: 64 tokens from a newline at temperature 1, a seed per step.
@@ -541,9 +653,20 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
     bool preempt_after_step = false;
     StepRecord r = s.train_step(step, settings, &preempt_after_step);
     s.record_peaks(r);
-    if (s.val_loader && (step % tc.eval_interval == 0 || step == tc.steps)) {
+    const bool eval_step = tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps);
+    if (s.val_loader && eval_step) {
       r.val_loss = s.evaluate();
       result.last_val_loss = r.val_loss;
+    }
+    if (!s.eval_tasks.empty() && eval_step) {
+      std::string line;
+      for (const TaskScore& score : s.evaluate_tasks()) {
+        for (const auto& [name, value] : task_metrics(score)) {
+          r.extra[name] = value;
+          line += fmt::format("{}{} {:.4f}", line.empty() ? "" : ", ", name, value);
+        }
+      }
+      reporter.note(fmt::format("eval at step {}: {}", step, line));
     }
     if (step == result.first_step) {
       s.note_planned_memory(r, reporter);

@@ -149,7 +149,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("data": {"train": []}})", 1,
        "t.json:1: $.data.train: expected at least one token file path or glob, got []"},
       {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
-       "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file)"},
+       "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file) or training.eval_tasks"},
       {"{" + mb + R"("training": {"checkpoint_interval": 100}})", 1,
        "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
       {"{" + mb + R"("training": {"device": "tpu"}})", 1,
