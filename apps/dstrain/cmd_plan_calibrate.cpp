@@ -45,7 +45,7 @@ std::string default_shape_what() {
 using Clock = std::chrono::steady_clock;
 using Json = nlohmann::ordered_json;
 
-std::string self_exe() {
+std::string calibrate_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
   if (ec) throw system_error("readlink /proc/self/exe: {}", ec.message());
@@ -127,9 +127,18 @@ Json layout_config(const std::string& path, const plan::Layout& l, int steps) {
   j["tensor_parallel"]["size"] = l.tp;
   j["pipeline"]["stages"] = l.pp;
   j["activation_checkpointing"]["enabled"] = l.checkpointing;
+  // A path, a list of paths, or a blend's list of {"path", "weight"}.
+  auto absolute = [&](Json& p) {
+    if (p.is_string()) p = absolute_beside(p.get<std::string>(), dir);
+  };
   for (const char* k : {"train", "val"}) {
-    if (j.contains("data") && j["data"].contains(k) && j["data"][k].is_string()) {
-      j["data"][k] = absolute_beside(j["data"][k].get<std::string>(), dir);
+    if (!j.contains("data") || !j["data"].contains(k)) continue;
+    Json& v = j["data"][k];
+    absolute(v);
+    if (!v.is_array()) continue;
+    for (auto& e : v) {
+      absolute(e);
+      if (e.is_object() && e.contains("path")) absolute(e["path"]);
     }
   }
   j["data"].erase("val");
@@ -152,7 +161,7 @@ int run_calibrate(const CalibrateRequest& r) {
   }
   const int nproc = r.nproc_per_node > 0 ? r.nproc_per_node : 1;
   const int threads = plan::resolve_threads_per_rank(r.threads);
-  const std::string exe = self_exe();
+  const std::string exe = calibrate_exe();
   const std::string dir = temp_dir("calibrate");
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, nproc, threads);
   argv.insert(argv.end(), {exe, "plan", "--calibrate-worker", dir});
@@ -185,7 +194,7 @@ double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
   const std::string dir = temp_dir("measure");
   const std::string cfg = dir + "/layout.json", metrics = dir + "/metrics.jsonl", log = dir + "/log";
   std::ofstream(cfg) << layout_config(r.config, l, r.steps).dump(2) << "\n";
-  const std::string exe = self_exe();
+  const std::string exe = calibrate_exe();
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, r.world_size, r.threads);
   argv.insert(argv.end(), {exe, "train", "--config", cfg, "--metrics", metrics});
   std::cerr << fmt::format("measuring {} ({} steps) ...\n", plan::describe_layout(l), r.steps);
