@@ -6,7 +6,8 @@
 // rest to DIR/train.bin, or to DIR/train_000000.bin, ... with --shard-tokens N. The format is
 // uint16 for vocabularies up to 65,536, else uint32. With gpt2, DIR/gpt2_tokenizer.bin (llm.c's
 // decoder file) is written beside the data; with --train-vocab N, DIR/tokenizer.model is trained
-// on the inputs first. `data inspect` lives in cmd_data_inspect.cpp.
+// on the inputs first. `data inspect` lives in cmd_data_inspect.cpp, `data mix` in
+// cmd_data_mix.cpp.
 //
 // `--format sft`: the inputs are JSONL instruction/chat examples (data/sft.h); each is rendered by
 // --chat-template (data/chat_template.h), tokenized on one thread, and written with its loss mask
@@ -326,10 +327,11 @@ void add_prepare(CLI::App* data, std::vector<Command>& out) {
 }  // namespace
 
 void add_data_command(CLI::App& app, std::vector<Command>& out) {
-  auto* data = app.add_subcommand("data", "prepare and inspect training data (llm.c token files)");
+  auto* data = app.add_subcommand("data", "prepare and inspect training data (llm.c token files), show a blend's mix");
   data->require_subcommand(1);
   add_prepare(data, out);
   add_data_inspect_command(data, out);
+  add_data_mix_command(data, out);
 }
 
 }  // namespace ds::cli

@@ -127,15 +127,29 @@ Json layout_config(const std::string& path, const plan::Layout& l, int steps) {
   j["tensor_parallel"]["size"] = l.tp;
   j["pipeline"]["stages"] = l.pp;
   j["activation_checkpointing"]["enabled"] = l.checkpointing;
+  // A path, a list of paths, or a blend's list of {"path", "weight"}.
+  auto absolute = [&](Json& p) {
+    if (p.is_string()) p = absolute_beside(p.get<std::string>(), dir);
+  };
   for (const char* k : {"train", "val"}) {
-    if (j.contains("data") && j["data"].contains(k) && j["data"][k].is_string()) {
-      j["data"][k] = absolute_beside(j["data"][k].get<std::string>(), dir);
+    if (!j.contains("data") || !j["data"].contains(k)) continue;
+    Json& v = j["data"][k];
+    absolute(v);
+    if (!v.is_array()) continue;
+    for (auto& e : v) {
+      absolute(e);
+      if (e.is_object() && e.contains("path")) absolute(e["path"]);
     }
+  }
+  if (j.contains("data") && j["data"].contains("tokenizer") && j["data"]["tokenizer"].is_object() &&
+      j["data"]["tokenizer"].contains("path")) {
+    absolute(j["data"]["tokenizer"]["path"]);
   }
   j["data"].erase("val");
   auto& t = j["training"];
   t["steps"] = steps;
   t["eval_interval"] = 0;
+  t.erase("eval_tasks");  // no evaluation while a layout is timed
   t["checkpoint_interval"] = 0;
   t["log_interval"] = 1;
   t.erase("checkpoint_dir");

@@ -1,9 +1,11 @@
 // dstrain's data section (the llm.c token files to train and evaluate on: each a path, a glob or
-// a list of them) and training section
+// a list of them, or a weighted blend: a list of {"path", "weight"} objects) and training section
 // (steps, seed, evaluation and logging intervals, checkpoints, the device), and DeepSpeed's
 // checkpoint section, whose keys are all accepted with a warning: dstrain's checkpoint settings
 // live in `training`. Relative paths resolve against the config file's directory. That
 // eval_interval needs data.val is a rule across sections (config_validate.cpp).
+#include <cmath>
+
 #include <fmt/format.h>
 
 #include "config/config_sections.h"
@@ -22,6 +24,12 @@ void get_paths(ReadContext& ctx, Section& s, const std::string& key, std::vector
   if (v == nullptr || v->is_null()) return;
   const std::string where = s.child(key);
   auto one = [&](const Json& e, const std::string& path) {
+    if (e.is_object()) {
+      ctx.error(path, fmt::format("expected a token file path or glob like {} (a list is all paths, or all "
+                                  "{{\"path\", \"weight\"}} objects), got {}",
+                                  json_path_index(where, 0), show(e)));
+      return;
+    }
     if (!e.is_string() || e.get<std::string>().empty()) {
       ctx.error(path, fmt::format("expected a token file path or glob (a non-empty string), got {}",
                                   show(e)));
@@ -34,6 +42,65 @@ void get_paths(ReadContext& ctx, Section& s, const std::string& key, std::vector
     for (size_t i = 0; i < v->size(); ++i) one((*v)[i], json_path_index(where, i));
   } else {
     one(*v, where);
+  }
+}
+
+// A weighted blend: a non-empty list of {"path": GLOB, "weight": W}, W finite and >= 0, the
+// weights summing to more than 0; each path resolved against the config's directory.
+void get_blend(ReadContext& ctx, const Json& list, const std::string& where, std::vector<DataConfig::BlendSource>& out,
+               const std::string& config_path) {
+  bool weights_valid = true;
+  double total = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = json_path_index(where, i);
+    const Json& e = list[i];
+    if (!e.is_object()) {
+      ctx.error(at, fmt::format("expected a {{\"path\": GLOB, \"weight\": W}} object like {} (a list is all "
+                                "objects, or all paths), got {}",
+                                json_path_index(where, 0), show(e)));
+      weights_valid = false;
+      continue;
+    }
+    Section el(ctx, &e, at);
+    DataConfig::BlendSource src;
+    const Json* path = el.raw("path");
+    if (path == nullptr) {
+      ctx.error(at, "missing required key \"path\" (the source's token file path or glob)");
+    } else if (!path->is_string() || path->get<std::string>().empty()) {
+      ctx.error(el.child("path"),
+                fmt::format("expected a token file path or glob (a non-empty string), got {}", show(*path)));
+    } else {
+      src.path = resolve_path(config_path, path->get<std::string>());
+    }
+    const Json* weight = el.raw("weight");
+    if (weight == nullptr) {
+      ctx.error(at, "missing required key \"weight\" (the source's share, a number >= 0)");
+      weights_valid = false;
+    } else if (!weight->is_number() || !std::isfinite(weight->get<double>()) || weight->get<double>() < 0) {
+      ctx.error(el.child("weight"), fmt::format("expected a finite number >= 0, got {}", show(*weight)));
+      weights_valid = false;
+    } else {
+      src.weight = weight->get<double>();
+      total += src.weight;
+    }
+    el.finish();
+    out.push_back(std::move(src));
+  }
+  if (weights_valid && !(total > 0)) {
+    ctx.error(where, fmt::format("the weights of the {} sources sum to 0; give at least one a positive weight",
+                                 list.size()));
+  }
+}
+
+// data.train or data.val: paths (get_paths) or, when the value is a list whose first element is an
+// object, a blend (get_blend).
+void get_sources(ReadContext& ctx, Section& s, const std::string& key, std::vector<std::string>& paths,
+                 std::vector<DataConfig::BlendSource>& blend, const std::string& config_path) {
+  const Json* v = s.raw(key);
+  if (v != nullptr && v->is_array() && !v->empty() && v->front().is_object()) {
+    get_blend(ctx, *v, s.child(key), blend, config_path);
+  } else {
+    get_paths(ctx, s, key, paths, config_path);
   }
 }
 
@@ -88,6 +155,13 @@ void read_eval_tasks(ReadContext& ctx, Section& training, const std::string& con
   }
 }
 
+Json sources_to_json(const std::vector<std::string>& paths, const std::vector<DataConfig::BlendSource>& blend) {
+  if (blend.empty()) return paths_to_json(paths);
+  Json list = Json::array();
+  for (const auto& b : blend) list.push_back(Json{{"path", b.path}, {"weight", b.weight}});
+  return list;
+}
+
 }  // namespace
 
 bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
@@ -98,9 +172,9 @@ bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
     s.raw("train");
     ctx.error(s.path(), "missing required key \"train\" (the training token file)");
   } else {
-    get_paths(ctx, s, "train", cfg.data.train, cfg.path);
+    get_sources(ctx, s, "train", cfg.data.train, cfg.data.train_blend, cfg.path);
   }
-  get_paths(ctx, s, "val", cfg.data.val, cfg.path);
+  get_sources(ctx, s, "val", cfg.data.val, cfg.data.val_blend, cfg.path);
   s.get_bool("shuffle", cfg.data.shuffle);
   std::string packing = "none";
   if (s.get_choice("packing", packing, {"none", "document"})) {
@@ -119,8 +193,8 @@ bool read_data(ReadContext& ctx, Section& root, JobConfig& cfg) {
 
 Json data_to_json(const JobConfig& cfg) {
   if (!cfg.has_data) return nullptr;
-  return Json{{"train", paths_to_json(cfg.data.train)},
-              {"val", paths_to_json(cfg.data.val)},
+  return Json{{"train", sources_to_json(cfg.data.train, cfg.data.train_blend)},
+              {"val", sources_to_json(cfg.data.val, cfg.data.val_blend)},
               {"shuffle", cfg.data.shuffle},
               {"packing", cfg.data.packing == Packing::kDocument ? "document" : "none"},
               {"document_token", cfg.data.document_token >= 0 ? Json(cfg.data.document_token) : Json(nullptr)},

@@ -42,7 +42,8 @@ int64_t derive_from_train_batch(ReadContext& ctx, int64_t tbs, int64_t other, in
 
 void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_interval_given) {
   const TrainingConfig& t = cfg.training;
-  if (eval_interval_given && t.eval_interval > 0 && cfg.has_data && cfg.data.val.empty() && t.eval_tasks.empty()) {
+  if (eval_interval_given && t.eval_interval > 0 && cfg.has_data && cfg.data.val.empty() && cfg.data.val_blend.empty() &&
+      t.eval_tasks.empty()) {
     ctx.error(json_path_child(top("training"), "eval_interval"),
               fmt::format("eval_interval {} needs data.val (a validation token file) or training.eval_tasks",
                           t.eval_interval));

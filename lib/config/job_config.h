@@ -77,7 +77,9 @@ struct LoraConfig {
 
 // data.train / data.val: a path, a glob ("fineweb_train_*.bin") or a list of them, each resolved
 // against the config's directory; the runtime expands the globs and reads the files in sorted
-// order as one corpus (runtime/data/corpus.h).
+// order as one corpus (runtime/data/corpus.h). Or a weighted blend: a list of
+// {"path": GLOB, "weight": W} objects, each source a corpus of its own, drawn by weight per window
+// (runtime/data/blend.h); then train_blend / val_blend hold it and train / val are empty.
 // data.packing: how documents packed back to back into a window see each other (docs/data.md).
 // kNone: one causal sequence per window, positions 0..T-1 (the default). kDocument: Megatron's
 // reset attention mask and position ids: each document attends to itself only and its positions
@@ -85,8 +87,16 @@ struct LoraConfig {
 enum class Packing { kNone, kDocument };
 
 struct DataConfig {
-  std::vector<std::string> train;  // llm.c token files; required when the data section is present
+  // One source of a blend: a path or glob (resolved) and its weight (finite, >= 0; the weights of a
+  // blend sum to more than 0).
+  struct BlendSource {
+    std::string path;
+    double weight = 0;
+  };
+  // llm.c token files; train (or train_blend) is required when the data section is present.
+  std::vector<std::string> train;
   std::vector<std::string> val;    // empty = none
+  std::vector<BlendSource> train_blend, val_blend;  // empty = not a blend
   bool shuffle = false;
   Packing packing = Packing::kNone;
   // The token that begins each document (GPT-2: 50256, a SentencePiece model: its BOS): required

@@ -5,21 +5,14 @@
 
 #include "common/check.h"
 #include "common/error.h"
+#include "data/splitmix.h"
 
 namespace ds::rt::data {
 
 namespace {
 
-// SplitMix64 (Steele, Lea, Flood 2014): tiny, fast, fully specified, so the shuffle is the same
-// on every platform and can be reproduced outside dstrain.
-constexpr uint64_t kGamma = 0x9E3779B97F4A7C15ULL;
-
-uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
-}
-
+// SplitMix64's generator (splitmix.h has its finaliser): the shuffle is the same on every
+// platform and can be reproduced outside dstrain.
 struct SplitMix64 {
   uint64_t state;
   uint64_t next() { return mix64(state += kGamma); }
@@ -187,6 +180,19 @@ void DataLoader::restore(const LoaderState& s) {
   micro_step_ = s.micro_step / s.grad_accum_steps * o.grad_accum_steps;
 }
 
+nlohmann::json DataLoader::state_json() const { return state().to_json(); }
+
+void DataLoader::restore_json(const nlohmann::json& j, const std::string& where) {
+  if (j.is_object() && j.contains("blend")) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: the checkpoint's data position is of a weighted blend of sources, but "
+                            "this run reads one corpus ({})",
+                            where, file_->path()),
+                "resume with the config's data.train as it was: a list of {\"path\", \"weight\"} objects");
+  }
+  restore(LoaderState::from_json(j, where));
+}
+
 nlohmann::json LoaderState::to_json() const {
   return nlohmann::json{{"micro_step", micro_step},
                         {"epoch", epoch},
@@ -243,21 +249,27 @@ LoaderState LoaderState::from_json(const nlohmann::json& j, const std::string& w
 ValidationLoader::ValidationLoader(const TokenCorpus& file, int64_t batch_size, int64_t seq_len,
                                    int64_t data_parallel_size, int64_t data_parallel_rank,
                                    int64_t eval_steps)
-    : loader_(file, LoaderOptions{batch_size, seq_len, data_parallel_size, data_parallel_rank, 1,
-                                  false, 0}),
-      eval_steps_(eval_steps) {
+    : eval_steps_(eval_steps) {
+  auto loader = std::make_unique<DataLoader>(
+      file, LoaderOptions{batch_size, seq_len, data_parallel_size, data_parallel_rank, 1, false, 0});
   if (eval_steps < 1) {
     throw invalid_argument("validation data {}: eval_steps must be at least 1, got {}",
                            file.path(), eval_steps);
   }
-  if (eval_steps > loader_.micro_steps_per_epoch()) {
+  if (eval_steps > loader->micro_steps_per_epoch()) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("validation data {}: {} tokens hold {} eval steps of {} ranks x B*T = "
                             "{}x{} tokens, fewer than eval_steps = {}",
-                            file.path(), file.size(), loader_.micro_steps_per_epoch(),
+                            file.path(), file.size(), loader->micro_steps_per_epoch(),
                             data_parallel_size, batch_size, seq_len, eval_steps),
                 "lower eval_steps or prepare a larger validation split (--val-fraction)");
   }
+  loader_ = std::move(loader);
+}
+
+ValidationLoader::ValidationLoader(std::unique_ptr<BatchReader> reader, int64_t eval_steps)
+    : loader_(std::move(reader)), eval_steps_(eval_steps) {
+  DS_CHECK(loader_ != nullptr && eval_steps >= 1, "eval_steps {}", eval_steps);
 }
 
 }  // namespace ds::rt::data

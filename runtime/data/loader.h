@@ -24,7 +24,8 @@
 // rank and independent of the tensor/pipeline layout and of N and G.
 //
 // The corpus may be many shards (corpus.h): n is their total, and windows read across shard
-// boundaries, so a corpus split into shards gives the same batches as the unsplit file.
+// boundaries, so a corpus split into shards gives the same batches as the unsplit file. Several
+// corpora mixed by weight are blend.h's; BatchReader below is what the trainer sees of either.
 //
 // Loss masks (sft.h): when the corpus has masks, a target whose token is masked out is -1
 // (kIgnoreTarget) in the targets next() fills; step_counted_targets says how many targets of a
@@ -34,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,10 +79,35 @@ struct LoaderState {
   static LoaderState from_json(const nlohmann::json& j, const std::string& where);
 };
 
+// What the trainer and checkpoints need of a training-data reader, so they hold either this
+// file's DataLoader (one corpus) or blend.h's BlendLoader (a weighted blend of corpora). One
+// reader per rank; not thread-safe. Every method may throw ds::Error as its implementation says.
+class BatchReader {
+ public:
+  virtual ~BatchReader() = default;
+  // Fills inputs[B*T] and targets[B*T] (row-major (B, T)) with this rank's next micro-batch and
+  // advances by one micro-step; masked-out targets are -1 (kIgnoreTarget).
+  virtual void next(int32_t* inputs, int32_t* targets) = 0;
+  // Micro-steps read since the start of training (or since reset()).
+  virtual int64_t micro_step() const = 0;
+  // The targets that count in the optimizer step starting at `micro_step` (a multiple of G):
+  // over its G micro-steps and all N ranks' windows; N*G*B*T without masks. A blend answers
+  // only at its current position (micro_step == micro_step()), as the trainer asks.
+  virtual int64_t step_counted_targets(int64_t micro_step) = 0;
+  // Whether the data has loss masks (sft.h).
+  virtual bool has_mask() const = 0;
+  // Back to micro-step 0.
+  virtual void reset() = 0;
+  // The position as the checkpoint manifest's "data" JSON, and back: restore_json throws
+  // ds::Error (invalid argument) naming `where` (the manifest) and the field that differs.
+  virtual nlohmann::json state_json() const = 0;
+  virtual void restore_json(const nlohmann::json& j, const std::string& where) = 0;
+};
+
 // Reads micro-batches of one rank from a corpus. Not thread-safe (one loader per rank). The
 // TokenCorpus must outlive the loader and stay where it is (the loader keeps its address). The only allocation is the shuffle permutation (W int32),
 // made once per epoch; next() allocates nothing.
-class DataLoader {
+class DataLoader final : public BatchReader {
  public:
   // Throws ds::Error (invalid argument) for B, T, N, G < 1, a rank outside [0, N), or a file too
   // small for one optimizer step (fewer than N*G*B*T + 1 tokens), naming the file.
@@ -88,16 +115,17 @@ class DataLoader {
 
   // Fills inputs[B*T] and targets[B*T] (row-major (B, T)) with this rank's next micro-batch and
   // advances by one micro-step. Buffers are the caller's; their size is the caller's contract.
-  void next(int32_t* inputs, int32_t* targets);
+  void next(int32_t* inputs, int32_t* targets) override;
 
   // First token of the window this rank reads at micro-step k (pure: no state changes).
   int64_t window_start(int64_t micro_step) const;
 
   // The targets that count in the optimizer step starting at micro-step k (a multiple of G):
   // over its G micro-steps and all N ranks' windows, B*T targets each; N*G*B*T without masks.
-  int64_t step_counted_targets(int64_t micro_step);
+  int64_t step_counted_targets(int64_t micro_step) override;
 
-  int64_t micro_step() const { return micro_step_; }
+  int64_t micro_step() const override { return micro_step_; }
+  bool has_mask() const override { return file_->has_mask(); }
   int64_t epoch() const { return micro_step_ / micro_steps_per_epoch(); }
   int64_t windows_in_file() const { return windows_; }          // W
   int64_t steps_per_epoch() const { return steps_per_epoch_; }  // E (optimizer steps)
@@ -105,7 +133,7 @@ class DataLoader {
   const LoaderOptions& options() const { return options_; }
 
   // Back to micro-step 0 (epoch 0).
-  void reset() { micro_step_ = 0; }
+  void reset() override { micro_step_ = 0; }
 
   LoaderState state() const;
   // Resumes at `s`. Exact when B, T, the corpus (token count), shuffle and seed are the same and
@@ -113,6 +141,10 @@ class DataLoader {
   // that keeps the global batch) if `s` is at an optimizer-step boundary. Anything else throws
   // ds::Error (invalid argument) naming the field that differs and both values.
   void restore(const LoaderState& s);
+  // state().to_json(), and restore(LoaderState::from_json(j, where)); a blend's position
+  // (blend.h, "blend": true) is refused by name.
+  nlohmann::json state_json() const override;
+  void restore_json(const nlohmann::json& j, const std::string& where) override;
 
  private:
   int64_t window_index(int64_t micro_step, const std::vector<int32_t>* perm) const;
@@ -132,20 +164,24 @@ class DataLoader {
 // SplitMix64 (loader.cpp documents the exact recipe). Written into `out` (resized).
 void shuffle_permutation(uint64_t seed, int64_t epoch, int64_t count, std::vector<int32_t>& out);
 
-// Validation batches: eval_steps micro-batches of N ranks from the start of the file, in the
-// sequential order (no shuffle, G = 1), restarted by begin() for every evaluation.
+// Validation batches: eval_steps micro-batches of N ranks from the start of the data, in the
+// sequential order (no shuffle, G = 1), restarted by begin() for every evaluation. The reader is a
+// DataLoader over one corpus, or a weighted blend's (blend.h: blend_validation_loader).
 class ValidationLoader {
  public:
   // Throws ds::Error (invalid argument) naming the file when it holds fewer than eval_steps
   // rounds of N windows, or eval_steps < 1.
   ValidationLoader(const TokenCorpus& file, int64_t batch_size, int64_t seq_len,
                    int64_t data_parallel_size, int64_t data_parallel_rank, int64_t eval_steps);
-  void begin() { loader_.reset(); }
-  void next(int32_t* inputs, int32_t* targets) { loader_.next(inputs, targets); }
+  // Any reader already set up for G = 1 and checked to hold eval_steps micro-steps.
+  ValidationLoader(std::unique_ptr<BatchReader> reader, int64_t eval_steps);
+  void begin() { loader_->reset(); }
+  void next(int32_t* inputs, int32_t* targets) { loader_->next(inputs, targets); }
   int64_t eval_steps() const { return eval_steps_; }
+  bool has_mask() const { return loader_->has_mask(); }
 
  private:
-  DataLoader loader_;
+  std::unique_ptr<BatchReader> loader_;
   int64_t eval_steps_;
 };
 

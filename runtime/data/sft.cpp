@@ -16,7 +16,7 @@ namespace ds::rt::data {
 
 namespace {
 constexpr int kHeaderInts = 256;
-constexpr int64_t kHeaderBytes = kHeaderInts * 4;
+constexpr int64_t kMaskHeaderBytes = kHeaderInts * 4;
 }  // namespace
 
 std::string mask_path_for(const std::string& token_path) { return token_path + ".mask"; }
@@ -26,12 +26,12 @@ MaskFile::MaskFile(const std::string& path, int64_t expected_count) : path_(path
   if (!in) throw invalid_argument("mask file {}: cannot open", path);
   const auto bytes = static_cast<int64_t>(in.tellg());
   in.seekg(0);
-  if (bytes < kHeaderBytes) {
+  if (bytes < kMaskHeaderBytes) {
     throw invalid_argument("mask file {}: truncated header: the file has {} bytes, the header alone is {}",
-                           path, bytes, kHeaderBytes);
+                           path, bytes, kMaskHeaderBytes);
   }
   std::array<int32_t, kHeaderInts> h{};
-  in.read(reinterpret_cast<char*>(h.data()), kHeaderBytes);
+  in.read(reinterpret_cast<char*>(h.data()), kMaskHeaderBytes);
   if (h[0] != kMaskFileMagic) {
     throw invalid_argument("mask file {}: wrong magic {}, expected {} (a dstrain loss mask)", path, h[0],
                            kMaskFileMagic);
@@ -40,9 +40,9 @@ MaskFile::MaskFile(const std::string& path, int64_t expected_count) : path_(path
     throw invalid_argument("mask file {}: unsupported version {}, expected {}", path, h[1], kMaskFileVersion);
   }
   const int64_t count = h[2];
-  if (count < 0 || kHeaderBytes + count != bytes) {
+  if (count < 0 || kMaskHeaderBytes + count != bytes) {
     throw invalid_argument("mask file {}: the header says {} tokens but the file has {} bytes ({} expected)", path,
-                           count, bytes, kHeaderBytes + count);
+                           count, bytes, kMaskHeaderBytes + count);
   }
   if (count != expected_count) {
     throw Error(ErrorKind::kInvalidArgument,

@@ -92,7 +92,7 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
     m.seed = run.cfg.training.seed;
     m.config = run.cfg.to_json();
     m.layout = shard_layout(run, records);
-    m.data = run.loader.state().to_json();
+    m.data = run.loader.state_json();
     m.lr_schedule = run.schedule.state();
     m.loss_scaler = run.scaler.state();
     const std::string dir = ckpt::commit_checkpoint(root, step, ckpt::manifest_json(m), run.cfg.training.keep_last);
@@ -187,7 +187,7 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
     run.state.set_adam_steps(m.at("adam_steps").get<int64_t>());
     if (run.expert_state != nullptr) run.expert_state->set_adam_steps(m.at("adam_steps").get<int64_t>());
     next_step = m.at("step").get<int64_t>() + 1;
-    run.loader.restore(data::LoaderState::from_json(m.at("data"), where + ": data"));
+    run.loader.restore_json(m.at("data"), where + ": data");
     run.schedule.restore(m.at("lr_schedule"), where + ": lr_schedule");
     run.scaler.restore(m.at("loss_scaler"), where + ": loss_scaler");
   } catch (const nlohmann::json::exception& e) {

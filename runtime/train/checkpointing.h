@@ -28,7 +28,7 @@ struct CheckpointedRun {
   parallel::Engine& engine;
   OptimizerState& state;
   OptimizerState* expert_state;  // a mixture of experts: the expert region's (null otherwise)
-  data::DataLoader& loader;
+  data::BatchReader& loader;  // one corpus (data/loader.h) or a weighted blend (data/blend.h)
   optim::LrScheduler& schedule;
   optim::LossScaler& scaler;
 };

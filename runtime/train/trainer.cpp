@@ -24,6 +24,7 @@
 #include "common/error.h"
 #include "common/preemption.h"
 #include "core/allocator.h"
+#include "data/blend.h"
 #include "data/loader.h"
 #include "data/token_file.h"
 #include "comm/comm.h"
@@ -69,8 +70,8 @@ struct Trainer::Impl {
   int rank = 0, world = 1;
   Allocator& alloc = Allocator::process();
 
-  std::unique_ptr<data::TokenCorpus> train_file, val_file;  // one file or shards
-  std::unique_ptr<data::DataLoader> loader;
+  std::unique_ptr<data::TokenCorpus> train_file, val_file;  // one file or shards (null with a blend)
+  std::unique_ptr<data::BatchReader> loader;  // one corpus, or a weighted blend (data/blend.h)
   std::unique_ptr<data::ValidationLoader> val_loader;
   std::vector<EvalTask> eval_tasks;  // training.eval_tasks, tokenized (task_eval.h)
   // Declaration order is destruction order reversed: the state before the engine it points into.
@@ -136,7 +137,6 @@ struct Trainer::Impl {
 
 // Data first: a bad corpus should fail before we connect or allocate the model.
 void Trainer::Impl::open_data(int dp_rank) {
-  train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, cfg.model.shape.vocab_size);
   data::LoaderOptions lo;
   lo.batch_size = B;
   lo.seq_len = T;
@@ -145,11 +145,26 @@ void Trainer::Impl::open_data(int dp_rank) {
   lo.grad_accum_steps = G;
   lo.shuffle = cfg.data.shuffle;
   lo.seed = cfg.training.seed;
-  loader = std::make_unique<data::DataLoader>(*train_file, lo);
-  masked = train_file->has_mask();
-  if (!cfg.data.val.empty() && cfg.training.eval_interval > 0) {
-    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, cfg.model.shape.vocab_size);
-    val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, cfg.training.eval_steps);
+  const int64_t vocab = cfg.model.shape.vocab_size;
+  auto blend_of = [](const std::vector<config::DataConfig::BlendSource>& b) {
+    std::vector<data::WeightedSource> out;
+    for (const auto& s : b) out.push_back({s.path, s.weight});
+    return out;
+  };
+  if (!cfg.data.train_blend.empty()) {
+    loader = std::make_unique<data::BlendLoader>(blend_of(cfg.data.train_blend), lo, vocab);
+  } else {
+    train_file = std::make_unique<data::TokenCorpus>(cfg.data.train, vocab);
+    loader = std::make_unique<data::DataLoader>(*train_file, lo);
+  }
+  masked = loader->has_mask();
+  const bool eval = cfg.training.eval_interval > 0;
+  const int64_t steps = cfg.training.eval_steps;
+  if (eval && !cfg.data.val_blend.empty()) {
+    val_loader = data::blend_validation_loader(blend_of(cfg.data.val_blend), B, T, dp(), dp_rank, steps, vocab);
+  } else if (eval && !cfg.data.val.empty()) {
+    val_file = std::make_unique<data::TokenCorpus>(cfg.data.val, vocab);
+    val_loader = std::make_unique<data::ValidationLoader>(*val_file, B, T, dp(), dp_rank, steps);
   }
   if (!cfg.training.eval_tasks.empty()) {
     const auto spec = config_tokenizer(cfg);
@@ -379,7 +394,7 @@ double Trainer::Impl::evaluate() {
   const int64_t steps = val_loader->eval_steps();
   // With loss masks: each micro-batch's sum of token losses and its counted targets, so the result is
   // (sum of counted losses) / (counted targets) over every rank's rows.
-  const bool val_masked = val_file->has_mask();
+  const bool val_masked = val_loader->has_mask();
   const double rows = static_cast<double>(B) * Tl;
   double sum = 0, counted = 0;
   auto count_targets = [&](int g) {

@@ -7,7 +7,7 @@
 //   checkpoints (checkpointing.h)          save, and resume for any layout (resharding)
 //   initial_weights.h, weights_export.h       initial values; the llm.c export
 //   run_config.h                           the config translated into the pieces
-//   data::DataLoader, LrScheduler, LossScaler, MetricsReporter
+//   data::BatchReader (one corpus, or a weighted blend), LrScheduler, LossScaler, MetricsReporter
 //
 // One optimizer step: zero the gradients; for each of the G accumulation micro-batches read this
 // rank's window, run forward + backward with grad_scale = loss_scale / (G x dp) (so the gradients

@@ -150,6 +150,33 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.data.train: expected at least one token file path or glob, got []"},
       {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
        "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file) or training.eval_tasks"},
+      // Weighted blends: a list of {"path", "weight"} objects.
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1}, "b.bin"]}})", 1,
+       "t.json:1: $.data.train[1]: expected a {\"path\": GLOB, \"weight\": W} object like $.data.train[0] (a "
+       "list is all objects, or all paths), got \"b.bin\""},
+      {"{" + mb + R"("data": {"train": ["a.bin", {"path": "b.bin", "weight": 1}]}})", 1,
+       "t.json:1: $.data.train[1]: expected a token file path or glob like $.data.train[0] (a list is all paths, "
+       "or all {\"path\", \"weight\"} objects), got {\"path\":\"b.bin\",\"weight\":1}"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1}, {"weight": 1}]}})", 1,
+       "t.json:1: $.data.train[1]: missing required key \"path\" (the source's token file path or glob)"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin"}]}})", 1,
+       "t.json:1: $.data.train[0]: missing required key \"weight\" (the source's share, a number >= 0)"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": "0.5"}]}})", 1,
+       "t.json:1: $.data.train[0].weight: expected a finite number >= 0, got \"0.5\""},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1}, {"path": "b.bin", "weight": -0.5}]}})", 1,
+       "t.json:1: $.data.train[1].weight: expected a finite number >= 0, got -0.5"},
+      {"{" + mb + R"("data": {"train": [{"path": "", "weight": 1}]}})", 1,
+       "t.json:1: $.data.train[0].path: expected a token file path or glob (a non-empty string), got \"\""},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1, "wieght": 2}]}})", 1,
+       "t.json:1: $.data.train[0].wieght: unknown key (did you mean \"weight\"?)"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1, "epochs": 2}]}})", 1,
+       "t.json:1: $.data.train[0].epochs: unknown key (known keys here: path, weight)"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 0}, {"path": "b.bin", "weight": 0}]}})", 1,
+       "t.json:1: $.data.train: the weights of the 2 sources sum to 0; give at least one a positive weight"},
+      {"{" + mb + R"("data": {"train": "t.bin", "val": [{"path": "v.bin", "weight": 0}]}})", 1,
+       "t.json:1: $.data.val: the weights of the 1 sources sum to 0; give at least one a positive weight"},
+      {"{" + mb + R"("data": {"train": [{"path": "a.bin", "weight": 1e999}]}})", 1,
+       "t.json:1:86: number 1e999 is out of range"},  // inf never reaches a weight
       {"{" + mb + R"("training": {"checkpoint_interval": 100}})", 1,
        "t.json:1: $.training.checkpoint_interval: checkpoint_interval 100 needs training.checkpoint_dir"},
       {"{" + mb + R"("training": {"device": "tpu"}})", 1,
@@ -502,6 +529,44 @@ TEST(JobConfig, RelativePathsAreRelativeToTheConfigFile) {
   EXPECT_EQ(sc.data.train, (Paths{"configs/s/train_*.bin", "/abs/extra.bin"}));
   EXPECT_EQ(sc.data.val, Paths{"configs/s/val_*.bin"});
   EXPECT_EQ(parse_job_config(text, "", 1).model.init_from, "w.bin");
+}
+
+// A weighted blend: every path resolved against the config's directory, weights as given; the
+// resolved config writes the list of objects back and re-reads to the same config; a blend
+// counts as training data (and as validation data for eval_interval).
+TEST(JobConfig, BlendsResolveAndRoundTrip) {
+  const char* text = R"({"train_batch_size": 8,
+    "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256, "seq_len": 32},
+    "data": {"train": [{"path": "web/*.bin", "weight": 0.7}, {"path": "/abs/code.bin", "weight": 3},
+                       {"weight": 0, "path": "books.bin"}],
+             "val": [{"path": "web_val.bin", "weight": 1}]},
+    "training": {"steps": 10, "eval_interval": 5}})";
+  JobConfig c = parse_job_config(text, "configs/x.json", 1);
+  EXPECT_NO_THROW(require_training_sections(c));
+  EXPECT_TRUE(c.data.train.empty());
+  EXPECT_TRUE(c.data.val.empty());
+  ASSERT_EQ(c.data.train_blend.size(), 3u);
+  EXPECT_EQ(c.data.train_blend[0].path, "configs/web/*.bin");
+  EXPECT_EQ(c.data.train_blend[0].weight, 0.7);
+  EXPECT_EQ(c.data.train_blend[1].path, "/abs/code.bin");
+  EXPECT_EQ(c.data.train_blend[1].weight, 3.0);
+  EXPECT_EQ(c.data.train_blend[2].path, "configs/books.bin");
+  EXPECT_EQ(c.data.train_blend[2].weight, 0.0);
+  ASSERT_EQ(c.data.val_blend.size(), 1u);
+  EXPECT_EQ(c.data.val_blend[0].path, "configs/web_val.bin");
+  const auto j = c.to_json();
+  EXPECT_EQ(j["data"]["train"].dump(),
+            R"([{"path":"configs/web/*.bin","weight":0.7},{"path":"/abs/code.bin","weight":3.0},)"
+            R"({"path":"configs/books.bin","weight":0.0}])");
+  EXPECT_EQ(j["data"]["val"].dump(), R"([{"path":"configs/web_val.bin","weight":1.0}])");
+  JobConfig again = parse_job_config(j.dump(), "", 1);
+  EXPECT_EQ(again.to_json(), j);
+  EXPECT_TRUE(again.data.train.empty());
+  EXPECT_EQ(again.data.train_blend.size(), 3u);
+  // The existing forms stay as they were.
+  JobConfig one = parse_job_config(R"({"train_batch_size": 8, "data": {"train": ["a.bin", "b.bin"]}})", "", 1);
+  EXPECT_TRUE(one.data.train_blend.empty());
+  EXPECT_EQ(one.to_json()["data"]["train"].dump(), R"(["a.bin","b.bin"])");
 }
 
 TEST(JobConfig, TrainingSectionsAreRequiredOnlyForTraining) {
