@@ -42,11 +42,10 @@ cat > "$work/gpt2.json" <<JSON
  "training": {"seed": 1}}
 JSON
 
-run_dstrain() {  # items/s and the positions of a batch
-  "$dstrain" eval --task hellaswag --data "$work/items.jsonl" --config "$work/gpt2.json" --batch "$1" \
-    > "$work/out" 2> "$work/err" || { cat "$work/err" >&2; exit 1; }
-  positions=$(sed -n 's/.* rows of \([0-9]*\) positions.*/\1/p' "$work/err")
-  sed -n 's/.*(\([0-9.]*\) items\/s).*/\1/p' "$work/err"
+run_dstrain() {  # items/s; the log (with the positions of a batch) stays in $work/err$1
+  "$dstrain" eval --task hellaswag --data "$work/items.jsonl" --config "$work/gpt2.json" --tokenizer byte --batch "$1" \
+    --limit "$items" > "$work/out$1" 2> "$work/err$1" || { cat "$work/err$1" >&2; exit 1; }
+  sed -n 's/.*(\([0-9.]*\) items\/s).*/\1/p' "$work/err$1"
 }
 run_torch() {
   env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE -u LD_PRELOAD /usr/bin/python3 "$here/bench/torch_hellaswag.py" \
@@ -54,6 +53,8 @@ run_torch() {
 }
 d1=$(run_dstrain 1)
 d8=$(run_dstrain 8)
+positions=$(sed -n 's/.* rows of \([0-9]*\) positions.*/\1/p' "$work/err8")
+cmp -s "$work/out1" "$work/out8" || { echo "batch 1 and batch 8 scored differently:" >&2; cat "$work/out1" "$work/out8" >&2; }
 t1=$(run_torch 1 0)
 t8=$(run_torch 8 "$positions")
 printf "GPT-2 124M, %s HellaSwag-format items, %s positions a row (dstrain, torch batch 8)\n" "$items" "$positions"

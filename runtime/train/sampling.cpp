@@ -101,7 +101,8 @@ std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* 
     }
     return std::make_unique<TokenizerCodec>(std::move(tok), spec->kind + " " + spec->path);
   }
-  if (vocab_size <= data::kByteVocabSize) return std::make_unique<ByteCodec>(vocab_size);
+  // Byte-level: by default for a vocabulary of 256 or less; named, for any (bytes are ids < 256).
+  if (vocab_size <= data::kByteVocabSize || spec != nullptr) return std::make_unique<ByteCodec>(vocab_size);
   throw Error(ErrorKind::kInvalidArgument,
               fmt::format("no tokenizer given for a vocabulary of {} tokens (byte-level covers {})", vocab_size,
                           data::kByteVocabSize),

@@ -35,7 +35,7 @@ class TextCodec {
   virtual int32_t start_token() const = 0;
 };
 
-// The tokenizer for a model of `vocab_size` tokens: `spec` when given (not null, not "byte"),
+// The tokenizer for a model of `vocab_size` tokens: `spec` when given ("byte": byte-level for any vocabulary),
 // else byte-level; an error naming the options when the vocabulary is larger than byte-level
 // and no tokenizer is given.
 std::unique_ptr<TextCodec> codec_for(int vocab_size, const data::TokenizerSpec* spec = nullptr);

@@ -148,6 +148,30 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.data.train[1]: expected a token file path or glob (a non-empty string), got 3"},
       {"{" + mb + R"("data": {"train": []}})", 1,
        "t.json:1: $.data.train: expected at least one token file path or glob, got []"},
+      // Downstream evaluation and the run's tokenizer.
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": {"task": "hellaswag"}}})", 1,
+       "t.json:1: $.training.eval_tasks: expected a list of {\"task\", \"data\", \"limit\"} objects, got "
+       "{\"task\":\"hellaswag\"}"},
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": ["hellaswag"]}})", 1,
+       "t.json:1: $.training.eval_tasks[0]: expected an object {\"task\", \"data\", \"limit\"}, got \"hellaswag\""},
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": [{"data": "h.jsonl"}]}})", 1,
+       "t.json:1: $.training.eval_tasks[0]: missing \"task\" (hellaswag or lambada)"},
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": [{"task": "hellaswag"}]}})", 1,
+       "t.json:1: $.training.eval_tasks[0]: missing \"data\" (the task's jsonl file)"},
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": [{"task": "mmlu", "data": "m.jsonl"}]}})", 1,
+       "t.json:1: $.training.eval_tasks[0].task: expected one of \"hellaswag\", \"lambada\", got \"mmlu\""},
+      {"{" + mb + R"("training": {"eval_interval": 5, "eval_tasks": [{"task": "lambada", "data": "l.jsonl", "limit": -1}]}})", 1,
+       "t.json:1: $.training.eval_tasks[0].limit: expected an integer >= 0, got -1"},
+      {"{" + mb + R"("training": {"eval_tasks": [{"task": "lambada", "data": "l.jsonl"}]}})", 1,
+       "t.json:1: $.training.eval_tasks: eval_tasks run every training.eval_interval steps: set eval_interval > 0"},
+      {"{" + mb + R"("data": {"train": "t.bin", "tokenizer": {"path": "tok"}}})", 1,
+       "t.json:1: $.data.tokenizer: missing \"kind\" (byte, gpt2, hf, sentencepiece or llmc)"},
+      {"{" + mb + R"("data": {"train": "t.bin", "tokenizer": {"kind": "tiktoken", "path": "tok"}}})", 1,
+       "t.json:1: $.data.tokenizer.kind: expected one of \"byte\", \"gpt2\", \"hf\", \"sentencepiece\", \"llmc\", "
+       "got \"tiktoken\""},
+      {"{" + mb + R"("data": {"train": "t.bin", "tokenizer": {"kind": "gpt2"}}})", 1,
+       "t.json:1: $.data.tokenizer.path: the gpt2 tokenizer needs its files: the vocabulary directory (vocab.json + "
+       "merges.txt)"},
       {"{" + mb + R"("data": {"train": "t.bin"}, "training": {"eval_interval": 10}})", 1,
        "t.json:1: $.training.eval_interval: eval_interval 10 needs data.val (a validation token file) or training.eval_tasks"},
       // Weighted blends: a list of {"path", "weight"} objects.
@@ -534,6 +558,31 @@ TEST(JobConfig, RelativePathsAreRelativeToTheConfigFile) {
 // A weighted blend: every path resolved against the config's directory, weights as given; the
 // resolved config writes the list of objects back and re-reads to the same config; a blend
 // counts as training data (and as validation data for eval_interval).
+TEST(JobConfig, EvalTasksAndTokenizerResolveAndRoundTrip) {
+  const char* text = R"({"train_batch_size": 8,
+    "data": {"train": "t.bin", "tokenizer": {"kind": "gpt2", "path": "gpt2"}},
+    "training": {"steps": 10, "eval_interval": 5,
+                 "eval_tasks": [{"task": "hellaswag", "data": "hs/val.jsonl", "limit": 100},
+                                {"task": "lambada", "data": "/abs/l.jsonl"}]}})";
+  JobConfig c = parse_job_config(text, "configs/x.json", 1);
+  EXPECT_EQ(c.data.tokenizer_kind, "gpt2");
+  EXPECT_EQ(c.data.tokenizer_path, "configs/gpt2");
+  ASSERT_EQ(c.training.eval_tasks.size(), 2u);
+  EXPECT_EQ(c.training.eval_tasks[0].task, "hellaswag");
+  EXPECT_EQ(c.training.eval_tasks[0].data, "configs/hs/val.jsonl");
+  EXPECT_EQ(c.training.eval_tasks[0].limit, 100);
+  EXPECT_EQ(c.training.eval_tasks[1].data, "/abs/l.jsonl");
+  EXPECT_EQ(c.training.eval_tasks[1].limit, 0);
+  const auto j = c.to_json();
+  EXPECT_EQ(j["data"]["tokenizer"].dump(), R"({"kind":"gpt2","path":"configs/gpt2"})");
+  EXPECT_EQ(j["training"]["eval_tasks"].dump(),
+            R"([{"task":"hellaswag","data":"configs/hs/val.jsonl","limit":100},)"
+            R"({"task":"lambada","data":"/abs/l.jsonl","limit":0}])");
+  EXPECT_EQ(parse_job_config(j.dump(), "", 1).to_json(), j);
+  // eval_interval with eval_tasks and no data.val is a valid evaluation.
+  EXPECT_NO_THROW(parse_job_config(text, "x.json", 1));
+}
+
 TEST(JobConfig, BlendsResolveAndRoundTrip) {
   const char* text = R"({"train_batch_size": 8,
     "model": {"n_layer": 2, "n_head": 2, "n_embd": 64, "vocab_size": 256, "seq_len": 32},

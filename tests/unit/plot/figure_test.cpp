@@ -88,5 +88,24 @@ TEST_F(PlotFigure, PanelsWithoutDataAreLeftOut) {
   EXPECT_TRUE(has_text(svg, "loss (nats)"));
 }
 
+TEST_F(PlotFigure, EvalTasksGetAPanelEach) {
+  test::write(dir_.file("eval.jsonl"),
+              "{\"step\":1,\"loss\":2}\n"
+              "{\"step\":2,\"loss\":1.5,\"eval_hellaswag_acc\":0.3,\"eval_hellaswag_acc_norm\":0.35,"
+              "\"eval_lambada_acc\":0.2,\"eval_lambada_ppl\":40}\n"
+              "{\"step\":3,\"loss\":1.4}\n"
+              "{\"step\":4,\"loss\":1.3,\"eval_hellaswag_acc\":0.4,\"eval_hellaswag_acc_norm\":0.45,"
+              "\"eval_lambada_acc\":0.3,\"eval_lambada_ppl\":30}\n");
+  runs_ = {read_metrics_file(dir_.file("eval.jsonl"))};
+  auto svg = draw();
+  for (const char* t : {"eval: hellaswag", "eval: lambada", "eval: lambada perplexity", "accuracy", "ppl"}) {
+    EXPECT_TRUE(has_text(svg, t)) << t;
+  }
+  EXPECT_FALSE(has_text(svg, "eval: hellaswag perplexity"));  // no ppl for HellaSwag: left out
+  // loss, and per task its lines (hellaswag acc, acc_norm; lambada acc, ppl), two points each.
+  EXPECT_EQ(svg["polylines"].size(), 5u);
+  EXPECT_EQ(svg["circles"].get<int>(), 4 * 2);
+}
+
 }  // namespace
 }  // namespace ds::plot

@@ -58,6 +58,8 @@ TEST(PlotMetricsFile, RankCopiesAndOtherFieldsAreIgnored) {
   EXPECT_FALSE(is_plotted_field("planned_bytes_total"));
   EXPECT_FALSE(is_plotted_field("grad_norm"));
   EXPECT_FALSE(is_plotted_field("peak_bytes_"));
+  EXPECT_TRUE(is_plotted_field("eval_hellaswag_acc_norm"));
+  EXPECT_FALSE(is_plotted_field("eval_hellaswag_acc_rank1"));
 }
 
 TEST(PlotMetricsFile, BadInputNamesTheFileAndLine) {
