@@ -213,9 +213,23 @@ std::vector<RowScore> generator_scores(const ms::ModelShape& s, const float* par
   return out;
 }
 
-TEST(TaskEval, BatchedScorerMatchesTheGeneratorOnEveryRow) {
+// A grouped-query Llama (RMSNorm, RoPE, SwiGLU, untied head) over the same bytes.
+ms::ModelShape byte_llama() {
+  ms::ModelShape s = byte_gpt2();
+  s.family = ms::ModelFamily::kLlama;
+  s.n_kv_head = 2;
+  s.intermediate_size = 72;
+  s.rope_theta = 500.0;
+  s.norm_eps = 1e-6;
+  s.tie_embeddings = false;
+  return s;
+}
+
+class ScorerFamilies : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ScorerFamilies, BatchedScorerMatchesTheGeneratorOnEveryRow) {
   TempDir d;
-  const ms::ModelShape s = byte_gpt2();
+  const ms::ModelShape s = std::string(GetParam()) == "gpt2" ? byte_gpt2() : byte_llama();
   const std::vector<float> params = initial_params(s, 7);
   const auto codec = codec_for(256);
   const EvalTask t = read_eval_task(TaskKind::kHellaswag, d.write("h.jsonl", kThreeItems), *codec, 0, s.seq_len);
@@ -236,6 +250,8 @@ TEST(TaskEval, BatchedScorerMatchesTheGeneratorOnEveryRow) {
     EXPECT_EQ(a.acc_norm, b.acc_norm);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(TaskEval, ScorerFamilies, ::testing::Values("gpt2", "llama_gqa"));
 
 }  // namespace
 }  // namespace ds::rt::train
