@@ -4,6 +4,7 @@
 // blend.h, seeded by training.seed) gives it. Only the config is read: the draw needs no token
 // file, so none is opened (nor needs to exist). A config that is not a blend has one source of
 // weight 1 and share 1.
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -78,8 +79,11 @@ int run_data_mix(const DataMixOptions& o) {
   }
   if (o.json) {
     nlohmann::ordered_json list = nlohmann::ordered_json::array();
-    for (const auto& r : rows)
-      list.push_back({{"path", r.path}, {"weight", r.weight}, {"share", r.share}});
+    for (const auto& r : rows) {
+      // The weight's share to 12 digits: 0.7 of (0.7, 0.2, 0.1) prints as 0.7, not 0.7000000000000001.
+      const double weight = std::round(r.weight * 1e12) / 1e12;
+      list.push_back({{"path", r.path}, {"weight", weight}, {"share", r.share}});
+    }
     std::cout << nlohmann::ordered_json{{"sources", list}}.dump() << std::endl;
     return 0;
   }
