@@ -2,7 +2,8 @@
 // on a tiny model: the wall-clock breakdown adds up to the step time (one process, ZeRO-2 over two
 // ranks, a two-stage pipeline), MFU and TFLOP/s equal the formula for the config's peak;
 // TensorBoard event files, read back by an independent Python reader (its own CRC-32C and
-// protobuf decoder), and the CSV monitor's files hold the --metrics values step by step; an
+// protobuf decoder), and the CSV monitor's files hold the --metrics values step by step
+// (training.eval_tasks' scores included); an
 // unwritable output_path stops the run before training, a monitor that fails to write later
 // warns once and training continues; `dstrain sample` is deterministic for a seed, greedy
 // sampling from a checkpoint trained on a repeated string reproduces it (from the checkpoint and
@@ -165,6 +166,9 @@ std::vector<std::pair<std::string, double>> expected_scalars(const json& m) {
   for (const auto& [k, v] : m.items()) {
     if (k.rfind("peak_bytes_", 0) == 0) out.push_back({p + k, v.get<double>()});
   }
+  for (const auto& [k, v] : m.items()) {  // training.eval_tasks' scores
+    if (k.rfind("eval_", 0) == 0) out.push_back({p + k, v.get<double>()});
+  }
   return out;
 }
 
@@ -174,6 +178,9 @@ TEST_F(Monitors, TensorBoardAndCsvHoldTheMetrics) {
   cfg["fp16"] = {{"enabled", true}};
   cfg["tensorboard"] = {{"enabled", true}, {"output_path", dir_->path() + "/tb"}, {"job_name", "job1"}};
   cfg["csv_monitor"] = {{"enabled", true}, {"output_path", dir_->path() + "/csv"}, {"job_name", "job1"}};
+  // A downstream task's scores at the evaluation steps too (bytes below the vocabulary of 64).
+  std::ofstream(dir_->path() + "/lambada.jsonl") << "{\"text\": \"12 34 56 78\"}\n{\"text\": \"1, 2, 3, 4\"}\n";
+  cfg["training"]["eval_tasks"] = {{{"task", "lambada"}, {"data", dir_->path() + "/lambada.jsonl"}}};
   const auto r = run(1, cfg);
   ASSERT_EQ(r.rc, 0) << r.err;
   ASSERT_EQ(r.metrics.size(), 6u);
@@ -202,6 +209,9 @@ TEST_F(Monitors, TensorBoardAndCsvHoldTheMetrics) {
   }
   EXPECT_TRUE(tb["events"][2]["values"].contains("Train/Samples/val_loss"));
   EXPECT_FALSE(tb["events"][1]["values"].contains("Train/Samples/val_loss"));
+  EXPECT_TRUE(tb["events"][2]["values"].contains("Train/Samples/eval_lambada_acc"));
+  EXPECT_TRUE(tb["events"][2]["values"].contains("Train/Samples/eval_lambada_ppl"));
+  EXPECT_FALSE(tb["events"][1]["values"].contains("Train/Samples/eval_lambada_acc"));
 
   // CSV: one file per tag, DeepSpeed's header, the exact metrics values (a val_loss row only at
   // evaluation steps).
