@@ -1,4 +1,4 @@
-// `dstrain config check CONFIG [--world-size N] [--train]`: validate a job config and print it
+// `dstrain config check CONFIG [--world-size N] [--train] [--strict]`: validate a job config and print it
 // resolved (every default filled in, the batch triad resolved for the world size) as JSON on
 // stdout, warnings on stderr; or print every error and exit 2.
 // It reads only the config: data files and checkpoints are not opened.
@@ -19,12 +19,13 @@ struct ConfigCheckOptions {
   std::string config;
   int world_size = 1;
   bool train = false;
+  config::ParseOptions parse;
 };
 
 int run_config_check(const ConfigCheckOptions& o) {
   config::JobConfig cfg;
   try {
-    cfg = config::load_job_config(o.config, o.world_size);
+    cfg = config::load_job_config(o.config, o.world_size, o.parse);
     if (o.train) config::require_training_sections(cfg);
   } catch (const config::ConfigError& e) {
     for (const auto& err : e.errors()) std::fprintf(stderr, "error: %s\n", err.c_str());
@@ -57,6 +58,12 @@ int run_config_check(const ConfigCheckOptions& o) {
 
 }  // namespace
 
+void add_config_read_flags(CLI::App* sub, config::ParseOptions& o) {
+  sub->add_flag("--strict", o.strict,
+                "every unknown key is an error (default: one DeepSpeed would ignore is a warning "
+                "unless a known key is within two edits)");
+}
+
 void add_config_command(CLI::App& app, std::vector<Command>& out) {
   auto* sub = app.add_subcommand("config", "work with job configs (DeepSpeed-style JSON)");
   sub->require_subcommand(1);
@@ -71,6 +78,7 @@ void add_config_command(CLI::App& app, std::vector<Command>& out) {
   check->add_flag("--train", opts->train,
                   "also require what `dstrain train` needs: a model section, data.train and "
                   "training.steps");
+  add_config_read_flags(check, opts->parse);
   out.push_back({check, [opts] { return run_config_check(*opts); }});
 }
 

@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "common/error.h"
 #include "common/strings.h"
+#include "config/job_config.h"
 #include "core/device.h"
 #include "model_spec/family.h"
 #include "plan/activation_paper.h"
@@ -55,6 +56,7 @@ struct PlanOptions {
   int64_t hidden = 0, heads = 0, seq_len = 0, micro_batch = 1, tp = 1, layers = 0, pp = 1;
   // model mode
   std::string config;
+  config::ParseOptions parse;  // --strict
   std::string hostfile;
   std::string gpu_mem;  // "80GiB"
   int threads = 0;  // 0: OMP_NUM_THREADS, else 1
@@ -404,7 +406,7 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::P
 int run_model(const PlanOptions& o) {
   if (!o.params.empty()) throw invalid_argument("--config and --params are two modes; give one");
   const plan::PlanWorld w = plan::resolve_plan_world(o.world_size, o.hostfile, o.gpus_per_node);
-  const plan::PlanInput in = plan::model_plan_input(o.config, w.world_size, o.threads);
+  const plan::PlanInput in = plan::model_plan_input(o.config, w.world_size, o.threads, o.parse);
   if (o.formula == "paper") {
     if (o.recommend) throw invalid_argument("--recommend uses dstrain's own model; drop --formula paper");
     return print_paper_activations(in.shape.seq_len, in.layout.micro_batch, in.shape.n_embd,
@@ -491,6 +493,7 @@ void setup_plan(CLI::App& sub, PlanOptions& o) {
   sub.add_option("--layers", o.layers, "paper activation view: layers L (for the per-stage total)");
   sub.add_option("--pp", o.pp, "paper activation view: pipeline stages (default 1)");
   sub.add_option("--config,-c", o.config, "model mode: job config (DeepSpeed-style JSON with a model section)");
+  add_config_read_flags(&sub, o.parse);
   sub.add_option("--hostfile,-H", o.hostfile, "model mode: hostfile giving the ranks and GPUs per node");
   sub.add_option("--gpu-mem", o.gpu_mem, "device memory per GPU for the verdict, e.g. 80GiB (default: the GPUs found)");
   sub.add_option("--threads", o.threads, "model mode: CPU threads per rank (attention scratch is per thread; default OMP_NUM_THREADS or 1)");

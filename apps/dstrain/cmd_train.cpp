@@ -28,6 +28,7 @@ namespace {
 
 struct TrainCmdOptions {
   std::string config;
+  config::ParseOptions parse;  // --strict
   std::string preempt_signal;  // besides SIGTERM
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
@@ -57,7 +58,7 @@ int run_train(const TrainCmdOptions& o) {
   auto direct = launch::DirectMode::enter();  // srun/mpirun started us: their ranks, rank 0's store
   const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
-  auto cfg = config::load_job_config(o.config, world);
+  auto cfg = config::load_job_config(o.config, world, o.parse);
   if (o.comm_timeout > 0) cfg.training.comm_timeout = o.comm_timeout;
   for (const auto& w : cfg.warnings) {
     if (rank0) std::cerr << "dstrain: warning: " << w << "\n";
@@ -109,6 +110,7 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
   auto* sub = app.add_subcommand("train", "train the config's model (any model.type) in this process (what "
                                           "every rank of `dstrain launch` runs)");
   sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
+  add_config_read_flags(sub, o->parse);
   sub->add_option("--init-from", o->train.init_from, "start from these weights in the model family's format: an llm.c checkpoint file, or "
                   "Hugging Face safetensors (a file or a directory)");
   sub->add_option("--metrics", o->train.metrics_path,

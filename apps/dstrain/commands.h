@@ -8,6 +8,10 @@
 
 #include <CLI/CLI.hpp>
 
+namespace ds::config {
+struct ParseOptions;
+}
+
 namespace ds::cli {
 
 struct Command {
@@ -32,5 +36,9 @@ void add_token_command(CLI::App& app, std::vector<Command>& out);
 void add_sample_command(CLI::App& app, std::vector<Command>& out);
 void add_eval_command(CLI::App& app, std::vector<Command>& out);
 void add_plot_command(CLI::App& app, std::vector<Command>& out);
+
+// The flags that change how a job config is read, shared by `train`, `config check` and `plan`
+// (cmd_config.cpp): --strict.
+void add_config_read_flags(CLI::App* sub, config::ParseOptions& o);
 
 }  // namespace ds::cli

@@ -4,6 +4,7 @@
 // copied from there. Integer ranges read "an integer >= lo" when the top is only the type's limit.
 #include "config/config_reader.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <filesystem>
@@ -52,6 +53,28 @@ std::optional<int64_t> whole_number(const Json& v) {
   }
   return std::nullopt;
 }
+
+// dstrain's own top-level sections: DeepSpeed never reads them, so nothing in them is a key
+// DeepSpeed would ignore, and an unknown key there is always an error.
+const char* const kOwnSections[] = {"model", "data", "training", "lora", "context_parallel",
+                                    "expert_parallel"};
+
+// Whether the object at `path` ("$", "$.zero_optimization.offload_param", "$.data.train[0]") is
+// DeepSpeed's: the top level or anything under a top-level key that is not dstrain's own.
+bool deepspeed_object(const std::string& path) {
+  if (path == "$") return true;
+  if (path.size() < 3 || path.compare(0, 2, "$.") != 0) return true;
+  const size_t end = path.find_first_of(".[", 2);
+  const std::string top = path.substr(2, end == std::string::npos ? std::string::npos : end - 2);
+  for (const char* own : kOwnSections) {
+    if (top == own) return false;
+  }
+  return true;
+}
+
+// A probable typo: a known key at most this many edits away keeps an unknown key an error even
+// where DeepSpeed would ignore it ("optimizr", "zero_optimisation").
+constexpr size_t kTypoEdits = 2;
 
 }  // namespace
 
@@ -262,6 +285,13 @@ void Section::finish() {
     for (const auto& kk : known_) known = known || kk == k;
     if (known) continue;
     auto near = closest_match(k, known_);
+    const bool typo = near && edit_distance(k, *near) <= kTypoEdits;
+    if (!ctx_.strict && !typo && deepspeed_object(path_)) {
+      ctx_.warn(child(k), fmt::format("unknown key, ignored as DeepSpeed ignores it{} (an error "
+                                      "with --strict)",
+                                      near ? fmt::format(" (did you mean \"{}\"?)", *near) : ""));
+      continue;
+    }
     if (near) {
       ctx_.error(child(k), fmt::format("unknown key (did you mean \"{}\"?)", *near));
     } else if (known_.size() > 16) {
@@ -275,7 +305,12 @@ void Section::finish() {
 
 std::string Section::join_keys() const {
   std::string out;
-  for (const auto& k : known_) out += (out.empty() ? "" : ", ") + k;
+  std::vector<std::string> seen;
+  for (const auto& k : known_) {
+    if (std::find(seen.begin(), seen.end(), k) != seen.end()) continue;  // raw() twice
+    seen.push_back(k);
+    out += (out.empty() ? "" : ", ") + k;
+  }
   return out;
 }
 

@@ -2,7 +2,7 @@
 // job_config.h). A `Section` is one JSON object being read: each typed getter declares its key
 // known, checks type and range and records an error with the key's JSON path and line in the
 // `ReadContext`; `ignored()` declares DeepSpeed keys accepted with a warning; `finish()` turns
-// every key not declared into an "unknown key" error with the closest known key suggested.
+// every key not declared into an "unknown key" warning or error (see finish()).
 //
 // Not a schema language: each section's reader (config_sections.h) is plain code calling these
 // getters in the order its keys are declared, which is also the order of its messages and of the
@@ -43,6 +43,8 @@ struct ReadContext {
   std::string source;  // the file name in messages ("<config>" without one)
   std::vector<std::string> errors;
   std::vector<std::string> warnings;
+  // --strict: an unknown key is an error in every section, not only in dstrain's own.
+  bool strict = false;
 
   // "file:line: $.path", with the line of the path or, for a key the file does not have (a rule
   // about a resolved default), of its nearest enclosing object.
@@ -92,7 +94,11 @@ class Section {
   // DeepSpeed keys accepted and not acted on: a warning for each one present.
   void ignored(const std::vector<std::string>& keys);
 
-  // Every key not declared known is an error, with the closest known key suggested.
+  // Every key not declared known: in DeepSpeed's sections (the top level, zero_optimization,
+  // optimizer, ...) a warning, as DeepSpeed ignores it, unless a known key is at most two edits
+  // away (a probable typo) or the parse is strict; in dstrain's own sections (model, data,
+  // training, lora, context_parallel, expert_parallel), which DeepSpeed never reads, always an
+  // error. Errors suggest the closest known key.
   void finish();
 
  private:

@@ -65,7 +65,8 @@ ConfigError::ConfigError(const std::string& source, std::vector<std::string> err
             "see docs/configuration.md for every key, its type and default"),
       errors_(std::move(errors)) {}
 
-JobConfig parse_job_config(std::string_view text, const std::string& path, int world_size) {
+JobConfig parse_job_config(std::string_view text, const std::string& path, int world_size,
+                           const ParseOptions& options) {
   if (world_size < 1) throw invalid_argument("world size must be at least 1, got {}", world_size);
   const std::string source = path.empty() ? "<config>" : path;
 
@@ -78,6 +79,7 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   }
 
   detail::ReadContext ctx{doc, source, std::move(dup_errors), {}};
+  ctx.strict = options.strict;
   JobConfig cfg;
   cfg.path = path;
   cfg.world_size = world_size;
@@ -94,13 +96,13 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
   return cfg;
 }
 
-JobConfig load_job_config(const std::string& path, int world_size) {
+JobConfig load_job_config(const std::string& path, int world_size, const ParseOptions& options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw invalid_argument("cannot read config {}: {}", path, errno_string(errno));
   std::ostringstream ss;
   ss << in.rdbuf();
   if (in.bad()) throw invalid_argument("cannot read config {}: {}", path, errno_string(errno));
-  return parse_job_config(ss.str(), path, world_size);
+  return parse_job_config(ss.str(), path, world_size, options);
 }
 
 void require_training_sections(const JobConfig& config) {

@@ -4,8 +4,9 @@
 //
 // What validation guarantees for a returned JobConfig:
 //   - every key had the right type and range; unknown keys were errors (with the closest known
-//     key suggested); DeepSpeed keys dstrain does not act on were accepted and listed in
-//     `warnings`; duplicate keys were errors;
+//     key suggested) or, where DeepSpeed would ignore them, warnings (ParseOptions::strict);
+//     DeepSpeed keys dstrain does not act on were accepted and listed in `warnings`; duplicate
+//     keys were errors;
 //   - the batch triad is resolved as DeepSpeed resolves it, against the data-parallel size
 //     dp = world_size / (tensor_parallel.size * pipeline.stages):
 //       train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * dp;
@@ -316,12 +317,23 @@ class ConfigError : public Error {
   std::vector<std::string> errors_;
 };
 
+// How a config is read beyond its text: the command line's --strict.
+struct ParseOptions {
+  // Every unknown key is an error. Without it, an unknown key in a DeepSpeed section (the top
+  // level, zero_optimization, optimizer, ...) is a warning, as DeepSpeed ignores it, unless a
+  // known key is at most two edits away (a probable typo); in dstrain's own sections (model,
+  // data, training, lora, context_parallel, expert_parallel) it is always an error.
+  bool strict = false;
+};
+
 // Parses and validates `text` for `world_size` ranks; `path` names the file in messages and is
 // the base for relative paths ("" : paths stay as written). Throws ConfigError (every fault) or
 // ds::Error (invalid argument) for world_size < 1.
-JobConfig parse_job_config(std::string_view text, const std::string& path, int world_size);
+JobConfig parse_job_config(std::string_view text, const std::string& path, int world_size,
+                           const ParseOptions& options = {});
 // Reads and parses a file; a missing or unreadable file is an invalid-argument error naming it.
-JobConfig load_job_config(const std::string& path, int world_size);
+JobConfig load_job_config(const std::string& path, int world_size,
+                          const ParseOptions& options = {});
 
 // Throws ConfigError listing what `dstrain train` needs and the config lacks: a model section,
 // data.train, training.steps.

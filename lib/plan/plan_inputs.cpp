@@ -95,8 +95,9 @@ int resolve_threads_per_rank(int threads) {
   return n && *n > 0 ? static_cast<int>(*n) : 1;
 }
 
-PlanInput model_plan_input(const std::string& config_path, int world_size, int threads) {
-  auto cfg = config::load_job_config(config_path, world_size);
+PlanInput model_plan_input(const std::string& config_path, int world_size, int threads,
+                           const config::ParseOptions& parse) {
+  auto cfg = config::load_job_config(config_path, world_size, parse);
   PlanInput in = plan_input_from_config(cfg);
   in.layout.num_threads = resolve_threads_per_rank(threads);
   return in;

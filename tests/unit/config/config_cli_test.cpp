@@ -104,6 +104,26 @@ TEST_F(ConfigCli, EveryErrorIsPrintedAndTheExitCodeIsTwo) {
   EXPECT_NE(r.err.find("dstrain: 3 errors in " + path), std::string::npos) << r.err;
 }
 
+TEST_F(ConfigCli, UnknownDeepSpeedKeysWarnAndStrictMakesThemErrors) {
+  std::string path = write("hf.json", R"({
+  "train_micro_batch_size_per_gpu": 4,
+  "cuda_visible_devices": "0"
+})");
+  auto r = run_command(dstrain() + " config check " + path);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("warning: " + path + ":3: $.cuda_visible_devices: unknown key, ignored as DeepSpeed "
+                       "ignores it (an error with --strict)"),
+            std::string::npos) << r.err;
+  r = run_command(dstrain() + " config check --strict " + path);
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("error: " + path + ":3: $.cuda_visible_devices: unknown key"), std::string::npos) << r.err;
+  // plan and train take the flag too.
+  r = run_command(dstrain() + " plan --help");
+  EXPECT_NE(r.out.find("--strict"), std::string::npos) << r.out;
+  r = run_command(dstrain() + " train --help");
+  EXPECT_NE(r.out.find("--strict"), std::string::npos) << r.out;
+}
+
 TEST_F(ConfigCli, WorldSizeTheLayoutCannotUseIsAnError) {
   std::string path = write("tp.json", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"size": 2}})");
   auto r = run_command(dstrain() + " config check " + path + " --world-size 3");

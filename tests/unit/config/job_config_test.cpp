@@ -47,12 +47,14 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("train_batch_sise": 8})", 1,
        "t.json:1: $.train_batch_sise: unknown key (did you mean \"train_batch_size\"?)"},
       {"{" + mb + R"("modle": {}})", 1, "t.json:1: $.modle: unknown key (did you mean \"model\"?)"},
-      {"{" + mb + R"("activation_checkpointing": {"xyzzy": true}})", 1,
-       "t.json:1: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, mode, "
-       "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
-       "number_checkpoints, synchronize_checkpoint_boundary, profile)"},
-      {"{" + mb + R"("xyzzy": 1})", 1,
-       "t.json:1: $.xyzzy: unknown key (not a dstrain or DeepSpeed key here; see docs/configuration.md)"},
+      {"{" + mb + R"("zero_optimisation": {"stage": 2}})", 1,
+       "t.json:1: $.zero_optimisation: unknown key (did you mean \"zero_optimization\"?)"},
+      {"{" + mb + R"("training": {"stepz": 2}})", 1,
+       "t.json:1: $.training.stepz: unknown key (did you mean \"steps\"?)"},
+      {"{" + mb + R"("training": {"xyzzy": 1}})", 1,
+       "t.json:1: $.training.xyzzy: unknown key (known keys here: steps, seed, eval_interval, eval_steps, "
+       "log_interval, checkpoint_dir, checkpoint_interval, keep_last, device, comm_timeout, peak_tflops, "
+       "sample_interval, eval_tasks)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
       {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})", 1,
@@ -508,6 +510,55 @@ TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
 
 // DeepSpeed's tests/torch_compile configs (until 2026) carried fp16's loss-scaling keys inside bf16;
 // DeepSpeed <= 0.17.0 ignored them: warnings here. Any other unknown bf16 key stays an error.
+// DeepSpeed ignores a key it does not know; so does dstrain in DeepSpeed's sections, with a
+// warning naming its path. A probable typo (a known key two edits away or less), an unknown key in
+// dstrain's own sections, and any unknown key under --strict stay errors.
+TEST(JobConfig, UnknownDeepSpeedKeysAreWarningsUnlessTyposOrStrict) {
+  const std::string text = R"({
+  "train_micro_batch_size_per_gpu": 2,
+  "cuda_visible_devices": "0,1",
+  "zero_optimization": {"stage": 1, "my_bucket_tuning": true},
+  "activation_checkpointing": {"xyzzy": true}
+})";
+  JobConfig c = parse_job_config(text, "w.json", 1);
+  const std::vector<std::string> want = {
+      "w.json:4: $.zero_optimization.my_bucket_tuning: unknown key, ignored as DeepSpeed "
+      "ignores it (an error with --strict)",
+      "w.json:5: $.activation_checkpointing.xyzzy: unknown key, ignored as DeepSpeed ignores it "
+      "(an error with --strict)",
+      "w.json:3: $.cuda_visible_devices: unknown key, ignored as DeepSpeed ignores it (an error "
+      "with --strict)",
+  };
+  EXPECT_EQ(c.warnings, want);
+  EXPECT_EQ(c.zero.stage, 1);
+
+  ParseOptions strict;
+  strict.strict = true;
+  try {
+    parse_job_config(text, "w.json", 1, strict);
+    FAIL() << "--strict accepted unknown keys";
+  } catch (const ConfigError& e) {
+    const std::vector<std::string> errs = {
+        "w.json:4: $.zero_optimization.my_bucket_tuning: unknown key (not a dstrain or "
+        "DeepSpeed key here; see docs/configuration.md)",
+        "w.json:5: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, mode, "
+        "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
+        "number_checkpoints, synchronize_checkpoint_boundary, profile)",
+        "w.json:3: $.cuda_visible_devices: unknown key (not a dstrain or DeepSpeed key here; see "
+        "docs/configuration.md)",
+    };
+    EXPECT_EQ(e.errors(), errs);
+  }
+
+  // A typo stays an error without --strict; its suggestion is the known key.
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "optimizr": {"type": "AdamW"}})"),
+            std::vector<std::string>{"t.json:1: $.optimizr: unknown key (did you mean \"optimizer\"?)"});
+  // dstrain's own sections are strict: DeepSpeed never reads them.
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "data": {"train": "t.bin", "cuda_visible_devices": 1}})"),
+            std::vector<std::string>{"t.json:1: $.data.cuda_visible_devices: unknown key (known keys here: "
+                                     "train, val, shuffle, packing, document_token, tokenizer)"});
+}
+
 TEST(JobConfig, Fp16LossScalingKeysInsideBf16AreWarnings) {
   JobConfig c = parse_job_config(R"({"train_batch_size": 8,
   "bf16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
