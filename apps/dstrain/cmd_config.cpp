@@ -1,4 +1,4 @@
-// `dstrain config check CONFIG [--world-size N] [--train] [--strict]`: validate a job config and print it
+// `dstrain config check CONFIG [--world-size N] [--train] [--strict] [--set KEY=VALUE]...`: validate a job config and print it
 // resolved (every default filled in, the batch triad resolved for the world size) as JSON on
 // stdout, warnings on stderr; or print every error and exit 2.
 // It reads only the config: data files and checkpoints are not opened.
@@ -62,6 +62,11 @@ void add_config_read_flags(CLI::App* sub, config::ParseOptions& o) {
   sub->add_flag("--strict", o.strict,
                 "every unknown key is an error (default: one DeepSpeed would ignore is a warning "
                 "unless a known key is within two edits)");
+  sub->add_option("--set", o.sets,
+                  "KEY=VALUE: set a key of the config before it is validated (repeatable); KEY "
+                  "is a dotted path (optimizer.params.lr=3e-4, zero_optimization.stage=2), VALUE "
+                  "JSON when it parses as JSON, else a string")
+      ->allow_extra_args(false);
 }
 
 void add_config_command(CLI::App& app, std::vector<Command>& out) {

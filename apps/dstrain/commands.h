@@ -38,7 +38,7 @@ void add_eval_command(CLI::App& app, std::vector<Command>& out);
 void add_plot_command(CLI::App& app, std::vector<Command>& out);
 
 // The flags that change how a job config is read, shared by `train`, `config check` and `plan`
-// (cmd_config.cpp): --strict.
+// (cmd_config.cpp): --strict and --set KEY=VALUE.
 void add_config_read_flags(CLI::App* sub, config::ParseOptions& o);
 
 }  // namespace ds::cli

@@ -97,6 +97,13 @@ std::string resolve_path(const std::string& config_path, const std::string& p) {
 Json string_or_null(const std::string& s) { return s.empty() ? Json(nullptr) : Json(s); }
 
 std::string ReadContext::where(const std::string& path) const {
+  // The last --set at or above `path` wins, as it was applied last.
+  for (auto it = set_paths.rbegin(); it != set_paths.rend(); ++it) {
+    const std::string& sp = it->first;
+    const bool under = path.size() > sp.size() && path.compare(0, sp.size(), sp) == 0 &&
+                       (path[sp.size()] == '.' || path[sp.size()] == '[');
+    if (path == sp || under) return fmt::format("{}: {} (from --set {})", source, path, it->second);
+  }
   std::string p = path;
   int line = doc.line_of(p);
   while (line == 0) {

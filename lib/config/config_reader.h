@@ -13,6 +13,7 @@
 #include <limits>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -45,6 +46,9 @@ struct ReadContext {
   std::vector<std::string> warnings;
   // --strict: an unknown key is an error in every section, not only in dstrain's own.
   bool strict = false;
+  // The JSON paths --set gave, each with its flag ("optimizer.params.lr=3e-4"): a message about
+  // one of them, or a value under it, names the flag instead of a line of the file.
+  std::vector<std::pair<std::string, std::string>> set_paths;
 
   // "file:line: $.path", with the line of the path or, for a key the file does not have (a rule
   // about a resolved default), of its nearest enclosing object.

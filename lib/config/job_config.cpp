@@ -52,6 +52,38 @@ void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& c
   detail::check_across_sections(ctx, valid, cfg);
 }
 
+// Applies one --set "KEY=VALUE" to `root`; records an error naming the flag when it cannot.
+void apply_set(detail::ReadContext& ctx, Json& root, const std::string& flag) {
+  const size_t eq = flag.find('=');
+  const std::string key = flag.substr(0, eq == std::string::npos ? 0 : eq);
+  std::vector<std::string> parts = split(key, '.');
+  bool empty_part = key.empty();
+  for (const auto& part : parts) empty_part = empty_part || part.empty();
+  if (eq == std::string::npos || empty_part) {
+    ctx.errors.push_back(fmt::format("--set {}: expected KEY=VALUE, KEY a dotted path of keys "
+                                     "(optimizer.params.lr=3e-4)", flag));
+    return;
+  }
+  const std::string text = flag.substr(eq + 1);
+  Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (value.is_discarded()) value = text;  // not JSON: a string (AdamW, cosine, ...)
+  Json* at = &root;
+  std::string path = "$";
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    path = json_path_child(path, parts[i]);
+    Json& next = (*at)[parts[i]];  // an absent key becomes null, then an object
+    if (next.is_null()) next = Json::object();
+    if (!next.is_object()) {
+      ctx.errors.push_back(fmt::format("--set {}: {} is {}, not an object, so it has no key \"{}\"",
+                                       flag, path, detail::show(next), parts[i + 1]));
+      return;
+    }
+    at = &next;
+  }
+  (*at)[parts.back()] = std::move(value);
+  ctx.set_paths.emplace_back(json_path_child(path, parts.back()), flag);
+}
+
 }  // namespace
 
 ConfigError::ConfigError(const std::string& source, std::vector<std::string> errors)
@@ -78,8 +110,7 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
     throw ConfigError(source, {e.what()});
   }
 
-  detail::ReadContext ctx{doc, source, std::move(dup_errors), {}};
-  ctx.strict = options.strict;
+  detail::ReadContext ctx{doc, source, std::move(dup_errors), {}, options.strict, {}};
   JobConfig cfg;
   cfg.path = path;
   cfg.world_size = world_size;
@@ -88,6 +119,7 @@ JobConfig parse_job_config(std::string_view text, const std::string& path, int w
                                detail::show(doc.value)));
     throw ConfigError(source, ctx.errors);
   }
+  for (const auto& flag : options.sets) apply_set(ctx, doc.value, flag);
   detail::Section root(ctx, &doc.value, "$");
   read_sections(ctx, root, cfg);
 

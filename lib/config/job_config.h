@@ -317,8 +317,15 @@ class ConfigError : public Error {
   std::vector<std::string> errors_;
 };
 
-// How a config is read beyond its text: the command line's --strict.
+// How a config is read beyond its text: the command line's --strict and --set.
 struct ParseOptions {
+  // "KEY=VALUE" overrides (--set), applied in order to the file's JSON before it is validated:
+  // KEY is a dotted path of object keys (optimizer.params.lr; objects on the way are created
+  // when absent), VALUE is read as JSON when it parses as JSON (numbers, true, false, null,
+  // objects, arrays, "quoted" strings), else as a string. A message about a value set here names
+  // its JSON path and the --set that gave it; a KEY through a value that is not an object, an
+  // empty KEY or a missing '=' is an error naming the --set.
+  std::vector<std::string> sets;
   // Every unknown key is an error. Without it, an unknown key in a DeepSpeed section (the top
   // level, zero_optimization, optimizer, ...) is a warning, as DeepSpeed ignores it, unless a
   // known key is at most two edits away (a probable typo); in dstrain's own sections (model,

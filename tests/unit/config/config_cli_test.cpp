@@ -124,6 +124,31 @@ TEST_F(ConfigCli, UnknownDeepSpeedKeysWarnAndStrictMakesThemErrors) {
   EXPECT_NE(r.out.find("--strict"), std::string::npos) << r.out;
 }
 
+TEST_F(ConfigCli, SetOverridesKeysAndNamesItselfInErrors) {
+  std::string path = write("set.json", R"({"train_micro_batch_size_per_gpu": 4, "zero_optimization": {"stage": 1}})");
+  auto r = run_command(dstrain() + " config check --set zero_optimization.stage=2 " + path +
+                       " --set optimizer.params.lr=3e-4 --set training.steps=100");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["zero_optimization"]["stage"], 2);
+  EXPECT_DOUBLE_EQ(j["optimizer"]["params"]["lr"].get<double>(), 3e-4) << j["optimizer"].dump();
+  EXPECT_EQ(j["training"]["steps"], 100);
+  r = run_command(dstrain() + " config check " + path + " --set zero_optimization.stage=7");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("error: " + path + ": $.zero_optimization.stage (from --set zero_optimization.stage=7): "
+                       "expected an integer 0-3, got 7"),
+            std::string::npos) << r.err;
+  r = run_command(dstrain() + " config check " + path + " --set zero_optimization.stage.x=1");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--set zero_optimization.stage.x=1: $.zero_optimization.stage is 1, not an object"),
+            std::string::npos) << r.err;
+  // launch forwards a command after -- as given, --set included.
+  r = run_command(dstrain() + " launch --dry-run --nproc-per-node 1 -- dstrain train --config " + path +
+                  " --set optimizer.params.lr=3e-4");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE((r.out + r.err).find("--set optimizer.params.lr=3e-4"), std::string::npos) << r.out << r.err;
+}
+
 TEST_F(ConfigCli, WorldSizeTheLayoutCannotUseIsAnError) {
   std::string path = write("tp.json", R"({"train_micro_batch_size_per_gpu": 1, "tensor_parallel": {"size": 2}})");
   auto r = run_command(dstrain() + " config check " + path + " --world-size 3");

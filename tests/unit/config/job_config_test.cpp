@@ -559,6 +559,48 @@ TEST(JobConfig, UnknownDeepSpeedKeysAreWarningsUnlessTyposOrStrict) {
                                      "train, val, shuffle, packing, document_token, tokenizer)"});
 }
 
+// --set KEY=VALUE edits the JSON before validation: values are JSON when they parse, else strings;
+// objects on the way are created; a message about a set value names its path and the flag.
+TEST(JobConfig, SetOverridesAreAppliedBeforeValidation) {
+  const std::string text = R"({
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": 0.001}},
+  "zero_optimization": {"stage": 1}
+})";
+  ParseOptions o;
+  o.sets = {"optimizer.params.lr=3e-4", "zero_optimization.stage=2", "training.steps=100",
+            "optimizer.type=Adam", "zero_optimization.offload_optimizer={\"device\": \"cpu\"}",
+            "steps_per_print=5"};
+  JobConfig c = parse_job_config(text, "s.json", 1, o);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_EQ(c.optimizer.type, "Adam");
+  EXPECT_EQ(c.zero.stage, 2);
+  EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
+  EXPECT_EQ(c.training.steps, 100);
+  EXPECT_EQ(c.steps_per_print, 5);
+
+  auto errors_with = [&](std::vector<std::string> sets) {
+    ParseOptions p;
+    p.sets = std::move(sets);
+    try {
+      parse_job_config(text, "s.json", 1, p);
+    } catch (const ConfigError& e) {
+      return e.errors();
+    }
+    return std::vector<std::string>{};
+  };
+  EXPECT_EQ(errors_with({"optimizer.params.lr=fast"}),
+            std::vector<std::string>{"s.json: $.optimizer.params.lr (from --set optimizer.params.lr=fast): "
+                                     "expected a number >= 0, got \"fast\""});
+  EXPECT_EQ(errors_with({"zero_optimization.stage.x=1"}),
+            std::vector<std::string>{"--set zero_optimization.stage.x=1: $.zero_optimization.stage is 1, "
+                                     "not an object, so it has no key \"x\""});
+  EXPECT_EQ(errors_with({"optimizer.params.lr"}),
+            std::vector<std::string>{"--set optimizer.params.lr: expected KEY=VALUE, KEY a dotted path of "
+                                     "keys (optimizer.params.lr=3e-4)"});
+  EXPECT_EQ(errors_with({"a..b=1"}).size(), 1u);
+}
+
 TEST(JobConfig, Fp16LossScalingKeysInsideBf16AreWarnings) {
   JobConfig c = parse_job_config(R"({"train_batch_size": 8,
   "bf16": {"enabled": true, "loss_scale": 0, "loss_scale_window": 500, "hysteresis": 2,
