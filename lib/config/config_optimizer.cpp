@@ -20,7 +20,7 @@ const std::vector<std::string> kDsOptimizerParamsIgnored = {"torch_adam", "bias_
 
 void read_betas(ReadContext& ctx, Section& p, OptimizerConfig& out) {
   const Json* betas = p.raw("betas");
-  if (!betas) return;
+  if (!betas || auto_needs_value(ctx, p.child("betas"), *betas)) return;
   bool ok = betas->is_array() && betas->size() == 2 && (*betas)[0].is_number() &&
             (*betas)[1].is_number();
   double b1 = ok ? (*betas)[0].get<double>() : 0, b2 = ok ? (*betas)[1].get<double>() : 0;

@@ -1,7 +1,9 @@
 // The section walker's getters (config_reader.h). Each getter checks one value against what the
-// key expects and words the error the same way for every section: "expected <what>, got <value>",
-// plus a hint for the Hugging Face Trainer's "auto" placeholder, the commonest mistake in configs
-// copied from there. Integer ranges read "an integer >= lo" when the top is only the type's limit.
+// key expects and words the error the same way for every section: "expected <what>, got <value>".
+// The Hugging Face Trainer's "auto" placeholder, where a section has no rule of its own for it
+// (config_top_level.cpp has the batch triad's and gradient_clipping's), is an error asking for
+// the value on the command line: `"auto" needs a value: pass --set optimizer.params.lr=VALUE`.
+// Integer ranges read "an integer >= lo" when the top is only the type's limit.
 #include "config/config_reader.h"
 
 #include <algorithm>
@@ -18,13 +20,11 @@ namespace ds::config::detail {
 
 namespace {
 
-// Extra words for a common mistake: Hugging Face Trainer configs use "auto" placeholders.
-std::string auto_hint(const Json& v) {
-  if (v.is_string() && v.get<std::string>() == "auto") {
-    return " (\"auto\" is a placeholder the Hugging Face Trainer fills in; give a value)";
-  }
-  return {};
-}
+bool is_auto(const Json& v) { return v.is_string() && v.get<std::string>() == "auto"; }
+
+// The dotted key --set takes for a JSON path: "$.optimizer.params.lr" -> "optimizer.params.lr".
+std::string set_key(const std::string& path) { return path.size() > 2 ? path.substr(2) : path; }
+
 
 std::string int_range_text(int64_t lo, int64_t hi) {
   if (hi >= kI32Max) return fmt::format("an integer >= {}", lo);
@@ -77,6 +77,12 @@ bool deepspeed_object(const std::string& path) {
 constexpr size_t kTypoEdits = 2;
 
 }  // namespace
+
+bool auto_needs_value(ReadContext& ctx, const std::string& path, const Json& v) {
+  if (!is_auto(v)) return false;
+  ctx.error(path, fmt::format("\"auto\" needs a value: pass --set {}=VALUE", set_key(path)));
+  return true;
+}
 
 std::string show(const Json& v) {
   std::string s = v.dump();
@@ -140,10 +146,10 @@ const Json* Section::raw(const std::string& key) {
 bool Section::get_int(const std::string& key, int64_t& out, int64_t lo, int64_t hi) {
   const Json* v = raw(key);
   if (!v) return false;
+  if (auto_needs_value(ctx_, child(key), *v)) return false;
   std::optional<int64_t> n = whole_number(*v);
   if (!n) {
-    ctx_.error(child(key), fmt::format("expected {}, got {}{}", int_range_text(lo, hi), show(*v),
-                                       auto_hint(*v)));
+    ctx_.error(child(key), fmt::format("expected {}, got {}", int_range_text(lo, hi), show(*v)));
     return false;
   }
   if (*n < lo || *n > hi) {
@@ -168,6 +174,7 @@ bool Section::get_int(const std::string& key, int& out, int64_t lo, int64_t hi) 
 bool Section::get_u64(const std::string& key, uint64_t& out) {
   const Json* v = raw(key);
   if (!v) return false;
+  if (auto_needs_value(ctx_, child(key), *v)) return false;
   if (v->is_number_unsigned()) {
     out = v->get<uint64_t>();
     return true;
@@ -176,9 +183,8 @@ bool Section::get_u64(const std::string& key, uint64_t& out) {
     out = static_cast<uint64_t>(v->get<int64_t>());
     return true;
   }
-  ctx_.error(child(key), fmt::format("expected an integer 0-{}, got {}{}",
-                                     std::numeric_limits<uint64_t>::max(), show(*v),
-                                     auto_hint(*v)));
+  ctx_.error(child(key), fmt::format("expected an integer 0-{}, got {}",
+                                     std::numeric_limits<uint64_t>::max(), show(*v)));
   return false;
 }
 
@@ -192,8 +198,9 @@ bool Section::get_number(const std::string& key, double& out, double lo, double 
   } else {
     expect = fmt::format("a number from {} to {}", lo, hi);
   }
+  if (auto_needs_value(ctx_, child(key), *v)) return false;
   if (!v->is_number()) {
-    ctx_.error(child(key), fmt::format("expected {}, got {}{}", expect, show(*v), auto_hint(*v)));
+    ctx_.error(child(key), fmt::format("expected {}, got {}", expect, show(*v)));
     return false;
   }
   double d = v->get<double>();
@@ -208,9 +215,9 @@ bool Section::get_number(const std::string& key, double& out, double lo, double 
 bool Section::get_bool(const std::string& key, bool& out) {
   const Json* v = raw(key);
   if (!v) return false;
+  if (auto_needs_value(ctx_, child(key), *v)) return false;
   if (!v->is_boolean()) {
-    ctx_.error(child(key),
-               fmt::format("expected true or false, got {}{}", show(*v), auto_hint(*v)));
+    ctx_.error(child(key), fmt::format("expected true or false, got {}", show(*v)));
     return false;
   }
   out = v->get<bool>();
@@ -262,8 +269,8 @@ bool Section::get_choice(const std::string& key, std::string& out,
       return true;
     }
   }
-  ctx_.error(child(key),
-             fmt::format("expected one of {}, got {}{}", list, show(*v), auto_hint(*v)));
+  if (auto_needs_value(ctx_, child(key), *v)) return false;
+  ctx_.error(child(key), fmt::format("expected one of {}, got {}", list, show(*v)));
   return false;
 }
 

@@ -57,6 +57,11 @@ struct ReadContext {
   void warn(const std::string& path, const std::string& msg);
 };
 
+// Hugging Face's "auto" placeholder where dstrain has no rule of its own for the key: records
+// `$.a.b: "auto" needs a value: pass --set a.b=VALUE` and returns true when `v` is "auto".
+// The getters below call it; readers of their own (arrays, objects) call it first.
+bool auto_needs_value(ReadContext& ctx, const std::string& path, const Json& v);
+
 // One JSON object being read. Getters return true when the key is present and valid (and set
 // `out`); false when absent (out untouched) or invalid (an error is recorded).
 class Section {

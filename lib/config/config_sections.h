@@ -33,10 +33,14 @@ struct BatchKeys {
   int64_t train_batch_size = 0, micro_batch_size = 0, accumulation_steps = 0;
   bool has_train_batch_size = false, has_micro_batch_size = false, has_accumulation_steps = false;
   bool valid = true;  // no key of the three was present and invalid
+  // Given as "auto" (Hugging Face's placeholder): read as absent, so derived from the others.
+  bool auto_train_batch_size = false, auto_accumulation_steps = false;
 };
 
 // --- top level ------------------------------------------------------------------------------
-BatchKeys read_top_level(Section& root, JobConfig& cfg);
+// "auto" for train_batch_size and gradient_accumulation_steps reads as absent (derived, as when
+// missing); for gradient_clipping as 1.0, the Hugging Face Trainer's max_grad_norm default.
+BatchKeys read_top_level(ReadContext& ctx, Section& root, JobConfig& cfg);
 // After every section: the top-level DeepSpeed keys accepted without effect, then unknown keys.
 void finish_top_level(Section& root);
 void top_level_to_json(const JobConfig& cfg, Json& out);  // sets the six top-level scalars

@@ -1,5 +1,7 @@
 // The top level of a job config: the batch triad's three keys (read here, resolved against the
-// data-parallel size in config_validate.cpp), steps_per_print, gradient_clipping and wall_clock_breakdown, and the
+// data-parallel size in config_validate.cpp; "auto" for train_batch_size or
+// gradient_accumulation_steps reads as absent), steps_per_print, gradient_clipping ("auto": 1.0,
+// the Hugging Face Trainer's default) and wall_clock_breakdown, and the
 // DeepSpeed top-level keys dstrain accepts without acting on them. The sections themselves have
 // their own readers (config_sections.h).
 #include "config/config_sections.h"
@@ -24,18 +26,37 @@ const std::vector<std::string> kDsTopLevelIgnored = {
 
 }  // namespace
 
-BatchKeys read_top_level(Section& root, JobConfig& cfg) {
+// Whether `key` is present with Hugging Face's "auto" placeholder (declaring it known).
+bool given_auto(Section& root, const std::string& key) {
+  const Json* v = root.raw(key);
+  return v && v->is_string() && v->get<std::string>() == "auto";
+}
+
+BatchKeys read_top_level(ReadContext& ctx, Section& root, JobConfig& cfg) {
   BatchKeys b;
-  b.has_train_batch_size = root.get_int("train_batch_size", b.train_batch_size, 1, kI32Max);
+  b.auto_train_batch_size = given_auto(root, "train_batch_size");
+  b.auto_accumulation_steps = given_auto(root, "gradient_accumulation_steps");
+  if (!b.auto_train_batch_size) {
+    b.has_train_batch_size = root.get_int("train_batch_size", b.train_batch_size, 1, kI32Max);
+  }
   b.has_micro_batch_size =
       root.get_int("train_micro_batch_size_per_gpu", b.micro_batch_size, 1, kI32Max);
-  b.has_accumulation_steps =
-      root.get_int("gradient_accumulation_steps", b.accumulation_steps, 1, kI32Max);
-  b.valid = !(root.has("train_batch_size") && !b.has_train_batch_size) &&
+  if (!b.auto_accumulation_steps) {
+    b.has_accumulation_steps =
+        root.get_int("gradient_accumulation_steps", b.accumulation_steps, 1, kI32Max);
+  }
+  b.valid = !(root.has("train_batch_size") && !b.has_train_batch_size && !b.auto_train_batch_size) &&
             !(root.has("train_micro_batch_size_per_gpu") && !b.has_micro_batch_size) &&
-            !(root.has("gradient_accumulation_steps") && !b.has_accumulation_steps);
+            !(root.has("gradient_accumulation_steps") && !b.has_accumulation_steps &&
+              !b.auto_accumulation_steps);
   root.get_int("steps_per_print", cfg.steps_per_print, 1);
-  root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
+  if (given_auto(root, "gradient_clipping")) {
+    cfg.gradient_clipping = 1.0;
+    ctx.warn(root.child("gradient_clipping"),
+             "\"auto\" -> 1.0: the Hugging Face Trainer's default max_grad_norm");
+  } else {
+    root.get_number("gradient_clipping", cfg.gradient_clipping, 0);
+  }
   root.get_bool("wall_clock_breakdown", cfg.wall_clock_breakdown);
   return b;
 }

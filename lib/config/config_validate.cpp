@@ -149,6 +149,27 @@ void resolve_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
   cfg.gradient_accumulation_steps = gas;
 }
 
+void note_batch_autos(ReadContext& ctx, const BatchKeys& b, const JobConfig& cfg) {
+  if (b.auto_train_batch_size) {
+    ctx.warn(top("train_batch_size"),
+             fmt::format("\"auto\" -> {}: train_micro_batch_size_per_gpu x "
+                         "gradient_accumulation_steps x data-parallel size = {} x {} x {}",
+                         cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
+                         cfg.gradient_accumulation_steps, cfg.data_parallel_size));
+  }
+  if (b.auto_accumulation_steps) {
+    ctx.warn(top("gradient_accumulation_steps"),
+             b.has_train_batch_size
+                 ? fmt::format("\"auto\" -> {}: train_batch_size / (train_micro_batch_size_per_gpu "
+                               "x data-parallel size) = {} / ({} x {})",
+                               cfg.gradient_accumulation_steps, cfg.train_batch_size,
+                               cfg.train_micro_batch_size_per_gpu, cfg.data_parallel_size)
+                 : fmt::format("\"auto\" -> {}: without train_batch_size, one micro-batch per "
+                               "step (as when absent)",
+                               cfg.gradient_accumulation_steps));
+  }
+}
+
 void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                                 const JobConfig& cfg) {
   const model_spec::ModelShape& m = cfg.model.shape;
@@ -259,7 +280,10 @@ void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConf
   const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);
   check_expert_parallel(ctx, valid, cfg, layout_whole);
   check_zero3_without_pipeline(ctx, valid, cfg);
-  if (valid.batch.valid && layout_whole) resolve_batch_triad(ctx, valid.batch, cfg);
+  if (valid.batch.valid && layout_whole) {
+    resolve_batch_triad(ctx, valid.batch, cfg);
+    note_batch_autos(ctx, valid.batch, cfg);
+  }
   if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);
   const int tp = cfg.tensor_parallel.size, cp = cfg.context_parallel.size;
   if (cfg.has_model && valid.model && layout_whole && valid.batch.valid && cfg.tensor_parallel.sequence_parallel &&

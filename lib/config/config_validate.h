@@ -43,6 +43,8 @@ void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
 // As DeepSpeed's _set_batch_related_parameters + _batch_assertion, against
 // cfg.data_parallel_size.
 void resolve_batch_triad(ReadContext& ctx, const BatchKeys& batch, JobConfig& cfg);
+// A warning saying what each "auto" of train_batch_size and gradient_accumulation_steps became.
+void note_batch_autos(ReadContext& ctx, const BatchKeys& batch, const JobConfig& cfg);
 void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                                 const JobConfig& cfg);
 

@@ -27,7 +27,7 @@ namespace {
 // Walks every section of `root` into `cfg` and applies the cross-section rules.
 void read_sections(detail::ReadContext& ctx, detail::Section& root, JobConfig& cfg) {
   detail::SectionsValid valid;
-  valid.batch = detail::read_top_level(root, cfg);
+  valid.batch = detail::read_top_level(ctx, root, cfg);
   detail::read_fp16(root, cfg.fp16);
   detail::read_bf16(ctx, root, cfg.bf16);
   detail::read_gradient_types(root, cfg.gradient_types);

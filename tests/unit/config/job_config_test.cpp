@@ -57,9 +57,9 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "sample_interval, eval_tasks)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
-      {R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2})", 1,
-       "t.json:1: $.train_batch_size: expected an integer >= 1, got \"auto\" (\"auto\" is a "
-       "placeholder the Hugging Face Trainer fills in; give a value)"},
+      {R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto"})", 1,
+       "t.json:1: $.train_micro_batch_size_per_gpu: \"auto\" needs a value: pass --set "
+       "train_micro_batch_size_per_gpu=VALUE"},
       {"{" + mb + R"("steps_per_print": 0})", 1,
        "t.json:1: $.steps_per_print: expected an integer >= 1, got 0"},
       {"{" + mb + R"("gradient_clipping": -1})", 1,
@@ -69,8 +69,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("fp16": {"enabled": true}, "bf16": {"enabled": true}})", 1,
        "t.json:1: $.bf16: fp16 and bf16 cannot both be enabled (as in DeepSpeed)"},
       {"{" + mb + R"("fp16": {"enabled": "auto"}})", 1,
-       "t.json:1: $.fp16.enabled: expected true or false, got \"auto\" (\"auto\" is a placeholder "
-       "the Hugging Face Trainer fills in; give a value)"},
+       "t.json:1: $.fp16.enabled: \"auto\" needs a value: pass --set fp16.enabled=VALUE"},
       {"{" + mb + R"("fp16": {"min_loss_scale": 0}})", 1,
        "t.json:1: $.fp16.min_loss_scale: expected a number > 0, got 0"},
       {"{" + mb + R"("fp16": {"initial_scale_power": 64}})", 1,
@@ -599,6 +598,64 @@ TEST(JobConfig, SetOverridesAreAppliedBeforeValidation) {
             std::vector<std::string>{"--set optimizer.params.lr: expected KEY=VALUE, KEY a dotted path of "
                                      "keys (optimizer.params.lr=3e-4)"});
   EXPECT_EQ(errors_with({"a..b=1"}).size(), 1u);
+}
+
+// Hugging Face's "auto": the batch triad's train_batch_size and gradient_accumulation_steps are
+// derived as when absent, gradient_clipping is 1.0, each with a warning saying what it became;
+// any other "auto" needs --set, and every unfilled one is named.
+TEST(JobConfig, AutoValuesAreDerivedOrNeedSet) {
+  JobConfig c = parse_job_config(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto"})", "a.json", 4);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.gradient_accumulation_steps, 1);
+  EXPECT_DOUBLE_EQ(c.gradient_clipping, 1.0);
+  const std::vector<std::string> want = {
+      "a.json:2: $.gradient_clipping: \"auto\" -> 1.0: the Hugging Face Trainer's default max_grad_norm",
+      "a.json:1: $.train_batch_size: \"auto\" -> 8: train_micro_batch_size_per_gpu x "
+      "gradient_accumulation_steps x data-parallel size = 2 x 1 x 4",
+      "a.json:2: $.gradient_accumulation_steps: \"auto\" -> 1: without train_batch_size, one "
+      "micro-batch per step (as when absent)",
+  };
+  EXPECT_EQ(c.warnings, want);
+  c = parse_job_config(R"({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 2,
+  "gradient_accumulation_steps": "auto"})", "a.json", 4);
+  EXPECT_EQ(c.gradient_accumulation_steps, 4);
+
+  const std::string hf = R"({
+  "train_micro_batch_size_per_gpu": 2,
+  "optimizer": {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}},
+  "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_min_lr": "auto", "warmup_max_lr": "auto",
+                "warmup_num_steps": "auto", "total_num_steps": "auto"}},
+  "fp16": {"enabled": "auto"},
+  "zero_optimization": {"stage": 2, "reduce_bucket_size": "auto"}
+})";
+  try {
+    parse_job_config(hf, "hf.json", 1);
+    FAIL() << "unfilled \"auto\" accepted";
+  } catch (const ConfigError& e) {
+    std::string all;
+    for (const auto& err : e.errors()) all += err + "\n";
+    for (const std::string key : {"fp16.enabled", "zero_optimization.reduce_bucket_size", "optimizer.params.lr",
+                                  "optimizer.params.betas", "optimizer.params.eps",
+                                  "optimizer.params.weight_decay", "scheduler.params.warmup_min_lr",
+                                  "scheduler.params.warmup_max_lr", "scheduler.params.warmup_num_steps",
+                                  "scheduler.params.total_num_steps"}) {
+      EXPECT_NE(all.find(": $." + key + ": \"auto\" needs a value: pass --set " + key + "=VALUE\n"),
+                std::string::npos) << key << "\n" << all;
+    }
+    EXPECT_EQ(e.errors().size(), 10u) << all;
+  }
+  ParseOptions o;
+  o.sets = {"optimizer.params.lr=3e-4", "optimizer.params.betas=[0.9, 0.95]", "optimizer.params.eps=1e-8",
+            "optimizer.params.weight_decay=0.1", "scheduler.params.warmup_min_lr=0",
+            "scheduler.params.warmup_max_lr=3e-4", "scheduler.params.warmup_num_steps=10",
+            "scheduler.params.total_num_steps=100", "fp16.enabled=false",
+            "zero_optimization.reduce_bucket_size=5e8"};
+  c = parse_job_config(hf, "hf.json", 1, o);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_EQ(c.scheduler.total_num_steps, 100);
+  EXPECT_FALSE(c.fp16.enabled);
 }
 
 TEST(JobConfig, Fp16LossScalingKeysInsideBf16AreWarnings) {

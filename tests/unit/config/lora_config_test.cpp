@@ -146,8 +146,7 @@ TEST(LoraConfig, ErrorsNameTheJsonPath) {
       {with_lora(kLlama, R"("r": 8, "alpha": 0, "target_modules": ["q_proj"])"),
        "t.json:1: $.lora.alpha: expected a number > 0, got 0"},
       {with_lora(kLlama, R"("r": 8, "alpha": "auto", "target_modules": ["q_proj"])"),
-       "t.json:1: $.lora.alpha: expected a number > 0, got \"auto\" (\"auto\" is a placeholder the Hugging Face "
-       "Trainer fills in; give a value)"},
+       "t.json:1: $.lora.alpha: \"auto\" needs a value: pass --set lora.alpha=VALUE"},
       {with_lora(kLlama, R"("r": 8, "dropout": 1, "target_modules": ["q_proj"])"),
        "t.json:1: $.lora.dropout: expected a number >= 0 and < 1, got 1"},
       {with_lora(kLlama, R"("r": 8, "dropout": -0.1, "target_modules": ["q_proj"])"),
