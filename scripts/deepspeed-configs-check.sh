@@ -5,16 +5,20 @@
 # as valid at the first that passes. Files that are not job configs (a JSON object without any
 # DeepSpeed batch or section key, e.g. a tokenizer vocabulary) are listed apart.
 #
-#   scripts/deepspeed-configs-check.sh DEEPSPEED_CHECKOUT [DSTRAIN_BIN] [REV]
+#   scripts/deepspeed-configs-check.sh DEEPSPEED_CHECKOUT [DSTRAIN_BIN] [REV] [UNDER]
 #
 # DEEPSPEED_CHECKOUT is a git checkout (or bare repository) of deepspeedai/DeepSpeed; REV (default
 # HEAD) is read with `git show`, so no work tree is needed and nothing of DeepSpeed's is copied
-# into this repository. Prints one line per file ("ok N", "FAIL" with the errors, "not a config")
+# into this repository. UNDER (default tests) is the folder searched; "" searches the whole tree,
+# e.g. for microsoft/DeepSpeedExamples, whose training configs lie beside each example:
+#
+#   scripts/deepspeed-configs-check.sh /path/DeepSpeedExamples.git build/bin/dstrain HEAD "" Prints one line per file ("ok N", "FAIL" with the errors, "not a config")
 # and a summary; exits 1 when any config fails.
 set -uo pipefail
 ds="${1:?usage: $0 DEEPSPEED_CHECKOUT [DSTRAIN_BIN] [REV]}"
 bin="${2:-$(dirname "$0")/../build/bin/dstrain}"
 rev="${3:-HEAD}"
+under="${4-tests}"
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 ok=0 fail=0 other=0
@@ -41,6 +45,6 @@ while IFS= read -r f; do
     "$bin" config check "$out" 2>&1 >/dev/null | grep -v '^warning' | sed 's/^/    /'
     fail=$((fail + 1))
   fi
-done < <(git -C "$ds" ls-tree -r --name-only "$rev" tests | grep '\.json$')
-echo "DeepSpeed $(git -C "$ds" rev-parse --short "$rev"): $ok of $((ok + fail)) configs validate, $fail fail; $other other JSON files"
+done < <(git -C "$ds" ls-tree -r --name-only "$rev" ${under:+"$under"} | grep '\.json$')
+echo "$ds $(git -C "$ds" rev-parse --short "$rev"): $ok of $((ok + fail)) configs validate, $fail fail; $other other JSON files"
 ((fail == 0))
