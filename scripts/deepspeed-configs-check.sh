@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every JSON file under a DeepSpeed checkout's tests/ through `dstrain config check` and
+# Runs every JSON file under a folder of a DeepSpeed checkout (tests/ unless told) through
+# `dstrain config check` and
 # reports how many validate. A config is tried for world sizes 1, 2, 4, 8, 16 (its batch triad
 # holds for some data-parallel size, as DeepSpeed resolves it against the real world); it counts
 # as valid at the first that passes. Files that are not job configs (a JSON object without any
