@@ -54,22 +54,20 @@ std::optional<int64_t> whole_number(const Json& v) {
   return std::nullopt;
 }
 
-// dstrain's own top-level sections: DeepSpeed never reads them, so nothing in them is a key
-// DeepSpeed would ignore, and an unknown key there is always an error.
-const char* const kOwnSections[] = {"model", "data", "training", "lora", "context_parallel",
-                                    "expert_parallel"};
+// The objects DeepSpeed reads with dict.get, so that it ignores keys it does not know: the top
+// level and these sections (their own keys; not `optimizer.params` or `scheduler.params`, which
+// DeepSpeed passes to a constructor as keyword arguments, where an unknown one is a TypeError).
+// Every other DeepSpeed section is a pydantic model with extra="forbid" in DeepSpeed
+// (DeepSpeedConfigModel: zero_optimization and its offload sections, fp16, bf16, the monitors,
+// ...) and refuses an unknown key, as dstrain's own sections (model, data, training, ...) do.
+const char* const kLenientObjects[] = {"$", "$.activation_checkpointing", "$.checkpoint", "$.pipeline",
+                                       "$.optimizer", "$.scheduler", "$.flops_profiler"};
 
-// Whether the object at `path` ("$", "$.zero_optimization.offload_param", "$.data.train[0]") is
-// DeepSpeed's: the top level or anything under a top-level key that is not dstrain's own.
 bool deepspeed_object(const std::string& path) {
-  if (path == "$") return true;
-  if (path.size() < 3 || path.compare(0, 2, "$.") != 0) return true;
-  const size_t end = path.find_first_of(".[", 2);
-  const std::string top = path.substr(2, end == std::string::npos ? std::string::npos : end - 2);
-  for (const char* own : kOwnSections) {
-    if (top == own) return false;
+  for (const char* p : kLenientObjects) {
+    if (path == p) return true;
   }
-  return true;
+  return false;
 }
 
 // A probable typo: a known key at most this many edits away keeps an unknown key an error even

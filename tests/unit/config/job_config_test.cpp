@@ -516,12 +516,12 @@ TEST(JobConfig, UnknownDeepSpeedKeysAreWarningsUnlessTyposOrStrict) {
   const std::string text = R"({
   "train_micro_batch_size_per_gpu": 2,
   "cuda_visible_devices": "0,1",
-  "zero_optimization": {"stage": 1, "my_bucket_tuning": true},
+  "optimizer": {"type": "AdamW", "my_fusion": true},
   "activation_checkpointing": {"xyzzy": true}
 })";
   JobConfig c = parse_job_config(text, "w.json", 1);
   const std::vector<std::string> want = {
-      "w.json:4: $.zero_optimization.my_bucket_tuning: unknown key, ignored as DeepSpeed "
+      "w.json:4: $.optimizer.my_fusion: unknown key, ignored as DeepSpeed "
       "ignores it (an error with --strict)",
       "w.json:5: $.activation_checkpointing.xyzzy: unknown key, ignored as DeepSpeed ignores it "
       "(an error with --strict)",
@@ -529,7 +529,13 @@ TEST(JobConfig, UnknownDeepSpeedKeysAreWarningsUnlessTyposOrStrict) {
       "with --strict)",
   };
   EXPECT_EQ(c.warnings, want);
-  EXPECT_EQ(c.zero.stage, 1);
+  // Where DeepSpeed's pydantic models forbid extra keys (zero_optimization, fp16, bf16, the
+  // monitors) and in the params DeepSpeed passes to a constructor, an unknown key is an error.
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "my_bucket_tuning": true}})"),
+            std::vector<std::string>{"t.json:1: $.zero_optimization.my_bucket_tuning: unknown key (not a dstrain or "
+                                     "DeepSpeed key here; see docs/configuration.md)"});
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "xyzzy": 1}}})").size(),
+            1u);
 
   ParseOptions strict;
   strict.strict = true;
@@ -538,8 +544,7 @@ TEST(JobConfig, UnknownDeepSpeedKeysAreWarningsUnlessTyposOrStrict) {
     FAIL() << "--strict accepted unknown keys";
   } catch (const ConfigError& e) {
     const std::vector<std::string> errs = {
-        "w.json:4: $.zero_optimization.my_bucket_tuning: unknown key (not a dstrain or "
-        "DeepSpeed key here; see docs/configuration.md)",
+        "w.json:4: $.optimizer.my_fusion: unknown key (known keys here: type, params, legacy_fusion)",
         "w.json:5: $.activation_checkpointing.xyzzy: unknown key (known keys here: enabled, mode, "
         "partition_activations, contiguous_memory_optimization, cpu_checkpointing, "
         "number_checkpoints, synchronize_checkpoint_boundary, profile)",
