@@ -117,6 +117,14 @@ TaskKind task_kind_of(const std::string& name, const std::string& where) {
 
 const char* task_name(TaskKind k) { return k == TaskKind::kHellaswag ? "hellaswag" : "lambada"; }
 
+std::vector<const EvalRow*> EvalTask::row_list() const {
+  std::vector<const EvalRow*> out;
+  for (const auto& item : items) {
+    for (const auto& row : item.rows) out.push_back(&row);
+  }
+  return out;
+}
+
 int64_t EvalTask::rows() const {
   int64_t n = 0;
   for (const auto& it : items) n += static_cast<int64_t>(it.rows.size());
@@ -244,10 +252,7 @@ EvalScorer::EvalScorer(const model_spec::ModelShape& shape, const float* params,
 EvalScorer::~EvalScorer() = default;
 
 std::vector<RowScore> EvalScorer::score(const EvalTask& task) {
-  std::vector<const EvalRow*> rows;
-  for (const auto& item : task.items) {
-    for (const auto& row : item.rows) rows.push_back(&row);
-  }
+  const std::vector<const EvalRow*> rows = task.row_list();
   std::vector<RowScore> out(rows.size());
   const auto& part = model_->part();
   for (size_t r0 = 0; r0 < rows.size(); r0 += static_cast<size_t>(B_)) {

@@ -67,6 +67,8 @@ struct EvalTask {
   std::string path;
   std::vector<EvalItem> items;
   int64_t rows() const;
+  // Every item's rows in order (the order scores are given in).
+  std::vector<const EvalRow*> row_list() const;
 };
 
 // Reads the first `limit` items (0: all) of `path`, tokenized by `codec`, for a model of

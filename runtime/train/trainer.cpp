@@ -57,6 +57,13 @@ namespace ms = ds::model_spec;
 using Clock = std::chrono::steady_clock;
 using layout::Precision;
 
+// Evaluation's scope: no dropout (LoRA's) while it lives, training again after.
+struct EvalMode {
+  Model& m;
+  explicit EvalMode(Model& model) : m(model) { m.set_training(false); }
+  ~EvalMode() { m.set_training(true); }
+};
+
 struct Trainer::Impl {
   config::JobConfig cfg;
   TrainOptions opt;
@@ -384,11 +391,7 @@ Trainer::Impl::LossSums Trainer::Impl::pipeline_micro_batches(int64_t step, floa
 // pipeline the micro-batches go through the stages G at a time (the token workspace's room).
 double Trainer::Impl::evaluate() {
   // Evaluation: no dropout (LoRA's), training again after.
-  struct EvalMode {
-    Model& m;
-    explicit EvalMode(Model& model) : m(model) { m.set_training(false); }
-    ~EvalMode() { m.set_training(true); }
-  } eval_mode(engine->model());
+  const EvalMode eval_mode(engine->model());
   parallel::ZeroEngines zero(engine->zeros());
   val_loader->begin();
   const int64_t steps = val_loader->eval_steps();
@@ -512,19 +515,9 @@ std::vector<RowScore> Trainer::Impl::score_rows(const std::vector<const EvalRow*
 }
 
 std::vector<TaskScore> Trainer::Impl::evaluate_tasks() {
-  struct EvalMode {  // no dropout (LoRA's); training again after
-    Model& m;
-    explicit EvalMode(Model& model) : m(model) { m.set_training(false); }
-    ~EvalMode() { m.set_training(true); }
-  } eval_mode(engine->model());
+  const EvalMode eval_mode(engine->model());
   std::vector<TaskScore> out;
-  for (const EvalTask& task : eval_tasks) {
-    std::vector<const EvalRow*> rows;
-    for (const auto& item : task.items) {
-      for (const auto& row : item.rows) rows.push_back(&row);
-    }
-    out.push_back(summarize_task(task, score_rows(rows)));
-  }
+  for (const EvalTask& task : eval_tasks) out.push_back(summarize_task(task, score_rows(task.row_list())));
   return out;
 }
 
