@@ -81,17 +81,7 @@ BlendLoader::BlendLoader(const std::vector<WeightedSource>& sources, const Loade
                          int64_t vocab_size)
     : options_(options), draw_(weights_of(sources), options.seed) {
   const auto& o = options_;
-  auto positive = [&](int64_t v, const char* name) {
-    if (v < 1) throw invalid_argument("data blend: {} must be at least 1, got {}", name, v);
-  };
-  positive(o.batch_size, "batch_size (B)");
-  positive(o.seq_len, "seq_len (T)");
-  positive(o.data_parallel_size, "data_parallel_size (N)");
-  positive(o.grad_accum_steps, "grad_accum_steps (G)");
-  if (o.data_parallel_rank < 0 || o.data_parallel_rank >= o.data_parallel_size) {
-    throw invalid_argument("data blend: data_parallel_rank {} is outside [0, {})",
-                           o.data_parallel_rank, o.data_parallel_size);
-  }
+  check_loader_options(o, "data blend");
   window_tokens_ = o.batch_size * o.seq_len;
   sources_.resize(sources.size());
   for (size_t s = 0; s < sources.size(); ++s) {

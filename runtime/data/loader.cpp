@@ -41,23 +41,24 @@ void shuffle_permutation(uint64_t seed, int64_t epoch, int64_t count, std::vecto
   }
 }
 
-DataLoader::DataLoader(const TokenCorpus& file, const LoaderOptions& options)
-    : file_(&file), options_(options) {
-  const auto& o = options_;
+void check_loader_options(const LoaderOptions& o, const std::string& who) {
   auto positive = [&](int64_t v, const char* name) {
-    if (v < 1) {
-      throw invalid_argument("data loader for {}: {} must be at least 1, got {}", file.path(),
-                             name, v);
-    }
+    if (v < 1) throw invalid_argument("{}: {} must be at least 1, got {}", who, name, v);
   };
   positive(o.batch_size, "batch_size (B)");
   positive(o.seq_len, "seq_len (T)");
   positive(o.data_parallel_size, "data_parallel_size (N)");
   positive(o.grad_accum_steps, "grad_accum_steps (G)");
   if (o.data_parallel_rank < 0 || o.data_parallel_rank >= o.data_parallel_size) {
-    throw invalid_argument("data loader for {}: data_parallel_rank {} is outside [0, {})",
-                           file.path(), o.data_parallel_rank, o.data_parallel_size);
+    throw invalid_argument("{}: data_parallel_rank {} is outside [0, {})", who, o.data_parallel_rank,
+                           o.data_parallel_size);
   }
+}
+
+DataLoader::DataLoader(const TokenCorpus& file, const LoaderOptions& options)
+    : file_(&file), options_(options) {
+  const auto& o = options_;
+  check_loader_options(o, "data loader for " + file.path());
   window_tokens_ = o.batch_size * o.seq_len;
   const int64_t n = file.size();
   windows_ = (n - 1) / window_tokens_;

@@ -55,6 +55,9 @@ struct LoaderOptions {
   uint64_t seed = 0;
 };
 
+// Throws ds::Error (invalid argument) "<who>: ..." for B, T, N, G < 1 or a rank outside [0, N).
+void check_loader_options(const LoaderOptions& o, const std::string& who);
+
 // Where a loader is: enough to resume exactly. Serialised into checkpoints as JSON (to_json):
 //   {"micro_step": k, "epoch": e, "position": first token of the next window,
 //    "windows_consumed": k*N, "batch_size": B, "seq_len": T, "data_parallel_size": N,
