@@ -1,11 +1,17 @@
-// The optimizer and scheduler sections, with DeepSpeed's names. The optimizer is Adam or AdamW
-// (decoupled weight decay: always for "AdamW", for "Adam" unless params.adam_w_mode is false, as
-// in DeepSpeed). The scheduler is one of DeepSpeed's warmup schedules (WarmupLR, WarmupDecayLR,
+// The optimizer and scheduler sections, with DeepSpeed's names. The optimizer is one of
+// DeepSpeed's: Adam or AdamW (decoupled weight decay: always for "AdamW", for "Adam" unless
+// params.adam_w_mode is false, as in DeepSpeed), Lamb (FusedLamb), Adagrad (DeepSpeedCPUAdagrad),
+// Lion (FusedLion), and the 1-bit ones, OneBitAdam, ZeroOneAdam and OneBitLamb; each takes its
+// DeepSpeed class's parameter names and defaults, and a parameter of another type is an error,
+// as the class's constructor would reject it. The scheduler is one of DeepSpeed's warmup schedules (WarmupLR, WarmupDecayLR,
 // WarmupCosineLR, deepspeed/runtime/lr_schedules.py), read in two steps: its type where the
 // file's order puts it, its parameters once optimizer.lr and training.steps are known, since
 // WarmupLR's warmup_max_lr defaults to the lr and the decaying schedules' total_num_steps to the
 // training steps. A parameter of another schedule type is an error, as DeepSpeed's constructors
 // reject unexpected keyword arguments.
+#include <algorithm>
+#include <cctype>
+
 #include <fmt/format.h>
 
 #include "config/config_sections.h"
@@ -106,31 +112,160 @@ void read_params_of_type(ReadContext& ctx, Section& sched, Section& p, const Job
   reject_foreign_params(ctx, p, t);
 }
 
+// The parameters each type reads (beside lr, which all take) and those it accepts without acting
+// on them, after the DeepSpeed class's constructor.
+struct TypeParams {
+  std::vector<std::string> read, ignored;
+};
+
+TypeParams params_of(const std::string& t) {
+  const std::vector<std::string> onebit_ignored = {"bias_correction", "eps_inside_sqrt", "max_grad_norm",
+                                                   "amsgrad", "cuda_aware", "comm_backend_name"};
+  if (t == "Adam" || t == "AdamW") return {{"betas", "eps", "weight_decay", "adam_w_mode"}, kDsOptimizerParamsIgnored};
+  if (t == "Lamb") {
+    return {{"betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt", "max_coeff", "min_coeff"},
+            {"max_grad_norm", "amsgrad"}};
+  }
+  if (t == "Adagrad") return {{"eps", "weight_decay"}, {"amsgrad", "fp32_optimizer_states"}};
+  if (t == "Lion") return {{"betas", "weight_decay"}, {}};
+  if (t == "OneBitAdam") return {{"betas", "eps", "weight_decay", "freeze_step"}, onebit_ignored};
+  if (t == "ZeroOneAdam") {
+    return {{"betas", "eps", "weight_decay", "var_freeze_step", "var_update_scaler", "local_step_scaler",
+             "local_step_clipper"},
+            onebit_ignored};
+  }
+  return {{"betas", "eps", "weight_decay", "freeze_step", "max_coeff", "min_coeff", "coeff_beta", "factor_max",
+           "factor_min", "factor_threshold"},
+          onebit_ignored};  // OneBitLamb
+}
+
+// DeepSpeed's defaults for the type (its class's constructor), before the file's params.
+void type_defaults(OptimizerConfig& out) {
+  const std::string& t = out.type;
+  if (t == "Adam" || t == "AdamW") return;
+  out.weight_decay = 0;
+  if (t == "Adagrad") {
+    out.lr = 1e-2;
+    out.eps = 1e-10;
+  }
+}
+
+bool contains(const std::vector<std::string>& v, const std::string& k) {
+  return std::find(v.begin(), v.end(), k) != v.end();
+}
+
+// A parameter of another optimizer type: named, as DeepSpeed's constructor would reject it.
+void reject_other_types_params(ReadContext& ctx, Section& p, const std::string& type, const TypeParams& mine) {
+  std::vector<std::string> named;
+  for (const char* t : {"Adam", "Lamb", "Adagrad", "Lion", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    const TypeParams other = params_of(t);
+    for (const auto* list : {&other.read, &other.ignored}) {
+      for (const std::string& k : *list) {
+        if (!p.has(k) || contains(mine.read, k) || contains(mine.ignored, k) || contains(named, k)) continue;
+        named.push_back(k);
+        p.raw(k);
+        ctx.error(p.child(k), fmt::format("not a parameter of {} (DeepSpeed would reject it)", type));
+      }
+    }
+  }
+}
+
+void read_type_params(ReadContext& ctx, Section& p, OptimizerConfig& out) {
+  const TypeParams mine = params_of(out.type);
+  auto reads = [&](const char* k) { return contains(mine.read, k); };
+  p.get_number("lr", out.lr, 0);
+  if (reads("betas")) read_betas(ctx, p, out);
+  if (reads("eps")) p.get_number("eps", out.eps, 0, kInf, /*lo_open=*/true);
+  p.get_number("weight_decay", out.weight_decay, 0);
+  if (reads("adam_w_mode")) read_adam_w_mode(ctx, p, out);
+  if (out.type == "Lamb") {
+    p.get_bool("bias_correction", out.bias_correction);
+    p.get_bool("eps_inside_sqrt", out.eps_inside_sqrt);
+  }
+  if (reads("max_coeff")) {
+    p.get_number("max_coeff", out.max_coeff, 0, kInf, /*lo_open=*/true);
+    p.get_number("min_coeff", out.min_coeff, 0);
+    if (out.min_coeff > out.max_coeff) {
+      ctx.error(p.child("min_coeff"),
+                fmt::format("{} is above max_coeff {}: the trust ratio is clamped to [min_coeff, max_coeff]",
+                            out.min_coeff, out.max_coeff));
+    }
+  }
+  if (reads("freeze_step")) p.get_int("freeze_step", out.freeze_step, 0, kI64Max);
+  if (reads("var_freeze_step")) {
+    p.get_int("var_freeze_step", out.var_freeze_step, 0, kI64Max);
+    p.get_int("var_update_scaler", out.var_update_scaler, 1, kI64Max);
+    p.get_int("local_step_scaler", out.local_step_scaler, 1, kI64Max);
+    p.get_int("local_step_clipper", out.local_step_clipper, 1, kI64Max);
+  }
+  if (reads("coeff_beta")) {
+    p.get_number("coeff_beta", out.coeff_beta, 0, 1);
+    p.get_number("factor_max", out.factor_max, 0, kInf, /*lo_open=*/true);
+    p.get_number("factor_min", out.factor_min, 0, kInf, /*lo_open=*/true);
+    p.get_number("factor_threshold", out.factor_threshold, 0);
+  }
+  const Json* ams = p.has("amsgrad") ? p.raw("amsgrad") : nullptr;
+  if (ams && ams->is_boolean() && ams->get<bool>() && out.type != "Adam" && out.type != "AdamW") {
+    ctx.error(p.child("amsgrad"), fmt::format("{} has no AMSGrad variant (DeepSpeed refuses it too)", out.type));
+  }
+  reject_other_types_params(ctx, p, out.type, mine);
+  p.ignored(mine.ignored);
+}
+
 }  // namespace
 
 void read_optimizer(ReadContext& ctx, Section& root, OptimizerConfig& out) {
   Section s = root.section("optimizer");
-  s.get_choice("type", out.type, {"Adam", "AdamW"}, /*case_insensitive=*/true);
+  // DeepSpeed lower-cases the type; "OnebitAdam"/"OnebitLamb" are the spellings of its examples.
+  const Json* t = s.has("type") ? s.raw("type") : nullptr;
+  std::string given = t && t->is_string() ? t->get<std::string>() : "";
+  for (char& c : given) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (given == "onebitadam" || given == "onebitlamb") {
+    out.type = given == "onebitadam" ? "OneBitAdam" : "OneBitLamb";
+  } else {
+    s.get_choice("type", out.type,
+                 {"Adam", "AdamW", "Lamb", "Adagrad", "Lion", "OneBitAdam", "ZeroOneAdam", "OneBitLamb"},
+                 /*case_insensitive=*/true);
+  }
+  type_defaults(out);
   Section p = s.section("params");
-  p.get_number("lr", out.lr, 0);
-  read_betas(ctx, p, out);
-  p.get_number("eps", out.eps, 0, kInf, /*lo_open=*/true);
-  p.get_number("weight_decay", out.weight_decay, 0);
-  read_adam_w_mode(ctx, p, out);
-  p.ignored(kDsOptimizerParamsIgnored);
+  read_type_params(ctx, p, out);
   p.finish();
   s.ignored(kDsOptimizerIgnored);
   s.finish();
 }
 
 Json optimizer_to_json(const OptimizerConfig& c) {
-  return Json{{"type", c.type},
-              {"params", Json{{"lr", c.lr},
-                              {"betas", Json::array({c.beta1, c.beta2})},
-                              {"eps", c.eps},
-                              {"weight_decay", c.weight_decay},
-                              {"adam_w_mode", c.adam_w_mode}}}};
+  const TypeParams mine = params_of(c.type);
+  Json p{{"lr", c.lr}, {"weight_decay", c.weight_decay}};
+  auto has = [&](const char* k) { return contains(mine.read, k); };
+  if (has("betas")) p["betas"] = Json::array({c.beta1, c.beta2});
+  if (has("eps")) p["eps"] = c.eps;
+  if (has("adam_w_mode")) p["adam_w_mode"] = c.adam_w_mode;
+  if (c.type == "Lamb") {
+    p["bias_correction"] = c.bias_correction;
+    p["eps_inside_sqrt"] = c.eps_inside_sqrt;
+  }
+  if (has("max_coeff")) {
+    p["max_coeff"] = c.max_coeff;
+    p["min_coeff"] = c.min_coeff;
+  }
+  if (has("freeze_step")) p["freeze_step"] = c.freeze_step;
+  if (has("var_freeze_step")) {
+    p["var_freeze_step"] = c.var_freeze_step;
+    p["var_update_scaler"] = c.var_update_scaler;
+    p["local_step_scaler"] = c.local_step_scaler;
+    p["local_step_clipper"] = c.local_step_clipper;
+  }
+  if (has("coeff_beta")) {
+    p["coeff_beta"] = c.coeff_beta;
+    p["factor_max"] = c.factor_max;
+    p["factor_min"] = c.factor_min;
+    p["factor_threshold"] = c.factor_threshold;
+  }
+  return Json{{"type", c.type}, {"params", p}};
 }
+
 
 SchedulerSection read_scheduler_type(ReadContext& ctx, Section& root, SchedulerConfig& out) {
   SchedulerSection sched{root.section("scheduler", /*nullable=*/true)};

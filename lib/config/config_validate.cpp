@@ -274,7 +274,37 @@ void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig
   }
 }
 
+// The optimizers beside Adam/AdamW run on the CPU; the 1-bit ones exchange the whole momentum
+// over dp, so they need ZeRO stage 0 (as in DeepSpeed) and a dp group that is the whole gradient
+// reduction (no context parallelism, no experts).
+void check_optimizer_layout(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg) {
+  const OptimizerConfig& o = cfg.optimizer;
+  const std::string type_path = json_path_child(top("optimizer"), "type");
+  if (o.type != "Adam" && o.type != "AdamW" && cfg.training.device == "cuda") {
+    ctx.error(type_path, fmt::format("\"{}\" runs on the CPU only so far (training.device \"cuda\" has "
+                                     "kernels for Adam and AdamW)", o.type));
+  }
+  if (!o.onebit()) return;
+  if (valid.zero_stage && cfg.zero.stage > 0) {
+    ctx.error(json_path_child(top("zero_optimization"), "stage"),
+              fmt::format("{} with ZeRO stage {}: the 1-bit optimizers exchange the whole momentum and run "
+                          "without ZeRO, as in DeepSpeed (use stage 0)", o.type, cfg.zero.stage));
+  }
+  if (valid.context_parallel_size && cfg.context_parallel.size > 1) {
+    ctx.error(type_path, fmt::format("\"{}\" with context_parallel.size {}: the compressed momentum "
+                                     "exchange covers data parallelism only", o.type, cfg.context_parallel.size));
+  }
+  if (cfg.has_model && valid.model && cfg.model.shape.num_local_experts > 0) {
+    ctx.error(type_path, fmt::format("\"{}\" with a mixture of experts: the compressed momentum exchange "
+                                     "covers the dense parameters' data parallelism only", o.type));
+  }
+  if (cfg.lora.enabled) {
+    ctx.error(type_path, fmt::format("\"{}\" with lora: not built (use AdamW for adapters)", o.type));
+  }
+}
+
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
+  check_optimizer_layout(ctx, valid, cfg);
   check_packing(ctx, valid, cfg);
   check_one_precision(ctx, cfg);
   const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);

@@ -181,7 +181,10 @@ struct ZeroConfig {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";  // "Adam" | "AdamW" (case-insensitive in the file, normalized)
+  // "Adam" | "AdamW" | "Lamb" | "Adagrad" | "Lion" | "OneBitAdam" | "ZeroOneAdam" | "OneBitLamb"
+  // (case-insensitive in the file, normalized; "OnebitAdam" and "OnebitLamb" too). DeepSpeed's
+  // defaults per type (docs/configuration.md "Optimizers") fill what params leaves out.
+  std::string type = "AdamW";
   double lr = 1e-3;
   double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
@@ -189,6 +192,18 @@ struct OptimizerConfig {
   // Resolved: true = decoupled weight decay (AdamW). "AdamW" is always true; "Adam" is AdamW
   // unless params.adam_w_mode is false, as in DeepSpeed.
   bool adam_w_mode = true;
+  // Lamb (FusedLamb): the update's bias correction, eps under the square root, the trust ratio's clamp.
+  bool bias_correction = true;
+  bool eps_inside_sqrt = false;
+  double max_coeff = 10.0, min_coeff = 0.01;  // Lamb, OneBitLamb
+  int64_t freeze_step = 100000;               // OneBitAdam, OneBitLamb: full-precision steps
+  // ZeroOneAdam (0/1 Adam): the variance's update schedule and the local steps' intervals.
+  int64_t var_freeze_step = 100000, var_update_scaler = 16, local_step_scaler = 32678, local_step_clipper = 16;
+  // OneBitLamb: the frozen trust ratio's moving average and its correction factor's bounds.
+  double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
+
+  // A 1-bit optimizer (OneBitAdam, ZeroOneAdam, OneBitLamb): compressed momentum exchange.
+  bool onebit() const { return type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb"; }
 };
 
 struct SchedulerConfig {

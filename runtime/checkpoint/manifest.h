@@ -47,6 +47,8 @@ struct ManifestContent {
   nlohmann::json data;          // data::LoaderState
   nlohmann::json lr_schedule;   // optim::LrScheduler::state
   nlohmann::json loss_scaler;   // optim::LossScaler::state
+  // The optimizer's scalar state beside its tensors (train/optimizer_state.h; null: none).
+  nlohmann::json optimizer_state;
 };
 
 nlohmann::json manifest_json(const ManifestContent& m);

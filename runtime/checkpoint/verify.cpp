@@ -29,11 +29,26 @@ bool mixed_precision(const nlohmann::json& m) {
   return enabled("bf16") || enabled("fp16");
 }
 
+// The optimizer's moment tensors of the manifest's config: Adam's pair, Lion's exp_avg, Adagrad's
+// exp_avg_sq (its sum of squares), 1-bit LAMB's fresh variance too.
+std::vector<std::string> moment_names(const nlohmann::json& m) {
+  const auto& c = m.value("config", nlohmann::json::object());
+  std::string type;
+  if (c.is_object() && c.contains("optimizer") && c["optimizer"].is_object()) {
+    type = c["optimizer"].value("type", std::string());
+  }
+  if (type == "Lion") return {"exp_avg"};
+  if (type == "Adagrad") return {"exp_avg_sq"};
+  if (type == "OneBitLamb") return {"exp_avg", "exp_avg_sq", "exp_avg_sq_fresh"};
+  return {"exp_avg", "exp_avg_sq"};
+}
+
 // One shard: intact, and holding its partition's tensors.
-std::string verify_shard(const std::string& path, int64_t count, bool master) {
+std::string verify_shard(const std::string& path, int64_t count, bool master, const std::vector<std::string>& moments) {
   ShardReader r(path);
   const bool checked = r.verify();
-  std::vector<std::string> want = {"params", "exp_avg", "exp_avg_sq"};
+  std::vector<std::string> want = {"params"};
+  want.insert(want.end(), moments.begin(), moments.end());
   if (master) want.push_back("master");
   for (const auto& name : want) {
     if (!r.has(name)) throw invalid_argument("{}: no tensor '{}'", path, name);
@@ -71,7 +86,7 @@ VerifyResult verify_checkpoint_dir(const std::string& dir) {
   for (int q = 0; q < layout.world_size; ++q) {
     const std::string path = dir + "/" + shard_file_name(q);
     try {
-      res.lines.push_back(verify_shard(path, layout.partitions[static_cast<size_t>(q)].second, master));
+      res.lines.push_back(verify_shard(path, layout.partitions[static_cast<size_t>(q)].second, master, moment_names(m)));
     } catch (const Error& e) {
       fail(e.what());
     }

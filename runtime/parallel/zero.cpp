@@ -225,7 +225,7 @@ void ZeroEngine::begin_step() {
 
 void ZeroEngine::begin_micro_batch(bool last, bool backward) {
   const kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
-  reducing_ = opt_.stage < 2 && last && backward;
+  reducing_ = opt_.stage < 2 && last && backward && !local_gradients_;
   grads_final_ = backward && (opt_.stage >= 2 || last);
   ar_lo_ = ar_hi_ = 0;
   std::fill(placed_.begin(), placed_.end(), TypedPtr());

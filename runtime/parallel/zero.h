@@ -133,6 +133,11 @@ class ZeroEngine final : public ParallelHooks {
   bool grads_final_this_micro_batch() const override { return grads_final_; }
   // After the micro-batch: flushes and waits for every reduction it started.
   void end_micro_batch();
+  // Stage 0: this step's gradients stay local to the rank (no all-reduce over dp). The 1-bit
+  // optimizers exchange their compressed momentum instead (train/optimizer_state.h).
+  void set_local_gradients(bool local) { local_gradients_ = local; }
+  // The data-parallel group (null at dp size 1).
+  comm::Comm* dp_comm() const { return comm_.get(); }
   // After the optimizer updated opt_params(): stage 1/2 all-gather the parameters, stage 3
   // re-gathers the persistent units. Nothing at stage 0.
   void gather_params();
@@ -208,6 +213,7 @@ class ZeroEngine final : public ParallelHooks {
 
   // stage 0/1 reduction
   bool reducing_ = false;
+  bool local_gradients_ = false;
   bool grads_final_ = true;
   int64_t ar_lo_ = 0, ar_hi_ = 0;  // pending bucket range (empty when equal)
   std::vector<comm::WorkPtr> ar_works_;

@@ -78,8 +78,7 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
       };
       add("params", s.partition_params());
       if (s.precision() != layout::Precision::kFp32) add("master", s.partition_of(s.master()));
-      add("exp_avg", s.partition_of(s.exp_avg()));
-      add("exp_avg_sq", s.partition_of(s.exp_avg_sq()));
+      for (const auto& [name, buf] : s.moments()) add(name, s.partition_of(buf));
     };
     add_state(st, "");
     if (es != nullptr) add_state(*es, "expert_");
@@ -95,6 +94,7 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
     m.data = run.loader.state_json();
     m.lr_schedule = run.schedule.state();
     m.loss_scaler = run.scaler.state();
+    m.optimizer_state = st.scalar_state();
     const std::string dir = ckpt::commit_checkpoint(root, step, ckpt::manifest_json(m), run.cfg.training.keep_last);
     spdlog::info("saved checkpoint {}", dir);
   };
@@ -135,8 +135,14 @@ void read_state(CheckpointedRun& run, ckpt::PartReader& reader, const std::strin
       }
       read("master", ob, oe, st.master());
     }
-    read("exp_avg", ob, oe, st.exp_avg());
-    read("exp_avg_sq", ob, oe, st.exp_avg_sq());
+    for (const auto& [name, buf] : st.moments()) {
+      if (!reader.has(name)) {
+        throw invalid_argument("{}: the checkpoint holds no '{}' for optimizer {} (it was written by another "
+                               "optimizer type)",
+                               where, name, st.optimizer().type);
+      }
+      read(name, ob, oe, buf);
+    }
   };
   read_region(run.state);
   if (run.expert_state != nullptr) read_region(*run.expert_state);
@@ -190,6 +196,7 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
     run.loader.restore_json(m.at("data"), where + ": data");
     run.schedule.restore(m.at("lr_schedule"), where + ": lr_schedule");
     run.scaler.restore(m.at("loss_scaler"), where + ": loss_scaler");
+    run.state.restore_scalar_state(m.value("optimizer_state", nlohmann::json()), where);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
   }

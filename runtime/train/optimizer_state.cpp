@@ -51,8 +51,9 @@ void append_range(RangeList& ranges, int64_t off, int64_t n) {
 
 OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device,
                                Model& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc,
-                               int64_t region_begin)
-    : precision_(precision), device_(device), model_(model), zero_(zero), region_(region_begin) {
+                               int64_t region_begin, parallel::HostWorld* world)
+    : precision_(precision), device_(device), model_(model), zero_(zero), region_(region_begin),
+      opt_(cfg.optimizer), world_(world) {
   if (cfg.zero.offload_param.device == "cpu" && device == Device::kCuda) {
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("{}: $.zero_optimization.offload_param.device \"cpu\" with training.device "
@@ -66,29 +67,59 @@ OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision p
   const Device where = offload_ ? Device::kCudaHost : device;
   const size_t bytes = static_cast<size_t>(opt_count()) * sizeof(float);
   if (has_master()) master_ = alloc.allocate(bytes, MemTag::kOptimizer, "master weights", where);
-  exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg", where);
-  exp_avg_sq_ = alloc.allocate(bytes, MemTag::kOptimizer, "adam exp_avg_sq", where);
+  const std::string& t = opt_.type;
+  if (t != "AdamW" && t != "Adam" && device != Device::kCpu) {
+    throw invalid_argument("{}: $.optimizer.type \"{}\" runs on the CPU only so far", cfg.path, t);
+  }
+  if (t != "Adagrad") exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "exp_avg", where);
+  if (t != "Lion") exp_avg_sq_ = alloc.allocate(bytes, MemTag::kOptimizer, "exp_avg_sq", where);
+  if (t == "ZeroOneAdam") accum_ = alloc.allocate(bytes, MemTag::kOptimizer, "0/1 Adam momentum accumulator");
+  if (t == "OneBitLamb") {
+    exp_avg_sq_fresh_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB exp_avg_sq_fresh");
+    last_exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB last exp_avg");
+  }
+  if (opt_.onebit() && zero.dp_comm() != nullptr) {
+    onebit_ = std::make_unique<parallel::OneBitAllReduce>(*zero.dp_comm(), opt_count(), alloc);
+  }
+  if ((t == "Lamb" || t == "OneBitLamb") && world_ == nullptr) {
+    throw invalid_usage("OptimizerState: {} needs the host world for its per-tensor norms", t);
+  }
   if (offload_) {
     host_grads_ = alloc.allocate(static_cast<size_t>(opt_count()) * dtype_size(model.grad_dtype()), MemTag::kGrads,
                                  "offloaded gradients", where);
   }
   decay_ = decay_ranges(model.shape(), model.layout(), region_, region_ + zero.partition().total());
-  compute_norm_ranges(model.shape(), tp_rank, pp);
+  compute_norm_ranges(model.shape(), tp_rank, pp, part_begin(), part_begin() + part_count(), norm_ranges_,
+                      uncounted_ranges_);
+  compute_norm_ranges(model.shape(), tp_rank, pp, opt_begin(), opt_begin() + opt_count(), local_norm_ranges_,
+                      local_uncounted_ranges_);
+  build_segments(model.shape());
+}
+
+OptimizerState::~OptimizerState() = default;
+
+std::vector<std::pair<std::string, float*>> OptimizerState::moments() {
+  std::vector<std::pair<std::string, float*>> v;
+  if (exp_avg()) v.emplace_back("exp_avg", exp_avg());
+  if (exp_avg_sq()) v.emplace_back("exp_avg_sq", exp_avg_sq());
+  if (exp_avg_sq_fresh_.data()) v.emplace_back("exp_avg_sq_fresh", exp_avg_sq_fresh_.as<float>());
+  return v;
 }
 
 TypedPtr OptimizerState::partition_params() {
   return zero_.stage() == 3 ? zero_.opt_params() : model_.params() + region_ + part_begin();
 }
 
-void OptimizerState::compute_norm_ranges(const ms::ModelShape& shape, int tp_rank, int pp) {
+void OptimizerState::compute_norm_ranges(const ms::ModelShape& shape, int tp_rank, int pp, int64_t lo, int64_t hi,
+                                         RangeList& counted, RangeList& uncounted) {
   const auto all = ms::model_params(shape);
-  const int64_t lo = part_begin(), hi = lo + part_count(), ob = opt_begin();
+  const int64_t ob = opt_begin();
   for (const auto& t : model_.layout().tensors) {
     const bool replicated_copy = ms::find_param(all, t.id).split == ms::TpSplit::kReplicated && tp_rank != 0;
     const bool tied_copy = t.id == ms::ParamId::kWte && pp > 1 && !model_.part().has_embedding;
     const auto r = layout::intersect(lo, hi, t.offset - region_, t.offset - region_ + t.numel);
     if (r.size() <= 0) continue;
-    append_range(replicated_copy || tied_copy ? uncounted_ranges_ : norm_ranges_, r.lo - ob, r.size());
+    append_range(replicated_copy || tied_copy ? uncounted : counted, r.lo - ob, r.size());
   }
 }
 
@@ -116,6 +147,13 @@ void OptimizerState::sync_model_from_master() {
 }
 
 void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double grad_scale, TypedPtr grads) {
+  if (opt_.type != "AdamW" && opt_.type != "Adam") {
+    ++adam_steps_;
+    // Local gradients are 1/dp of the rank's mean gradient (the loss was scaled for the global batch).
+    update_other(lr, grad_scale * norm_factor(), grads);
+    sync_model_from_master();
+    return;
+  }
   ++adam_steps_;
   const optim::AdamWStep step = optim::adamw_step_scalars(adamw, adam_steps_, lr, grad_scale);
   const int64_t n = opt_count();

@@ -13,17 +13,32 @@
 // and sends the master weights back up. On a CPU run the state is host memory anyway.
 // Every element operation goes through the kernels on the model's device (kernels/dispatch.h):
 // callers run it inside that device's kern::DeviceScope.
+//
+// The optimizer is optimizer.type (optim/optimizers.h gives each one's formula): AdamW through
+// the fused kernels on any device; Lamb, Adagrad, Lion and the 1-bit ones (OneBitAdam,
+// ZeroOneAdam, OneBitLamb) on the CPU (optimizer_update.cpp). The state holds only the moments
+// the optimizer keeps: Adam's and Lamb's exp_avg and exp_avg_sq, Lion's exp_avg, Adagrad's sum of
+// squares (as exp_avg_sq); 0/1 Adam's momentum accumulator, 1-bit LAMB's fresh variance and last
+// momentum; the 1-bit ones' error-feedback buffers (parallel/onebit_allreduce.h) at dp > 1.
+// LAMB's trust ratio is per tensor of the whole model (the squares summed over every rank that
+// holds a piece, through the host world), so every layout computes the single process's ratio.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "config/job_config.h"
 #include "core/allocator.h"
 #include "layout/choices.h"
 #include "model/model.h"
 #include "optim/adamw.h"
+#include "parallel/host_world.h"
+#include "parallel/onebit_allreduce.h"
 #include "parallel/zero.h"
 
 namespace ds::rt::train {
@@ -39,8 +54,13 @@ class OptimizerState {
   // `region_begin`: where `zero`'s region starts in the model's flat layout (a mixture of experts
   // has two engines: the dense region from 0, the experts from ParamLayout::expert_begin); the
   // engine's ranges (opt_begin, part_begin) are relative to it.
+  // `world`: the host world, for LAMB's per-tensor norms (required by Lamb and OneBitLamb).
   OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Model& model,
-                 parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc, int64_t region_begin = 0);
+                 parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc, int64_t region_begin = 0,
+                 parallel::HostWorld* world = nullptr);
+  ~OptimizerState();
+
+  const config::OptimizerConfig& optimizer() const { return opt_; }
 
   layout::Precision precision() const { return precision_; }
   bool has_master() const { return precision_ != layout::Precision::kFp32 || offload_; }
@@ -55,8 +75,10 @@ class OptimizerState {
   // The fp32 weights AdamW updates: the master copy, or the model's (engine's) own fp32 ones.
   float* master_params() { return has_master() ? master_.as<float>() : zero_.opt_params().f32(); }
   float* master() { return master_.as<float>(); }  // null without a master copy
-  float* exp_avg() { return exp_avg_.as<float>(); }
-  float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }
+  float* exp_avg() { return exp_avg_.as<float>(); }        // null where the optimizer keeps none (Adagrad)
+  float* exp_avg_sq() { return exp_avg_sq_.as<float>(); }  // null for Lion
+  // The moment tensors this optimizer keeps, by their checkpoint names, with their range buffers.
+  std::vector<std::pair<std::string, float*>> moments();
   // A range buffer's (master, exp_avg, exp_avg_sq) slice for this rank's partition.
   float* partition_of(float* range_buffer) const { return range_buffer + (part_begin() - opt_begin()); }
   // The model's values of this rank's partition, in its storage type (a checkpoint's "params").
@@ -64,8 +86,21 @@ class OptimizerState {
 
   // Ranges of the gradients (offsets from opt_begin) this rank counts in the global norm; the
   // rest of its range is checked for inf/nan only (uncounted).
-  const RangeList& norm_ranges() const { return norm_ranges_; }
-  const RangeList& uncounted_ranges() const { return uncounted_ranges_; }
+  // With local gradients (below) every dp rank counts its whole range: the sum is then over the
+  // ranks' own gradients, and norm_factor() turns it into the ranks' RMS mean-gradient norm.
+  const RangeList& norm_ranges() const { return local_ ? local_norm_ranges_ : norm_ranges_; }
+  const RangeList& uncounted_ranges() const { return local_ ? local_uncounted_ranges_ : uncounted_ranges_; }
+  double norm_factor() const { return local_ ? zero_.dp_size() : 1.0; }
+
+  // Before the step's micro-batches (the step after adam_steps()): decides whether its gradients
+  // stay local to the rank (the 1-bit optimizers after their warm-up, 0/1 Adam between its variance
+  // updates) and tells the engine. Returns it.
+  bool begin_step();
+  bool local_gradients() const { return local_; }
+  // The optimizer's scalar state (0/1 Adam's schedules, 1-bit LAMB's per-tensor coefficients) for
+  // the manifest; null when it has none. restore_scalar_state takes it back (`where` for messages).
+  nlohmann::json scalar_state() const;
+  void restore_scalar_state(const nlohmann::json& j, const std::string& where);
 
   int64_t adam_steps() const { return adam_steps_; }
   void set_adam_steps(int64_t n) { adam_steps_ = n; }
@@ -83,7 +118,18 @@ class OptimizerState {
   void sync_model_from_master();
 
  private:
-  void compute_norm_ranges(const model_spec::ModelShape& shape, int tp_rank, int pp);
+  void compute_norm_ranges(const model_spec::ModelShape& shape, int tp_rank, int pp, int64_t lo, int64_t hi,
+                           RangeList& counted, RangeList& uncounted);
+  void build_segments(const model_spec::ModelShape& shape);
+  // The element passes of the optimizers beside AdamW (optimizer_update.cpp), grad_scale applied.
+  void update_other(double lr, double grad_scale, TypedPtr grads);
+  void update_lamb(double lr, double gs, TypedPtr grads);
+  void update_onebit_adam(double lr, double gs, TypedPtr grads);
+  void update_zero_one_adam(double lr, double gs, TypedPtr grads);
+  void update_onebit_lamb(double lr, double gs, TypedPtr grads);
+  // Per-tensor sums over the world (LAMB's norms): `v` has kinds x tensors entries.
+  std::vector<double> world_sum(const std::vector<double>& v);
+  std::vector<double> world_max(const std::vector<double>& v);
 
   layout::Precision precision_;
   Device device_;
@@ -94,7 +140,29 @@ class OptimizerState {
   Buffer master_, exp_avg_, exp_avg_sq_, host_grads_;
   std::vector<optim::DecayRange> decay_;
   RangeList norm_ranges_, uncounted_ranges_;
+  RangeList local_norm_ranges_, local_uncounted_ranges_;
   int64_t adam_steps_ = 0;
+
+  config::OptimizerConfig opt_;
+  parallel::HostWorld* world_ = nullptr;
+  bool local_ = false;  // this step's gradients are the rank's own
+  // One tensor's piece of the optimizer range: offset from opt_begin, count, the tensor's index in
+  // the world's per-tensor vectors, whether this rank counts it in the norms, and its weight decay.
+  struct Segment {
+    int64_t off = 0, n = 0;
+    int tensor = 0;
+    bool counted = false, decay = false;
+  };
+  std::vector<Segment> segments_;
+  int num_tensors_ = 0;
+  Buffer accum_, exp_avg_sq_fresh_, last_exp_avg_;  // 0/1 Adam; 1-bit LAMB
+  std::unique_ptr<parallel::OneBitAllReduce> onebit_;  // the 1-bit ones at dp > 1
+  // The 1-bit optimizers' scalar state (DeepSpeed's names).
+  bool frozen_ = false;       // past the warm-up (freeze_step, var_freeze_step)
+  bool full_step_ = true;     // 0/1 Adam before its freeze: this step updates the variance
+  int64_t var_interval_ = 1, var_counter_ = 0, local_step_interval_ = 1, local_step_counter_ = 0;
+  double lrs_ = 0;
+  std::vector<double> lamb_coeff_freeze_, last_factor_, scaling_coeff_;
 };
 
 }  // namespace ds::rt::train

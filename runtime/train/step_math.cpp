@@ -28,7 +28,10 @@ StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, c
   s.loss = sums[0] / (loss_tokens > 0 ? loss_tokens : micro_batches);
   s.aux_loss = sums[4] / micro_batches;
   s.overflow = !std::isfinite(sums[1]) || sums[2] > 0;
-  s.grad_norm = std::sqrt(sums[1]) / loss_scale;
+  // With local gradients (the 1-bit optimizers) the sum is over every dp rank's own gradient; the
+  // norm reported and clipped is the ranks' RMS norm of their mean gradients (norm_factor() = dp).
+  const double factor = parts.empty() ? 1.0 : parts.front().state->norm_factor();
+  s.grad_norm = std::sqrt(sums[1] * factor) / loss_scale;
   s.preempt = sums[3] > 0;
   return s;
 }

@@ -208,10 +208,11 @@ void Trainer::Impl::build(int local_rank) {
   // LoRA: the optimizer's region is the adapters' (the base is frozen: no state at all).
   const int64_t region = shape.lora.on() ? engine->model().layout().adapter_begin : 0;
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
-                                           engine->coord().tp, pp(), alloc, region);
+                                           engine->coord().tp, pp(), alloc, region, &engine->host_world());
   if (auto* ez = engine->expert_zero()) {
     expert_state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), *ez, engine->coord().tp,
-                                                    pp(), alloc, engine->model().layout().expert_begin);
+                                                    pp(), alloc, engine->model().layout().expert_begin,
+                                                    &engine->host_world());
   }
   for (const auto* off : {&cfg.zero.offload_optimizer, &cfg.zero.offload_param}) {
     if (off->device == "cpu" && device == Device::kCpu && rank == 0) {
@@ -572,6 +573,7 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   parallel::ZeroEngines zero(engine->zeros());
   StepClock clock(&zero.dense(), engine->cp_hooks(), engine->ep_hooks());
   zero.begin_step();
+  for (OptimizerState* st : optimizer_states()) st->begin_step();  // local gradients (the 1-bit optimizers)?
   if (auto* tied = engine->tied_hooks()) tied->zero();
   const double loss_scale = scaler->scale();
   double bubble = -1;

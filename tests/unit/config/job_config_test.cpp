@@ -85,8 +85,21 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("zero_optimization": {"offload_optimizer": {"device": "gpu"}}})", 1,
        "t.json:1: $.zero_optimization.offload_optimizer.device: expected one of \"none\", \"cpu\", "
        "got \"gpu\""},
-      {"{" + mb + R"("optimizer": {"type": "Lamb"}})", 1,
-       "t.json:1: $.optimizer.type: expected one of \"Adam\", \"AdamW\", got \"Lamb\""},
+      {"{" + mb + R"("optimizer": {"type": "SGD"}})", 1,
+       "t.json:1: $.optimizer.type: expected one of \"Adam\", \"AdamW\", \"Lamb\", \"Adagrad\", \"Lion\", "
+       "\"OneBitAdam\", \"ZeroOneAdam\", \"OneBitLamb\", got \"SGD\""},
+      {"{" + mb + R"("optimizer": {"type": "Lion", "params": {"eps": 1e-8}}})", 1,
+       "t.json:1: $.optimizer.params.eps: not a parameter of Lion (DeepSpeed would reject it)"},
+      {"{" + mb + R"("optimizer": {"type": "Adam", "params": {"max_coeff": 0.3}}})", 1,
+       "t.json:1: $.optimizer.params.max_coeff: not a parameter of Adam (DeepSpeed would reject it)"},
+      {"{" + mb + R"("optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3, "min_coeff": 0.5}}})", 1,
+       "t.json:1: $.optimizer.params.min_coeff: 0.5 is above max_coeff 0.3: the trust ratio is clamped to "
+       "[min_coeff, max_coeff]"},
+      {"{" + mb + R"("optimizer": {"type": "OneBitAdam"}, "zero_optimization": {"stage": 1}})", 1,
+       "t.json:1: $.zero_optimization.stage: OneBitAdam with ZeRO stage 1: the 1-bit optimizers exchange the "
+       "whole momentum and run without ZeRO, as in DeepSpeed (use stage 0)"},
+      {"{" + mb + R"("optimizer": {"type": "Lamb", "params": {"amsgrad": true}}})", 1,
+       "t.json:1: $.optimizer.params.amsgrad: Lamb has no AMSGrad variant (DeepSpeed refuses it too)"},
       {"{" + mb + R"("optimizer": {"params": {"betas": [0.9]}}})", 1,
        "t.json:1: $.optimizer.params.betas: expected [beta1, beta2] with each in [0, 1), got [0.9]"},
       {"{" + mb + R"("optimizer": {"params": {"eps": 0}}})", 1,
@@ -242,7 +255,8 @@ TEST(JobConfig, EveryErrorIsReportedWithItsLine) {
                        "\"train_micro_batch_size_per_gpu\" (first at line 3)");
   EXPECT_EQ(errors[1], "t.json:5: $.zero_optimization.stage: expected an integer 0-3, got 5");
   EXPECT_EQ(errors[2], "t.json:6: $.zero_optimization.overlap_com: unknown key (did you mean \"overlap_comm\"?)");
-  EXPECT_EQ(errors[3], "t.json:8: $.optimizer.type: expected one of \"Adam\", \"AdamW\", got \"SGD\"");
+  EXPECT_EQ(errors[3], "t.json:8: $.optimizer.type: expected one of \"Adam\", \"AdamW\", \"Lamb\", \"Adagrad\", "
+                       "\"Lion\", \"OneBitAdam\", \"ZeroOneAdam\", \"OneBitLamb\", got \"SGD\"");
   EXPECT_EQ(errors[4], "t.json:2: $.train_batch_size: 30 is not divisible by "
                        "train_micro_batch_size_per_gpu x data-parallel size = 4 x 2 = 8, so "
                        "gradient_accumulation_steps cannot be derived");
@@ -465,6 +479,42 @@ TEST(JobConfig, ResolvedValuesFollowDeepSpeed) {
                 .tensor_parallel.size, 2);
   EXPECT_EQ(parse_job_config(R"({"train_batch_size": 8, "tensor_parallel": {"autotp_size": 0}})", "", 2)
                 .tensor_parallel.size, 1);
+}
+
+TEST(JobConfig, EveryDeepSpeedOptimizerTypeReadsWithItsDefaultsAndRoundTrips) {
+  auto parse = [](const std::string& opt) {
+    return parse_job_config(R"({"train_batch_size": 8, "optimizer": )" + opt + "}", "t.json", 1);
+  };
+  const auto adagrad = parse(R"({"type": "adagrad"})");
+  EXPECT_EQ(adagrad.optimizer.type, "Adagrad");
+  EXPECT_EQ(adagrad.optimizer.lr, 1e-2);  // DeepSpeedCPUAdagrad's defaults
+  EXPECT_EQ(adagrad.optimizer.eps, 1e-10);
+  EXPECT_EQ(adagrad.optimizer.weight_decay, 0);
+  const auto lamb = parse(R"({"type": "Lamb", "params": {"lr": 1e-3, "bias_correction": false, "max_coeff": 0.3,
+                            "min_coeff": 0.01, "max_grad_norm": 1.0}})");
+  EXPECT_FALSE(lamb.optimizer.bias_correction);
+  EXPECT_EQ(lamb.optimizer.max_coeff, 0.3);
+  ASSERT_EQ(lamb.warnings.size(), 1u);  // max_grad_norm: accepted, not acted on
+  EXPECT_NE(lamb.warnings[0].find("$.optimizer.params.max_grad_norm"), std::string::npos);
+  // DeepSpeedExamples' spellings of the 1-bit ones, with their communication keys accepted.
+  const auto onebit = parse(R"({"type": "OnebitAdam", "params": {"lr": 4e-4, "freeze_step": 23000,
+                              "cuda_aware": false, "comm_backend_name": "nccl"}})");
+  EXPECT_EQ(onebit.optimizer.type, "OneBitAdam");
+  EXPECT_EQ(onebit.optimizer.freeze_step, 23000);
+  EXPECT_TRUE(onebit.optimizer.onebit());
+  const auto zo = parse(R"({"type": "ZeroOneAdam", "params": {"var_freeze_step": 100, "local_step_clipper": 8}})");
+  EXPECT_EQ(zo.optimizer.var_freeze_step, 100);
+  EXPECT_EQ(zo.optimizer.local_step_clipper, 8);
+  EXPECT_EQ(zo.optimizer.var_update_scaler, 16);
+  const auto ol = parse(R"({"type": "OnebitLamb", "params": {"coeff_beta": 0.8, "factor_max": 3.0}})");
+  EXPECT_EQ(ol.optimizer.type, "OneBitLamb");
+  EXPECT_EQ(ol.optimizer.coeff_beta, 0.8);
+  const auto lion = parse(R"({"type": "Lion", "params": {"betas": [0.95, 0.98]}})");
+  EXPECT_EQ(lion.optimizer.beta1, 0.95);
+  for (const auto* c : {&adagrad, &lamb, &onebit, &zo, &ol, &lion}) {
+    const auto back = parse_job_config(c->to_json().dump(), "", 1);
+    EXPECT_EQ(back.to_json(), c->to_json()) << c->optimizer.type;
+  }
 }
 
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
