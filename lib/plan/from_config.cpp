@@ -36,6 +36,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.cp_method = c.context_parallel.method;
   l.zero_stage = c.zero.stage;
   l.offload_optimizer = c.zero.offload_optimizer.device == "cpu";
+  l.optimizer = c.optimizer.type;
   l.offload_param = c.zero.offload_param.device == "cpu";
   l.micro_batch = static_cast<int>(c.train_micro_batch_size_per_gpu);
   l.grad_accum = static_cast<int>(c.gradient_accumulation_steps);

@@ -1,6 +1,8 @@
 // The model-mode memory model. Rules in memory_model.h; shapes from model_spec.
 #include "plan/memory_model.h"
 
+#include "layout/onebit_sizes.h"
+
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -30,6 +32,17 @@ ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, 
   part.tp_rank = tp_rank;
   part.ep = ep;  // every ep rank holds E/ep experts: the sizes are ep rank 0's
   return part;
+}
+
+int optimizer_state_bytes(const std::string& type) {
+  if (type == "Lion" || type == "Adagrad") return 4;
+  if (type == "ZeroOneAdam") return 12;
+  if (type == "OneBitLamb") return 16;
+  return kAdamStateBytes;
+}
+
+bool onebit_optimizer(const std::string& type) {
+  return type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb";
 }
 
 }  // namespace
@@ -291,7 +304,12 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
     if (offload_opt) {
       r.cpu += opt_elems * (kAdamStateBytes + 4 + gb);
     } else {
-      r.optimizer += opt_elems * (kAdamStateBytes + master_bytes(l.precision));
+      r.optimizer += opt_elems * (optimizer_state_bytes(l.optimizer) + master_bytes(l.precision));
+    }
+    if (onebit_optimizer(l.optimizer) && l.zero_ranks() > 1) {
+      const layout::OneBitSizes ob = layout::onebit_sizes(opt_elems, l.zero_ranks());
+      r.optimizer += ob.optimizer_bytes;
+      r.comm += ob.comm_bytes;
     }
     // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
     // allgather_bucket_size is smaller than a partition)
@@ -347,7 +365,11 @@ void add_notes(MemoryPlan& plan) {
   if (l.pp > 1 && s.tied() && (part.has_embedding || part.has_head)) {
     plan.notes.back().text += ", + the pipeline's tied-wte gradient buffer";
   }
-  plan.notes.push_back({"optimizer", fmt::format("Adam m, v (8 B){} per element{}{}",
+  plan.notes.push_back({"optimizer", fmt::format("{} {} ({} B){} per element{}{}", l.optimizer,
+                                                 optimizer_state_bytes(l.optimizer) == 4    ? "one moment"
+                                                 : optimizer_state_bytes(l.optimizer) == 8 ? "m, v"
+                                                                                            : "m, v and more",
+                                                 optimizer_state_bytes(l.optimizer),
                                                  master_bytes(l.precision) ? " + fp32 master (4 B)" : "",
                                                  z(1) ? fmt::format(", ZeRO-{} shard 1/{}", l.zero_stage, zr) : "",
                                                  offload_opt ? ", offloaded to CPU" : "")});

@@ -69,6 +69,9 @@ struct Layout {
   int64_t stage3_max_live_parameters = 1000000000;
   int64_t stage3_param_persistence_threshold = 100000;
   int num_threads = 1;  // CPU threads per rank (attention scratch is per thread)
+  // optimizer.type: its state per element (optimizer_state_bytes) and, for the 1-bit ones at dp > 1,
+  // the compressed all-reduce's error feedback (optimizer) and messages (comm), layout/onebit_sizes.h.
+  std::string optimizer = "AdamW";
 
   int world_size() const { return tp * pp * dp * cp; }
   // The ranks that hold the same parameters and share their ZeRO partitions: dp x cp.
@@ -78,6 +81,11 @@ struct Layout {
 // Bytes per element of the stored tensors.
 int param_bytes(Precision p);       // params and grads: 4 (fp32) or 2 (bf16, fp16)
 int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4, or 0 for fp32
+// The optimizer's fp32 state per element: Adam, AdamW, Lamb, OneBitAdam 8 (m, v); Lion 4 (m);
+// Adagrad 4 (the sum of squares); ZeroOneAdam 12 (+ the momentum accumulator); OneBitLamb 16 (+ the
+// fresh variance and the last momentum).
+int optimizer_state_bytes(const std::string& type);
+bool onebit_optimizer(const std::string& type);
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
 // Bytes per stored parameter and activation element (the storage type): param_bytes of

@@ -45,6 +45,7 @@ struct Layout {
   std::string precision = "fp32";  // "bf16" / "fp16": 2-byte storage
   std::string grad_accum = "";     // data_types.grad_accum_dtype when not empty
   bool llama = false;              // the Llama model (GQA, SwiGLU, RMSNorm) instead of GPT-2
+  std::string optimizer = "AdamW";  // optimizer.type: its state (and the 1-bit buffers) per element
   int world() const { return tp * pp * dp; }
 };
 // gtest lists a parameter by this (ctest's test names carry it), not by its bytes.
@@ -87,7 +88,7 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
     return {
         {"train_micro_batch_size_per_gpu", 2},
         {"gradient_accumulation_steps", 4},
-        {"optimizer", {{"type", "AdamW"}, {"params", {{"lr", 0.001}}}}},
+        {"optimizer", {{"type", l.optimizer}, {"params", {{"lr", 0.001}}}}},
         {"zero_optimization", l.zero},
         {"pipeline", {{"stages", l.pp}, {"schedule", l.schedule}, {"partition", l.partition}}},
         {"tensor_parallel", {{"size", l.tp}}},
@@ -173,6 +174,25 @@ INSTANTIATE_TEST_SUITE_P(
                       sixteen(Layout{"tp2_dp2_zero3", 2, 1, 2,
                                      json{{"stage", 3}, {"stage3_param_persistence_threshold", 100},
                                           {"stage3_prefetch_bucket_size", 10000}}})),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+
+Layout with_optimizer(Layout l, const std::string& type) {
+  l.name = type + "_" + l.name;
+  l.optimizer = type;
+  return l;
+}
+
+// Each optimizer's state: Lion's and Adagrad's one moment, LAMB's two, 0/1 Adam's accumulator,
+// 1-bit LAMB's fresh variance and last momentum, and the 1-bit error feedback and messages at dp 2
+// and 4 (the 1-bit ones run at ZeRO stage 0).
+INSTANTIATE_TEST_SUITE_P(
+    Optimizers, PlanMultiproc,
+    ::testing::Values(with_optimizer(data_parallel(2, 1), "Lion"), with_optimizer(data_parallel(2, 2), "Adagrad"),
+                      with_optimizer(sixteen(data_parallel(2, 1)), "Lamb"),
+                      with_optimizer(data_parallel(2, 0), "OneBitAdam"),
+                      with_optimizer(sixteen(data_parallel(4, 0)), "OneBitAdam"),
+                      with_optimizer(data_parallel(2, 0), "ZeroOneAdam"),
+                      with_optimizer(data_parallel(2, 0), "OneBitLamb")),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 Layout llama(Layout l) {
