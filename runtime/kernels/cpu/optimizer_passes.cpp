@@ -85,28 +85,46 @@ double denom_ratio_max(const float* v, const float* v_fresh, int64_t n, float ep
 }
 
 void onebit_compress(float* x, int64_t n, int64_t block, uint8_t* signs, float* scales) {
-  std::memset(signs, 0, static_cast<size_t>(n / 8));
   for (int64_t b = 0; b * block < n; ++b) {
     float* xb = x + b * block;
-    double sq = 0;
-    for (int64_t i = 0; i < block; ++i) sq += static_cast<double>(xb[i]) * xb[i];
-    const float s = static_cast<float>(std::sqrt(sq / static_cast<double>(block)));
+    double acc[4] = {0, 0, 0, 0};  // the block's sum of squares in double, four partial sums
+    for (int64_t i = 0; i < block; i += 4) {
+      for (int k = 0; k < 4; ++k) acc[k] += static_cast<double>(xb[i + k]) * xb[i + k];
+    }
+    const float s = static_cast<float>(std::sqrt((acc[0] + acc[1] + acc[2] + acc[3]) / static_cast<double>(block)));
     scales[b] = s;
-    for (int64_t i = 0; i < block; ++i) {
-      const int64_t e = b * block + i;
-      const bool pos = xb[i] >= 0.0f;
-      if (pos) signs[e >> 3] = static_cast<uint8_t>(signs[e >> 3] | (1u << (e & 7)));
-      xb[i] -= pos ? s : -s;
+    uint8_t* sb = signs + b * block / 8;
+    for (int64_t j = 0; j < block / 8; ++j) {
+      unsigned byte = 0;
+      for (int k = 0; k < 8; ++k) {  // branch-free: the signs are random
+        const float v = xb[8 * j + k];
+        const unsigned pos = v >= 0.0f ? 1u : 0u;
+        byte |= pos << k;
+        xb[8 * j + k] = v - s * (static_cast<float>(2 * pos) - 1.0f);
+      }
+      sb[j] = static_cast<uint8_t>(byte);
     }
   }
 }
 
 void onebit_decompress(const uint8_t* signs, const float* scales, int64_t n, int64_t block, float weight,
                        float* out, bool accumulate) {
-  for (int64_t e = 0; e < n; ++e) {
-    const float s = weight * scales[e / block];
-    const float val = (signs[e >> 3] >> (e & 7)) & 1u ? s : -s;
-    out[e] = accumulate ? out[e] + val : val;
+  for (int64_t b = 0; b * block < n; ++b) {
+    const float s = weight * scales[b];
+    const uint8_t* sb = signs + b * block / 8;
+    float* ob = out + b * block;
+    // Branch-free (the signs are random): the value is s * (2 bit - 1).
+    if (accumulate) {
+      for (int64_t j = 0; j < block / 8; ++j) {
+        const unsigned byte = sb[j];
+        for (int k = 0; k < 8; ++k) ob[8 * j + k] += s * (static_cast<float>(((byte >> k) & 1u) * 2) - 1.0f);
+      }
+    } else {
+      for (int64_t j = 0; j < block / 8; ++j) {
+        const unsigned byte = sb[j];
+        for (int k = 0; k < 8; ++k) ob[8 * j + k] = s * (static_cast<float>(((byte >> k) & 1u) * 2) - 1.0f);
+      }
+    }
   }
 }
 
