@@ -157,47 +157,66 @@ def mean_grad(t, ranks):
     return acc
 
 
-def zero_one_adam(steps, lr, b1, b2, eps, wd, var_freeze, var_scaler, local_scaler, local_clipper):
-    p = init_params(); m = np.zeros(N, f32); v = np.zeros(N, f32); u = np.zeros(N, f32)
+def zero_one_adam(steps, lr, b1, b2, eps, wd, var_freeze, var_scaler, local_scaler, local_clipper, ranks=1):
+    # Per rank: its own p, m and accumulator u (the local steps make them differ); v is shared.
+    R = ranks
+    p = [init_params() for _ in range(R)]; m = [np.zeros(N, f32) for _ in range(R)]
+    v = np.zeros(N, f32); u = [np.zeros(N, f32) for _ in range(R)]
+    ob = OneBit(N, R)
     frozen, vi, vc, li, lc, lrs = False, 1, 0, 1, 0, 0.0
     for t in range(1, steps + 1):
-        g = grads(t)
         if not frozen:
             full = t % vi == 0
-            moments(m, v if full else None, g, b1, b2)
-            _, d = direction(p, m, v, eps, DECAY, wd)
-            p -= f32(lr) * d
+            if full:
+                g = mean_grad(t, R)
+                for r in range(R):
+                    vr = v.copy()
+                    moments(m[r], vr, g, b1, b2)
+                v = vr
+            else:
+                gs = ob.run([grads(t, r) for r in range(R)]) if R > 1 else [grads(t)]
+                for r in range(R):
+                    moments(m[r], None, gs[r], b1, b2)
+            for r in range(R):
+                _, d = direction(p[r], m[r], v, eps, DECAY, wd)
+                p[r] -= f32(lr) * d
             if t % vi == 0:
                 vc += 1
                 if vc == var_scaler:
                     vc = 0; vi *= 2
             if t > var_freeze:
                 frozen = True
+                ob = OneBit(N, R)  # the error buffers start again
             continue
-        moments(m, None, g, b1, b2)
         lrs += lr
-        _, d = direction(p, m, v, eps, DECAY, wd)
-        p -= f32(lr) * d
-        u -= f32(lr) * d
+        for r in range(R):
+            moments(m[r], None, grads(t, r), b1, b2)
+            _, d = direction(p[r], m[r], v, eps, DECAY, wd)
+            p[r] -= f32(lr) * d
+            u[r] -= f32(lr) * d
         if t % li == 0:
-            p -= u
-            u *= np.sqrt(v) + f32(eps)
-            m = -u * f32(1.0 / lrs)
-            p += u / (np.sqrt(v) + f32(eps))
-            u[:] = 0
+            for r in range(R):
+                p[r] -= u[r]
+                u[r] *= np.sqrt(v) + f32(eps)
+            us = ob.run(u) if R > 1 else u
+            for r in range(R):
+                m[r] = -us[r] * f32(1.0 / lrs)
+                p[r] += us[r] / (np.sqrt(v) + f32(eps))
+                u[r] = np.zeros(N, f32)
             lrs = 0.0
         lc += 1
         if lc == local_scaler:
             lc = 0; li = min(local_clipper, li * 2)
-    return p
+    return p[0]
 
 
-def onebit_lamb(steps, lr, b1, b2, eps, wd, freeze, lo, hi, cb, fmax, fmin, fth):
+def onebit_lamb(steps, lr, b1, b2, eps, wd, freeze, lo, hi, cb, fmax, fmin, fth, ranks=1):
     p = init_params(); m = np.zeros(N, f32); v = np.zeros(N, f32); vf = np.zeros(N, f32)
+    ob = OneBit(N, ranks)
     K = len(LAYOUT)
     lcf = [0.0] * K; last = [1.0] * K; scale = None
     for t in range(1, steps + 1):
-        g = grads(t)
+        g = mean_grad(t, ranks)
         if t <= freeze:
             moments(m, v, g, b1, b2)
             if t == freeze:
@@ -214,9 +233,14 @@ def onebit_lamb(steps, lr, b1, b2, eps, wd, freeze, lo, hi, cb, fmax, fmin, fth)
             united = sum(rms) / K
             scale = [united / x if x > 0 else 1.0 for x in rms]
         last_m = m.copy()
-        moments(m, None, g, b1, b2)
-        for k, (a, b, _) in enumerate(segs()):
-            m[a:b] *= f32(scale[k])
+        ms = []
+        for r in range(ranks):
+            mr = m.copy()
+            moments(mr, None, grads(t, r), b1, b2)
+            for k, (a, b, _) in enumerate(segs()):
+                mr[a:b] *= f32(scale[k])
+            ms.append(mr)
+        m = ob.run(ms)[0] if ranks > 1 else ms[0]
         for k, (a, b, _) in enumerate(segs()):
             m[a:b] *= f32(1.0 / scale[k])
         gr = (m - last_m * f32(b1)) / (f32(1) - f32(b1))
@@ -249,6 +273,9 @@ def main():
     digest("OneBitLamb", onebit_lamb(20, 0.01, 0.9, 0.999, 1e-8, 0.01, 6, 0.01, 10.0, 0.9, 4.0, 0.5, 0.1))
     digest("OneBitAdam dp2", onebit_adam(20, 0.001, 0.9, 0.999, 1e-8, 0.01, 5, 2))
     digest("OneBitAdam dp4", onebit_adam(20, 0.001, 0.9, 0.999, 1e-8, 0.01, 5, 4))
+    for R in (2, 4):
+        digest(f"ZeroOneAdam dp{R}", zero_one_adam(20, 0.001, 0.9, 0.999, 1e-8, 0.01, 8, 2, 3, 4, R))
+        digest(f"OneBitLamb dp{R}", onebit_lamb(20, 0.01, 0.9, 0.999, 1e-8, 0.01, 6, 0.01, 10.0, 0.9, 4.0, 0.5, 0.1, R))
     # The compressed all-reduce alone: 3 rounds of distinct inputs on 2 and 4 ranks.
     for R in (2, 4):
         ob = OneBit(N, R)

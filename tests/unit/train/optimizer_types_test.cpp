@@ -41,6 +41,10 @@ const std::vector<Digest> kReference = {
 {"OneBitLamb", 0.016636677983115078, 3.0281402521190195, {0.004813704639673233, 0.016101375222206116, -0.016767673194408417, 0.016424089670181274, 0.0041258553974330425, 0.007216309197247028, -0.009318296797573566, 0.009723274037241936}},
 {"OneBitAdam dp2", -2.527533730433788, 17.009216156262262, {-0.0024578706361353397, 0.012366952374577522, -0.03795599564909935, 0.021207690238952637, 0.003780060214921832, -0.02200937643647194, -0.023522142320871353, 0.016878215596079826}},
 {"OneBitAdam dp4", 0.4426351911970414, 8.049569684417616, {0.009543100371956825, 0.022810962051153183, -0.02737129107117653, 0.009170982986688614, -0.01023419201374054, 0.007158653344959021, -0.020683063194155693, 0.006149871740490198}},
+{"ZeroOneAdam dp2", 1.2309276377782226, 1383.6309193514337, {0.0006981986807659268, 0.014823241159319878, -0.08872759342193604, 0.01694895513355732, -0.008318671956658363, 0.1743796318769455, -0.015560653060674667, 0.01691039837896824}},
+{"OneBitLamb dp2", 0.0883629126001324, 3.0343363852692677, {0.005050333682447672, 0.01649252511560917, -0.017378509044647217, 0.016006020829081535, 0.0037131081335246563, 0.006891048979014158, -0.009184346534311771, 0.009375989437103271}},
+{"ZeroOneAdam dp4", -10.788373233284801, 131.75761281716507, {0.00650764349848032, 0.027263108640909195, -0.05263378471136093, -0.0013840419705957174, -0.016412876546382904, -0.044260941445827484, -0.016554109752178192, 0.0020215227268636227}},
+{"OneBitLamb dp4", -0.037319902734452626, 3.0331198145089395, {0.00611696345731616, 0.01732860505580902, -0.017053615301847458, 0.014962758868932724, 0.00220571830868721, 0.005869357846677303, -0.008884468115866184, 0.008405404165387154}},
 {"allreduce2", -3.6006710529327393, 44.27149509702233, {-0.06231512874364853, -0.06231512874364853, 0.06231512874364853, 0.06231512874364853, 0.06258827447891235, -0.04877575486898422, 0.04888399690389633, -0.03172885254025459}},
 {"worker_error2", 1.598944928497076, 19.36758410550187, {-0.10011886060237885, -0.035226479172706604, -0.01556900143623352, 0.010824032127857208, 0.04736538603901863, 0.03965198993682861, -0.048875968903303146, 0.07296434044837952}},
 {"allreduce4", -2.1965578608214855, 13.15709445297027, {-0.032450467348098755, -0.032450467348098755, 0.032450467348098755, 0.032450467348098755, 0.03264854475855827, -0.03284280374646187, 0.025051308795809746, -0.027483804151415825}},
@@ -223,33 +227,42 @@ void on_ranks(int n, comm::Backend backend, F&& fn) {
   }
 }
 
-TEST(OptimizerTypes, OneBitAdamOn2And4RanksIsTheNumPyModelStepByStep) {
-  for (const auto backend : {comm::Backend::kShm, comm::Backend::kGloo}) {
-    for (int n : {2, 4}) {
-      SCOPED_TRACE(::testing::Message() << comm::backend_name(backend) << " dp " << n);
-      std::vector<std::vector<float>> out(static_cast<size_t>(n));
-      on_ranks(n, backend, [&](int r, comm::CommPtr c) {
-        Rank rank(optimizer_of("OneBitAdam"), c);
-        const int64_t P = rank.layout.total;
-        const float share = 1.0f / static_cast<float>(n);
-        for (int t = 1; t <= 20; ++t) {
-          const bool local = rank.state->begin_step();
-          EXPECT_EQ(local, t > 5) << "step " << t;
-          if (local) {
-            rank.step(grads_of(P, t, r, share), 0.001);  // the trainer's share of the global batch
-          } else {
-            std::vector<float> mean(static_cast<size_t>(P), 0.0f);  // what the all-reduce gives
-            for (int q = 0; q < n; ++q) {
-              const auto g = grads_of(P, t, q);
-              for (int64_t i = 0; i < P; ++i) mean[static_cast<size_t>(i)] += g[static_cast<size_t>(i)] * share;
+// Every 1-bit optimizer on 2 and 4 ranks through its warm-up and its compressed steps: the ranks
+// are given what the trainer would (the all-reduced mean gradient on full steps, their own share
+// of the global batch on local ones), and rank 0's weights are the NumPy model's.
+TEST(OptimizerTypes, OneBitOptimizersOn2And4RanksAreTheNumPyModelStepByStep) {
+  for (const char* type : {"OneBitAdam", "ZeroOneAdam", "OneBitLamb"}) {
+    for (const auto backend : {comm::Backend::kShm, comm::Backend::kGloo}) {
+      for (int n : {2, 4}) {
+        SCOPED_TRACE(::testing::Message() << type << " " << comm::backend_name(backend) << " dp " << n);
+        std::vector<std::vector<float>> out(static_cast<size_t>(n));
+        on_ranks(n, backend, [&](int r, comm::CommPtr c) {
+          Rank rank(optimizer_of(type), c);
+          const int64_t P = rank.layout.total;
+          const float share = 1.0f / static_cast<float>(n);
+          for (int t = 1; t <= 20; ++t) {
+            const bool local = rank.state->begin_step();
+            if (std::string(type) != "ZeroOneAdam") {
+              EXPECT_EQ(local, t > rank.cfg.optimizer.freeze_step) << t;
             }
-            rank.step(mean, 0.001);
+            if (local) {
+              rank.step(grads_of(P, t, r, share), rank.cfg.optimizer.lr);  // this rank's share of the batch
+            } else {
+              std::vector<float> mean(static_cast<size_t>(P), 0.0f);  // what the all-reduce gives
+              for (int q = 0; q < n; ++q) {
+                const auto g = grads_of(P, t, q);
+                for (int64_t i = 0; i < P; ++i) mean[static_cast<size_t>(i)] += g[static_cast<size_t>(i)] * share;
+              }
+              rank.step(mean, rank.cfg.optimizer.lr);
+            }
           }
+          out[static_cast<size_t>(r)] = rank.params();
+        });
+        expect_digest(out[0], std::string(type) + " dp" + std::to_string(n));
+        if (std::string(type) != "ZeroOneAdam") {  // 0/1 Adam's local steps leave the ranks apart
+          for (int r = 1; r < n; ++r) EXPECT_EQ(out[static_cast<size_t>(r)], out[0]) << "rank " << r << " differs";
         }
-        out[static_cast<size_t>(r)] = rank.params();
-      });
-      expect_digest(out[0], "OneBitAdam dp" + std::to_string(n));
-      for (int r = 1; r < n; ++r) EXPECT_EQ(out[static_cast<size_t>(r)], out[0]) << "rank " << r << " differs";
+      }
     }
   }
 }
