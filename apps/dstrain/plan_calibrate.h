@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "config/job_config.h"
 #include "plan/memory_model.h"
 
 namespace ds::cli {
@@ -31,8 +32,12 @@ struct MeasureRequest {
   int threads = 1;
   int steps = 4;
   bool quiet = false;  // --json: progress lines go to stderr either way
+  // The plan's --set and --strict: the sets are applied to the config's JSON before the layout's
+  // keys replace theirs (so a layout key the user also set is the layout's), and --strict is
+  // passed to each run's `dstrain train`.
+  config::ParseOptions parse;
 };
-// Runs `layout` (the config with the layout's keys replaced) for r.steps steps through
+// Runs `layout` (the config with r.parse.sets applied, then the layout's keys replaced) for r.steps steps through
 // `dstrain launch` and returns the fastest step's ms after the first (the least disturbed by other
 // load); <= 0 when it failed (the failure is printed to stderr).
 double measure_layout(const MeasureRequest& r, const plan::Layout& layout);
