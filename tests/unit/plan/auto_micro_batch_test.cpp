@@ -352,6 +352,24 @@ TEST(AutoMicroBatchCli, TrainPrintsThePickAndWritesTheNumber) {
   EXPECT_EQ(manifest["config"]["train_batch_size"], 4);
 }
 
+// `plan --calibrate` on a config whose micro-batch is "auto" measures every size up to its cap
+// (16), not only the placeholder 1, so that the calibrated pick has samples to choose among.
+TEST(AutoMicroBatchCli, CalibrateMeasuresEverySizeForAnAutoMicroBatch) {
+  TempDir d;
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(test::read_file(source_path(kTiny)));
+  j["train_micro_batch_size_per_gpu"] = "auto";
+  j["data"]["train"] = source_path("data/kjv/train.bin");
+  j["data"]["val"] = source_path("data/kjv/val.bin");
+  const std::string path = d.write("auto.json", j.dump(2));
+  auto r = run_command("OMP_NUM_THREADS=1 " + dstrain() + " plan --calibrate --config " + path + " -o " + d.path() +
+                       "/cal.json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const CalibrationFile f = read_calibration(d.path() + "/cal.json");
+  std::vector<int> sizes;
+  for (const auto& s : f.cal.compute) sizes.push_back(s.micro_batch);
+  EXPECT_EQ(sizes, (std::vector<int>{1, 2, 4, 8, 16}));
+}
+
 // `plan --recommend --measure` runs its layouts with the plan's --set (and --strict): a config
 // whose lr is "auto" is measured once --set fills it in.
 TEST(AutoMicroBatchCli, MeasureForwardsSetAndStrict) {
