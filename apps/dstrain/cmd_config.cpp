@@ -1,5 +1,7 @@
-// `dstrain config check CONFIG [--world-size N] [--train] [--strict] [--set KEY=VALUE]...`: validate a job config and print it
-// resolved (every default filled in, the batch triad resolved for the world size) as JSON on
+// `dstrain config check CONFIG [--world-size N] [--train] [--strict] [--set KEY=VALUE]...
+// [--gpu-mem SIZE] [--calibration FILE]`: validate a job config and print it
+// resolved (every default filled in, the batch triad resolved for the world size, a micro-batch
+// "auto" picked by the plan as `dstrain train` picks it: auto_batch.h) as JSON on
 // stdout, warnings on stderr; or print every error and exit 2.
 // It reads only the config: data files and checkpoints are not opened.
 #include <cstdio>
