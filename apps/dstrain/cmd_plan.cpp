@@ -444,11 +444,11 @@ int run_model(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
-  if (!o.worker_dir.empty()) return run_calibration_worker(o.config, o.worker_dir);
+  if (!o.worker_dir.empty()) return run_calibration_worker(o.config, o.worker_dir, o.parse);
   if (o.calibrate) {
     if (o.recommend) throw invalid_argument("--calibrate and --recommend are two runs: calibrate first, "
                                             "then --recommend --calibration FILE");
-    return run_calibrate({o.config, o.hostfile, o.nproc_per_node, o.output, o.threads});
+    return run_calibrate({o.config, o.hostfile, o.nproc_per_node, o.output, o.threads, o.parse});
   }
   if (!o.calibration.empty() && !o.recommend && o.config.empty()) {
     throw invalid_argument("--calibration is read by --recommend and by a micro-batch \"auto\"");

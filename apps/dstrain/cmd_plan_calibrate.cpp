@@ -173,6 +173,8 @@ int run_calibrate(const CalibrateRequest& r) {
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, nproc, threads);
   argv.insert(argv.end(), {exe, "plan", "--calibrate-worker", dir});
   if (!r.config.empty()) argv.insert(argv.end(), {"--config", fs::absolute(r.config).string()});
+  for (const auto& s : r.parse.sets) argv.insert(argv.end(), {"--set", s});
+  if (r.parse.strict) argv.push_back("--strict");
   std::cerr << fmt::format("calibrating {} rank(s){} with {} thread(s) each ...\n",
                            r.hostfile.empty() ? std::to_string(nproc) : "the hostfile's",
                            r.config.empty() ? " for " + default_shape_what() : " for " + r.config, threads);
@@ -223,8 +225,8 @@ double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
   return ms.empty() ? -1 : fastest(ms);
 }
 
-int run_calibration_worker(const std::string& config, const std::string& dir) {
-  rt::train::run_calibration_rank(config, (fs::path(dir) / "calibration.json").string());
+int run_calibration_worker(const std::string& config, const std::string& dir, const config::ParseOptions& parse) {
+  rt::train::run_calibration_rank(config, (fs::path(dir) / "calibration.json").string(), parse);
   return 0;
 }
 

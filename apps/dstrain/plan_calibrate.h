@@ -16,6 +16,7 @@ struct CalibrateRequest {
   int nproc_per_node = 0;  // 0: the hostfile's, else 1
   std::string output;    // the calibration file (required)
   int threads = 0;       // CPU threads per rank (0: OMP_NUM_THREADS, else 1)
+  config::ParseOptions parse;  // the plan's --set and --strict, passed to every rank
 };
 // Launches the ranks through `dstrain launch` (each runs run_calibration_worker), then checks
 // and writes `output`. Prints a summary. Throws ds::Error on bad input or a failed run.
@@ -23,7 +24,7 @@ int run_calibrate(const CalibrateRequest& r);
 
 // One launched rank of the calibration (hidden flag --calibrate-worker DIR): measures, and rank
 // 0 writes DIR/calibration.json.
-int run_calibration_worker(const std::string& config, const std::string& dir);
+int run_calibration_worker(const std::string& config, const std::string& dir, const config::ParseOptions& parse);
 
 struct MeasureRequest {
   std::string config;

@@ -298,7 +298,7 @@ void measure_optimizer(Worker& w, plan::Calibration& cal) {
   cal.host_link_bw = static_cast<double>(bytes) / w.slowest(link);
 }
 
-Worker make_worker(const std::string& config) {
+Worker make_worker(const std::string& config, const config::ParseOptions& parse) {
   Worker w;
   w.rank = env_int("RANK", 0);
   w.world = env_int("WORLD_SIZE", 1);
@@ -309,7 +309,7 @@ Worker make_worker(const std::string& config) {
   w.threads = plan::resolve_threads_per_rank(0);
   w.shape = model_spec::named_shape(model_spec::kDefaultCalibrationShape, "dstrain plan --calibrate").shape;
   if (!config.empty()) {
-    const config::JobConfig cfg = config::load_job_config(config, w.world);
+    const config::JobConfig cfg = config::load_job_config(config, w.world, parse);
     plan::PlanInput in = plan::plan_input_from_config(cfg);
     in.layout.num_threads = w.threads;
     if (in.layout.device == plan::DeviceKind::kCuda) {
@@ -341,8 +341,9 @@ std::string hostname() {
 
 }  // namespace
 
-void run_calibration_rank(const std::string& config, const std::string& out_path) {
-  Worker w = make_worker(config);
+void run_calibration_rank(const std::string& config, const std::string& out_path,
+                          const config::ParseOptions& parse) {
+  Worker w = make_worker(config, parse);
   plan::Calibration cal;
   cal.measured = true;
   const bool gpu = w.device == Device::kCuda;

@@ -4,7 +4,8 @@
 // calibration the pick is the largest that fits, with one the least predicted time; none fitting
 // is an error naming the key. Then through the real binary: `config check` says what every "auto"
 // became, fails naming each "auto" that needs --set, and `dstrain train` prints the pick and its
-// reason and writes the number into its checkpoint's config; `plan --measure` forwards --set.
+// reason and writes the number into its checkpoint's config; `plan --measure` and `plan
+// --calibrate` forward --set and --strict.
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -353,16 +354,18 @@ TEST(AutoMicroBatchCli, TrainPrintsThePickAndWritesTheNumber) {
 }
 
 // `plan --calibrate` on a config whose micro-batch is "auto" measures every size up to its cap
-// (16), not only the placeholder 1, so that the calibrated pick has samples to choose among.
+// (16), not only the placeholder 1, so that the calibrated pick has samples to choose among; its
+// ranks read the config with the plan's --set (here the lr "auto" needs one) and --strict.
 TEST(AutoMicroBatchCli, CalibrateMeasuresEverySizeForAnAutoMicroBatch) {
   TempDir d;
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(test::read_file(source_path(kTiny)));
   j["train_micro_batch_size_per_gpu"] = "auto";
+  j["optimizer"]["params"]["lr"] = "auto";
   j["data"]["train"] = source_path("data/kjv/train.bin");
   j["data"]["val"] = source_path("data/kjv/val.bin");
   const std::string path = d.write("auto.json", j.dump(2));
-  auto r = run_command("OMP_NUM_THREADS=1 " + dstrain() + " plan --calibrate --config " + path + " -o " + d.path() +
-                       "/cal.json");
+  auto r = run_command("OMP_NUM_THREADS=1 " + dstrain() + " plan --calibrate --config " + path +
+                       " --strict --set optimizer.params.lr=1e-3 -o " + d.path() + "/cal.json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const CalibrationFile f = read_calibration(d.path() + "/cal.json");
   std::vector<int> sizes;
