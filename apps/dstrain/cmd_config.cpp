@@ -1,5 +1,7 @@
-// `dstrain config check CONFIG [--world-size N] [--train] [--strict] [--set KEY=VALUE]...`: validate a job config and print it
-// resolved (every default filled in, the batch triad resolved for the world size) as JSON on
+// `dstrain config check CONFIG [--world-size N] [--train] [--strict] [--set KEY=VALUE]...
+// [--gpu-mem SIZE] [--calibration FILE]`: validate a job config and print it
+// resolved (every default filled in, the batch triad resolved for the world size, a micro-batch
+// "auto" picked by the plan as `dstrain train` picks it: auto_batch.h) as JSON on
 // stdout, warnings on stderr; or print every error and exit 2.
 // It reads only the config: data files and checkpoints are not opened.
 #include <cstdio>
@@ -8,8 +10,10 @@
 
 #include <fmt/format.h>
 
+#include "auto_batch.h"
 #include "commands.h"
 #include "config/job_config.h"
+#include "plan/plan_inputs.h"
 
 namespace ds::cli {
 
@@ -20,6 +24,7 @@ struct ConfigCheckOptions {
   int world_size = 1;
   bool train = false;
   config::ParseOptions parse;
+  AutoBatchFlags auto_batch;  // --gpu-mem, --calibration
 };
 
 int run_config_check(const ConfigCheckOptions& o) {
@@ -27,6 +32,15 @@ int run_config_check(const ConfigCheckOptions& o) {
   try {
     cfg = config::load_job_config(o.config, o.world_size, o.parse);
     if (o.train) config::require_training_sections(cfg);
+    // A micro-batch "auto" is planned as `dstrain train` plans it, the world's ranks on this node;
+    // without a model section it stays "auto" until the run.
+    if (cfg.auto_micro_batch.pending && cfg.has_model) {
+      resolve_auto_batch(cfg, o.auto_batch, o.world_size, plan::resolve_threads_per_rank(0));
+    } else if (cfg.auto_micro_batch.pending) {
+      cfg.warnings.push_back(cfg.auto_micro_batch.where_micro_batch +
+                             ": \"auto\": picked by the plan when the run starts; no model section here to plan "
+                             "it with");
+    }
   } catch (const config::ConfigError& e) {
     for (const auto& err : e.errors()) std::fprintf(stderr, "error: %s\n", err.c_str());
     std::fprintf(stderr, "dstrain: %zu error%s in %s (see docs/configuration.md)\n",
@@ -47,12 +61,15 @@ int run_config_check(const ConfigCheckOptions& o) {
                    list.c_str());
     }
   }
+  const auto& a = cfg.auto_micro_batch;
+  auto number = [&](int64_t v, bool from_pick) { return from_pick ? std::string("auto") : std::to_string(v); };
   std::fprintf(stderr, "ok: %s for world size %d: data-parallel %d x tensor-parallel %d x "
-               "pipeline %d; batch %lld = micro %lld x accumulation %lld x data-parallel %d\n",
+               "pipeline %d; batch %s = micro %s x accumulation %s x data-parallel %d\n",
                o.config.c_str(), cfg.world_size, cfg.data_parallel_size, cfg.tensor_parallel.size,
-               cfg.pipeline.stages, static_cast<long long>(cfg.train_batch_size),
-               static_cast<long long>(cfg.train_micro_batch_size_per_gpu),
-               static_cast<long long>(cfg.gradient_accumulation_steps), cfg.data_parallel_size);
+               cfg.pipeline.stages, number(cfg.train_batch_size, a.pending && !a.train_batch_size_fixed).c_str(),
+               number(cfg.train_micro_batch_size_per_gpu, a.pending).c_str(),
+               number(cfg.gradient_accumulation_steps, a.pending && !a.accumulation_steps_fixed).c_str(),
+               cfg.data_parallel_size);
   return 0;
 }
 
@@ -84,6 +101,7 @@ void add_config_command(CLI::App& app, std::vector<Command>& out) {
                   "also require what `dstrain train` needs: a model section, data.train and "
                   "training.steps");
   add_config_read_flags(check, opts->parse);
+  add_auto_batch_flags(check, opts->auto_batch);
   out.push_back({check, [opts] { return run_config_check(*opts); }});
 }
 

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "auto_batch.h"
 #include "commands.h"
 #include "common/error.h"
 #include "common/strings.h"
@@ -377,7 +378,7 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::P
   if (o.measure) {
     const size_t k = std::min(res.fits.size(), static_cast<size_t>(o.top > 0 ? o.top : 3));
     report.shown = std::max(report.shown, k);
-    MeasureRequest req{o.config, o.hostfile, w.world_size, in.layout.num_threads, o.measure_steps, o.json};
+    MeasureRequest req{o.config, o.hostfile, w.world_size, in.layout.num_threads, o.measure_steps, o.json, o.parse};
     // Each pass measures every layout once, in the model's order or (--measure-shuffle) in a
     // shuffled one (a fixed seed per pass), so that a load change on a shared machine does not
     // line up with the ranking; a layout's figure is its fastest over the passes.
@@ -406,7 +407,20 @@ int run_recommend(const PlanOptions& o, const plan::PlanInput& in, const plan::P
 int run_model(const PlanOptions& o) {
   if (!o.params.empty()) throw invalid_argument("--config and --params are two modes; give one");
   const plan::PlanWorld w = plan::resolve_plan_world(o.world_size, o.hostfile, o.gpus_per_node);
-  const plan::PlanInput in = plan::model_plan_input(o.config, w.world_size, o.threads, o.parse);
+  config::JobConfig cfg = config::load_job_config(o.config, w.world_size, o.parse);
+  if (!o.calibration.empty() && !o.recommend && !cfg.auto_micro_batch.pending) {
+    throw invalid_argument("--calibration is read by --recommend and by a micro-batch \"auto\"");
+  }
+  if (cfg.auto_micro_batch.pending) {
+    // As `dstrain train` picks it: --gpu-mem (else the GPUs found, or host memory on a CPU run),
+    // --calibration; the node's ranks are --gpus-per-node or the hostfile's, else all of them.
+    const size_t before = cfg.warnings.size();
+    resolve_auto_batch(cfg, {o.gpu_mem, o.calibration}, w.gpus_per_node > 0 ? w.gpus_per_node : w.world_size,
+                       plan::resolve_threads_per_rank(o.threads));
+    for (size_t i = before; i < cfg.warnings.size(); ++i) std::cerr << "dstrain: note: " << cfg.warnings[i] << "\n";
+  }
+  plan::PlanInput in = plan::plan_input_from_config(cfg);
+  in.layout.num_threads = plan::resolve_threads_per_rank(o.threads);
   if (o.formula == "paper") {
     if (o.recommend) throw invalid_argument("--recommend uses dstrain's own model; drop --formula paper");
     return print_paper_activations(in.shape.seq_len, in.layout.micro_batch, in.shape.n_embd,
@@ -430,13 +444,15 @@ int run_model(const PlanOptions& o) {
 }
 
 int run_plan(const PlanOptions& o) {
-  if (!o.worker_dir.empty()) return run_calibration_worker(o.config, o.worker_dir);
+  if (!o.worker_dir.empty()) return run_calibration_worker(o.config, o.worker_dir, o.parse);
   if (o.calibrate) {
     if (o.recommend) throw invalid_argument("--calibrate and --recommend are two runs: calibrate first, "
                                             "then --recommend --calibration FILE");
-    return run_calibrate({o.config, o.hostfile, o.nproc_per_node, o.output, o.threads});
+    return run_calibrate({o.config, o.hostfile, o.nproc_per_node, o.output, o.threads, o.parse});
   }
-  if (!o.calibration.empty() && !o.recommend) throw invalid_argument("--calibration is read by --recommend");
+  if (!o.calibration.empty() && !o.recommend && o.config.empty()) {
+    throw invalid_argument("--calibration is read by --recommend and by a micro-batch \"auto\"");
+  }
   if (o.measure && !o.recommend) throw invalid_argument("--measure runs --recommend's picks; add --recommend");
   if (!o.config.empty()) return run_model(o);
   if (o.recommend) throw invalid_argument("--recommend needs --config (the model and the batch)");

@@ -113,11 +113,13 @@ std::string absolute_beside(const std::string& path, const fs::path& dir) {
   return fs::weakly_canonical(dir / path).string();
 }
 
-// The user's config with `l`'s keys, `steps` steps, no evaluation, no checkpoints; data paths
-// made absolute (they are relative to the config's directory).
-Json layout_config(const std::string& path, const plan::Layout& l, int steps) {
+// The user's config with the user's --set overrides, then `l`'s keys, `steps` steps, no
+// evaluation, no checkpoints; data paths made absolute (they are relative to the config's
+// directory, --set's as well).
+Json layout_config(const std::string& path, const std::vector<std::string>& sets, const plan::Layout& l, int steps) {
   std::ifstream in(path);
-  Json j = Json::parse(in);  // already validated by the plan
+  Json j = Json::parse(in);  // already validated by the plan, with these sets
+  config::apply_sets(j, sets);
   const fs::path dir = fs::absolute(path).parent_path();
   j.erase("train_batch_size");
   j["train_micro_batch_size_per_gpu"] = l.micro_batch;
@@ -171,6 +173,8 @@ int run_calibrate(const CalibrateRequest& r) {
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, nproc, threads);
   argv.insert(argv.end(), {exe, "plan", "--calibrate-worker", dir});
   if (!r.config.empty()) argv.insert(argv.end(), {"--config", fs::absolute(r.config).string()});
+  for (const auto& s : r.parse.sets) argv.insert(argv.end(), {"--set", s});
+  if (r.parse.strict) argv.push_back("--strict");
   std::cerr << fmt::format("calibrating {} rank(s){} with {} thread(s) each ...\n",
                            r.hostfile.empty() ? std::to_string(nproc) : "the hostfile's",
                            r.config.empty() ? " for " + default_shape_what() : " for " + r.config, threads);
@@ -198,10 +202,11 @@ int run_calibrate(const CalibrateRequest& r) {
 double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
   const std::string dir = temp_dir("measure");
   const std::string cfg = dir + "/layout.json", metrics = dir + "/metrics.jsonl", log = dir + "/log";
-  std::ofstream(cfg) << layout_config(r.config, l, r.steps).dump(2) << "\n";
+  std::ofstream(cfg) << layout_config(r.config, r.parse.sets, l, r.steps).dump(2) << "\n";
   const std::string exe = this_executable();
   std::vector<std::string> argv = launch_prefix(exe, r.hostfile, r.world_size, r.threads);
   argv.insert(argv.end(), {exe, "train", "--config", cfg, "--metrics", metrics});
+  if (r.parse.strict) argv.push_back("--strict");
   std::cerr << fmt::format("measuring {} ({} steps) ...\n", plan::describe_layout(l), r.steps);
   if (const int rc = run_process(argv, log); rc != 0) {
     std::cerr << fmt::format("  failed (exit {}); its last lines:\n{}", rc, tail_of(log, 10));
@@ -220,8 +225,8 @@ double measure_layout(const MeasureRequest& r, const plan::Layout& l) {
   return ms.empty() ? -1 : fastest(ms);
 }
 
-int run_calibration_worker(const std::string& config, const std::string& dir) {
-  rt::train::run_calibration_rank(config, (fs::path(dir) / "calibration.json").string());
+int run_calibration_worker(const std::string& config, const std::string& dir, const config::ParseOptions& parse) {
+  rt::train::run_calibration_rank(config, (fs::path(dir) / "calibration.json").string(), parse);
   return 0;
 }
 

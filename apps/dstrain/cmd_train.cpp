@@ -15,6 +15,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <omp.h>
+
+#include "auto_batch.h"
 #include "commands.h"
 #include "common/env.h"
 #include "common/preemption.h"
@@ -29,6 +32,7 @@ namespace {
 struct TrainCmdOptions {
   std::string config;
   config::ParseOptions parse;  // --strict
+  AutoBatchFlags auto_batch;   // --gpu-mem, --calibration: train_micro_batch_size_per_gpu "auto"
   std::string preempt_signal;  // besides SIGTERM
   rt::train::TrainOptions train;
   std::string export_llmc;  // after training: the weights as an llm.c checkpoint
@@ -59,6 +63,9 @@ int run_train(const TrainCmdOptions& o) {
   const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
   auto cfg = config::load_job_config(o.config, world, o.parse);
+  // A micro-batch "auto": every rank plans the same job on the same inputs, so picks the same.
+  resolve_auto_batch(cfg, o.auto_batch, std::max<int>(1, static_cast<int>(env::get_int("LOCAL_WORLD_SIZE"))),
+                     omp_get_max_threads());
   if (o.comm_timeout > 0) cfg.training.comm_timeout = o.comm_timeout;
   for (const auto& w : cfg.warnings) {
     if (rank0) std::cerr << "dstrain: warning: " << w << "\n";
@@ -111,6 +118,7 @@ void add_train_command(CLI::App& app, std::vector<Command>& out) {
                                           "every rank of `dstrain launch` runs)");
   sub->add_option("--config,-c", o->config, "job config (DeepSpeed-style JSON)")->required();
   add_config_read_flags(sub, o->parse);
+  add_auto_batch_flags(sub, o->auto_batch);
   sub->add_option("--init-from", o->train.init_from, "start from these weights in the model family's format: an llm.c checkpoint file, or "
                   "Hugging Face safetensors (a file or a directory)");
   sub->add_option("--metrics", o->train.metrics_path,

@@ -35,6 +35,8 @@ struct BatchKeys {
   bool valid = true;  // no key of the three was present and invalid
   // Given as "auto" (Hugging Face's placeholder): read as absent, so derived from the others.
   bool auto_train_batch_size = false, auto_accumulation_steps = false;
+  // train_micro_batch_size_per_gpu "auto": picked by the planner (JobConfig::AutoMicroBatch).
+  bool auto_micro_batch = false;
 };
 
 // --- top level ------------------------------------------------------------------------------

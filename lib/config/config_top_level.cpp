@@ -1,6 +1,7 @@
 // The top level of a job config: the batch triad's three keys (read here, resolved against the
 // data-parallel size in config_validate.cpp; "auto" for train_batch_size or
-// gradient_accumulation_steps reads as absent), steps_per_print, gradient_clipping ("auto": 1.0,
+// gradient_accumulation_steps reads as absent, for train_micro_batch_size_per_gpu as the
+// planner's to pick, JobConfig::AutoMicroBatch), steps_per_print, gradient_clipping ("auto": 1.0,
 // the Hugging Face Trainer's default) and wall_clock_breakdown, and the
 // DeepSpeed top-level keys dstrain accepts without acting on them. The sections themselves have
 // their own readers (config_sections.h).
@@ -39,14 +40,18 @@ BatchKeys read_top_level(ReadContext& ctx, Section& root, JobConfig& cfg) {
   if (!b.auto_train_batch_size) {
     b.has_train_batch_size = root.get_int("train_batch_size", b.train_batch_size, 1, kI32Max);
   }
-  b.has_micro_batch_size =
-      root.get_int("train_micro_batch_size_per_gpu", b.micro_batch_size, 1, kI32Max);
+  b.auto_micro_batch = given_auto(root, "train_micro_batch_size_per_gpu");
+  if (!b.auto_micro_batch) {
+    b.has_micro_batch_size =
+        root.get_int("train_micro_batch_size_per_gpu", b.micro_batch_size, 1, kI32Max);
+  }
   if (!b.auto_accumulation_steps) {
     b.has_accumulation_steps =
         root.get_int("gradient_accumulation_steps", b.accumulation_steps, 1, kI32Max);
   }
   b.valid = !(root.has("train_batch_size") && !b.has_train_batch_size && !b.auto_train_batch_size) &&
-            !(root.has("train_micro_batch_size_per_gpu") && !b.has_micro_batch_size) &&
+            !(root.has("train_micro_batch_size_per_gpu") && !b.has_micro_batch_size &&
+              !b.auto_micro_batch) &&
             !(root.has("gradient_accumulation_steps") && !b.has_accumulation_steps &&
               !b.auto_accumulation_steps);
   root.get_int("steps_per_print", cfg.steps_per_print, 1);
@@ -67,9 +72,14 @@ void finish_top_level(Section& root) {
 }
 
 void top_level_to_json(const JobConfig& cfg, Json& out) {
-  out["train_batch_size"] = cfg.train_batch_size;
-  out["train_micro_batch_size_per_gpu"] = cfg.train_micro_batch_size_per_gpu;
-  out["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps;
+  // A pending micro-batch "auto" stays "auto", with the keys that follow from it.
+  const auto& a = cfg.auto_micro_batch;
+  out["train_batch_size"] =
+      a.pending && !a.train_batch_size_fixed ? Json("auto") : Json(cfg.train_batch_size);
+  out["train_micro_batch_size_per_gpu"] =
+      a.pending ? Json("auto") : Json(cfg.train_micro_batch_size_per_gpu);
+  out["gradient_accumulation_steps"] =
+      a.pending && !a.accumulation_steps_fixed ? Json("auto") : Json(cfg.gradient_accumulation_steps);
   out["steps_per_print"] = cfg.steps_per_print;
   out["gradient_clipping"] = cfg.gradient_clipping;
   out["wall_clock_breakdown"] = cfg.wall_clock_breakdown;

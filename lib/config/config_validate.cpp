@@ -111,7 +111,67 @@ void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
   }
 }
 
+namespace {
+
+// train_micro_batch_size_per_gpu "auto": derived when the other two are numbers, else pending
+// with the placeholder 1 (JobConfig::AutoMicroBatch) and the keys not given derived from it.
+void resolve_auto_micro_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
+  const int64_t dp = cfg.data_parallel_size;
+  int64_t tbs = b.train_batch_size, mbs = 1, gas = b.accumulation_steps;
+  const bool has_tbs = b.has_train_batch_size, has_gas = b.has_accumulation_steps;
+  JobConfig::AutoMicroBatch& a = cfg.auto_micro_batch;
+  a.train_batch_size_fixed = has_tbs;
+  a.accumulation_steps_fixed = has_gas;
+  a.auto_train_batch_size = b.auto_train_batch_size;
+  a.auto_accumulation_steps = b.auto_accumulation_steps;
+  a.where_micro_batch = ctx.where(top("train_micro_batch_size_per_gpu"));
+  a.where_train_batch_size = ctx.where(top("train_batch_size"));
+  a.where_accumulation_steps = ctx.where(top("gradient_accumulation_steps"));
+  if (has_tbs && has_gas) {
+    mbs = derive_from_train_batch(ctx, tbs, gas, dp, "gradient_accumulation_steps",
+                                  "train_micro_batch_size_per_gpu");
+  } else {
+    if (has_tbs && tbs % dp != 0) {
+      ctx.error(top("train_batch_size"),
+                fmt::format("{} is not divisible by the data-parallel size {}, so no "
+                            "train_micro_batch_size_per_gpu (\"auto\") divides a rank's share",
+                            tbs, dp));
+      return;
+    }
+    a.pending = true;
+    if (!has_gas) gas = has_tbs ? tbs / dp : 1;
+    if (!has_tbs) tbs = mbs * gas * dp;
+  }
+  cfg.train_batch_size = tbs;
+  cfg.train_micro_batch_size_per_gpu = mbs;
+  cfg.gradient_accumulation_steps = gas;
+}
+
+}  // namespace
+
+std::string train_batch_size_auto_note(const JobConfig& cfg) {
+  return fmt::format("\"auto\" -> {}: train_micro_batch_size_per_gpu x gradient_accumulation_steps x "
+                     "data-parallel size = {} x {} x {}",
+                     cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
+                     cfg.gradient_accumulation_steps, cfg.data_parallel_size);
+}
+
+std::string accumulation_steps_auto_note(const JobConfig& cfg, bool train_batch_size_given) {
+  return train_batch_size_given
+             ? fmt::format("\"auto\" -> {}: train_batch_size / (train_micro_batch_size_per_gpu "
+                           "x data-parallel size) = {} / ({} x {})",
+                           cfg.gradient_accumulation_steps, cfg.train_batch_size,
+                           cfg.train_micro_batch_size_per_gpu, cfg.data_parallel_size)
+             : fmt::format("\"auto\" -> {}: without train_batch_size, one micro-batch per "
+                           "step (as when absent)",
+                           cfg.gradient_accumulation_steps);
+}
+
 void resolve_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
+  if (b.auto_micro_batch) {
+    resolve_auto_micro_batch_triad(ctx, b, cfg);
+    return;
+  }
   const int64_t dp = cfg.data_parallel_size;
   int64_t tbs = b.train_batch_size, mbs = b.micro_batch_size, gas = b.accumulation_steps;
   const bool has_tbs = b.has_train_batch_size, has_mbs = b.has_micro_batch_size,
@@ -150,23 +210,19 @@ void resolve_batch_triad(ReadContext& ctx, const BatchKeys& b, JobConfig& cfg) {
 }
 
 void note_batch_autos(ReadContext& ctx, const BatchKeys& b, const JobConfig& cfg) {
-  if (b.auto_train_batch_size) {
-    ctx.warn(top("train_batch_size"),
-             fmt::format("\"auto\" -> {}: train_micro_batch_size_per_gpu x "
-                         "gradient_accumulation_steps x data-parallel size = {} x {} x {}",
-                         cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu,
+  // A pending micro-batch: set_auto_micro_batch() says what the triad's "auto"s became.
+  if (cfg.auto_micro_batch.pending) return;
+  if (b.auto_micro_batch && cfg.train_micro_batch_size_per_gpu > 0) {
+    ctx.warn(top("train_micro_batch_size_per_gpu"),
+             fmt::format("\"auto\" -> {}: train_batch_size / (gradient_accumulation_steps x "
+                         "data-parallel size) = {} / ({} x {})",
+                         cfg.train_micro_batch_size_per_gpu, cfg.train_batch_size,
                          cfg.gradient_accumulation_steps, cfg.data_parallel_size));
   }
+  if (b.auto_train_batch_size) ctx.warn(top("train_batch_size"), train_batch_size_auto_note(cfg));
   if (b.auto_accumulation_steps) {
     ctx.warn(top("gradient_accumulation_steps"),
-             b.has_train_batch_size
-                 ? fmt::format("\"auto\" -> {}: train_batch_size / (train_micro_batch_size_per_gpu "
-                               "x data-parallel size) = {} / ({} x {})",
-                               cfg.gradient_accumulation_steps, cfg.train_batch_size,
-                               cfg.train_micro_batch_size_per_gpu, cfg.data_parallel_size)
-                 : fmt::format("\"auto\" -> {}: without train_batch_size, one micro-batch per "
-                               "step (as when absent)",
-                               cfg.gradient_accumulation_steps));
+             accumulation_steps_auto_note(cfg, b.has_train_batch_size));
   }
 }
 
@@ -317,7 +373,7 @@ void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConf
   if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);
   const int tp = cfg.tensor_parallel.size, cp = cfg.context_parallel.size;
   if (cfg.has_model && valid.model && layout_whole && valid.batch.valid && cfg.tensor_parallel.sequence_parallel &&
-      tp > 1 && cfg.train_micro_batch_size_per_gpu > 0) {
+      tp > 1 && cfg.train_micro_batch_size_per_gpu > 0 && !cfg.auto_micro_batch.pending) {
     const int64_t tokens = cfg.train_micro_batch_size_per_gpu * (cfg.model.shape.seq_len / cp);
     if (tokens % tp != 0) {
       ctx.error(json_path_child(top("tensor_parallel"), "sequence_parallel"),

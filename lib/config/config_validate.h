@@ -45,6 +45,10 @@ void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
 void resolve_batch_triad(ReadContext& ctx, const BatchKeys& batch, JobConfig& cfg);
 // A warning saying what each "auto" of train_batch_size and gradient_accumulation_steps became.
 void note_batch_autos(ReadContext& ctx, const BatchKeys& batch, const JobConfig& cfg);
+// What train_batch_size and gradient_accumulation_steps "auto" became, as the notes say it (also
+// set_auto_micro_batch()'s, once a pending micro-batch is picked).
+std::string train_batch_size_auto_note(const JobConfig& cfg);
+std::string accumulation_steps_auto_note(const JobConfig& cfg, bool train_batch_size_given);
 void check_model_against_layout(ReadContext& ctx, const SectionsValid& valid,
                                 const JobConfig& cfg);
 

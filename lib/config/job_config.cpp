@@ -154,6 +154,75 @@ void require_training_sections(const JobConfig& config) {
   if (!missing.empty()) throw ConfigError(source, std::move(missing));
 }
 
+void set_auto_micro_batch(JobConfig& c, int64_t micro, const std::string& why) {
+  JobConfig::AutoMicroBatch& a = c.auto_micro_batch;
+  if (!a.pending) throw Error(ErrorKind::kInternal, "set_auto_micro_batch: no micro-batch \"auto\" is pending");
+  const std::string source = c.path.empty() ? "<config>" : c.path;
+  const int64_t dp = c.data_parallel_size;
+  auto fail = [&](const std::string& what) {
+    throw ConfigError(source, {fmt::format("{}: \"auto\" -> {}: {}", a.where_micro_batch, micro, what)});
+  };
+  if (micro < 1 || micro > detail::kI32Max) fail("expected an integer >= 1");
+  if (a.train_batch_size_fixed) {
+    const int64_t share = c.train_batch_size / dp;
+    if (share % micro != 0) {
+      fail(fmt::format("does not divide train_batch_size / data-parallel size = {} / {} = {}",
+                       c.train_batch_size, dp, share));
+    }
+    c.gradient_accumulation_steps = share / micro;
+  } else {
+    if (!a.accumulation_steps_fixed) c.gradient_accumulation_steps = 1;
+    c.train_batch_size = micro * c.gradient_accumulation_steps * dp;
+  }
+  const int tp = c.tensor_parallel.size, cp = c.context_parallel.size;
+  if (c.has_model && c.tensor_parallel.sequence_parallel && tp > 1 &&
+      (micro * (c.model.shape.seq_len / cp)) % tp != 0) {
+    fail(fmt::format("micro x model.seq_len / context_parallel.size = {} tokens is not divisible by "
+                     "tensor_parallel.size {} (sequence parallelism)",
+                     micro * (c.model.shape.seq_len / cp), tp));
+  }
+  c.train_micro_batch_size_per_gpu = micro;
+  a.pending = false;
+  c.warnings.push_back(fmt::format("{}: \"auto\" -> {}: {}", a.where_micro_batch, micro, why));
+  if (a.auto_train_batch_size) {
+    c.warnings.push_back(a.where_train_batch_size + ": " + detail::train_batch_size_auto_note(c));
+  }
+  if (a.auto_accumulation_steps) {
+    c.warnings.push_back(a.where_accumulation_steps + ": " +
+                         detail::accumulation_steps_auto_note(c, a.train_batch_size_fixed));
+  }
+}
+
+std::vector<int64_t> auto_micro_batch_candidates(const JobConfig& c) {
+  const JobConfig::AutoMicroBatch& a = c.auto_micro_batch;
+  std::vector<int64_t> all;
+  if (a.train_batch_size_fixed) {
+    const int64_t share = c.train_batch_size / c.data_parallel_size;
+    for (int64_t m = 1; m <= share; ++m) {
+      if (share % m == 0) all.push_back(m);
+    }
+  } else {
+    for (int64_t m = 1; m <= kMaxAutoMicroBatch; m *= 2) all.push_back(m);
+  }
+  std::vector<int64_t> out;
+  const int tp = c.tensor_parallel.size, cp = c.context_parallel.size;
+  for (int64_t m : all) {
+    if (c.has_model && c.tensor_parallel.sequence_parallel && tp > 1 &&
+        (m * (c.model.shape.seq_len / cp)) % tp != 0) {
+      continue;
+    }
+    out.push_back(m);
+  }
+  return out;
+}
+
+void apply_sets(nlohmann::ordered_json& root, const std::vector<std::string>& sets) {
+  JsonDocument doc;
+  detail::ReadContext ctx{doc, "<config>", {}, {}, false, {}};
+  for (const auto& flag : sets) apply_set(ctx, root, flag);
+  if (!ctx.errors.empty()) throw ConfigError("--set", ctx.errors);
+}
+
 nlohmann::ordered_json JobConfig::to_json() const {
   Json j = Json::object();
   detail::top_level_to_json(*this, j);

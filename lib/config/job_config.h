@@ -276,6 +276,21 @@ struct JobConfig {
   int data_parallel_size = 1;
   int64_t train_batch_size = 0, train_micro_batch_size_per_gpu = 0,
           gradient_accumulation_steps = 0;  // resolved
+  // train_micro_batch_size_per_gpu "auto" (docs/configuration.md, "auto"): the planner picks it
+  // when the run starts (lib/plan/auto_micro_batch.h), and set_auto_micro_batch() fills it in.
+  // Until then `pending` is true, the triad holds micro-batch 1 as a placeholder (the keys not
+  // fixed by the file derived from it) and to_json() writes "auto" for the keys that follow from
+  // the pick. With train_batch_size and gradient_accumulation_steps both numbers the micro-batch
+  // is derived from them at parse time, as when absent, and nothing is pending.
+  struct AutoMicroBatch {
+    bool pending = false;
+    bool train_batch_size_fixed = false;    // a number in the file: the pick divides train_batch_size / dp
+    bool accumulation_steps_fixed = false;  // a number in the file: train_batch_size derives from the pick
+    bool auto_train_batch_size = false, auto_accumulation_steps = false;  // "auto" in the file
+    // "file:line: $.key" of the three keys, for the notes set_auto_micro_batch() adds.
+    std::string where_micro_batch, where_train_batch_size, where_accumulation_steps;
+  };
+  AutoMicroBatch auto_micro_batch;
   int steps_per_print = 10;
   double gradient_clipping = 0;  // max global grad norm; 0 = off
   // Report where each step's time goes (forward, backward, reductions, optimizer, pipeline
@@ -360,5 +375,27 @@ JobConfig load_job_config(const std::string& path, int world_size,
 // Throws ConfigError listing what `dstrain train` needs and the config lacks: a model section,
 // data.train, training.steps.
 void require_training_sections(const JobConfig& config);
+
+// Fills in a pending train_micro_batch_size_per_gpu "auto" (JobConfig::AutoMicroBatch) with
+// `micro_batch`: derives gradient_accumulation_steps (train_batch_size / (micro x dp)) when
+// train_batch_size is a number, else train_batch_size (micro x accumulation x dp; accumulation 1
+// unless the file gives it), and adds one note per "auto" of the triad to `warnings`:
+//   "file:line: $.train_micro_batch_size_per_gpu: \"auto\" -> 8: <why>"
+// then what train_batch_size and gradient_accumulation_steps "auto" became. Throws ConfigError
+// when `micro_batch` breaks a rule of the triad or of sequence parallelism (the planner offers
+// only values that keep them), ds::Error (internal) when nothing is pending.
+void set_auto_micro_batch(JobConfig& config, int64_t micro_batch, const std::string& why);
+
+// The micro-batch sizes a pending "auto" may become, ascending: every divisor of
+// train_batch_size / dp when train_batch_size is a number, else the powers of two from 1 to
+// kMaxAutoMicroBatch; without those that break sequence parallelism's rule (micro x seq_len / cp
+// divisible by tensor_parallel.size).
+inline constexpr int64_t kMaxAutoMicroBatch = 1024;
+std::vector<int64_t> auto_micro_batch_candidates(const JobConfig& config);
+
+// Applies `sets` (ParseOptions::sets, "KEY=VALUE") to a config's JSON as parse_job_config does,
+// for a caller that writes a config for another run (`dstrain plan --measure`). Throws
+// ConfigError naming each malformed flag.
+void apply_sets(nlohmann::ordered_json& root, const std::vector<std::string>& sets);
 
 }  // namespace ds::config

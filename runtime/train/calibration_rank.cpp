@@ -15,6 +15,7 @@
 
 #include "comm/comm.h"
 #include "common/error.h"
+#include "config/job_config.h"
 #include "core/allocator.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/dispatch.h"
@@ -297,7 +298,7 @@ void measure_optimizer(Worker& w, plan::Calibration& cal) {
   cal.host_link_bw = static_cast<double>(bytes) / w.slowest(link);
 }
 
-Worker make_worker(const std::string& config) {
+Worker make_worker(const std::string& config, const config::ParseOptions& parse) {
   Worker w;
   w.rank = env_int("RANK", 0);
   w.world = env_int("WORLD_SIZE", 1);
@@ -308,7 +309,9 @@ Worker make_worker(const std::string& config) {
   w.threads = plan::resolve_threads_per_rank(0);
   w.shape = model_spec::named_shape(model_spec::kDefaultCalibrationShape, "dstrain plan --calibrate").shape;
   if (!config.empty()) {
-    const plan::PlanInput in = plan::model_plan_input(config, w.world, w.threads);
+    const config::JobConfig cfg = config::load_job_config(config, w.world, parse);
+    plan::PlanInput in = plan::plan_input_from_config(cfg);
+    in.layout.num_threads = w.threads;
     if (in.layout.device == plan::DeviceKind::kCuda) {
       if (w.world > 1) {
         throw Error(ErrorKind::kInvalidArgument,
@@ -323,7 +326,8 @@ Worker make_worker(const std::string& config) {
     w.shape = in.shape;
     w.precision = in.layout.precision;
     const int64_t batch = static_cast<int64_t>(in.layout.micro_batch) * in.layout.grad_accum * in.layout.dp;
-    w.max_micro_batch = static_cast<int>(std::clamp<int64_t>(batch, 1, 16));
+    // A micro-batch "auto" is the plan's to pick later: measure every size up to the cap.
+    w.max_micro_batch = cfg.auto_micro_batch.pending ? 16 : static_cast<int>(std::clamp<int64_t>(batch, 1, 16));
   }
   w.comm = comm::make_world_comm(store::connect_from_env(), w.rank, w.world);
   return w;
@@ -337,8 +341,9 @@ std::string hostname() {
 
 }  // namespace
 
-void run_calibration_rank(const std::string& config, const std::string& out_path) {
-  Worker w = make_worker(config);
+void run_calibration_rank(const std::string& config, const std::string& out_path,
+                          const config::ParseOptions& parse) {
+  Worker w = make_worker(config, parse);
   plan::Calibration cal;
   cal.measured = true;
   const bool gpu = w.device == Device::kCuda;

@@ -19,11 +19,15 @@
 
 #include <string>
 
+#include "config/job_config.h"
+
 namespace ds::rt::train {
 
 // Collective over the launched world (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE and the
 // store from the environment, as `dstrain launch` sets them). `config` may be "" (the named shape
-// model_spec::kDefaultCalibrationShape, fp32). Rank 0 writes the calibration file to `out_path`. ds::Error on bad input.
-void run_calibration_rank(const std::string& config, const std::string& out_path);
+// model_spec::kDefaultCalibrationShape, fp32); `parse` is how it is read (`dstrain plan`'s --set and
+// --strict). Rank 0 writes the calibration file to `out_path`. ds::Error on bad input.
+void run_calibration_rank(const std::string& config, const std::string& out_path,
+                          const config::ParseOptions& parse = {});
 
 }  // namespace ds::rt::train

@@ -226,5 +226,46 @@ INSTANTIATE_TEST_SUITE_P(
                                   {"stage3_prefetch_bucket_size", 10000}}}),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
+// train_micro_batch_size_per_gpu "auto" on 2 data-parallel ranks (ZeRO-2): every rank picks the
+// same micro-batch, the largest the plan fits in --gpu-mem (4 here, the limit between 4's and 8's
+// peak), and trains at it: each rank's measured peak per tag is the plan's at micro-batch 4.
+class PlanMultiprocAuto : public PlanMultiproc {};
+
+TEST_F(PlanMultiprocAuto, EveryRankTrainsThePlansPick) {
+  const Layout l = data_parallel(2, 2);
+  json c = base_config(l);
+  c["train_micro_batch_size_per_gpu"] = "auto";
+  c["gradient_accumulation_steps"] = "auto";
+  c["train_batch_size"] = "auto";
+  auto at = [&](int micro) {
+    json fixed = base_config(l);
+    fixed["train_micro_batch_size_per_gpu"] = micro;
+    fixed["gradient_accumulation_steps"] = 1;
+    return config::parse_job_config(fixed.dump(), "", l.world());
+  };
+  auto peak = [&](const config::JobConfig& cfg) {
+    int64_t p = 0;
+    for (int q = 0; q < l.world(); ++q) p = std::max(p, plan::predicted_rank_memory(cfg, q, 1).total());
+    return p;
+  };
+  const config::JobConfig four = at(4);
+  const int64_t limit = (peak(four) + peak(at(8))) / 2;
+  const auto r = test::run_train_job(dir_->path(), "auto_dp2", l.world(), c,
+                                     {"--metrics-all-ranks", "--gpu-mem", std::to_string(limit)}, 120s);
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_NE(r.err.find("\"auto\" -> 4: largest that fits: 4 (peak "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("$.train_batch_size: \"auto\" -> 8: "), std::string::npos) << r.err;
+  ASSERT_FALSE(r.metrics.empty());
+  const json& real = r.metrics.back();
+  for (int q = 0; q < l.world(); ++q) {
+    const auto want = plan::tag_bytes(plan::predicted_rank_memory(four, q, 1));
+    for (const char* tag : plan::kTagNames) {
+      const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
+      ASSERT_TRUE(real.contains(key)) << key;
+      EXPECT_EQ(real.at(key).get<int64_t>(), want.at(tag)) << "rank " << q << " " << tag;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace ds

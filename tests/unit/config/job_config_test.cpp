@@ -57,9 +57,9 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "sample_interval, eval_tasks)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
-      {R"({"train_batch_size": 8, "train_micro_batch_size_per_gpu": "auto"})", 1,
-       "t.json:1: $.train_micro_batch_size_per_gpu: \"auto\" needs a value: pass --set "
-       "train_micro_batch_size_per_gpu=VALUE"},
+      {R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": "auto"})", 4,
+       "t.json:1: $.train_batch_size: 6 is not divisible by the data-parallel size 4, so no "
+       "train_micro_batch_size_per_gpu (\"auto\") divides a rank's share"},
       {"{" + mb + R"("steps_per_print": 0})", 1,
        "t.json:1: $.steps_per_print: expected an integer >= 1, got 0"},
       {"{" + mb + R"("gradient_clipping": -1})", 1,
