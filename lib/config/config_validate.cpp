@@ -330,16 +330,12 @@ void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig
   }
 }
 
-// The optimizers beside Adam/AdamW run on the CPU; the 1-bit ones exchange the whole momentum
-// over dp, so they need ZeRO stage 0 (as in DeepSpeed) and a dp group that is the whole gradient
-// reduction (no context parallelism, no experts).
+// The 1-bit optimizers exchange the whole momentum over dp, so they need ZeRO stage 0 (as in
+// DeepSpeed) and a dp group that is the whole gradient reduction (no context parallelism, no
+// experts).
 void check_optimizer_layout(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg) {
   const OptimizerConfig& o = cfg.optimizer;
   const std::string type_path = json_path_child(top("optimizer"), "type");
-  if (o.type != "Adam" && o.type != "AdamW" && cfg.training.device == "cuda") {
-    ctx.error(type_path, fmt::format("\"{}\" runs on the CPU only so far (training.device \"cuda\" has "
-                                     "kernels for Adam and AdamW)", o.type));
-  }
   if (!o.onebit()) return;
   if (valid.zero_stage && cfg.zero.stage > 0) {
     ctx.error(json_path_child(top("zero_optimization"), "stage"),

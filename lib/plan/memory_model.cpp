@@ -280,7 +280,9 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
 RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   const int64_t sb = storage_bytes(l), gb = grad_bytes(l);
   // On a CPU run host memory is the device memory: offloading moves nothing.
-  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
+  // The optimizers beside Adam/AdamW run on the CPU: on a GPU their state is offloaded alike.
+  const bool adam = l.optimizer == "Adam" || l.optimizer == "AdamW";
+  const bool offload_opt = (l.offload_optimizer || !adam) && l.device == DeviceKind::kCuda;
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   RankMemory r = part.base;
   r.rank = rank;
@@ -302,14 +304,14 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
     // pinned host memory.
     const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
     if (offload_opt) {
-      r.cpu += opt_elems * (kAdamStateBytes + 4 + gb);
+      r.cpu += opt_elems * (optimizer_state_bytes(l.optimizer) + 4 + gb);
     } else {
       r.optimizer += opt_elems * (optimizer_state_bytes(l.optimizer) + master_bytes(l.precision));
     }
-    if (onebit_optimizer(l.optimizer) && l.zero_ranks() > 1) {
+    if (onebit_optimizer(l.optimizer) && l.zero_ranks() > 1) {  // pinned host memory on a GPU
       const layout::OneBitSizes ob = layout::onebit_sizes(opt_elems, l.zero_ranks());
-      r.optimizer += ob.optimizer_bytes;
-      r.comm += ob.comm_bytes;
+      (offload_opt ? r.cpu : r.optimizer) += ob.optimizer_bytes;
+      (offload_opt ? r.cpu : r.comm) += ob.comm_bytes;
     }
     // comm: reduce-scatter receive buffers (stages 2/3); all-gather staging (stages 1/2, when
     // allgather_bucket_size is smaller than a partition)
@@ -329,7 +331,9 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
 void add_notes(MemoryPlan& plan) {
   const Layout& l = plan.layout;
   const ms::ModelShape& s = plan.shape;
-  const bool offload_opt = l.offload_optimizer && l.device == DeviceKind::kCuda;
+  // The optimizers beside Adam/AdamW run on the CPU: on a GPU their state is offloaded alike.
+  const bool adam = l.optimizer == "Adam" || l.optimizer == "AdamW";
+  const bool offload_opt = (l.offload_optimizer || !adam) && l.device == DeviceKind::kCuda;
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   const RankMemory& p = plan.peak_rank();
   const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank, l.ep);

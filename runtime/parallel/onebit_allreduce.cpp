@@ -20,14 +20,14 @@ Message message_at(uint8_t* base, const layout::OneBitSizes& s, int q) {
 }
 }  // namespace
 
-OneBitAllReduce::OneBitAllReduce(comm::Comm& group, int64_t n, Allocator& alloc)
+OneBitAllReduce::OneBitAllReduce(comm::Comm& group, int64_t n, Allocator& alloc, Device where)
     : comm_(group), n_(n), sizes_(layout::onebit_sizes(n, group.size())) {
   const size_t msgs = static_cast<size_t>(group.size()) * static_cast<size_t>(sizes_.message_bytes);
-  worker_error_ = alloc.allocate(static_cast<size_t>(sizes_.padded) * 4, MemTag::kOptimizer, "1-bit worker error");
-  server_error_ = alloc.allocate(static_cast<size_t>(sizes_.chunk) * 4, MemTag::kOptimizer, "1-bit server error");
-  send_ = alloc.allocate(msgs, MemTag::kComm, "1-bit worker messages");
-  recv_ = alloc.allocate(msgs, MemTag::kComm, "1-bit received messages");
-  gathered_ = alloc.allocate(msgs, MemTag::kComm, "1-bit server messages");
+  worker_error_ = alloc.allocate(static_cast<size_t>(sizes_.padded) * 4, MemTag::kOptimizer, "1-bit worker error", where);
+  server_error_ = alloc.allocate(static_cast<size_t>(sizes_.chunk) * 4, MemTag::kOptimizer, "1-bit server error", where);
+  send_ = alloc.allocate(msgs, MemTag::kComm, "1-bit worker messages", where);
+  recv_ = alloc.allocate(msgs, MemTag::kComm, "1-bit received messages", where);
+  gathered_ = alloc.allocate(msgs, MemTag::kComm, "1-bit server messages", where);
   reset_errors();
 }
 

@@ -1,6 +1,7 @@
 // The compressed all-reduce of DeepSpeed's 1-bit optimizers (1-bit Adam, 0/1 Adam, 1-bit LAMB;
 // runtime/comm/nccl.py's compressed_allreduce), with error feedback on both sides, over any Comm
-// (shm, Gloo, NCCL's host path is not built: the 1-bit optimizers run on the CPU).
+// over host memory (shm, Gloo; a GPU run's optimizer state is on the host and the exchange takes
+// a host dp group, as DeepSpeed's MPI backend without cuda_aware).
 //
 // run(x) leaves in x (n fp32 elements, every rank) the mean over the group of the ranks' x, each
 // seen through two 1-bit compressions (sizes: layout/onebit_sizes.h, P the padded length):
@@ -26,7 +27,8 @@ namespace ds::rt::parallel {
 
 class OneBitAllReduce {
  public:
-  OneBitAllReduce(comm::Comm& group, int64_t n, Allocator& alloc);
+  // `group` moves host memory (shm, Gloo); the buffers are `where` (pinned host on a GPU run).
+  OneBitAllReduce(comm::Comm& group, int64_t n, Allocator& alloc, Device where = Device::kCpu);
 
   void run(float* x);
   // Zeroes both error buffers (0/1 Adam at its freeze; a resume, as DeepSpeed's load_state_dict).

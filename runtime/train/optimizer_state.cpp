@@ -51,7 +51,7 @@ void append_range(RangeList& ranges, int64_t off, int64_t n) {
 
 OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device,
                                Model& model, parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc,
-                               int64_t region_begin, parallel::HostWorld* world)
+                               int64_t region_begin, parallel::HostWorld* world, comm::Comm* onebit_host_dp)
     : precision_(precision), device_(device), model_(model), zero_(zero), region_(region_begin),
       opt_(cfg.optimizer), world_(world) {
   if (cfg.zero.offload_param.device == "cpu" && device == Device::kCuda) {
@@ -63,23 +63,28 @@ OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision p
                 "remove offload_param (keep offload_optimizer), or use more ranks (dstrain plan "
                 "--recommend lists layouts that fit)");
   }
-  offload_ = cfg.zero.offload_optimizer.device == "cpu" && device == Device::kCuda;
+  const std::string& t = opt_.type;
+  // The optimizers beside AdamW run on the CPU: on a GPU run their state is offloaded as
+  // ZeRO-Offload's (pinned host memory, the update on the CPU).
+  const bool adam = t == "AdamW" || t == "Adam";
+  offload_ = (cfg.zero.offload_optimizer.device == "cpu" || !adam) && device == Device::kCuda;
   const Device where = offload_ ? Device::kCudaHost : device;
   const size_t bytes = static_cast<size_t>(opt_count()) * sizeof(float);
   if (has_master()) master_ = alloc.allocate(bytes, MemTag::kOptimizer, "master weights", where);
-  const std::string& t = opt_.type;
-  if (t != "AdamW" && t != "Adam" && device != Device::kCpu) {
-    throw invalid_argument("{}: $.optimizer.type \"{}\" runs on the CPU only so far", cfg.path, t);
-  }
   if (t != "Adagrad") exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "exp_avg", where);
   if (t != "Lion") exp_avg_sq_ = alloc.allocate(bytes, MemTag::kOptimizer, "exp_avg_sq", where);
-  if (t == "ZeroOneAdam") accum_ = alloc.allocate(bytes, MemTag::kOptimizer, "0/1 Adam momentum accumulator");
+  if (t == "ZeroOneAdam") accum_ = alloc.allocate(bytes, MemTag::kOptimizer, "0/1 Adam momentum accumulator", where);
   if (t == "OneBitLamb") {
-    exp_avg_sq_fresh_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB exp_avg_sq_fresh");
-    last_exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB last exp_avg");
+    exp_avg_sq_fresh_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB exp_avg_sq_fresh", where);
+    last_exp_avg_ = alloc.allocate(bytes, MemTag::kOptimizer, "1-bit LAMB last exp_avg", where);
   }
-  if (opt_.onebit() && zero.dp_comm() != nullptr) {
-    onebit_ = std::make_unique<parallel::OneBitAllReduce>(*zero.dp_comm(), opt_count(), alloc);
+  // The 1-bit exchange moves host buffers: the dp group itself on a CPU run; on a GPU run (NCCL
+  // moves device buffers) the host group the caller made, as DeepSpeed's MPI backend without
+  // cuda_aware does.
+  comm::Comm* onebit_group = device == Device::kCuda ? onebit_host_dp : zero.dp_comm();
+  if (opt_.onebit() && zero.dp_size() > 1) {
+    if (onebit_group == nullptr) throw invalid_usage("OptimizerState: {} at dp {} needs a host dp group", t, zero.dp_size());
+    onebit_ = std::make_unique<parallel::OneBitAllReduce>(*onebit_group, opt_count(), alloc, where);
   }
   if ((t == "Lamb" || t == "OneBitLamb") && world_ == nullptr) {
     throw invalid_usage("OptimizerState: {} needs the host world for its per-tensor norms", t);
@@ -150,7 +155,14 @@ void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double g
   if (opt_.type != "AdamW" && opt_.type != "Adam") {
     ++adam_steps_;
     // Local gradients are 1/dp of the rank's mean gradient (the loss was scaled for the global batch).
-    update_other(lr, grad_scale * norm_factor(), grads);
+    const double gs = grad_scale * norm_factor();
+    if (offload_) {  // a GPU run: the gradients down, the update on the CPU, the master back up
+      kern::copy_to_host(host_grads_.data(), grads.data, grads.bytes(opt_count()));
+      const kern::DeviceScope on_cpu(Device::kCpu);
+      update_other(lr, gs, {host_grads_.data(), grads.dtype});
+    } else {
+      update_other(lr, gs, grads);
+    }
     sync_model_from_master();
     return;
   }

@@ -14,9 +14,9 @@
 // Every element operation goes through the kernels on the model's device (kernels/dispatch.h):
 // callers run it inside that device's kern::DeviceScope.
 //
-// The optimizer is optimizer.type (optim/optimizers.h gives each one's formula): AdamW through
+// The optimizer is optimizer.type (optimizer_update.cpp gives each one's formula): AdamW through
 // the fused kernels on any device; Lamb, Adagrad, Lion and the 1-bit ones (OneBitAdam,
-// ZeroOneAdam, OneBitLamb) on the CPU (optimizer_update.cpp). The state holds only the moments
+// ZeroOneAdam, OneBitLamb) on the CPU (optimizer_update.cpp), offloaded as above on a GPU run. The state holds only the moments
 // the optimizer keeps: Adam's and Lamb's exp_avg and exp_avg_sq, Lion's exp_avg, Adagrad's sum of
 // squares (as exp_avg_sq); 0/1 Adam's momentum accumulator, 1-bit LAMB's fresh variance and last
 // momentum; the 1-bit ones' error-feedback buffers (parallel/onebit_allreduce.h) at dp > 1.
@@ -55,9 +55,11 @@ class OptimizerState {
   // has two engines: the dense region from 0, the experts from ParamLayout::expert_begin); the
   // engine's ranges (opt_begin, part_begin) are relative to it.
   // `world`: the host world, for LAMB's per-tensor norms (required by Lamb and OneBitLamb).
+  // `onebit_host_dp`: on a GPU run, the dp group over host memory (Gloo/shm) the 1-bit
+  // optimizers exchange their compressed momentum on (required there at dp > 1).
   OptimizerState(const config::JobConfig& cfg, layout::Precision precision, Device device, Model& model,
                  parallel::ZeroEngine& zero, int tp_rank, int pp, Allocator& alloc, int64_t region_begin = 0,
-                 parallel::HostWorld* world = nullptr);
+                 parallel::HostWorld* world = nullptr, comm::Comm* onebit_host_dp = nullptr);
   ~OptimizerState();
 
   const config::OptimizerConfig& optimizer() const { return opt_; }

@@ -83,6 +83,7 @@ struct Trainer::Impl {
   std::vector<EvalTask> eval_tasks;  // training.eval_tasks, tokenized (task_eval.h)
   // Declaration order is destruction order reversed: the state before the engine it points into.
   std::unique_ptr<parallel::Engine> engine;
+  comm::CommPtr onebit_host_dp;  // a GPU run's 1-bit optimizer: its dp group over host memory
   std::unique_ptr<OptimizerState> state;
   std::unique_ptr<OptimizerState> expert_state;  // a mixture of experts: the expert region's (null otherwise)
   std::vector<OptimizerState*> optimizer_states() {
@@ -207,8 +208,15 @@ void Trainer::Impl::build(int local_rank) {
   engine = std::make_unique<parallel::Engine>(shape, spec, job_store(world), alloc);
   // LoRA: the optimizer's region is the adapters' (the base is frozen: no state at all).
   const int64_t region = shape.lora.on() ? engine->model().layout().adapter_begin : 0;
+  // A GPU run's 1-bit optimizer exchanges its compressed momentum over host memory: a dp group
+  // of the host world (the model's groups are NCCL's).
+  if (cfg.optimizer.onebit() && device == Device::kCuda && dp() > 1) {
+    onebit_host_dp = engine->host_world().comm()->new_group(topo.group_of(rank, layout::Axis::kDp),
+                                                            fmt::format("onebit_dp{}", topo.group_of(rank, layout::Axis::kDp).front()));
+  }
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
-                                           engine->coord().tp, pp(), alloc, region, &engine->host_world());
+                                           engine->coord().tp, pp(), alloc, region, &engine->host_world(),
+                                           onebit_host_dp.get());
   if (auto* ez = engine->expert_zero()) {
     expert_state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), *ez, engine->coord().tp,
                                                     pp(), alloc, engine->model().layout().expert_begin,

@@ -126,6 +126,36 @@ TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   EXPECT_EQ(plan_memory(tiny(), l).ranks[0].optimizer, 1920 * 12);
 }
 
+TEST(MemoryModel, EachOptimizersStateAndTheOneBitBuffers) {
+  Layout l;  // fp32, one rank: 1920 elements
+  auto opt = [&](const char* type) {
+    l.optimizer = type;
+    return plan_memory(tiny(), l).ranks[0];
+  };
+  EXPECT_EQ(opt("AdamW").optimizer, 1920 * 8);
+  EXPECT_EQ(opt("Lamb").optimizer, 1920 * 8);
+  EXPECT_EQ(opt("Lion").optimizer, 1920 * 4);
+  EXPECT_EQ(opt("Adagrad").optimizer, 1920 * 4);
+  EXPECT_EQ(opt("ZeroOneAdam").optimizer, 1920 * 12);
+  EXPECT_EQ(opt("OneBitLamb").optimizer, 1920 * 16);
+  EXPECT_EQ(opt("OneBitAdam").comm, 0);  // one rank: no exchange
+  // dp 2: the error feedback (padded 4096 + server chunk 2048, fp32) and 3 x 2 messages of
+  // 2048 / 8 bytes of signs + one fp32 scale
+  l.dp = 2;
+  const auto r = opt("OneBitAdam");
+  EXPECT_EQ(r.optimizer, 1920 * 8 + (4096 + 2048) * 4);
+  EXPECT_EQ(r.comm, 6 * (256 + 4));
+  // On a GPU the optimizers beside Adam run on the CPU: their state (and the 1-bit buffers) in
+  // pinned host memory with an fp32 master and the gradients' host copy.
+  l.device = DeviceKind::kCuda;
+  const auto g = opt("OneBitAdam");
+  EXPECT_EQ(g.optimizer, 0);
+  EXPECT_EQ(g.cpu, 1920 * (8 + 4 + 4) + (4096 + 2048) * 4 + 6 * (256 + 4));
+  l.dp = 1;
+  EXPECT_EQ(opt("Lion").cpu, 1920 * (4 + 4 + 4));
+  EXPECT_EQ(opt("AdamW").cpu, 0);
+}
+
 // A tiny untied Llama by hand: L = 2, NH = 2, KV = 1, C = 8 (hd 4), I = 12, V = Vp = 16, T = 4.
 //   one layer: input_layernorm 8 + q_proj 64 + k_proj 32 + v_proj 32 + o_proj 64
 //              + post_attention_layernorm 8 + gate_proj 96 + up_proj 96 + down_proj 96 = 496
