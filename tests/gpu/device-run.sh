@@ -20,7 +20,8 @@
 #                 124M also with the exact attention) and at fp32 (fp32 math)
 #         train   200 steps of GPT-2 124M (bf16, ZeRO-2, one rank) on the KJV as GPT-2 BPE
 #                 tokens, through `dstrain launch`; the CPU twin's first steps run HERE
-#                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards
+#                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards; then 10
+#                 steps of the same job with Lion (its state offloaded to the host)
 #         smoke   tests/gpu/smoke.sh at one GPU without building (SMOKE_PART=gpu): the ZeRO-2 smoke
 #                 job against its CPU twin on the device's cores
 #         calibrate  `dstrain plan --calibrate` of that config on the GPU (calibration-gpu.json in
@@ -103,6 +104,13 @@ pack() {
     done
   cp -r "$here/data/kjv" "$here/data/kjv-gpt2" "$stage_dir/data/"
   make_train_config cuda "$stage_dir/configs/device-train-124m.json"
+  # The same job with Lion: the optimizers beside Adam run offloaded to the host on a GPU run.
+  python3 - "$stage_dir/configs/device-train-124m.json" "$stage_dir/configs/device-train-124m-lion.json" <<'PY'
+import json, sys
+cfg = json.load(open(sys.argv[1]))
+cfg["optimizer"] = {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}}
+json.dump(cfg, open(sys.argv[2], "w"), indent=2)
+PY
   git -C "$here" rev-parse --short HEAD >"$stage_dir/commit"
   git -C "$here" status --short >>"$stage_dir/commit"
 
@@ -231,6 +239,9 @@ device() {
         stage "train:124m-kjv-gpt2" 180 "$bin/dstrain" launch --nproc-per-node 1 --kill-timeout 5 -- \
           "$bin/dstrain" train --config "$root/configs/device-train-124m.json" \
           --metrics "$logs/train-124m.jsonl" --max-steps "$train_steps"
+        stage "train:124m-lion-offloaded" 60 "$bin/dstrain" launch --nproc-per-node 1 --kill-timeout 5 -- \
+          "$bin/dstrain" train --config "$root/configs/device-train-124m-lion.json" \
+          --metrics "$logs/train-124m-lion.jsonl" --max-steps 10
         ;;
       smoke)
         mkdir -p "$here/data"
