@@ -59,12 +59,7 @@ class MixtralLayouts : public ::testing::TestWithParam<Layout> {
  public:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    std::vector<uint16_t> toks(20000);
-    std::mt19937 rng(5);
-    for (size_t i = 0; i < toks.size(); ++i) {
-      toks[i] = static_cast<uint16_t>((i * 7 + i / 5) % 31);
-      if (rng() % 16 == 0) toks[i] = static_cast<uint16_t>(rng() % kVocab);
-    }
+    const std::vector<uint16_t> toks = test::patterned_tokens(20000, kVocab);
     rt::data::write_token_file(*dir_ / "train.bin", toks);
     rt::data::write_token_file(*dir_ / "val.bin", std::vector<uint16_t>(toks.begin(), toks.begin() + 4000));
     baselines_ = new std::map<std::string, std::vector<json>>();

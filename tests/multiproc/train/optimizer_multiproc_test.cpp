@@ -33,12 +33,7 @@ class OptimizerMultiproc : public ::testing::Test {
  public:
   static void SetUpTestSuite() {
     dir_ = new TempDir();
-    std::vector<uint16_t> toks(20000);
-    std::mt19937 rng(5);
-    for (size_t i = 0; i < toks.size(); ++i) {
-      toks[i] = static_cast<uint16_t>((i * 7 + i / 5) % 31);
-      if (rng() % 16 == 0) toks[i] = static_cast<uint16_t>(rng() % 32);
-    }
+    const std::vector<uint16_t> toks = test::patterned_tokens(20000, 32);
     rt::data::write_token_file(*dir_ / "train.bin", toks);
   }
   static void TearDownTestSuite() { delete dir_; }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <iostream>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,18 @@ struct TrainJobResult {
   std::vector<nlohmann::json> metrics;  // one object per logged step, in order
   double seconds = 0;
 };
+
+// The layout tests' synthetic corpus: a periodic token pattern (mod 31) with every 16th token on
+// average replaced by a random one below `vocab` (seeded: every test gets the same tokens).
+inline std::vector<uint16_t> patterned_tokens(size_t n, int vocab) {
+  std::vector<uint16_t> toks(n);
+  std::mt19937 rng(5);
+  for (size_t i = 0; i < toks.size(); ++i) {
+    toks[i] = static_cast<uint16_t>((i * 7 + i / 5) % 31);
+    if (rng() % 16 == 0) toks[i] = static_cast<uint16_t>(rng() % static_cast<unsigned>(vocab));
+  }
+  return toks;
+}
 
 // `name` names the config and metrics files written under `dir`; `extra` is appended to the
 // `dstrain train` arguments. Waits at most `timeout` (the JobProcess then kills the job).
