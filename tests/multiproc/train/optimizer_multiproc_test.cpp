@@ -64,6 +64,16 @@ class OptimizerMultiproc : public ::testing::Test {
                                [&](const std::string& key) { return key == "grad_norm" ? 10 * loss_tol : loss_tol; },
                                what);
   }
+  // `first` on `w1` ranks until its checkpoint at step 10 (in `ckpt`), then `rest` on `w2` ranks
+  // resumed from it: the resumed run's result.
+  static test::TrainJobResult stop_at_10_and_resume(json first, int w1, json rest, int w2, const std::string& ckpt) {
+    first["training"]["checkpoint_dir"] = ckpt;
+    first["training"]["checkpoint_interval"] = 10;
+    const auto a = run(w1, first, {"--max-steps", "10"});
+    EXPECT_EQ(a.rc, 0) << a.err;
+    rest["training"]["checkpoint_dir"] = ckpt;
+    return run(w2, rest, {"--resume"});
+  }
   static inline TempDir* dir_ = nullptr;
 };
 
@@ -94,13 +104,7 @@ TEST_F(OptimizerMultiproc, OneMomentAndScalarStatesResume) {
   const auto whole = run(1, config(ada, 1));
   ASSERT_EQ(whole.rc, 0) << whole.err;
   const std::string ckpt = *dir_ / "adagrad_ckpt";
-  json first = config(ada, 2, 1, 1);
-  first["training"]["checkpoint_dir"] = ckpt;
-  first["training"]["checkpoint_interval"] = 10;
-  ASSERT_EQ(run(2, first, {"--max-steps", "10"}).rc, 0);
-  json rest = config(ada, 1);
-  rest["training"]["checkpoint_dir"] = ckpt;
-  const auto resumed = run(1, rest, {"--resume"});
+  const auto resumed = stop_at_10_and_resume(config(ada, 2, 1, 1), 2, config(ada, 1), 1, ckpt);
   ASSERT_EQ(resumed.rc, 0) << resumed.err;
   expect_same_curve(whole.metrics, resumed.metrics, 11, 1e-5, "Adagrad resumed dp2 -> dp1");
 
@@ -111,14 +115,7 @@ TEST_F(OptimizerMultiproc, OneMomentAndScalarStatesResume) {
                          {"local_step_clipper", 4}}}};
   const auto zo_whole = run(1, config(zo, 1));
   ASSERT_EQ(zo_whole.rc, 0) << zo_whole.err;
-  const std::string zo_ckpt = *dir_ / "zo_ckpt";
-  json zo_first = config(zo, 1);
-  zo_first["training"]["checkpoint_dir"] = zo_ckpt;
-  zo_first["training"]["checkpoint_interval"] = 10;
-  ASSERT_EQ(run(1, zo_first, {"--max-steps", "10"}).rc, 0);
-  json zo_rest = config(zo, 1);
-  zo_rest["training"]["checkpoint_dir"] = zo_ckpt;
-  const auto zo_resumed = run(1, zo_rest, {"--resume"});
+  const auto zo_resumed = stop_at_10_and_resume(config(zo, 1), 1, config(zo, 1), 1, *dir_ / "zo_ckpt");
   ASSERT_EQ(zo_resumed.metrics.size(), 10u);
   ASSERT_EQ(zo_resumed.rc, 0) << zo_resumed.err;
   for (size_t i = 0; i < zo_resumed.metrics.size(); ++i) {
