@@ -204,6 +204,29 @@ Json data_to_json(const JobConfig& cfg) {
                                        {"path", string_or_null(cfg.data.tokenizer_path)}}}};
 }
 
+namespace {
+// true / false, or {"threshold": K > 0, "window": N >= 2} (enabled).
+void read_skip_spikes(ReadContext& ctx, Section& s, TrainingConfig::SkipSpikes& out) {
+  const Json* v = s.has("skip_spikes") ? s.raw("skip_spikes") : nullptr;
+  if (v == nullptr || v->is_null()) return;
+  if (v->is_boolean()) {
+    out.enabled = v->get<bool>();
+    return;
+  }
+  if (!v->is_object()) {
+    ctx.error(s.child("skip_spikes"),
+              fmt::format("expected true, false or {{\"threshold\": K, \"window\": N}}, got {}", show(*v)));
+    return;
+  }
+  out.enabled = true;
+  Section g = s.section("skip_spikes");
+  g.get_bool("enabled", out.enabled);
+  g.get_number("threshold", out.threshold, 0, kInf, /*lo_open=*/true);
+  g.get_int("window", out.window, 2, 1000000);
+  g.finish();
+}
+}  // namespace
+
 TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& config_path,
                            TrainingConfig& out) {
   TrainingRead read;
@@ -225,6 +248,7 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_number("peak_tflops", out.peak_tflops, 0);
   s.get_int("sample_interval", out.sample_interval, 0);
   read_eval_tasks(ctx, s, config_path, out);
+  read_skip_spikes(ctx, s, out.skip_spikes);
   s.finish();
   if (!out.eval_tasks.empty() && out.eval_interval == 0) {
     ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
@@ -258,7 +282,11 @@ Json training_to_json(const TrainingConfig& c) {
               {"comm_timeout", c.comm_timeout},
               {"peak_tflops", c.peak_tflops},
               {"sample_interval", c.sample_interval},
-              {"eval_tasks", eval_tasks_to_json(c.eval_tasks)}};
+              {"eval_tasks", eval_tasks_to_json(c.eval_tasks)},
+              {"skip_spikes", c.skip_spikes.enabled ? Json{{"enabled", true},
+                                                           {"threshold", c.skip_spikes.threshold},
+                                                           {"window", c.skip_spikes.window}}
+                                                    : Json(false)}};
 }
 
 void read_checkpoint(Section& root) {

@@ -138,6 +138,14 @@ struct TrainingConfig {
   int sample_interval = 0;
   // Downstream tasks scored every eval_interval (docs/evaluation.md); empty = none.
   std::vector<EvalTaskConfig> eval_tasks;
+  // training.skip_spikes (llm.c's outlier detector, runtime/train/spike_guard.h): a step whose loss
+  // or gradient norm lies more than `threshold` standard deviations above the mean of the last
+  // `window` updated steps is skipped, with no update. `true` takes the defaults; absent: off.
+  struct SkipSpikes {
+    bool enabled = false;
+    double threshold = 5.0;
+    int window = 128;
+  } skip_spikes;
 };
 
 struct Fp16Config {

@@ -38,6 +38,7 @@ nlohmann::json manifest_json(const ManifestContent& m) {
   j["lr_schedule"] = m.lr_schedule;
   j["loss_scaler"] = m.loss_scaler;
   if (!m.optimizer_state.is_null()) j["optimizer_state"] = m.optimizer_state;
+  if (!m.spike_guard.is_null()) j["spike_guard"] = m.spike_guard;
   j["rng"] = {{"seed", m.seed}, {"note", "initial weights and data order derive from the seed alone"}};
   return j;
 }

@@ -49,6 +49,8 @@ struct ManifestContent {
   nlohmann::json loss_scaler;   // optim::LossScaler::state
   // The optimizer's scalar state beside its tensors (train/optimizer_state.h; null: none).
   nlohmann::json optimizer_state;
+  // training.skip_spikes' windows (train/spike_guard.h; null: off).
+  nlohmann::json spike_guard;
 };
 
 nlohmann::json manifest_json(const ManifestContent& m);

@@ -95,6 +95,7 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
     m.lr_schedule = run.schedule.state();
     m.loss_scaler = run.scaler.state();
     m.optimizer_state = st.scalar_state();
+    if (run.spikes != nullptr) m.spike_guard = run.spikes->state();
     const std::string dir = ckpt::commit_checkpoint(root, step, ckpt::manifest_json(m), run.cfg.training.keep_last);
     spdlog::info("saved checkpoint {}", dir);
   };
@@ -197,6 +198,7 @@ int64_t load_checkpoint(CheckpointedRun& run, const std::string& dir) {
     run.schedule.restore(m.at("lr_schedule"), where + ": lr_schedule");
     run.scaler.restore(m.at("loss_scaler"), where + ": loss_scaler");
     run.state.restore_scalar_state(m.value("optimizer_state", nlohmann::json()), where);
+    if (run.spikes != nullptr) run.spikes->restore(m.value("spike_guard", nlohmann::json()), where);
   } catch (const nlohmann::json::exception& e) {
     throw invalid_argument("{}: corrupt checkpoint manifest: {}", where, e.what());
   }

@@ -19,6 +19,7 @@
 #include "optim/lr_schedule.h"
 #include "parallel/engine.h"
 #include "train/optimizer_state.h"
+#include "train/spike_guard.h"
 
 namespace ds::rt::train {
 
@@ -31,6 +32,7 @@ struct CheckpointedRun {
   data::BatchReader& loader;  // one corpus (data/loader.h) or a weighted blend (data/blend.h)
   optim::LrScheduler& schedule;
   optim::LossScaler& scaler;
+  SpikeGuard* spikes = nullptr;  // training.skip_spikes (null: off)
 };
 
 // Collective: writes the checkpoint of `step` under training.checkpoint_dir.

@@ -42,6 +42,7 @@
 #include "train/monitors.h"
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
+#include "train/spike_guard.h"
 #include "train/run_config.h"
 #include "train/sampling.h"
 #include "train/step_clock.h"
@@ -104,6 +105,7 @@ struct Trainer::Impl {
   std::vector<layout::PositionRun> runs;
   std::unique_ptr<optim::LrScheduler> schedule;
   std::unique_ptr<optim::LossScaler> scaler;
+  std::unique_ptr<SpikeGuard> spikes;  // training.skip_spikes (null: off)
   int64_t next_step = 1;  // the step the next run() executes
   double flops_per_token = 0;  // MFU (throughput.h)
   PeakFlops peak;
@@ -119,7 +121,9 @@ struct Trainer::Impl {
   // The rank that holds a (dp, cp, tp) position's loss: tp rank 0 of the last stage. Under
   // context parallelism every cp rank holds the mean over its rows; the step's loss is their mean.
   bool loss_owner() const { return engine->coord().tp == 0 && engine->coord().pp == pp() - 1; }
-  CheckpointedRun checkpointed() { return {cfg, *engine, *state, expert_state.get(), *loader, *schedule, *scaler}; }
+  CheckpointedRun checkpointed() {
+    return {cfg, *engine, *state, expert_state.get(), *loader, *schedule, *scaler, spikes.get()};
+  }
 
   void open_data(int dp_rank);
   void build(int local_rank);
@@ -237,6 +241,9 @@ void Trainer::Impl::build(int local_rank) {
   }
   schedule = std::make_unique<optim::LrScheduler>(schedule_of(cfg));
   scaler = std::make_unique<optim::LossScaler>(loss_scaler_of(cfg.fp16));
+  if (cfg.training.skip_spikes.enabled) {
+    spikes = std::make_unique<SpikeGuard>(cfg.training.skip_spikes.threshold, cfg.training.skip_spikes.window);
+  }
   flops_per_token = model_flops_per_token(shape);
   moe = model_spec::family_of(shape).mlp == model_spec::MlpKind::kMoe;
   peak = run_peak_flops(cfg, device, engine->model().dtype(), spec.cuda_device);
@@ -610,7 +617,15 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   *preempt_after_step = stats.preempt;
   StepRecord r;
   r.lr = schedule->lr();
-  r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, parts, *scaler, *schedule);
+  // training.skip_spikes: an outlier loss or norm skips the update (every rank decides alike).
+  const std::string spike = spikes && !stats.overflow ? spikes->judge(stats.loss, stats.grad_norm) : std::string();
+  if (!spike.empty()) {
+    r.skipped = true;
+    if (rank == 0) spdlog::warn("step {}: {}: the update is skipped (training.skip_spikes)", step, spike);
+  } else {
+    r.skipped = apply_update(step, stats, loss_scale, r.lr, settings, parts, *scaler, *schedule);
+  }
+  if (spikes) r.extra["skipped_spikes"] = static_cast<double>(spikes->skipped());
   clock.lap(Phase::kOptimizer);
   r.ms_per_step = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   if (cfg.wall_clock_breakdown) r.breakdown = clock.finish();

@@ -517,6 +517,27 @@ TEST(JobConfig, EveryDeepSpeedOptimizerTypeReadsWithItsDefaultsAndRoundTrips) {
   }
 }
 
+TEST(JobConfig, SkipSpikesIsABoolOrItsThresholdAndWindow) {
+  auto parse = [](const std::string& v) {
+    return parse_job_config(R"({"train_batch_size": 8, "training": {"skip_spikes": )" + v + "}}", "t.json", 1);
+  };
+  EXPECT_FALSE(parse_job_config(R"({"train_batch_size": 8})", "", 1).training.skip_spikes.enabled);
+  const auto on = parse("true");
+  EXPECT_TRUE(on.training.skip_spikes.enabled);
+  EXPECT_EQ(on.training.skip_spikes.threshold, 5.0);
+  EXPECT_EQ(on.training.skip_spikes.window, 128);
+  const auto set = parse(R"({"threshold": 3.5, "window": 32})");
+  EXPECT_TRUE(set.training.skip_spikes.enabled);
+  EXPECT_EQ(set.training.skip_spikes.threshold, 3.5);
+  EXPECT_EQ(set.training.skip_spikes.window, 32);
+  EXPECT_EQ(parse_job_config(set.to_json().dump(), "", 1).to_json(), set.to_json());
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "training": {"skip_spikes": {"window": 1}}})", 1),
+            std::vector<std::string>{"t.json:1: $.training.skip_spikes.window: expected an integer 2-1000000, got 1"});
+  EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "training": {"skip_spikes": 5}})", 1),
+            std::vector<std::string>{"t.json:1: $.training.skip_spikes: expected true, false or {\"threshold\": K, "
+                                     "\"window\": N}, got 5"});
+}
+
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
   const std::string text = R"({
   "train_batch_size": 16,
