@@ -51,6 +51,7 @@
 #include <cerrno>
 #include <cctype>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -128,6 +129,21 @@ void cpu_relax() {
 #endif
 }
 
+// The ranks sharing this node: LOCAL_WORLD_SIZE (dstrain launch and torchrun set it), 1 without.
+int ranks_on_node() {
+  const char* v = std::getenv("LOCAL_WORLD_SIZE");
+  const int n = v != nullptr ? std::atoi(v) : 0;
+  return n > 0 ? n : 1;
+}
+
+// The CPUs this process may run on (its affinity mask, which a container or taskset narrows).
+unsigned usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
 void futex_wait(std::atomic<uint32_t>* addr, uint32_t expected, Millis timeout) {
   timespec ts{static_cast<time_t>(timeout.count() / 1000),
               static_cast<long>((timeout.count() % 1000) * 1000000)};
@@ -153,8 +169,10 @@ class ShmComm : public GlooComm {
     // At least 256 bytes per rank: reduce_scatter cuts a slot into size() sub-slots.
     chunk_ = std::max({align_up(args.options.shm_chunk_bytes, 64), size_t{4096},
                        static_cast<size_t>(size()) * 256});
-    // More ranks than CPUs: spinning only steals the CPU from the rank we wait for.
-    spin_ = static_cast<unsigned>(size()) <= std::max(1u, std::thread::hardware_concurrency());
+    // More ranks on this node than CPUs it may use: spinning only steals the CPU from the rank we
+    // wait for. Every rank on the node counts, not only this group's: two tp pairs of a 4-rank
+    // job on 2 cores would otherwise each spin as if they had the machine to themselves.
+    spin_ = static_cast<unsigned>(std::max(size(), ranks_on_node())) <= usable_cpus();
     if (size() > 1) map_segment(args);
   }
 
