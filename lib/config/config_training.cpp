@@ -249,6 +249,8 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_int("sample_interval", out.sample_interval, 0);
   read_eval_tasks(ctx, s, config_path, out);
   read_skip_spikes(ctx, s, out.skip_spikes);
+  s.get_number("straggler_slower_by", out.straggler_slower_by, 0, kInf, /*lo_open=*/true);
+  s.get_int("straggler_steps", out.straggler_steps, 1);
   s.finish();
   if (!out.eval_tasks.empty() && out.eval_interval == 0) {
     ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
@@ -283,6 +285,8 @@ Json training_to_json(const TrainingConfig& c) {
               {"peak_tflops", c.peak_tflops},
               {"sample_interval", c.sample_interval},
               {"eval_tasks", eval_tasks_to_json(c.eval_tasks)},
+              {"straggler_slower_by", c.straggler_slower_by},
+              {"straggler_steps", c.straggler_steps},
               {"skip_spikes", c.skip_spikes.enabled ? Json{{"enabled", true},
                                                            {"threshold", c.skip_spikes.threshold},
                                                            {"window", c.skip_spikes.window}}

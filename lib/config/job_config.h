@@ -146,6 +146,11 @@ struct TrainingConfig {
     double threshold = 5.0;
     int window = 128;
   } skip_spikes;
+  // With wall_clock_breakdown: name a rank whose compute time per step is more than
+  // straggler_slower_by (a fraction) above the ranks' median for straggler_steps steps in a row
+  // (runtime/train/straggler.h).
+  double straggler_slower_by = 0.2;
+  int straggler_steps = 5;
 };
 
 struct Fp16Config {

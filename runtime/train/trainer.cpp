@@ -43,6 +43,7 @@
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/spike_guard.h"
+#include "train/straggler.h"
 #include "train/run_config.h"
 #include "train/sampling.h"
 #include "train/step_clock.h"
@@ -106,6 +107,7 @@ struct Trainer::Impl {
   std::unique_ptr<optim::LrScheduler> schedule;
   std::unique_ptr<optim::LossScaler> scaler;
   std::unique_ptr<SpikeGuard> spikes;  // training.skip_spikes (null: off)
+  std::unique_ptr<StragglerWatch> stragglers;  // with wall_clock_breakdown at world > 1
   int64_t next_step = 1;  // the step the next run() executes
   double flops_per_token = 0;  // MFU (throughput.h)
   PeakFlops peak;
@@ -133,6 +135,9 @@ struct Trainer::Impl {
     double loss = 0, aux = 0;
   };
   LossSums micro_batches(int64_t step, double grad_scale, double* bubble, StepClock& clock);
+  // Collective: every rank's compute time (forward + backward) into the record
+  // (time_compute_ms_rank<q>), and a straggler named in the log (straggler.h).
+  void report_stragglers(const StepBreakdown& b, int64_t step, StepRecord& r);
   LossSums pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
   double evaluate();
   // training.eval_tasks: each task's score over every data-parallel rank's share of its rows.
@@ -241,6 +246,9 @@ void Trainer::Impl::build(int local_rank) {
   }
   schedule = std::make_unique<optim::LrScheduler>(schedule_of(cfg));
   scaler = std::make_unique<optim::LossScaler>(loss_scaler_of(cfg.fp16));
+  if (cfg.wall_clock_breakdown && world > 1) {
+    stragglers = std::make_unique<StragglerWatch>(cfg.training.straggler_slower_by, cfg.training.straggler_steps);
+  }
   if (cfg.training.skip_spikes.enabled) {
     spikes = std::make_unique<SpikeGuard>(cfg.training.skip_spikes.threshold, cfg.training.skip_spikes.window);
   }
@@ -628,7 +636,10 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   if (spikes) r.extra["skipped_spikes"] = static_cast<double>(spikes->skipped());
   clock.lap(Phase::kOptimizer);
   r.ms_per_step = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-  if (cfg.wall_clock_breakdown) r.breakdown = clock.finish();
+  if (cfg.wall_clock_breakdown) {
+    r.breakdown = clock.finish();
+    if (stragglers) report_stragglers(*r.breakdown, step, r);
+  }
   r.step = step;
   r.total_steps = cfg.training.steps;
   r.loss = stats.loss;
@@ -648,6 +659,16 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   // This rank's bytes through the collectives of this step (comm/comm.h's ring count).
   r.extra["comm_bytes_sent"] = comm::bytes_sent_by_this_process() - sent0;
   return r;
+}
+
+void Trainer::Impl::report_stragglers(const StepBreakdown& b, int64_t step, StepRecord& r) {
+  std::vector<double> mine(static_cast<size_t>(world), 0.0);
+  mine[static_cast<size_t>(rank)] = b[Phase::kForward] + b[Phase::kBackward];
+  const std::vector<double> all = engine->host_world().sum_in_rank_order(mine);
+  for (int q = 0; q < world; ++q) r.extra[fmt::format("time_compute_ms_rank{}", q)] = all[static_cast<size_t>(q)];
+  for (const std::string& line : stragglers->observe(all)) {
+    if (rank == 0) spdlog::warn("step {}: straggler: {}", step, line);
+  }
 }
 
 TrainResult Trainer::run() {

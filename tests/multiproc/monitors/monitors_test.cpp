@@ -105,6 +105,14 @@ TEST_F(Monitors, BreakdownSumsToStepTimeWithZero2) {
   for (const auto& m : r.metrics) {
     EXPECT_GT(m.at("time_reduce_comm_ms").get<double>(), 0) << "the dp group ran reductions";
     EXPECT_GE(m.at("time_gather_comm_ms").get<double>(), 0);
+    // The straggler report's input: every rank's compute time (forward + backward) of the step;
+    // rank 0's is its own breakdown's.
+    for (const char* key : {"time_compute_ms_rank0", "time_compute_ms_rank1"}) {
+      ASSERT_TRUE(m.contains(key)) << key << " missing in " << m.dump();
+      EXPECT_GT(m.at(key).get<double>(), 0) << key;
+    }
+    EXPECT_NEAR(m.at("time_compute_ms_rank0").get<double>(),
+                m.at("time_forward_ms").get<double>() + m.at("time_backward_ms").get<double>(), 1e-6);
   }
 }
 
