@@ -207,7 +207,7 @@ Json data_to_json(const JobConfig& cfg) {
 namespace {
 // true / false, or {"threshold": K > 0, "window": N >= 2} (enabled).
 void read_skip_spikes(ReadContext& ctx, Section& s, TrainingConfig::SkipSpikes& out) {
-  const Json* v = s.has("skip_spikes") ? s.raw("skip_spikes") : nullptr;
+  const Json* v = s.raw("skip_spikes");
   if (v == nullptr || v->is_null()) return;
   if (v->is_boolean()) {
     out.enabled = v->get<bool>();

@@ -54,7 +54,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
       {"{" + mb + R"("training": {"xyzzy": 1}})", 1,
        "t.json:1: $.training.xyzzy: unknown key (known keys here: steps, seed, eval_interval, eval_steps, "
        "log_interval, checkpoint_dir, checkpoint_interval, keep_last, device, comm_timeout, peak_tflops, "
-       "sample_interval, eval_tasks)"},
+       "sample_interval, eval_tasks, skip_spikes, straggler_slower_by, straggler_steps)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
       {R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": "auto"})", 4,
