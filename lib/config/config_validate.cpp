@@ -367,16 +367,14 @@ void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConf
     note_batch_autos(ctx, valid.batch, cfg);
   }
   if (cfg.has_model && valid.model) check_model_against_layout(ctx, valid, cfg);
-  const int tp = cfg.tensor_parallel.size, cp = cfg.context_parallel.size;
-  if (cfg.has_model && valid.model && layout_whole && valid.batch.valid && cfg.tensor_parallel.sequence_parallel &&
-      tp > 1 && cfg.train_micro_batch_size_per_gpu > 0 && !cfg.auto_micro_batch.pending) {
-    const int64_t tokens = cfg.train_micro_batch_size_per_gpu * (cfg.model.shape.seq_len / cp);
-    if (tokens % tp != 0) {
+  if (valid.model && layout_whole && valid.batch.valid && cfg.train_micro_batch_size_per_gpu > 0 &&
+      !cfg.auto_micro_batch.pending) {
+    if (const int64_t tokens = sequence_parallel_remainder_tokens(cfg, cfg.train_micro_batch_size_per_gpu)) {
       ctx.error(json_path_child(top("tensor_parallel"), "sequence_parallel"),
                 fmt::format("a rank's micro-batch of train_micro_batch_size_per_gpu x model.seq_len / "
                             "context_parallel.size = {} tokens is not divisible by tensor_parallel.size {} "
                             "(sequence parallelism gives each tp rank an equal share)",
-                            tokens, tp));
+                            tokens, cfg.tensor_parallel.size));
     }
   }
 }

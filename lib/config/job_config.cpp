@@ -174,12 +174,10 @@ void set_auto_micro_batch(JobConfig& c, int64_t micro, const std::string& why) {
     if (!a.accumulation_steps_fixed) c.gradient_accumulation_steps = 1;
     c.train_batch_size = micro * c.gradient_accumulation_steps * dp;
   }
-  const int tp = c.tensor_parallel.size, cp = c.context_parallel.size;
-  if (c.has_model && c.tensor_parallel.sequence_parallel && tp > 1 &&
-      (micro * (c.model.shape.seq_len / cp)) % tp != 0) {
+  if (const int64_t tokens = sequence_parallel_remainder_tokens(c, micro)) {
     fail(fmt::format("micro x model.seq_len / context_parallel.size = {} tokens is not divisible by "
                      "tensor_parallel.size {} (sequence parallelism)",
-                     micro * (c.model.shape.seq_len / cp), tp));
+                     tokens, c.tensor_parallel.size));
   }
   c.train_micro_batch_size_per_gpu = micro;
   a.pending = false;
@@ -205,15 +203,17 @@ std::vector<int64_t> auto_micro_batch_candidates(const JobConfig& c) {
     for (int64_t m = 1; m <= kMaxAutoMicroBatch; m *= 2) all.push_back(m);
   }
   std::vector<int64_t> out;
-  const int tp = c.tensor_parallel.size, cp = c.context_parallel.size;
   for (int64_t m : all) {
-    if (c.has_model && c.tensor_parallel.sequence_parallel && tp > 1 &&
-        (m * (c.model.shape.seq_len / cp)) % tp != 0) {
-      continue;
-    }
-    out.push_back(m);
+    if (sequence_parallel_remainder_tokens(c, m) == 0) out.push_back(m);
   }
   return out;
+}
+
+int64_t sequence_parallel_remainder_tokens(const JobConfig& c, int64_t micro) {
+  const int tp = c.tensor_parallel.size;
+  if (!c.has_model || !c.tensor_parallel.sequence_parallel || tp <= 1) return 0;
+  const int64_t tokens = micro * (c.model.shape.seq_len / c.context_parallel.size);
+  return tokens % tp != 0 ? tokens : 0;
 }
 
 void apply_sets(nlohmann::ordered_json& root, const std::vector<std::string>& sets) {

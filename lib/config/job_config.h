@@ -215,8 +215,12 @@ struct OptimizerConfig {
   // OneBitLamb: the frozen trust ratio's moving average and its correction factor's bounds.
   double coeff_beta = 0.9, factor_max = 4.0, factor_min = 0.5, factor_threshold = 0.1;
 
+  // Adam or AdamW: the fused kernels on any device (the others run on the CPU).
+  static bool is_adam(const std::string& t) { return t == "Adam" || t == "AdamW"; }
   // A 1-bit optimizer (OneBitAdam, ZeroOneAdam, OneBitLamb): compressed momentum exchange.
-  bool onebit() const { return type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb"; }
+  static bool is_onebit(const std::string& t) { return t == "OneBitAdam" || t == "ZeroOneAdam" || t == "OneBitLamb"; }
+  bool adam() const { return is_adam(type); }
+  bool onebit() const { return is_onebit(type); }
 };
 
 struct SchedulerConfig {
@@ -403,6 +407,11 @@ void set_auto_micro_batch(JobConfig& config, int64_t micro_batch, const std::str
 // train_batch_size / dp when train_batch_size is a number, else the powers of two from 1 to
 // kMaxAutoMicroBatch; without those that break sequence parallelism's rule (micro x seq_len / cp
 // divisible by tensor_parallel.size).
+// With sequence parallelism, the tokens a rank holds per micro-batch (micro x seq_len / cp) must
+// split evenly over tensor_parallel.size: 0 when `micro` keeps that rule (or there is no sequence
+// parallelism), else that token count.
+int64_t sequence_parallel_remainder_tokens(const JobConfig& config, int64_t micro);
+
 inline constexpr int64_t kMaxAutoMicroBatch = 1024;
 std::vector<int64_t> auto_micro_batch_candidates(const JobConfig& config);
 

@@ -9,6 +9,7 @@
 
 #include "common/error.h"
 #include "common/strings.h"
+#include "config/job_config.h"
 #include "model_spec/family.h"
 
 namespace ds::plan {
@@ -17,6 +18,19 @@ namespace ms = ds::model_spec;
 
 int param_bytes(Precision p) { return p == Precision::kFp32 ? 4 : 2; }
 int master_bytes(Precision p) { return p == Precision::kFp32 ? 0 : 4; }
+
+int optimizer_state_bytes(const std::string& type) {
+  if (type == "Lion" || type == "Adagrad") return 4;
+  if (type == "ZeroOneAdam") return 12;
+  if (type == "OneBitLamb") return 16;
+  return kAdamStateBytes;
+}
+
+// On a GPU the optimizer state lives in pinned host memory with offload_optimizer, and always
+// for the optimizers beside Adam/AdamW (they run on the CPU).
+bool optimizer_on_host(const Layout& l) {
+  return (l.offload_optimizer || !config::OptimizerConfig::is_adam(l.optimizer)) && l.device == DeviceKind::kCuda;
+}
 
 namespace {
 
@@ -32,17 +46,6 @@ ms::ModelPart part_for(const ms::ModelShape& s, const std::vector<int>& bounds, 
   part.tp_rank = tp_rank;
   part.ep = ep;  // every ep rank holds E/ep experts: the sizes are ep rank 0's
   return part;
-}
-
-int optimizer_state_bytes(const std::string& type) {
-  if (type == "Lion" || type == "Adagrad") return 4;
-  if (type == "ZeroOneAdam") return 12;
-  if (type == "OneBitLamb") return 16;
-  return kAdamStateBytes;
-}
-
-bool onebit_optimizer(const std::string& type) {
-  return type == "OneBitAdam" || type == "ZeroOneAdam" || type == "OneBitLamb";
 }
 
 }  // namespace
@@ -280,9 +283,7 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
 RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
   const int64_t sb = storage_bytes(l), gb = grad_bytes(l);
   // On a CPU run host memory is the device memory: offloading moves nothing.
-  // The optimizers beside Adam/AdamW run on the CPU: on a GPU their state is offloaded alike.
-  const bool adam = l.optimizer == "Adam" || l.optimizer == "AdamW";
-  const bool offload_opt = (l.offload_optimizer || !adam) && l.device == DeviceKind::kCuda;
+  const bool offload_opt = optimizer_on_host(l);
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   RankMemory r = part.base;
   r.rank = rank;
@@ -308,7 +309,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
     } else {
       r.optimizer += opt_elems * (optimizer_state_bytes(l.optimizer) + master_bytes(l.precision));
     }
-    if (onebit_optimizer(l.optimizer) && l.zero_ranks() > 1) {  // pinned host memory on a GPU
+    if (config::OptimizerConfig::is_onebit(l.optimizer) && l.zero_ranks() > 1) {  // pinned host memory on a GPU
       const layout::OneBitSizes ob = layout::onebit_sizes(opt_elems, l.zero_ranks());
       (offload_opt ? r.cpu : r.optimizer) += ob.optimizer_bytes;
       (offload_opt ? r.cpu : r.comm) += ob.comm_bytes;
@@ -331,9 +332,7 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
 void add_notes(MemoryPlan& plan) {
   const Layout& l = plan.layout;
   const ms::ModelShape& s = plan.shape;
-  // The optimizers beside Adam/AdamW run on the CPU: on a GPU their state is offloaded alike.
-  const bool adam = l.optimizer == "Adam" || l.optimizer == "AdamW";
-  const bool offload_opt = (l.offload_optimizer || !adam) && l.device == DeviceKind::kCuda;
+  const bool offload_opt = optimizer_on_host(l);
   const bool offload_par = l.offload_param && l.device == DeviceKind::kCuda;
   const RankMemory& p = plan.peak_rank();
   const ms::ModelPart part = part_for(s, plan.bounds, p.stage, l.tp, p.tp_rank, l.ep);

@@ -85,7 +85,9 @@ int master_bytes(Precision p);      // fp32 master copy beside 16-bit params: 4,
 // Adagrad 4 (the sum of squares); ZeroOneAdam 12 (+ the momentum accumulator); OneBitLamb 16 (+ the
 // fresh variance and the last momentum).
 int optimizer_state_bytes(const std::string& type);
-bool onebit_optimizer(const std::string& type);
+// Whether the optimizer's state is in host memory on this layout (plan.cpu): on a GPU with
+// offload_optimizer, and for every optimizer beside Adam/AdamW.
+bool optimizer_on_host(const Layout& l);
 constexpr int kAdamStateBytes = 8;  // Adam m and v, fp32
 constexpr int kTokenBufferBytes = 8; // the trainer's inputs and targets, int32, per token
 // Bytes per stored parameter and activation element (the storage type): param_bytes of

@@ -95,14 +95,6 @@ int resolve_threads_per_rank(int threads) {
   return n && *n > 0 ? static_cast<int>(*n) : 1;
 }
 
-PlanInput model_plan_input(const std::string& config_path, int world_size, int threads,
-                           const config::ParseOptions& parse) {
-  auto cfg = config::load_job_config(config_path, world_size, parse);
-  PlanInput in = plan_input_from_config(cfg);
-  in.layout.num_threads = resolve_threads_per_rank(threads);
-  return in;
-}
-
 DeviceMemory resolve_device_memory(const std::string& gpu_mem,
                                    const std::function<std::vector<int64_t>()>& gpu_bytes_found) {
   DeviceMemory d;

@@ -42,13 +42,6 @@ PlanWorld resolve_plan_world(int64_t world_size, const std::string& hostfile,
 // its attention scratch by omp_get_max_threads()), else 1.
 int resolve_threads_per_rank(int threads);
 
-// The model mode's input: the config at `config_path` validated as `dstrain train` validates it
-// for `world_size` ranks (config::load_job_config), turned into the plan's shape and layout
-// (plan_input_from_config), with resolve_threads_per_rank(threads) threads per rank; `parse` is
-// the command line's way of reading it (--strict). Throws what those throw.
-PlanInput model_plan_input(const std::string& config_path, int world_size, int threads,
-                           const config::ParseOptions& parse = {});
-
 // The device memory per GPU the verdict is held to.
 struct DeviceMemory {
   int64_t bytes = 0;   // 0: unknown (no --gpu-mem, no GPU found)

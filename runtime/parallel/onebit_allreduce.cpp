@@ -1,6 +1,8 @@
 // The 1-bit compressed all-reduce (onebit_allreduce.h).
 #include "parallel/onebit_allreduce.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <vector>
 
@@ -38,7 +40,7 @@ void OneBitAllReduce::reset_errors() {
 
 void OneBitAllReduce::run(float* x) {
   const int N = comm_.size(), me = comm_.rank();
-  const int64_t P = sizes_.padded, C = sizes_.chunk, blk = layout::kOneBitBlock;
+  const int64_t C = sizes_.chunk, blk = layout::kOneBitBlock;
   float* y = worker_error_.as<float>();
   // 1. The worker's compensated values (the padding's error stays with the padding).
   for (int64_t i = 0; i < n_; ++i) y[i] += x[i];
@@ -47,7 +49,6 @@ void OneBitAllReduce::run(float* x) {
     const Message m = message_at(send, sizes_, q);
     cpu::onebit_compress(y + q * C, C, blk, m.signs, m.scales);
   }
-  (void)P;
   // 2. Chunk q to rank q.
   auto* recv = static_cast<uint8_t*>(recv_.data());
   const std::vector<size_t> counts(static_cast<size_t>(N), static_cast<size_t>(sizes_.message_bytes));
@@ -63,17 +64,20 @@ void OneBitAllReduce::run(float* x) {
   cpu::onebit_compress(z, C, blk, mine.signs, mine.scales);
   // 4. Every server's chunk to every rank (in place: this rank's message already sits at its slot).
   comm_.all_gather(mine.signs, gathered, static_cast<size_t>(sizes_.message_bytes), comm::DataType::kUInt8);
-  std::vector<float> tail;  // the last chunk may end past n
+  // The servers' chunks into x: whole blocks in place, the one block that ends past n through a
+  // block-sized buffer on the stack (the padding's values are not wanted).
+  const int64_t whole = n_ / blk * blk;
   for (int q = 0; q < N; ++q) {
     const Message m = message_at(gathered, sizes_, q);
     const int64_t lo = q * C;
     if (lo >= n_) break;
-    if (lo + C <= n_) {
-      cpu::onebit_decompress(m.signs, m.scales, C, blk, 1.0f, x + lo, /*accumulate=*/false);
-    } else {
-      tail.resize(static_cast<size_t>(C));
-      cpu::onebit_decompress(m.signs, m.scales, C, blk, 1.0f, tail.data(), /*accumulate=*/false);
-      std::memcpy(x + lo, tail.data(), static_cast<size_t>(n_ - lo) * sizeof(float));
+    const int64_t in_place = std::min(C, whole - lo);
+    if (in_place > 0) cpu::onebit_decompress(m.signs, m.scales, in_place, blk, 1.0f, x + lo, /*accumulate=*/false);
+    if (lo + C > n_ && whole < n_) {
+      std::array<float, layout::kOneBitBlock> last;
+      const int64_t b = (whole - lo) / blk;  // the block within this chunk
+      cpu::onebit_decompress(m.signs + b * blk / 8, m.scales + b, blk, blk, 1.0f, last.data(), /*accumulate=*/false);
+      std::memcpy(x + whole, last.data(), static_cast<size_t>(n_ - whole) * sizeof(float));
     }
   }
 }

@@ -66,8 +66,7 @@ OptimizerState::OptimizerState(const config::JobConfig& cfg, layout::Precision p
   const std::string& t = opt_.type;
   // The optimizers beside AdamW run on the CPU: on a GPU run their state is offloaded as
   // ZeRO-Offload's (pinned host memory, the update on the CPU).
-  const bool adam = t == "AdamW" || t == "Adam";
-  offload_ = (cfg.zero.offload_optimizer.device == "cpu" || !adam) && device == Device::kCuda;
+  offload_ = (cfg.zero.offload_optimizer.device == "cpu" || !opt_.adam()) && device == Device::kCuda;
   const Device where = offload_ ? Device::kCudaHost : device;
   const size_t bytes = static_cast<size_t>(opt_count()) * sizeof(float);
   if (has_master()) master_ = alloc.allocate(bytes, MemTag::kOptimizer, "master weights", where);
@@ -151,17 +150,20 @@ void OptimizerState::sync_model_from_master() {
   zero_.gather_params();
 }
 
+TypedPtr OptimizerState::host_readable(TypedPtr grads) {
+  if (!offload_) return grads;
+  kern::copy_to_host(host_grads_.data(), grads.data, grads.bytes(opt_count()));
+  return {host_grads_.data(), grads.dtype};
+}
+
 void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double grad_scale, TypedPtr grads) {
-  if (opt_.type != "AdamW" && opt_.type != "Adam") {
+  if (!opt_.adam()) {
     ++adam_steps_;
     // Local gradients are 1/dp of the rank's mean gradient (the loss was scaled for the global batch).
-    const double gs = grad_scale * norm_factor();
-    if (offload_) {  // a GPU run: the gradients down, the update on the CPU, the master back up
-      kern::copy_to_host(host_grads_.data(), grads.data, grads.bytes(opt_count()));
+    const TypedPtr readable = host_readable(grads);  // a GPU run: down to the host, updated there
+    {
       const kern::DeviceScope on_cpu(Device::kCpu);
-      update_other(lr, gs, {host_grads_.data(), grads.dtype});
-    } else {
-      update_other(lr, gs, grads);
+      update_other(lr, grad_scale * norm_factor(), readable);
     }
     sync_model_from_master();
     return;
@@ -175,11 +177,11 @@ void OptimizerState::update(const optim::AdamWConfig& adamw, double lr, double g
   if (offload_) {
     // ZeRO-Offload: the gradients down (synchronous), AdamW on the CPU, the master weights back
     // up into the model.
-    kern::copy_to_host(host_grads_.data(), grads.data, grads.bytes(n));
+    const TypedPtr readable = host_readable(grads);
     {
       const kern::DeviceScope on_cpu(Device::kCpu);
-      kern::typed::adamw_update_partition(step, master_params(), {host_grads_.data(), grads.dtype}, exp_avg(),
-                                          exp_avg_sq(), opt_begin(), n, decay_, TypedPtr());
+      kern::typed::adamw_update_partition(step, master_params(), readable, exp_avg(), exp_avg_sq(), opt_begin(), n,
+                                          decay_, TypedPtr());
     }
     sync_model_from_master();
     return;

@@ -36,6 +36,7 @@
 #include "core/allocator.h"
 #include "layout/choices.h"
 #include "model/model.h"
+#include "kernels/cpu/optimizer_passes.h"
 #include "optim/adamw.h"
 #include "parallel/host_world.h"
 #include "parallel/onebit_allreduce.h"
@@ -129,6 +130,13 @@ class OptimizerState {
   void update_onebit_adam(double lr, double gs, TypedPtr grads);
   void update_zero_one_adam(double lr, double gs, TypedPtr grads);
   void update_onebit_lamb(double lr, double gs, TypedPtr grads);
+  // The Adam direction's settings for a range that decays or not (optimizer_passes.h).
+  cpu::AdamDirection direction(bool decay, bool eps_inside_sqrt) const;
+  // LAMB's ||p||^2 (entries [0, tensors)) and ||u||^2 ([tensors, 2 tensors)) of every tensor of the
+  // model, summed over the world.
+  std::vector<double> weight_and_update_squares(const float* p, const float* m, const float* v, bool eps_inside_sqrt);
+  // The reduced gradients as the CPU update reads them: on a GPU run (offloaded) copied down.
+  TypedPtr host_readable(TypedPtr grads);
   // Per-tensor sums over the world (LAMB's norms): `v` has kinds x tensors entries.
   std::vector<double> world_sum(const std::vector<double>& v);
   std::vector<double> world_max(const std::vector<double>& v);

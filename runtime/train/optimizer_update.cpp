@@ -157,22 +157,30 @@ void OptimizerState::update_other(double lr, double gs, TypedPtr grads) {
   }
 }
 
+cpu::AdamDirection OptimizerState::direction(bool decay, bool eps_inside_sqrt) const {
+  return {static_cast<float>(opt_.eps), eps_inside_sqrt, decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
+}
+
+std::vector<double> OptimizerState::weight_and_update_squares(const float* p, const float* m, const float* v,
+                                                              bool eps_inside_sqrt) {
+  const size_t nt = static_cast<size_t>(num_tensors_);
+  std::vector<double> sq(2 * nt, 0.0);
+  for (const Segment& s : segments_) {
+    if (!s.counted) continue;
+    const size_t i = static_cast<size_t>(s.tensor);
+    cpu::adam_direction_norms(p + s.off, m + s.off, v + s.off, s.n, direction(s.decay, eps_inside_sqrt), &sq[i],
+                              &sq[nt + i], nullptr);
+  }
+  return world_sum(sq);
+}
+
 void OptimizerState::update_lamb(double lr, double gs, TypedPtr grads) {
   float *p = master_params(), *m = exp_avg(), *v = exp_avg_sq();
   const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
   with_grads(grads, [&](auto* g) { cpu::adam_moments(g, m, v, opt_count(), b1, b2, static_cast<float>(gs)); });
   const size_t nt = static_cast<size_t>(num_tensors_);
-  std::vector<double> sq(2 * nt, 0.0);
-  auto dir = [&](bool decay) {
-    return cpu::AdamDirection{static_cast<float>(opt_.eps), opt_.eps_inside_sqrt,
-                              decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
-  };
-  for (const Segment& s : segments_) {
-    if (!s.counted) continue;
-    const size_t i = static_cast<size_t>(s.tensor);
-    cpu::adam_direction_norms(p + s.off, m + s.off, v + s.off, s.n, dir(s.decay), &sq[i], &sq[nt + i], nullptr);
-  }
-  sq = world_sum(sq);
+  const std::vector<double> sq = weight_and_update_squares(p, m, v, opt_.eps_inside_sqrt);
+  auto dir = [&](bool decay) { return direction(decay, opt_.eps_inside_sqrt); };
   const double t = static_cast<double>(adam_steps_);
   const double step = opt_.bias_correction
                           ? lr * std::sqrt(1.0 - std::pow(opt_.beta2, t)) / (1.0 - std::pow(opt_.beta1, t))
@@ -261,19 +269,11 @@ void OptimizerState::update_onebit_lamb(double lr, double gs, TypedPtr grads) {
   const float b1 = static_cast<float>(opt_.beta1), b2 = static_cast<float>(opt_.beta2);
   const float eps = static_cast<float>(opt_.eps), fgs = static_cast<float>(gs);
   const size_t nt = static_cast<size_t>(num_tensors_);
-  auto dir = [&](bool decay) {
-    return cpu::AdamDirection{eps, false, decay ? static_cast<float>(opt_.weight_decay) : 0.0f};
-  };
+  auto dir = [&](bool decay) { return direction(decay, false); };
   if (!frozen_) {
     with_grads(grads, [&](auto* g) { cpu::adam_moments(g, m, v, n, b1, b2, fgs); });
     if (adam_steps_ == opt_.freeze_step) std::memcpy(vf, v, static_cast<size_t>(n) * sizeof(float));
-    std::vector<double> sq(2 * nt, 0.0);
-    for (const Segment& s : segments_) {
-      if (!s.counted) continue;
-      const size_t i = static_cast<size_t>(s.tensor);
-      cpu::adam_direction_norms(p + s.off, m + s.off, v + s.off, s.n, dir(s.decay), &sq[i], &sq[nt + i], nullptr);
-    }
-    sq = world_sum(sq);
+    const std::vector<double> sq = weight_and_update_squares(p, m, v, false);
     std::vector<double> ratio(nt, 1.0);
     for (size_t i = 0; i < nt; ++i) {
       ratio[i] = clamp_ratio(sq[i], sq[nt + i], opt_.min_coeff, opt_.max_coeff);

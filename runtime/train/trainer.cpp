@@ -220,8 +220,8 @@ void Trainer::Impl::build(int local_rank) {
   // A GPU run's 1-bit optimizer exchanges its compressed momentum over host memory: a dp group
   // of the host world (the model's groups are NCCL's).
   if (cfg.optimizer.onebit() && device == Device::kCuda && dp() > 1) {
-    onebit_host_dp = engine->host_world().comm()->new_group(topo.group_of(rank, layout::Axis::kDp),
-                                                            fmt::format("onebit_dp{}", topo.group_of(rank, layout::Axis::kDp).front()));
+    const std::vector<int> dp_ranks = topo.group_of(rank, layout::Axis::kDp);
+    onebit_host_dp = engine->host_world().comm()->new_group(dp_ranks, fmt::format("onebit_dp{}", dp_ranks.front()));
   }
   state = std::make_unique<OptimizerState>(cfg, precision, device, engine->model(), engine->zero(),
                                            engine->coord().tp, pp(), alloc, region, &engine->host_world(),
