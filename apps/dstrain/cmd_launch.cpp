@@ -324,6 +324,11 @@ int run_launch(const LaunchOptions& o) {
   spec.max_restarts = o.max_restarts;
   spec.store_port = o.store_port;
   spec.output.log_dir = o.log_dir;
+  // The ranks write their flight records (comm/flight_recorder.h) beside their logs.
+  // (first, so that an --env DSTRAIN_LOG_DIR or DSTRAIN_FLIGHT_DIR of the user's wins).
+  if (!o.log_dir.empty()) {
+    spec.user_env.insert(spec.user_env.begin(), {"DSTRAIN_LOG_DIR", std::filesystem::absolute(o.log_dir).string()});
+  }
   if (!o.ranks_filter.empty()) {
     spec.output.console_ranks =
         launch::parse_rank_set(o.ranks_filter, spec.world.world_size(), "--ranks-filter");

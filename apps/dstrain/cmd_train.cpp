@@ -20,6 +20,7 @@
 #include "auto_batch.h"
 #include "commands.h"
 #include "common/env.h"
+#include "comm/flight_recorder.h"
 #include "common/preemption.h"
 #include "config/job_config.h"
 #include "launch/direct_mode.h"
@@ -77,6 +78,9 @@ int run_train(const TrainCmdOptions& o) {
                             cfg.training.checkpoint_dir);
   }
   const int extra_signal = preemption_signal(o);
+  // kill -USR2 (of this rank, or of `dstrain launch`, which passes it on) dumps the collectives'
+  // flight record (comm/flight_recorder.h), unless SIGUSR2 is the preemption signal.
+  if (extra_signal != SIGUSR2) rt::comm::flight::install_dump_signal(SIGUSR2);
   rt::train::Trainer trainer(cfg, opts);
   // From here to the exit a stop signal only sets the flag: Slurm, srun and the agent may each
   // deliver one, and a rank that already stopped must still check out and exit 75.

@@ -32,6 +32,7 @@ void add_data_inspect_command(CLI::App* data, std::vector<Command>& out);
 // `data mix` (cmd_data_mix.cpp), registered by add_data_command under `data`.
 void add_data_mix_command(CLI::App* data, std::vector<Command>& out);
 void add_checkpoint_command(CLI::App& app, std::vector<Command>& out);
+void add_debug_command(CLI::App& app, std::vector<Command>& out);
 void add_token_command(CLI::App& app, std::vector<Command>& out);
 void add_sample_command(CLI::App& app, std::vector<Command>& out);
 void add_eval_command(CLI::App& app, std::vector<Command>& out);

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   ds::cli::add_config_command(app, commands);
   ds::cli::add_data_command(app, commands);
   ds::cli::add_checkpoint_command(app, commands);
+  ds::cli::add_debug_command(app, commands);
   ds::cli::add_token_command(app, commands);
   ds::cli::add_sample_command(app, commands);
   ds::cli::add_eval_command(app, commands);

@@ -18,6 +18,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 #include <map>
 #include <thread>
 
@@ -114,12 +116,13 @@ class NodeGeneration {
   // `stop_requested` and `stop_signal` are the agent's: a listener or on_control may change them
   // while the generation runs.
   NodeGeneration(AgentConfig cfg, AgentListener& listener, SignalPipe& signals,
-                 const bool& stop_requested, const int& stop_signal)
+                 const bool& stop_requested, bool& dump_requested, const int& stop_signal)
       : cfg_(std::move(cfg)),
         node_(cfg_.world.nodes.at(static_cast<size_t>(cfg_.node_rank))),
         listener_(listener),
         signals_(signals),
         stop_requested_(stop_requested),
+        dump_requested_(dump_requested),
         stop_signal_(stop_signal),
         teardown_(TeardownPolicy{cfg_.failure_grace, cfg_.kill_timeout, cfg_.preempt_signal}) {
     workers_.reserve(node_.slots.size());
@@ -150,6 +153,10 @@ class NodeGeneration {
     while (running_ > 0) {
       if (stop_requested_) carry_out(teardown_.stop_requested(stop_signal_, Clock::now()));
       poll_once(on_control);
+      if (dump_requested_) {
+        dump_requested_ = false;
+        dump_flight_records();
+      }
       reap();
       if (running_ > 0) carry_out(teardown_.tick(Clock::now()));
     }
@@ -237,7 +244,11 @@ class NodeGeneration {
     }
     if (pfds[0].revents != 0) {
       for (int sig : signals_.drain()) {
-        if (sig != SIGCHLD) carry_out(teardown_.signalled(sig, Clock::now()));
+        if (signals_.is_dump(sig)) {
+          dump_requested_ = true;
+        } else if (sig != SIGCHLD) {
+          carry_out(teardown_.signalled(sig, Clock::now()));
+        }
       }
     }
   }
@@ -296,6 +307,16 @@ class NodeGeneration {
     }
   }
 
+  void dump_flight_records() {
+    std::vector<pid_t> pids;
+    for (auto& r : workers_) {
+      if (r.pid > 0 && !r.reaped) pids.push_back(r.pid);
+    }
+    const int n = request_flight_dumps(pids);
+    spdlog::info("flight recorder: asked {} of the {} running rank(s) on {} to dump their records", n, pids.size(),
+                 node_.host);
+  }
+
   void kill_running(bool after_kill_timeout) {
     for (auto& r : workers_) {
       if (r.pid > 0 && !r.reaped) {
@@ -335,6 +356,7 @@ class NodeGeneration {
   AgentListener& listener_;
   SignalPipe& signals_;
   const bool& stop_requested_;
+  bool& dump_requested_;
   const int& stop_signal_;
   Teardown teardown_;
   std::vector<Running> workers_;  // this node's, in rank order
@@ -345,13 +367,36 @@ class NodeGeneration {
 
 }  // namespace
 
+namespace {
+// Whether process `pid` has a handler for `sig` (the SigCgt mask of /proc/<pid>/status).
+bool catches_signal(pid_t pid, int sig) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const uint64_t mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return ((mask >> (sig - 1)) & 1) != 0;
+  }
+  return false;
+}
+}  // namespace
+
+int request_flight_dumps(const std::vector<pid_t>& pids) {
+  int n = 0;
+  for (pid_t p : pids) {
+    if (catches_signal(p, SignalPipe::kDumpSignal) && ::kill(p, SignalPipe::kDumpSignal) == 0) ++n;
+  }
+  return n;
+}
+
 GenerationResult Agent::run(const std::string& store_addr, int master_port, int restart_count,
                             int control_fd, const std::function<bool()>& on_control) {
   stop_requested_ = false;
+  dump_requested_ = false;
   stop_signal_ = SIGTERM;
   AgentConfig cfg = config_;
   cfg.world.master_port = master_port;
-  NodeGeneration generation(std::move(cfg), listener_, signals_, stop_requested_, stop_signal_);
+  NodeGeneration generation(std::move(cfg), listener_, signals_, stop_requested_, dump_requested_, stop_signal_);
   generation.start_workers(job_env(config_, store_addr, restart_count));
   generation.supervise(control_fd, on_control);
   return generation.finish();

@@ -95,6 +95,8 @@ class Agent {
   // The signal the next controller stop sends the workers first (SIGTERM unless set; the
   // launcher forwards its preemption signal this way). on_control may set it before returning.
   void set_stop_signal(int sig) { stop_signal_ = sig; }
+  // Asks a running run() to have its ranks dump their flight records (request_flight_dumps).
+  void request_flight_dumps() { dump_requested_ = true; }
 
   const AgentConfig& config() const { return config_; }
 
@@ -103,7 +105,13 @@ class Agent {
   AgentListener& listener_;
   SignalPipe& signals_;
   bool stop_requested_ = false;
+  bool dump_requested_ = false;
   int stop_signal_ = SIGTERM;
 };
+
+// Sends the flight recorder's dump signal (SIGUSR2) to each running worker of `pids` that catches
+// it (its /proc status says so: `dstrain train` does, other commands would die of it). Returns how
+// many were signalled.
+int request_flight_dumps(const std::vector<pid_t>& pids);
 
 }  // namespace ds::launch

@@ -157,7 +157,7 @@ Wait next_line(StdinLines& in, SignalPipe& sig, Deadline deadline, std::string* 
     if (n < 0 && errno != EINTR) throw system_error("agent poll: {}", errno_string(errno));
     if (p[1].revents != 0) {
       for (int s : sig.drain()) {
-        if (s != SIGCHLD) {
+        if (s != SIGCHLD && !sig.is_dump(s)) {  // no ranks to dump between generations
           *signal = s;
           return Wait::kSignal;
         }
@@ -212,6 +212,7 @@ std::optional<int> run_generation(const proto::LauncherMessage& start, AgentConf
         stop = true;
       }
       if (l == "quit") stop = quit = true;
+      if (l == "dump") agent.request_flight_dumps();
     }
     if (in.eof()) stop = quit = true;
     return stop;
@@ -280,6 +281,7 @@ int run_agent_process(const AgentProcessOptions& o) {
       write_out(o.out_fd, proto::msg_done());
       continue;
     }
+    if (m.kind == K::kDump) continue;  // between generations: no ranks to dump
     if (m.kind == K::kEnv) {
       cfg.user_env.emplace_back(m.key, m.value);
       continue;

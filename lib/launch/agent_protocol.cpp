@@ -145,6 +145,7 @@ std::optional<int> parse_stop(std::string_view line) {
   return static_cast<int>(*sig);
 }
 std::string msg_quit() { return "quit\n"; }
+std::string msg_dump() { return "dump\n"; }
 
 namespace {
 
@@ -289,6 +290,7 @@ LauncherMessage parse_start(std::string_view line) {
 
 LauncherMessage parse_launcher_message(std::string_view line) {
   if (line == "quit") return launcher_msg(LK::kQuit);
+  if (line == "dump") return launcher_msg(LK::kDump);
   if (line == "stop" || starts_with(line, "stop ")) {
     auto sig = parse_stop(line);
     if (!sig) return launcher_malformed("malformed stop line from the launcher (expected 'stop [SIGNAL 1-64]')");

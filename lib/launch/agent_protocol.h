@@ -10,6 +10,7 @@
 //                        workers first
 //                        sent SIGNAL
 //                        (default SIGTERM)
+//   dump                 the ranks dump their flight records (SIGUSR2 to those that catch it)
 //   quit / end of input  tear down, exit done                      generation over
 //                                        fatal <MESSAGE>           the agent cannot go on
 //                                        beat <PID>                every kAgentBeatInterval,
@@ -67,6 +68,7 @@ std::string msg_stop(int first_signal = SIGTERM);
 // "stop" -> SIGTERM, "stop 10" -> 10; nullopt when the line is not a stop.
 std::optional<int> parse_stop(std::string_view line);
 std::string msg_quit();
+std::string msg_dump();
 
 // What the launcher reads from an agent (remote_job.cpp), parsed and range-checked. A line whose
 // verb is not the protocol's, or whose fields are not the protocol's integers, is kText: a login
@@ -91,7 +93,7 @@ AgentMessage parse_agent_message(std::string_view line, int world_size);
 // its restart count >= 0. Anything else is kMalformed with `error` saying what is wrong, except an
 // unknown verb (kUnknown: a newer launcher's message, ignored with a warning).
 struct LauncherMessage {
-  enum class Kind { kToken, kEnv, kStart, kStop, kQuit, kUnknown, kMalformed };
+  enum class Kind { kToken, kEnv, kStart, kStop, kQuit, kDump, kUnknown, kMalformed };
   Kind kind = Kind::kUnknown;
   std::string token;                         // kToken
   std::string key, value;                    // kEnv (value unescaped)

@@ -54,6 +54,14 @@ int finish(OutputMux& mux, const JobOutcome& o) {
   if (o.failure) {
     int status = o.failure->status.shell_status();
     if (status == 0) status = 1;
+    if (const auto hung = mux.hung_rank()) {
+      // The first rank to exit was one that waited for the hung rank (its error names it): the
+      // cause is the hung rank.
+      mux.note(fmt::format("dstrain: job failed{}: rank {} on {} hung: it {} (the first rank to end: {}; every "
+                           "other rank has ended, on its own within the failure grace or stopped); exit status {}",
+                           after, hung->world_rank, hung->host, hung->what, describe_failure(*o.failure), status));
+      return status;
+    }
     mux.note(
         fmt::format("dstrain: job failed{}: {} (the first failure; every other rank has "
                     "ended, on its own within the failure grace or stopped); exit status {}",

@@ -110,6 +110,10 @@ void OutputMux::line(int rank, int stream, std::string_view text) {
     f << text << '\n';
     f.flush();
   }
+  if (stream == 2 && text.substr(0, hung::kLinePrefix.size()) == hung::kLinePrefix) {
+    if (!hung_) hung_ = hung::parse_line(text);
+    return;
+  }
   if (options_.console_ranks && options_.console_ranks->count(rank) == 0) return;
   std::string buf;
   buf.reserve(text.size() + 16);
@@ -126,8 +130,14 @@ void OutputMux::note(std::string_view text) {
   write_all(err_fd_, buf);
 }
 
+std::optional<hung::Report> OutputMux::hung_rank() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hung_;
+}
+
 void OutputMux::restart_marker(int restart_count) {
   std::lock_guard<std::mutex> lock(mu_);
+  hung_.reset();
   for (auto& [rank, f] : logs_) {
     *f << fmt::format("----- dstrain: restart {} -----\n", restart_count);
     f->flush();

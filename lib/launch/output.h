@@ -16,6 +16,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/hung_rank.h"
+
 namespace ds::launch {
 
 // Accumulates bytes and hands out complete lines (without the '\n'; a trailing '\r' is kept).
@@ -54,8 +56,11 @@ class OutputMux {
   void line(int rank, int stream, std::string_view text);
   // A line of the launcher itself (summaries, agent messages): to err_fd, unprefixed.
   void note(std::string_view text);
-  // Marks a restart in every open log file.
+  // Marks a restart in every open log file (and forgets the generation's hung rank).
   void restart_marker(int restart_count);
+  // The first hung-rank line (common/hung_rank.h) a worker wrote to stderr in this generation:
+  // a rank that named a peer that made no progress. The line itself goes to the log file only.
+  std::optional<hung::Report> hung_rank() const;
 
  private:
   std::ofstream& log_for(int rank);
@@ -63,8 +68,9 @@ class OutputMux {
 
   OutputOptions options_;
   int out_fd_, err_fd_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<int, std::unique_ptr<std::ofstream>> logs_;
+  std::optional<hung::Report> hung_;
 };
 
 }  // namespace ds::launch

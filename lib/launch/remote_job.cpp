@@ -308,6 +308,11 @@ class RemoteJob {
 
   void on_signal(int sig) {
     if (sig == SIGCHLD) return;
+    if (signals_->is_dump(sig)) {
+      mux_.note("dstrain: SIGUSR2: asking every rank to dump its flight record");
+      send_all(proto::msg_dump());
+      return;
+    }
     TeardownOrders orders = generation_.signalled(sig, SteadyClock::now());
     if (orders.force == Force::kAtOnce) {
       mux_.note(fmt::format("dstrain: {} again: closing every connection now", signal_name(sig)));

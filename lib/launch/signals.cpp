@@ -36,6 +36,10 @@ SignalPipe::SignalPipe(int extra_signal) : signals_(std::begin(kSignals), std::e
   if (extra_signal != 0 && std::find(signals_.begin(), signals_.end(), extra_signal) == signals_.end()) {
     signals_.push_back(extra_signal);
   }
+  if (extra_signal != kDumpSignal) {
+    signals_.push_back(kDumpSignal);
+    dump_caught_ = true;
+  }
   previous_.resize(signals_.size());
   for (size_t i = 0; i < signals_.size(); ++i) {
     struct sigaction sa {};

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "comm/beacon.h"
+#include "comm/flight_recorder.h"
 #include "comm/host_comm.h"
 #include "comm/nccl_comm.h"
 #include "common/check.h"
@@ -258,7 +259,33 @@ WorkPtr Comm::issue(Op op, const CallOptions& call, bool async) {
       break;
   }
   count_traffic(op, es);
-  return submit(std::move(op), async);
+  const uint64_t id = record_issue(op);
+  op.flight_id = id;
+  // Posted at once: p2p on every backend, everything on NCCL's stream. The CPU backends' thread
+  // marks its collectives started when it takes them up.
+  if (op.kind == OpKind::kSend || op.kind == OpKind::kRecv || backend_ == Backend::kNccl) flight::started(id);
+  WorkPtr work;
+  try {
+    work = submit(std::move(op), async);
+  } catch (const std::exception& e) {
+    flight::finished(id, e.what());
+    flight::dump_on_first_failure(e.what());
+    throw;
+  }
+  return flight::track(std::move(work), id);
+}
+
+uint64_t Comm::record_issue(const Op& op) {
+  if (!flight::enabled()) return 0;
+  std::lock_guard<std::mutex> lock(flight_mu_);
+  if (flight_group_ < 0) {
+    flight::GroupInfo g{name(), rank_, size_, backend_name(backend_), {}};
+    for (const auto& p : peers_) g.world_ranks.push_back(p.world_rank);
+    flight_group_ = flight::register_group(g);
+  }
+  const bool p2p = op.kind == OpKind::kSend || op.kind == OpKind::kRecv;
+  const uint64_t seq = p2p ? ++p2p_seq_[{op.kind, op.peer, op.tag}] : ++collective_seq_;
+  return flight::issued(flight_group_, seq, op);
 }
 
 namespace {

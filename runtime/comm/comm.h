@@ -15,12 +15,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "common/deadline.h"
@@ -295,6 +297,7 @@ class Comm {
     int peer = -1;  // broadcast root, send/recv peer
     int tag = 0;
     Millis timeout{0};
+    uint64_t flight_id = 0;  // its flight recorder entry (comm/flight_recorder.h); 0: none
   };
   static const char* op_name(OpKind k);
 
@@ -335,6 +338,8 @@ class Comm {
 
  private:
   WorkPtr issue(Op op, const CallOptions& call, bool async);
+  // The flight recorder's entry for `op` (registers this group on first use; 0: recording off).
+  uint64_t record_issue(const Op& op);
 
   std::shared_ptr<store::Store> store_;  // this group's scope (a PrefixStore)
   std::shared_ptr<store::Store> abort_store_;
@@ -346,6 +351,10 @@ class Comm {
   std::mutex groups_mu_;
   std::vector<std::string> used_group_names_;
   std::vector<std::unique_ptr<uint8_t[]>> plain_buffers_;
+  std::mutex flight_mu_;  // the flight recorder's numbering of this group's operations
+  int flight_group_ = -1;
+  uint64_t collective_seq_ = 0;
+  std::map<std::tuple<OpKind, int, int>, uint64_t> p2p_seq_;  // (kind, peer, tag) -> count
 };
 using CommPtr = std::shared_ptr<Comm>;
 

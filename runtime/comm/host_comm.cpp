@@ -5,7 +5,9 @@
 
 #include <algorithm>
 
+#include "comm/flight_recorder.h"
 #include "common/check.h"
+#include "common/hung_rank.h"
 #include "common/progress.h"
 #include "common/socket.h"
 #include "store/store.h"
@@ -71,6 +73,11 @@ void HostComm::on_deadline(const Op& op, const std::vector<int>& behind, Clock::
   if (!stale.empty()) {
     const auto it = std::find(world.begin(), world.end(), stale.front());
     const int q = behind[static_cast<size_t>(it - world.begin())];
+    const std::string what = fmt::format("made no progress for {} while world rank {} waited for it in {}",
+                                         net::format_seconds(op.timeout),
+                                         peers()[static_cast<size_t>(rank())].world_rank, describe(op));
+    hung::announce({stale.front(), host_of(q), what});
+    flight::note_hung_peer(stale.front(), what);
     throw Error(ErrorKind::kTimeout,
                 fmt::format("{}: {} made no progress for {} while this rank waited for it (stopped, stuck in a "
                             "kernel, or its node is gone)",
@@ -118,6 +125,7 @@ void HostComm::record_failure(const Error& e) {
     on_failure(e.what());
   } catch (...) {
   }
+  flight::dump_on_first_failure(e.what());
   try {
     if (abort_store()) {
       abort_store()->compare_set(kAbortKey, {}, store::to_bytes(e.what()));
@@ -155,16 +163,20 @@ void HostComm::execute(const Op& op, HostWork& work) {
     }
   }
   try {
+    flight::started(op.flight_id);
     const auto t0 = Clock::now();
     run(op, Deadline::after(op.timeout));
     const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count();
     busy_ns_[static_cast<size_t>(op.kind)].fetch_add(ns, std::memory_order_relaxed);
+    flight::finished(op.flight_id);
     work.finish(nullptr);
   } catch (const Error& e) {
+    flight::finished(op.flight_id, e.what());
     record_failure(e);
     work.finish(std::current_exception());
   } catch (const std::exception& e) {
     Error err(ErrorKind::kInternal, fmt::format("{}: {}", describe(op), e.what()));
+    flight::finished(op.flight_id, err.what());
     record_failure(err);
     work.finish(std::make_exception_ptr(err));
   }

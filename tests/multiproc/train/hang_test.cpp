@@ -3,6 +3,10 @@
 // host backends (shm and Gloo), and with context parallelism (cp 2 x dp 2: the stopped rank's
 // ring partner waits in the ring attention's send/recv). And a slow rank is not a hung one: a rank that keeps making
 // progress but is much slower than comm_timeout per step does not trip it.
+// The flight recorder (comm/flight_recorder.h): the failed job's summary names the stopped rank as
+// the one that hung, every rank leaves its record in the --log-dir, and `dstrain debug hang` names
+// the stopped rank from them; `kill -USR2` of a running job's launcher makes every rank dump its
+// record without stopping anything.
 #include <signal.h>
 
 #include <filesystem>
@@ -16,6 +20,7 @@
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
+#include "support/run_command.h"
 
 namespace ds {
 namespace {
@@ -88,11 +93,13 @@ class Hangs : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<test::JobProcess> start(const std::string& name, int steps, size_t logged,
                                                  std::string* metrics) {
     const std::string tag = backend() + (cp() ? "_cp" : "");
+    fs::remove_all(log_dir(name));
     const std::string cfg = *dir_ / (name + "_" + tag + ".json");
     *metrics = *dir_ / (name + "_" + tag + ".jsonl");
     std::ofstream(cfg) << config(steps).dump();
     auto job = std::make_unique<test::JobProcess>(
-        std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--master-port", "0", "--kill-timeout", "5", "--",
+        std::vector<std::string>{DS_DSTRAIN_BIN, "launch", "--nproc-per-node", "4", "--master-port", "0", "--kill-timeout", "5",
+                                 "--log-dir", log_dir(name), "--",
                                  DS_DSTRAIN_BIN, "train", "--config", cfg, "--metrics", *metrics,
                                  "--comm-timeout", std::to_string(kCommTimeout)},
         std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + backend()},
@@ -102,6 +109,9 @@ class Hangs : public ::testing::TestWithParam<std::string> {
       std::this_thread::sleep_for(50ms);
     }
     return job;
+  }
+  static std::string log_dir(const std::string& name) {
+    return *dir_ / ("logs_" + name + "_" + backend() + (cp() ? "_cp" : ""));
   }
   static TempDir* dir_;
 };
@@ -133,6 +143,19 @@ TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
   EXPECT_TRUE(err.find("rank 2 (") != std::string::npos || err.find("(world rank 2,") != std::string::npos) << err;
   EXPECT_NE(err.find("made no progress"), std::string::npos) << err;
   EXPECT_TRUE(test::wait_gone(pids, 15s).empty()) << "a rank outlived the job";
+  // The summary names the stopped rank as the hung one, not the first rank to exit.
+  EXPECT_NE(err.find("dstrain: job failed: rank 2 on "), std::string::npos) << err;
+  EXPECT_NE(err.find(" hung: it made no progress for "), std::string::npos) << err;
+  // The waiting ranks' flight records are in the log dir (the stopped one writes its own only
+  // when the teardown's SIGCONT lets it see its group fail before SIGTERM ends it), and the
+  // analysis names rank 2.
+  for (int r : {0, 1, 3}) {
+    EXPECT_TRUE(fs::exists(log_dir("stop") + "/flight_" + std::to_string(r) + ".json")) << r << "\n" << err;
+  }
+  const auto hang = test::run_command(std::string(DS_DSTRAIN_BIN) + " debug hang " + log_dir("stop"));
+  EXPECT_EQ(hang.exit_code, 0) << hang.out << hang.err;
+  EXPECT_NE(hang.out.find("verdict: rank 2 is behind"), std::string::npos) << hang.out;
+  std::cerr << "[ report ] " << GetParam() << ":\n" << hang.out;
   std::cerr << "[ figure ] " << GetParam() << ": SIGSTOP to a failed job and teardown in " << took
             << " s with comm_timeout " << kCommTimeout << " s\n";
 }
@@ -155,6 +178,45 @@ TEST_P(Hangs, ASlowRankIsNotAHungOne) {
   }
   EXPECT_EQ(job.wait(300s), 0) << job.err();
   EXPECT_EQ(lines_in(metrics), 400u);
+}
+
+// kill -USR2 of the launcher: every rank writes flight_<rank>.json ("dump signal") and goes on.
+TEST_P(Hangs, TheDumpSignalWritesEveryRanksRecordAndStopsNothing) {
+  if (GetParam() != "shm") GTEST_SKIP() << "one backend is enough: the signal path is the launcher's";
+  std::string metrics;
+  auto job_ptr = start("usr2", 1000000, 2, &metrics);
+  test::JobProcess& job = *job_ptr;
+  auto ranks = ranks_of(job.pid());
+  ASSERT_EQ(ranks.size(), 4u) << job.err();
+  std::vector<pid_t> pids;
+  for (auto& [r, p] : ranks) {
+    pids.push_back(p);
+    job.track(p);
+  }
+  job.signal(SIGUSR2);
+  const auto until = std::chrono::steady_clock::now() + 20s;
+  auto dumped = [&] {
+    for (int r = 0; r < 4; ++r) {
+      if (!fs::exists(log_dir("usr2") + "/flight_" + std::to_string(r) + ".json")) return false;
+    }
+    return true;
+  };
+  while (!dumped() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(50ms);
+  ASSERT_TRUE(dumped()) << job.err();
+  for (int r = 0; r < 4; ++r) {
+    const auto d = json::parse(test::slurp(log_dir("usr2") + "/flight_" + std::to_string(r) + ".json"));
+    EXPECT_EQ(d["reason"], "dump signal");
+    EXPECT_EQ(d["world_rank"], r);
+    EXPECT_FALSE(d["entries"].empty());
+  }
+  // Still training: more steps get logged after the dump.
+  const size_t before = lines_in(metrics);
+  const auto more = std::chrono::steady_clock::now() + 60s;
+  while (lines_in(metrics) < before + 2 && std::chrono::steady_clock::now() < more) std::this_thread::sleep_for(50ms);
+  EXPECT_GE(lines_in(metrics), before + 2) << job.err();
+  job.signal(SIGTERM);
+  EXPECT_NE(job.wait(60s), -1);
+  EXPECT_TRUE(test::wait_gone(pids, 15s).empty()) << "a rank outlived the job";
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, Hangs, ::testing::Values("shm", "gloo", "shm+cp", "gloo+cp"),

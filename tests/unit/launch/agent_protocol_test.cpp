@@ -113,6 +113,8 @@ TEST(AgentProtocol, LauncherMessagesParseWithFieldsChecked) {
   EXPECT_EQ(m.value, "x\ny=z");
   EXPECT_EQ(proto::parse_launcher_message("stop 10").signal, 10);
   EXPECT_EQ(proto::parse_launcher_message("quit").kind, K::kQuit);
+  EXPECT_EQ(proto::parse_launcher_message("dump").kind, K::kDump);
+  EXPECT_EQ(proto::msg_dump(), "dump\n");
   EXPECT_EQ(proto::parse_launcher_message("token abc").token, "abc");
   EXPECT_EQ(proto::parse_launcher_message("hello").kind, K::kUnknown);
   for (const char* bad : {"start host 0 1", "start h:1 70000 0", "start h:1 0 -1", "start h:1 0", "env =x",

@@ -133,5 +133,50 @@ TEST(JobSummary, ARankKilledWhileTheLauncherIsSignalledIsAnInterruption) {
   EXPECT_EQ(status, 143);
 }
 
+TEST(HungRankLine, RoundTripsAndRejectsOtherLines) {
+  const hung::Report r{2, "node-b", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"};
+  const auto back = hung::parse_line(hung::line(r));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->world_rank, 2);
+  EXPECT_EQ(back->host, "node-b");
+  EXPECT_EQ(back->what, r.what);
+  for (const char* bad : {"dstrain-hung-rank: x node what", "dstrain-hung-rank: 2", "dstrain-hung-rank: -1 h w",
+                          "hung-rank: 2 h w", "dstrain-hung-rank: 2 nodeonly"}) {
+    EXPECT_FALSE(hung::parse_line(bad).has_value()) << bad;
+  }
+}
+
+// A hang's first rank to exit is a waiting rank; the summary names the hung rank that a rank's
+// hung-rank line named (the line itself stays off the console), and keeps the exit status.
+TEST(JobSummary, NamesTheHungRankRatherThanTheFirstToExit) {
+  int err[2];
+  ASSERT_EQ(::pipe2(err, O_NONBLOCK), 0);
+  JobOutcome o;
+  o.world_size = 4;
+  o.failure = Failure{1, "n1", ExitStatus{124, 0}, {}};
+  int status = 0;
+  {
+    OutputMux mux(OutputOptions{}, 1, err[1]);
+    mux.line(0, 2, hung::line({2, "n2", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"}));
+    mux.line(3, 2, hung::line({1, "n1", "a later, second opinion"}));
+    status = finish(mux, o);
+  }
+  const std::string s = drain(err[0]);
+  ::close(err[0]);
+  ::close(err[1]);
+  EXPECT_EQ(status, 124);
+  EXPECT_EQ(s.find("dstrain-hung-rank"), std::string::npos) << s;
+  EXPECT_NE(s.find("dstrain: job failed: rank 2 on n2 hung: it made no progress for 4.0 s while world rank 0 waited "
+                   "for it in all_reduce (the first rank to end: rank 1 on n1 exited with exit code 124;"),
+            std::string::npos)
+      << s;
+  // A restart forgets the generation's hung rank.
+  OutputMux mux(OutputOptions{}, 1, 1);
+  mux.line(0, 2, hung::line({2, "n2", "x"}));
+  ASSERT_TRUE(mux.hung_rank().has_value());
+  mux.restart_marker(1);
+  EXPECT_FALSE(mux.hung_rank().has_value());
+}
+
 }  // namespace
 }  // namespace ds::launch
