@@ -17,6 +17,7 @@
 
 #include "commands.h"
 #include "common/error.h"
+#include "common/strings.h"
 #include "config/hostfile.h"
 #include "config/job_config.h"
 #include "core/device.h"
@@ -53,6 +54,7 @@ struct LaunchOptions {
   std::string ranks_filter;
   bool bind_cores = false;
   int max_restarts = 0;
+  std::string nnodes;  // --nnodes MIN:MAX (elastic) or N
   int store_port = 0;
   std::string launcher = "auto";
   int node_rank = -1;              // --launcher none
@@ -79,6 +81,9 @@ void setup_launch(CLI::App& sub, LaunchOptions& o) {
   sub.add_option("--exclude,-e", o.exclude, "all but these hosts/slots, same syntax as --include");
   sub.add_option("--num-nodes", o.num_nodes, "use the first N hosts of the hostfile");
   sub.add_option("--num-gpus", o.num_gpus, "use the first N slots of each host");
+  sub.add_option("--nnodes", o.nnodes,
+                 "MIN:MAX (torchrun's spelling): elastic; when nodes are lost the job restarts on the ones left, from "
+                 "its latest checkpoint, while at least MIN remain (ssh, slurm, openmpi, mpich). N means N:N");
   sub.add_option("--nproc-per-node", o.nproc_per_node,
                  "workers on the local node when there is no hostfile (CPU jobs)");
   sub.add_option("--config,-c", o.config, "job config (DeepSpeed-style JSON)");
@@ -297,6 +302,37 @@ void set_cluster_options(const LaunchOptions& o, launch::JobSpec& spec) {
   if (spec.store_port == 0) spec.store_port = static_cast<int>(env::get_int("DSTRAIN_STORE_PORT"));
 }
 
+// --nnodes MIN:MAX (or N) against the nodes the job starts with; 0 when not given.
+int elastic_min_nodes(const LaunchOptions& o, const launch::JobSpec& spec) {
+  if (o.nnodes.empty()) return 0;
+  const std::string& t = o.nnodes;
+  const size_t colon = t.find(':');
+  auto number = [&](const std::string& s) {
+    const auto v = parse_int(s);
+    if (!v || *v < 1 || *v > 100000) {
+      throw invalid_argument("--nnodes '{}': expected MIN:MAX or N with whole numbers >= 1 (torchrun's spelling)", t);
+    }
+    return static_cast<int>(*v);
+  };
+  const int lo = number(t.substr(0, colon));
+  const int hi = colon == std::string::npos ? lo : number(t.substr(colon + 1));
+  if (lo > hi) throw invalid_argument("--nnodes '{}': MIN {} is above MAX {}", t, lo, hi);
+  const int have = static_cast<int>(spec.world.nodes.size());
+  if (have < lo || have > hi) {
+    throw invalid_argument("--nnodes {}: the job has {} node(s){}; it must start with MIN..MAX = {}..{}", t, have,
+                           spec.backend == launch::Backend::kSlurm ? " in the allocation" : " in the hostfile", lo, hi);
+  }
+  if (spec.backend == launch::Backend::kLocal || spec.backend == launch::Backend::kNone ||
+      (spec.backend == launch::Backend::kAuto && have == 1 && launch::is_local_host(spec.world.nodes[0].host))) {
+    if (lo < have) {
+      throw invalid_argument("--nnodes {}: elastic restarts need a multi-node launcher (ssh, slurm, openmpi, mpich)",
+                             t);
+    }
+    return 0;
+  }
+  return lo;
+}
+
 int run_launch(const LaunchOptions& o) {
   if (o.json && !o.dry_run) throw invalid_argument("--json applies only with --dry-run");
   if (o.dry_run) return print_dry_run(o);
@@ -322,6 +358,8 @@ int run_launch(const LaunchOptions& o) {
   spec.failure_grace = Millis(static_cast<int64_t>(o.failure_grace_s * 1000.0));
   spec.bind_cores = o.bind_cores;
   spec.max_restarts = o.max_restarts;
+  spec.min_nodes = elastic_min_nodes(o, spec);
+  spec.master_addr_option = o.master_addr;
   spec.store_port = o.store_port;
   spec.output.log_dir = o.log_dir;
   // The ranks write their flight records (comm/flight_recorder.h) beside their logs.

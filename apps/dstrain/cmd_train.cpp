@@ -19,9 +19,11 @@
 
 #include "auto_batch.h"
 #include "commands.h"
-#include "common/env.h"
 #include "comm/flight_recorder.h"
+#include "common/env.h"
+#include "common/error.h"
 #include "common/preemption.h"
+#include "common/rank_lines.h"
 #include "config/job_config.h"
 #include "launch/direct_mode.h"
 #include "train/trainer.h"
@@ -50,6 +52,47 @@ int64_t restart_count() {
   return std::max(env::get_int("DSTRAIN_RESTART_COUNT"), slurm);
 }
 
+// An elastic restart (dstrain launch --nnodes) on fewer ranks keeps the first world's global
+// batch: the micro-batch stays and gradient_accumulation_steps grows, through --set overrides of
+// the batch triad (the loader then resumes at the same sample: its windows per optimizer step are
+// unchanged). A batch the new data-parallel size cannot divide is an error naming both sizes.
+void keep_elastic_global_batch(const TrainCmdOptions& o, int world, bool rank0, config::ParseOptions& parse) {
+  const int64_t first = env::get_int("DSTRAIN_ELASTIC_WORLD_SIZE");
+  if (first <= 0 || first == world) return;
+  const auto base = config::load_job_config(o.config, static_cast<int>(first), o.parse);
+  if (base.auto_micro_batch.pending) {
+    throw invalid_argument("{}: an elastic restart on {} rank(s) needs a fixed train_micro_batch_size_per_gpu (it "
+                           "keeps the micro-batch and raises gradient_accumulation_steps), not \"auto\"",
+                           o.config, world);
+  }
+  const int64_t tbs = base.train_batch_size, mbs = base.train_micro_batch_size_per_gpu;
+  const int64_t model_parallel = first / base.data_parallel_size;
+  if (world % model_parallel != 0) {
+    throw invalid_argument("{}: an elastic restart on {} rank(s) cannot keep the layout: tensor x pipeline x context "
+                           "parallel = {} does not divide {}",
+                           o.config, world, model_parallel, world);
+  }
+  const int64_t dp = world / model_parallel;
+  if (tbs % (mbs * dp) != 0) {
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: an elastic restart on {} rank(s) cannot keep the global batch: train_batch_size {} "
+                            "(the first world's, {} rank(s) at data-parallel size {}) is not divisible by "
+                            "train_micro_batch_size_per_gpu x the new data-parallel size = {} x {} = {}",
+                            o.config, world, tbs, first, base.data_parallel_size, mbs, dp, mbs * dp),
+                "choose a train_batch_size that every data-parallel size the job may shrink to divides, or a "
+                "larger --nnodes MIN");
+  }
+  const int64_t gas = tbs / (mbs * dp);
+  parse.sets.push_back(fmt::format("train_batch_size={}", tbs));
+  parse.sets.push_back(fmt::format("train_micro_batch_size_per_gpu={}", mbs));
+  parse.sets.push_back(fmt::format("gradient_accumulation_steps={}", gas));
+  if (rank0) {
+    spdlog::info("elastic restart on {} rank(s) (the job began with {}): data-parallel size {} -> {}, "
+                 "gradient_accumulation_steps {} -> {}, global batch {} kept",
+                 world, first, base.data_parallel_size, dp, base.gradient_accumulation_steps, gas, tbs);
+  }
+}
+
 int preemption_signal(const TrainCmdOptions& o) {
   if (!o.preempt_signal.empty()) return preempt::parse_signal(o.preempt_signal, "--preempt-signal");
   auto v = env::get("DSTRAIN_PREEMPT_SIGNAL");
@@ -63,7 +106,9 @@ int run_train(const TrainCmdOptions& o) {
   auto direct = launch::DirectMode::enter();  // srun/mpirun started us: their ranks, rank 0's store
   const bool rank0 = env::get_int("RANK") == 0;
   int world = static_cast<int>(env::get_int("WORLD_SIZE"));
-  auto cfg = config::load_job_config(o.config, world, o.parse);
+  config::ParseOptions parse = o.parse;
+  keep_elastic_global_batch(o, world, rank0, parse);
+  auto cfg = config::load_job_config(o.config, world, parse);
   // A micro-batch "auto": every rank plans the same job on the same inputs, so picks the same.
   resolve_auto_batch(cfg, o.auto_batch, std::max<int>(1, static_cast<int>(env::get_int("LOCAL_WORLD_SIZE"))),
                      omp_get_max_threads());
@@ -85,7 +130,14 @@ int run_train(const TrainCmdOptions& o) {
   // From here to the exit a stop signal only sets the flag: Slurm, srun and the agent may each
   // deliver one, and a rank that already stopped must still check out and exit 75.
   const preempt::Guard guard({extra_signal});
-  rt::train::TrainResult result = trainer.run();
+  rt::train::TrainResult result;
+  try {
+    result = trainer.run();
+  } catch (...) {
+    // For the launcher: an elastic restart names the step at which a node was lost.
+    rank_lines::announce_failed_step(trainer.step_in_progress());
+    throw;
+  }
   if (!result.preempted && !o.export_llmc.empty()) {
     trainer.export_llmc(o.export_llmc, o.export_llmc_dtype == "bf16");
     if (rank0) std::cerr << "dstrain: wrote llm.c checkpoint " << o.export_llmc << "\n";

@@ -29,6 +29,12 @@ namespace ds::env {
   X("MASTER_PORT", "29500", "port left free for the job's own use (set by the launcher)")    \
   X("DSTRAIN_STORE_PORT", "29401", "store port on rank 0's host when srun/mpirun start the ranks") \
   X("DSTRAIN_PREEMPT_SIGNAL", "", "signal that, besides SIGTERM, asks the trainer to checkpoint and exit 75") \
+  X("DSTRAIN_LOG_DIR", "", "dstrain launch --log-dir (absolute), for the ranks' flight records (set by the launcher)") \
+  X("DSTRAIN_FLIGHT_DIR", "", "where ranks write flight_<rank>.json (default: DSTRAIN_LOG_DIR, else $TMPDIR/dstrain-flight-<job id>)") \
+  X("DSTRAIN_FLIGHT_RECORDER_ENTRIES", "2048", "operations each rank's flight recorder keeps (0: off)") \
+  X("DSTRAIN_ELASTIC_WORLD_SIZE", "0", "--nnodes: the first world's size, whose global batch the trainer keeps (set by the launcher)") \
+  X("DSTRAIN_ELASTIC_RESTARTS", "0", "--nnodes: how many times the job went on without lost nodes (set by the launcher)") \
+  X("DSTRAIN_ELASTIC_LOST_AT", "", "--nnodes: Unix time of the latest node loss (set by the launcher)") \
   X("SLURM_JOB_ID", "", "Slurm: the allocation's job id (inside sbatch/salloc)")              \
   X("SLURM_JOB_NODELIST", "", "Slurm: the allocation's nodes, compressed (n[01-04,07])")       \
   X("SLURM_STEP_NODELIST", "", "Slurm: the nodes of this srun step")                           \

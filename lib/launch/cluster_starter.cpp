@@ -38,7 +38,11 @@ std::vector<std::string> starter_prefix(const JobSpec& spec, const std::string& 
   const std::string host_list = fmt::format("{}", fmt::join(hosts, ","));
   std::vector<std::string> cmd;
   if (spec.backend == Backend::kSlurm) {
-    cmd = srun_command(find_cluster_program(Backend::kSlurm), hosts, job_id, {});
+    // An elastic restart: the lost node's slurmd may be gone with the last step, which Slurm then
+    // still counts as running on every node; the new step shares their resources with it.
+    std::vector<std::string> extra;
+    if (spec.restart_base > 0 && spec.min_nodes > 0) extra.push_back("--overlap");
+    cmd = srun_command(find_cluster_program(Backend::kSlurm), hosts, job_id, extra);
   } else if (spec.backend == Backend::kOpenMpi) {
     // -x: mpirun passes only the variables it is told to remote nodes.
     cmd = {find_cluster_program(Backend::kOpenMpi),

@@ -124,6 +124,84 @@ int run_local(const JobSpec& spec, OutputMux& mux) {
   }
 }
 
+// ---------------------------------------------------------------- remote backends, elastic
+
+std::unique_ptr<AgentStarter> make_starter(const JobSpec& spec, OutputMux& mux) {
+  if (spec.backend == Backend::kSlurm || spec.backend == Backend::kOpenMpi || spec.backend == Backend::kMpich) {
+    return make_cluster_starter(spec, mux);
+  }
+  return make_ssh_starter(spec);
+}
+
+void set_env(EnvList& env, const std::string& key, const std::string& value) {
+  for (auto& kv : env) {
+    if (kv.first == key) {
+      kv.second = value;
+      return;
+    }
+  }
+  env.emplace_back(key, value);
+}
+
+// The world without the lost nodes (renumbered in their old order).
+World shrunk_world(const JobSpec& spec, const std::vector<LostNode>& lost) {
+  std::vector<config::NodeSlots> nodes;
+  for (const auto& n : spec.world.nodes) {
+    bool gone = false;
+    for (const auto& l : lost) gone = gone || l.node_rank == n.node_rank;
+    if (!gone) nodes.push_back({n.host, n.slots});
+  }
+  return make_world(nodes, spec.master_addr_option, spec.world.master_port);
+}
+
+std::string lost_nodes_text(const std::vector<LostNode>& lost) {
+  std::string s;
+  for (const auto& l : lost) s += fmt::format("{}node {} ({})", s.empty() ? "" : ", ", l.node_rank, l.host);
+  return s;
+}
+
+// A remote job; with --nnodes MIN:MAX (spec.min_nodes) it goes on without the nodes it loses, as
+// long as MIN remain (launcher.h: JobSpec::min_nodes).
+int run_remote(const JobSpec& given, OutputMux& mux) {
+  if (given.min_nodes <= 0) {
+    auto starter = make_starter(given, mux);
+    return run_remote_job(given, mux, *starter);
+  }
+  JobSpec spec = given;
+  set_env(spec.user_env, "DSTRAIN_ELASTIC_WORLD_SIZE", std::to_string(spec.world.world_size()));
+  const size_t first_nodes = spec.world.nodes.size();
+  for (int elastic_restarts = 0;;) {
+    RemoteResult r;
+    {
+      auto starter = make_starter(spec, mux);
+      r = run_remote_attempt(spec, mux, *starter);
+    }
+    if (r.forced) return 128 + r.outcome.stop_signal;
+    const size_t left = spec.world.nodes.size() - r.lost.size();
+    const bool node_loss = !r.lost.empty() && r.outcome.stop_signal == 0 && !r.outcome.preempted;
+    if (!node_loss) return finish(mux, r.outcome);
+    const auto step = mux.failed_at_step();
+    const std::string at = step ? fmt::format(" at step {}", *step) : "";
+    if (left < static_cast<size_t>(spec.min_nodes)) {
+      mux.note(fmt::format("dstrain: lost {}{}: {} of {} node(s) left, fewer than the {} --nnodes asks for", 
+                           lost_nodes_text(r.lost), at, left, first_nodes, spec.min_nodes));
+      return finish(mux, r.outcome);
+    }
+    ++elastic_restarts;
+    const double lost_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count() -
+                           std::chrono::duration<double>(SteadyClock::now() - r.lost.front().when).count();
+    spec.world = shrunk_world(spec, r.lost);
+    spec.restart_base += r.outcome.restarts + 1;
+    set_env(spec.user_env, "DSTRAIN_ELASTIC_RESTARTS", std::to_string(elastic_restarts));
+    set_env(spec.user_env, "DSTRAIN_ELASTIC_LOST_AT", fmt::format("{:.3f}", lost_at));
+    mux.note(fmt::format("dstrain: lost {}{} ({}); restarting on the {} remaining node(s), {} rank(s), from the latest "
+                         "checkpoint (elastic restart {}; --nnodes {}:{})",
+                         lost_nodes_text(r.lost), at, r.lost.front().why, spec.world.nodes.size(),
+                         spec.world.world_size(), elastic_restarts, spec.min_nodes, first_nodes));
+    mux.restart_marker(spec.restart_base);
+  }
+}
+
 }  // namespace
 
 std::string make_job_token() { return random_hex(32); }
@@ -205,16 +283,10 @@ int run_job(const JobSpec& spec) {
     case Backend::kAuto:
       if (one_local) return run_local(spec, mux);
       [[fallthrough]];
-    case Backend::kSsh: {
-      auto starter = make_ssh_starter(spec);
-      return run_remote_job(spec, mux, *starter);
-    }
+    case Backend::kSsh:
     case Backend::kSlurm:
     case Backend::kOpenMpi:
-    case Backend::kMpich: {
-      auto starter = make_cluster_starter(spec, mux);
-      return run_remote_job(spec, mux, *starter);
-    }
+    case Backend::kMpich: return run_remote(spec, mux);
     case Backend::kNone: return run_none_node(spec, mux);
   }
   return 1;

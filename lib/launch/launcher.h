@@ -62,6 +62,17 @@ struct JobSpec {
   std::string launcher_addr;             // the address agents dial back to (default: hostname)
   std::string token;                     // the job token; empty: a fresh one (none: required)
   int node_rank = 0;                     // --launcher none: this node
+  // Elastic node count (--nnodes MIN:MAX; ssh, slurm, openmpi, mpich): when nodes are lost (their
+  // channel broke, their agent went silent) and at least min_nodes remain, the job is torn down
+  // as after any failure and started again on the remaining nodes, as a restart
+  // (DSTRAIN_RESTART_COUNT goes on counting, so `dstrain train` resumes from its latest
+  // checkpoint). The ranks get DSTRAIN_ELASTIC_WORLD_SIZE (the first world's size: `dstrain
+  // train` keeps that world's global batch by raising gradient_accumulation_steps),
+  // DSTRAIN_ELASTIC_RESTARTS and DSTRAIN_ELASTIC_LOST_AT (Unix seconds of the latest loss). 0: not
+  // elastic (a lost node ends the job). A node that comes back is not re-admitted.
+  int min_nodes = 0;
+  std::string master_addr_option;  // --master-addr as given ("": node 0's host, again after a loss)
+  int restart_base = 0;            // restarts before this run of the agents (elastic restarts)
 };
 
 // True for "localhost", 127.x.x.x (other than the loopback "nodes" 127.0.0.2+ which may run

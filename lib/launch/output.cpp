@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -110,8 +111,11 @@ void OutputMux::line(int rank, int stream, std::string_view text) {
     f << text << '\n';
     f.flush();
   }
-  if (stream == 2 && text.substr(0, hung::kLinePrefix.size()) == hung::kLinePrefix) {
-    if (!hung_) hung_ = hung::parse_line(text);
+  if (stream == 2 && rank_lines::is_rank_line(text)) {
+    if (!hung_) hung_ = rank_lines::parse_hung_line(text);
+    if (const auto step = rank_lines::parse_step_line(text)) {
+      failed_at_step_ = std::max(failed_at_step_.value_or(*step), *step);
+    }
     return;
   }
   if (options_.console_ranks && options_.console_ranks->count(rank) == 0) return;
@@ -130,14 +134,20 @@ void OutputMux::note(std::string_view text) {
   write_all(err_fd_, buf);
 }
 
-std::optional<hung::Report> OutputMux::hung_rank() const {
+std::optional<rank_lines::HungRank> OutputMux::hung_rank() const {
   std::lock_guard<std::mutex> lock(mu_);
   return hung_;
+}
+
+std::optional<int64_t> OutputMux::failed_at_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failed_at_step_;
 }
 
 void OutputMux::restart_marker(int restart_count) {
   std::lock_guard<std::mutex> lock(mu_);
   hung_.reset();
+  failed_at_step_.reset();
   for (auto& [rank, f] : logs_) {
     *f << fmt::format("----- dstrain: restart {} -----\n", restart_count);
     f->flush();

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "common/hung_rank.h"
+#include "common/rank_lines.h"
 
 namespace ds::launch {
 
@@ -58,9 +58,11 @@ class OutputMux {
   void note(std::string_view text);
   // Marks a restart in every open log file (and forgets the generation's hung rank).
   void restart_marker(int restart_count);
-  // The first hung-rank line (common/hung_rank.h) a worker wrote to stderr in this generation:
-  // a rank that named a peer that made no progress. The line itself goes to the log file only.
-  std::optional<hung::Report> hung_rank() const;
+  // What the workers' rank lines (common/rank_lines.h) on stderr said in this generation (the
+  // lines themselves go to the log files only): the first hung rank a rank named, and the
+  // highest step a rank failed in.
+  std::optional<rank_lines::HungRank> hung_rank() const;
+  std::optional<int64_t> failed_at_step() const;
 
  private:
   std::ofstream& log_for(int rank);
@@ -70,7 +72,8 @@ class OutputMux {
   int out_fd_, err_fd_;
   mutable std::mutex mu_;
   std::map<int, std::unique_ptr<std::ofstream>> logs_;
-  std::optional<hung::Report> hung_;
+  std::optional<rank_lines::HungRank> hung_;
+  std::optional<int64_t> failed_at_step_;
 };
 
 }  // namespace ds::launch

@@ -91,6 +91,7 @@ struct RemoteNode {
   bool closed = false;    // channel ended
   bool quitting = false;  // we sent quit
   bool eof_sent = false;
+  std::string lost;  // why this node is lost (its channel broke, its agent went silent); "" if not
   long agent_pid = 0;                 // from its heartbeats; 0 until the first
   SteadyClock::time_point last_heard;  // its last line on the protocol stream
 };
@@ -100,7 +101,7 @@ class RemoteJob {
   RemoteJob(const JobSpec& spec, OutputMux& mux, AgentStarter& starter)
       : spec_(spec), mux_(mux), starter_(starter), generation_(teardown_policy()) {}
 
-  int run() {
+  RemoteResult run() {
     t0_ = SteadyClock::now();
     ignore_sigpipe();
     SignalPipe signals(spec_.preempt_signal);
@@ -118,9 +119,9 @@ class RemoteJob {
       if (starter_.sends_token()) nodes_[i].pending += proto::msg_token(token);
       for (const auto& [k, v] : spec_.user_env) nodes_[i].pending += proto::msg_env(k, v);
     }
-    int status = loop();
+    RemoteResult result = loop();
     starter_.finish();
-    return status;
+    return result;
   }
 
  private:
@@ -152,6 +153,15 @@ class RemoteJob {
     carry_out(generation_.node_failed(Failure{-1, host, {}, why}, SteadyClock::now()));
   }
   void node_failed(RemoteNode& n, const std::string& why) { node_failed(n.spec->host, why); }
+  // The node itself is gone (not only a rank or its agent's words): an elastic job may go on
+  // without it (launcher.h: --nnodes).
+  void node_lost(RemoteNode& n, const std::string& why) {
+    if (n.lost.empty()) {
+      n.lost = why;
+      lost_.push_back(LostNode{n.spec->node_rank, n.spec->host, why, SteadyClock::now()});
+    }
+    node_failed(n, why);
+  }
 
   void on_rank_exit(RemoteNode& n, int rank, const ExitStatus& st) {
     spdlog::debug("rank {} on {} ended: {}", rank, n.spec->host, st.describe());
@@ -177,7 +187,7 @@ class RemoteJob {
         store_addr_ = fmt::format("{}:{}", spec_.world.master_addr, m.store_port);
         master_port_ = m.master_port;
         spdlog::debug("job {}: store at {}, MASTER_PORT {}", job_id_, store_addr_, master_port_);
-        send_all(proto::msg_start(store_addr_, master_port_, restart_));
+        send_all(proto::msg_start(store_addr_, master_port_, spec_.restart_base + restart_));
         return;
       case K::kFatal:
         return node_failed(n, fmt::format("node {} ({}): {}", n.spec->node_rank, n.spec->host, m.text));
@@ -201,7 +211,7 @@ class RemoteJob {
                            ? fmt::format(": is dstrain installed at {} there? try `dstrain check`",
                                          spec_.remote_dstrain)
                            : "";
-    node_failed(n, fmt::format("the agent on {} ended unexpectedly{}{}", n.spec->host, code, hint));
+    node_lost(n, fmt::format("the agent on {} ended unexpectedly{}{}", n.spec->host, code, hint));
   }
 
   // Moves bytes in both directions for one node.
@@ -226,7 +236,7 @@ class RemoteJob {
       if (!open || n.conn->eof()) channel_closed(n);
     } catch (const Error& e) {
       n.closed = true;
-      if (!n.quitting) node_failed(n, e.what());
+      if (!n.quitting) node_lost(n, e.what());
     }
   }
 
@@ -258,9 +268,9 @@ class RemoteJob {
       RemoteNode& n = nodes_[i];
       if (n.closed || n.agent_pid == 0 || now - n.last_heard < spec_.agent_timeout) continue;
       const double quiet = std::chrono::duration<double>(now - n.last_heard).count();
-      node_failed(n, fmt::format("the agent on node {} ({}, pid {}) sent nothing for {:.1f} s, not even its "
-                                 "heartbeat: it is stopped or hung, or that node or its network is gone",
-                                 n.spec->node_rank, n.spec->host, n.agent_pid, quiet));
+      node_lost(n, fmt::format("the agent on node {} ({}, pid {}) sent nothing for {:.1f} s, not even its "
+                               "heartbeat: it is stopped or hung, or that node or its network is gone",
+                               n.spec->node_rank, n.spec->host, n.agent_pid, quiet));
       starter_.kill_agent(i, n.agent_pid);
       n.closed = true;
     }
@@ -300,10 +310,10 @@ class RemoteJob {
     mux_.note(fmt::format("dstrain: {}; restarting every rank ({}/{})",
                           describe_failure(*o.failure), restart_ + 1, spec_.max_restarts));
     ++restart_;
-    mux_.restart_marker(restart_);
+    mux_.restart_marker(spec_.restart_base + restart_);
     generation_ = Teardown(teardown_policy());
     for (auto& n : nodes_) n.gen_done = false;
-    send_all(proto::msg_start(store_addr_, master_port_, restart_));
+    send_all(proto::msg_start(store_addr_, master_port_, spec_.restart_base + restart_));
   }
 
   void on_signal(int sig) {
@@ -360,7 +370,7 @@ class RemoteJob {
     carry_out(orders);
   }
 
-  int loop() {
+  RemoteResult loop() {
     for (;;) {
       for (auto& n : nodes_) pump(n);
       check_heartbeats();
@@ -371,10 +381,13 @@ class RemoteJob {
       carry_out(generation_.tick(SteadyClock::now()));
       if (quitting() && (all(&RemoteNode::closed) || quit_deadline_.expired())) break;
       poll_once();
-      if (forced_) return 128 + generation_.interrupt_signal();
+      if (forced_) {
+        RemoteResult r{outcome(), lost_, true};
+        return r;
+      }
     }
     nodes_.clear();
-    return finish(mux_, outcome());
+    return RemoteResult{outcome(), lost_, false};
   }
 
   // Every agent is told to quit; the job ends when their connections close or after `wait`.
@@ -398,6 +411,7 @@ class RemoteJob {
   std::string store_addr_;
   int master_port_ = 0;
   int restart_ = 0;
+  std::vector<LostNode> lost_;
   Teardown generation_;  // the current generation's teardown; closing once quit was sent
   bool forced_ = false;  // a second Ctrl-C: every connection closed at once
   Deadline quit_deadline_ = Deadline::never();
@@ -410,9 +424,15 @@ std::unique_ptr<AgentStarter> make_ssh_starter(const JobSpec& spec) {
   return std::make_unique<SshStarter>(spec);
 }
 
-int run_remote_job(const JobSpec& spec, OutputMux& mux, AgentStarter& starter) {
+RemoteResult run_remote_attempt(const JobSpec& spec, OutputMux& mux, AgentStarter& starter) {
   RemoteJob job(spec, mux, starter);
   return job.run();
+}
+
+int run_remote_job(const JobSpec& spec, OutputMux& mux, AgentStarter& starter) {
+  const RemoteResult r = run_remote_attempt(spec, mux, starter);
+  if (r.forced) return 128 + r.outcome.stop_signal;
+  return finish(mux, r.outcome);
 }
 
 }  // namespace ds::launch

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "launch/agent_channel.h"
+#include "launch/job_summary.h"
 #include "launch/launcher.h"
 
 namespace ds::launch {
@@ -49,6 +50,27 @@ std::unique_ptr<AgentStarter> make_ssh_starter(const JobSpec& spec);
 // srun (kSlurm) or mpirun (kOpenMpi, kMpich); output lines go to `mux` as notes.
 std::unique_ptr<AgentStarter> make_cluster_starter(const JobSpec& spec, OutputMux& mux);
 
+// A node lost during the job: its channel broke or closed while the launcher still needed it,
+// or its agent went silent past the agent timeout.
+struct LostNode {
+  int node_rank = 0;
+  std::string host;
+  std::string why;
+  SteadyClock::time_point when;
+};
+
+// How one run of the agents ended, before the summary: the outcome, the nodes lost, and whether a
+// second signal forced every connection closed (exit 128 + outcome.stop_signal, no summary).
+struct RemoteResult {
+  JobOutcome outcome;
+  std::vector<LostNode> lost;
+  bool forced = false;
+};
+
+// Runs the job's agents until they end (restarts under --max-restarts included); the caller sums up.
+RemoteResult run_remote_attempt(const JobSpec& spec, OutputMux& mux, AgentStarter& starter);
+
+// run_remote_attempt, then the summary (job_summary.h); returns the job's exit status.
 int run_remote_job(const JobSpec& spec, OutputMux& mux, AgentStarter& starter);
 
 }  // namespace ds::launch

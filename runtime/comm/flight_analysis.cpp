@@ -146,41 +146,56 @@ void find_mismatch(const GroupKey& g, const std::map<int, RankOps>& per_rank, Ha
   }
 }
 
-// The collectives of one group.
-void analyse_collectives(const GroupKey& g, const std::map<int, RankOps>& per_rank, HangAnalysis& out) {
+// "all_gather #17 on group 'world'" for the first operation rank `r` has not completed, in any
+// group ("" when every recorded operation completed): where that rank itself waits.
+using Waits = std::map<int, std::string>;
+
+// The collectives of one group. A member whose last collective here completed while another
+// member waits in a later one has not reached it: behind (unless it waits elsewhere: `waits`).
+// A member whose last collective failed or is still pending waits, whatever its number (a rank
+// that gave up on an earlier collective, or one that went on after being let run again).
+void analyse_collectives(const GroupKey& g, const std::map<int, RankOps>& per_rank, const Waits& waits,
+                         HangAnalysis& out) {
   uint64_t top = 0;
   for (const auto& [r, ops] : per_rank) {
     if (!ops.collectives.empty()) top = std::max(top, ops.collectives.back().seq);
   }
   if (top == 0) return;
   find_mismatch(g, per_rank, out);
-  std::vector<int> waiting, behind, missing, done_top;
+  std::map<uint64_t, std::vector<int>> waiting;  // seq -> members whose last collective (not completed) it is
+  std::map<uint64_t, const OpRecord*> waiting_op;
+  std::vector<int> behind, missing;
   std::string behind_detail;
-  const OpRecord* top_op = nullptr;
   for (int r : g.world_ranks) {
     auto it = per_rank.find(r);
     if (it == per_rank.end()) {
       missing.push_back(r);
       continue;
     }
-    const RankOps& ops = it->second;
-    const OpRecord* o = at_seq(ops, top);
-    if (o != nullptr) {
-      top_op = top_op ? top_op : o;
-      (o->done() ? done_top : waiting).push_back(r);
+    const auto& c = it->second.collectives;
+    if (!c.empty() && !c.back().done()) {
+      waiting[c.back().seq].push_back(r);
+      waiting_op.try_emplace(c.back().seq, &c.back());
       continue;
     }
+    if (!c.empty() && c.back().seq == top) continue;  // completed the group's last collective
     behind.push_back(r);
-    const std::string last = ops.collectives.empty()
-                                 ? "it has no collective on this group in its record"
-                                 : fmt::format("its last is {}, {}", op_text(ops.collectives.back()),
-                                               ops.collectives.back().state);
-    behind_detail += fmt::format("; rank {} has not issued it ({})", r, last);
+    std::string last = c.empty() ? "it has no collective on this group in its record"
+                                 : fmt::format("its last is {}, completed", op_text(c.back()));
+    auto w = waits.find(r);
+    if (w != waits.end()) last += "; it waits in " + w->second;
+    behind_detail += fmt::format("; rank {} has not issued #{} ({})", r, waiting.empty() ? top : waiting.rbegin()->first,
+                                 last);
   }
   if (waiting.empty()) return;  // the group's last collective completed everywhere it was recorded
-  std::string text = fmt::format("{}: {} wait{} in {}", group_text(g), ranks_text(waiting),
-                                 waiting.size() == 1 ? "s" : "", op_text(*top_op));
-  if (!done_top.empty()) text += fmt::format("; {} completed it", ranks_text(done_top));
+  std::string text = group_text(g) + ": ";
+  bool first = true;
+  for (const auto& [seq, ranks] : waiting) {
+    const OpRecord& o = *waiting_op.at(seq);
+    text += fmt::format("{}{} wait{} in {}{}", first ? "" : "; ", ranks_text(ranks), ranks.size() == 1 ? "s" : "",
+                        op_text(o), o.state == "failed" ? " (and gave up: failed)" : "");
+    first = false;
+  }
   text += behind_detail;
   if (!missing.empty()) {
     text += fmt::format("; {} left no flight record (stopped, killed before it could write one, or it writes to "
@@ -189,9 +204,8 @@ void analyse_collectives(const GroupKey& g, const std::map<int, RankOps>& per_ra
   }
   HangFinding f{text, behind};
   f.behind.insert(f.behind.end(), missing.begin(), missing.end());
-  if (f.behind.empty()) {
-    f.text += done_top.empty() ? "; every member reached it: the hang is inside the operation (the transport)"
-                               : "";
+  if (f.behind.empty() && waiting.size() == 1 && waiting.begin()->second.size() == g.world_ranks.size()) {
+    f.text += "; every member reached it: the hang is inside the operation (the transport), or a rank stopped in it";
   }
   out.findings.push_back(std::move(f));
 }
@@ -211,17 +225,24 @@ void analyse_p2p(const GroupKey& g, const std::map<int, RankOps>& per_rank, Hang
         continue;
       }
       const std::string want = o.op == "recv" ? "send" : "recv";
-      uint64_t last = 0;
+      const OpRecord* last = nullptr;
       bool found = false;
       for (const auto& p : it->second.p2p) {
         if (p.op != want || p.peer != ops.group_rank || p.tag != o.tag) continue;
-        last = std::max(last, p.seq);
+        if (last == nullptr || p.seq > last->seq) last = &p;
         found = found || p.seq == o.seq;
       }
       if (found) continue;  // both posted: not a matter of who is behind
+      if (last != nullptr && !last->done()) {
+        // The peer waits (or gave up) on this pair itself, at an earlier index: not behind.
+        out.findings.push_back({what + fmt::format("; rank {} waits in its {} #{} (state {})", peer, want, last->seq,
+                                                   last->state),
+                                {}});
+        continue;
+      }
       out.findings.push_back(
           {what + fmt::format("; rank {} has not posted the matching {} (its last {} to rank {} with tag {} is #{})",
-                              peer, want, want, r, o.tag, last),
+                              peer, want, want, r, o.tag, last ? last->seq : 0),
            {peer}});
     }
   }
@@ -246,8 +267,20 @@ HangAnalysis analyse_hang(const std::vector<json>& dumps, const std::vector<std:
     }
   }
   out.ranks_missing.assign(missing.begin(), missing.end());
-  for (const auto& [g, per_rank] : groups) analyse_collectives(g, per_rank, out);
+  Waits waits;
+  for (const auto& [g, per_rank] : groups) {
+    for (const auto& [r, ops] : per_rank) {
+      for (const auto* list : {&ops.collectives, &ops.p2p}) {
+        for (const auto& o : *list) {
+          if (!o.done() && !waits.count(r)) waits[r] = fmt::format("{} #{} on group '{}'", o.op, o.seq, g.name);
+        }
+      }
+    }
+  }
+  const size_t seq_findings_from = out.findings.size();
+  for (const auto& [g, per_rank] : groups) analyse_collectives(g, per_rank, waits, out);
   for (const auto& [g, per_rank] : groups) analyse_p2p(g, per_rank, out);
+  const size_t seq_findings_to = out.findings.size();
   // The ranks' own verdicts: a peer whose progress beacon stopped while they waited for it.
   for (auto& [r, by] : hung) {
     std::sort(by.begin(), by.end());
@@ -257,9 +290,21 @@ HangAnalysis analyse_hang(const std::vector<json>& dumps, const std::vector<std:
                             {r}});
   }
 
+  // The verdict: the ranks' own (beacon) verdicts when there are any, the most direct evidence;
+  // else the sequence numbers, preferring ranks that do not themselves wait on someone.
   std::map<int, int> named;
-  for (const auto& f : out.findings) {
-    for (int r : std::set<int>(f.behind.begin(), f.behind.end())) ++named[r];
+  for (size_t i = seq_findings_to; i < out.findings.size(); ++i) {
+    for (int r : out.findings[i].behind) ++named[r];
+  }
+  if (named.empty()) {
+    std::map<int, int> idle;
+    for (size_t i = seq_findings_from; i < seq_findings_to; ++i) {
+      for (int r : std::set<int>(out.findings[i].behind.begin(), out.findings[i].behind.end())) {
+        ++named[r];
+        if (!waits.count(r)) ++idle[r];
+      }
+    }
+    if (!idle.empty()) named = idle;
   }
   int most = 0;
   for (const auto& [r, n] : named) most = std::max(most, n);

@@ -7,7 +7,7 @@
 
 #include "comm/flight_recorder.h"
 #include "common/check.h"
-#include "common/hung_rank.h"
+#include "common/rank_lines.h"
 #include "common/progress.h"
 #include "common/socket.h"
 #include "store/store.h"
@@ -76,7 +76,7 @@ void HostComm::on_deadline(const Op& op, const std::vector<int>& behind, Clock::
     const std::string what = fmt::format("made no progress for {} while world rank {} waited for it in {}",
                                          net::format_seconds(op.timeout),
                                          peers()[static_cast<size_t>(rank())].world_rank, describe(op));
-    hung::announce({stale.front(), host_of(q), what});
+    rank_lines::announce_hung({stale.front(), host_of(q), what});
     flight::note_hung_peer(stale.front(), what);
     throw Error(ErrorKind::kTimeout,
                 fmt::format("{}: {} made no progress for {} while this rank waited for it (stopped, stuck in a "

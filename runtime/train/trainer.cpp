@@ -43,6 +43,7 @@
 #include "train/run_report.h"
 #include "train/optimizer_state.h"
 #include "train/spike_guard.h"
+#include "train/elastic_metrics.h"
 #include "train/straggler.h"
 #include "train/run_config.h"
 #include "train/sampling.h"
@@ -108,6 +109,7 @@ struct Trainer::Impl {
   std::unique_ptr<optim::LossScaler> scaler;
   std::unique_ptr<SpikeGuard> spikes;  // training.skip_spikes (null: off)
   std::unique_ptr<StragglerWatch> stragglers;  // with wall_clock_breakdown at world > 1
+  ElasticMetrics elastic;                       // after an elastic restart (dstrain launch --nnodes)
   int64_t next_step = 1;  // the step the next run() executes
   double flops_per_token = 0;  // MFU (throughput.h)
   PeakFlops peak;
@@ -706,6 +708,7 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
   for (int64_t step = s.next_step; step <= stop; ++step) {
     bool preempt_after_step = false;
     StepRecord r = s.train_step(step, settings, &preempt_after_step);
+    s.elastic.add_to(r);
     s.record_peaks(r);
     const bool eval_step = tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps);
     if (s.val_loader && eval_step) {
@@ -766,5 +769,7 @@ void Trainer::export_safetensors(const std::string& dir, const std::string& dtyp
                                                                                    : ckpt::StDtype::kF32;
   write_safetensors_export(dir, *s.engine, s.optimizer_states(), s.cfg.pipeline.partition, s.alloc, s.device, d);
 }
+
+int64_t Trainer::step_in_progress() const { return impl_->next_step; }
 
 }  // namespace ds::rt::train

@@ -81,6 +81,8 @@ class Trainer {
 
   // Runs the remaining steps. Returns what happened; throws ds::Error on failure.
   TrainResult run();
+  // The step run() is at (the next one to train while between steps).
+  int64_t step_in_progress() const;
 
   // Writes the model's weights as an llm.c checkpoint (dstrain train --export-llmc). Collective
   // (every rank calls it; rank 0 reassembles tensor/pipeline parts and writes).

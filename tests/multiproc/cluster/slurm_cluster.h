@@ -98,6 +98,9 @@ class SlurmCluster {
     while (!daemons_.empty()) daemons_.pop_back();  // SIGKILL each daemon's group, reap it
   }
 
+  // The pid of node `node`'s slurmd ("n1" or "n2").
+  pid_t slurmd_pid(const std::string& node) const { return daemons_.at(node == "n1" ? 2 : 3)->pid(); }
+
   // `cmd` (a shell command line) with SLURM_CONF pointing at this cluster.
   CommandResult run(const std::string& cmd) const {
     return run_command("SLURM_CONF=" + conf + " " + cmd);

@@ -132,11 +132,44 @@ TEST(HangAnalysis, NamesTheRankThatNeverIssuedTheCollectiveTheOthersWaitIn) {
   const auto a = flight::analyse_hang(dumps, names);
   EXPECT_EQ(a.behind, std::vector<int>{2});
   ASSERT_EQ(a.findings.size(), 1u);
-  EXPECT_NE(a.findings[0].text.find("ranks 0, 1, 3 wait in #42 all_gather (fp32 x 4096); rank 2 has not issued it "
-                                    "(its last is #41 all_reduce (fp32 x 1024), completed)"),
+  EXPECT_NE(a.findings[0].text.find("ranks 0, 1, 3 wait in #42 all_gather (fp32 x 4096) (and gave up: failed); rank 2 "
+                                    "has not issued #42 (its last is #41 all_reduce (fp32 x 1024), completed)"),
             std::string::npos)
       << a.findings[0].text;
   EXPECT_NE(a.verdict.find("rank 2 is behind"), std::string::npos) << a.verdict;
+}
+
+// Post-mortem records of rank 2 stopped in a ring attention (cp group {2, 3}) and let run again at
+// the teardown: it went on to a later send. Rank 3 never reached the world's next collective and
+// never posted that recv, but it waits itself (it gave up on its recv from rank 2): it is named
+// with where it waits. Both 2 and 3 wait somewhere, so the sequence numbers name both; the ranks'
+// beacon verdict (hung_peers) settles it.
+TEST(HangAnalysis, ARankThatWaitsElsewhereIsNotTheOneBehind) {
+  auto p2p = [](int g, uint64_t seq, const std::string& op, const std::string& state, int peer) {
+    return json({{"id", seq}, {"group", g}, {"seq", seq}, {"op", op}, {"dtype", "fp32"}, {"elements", 512},
+                 {"state", state}, {"peer", peer}, {"tag", 7102}});
+  };
+  std::vector<json> dumps;
+  for (int r : {0, 1}) {
+    dumps.push_back(record(r, json::array({group("world", r, {0, 1, 2, 3})}),
+                           json::array({entry(0, 13, "all_gather", "completed"), entry(0, 14, "all_reduce", "failed")})));
+  }
+  dumps.push_back(record(2, json::array({group("world", 2, {0, 1, 2, 3}), group("cp1", 0, {2, 3})}),
+                         json::array({entry(0, 13, "all_gather", "completed"), p2p(1, 33, "send", "completed", 1),
+                                      p2p(1, 34, "send", "started", 1)})));
+  dumps.push_back(record(3, json::array({group("world", 3, {0, 1, 2, 3}), group("cp1", 1, {2, 3})}),
+                         json::array({entry(0, 13, "all_gather", "completed"), p2p(1, 33, "recv", "failed", 0)})));
+  auto a = flight::analyse_hang(dumps, {"0", "1", "2", "3"});
+  const std::string report = flight::format_hang_report(a, "d");
+  EXPECT_NE(report.find("rank 3 has not issued #14 (its last is #13 all_gather (fp32 x 1024), completed; it waits in "
+                        "recv #33 on group 'cp1')"),
+            std::string::npos)
+      << report;
+  EXPECT_NE(report.find("rank 3 waits in its recv #33 (state failed)"), std::string::npos) << report;
+  EXPECT_EQ(a.behind, (std::vector<int>{2, 3})) << report;
+  dumps[0]["hung_peers"] = json::array({{{"world_rank", 2}, {"what", "made no progress"}}});
+  a = flight::analyse_hang(dumps, {"0", "1", "2", "3"});
+  EXPECT_EQ(a.behind, std::vector<int>{2});
 }
 
 TEST(HangAnalysis, AMissingRecordAndTheRanksVerdictsNameTheStoppedRank) {

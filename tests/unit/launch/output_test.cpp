@@ -134,16 +134,41 @@ TEST(JobSummary, ARankKilledWhileTheLauncherIsSignalledIsAnInterruption) {
 }
 
 TEST(HungRankLine, RoundTripsAndRejectsOtherLines) {
-  const hung::Report r{2, "node-b", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"};
-  const auto back = hung::parse_line(hung::line(r));
+  const rank_lines::HungRank r{2, "node-b", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"};
+  const auto back = rank_lines::parse_hung_line(rank_lines::hung_line(r));
   ASSERT_TRUE(back.has_value());
   EXPECT_EQ(back->world_rank, 2);
   EXPECT_EQ(back->host, "node-b");
   EXPECT_EQ(back->what, r.what);
   for (const char* bad : {"dstrain-hung-rank: x node what", "dstrain-hung-rank: 2", "dstrain-hung-rank: -1 h w",
                           "hung-rank: 2 h w", "dstrain-hung-rank: 2 nodeonly"}) {
-    EXPECT_FALSE(hung::parse_line(bad).has_value()) << bad;
+    EXPECT_FALSE(rank_lines::parse_hung_line(bad).has_value()) << bad;
   }
+}
+
+TEST(RankLines, TheFailedStepIsTheHighestOneOfTheGenerationAndStaysOffTheConsole) {
+  EXPECT_EQ(rank_lines::parse_step_line(rank_lines::step_line(27)), std::optional<int64_t>(27));
+  for (const char* bad : {"dstrain-failed-at-step: ", "dstrain-failed-at-step: 12x", "dstrain-failed-at-step: -3",
+                          "failed-at-step: 3"}) {
+    EXPECT_FALSE(rank_lines::parse_step_line(bad).has_value()) << bad;
+  }
+  int err[2];
+  ASSERT_EQ(::pipe2(err, O_NONBLOCK), 0);
+  {
+    OutputMux mux(OutputOptions{}, 1, err[1]);
+    EXPECT_FALSE(mux.failed_at_step().has_value());
+    mux.line(0, 2, rank_lines::step_line(16));
+    mux.line(1, 2, rank_lines::step_line(17));
+    mux.line(2, 2, rank_lines::step_line(16));
+    mux.line(3, 1, rank_lines::step_line(99));  // stdout: not the protocol
+    EXPECT_EQ(mux.failed_at_step(), std::optional<int64_t>(17));
+    mux.restart_marker(1);
+    EXPECT_FALSE(mux.failed_at_step().has_value());
+  }
+  const std::string s = drain(err[0]);
+  ::close(err[0]);
+  ::close(err[1]);
+  EXPECT_EQ(s, "");
 }
 
 // A hang's first rank to exit is a waiting rank; the summary names the hung rank that a rank's
@@ -157,8 +182,8 @@ TEST(JobSummary, NamesTheHungRankRatherThanTheFirstToExit) {
   int status = 0;
   {
     OutputMux mux(OutputOptions{}, 1, err[1]);
-    mux.line(0, 2, hung::line({2, "n2", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"}));
-    mux.line(3, 2, hung::line({1, "n1", "a later, second opinion"}));
+    mux.line(0, 2, rank_lines::hung_line({2, "n2", "made no progress for 4.0 s while world rank 0 waited for it in all_reduce"}));
+    mux.line(3, 2, rank_lines::hung_line({1, "n1", "a later, second opinion"}));
     status = finish(mux, o);
   }
   const std::string s = drain(err[0]);
@@ -172,7 +197,7 @@ TEST(JobSummary, NamesTheHungRankRatherThanTheFirstToExit) {
       << s;
   // A restart forgets the generation's hung rank.
   OutputMux mux(OutputOptions{}, 1, 1);
-  mux.line(0, 2, hung::line({2, "n2", "x"}));
+  mux.line(0, 2, rank_lines::hung_line({2, "n2", "x"}));
   ASSERT_TRUE(mux.hung_rank().has_value());
   mux.restart_marker(1);
   EXPECT_FALSE(mux.hung_rank().has_value());
