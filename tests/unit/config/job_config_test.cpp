@@ -53,7 +53,7 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.training.stepz: unknown key (did you mean \"steps\"?)"},
       {"{" + mb + R"("training": {"xyzzy": 1}})", 1,
        "t.json:1: $.training.xyzzy: unknown key (known keys here: steps, seed, eval_interval, eval_steps, "
-       "log_interval, checkpoint_dir, checkpoint_interval, keep_last, device, comm_timeout, peak_tflops, "
+       "log_interval, checkpoint_dir, checkpoint_interval, keep_last, checkpoint_async, device, comm_timeout, peak_tflops, "
        "sample_interval, eval_tasks, skip_spikes, straggler_slower_by, straggler_steps)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
@@ -381,6 +381,7 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.training.log_interval, 1);
   EXPECT_EQ(c.training.checkpoint_interval, 0);
   EXPECT_EQ(c.training.keep_last, 0);
+  EXPECT_FALSE(c.training.checkpoint_async);
   EXPECT_EQ(c.training.device, "cpu");
   EXPECT_EQ(c.training.comm_timeout, 60);
   EXPECT_TRUE(c.warnings.empty());
