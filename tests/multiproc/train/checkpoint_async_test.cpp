@@ -7,6 +7,7 @@
 //   - SIGKILL of a rank or of the launcher at random moments while writes are in flight (8 times,
 //     a seeded RNG, alternating): no process survives, `latest` verifies, and the resume ends bit
 //     for bit where the uninterrupted run ends;
+//   - preemption (SIGTERM) flushes and commits the step it stopped at before the ranks exit 75;
 //   - a write over the file-size limit (ENOSPC's fallback, see checkpoint_integrity_test.cpp)
 //     stops the job with an error naming the file and the step, and leaves the previous checkpoint
 //     as `latest`, which resumes bit-exact.
@@ -261,6 +262,41 @@ TEST_F(CheckpointAsync, KilledAtRandomMomentsResumesBitExact) {
     EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
     EXPECT_TRUE(processes_mentioning(cfg_path).empty()) << "a process of the resumed job survived";
   }
+}
+
+// Preemption (SIGTERM to the launcher, forwarded to every rank) flushes the write in flight and
+// commits the preempted step before the ranks exit 75; the resume continues bit-exact.
+TEST_F(CheckpointAsync, PreemptionFlushesAndCommitsBeforeExit) {
+  const std::string root = *dir_ / "preempted";
+  const std::string name = "preempted";
+  const json cfg = config(root, 1, true);
+  const std::string cfg_path = *dir_ / (name + ".json"), metrics = *dir_ / (name + ".jsonl");
+  std::ofstream(cfg_path) << cfg.dump(2);
+  const std::string bin = test::dstrain();
+  test::JobProcess job({bin, "launch", "--nproc-per-node", "2", "--master-port", "0", "--env", "OMP_NUM_THREADS=1",
+                        "--kill-timeout", "5", "--", bin, "train", "--config", cfg_path, "--metrics", metrics},
+                       "", {"OMP_NUM_THREADS=1"}, {"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
+  const auto started = std::chrono::steady_clock::now();
+  while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) && std::chrono::steady_clock::now() - started < 60s) {
+    std::this_thread::sleep_for(1ms);
+  }
+  job.signal(SIGTERM);
+  const int rc = job.wait(60s);
+  if (rc == 0) GTEST_SKIP() << "the run ended before the signal reached it";
+  ASSERT_EQ(rc, 75) << job.err();
+  int last = 0;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty()) last = json::parse(line).at("step").get<int>();
+  }
+  ASSERT_GT(last, 0);
+  EXPECT_LT(last, kSteps);
+  EXPECT_EQ(latest_of(root), fmt::format("step_{:08d}", last)) << job.err();
+  EXPECT_NE((job.out() + job.err()).find("async checkpoint flushed"), std::string::npos) << job.out() << job.err();
+  const auto resumed = run(cfg, {"--resume"}, name + "_resumed");
+  expect_continues(resumed, "resumed after preemption");
+  ASSERT_FALSE(resumed.metrics.empty());
+  EXPECT_EQ(resumed.metrics.front().at("step").get<int>(), last + 1);
 }
 
 // RLIMIT_FSIZE below one shard (a full disk's fallback, as in checkpoint_integrity_test.cpp): the
