@@ -540,6 +540,25 @@ TEST(JobConfig, SkipSpikesIsABoolOrItsThresholdAndWindow) {
                                      "\"window\": N}, got 5"});
 }
 
+TEST(JobConfig, CheckpointAsyncIsABoolThatNeedsACheckpointDir) {
+  const auto on = parse_job_config(
+      R"({"train_batch_size": 8, "training": {"checkpoint_dir": "ck", "checkpoint_interval": 5, "checkpoint_async": true}})",
+      "t.json", 1);
+  EXPECT_TRUE(on.training.checkpoint_async);
+  EXPECT_TRUE(on.warnings.empty());
+  EXPECT_EQ(on.to_json()["training"]["checkpoint_async"], true);
+  EXPECT_EQ(parse_job_config(on.to_json().dump(), "", 1).to_json(), on.to_json());
+  const auto alone = parse_job_config(R"({"train_batch_size": 8, "training": {"checkpoint_async": true}})", "t.json", 1);
+  ASSERT_EQ(alone.warnings.size(), 1u);
+  EXPECT_NE(alone.warnings[0].find("$.training.checkpoint_async: checkpoint_async does nothing without "
+                                   "training.checkpoint_dir"),
+            std::string::npos)
+      << alone.warnings[0];
+  const auto errs = errors_of(R"({"train_batch_size": 8, "training": {"checkpoint_async": "yes"}})", 1);
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0].rfind("t.json:1: $.training.checkpoint_async: expected", 0), 0u) << errs[0];
+}
+
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
   const std::string text = R"({
   "train_batch_size": 16,
