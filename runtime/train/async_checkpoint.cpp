@@ -1,9 +1,10 @@
 // Asynchronous checkpoints (async_checkpoint.h). The writer thread owns a host world of its own
-// (HostWorld::twin, a Comm group over every rank) because collectives must be issued in one order per Comm: the training thread keeps issuing the
-// steps' sums on the host world while the writer waits for its peers' shards. The outcome of
-// every rank's write is gathered before rank 0 commits, so `latest` never names a step one of
-// whose shards is missing, and every rank learns a peer's failure from the same gather: every
-// rank raises it at the same save() or flush(), and the job stops together.
+// (HostWorld::twin, a Comm group over every rank) because collectives must be issued in one order
+// per Comm: the training thread keeps issuing the steps' sums on the host world while the writer
+// waits for its peers' shards. The outcome of every rank's write is gathered before rank 0
+// commits, so `latest` never names a step one of whose shards is missing, and every rank learns a
+// peer's failure from the same gather: every rank raises it at the same save() or flush(), and the
+// job stops together.
 #include "train/async_checkpoint.h"
 
 #include <chrono>

@@ -1,6 +1,6 @@
 // Asynchronous checkpoints (training.checkpoint_async) on real 2-rank jobs under `dstrain launch`:
 //   - an async run's checkpoints equal a sync run's bit for bit (every shard; the manifest but for
-//     the config's checkpoint_dir and checkpoint_async and the checksum over them), and the wait
+//     the config's checkpoint settings and the checksum over them), and the wait
 //     for the previous write is in the metrics (checkpoint_wait_ms);
 //   - a resume from an async checkpoint continues the uninterrupted curve bit for bit, and ends
 //     with the same final checkpoint;
@@ -8,10 +8,12 @@
 //     a seeded RNG, alternating): no process survives, `latest` verifies, and the resume ends bit
 //     for bit where the uninterrupted run ends;
 //   - preemption (SIGTERM) flushes and commits the step it stopped at before the ranks exit 75;
-//   - a write over the file-size limit (ENOSPC's fallback, see checkpoint_integrity_test.cpp)
+//   - a full disk (a small tmpfs) during a write, and a write over the file-size limit (the
+//     fallback where no tmpfs can be mounted, see checkpoint_integrity_test.cpp),
 //     stops the job with an error naming the file and the step, and leaves the previous checkpoint
 //     as `latest`, which resumes bit-exact.
 #include <dirent.h>
+#include <sys/mount.h>
 
 #include <filesystem>
 #include <fstream>
@@ -297,6 +299,40 @@ TEST_F(CheckpointAsync, PreemptionFlushesAndCommitsBeforeExit) {
   expect_continues(resumed, "resumed after preemption");
   ASSERT_FALSE(resumed.metrics.empty());
   EXPECT_EQ(resumed.metrics.front().at("step").get<int>(), last + 1);
+}
+
+// A full disk (a tmpfs with room for two checkpoints, not three) during the write of step 12: the
+// flush at the end raises it, naming the step and the cause; step 8 stays `latest`, verifies and
+// resumes bit-exact. Skipped where mounting a tmpfs is not allowed (the file-size test below is
+// the fallback).
+TEST_F(CheckpointAsync, AFullDiskDuringAnAsyncWriteKeepsThePreviousCheckpoint) {
+  uint64_t one = 0;  // one checkpoint's bytes on disk, from the sync run
+  for (const auto& e : fs::recursive_directory_iterator(*sync_root_ + "/step_00000004")) {
+    if (e.is_regular_file()) one += (e.file_size() + 4095) / 4096 * 4096;
+  }
+  const std::string root = *dir_ / "async_full";
+  fs::create_directories(root);
+  const std::string opts = "size=" + std::to_string(2 * one + one / 2);
+  if (::mount("tmpfs", root.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+    GTEST_SKIP() << "mounting a tmpfs is not allowed here";
+  }
+  const auto r = run(config(root, 4, true), {});
+  EXPECT_NE(r.rc, 0);
+  const std::string all = r.out + r.err;
+  EXPECT_NE(all.find("async checkpoint of step 12 failed"), std::string::npos) << all;
+  EXPECT_NE(all.find("No space left on device"), std::string::npos) << all;
+  EXPECT_NE(all.find(root + "/step_00000008 is still `latest`"), std::string::npos) << all;
+  EXPECT_FALSE(fs::exists(root + "/step_00000012"));
+  EXPECT_EQ(latest_of(root), "step_00000008");
+  const auto v = test::run_command(test::dstrain() + " checkpoint verify " + root + "/step_00000008");
+  EXPECT_EQ(v.exit_code, 0) << v.out;
+  const std::string copy = *dir_ / "async_full_copy";
+  fs::copy(root, copy, fs::copy_options::recursive);
+  ::umount2(root.c_str(), MNT_DETACH);
+  const auto resumed = run(config(copy, 4, true), {"--resume"});
+  expect_continues(resumed, "resumed after the full disk");
+  ASSERT_FALSE(resumed.metrics.empty());
+  EXPECT_EQ(resumed.metrics.front().at("step").get<int>(), 9);
 }
 
 // RLIMIT_FSIZE below one shard (a full disk's fallback, as in checkpoint_integrity_test.cpp): the
