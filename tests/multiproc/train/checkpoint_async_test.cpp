@@ -15,8 +15,10 @@
 #include <dirent.h>
 #include <sys/mount.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -161,6 +163,30 @@ class CheckpointAsync : public ::testing::Test {
     };
     EXPECT_EQ(strip(a), strip(b)) << a << " vs " << b;
   }
+  // Starts `dstrain launch` of 2 ranks on `cfg` (written to <name>.json, metrics to <name>.jsonl)
+  // without waiting.
+  static std::unique_ptr<test::JobProcess> start_job(const std::string& name, const json& cfg) {
+    const std::string cfg_path = *dir_ / (name + ".json");
+    std::ofstream(cfg_path) << cfg.dump(2);
+    const std::string bin = test::dstrain();
+    return std::make_unique<test::JobProcess>(
+        std::vector<std::string>{bin, "launch", "--nproc-per-node", "2", "--master-port", "0", "--env",
+                                 "OMP_NUM_THREADS=1", "--kill-timeout", "5", "--", bin, "train", "--config", cfg_path,
+                                 "--metrics", *dir_ / (name + ".jsonl")},
+        "", std::vector<std::string>{"OMP_NUM_THREADS=1"},
+        std::vector<std::string>{"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
+  }
+  // Waits (up to 60 s) until the metrics file has `lines` lines, calling `each` every millisecond.
+  static bool wait_for_step(const std::string& metrics, int lines, const std::function<void()>& each) {
+    const auto started = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - started < 60s) {
+      const std::string text = test::slurp(metrics);
+      if (std::count(text.begin(), text.end(), '\n') >= lines) return true;
+      each();
+      std::this_thread::sleep_for(1ms);
+    }
+    return false;
+  }
   static std::string latest_of(const std::string& root) {
     std::string l = test::slurp(root + "/latest");
     while (!l.empty() && l.back() == '\n') l.pop_back();
@@ -206,13 +232,14 @@ TEST_F(CheckpointAsync, AResumeFromAnAsyncCheckpointContinuesBitExact) {
 // prunes too), alternating a rank and the launcher; each time nothing survives, `latest` (when
 // there is one) verifies, and the resumed run ends on the uninterrupted run's final checkpoint.
 TEST_F(CheckpointAsync, KilledAtRandomMomentsResumesBitExact) {
-  // The uninterrupted async run (its training part takes about 12 writes' fsyncs).
+  // The uninterrupted async run.
   const auto whole = run(config(*dir_ / "kill_whole", 1, true, 2), {});
   expect_continues(whole, "uninterrupted async run");
+  // The moment: a random step's metrics line (rank 0 reports a step after its checkpoint's write
+  // started, so that write is then in flight), then a random 0-5 ms more.
   std::mt19937 rng(20261205);
-  // The kill falls this long after the first step's metrics line: inside the training steps,
-  // where a write is nearly always in flight (every step checkpoints), or just after the end.
-  std::uniform_real_distribution<double> when(0.0, 0.25);
+  std::uniform_int_distribution<int> at_step(1, kSteps - 1);
+  std::uniform_real_distribution<double> when(0.0, 0.005);
   for (int i = 0; i < 8; ++i) {
     const bool kill_launcher = i % 2 == 1;
     const std::string root = *dir_ / ("kill" + std::to_string(i));
@@ -220,34 +247,24 @@ TEST_F(CheckpointAsync, KilledAtRandomMomentsResumesBitExact) {
     SCOPED_TRACE(name + (kill_launcher ? ": the launcher" : ": rank 1"));
     const json cfg = config(root, 1, true, 2);
     const std::string cfg_path = *dir_ / (name + ".json");
-    const std::string metrics = *dir_ / (name + ".jsonl");
-    std::ofstream(cfg_path) << cfg.dump(2);
     const std::string bin = test::dstrain();
-    auto job = std::make_unique<test::JobProcess>(
-        std::vector<std::string>{bin, "launch", "--nproc-per-node", "2", "--master-port", "0", "--env",
-                                 "OMP_NUM_THREADS=1", "--kill-timeout", "5", "--", bin, "train", "--config", cfg_path,
-                                 "--metrics", metrics},
-        "", std::vector<std::string>{"OMP_NUM_THREADS=1"},
-        std::vector<std::string>{"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
+    auto job = start_job(name, cfg);
     std::vector<pid_t> ranks;
     auto note_ranks = [&] {
       const auto c = children_of(job->pid());
       if (c.size() > ranks.size()) ranks = c;
     };
-    const auto started = std::chrono::steady_clock::now();
-    while (!(fs::exists(metrics) && fs::file_size(metrics) > 0) && std::chrono::steady_clock::now() - started < 60s) {
+    const int step = at_step(rng);
+    wait_for_step(*dir_ / (name + ".jsonl"), step, note_ranks);
+    const double delay = when(rng);
+    const auto seen = std::chrono::steady_clock::now();
+    while (std::chrono::steady_clock::now() - seen < std::chrono::duration<double>(delay)) {
       note_ranks();
       std::this_thread::sleep_for(1ms);
     }
-    const double delay = when(rng);
-    const auto first_step = std::chrono::steady_clock::now();
-    while (std::chrono::steady_clock::now() - first_step < std::chrono::duration<double>(delay)) {
-      note_ranks();
-      std::this_thread::sleep_for(2ms);
-    }
     for (pid_t p : ranks) job->track(p);
     std::cout << name << ": SIGKILL " << (kill_launcher ? "the launcher" : "a rank") << " " << delay
-              << " s after step 1\n";
+              << " s after step " << step << "'s metrics line\n";
     if (kill_launcher) {
       job->signal(SIGKILL);
     } else if (!ranks.empty()) {
@@ -277,7 +294,8 @@ TEST_F(CheckpointAsync, KilledAtRandomMomentsResumesBitExact) {
     expect_same_checkpoint(root + "/step_00000012", *sync_root_ + "/step_00000012");
     const auto v = test::run_command(bin + " checkpoint verify " + root + "/step_00000012");
     EXPECT_EQ(v.exit_code, 0) << v.out << v.err;
-    EXPECT_TRUE(processes_mentioning(cfg_path).empty()) << "a process of the resumed job survived";
+    EXPECT_TRUE(processes_mentioning(*dir_ / (name + "_resumed.json")).empty())
+        << "a process of the resumed job survived";
   }
 }
 
