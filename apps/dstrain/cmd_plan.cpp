@@ -269,11 +269,16 @@ void print_plan_text(const PlanOptions& o, const plan::MemoryPlan& p,
     sum.activations += r.activations;
     sum.comm += r.comm;
     sum.workspace += r.workspace;
+    sum.checkpoint += r.checkpoint;
     cpu = std::max(cpu, r.cpu);
   }
   std::cout << fmt::format(fmt::runtime(row), "all ranks", "", "", "", gib(sum.params), gib(sum.grads),
                            gib(sum.optimizer), gib(sum.activations), gib(sum.comm), gib(sum.workspace),
                            gib(sum.total()));
+  if (sum.checkpoint > 0) {
+    std::cout << fmt::format("\nasync checkpoint staging (tag checkpoint, in total): {} all ranks, {} on rank {}\n",
+                             gib(sum.checkpoint), gib(p.peak_rank().checkpoint), p.peak_rank().rank);
+  }
   if (cpu > 0) std::cout << fmt::format("\nhost memory per rank (offloaded): up to {}\n", gib(cpu));
 
   std::cout << fmt::format("\nhow rank {} (the peak) is counted:\n", p.peak_rank().rank);

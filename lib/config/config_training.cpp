@@ -243,6 +243,7 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_path("checkpoint_dir", out.checkpoint_dir, config_path, /*nullable=*/true);
   bool ckpt_given = s.get_int("checkpoint_interval", out.checkpoint_interval, 0);
   s.get_int("keep_last", out.keep_last, 0);
+  const bool async_given = s.get_bool("checkpoint_async", out.checkpoint_async);
   s.get_choice("device", out.device, {"cpu", "cuda"});
   s.get_number("comm_timeout", out.comm_timeout, 0, kInf, /*lo_open=*/true);
   s.get_number("peak_tflops", out.peak_tflops, 0);
@@ -254,6 +255,9 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.finish();
   if (!out.eval_tasks.empty() && out.eval_interval == 0) {
     ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
+  }
+  if (async_given && out.checkpoint_async && out.checkpoint_dir.empty()) {
+    ctx.warn(s.child("checkpoint_async"), "checkpoint_async does nothing without training.checkpoint_dir");
   }
   if (ckpt_given && out.checkpoint_interval > 0 && out.checkpoint_dir.empty()) {
     ctx.error(s.child("checkpoint_interval"),
@@ -280,6 +284,7 @@ Json training_to_json(const TrainingConfig& c) {
               {"checkpoint_dir", string_or_null(c.checkpoint_dir)},
               {"checkpoint_interval", c.checkpoint_interval},
               {"keep_last", c.keep_last},
+              {"checkpoint_async", c.checkpoint_async},
               {"device", c.device},
               {"comm_timeout", c.comm_timeout},
               {"peak_tflops", c.peak_tflops},

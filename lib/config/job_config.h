@@ -127,6 +127,10 @@ struct TrainingConfig {
   std::string checkpoint_dir;   // "" = no checkpoints
   int checkpoint_interval = 0;  // save every N steps; 0 = never (needs checkpoint_dir when > 0)
   int keep_last = 0;            // keep the N newest checkpoints; 0 = keep all
+  // Checkpoints written by a background thread from a host staging buffer (tag "checkpoint"),
+  // committed once every rank's shard is written; training goes on meanwhile
+  // (runtime/train/async_checkpoint.h). Only meaningful with checkpoint_dir.
+  bool checkpoint_async = false;
   std::string device = "cpu";   // "cpu" | "cuda" (dstrain extension)
   // Seconds a rank may show no progress while others wait for it in a collective before the job
   // fails naming it (runtime/comm/beacon.h); a slow rank that makes progress is waited for.

@@ -54,6 +54,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.allgather_bucket_size = c.zero.allgather_bucket_size;
   l.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   l.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
+  l.checkpoint_staging = c.training.checkpoint_async && !c.training.checkpoint_dir.empty();
   return in;
 }
 
@@ -74,7 +75,7 @@ RankMemory predicted_rank_memory(const config::JobConfig& c, int world_rank, int
 std::map<std::string, int64_t> tag_bytes(const RankMemory& r) {
   return {{"params", r.params},          {"grads", r.grads}, {"optimizer", r.optimizer},
           {"activations", r.activations}, {"comm", r.comm},   {"workspace", r.workspace},
-          {"total", r.total()},           {"pinned_host", r.cpu}};
+          {"checkpoint", r.checkpoint},       {"total", r.total()},           {"pinned_host", r.cpu}};
 }
 
 double relative_difference(int64_t planned, int64_t measured) {

@@ -39,10 +39,10 @@ PlanInput plan_input_from_config(const config::JobConfig& c);
 RankMemory predicted_rank_memory(const config::JobConfig& c, int world_rank, int num_threads);
 
 // The allocator's tag names, as the trainer's metrics key them: "params", "grads", "optimizer",
-// "activations", "comm", "workspace", then "total", then "pinned_host" (what a GPU run offloads
+// "activations", "comm", "workspace", "checkpoint" (an async checkpoint's staging), then "total", then "pinned_host" (what a GPU run offloads
 // to pinned host memory, counted apart and not in "total").
-inline constexpr const char* kTagNames[] = {"params", "grads",     "optimizer", "activations",
-                                            "comm",   "workspace", "total",     "pinned_host"};
+inline constexpr const char* kTagNames[] = {"params",     "grads", "optimizer",  "activations", "comm",
+                                            "workspace", "checkpoint", "total", "pinned_host"};
 // `r`'s bytes under those names ("total" = the sum of the device tags, "pinned_host" = r.cpu).
 std::map<std::string, int64_t> tag_bytes(const RankMemory& r);
 

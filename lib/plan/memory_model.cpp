@@ -126,7 +126,8 @@ int token_micro_batches(const Layout& l) { return l.pp > 1 ? l.grad_accum : 1; }
 
 bool RankMemory::same_bytes(const RankMemory& o) const {
   return params == o.params && grads == o.grads && optimizer == o.optimizer &&
-         activations == o.activations && comm == o.comm && workspace == o.workspace && cpu == o.cpu;
+         activations == o.activations && comm == o.comm && workspace == o.workspace &&
+         checkpoint == o.checkpoint && cpu == o.cpu;
 }
 
 const RankMemory& MemoryPlan::peak_rank() const {
@@ -304,6 +305,12 @@ RankMemory rank_memory(const Layout& l, const Part& part, int rank) {
     // whatever the precision and the gradients AdamW reads on the CPU (in their type), all in
     // pinned host memory.
     const int64_t opt_elems = l.zero_stage == 0 ? n : mine;
+    // An async checkpoint's staging: what the rank's shard holds of this region (its partition
+    // at every ZeRO stage): the parameters, the master weights, the optimizer's moments.
+    if (l.checkpoint_staging) {
+      const int64_t staged = mine * (sb + master_bytes(l.precision) + optimizer_state_bytes(l.optimizer));
+      (l.device == DeviceKind::kCuda ? r.cpu : r.checkpoint) += staged;
+    }
     if (offload_opt) {
       r.cpu += opt_elems * (optimizer_state_bytes(l.optimizer) + 4 + gb);
     } else {
@@ -425,6 +432,13 @@ void add_notes(MemoryPlan& plan) {
                                                      (l.document_packing
                                                           ? ", document starts (int32) of each micro-batch in flight"
                                                           : ""))});
+  if (l.checkpoint_staging) {
+    plan.notes.push_back({"checkpoint", fmt::format("async checkpoint staging: the rank's checkpoint partition x "
+                                                    "({} B params{} + {} B optimizer state){}",
+                                                    pb, master_bytes(l.precision) ? " + 4 B master" : "",
+                                                    optimizer_state_bytes(l.optimizer),
+                                                    l.device == DeviceKind::kCuda ? ", pinned host memory" : "")});
+  }
 }
 
 }  // namespace

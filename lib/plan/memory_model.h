@@ -5,7 +5,7 @@
 // the family's activation list, ZeRO partitions and pipeline stage bounds from layout/partition.h.
 //
 // Tags match the runtime's allocator (runtime/core/allocator.h, MemTag): params, grads,
-// optimizer, activations, comm, workspace. The runtime's measured per-tag peaks are held to
+// optimizer, activations, comm, workspace, checkpoint. The runtime's measured per-tag peaks are held to
 // these numbers in tests ("held to reality"), so every rule below is a statement about what the
 // runtime allocates; when the two disagree, fix whichever is wrong, here or there.
 //
@@ -72,6 +72,9 @@ struct Layout {
   // optimizer.type: its state per element (optimizer_state_bytes) and, for the 1-bit ones at dp > 1,
   // the compressed all-reduce's error feedback (optimizer) and messages (comm), layout/onebit_sizes.h.
   std::string optimizer = "AdamW";
+  // training.checkpoint_async with a checkpoint_dir: the trainer keeps a host staging buffer of
+  // its checkpoint partition (tag checkpoint; pinned host memory, plan.cpu, on a GPU).
+  bool checkpoint_staging = false;
 
   int world_size() const { return tp * pp * dp * cp; }
   // The ranks that hold the same parameters and share their ZeRO partitions: dp x cp.
@@ -131,9 +134,10 @@ struct RankMemory {
   int in_flight = 1;               // micro-batches of activations kept
   int64_t local_params = 0;        // elements of the model this rank's (stage, tp) part holds
   int64_t params = 0, grads = 0, optimizer = 0, activations = 0, comm = 0, workspace = 0;
-  int64_t cpu = 0;                 // bytes offloaded to host memory (optimizer, params)
+  int64_t checkpoint = 0;          // an async checkpoint's host staging buffer (CPU runs)
+  int64_t cpu = 0;                 // bytes offloaded to host memory (optimizer, params; GPU staging)
   int64_t buffers() const { return comm + workspace; }
-  int64_t total() const { return params + grads + optimizer + activations + comm + workspace; }
+  int64_t total() const { return params + grads + optimizer + activations + comm + workspace + checkpoint; }
   bool same_bytes(const RankMemory& o) const;  // every tag and cpu equal
 };
 
@@ -190,6 +194,9 @@ void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 //               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
 //               + with document packing the model's document starts: 4 B per token x B x T x
 //               the micro-batches in flight
+//   checkpoint  with checkpoint_staging: the rank's checkpoint partition of each region (the
+//               ZeRO partition `mine` at every stage, as the shards hold it) x (sb for the params
+//               + master_bytes + optimizer_state_bytes); into cpu instead on CUDA (pinned)
 // Throws what validate_layout throws.
 MemoryPlan plan_memory(const model_spec::ModelShape& s, const Layout& l);
 

@@ -94,6 +94,7 @@ Json rank_json(const RankMemory& r) {
               {"activations", r.activations},
               {"comm", r.comm},
               {"workspace", r.workspace},
+              {"checkpoint", r.checkpoint},
               {"buffers", r.buffers()},
               {"total", r.total()},
               {"cpu", r.cpu}};

@@ -45,7 +45,7 @@ Json paper_activations_json(const KorthikantiView& v);
 Json layout_json(const Layout& l);
 
 // {rank, stage, dp_rank, tp_rank, layers: [begin, end), in_flight_micro_batches, params, grads,
-//  optimizer, activations, comm, workspace, buffers, total, cpu}
+//  optimizer, activations, comm, workspace, checkpoint, buffers, total, cpu}
 Json rank_json(const RankMemory& r);
 
 // Model mode: {ranks: [rank_json...], config, world_size, layout, model: {n_layer, n_head,

@@ -82,8 +82,8 @@ bool all_zero(const std::vector<MetricsRun>& runs, const std::string& field) {
 
 // The memory tags of every run: the trainer's in its order, then any other by name.
 std::vector<std::string> memory_tags(const std::vector<MetricsRun>& runs) {
-  static const std::array<const char*, 7> kOrder = {
-      "params", "grads", "optimizer", "activations", "comm", "workspace", "total"};
+  static const std::array<const char*, 8> kOrder = {
+      "params", "grads", "optimizer", "activations", "comm", "workspace", "checkpoint", "total"};
   std::set<std::string> seen;
   for (const auto& r : runs)
     for (const auto& [field, s] : r.series)

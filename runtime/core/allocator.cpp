@@ -41,6 +41,7 @@ const char* mem_tag_name(MemTag t) {
     case MemTag::kActivations: return "activations";
     case MemTag::kComm: return "comm";
     case MemTag::kWorkspace: return "workspace";
+    case MemTag::kCheckpoint: return "checkpoint";
   }
   return "?";
 }

@@ -26,9 +26,10 @@
 
 namespace ds::rt {
 
-enum class MemTag { kParams, kGrads, kOptimizer, kActivations, kComm, kWorkspace };
-inline constexpr int kNumMemTags = 6;
-const char* mem_tag_name(MemTag t);  // "params", "grads", "optimizer", "activations", ...
+// kCheckpoint: an async checkpoint's host staging buffer (train/async_checkpoint.h).
+enum class MemTag { kParams, kGrads, kOptimizer, kActivations, kComm, kWorkspace, kCheckpoint };
+inline constexpr int kNumMemTags = 7;
+const char* mem_tag_name(MemTag t);  // "params", "grads", "optimizer", "activations", ..., "checkpoint"
 
 enum class Device { kCpu, kCuda, kCudaHost };  // kCudaHost: pinned (page-locked) host memory
 

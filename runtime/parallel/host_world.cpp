@@ -47,6 +47,13 @@ void HostWorld::gather_to_root(std::span<const float> mine, const std::function<
   barrier();
 }
 
+HostWorld HostWorld::twin(const std::string& name) {
+  if (!world_) return HostWorld();
+  std::vector<int> all(static_cast<size_t>(size()));
+  for (int q = 0; q < size(); ++q) all[static_cast<size_t>(q)] = q;
+  return HostWorld(world_->new_group(all, name));
+}
+
 void HostWorld::in_phases(const std::function<void()>& prepare, const std::function<void()>& write,
                           const std::function<void()>& commit) {
   if (rank() == 0) prepare();

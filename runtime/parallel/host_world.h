@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm/comm.h"
@@ -51,6 +52,11 @@ class HostWorld {
   // shards, the manifest.) An exception in a phase propagates on the rank that threw it.
   void in_phases(const std::function<void()>& prepare, const std::function<void()>& write,
                  const std::function<void()>& commit);
+
+  // Collective: a second host world of the same ranks on a Comm group of its own, named `name`
+  // (once per name), for another thread whose collectives must not share this world's order (the
+  // async checkpoint writer). Its deadlines are the world's. A single process gets one without Comm.
+  HostWorld twin(const std::string& name);
 
  private:
   comm::CommPtr world_;

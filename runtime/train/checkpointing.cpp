@@ -57,46 +57,61 @@ ckpt::ShardLayout shard_layout(CheckpointedRun& run, const std::vector<int64_t>&
 
 }  // namespace
 
+std::vector<ShardTensor> shard_tensors(CheckpointedRun& run) {
+  std::vector<ShardTensor> out;
+  // The dense region's partition, and the expert region's under "expert_" names.
+  auto add_state = [&](OptimizerState& s, const std::string& prefix) {
+    const int64_t n = s.part_count();
+    out.push_back({prefix + "params", s.partition_params(), n});
+    if (s.precision() != layout::Precision::kFp32) out.push_back({prefix + "master", s.partition_of(s.master()), n});
+    for (const auto& [name, buf] : s.moments()) out.push_back({prefix + name, s.partition_of(buf), n});
+  };
+  add_state(run.state, "");
+  if (run.expert_state != nullptr) add_state(*run.expert_state, "expert_");
+  return out;
+}
+
+std::vector<int64_t> gather_partition_records(CheckpointedRun& run) {
+  OptimizerState& st = run.state;
+  OptimizerState* es = run.expert_state;
+  return run.engine.host_world().gather_int64({st.part_begin(), st.part_count(), trained_numel(run.engine.model()),
+                                               es ? es->part_begin() : 0, es ? es->part_count() : 0});
+}
+
+nlohmann::json checkpoint_manifest(CheckpointedRun& run, int64_t step, const std::vector<int64_t>& records) {
+  ckpt::ManifestContent m;
+  m.step = step;
+  m.adam_steps = run.state.adam_steps();
+  m.seed = run.cfg.training.seed;
+  m.config = run.cfg.to_json();
+  m.layout = shard_layout(run, records);
+  m.data = run.loader.state_json();
+  m.lr_schedule = run.schedule.state();
+  m.loss_scaler = run.scaler.state();
+  m.optimizer_state = run.state.scalar_state();
+  if (run.spikes != nullptr) m.spike_guard = run.spikes->state();
+  return ckpt::manifest_json(m);
+}
+
 void save_checkpoint(CheckpointedRun& run, int64_t step) {
   auto& world = run.engine.host_world();
-  OptimizerState& st = run.state;
   const auto& root = run.cfg.training.checkpoint_dir;
-  OptimizerState* es = run.expert_state;
-  const auto records = world.gather_int64({st.part_begin(), st.part_count(), trained_numel(run.engine.model()),
-                                           es ? es->part_begin() : 0, es ? es->part_count() : 0});
+  const auto records = gather_partition_records(run);
   auto write_shard = [&] {
     const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
     std::vector<std::vector<char>> host;  // host copies of the partition's tensors (device memory on a GPU)
-    host.reserve(8);
-    // The dense region's partition, and the expert region's under "expert_" names.
-    auto add_state = [&](OptimizerState& s, const std::string& prefix) {
-      const int64_t n = s.part_count();
-      auto add = [&](const std::string& name, TypedPtr src) {
-        host.push_back(to_host(src, n));
-        w.add(prefix + name, ckpt::shard_dtype_name(src.dtype), {n}, host.back().data(), host.back().size());
-      };
-      add("params", s.partition_params());
-      if (s.precision() != layout::Precision::kFp32) add("master", s.partition_of(s.master()));
-      for (const auto& [name, buf] : s.moments()) add(name, s.partition_of(buf));
-    };
-    add_state(st, "");
-    if (es != nullptr) add_state(*es, "expert_");
+    const auto tensors = shard_tensors(run);
+    host.reserve(tensors.size());
+    for (const ShardTensor& t : tensors) {
+      host.push_back(to_host(t.src, t.n));
+      w.add(t.name, ckpt::shard_dtype_name(t.src.dtype), {t.n}, host.back().data(), host.back().size());
+    }
     w.write(tmp + "/" + ckpt::shard_file_name(world.rank()));
   };
   auto commit = [&] {
-    ckpt::ManifestContent m;
-    m.step = step;
-    m.adam_steps = st.adam_steps();
-    m.seed = run.cfg.training.seed;
-    m.config = run.cfg.to_json();
-    m.layout = shard_layout(run, records);
-    m.data = run.loader.state_json();
-    m.lr_schedule = run.schedule.state();
-    m.loss_scaler = run.scaler.state();
-    m.optimizer_state = st.scalar_state();
-    if (run.spikes != nullptr) m.spike_guard = run.spikes->state();
-    const std::string dir = ckpt::commit_checkpoint(root, step, ckpt::manifest_json(m), run.cfg.training.keep_last);
+    const std::string dir =
+        ckpt::commit_checkpoint(root, step, checkpoint_manifest(run, step, records), run.cfg.training.keep_last);
     spdlog::info("saved checkpoint {}", dir);
   };
   world.in_phases([&] { ckpt::begin_checkpoint(root, step); }, write_shard, commit);

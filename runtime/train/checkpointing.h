@@ -12,6 +12,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "config/job_config.h"
 #include "data/loader.h"
@@ -37,6 +40,22 @@ struct CheckpointedRun {
 
 // Collective: writes the checkpoint of `step` under training.checkpoint_dir.
 void save_checkpoint(CheckpointedRun& run, int64_t step);
+
+// The pieces a checkpoint is made of, shared by save_checkpoint and the async writer
+// (async_checkpoint.h) so both write the same bytes.
+// One tensor of this rank's shard, in file order: its name, its source (the model's device) and
+// its element count.
+struct ShardTensor {
+  std::string name;
+  TypedPtr src;
+  int64_t n = 0;
+};
+std::vector<ShardTensor> shard_tensors(CheckpointedRun& run);
+// Collective over the host world: every rank's partition records (the manifest's layout).
+std::vector<int64_t> gather_partition_records(CheckpointedRun& run);
+// The manifest of `step` as of now (data position, LR schedule, loss scaler, optimizer scalars,
+// spike guard), before commit_checkpoint adds its checksum.
+nlohmann::json checkpoint_manifest(CheckpointedRun& run, int64_t step, const std::vector<int64_t>& records);
 
 // Loads checkpoint directory `dir` into the run; returns the step to continue at. Throws
 // invalid_argument naming the manifest for a checkpoint of another model or precision.

@@ -36,6 +36,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "parallel/engine.h"
+#include "train/async_checkpoint.h"
 #include "train/checkpointing.h"
 #include "train/initial_weights.h"
 #include "train/metrics.h"
@@ -110,6 +111,9 @@ struct Trainer::Impl {
   std::unique_ptr<SpikeGuard> spikes;  // training.skip_spikes (null: off)
   std::unique_ptr<StragglerWatch> stragglers;  // with wall_clock_breakdown at world > 1
   ElasticMetrics elastic;                       // after an elastic restart (dstrain launch --nnodes)
+  // training.checkpoint_async with a checkpoint_dir: the writer thread and its staging buffer.
+  // Declared after the state it copies from, so it is destroyed (its write joined) first.
+  std::unique_ptr<AsyncCheckpointer> async_ckpt;
   int64_t next_step = 1;  // the step the next run() executes
   double flops_per_token = 0;  // MFU (throughput.h)
   PeakFlops peak;
@@ -253,6 +257,10 @@ void Trainer::Impl::build(int local_rank) {
   }
   if (cfg.training.skip_spikes.enabled) {
     spikes = std::make_unique<SpikeGuard>(cfg.training.skip_spikes.threshold, cfg.training.skip_spikes.window);
+  }
+  if (cfg.training.checkpoint_async && !cfg.training.checkpoint_dir.empty()) {
+    auto run = checkpointed();
+    async_ckpt = std::make_unique<AsyncCheckpointer>(run, alloc, device);
   }
   flops_per_token = model_flops_per_token(shape);
   moe = model_spec::family_of(shape).mlp == model_spec::MlpKind::kMoe;
@@ -729,24 +737,37 @@ void Trainer::Impl::run_steps(int64_t stop, const UpdateSettings& settings, Metr
       s.note_planned_memory(r, reporter);
       if (s.device == Device::kCpu) reporter.note("CPU kernels: " + cpu::kernel_report());
     }
+    const bool has_dir = !tc.checkpoint_dir.empty();
+    const bool saved =
+        has_dir && tc.checkpoint_interval > 0 && (step % tc.checkpoint_interval == 0 || step == tc.steps);
+    // Preemption (common/preemption.h): every rank saw the same flag in the step's sums, so every
+    // rank stops after this step, with a checkpoint of it.
+    const bool preempted = preempt_after_step && step < stop;
+    auto run = s.checkpointed();
+    if (s.async_ckpt && (saved || (preempted && has_dir))) {
+      // The wait for the previous write is this step's; the write itself goes on behind training.
+      const double waited = s.async_ckpt->save(run, step);
+      r.extra["checkpoint_wait_ms"] = waited;
+      reporter.note(fmt::format("async checkpoint of step {}: waited {:.1f} ms for the previous write", step, waited));
+    }
     reporter.report(r);
     if (s.codec && s.rank == 0 && step % tc.sample_interval == 0) s.print_sample(step, reporter);
     result.losses.push_back(r.loss);
     result.last_step = step;
     s.next_step = step + 1;
-    const bool has_dir = !tc.checkpoint_dir.empty();
-    const bool saved =
-        has_dir && tc.checkpoint_interval > 0 && (step % tc.checkpoint_interval == 0 || step == tc.steps);
-    auto run = s.checkpointed();
-    if (saved) save_checkpoint(run, step);
-    // Preemption (common/preemption.h): every rank saw the same flag in the step's sums, so every
-    // rank stops after this step, with a checkpoint of it.
-    if (preempt_after_step && step < stop) {
-      if (has_dir && !saved) save_checkpoint(run, step);
+    if (saved && !s.async_ckpt) save_checkpoint(run, step);
+    if (preempted) {
+      if (has_dir && !saved && !s.async_ckpt) save_checkpoint(run, step);
       result.preempted = true;
       result.checkpoint_written = has_dir;
-      return;
+      break;
     }
+  }
+  // The last write committed before the run returns: at the end, on preemption and before an
+  // exit the caller chose (--max-steps). A failure of it stops the job here.
+  if (s.async_ckpt) {
+    const double waited = s.async_ckpt->flush();
+    reporter.note(fmt::format("async checkpoint flushed (waited {:.1f} ms for the last write)", waited));
   }
 }
 

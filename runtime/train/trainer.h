@@ -28,7 +28,8 @@
 // Collectives: nothing in runtime/train calls a Comm. The engine's pieces (ZeRO, the pipeline
 // stage, the tensor-parallel regions) own the model's collectives; the bookkeeping ones (the
 // step's sums, the peaks, the order of a checkpoint's phases, the export's gather) are the host
-// world's named operations (parallel/host_world.h), which the trainer asks for.
+// world's named operations (parallel/host_world.h), which the trainer asks for; an async
+// checkpoint's writer thread has a twin host world of its own (train/async_checkpoint.h).
 #pragma once
 
 #include <cstdint>

@@ -46,6 +46,7 @@ struct Layout {
   std::string grad_accum = "";     // data_types.grad_accum_dtype when not empty
   bool llama = false;              // the Llama model (GQA, SwiGLU, RMSNorm) instead of GPT-2
   std::string optimizer = "AdamW";  // optimizer.type: its state (and the 1-bit buffers) per element
+  bool async_checkpoint = false;    // training.checkpoint_async, a checkpoint every step: the staging tag
   int world() const { return tp * pp * dp; }
 };
 // gtest lists a parameter by this (ctest's test names carry it), not by its bytes.
@@ -75,6 +76,11 @@ class PlanMultiproc : public ::testing::TestWithParam<Layout> {
     if (l.precision == "bf16") c["bf16"] = {{"enabled", true}};
     if (l.precision == "fp16") c["fp16"] = {{"enabled", true}};
     if (!l.grad_accum.empty()) c["data_types"] = {{"grad_accum_dtype", l.grad_accum}};
+    if (l.async_checkpoint) {
+      c["training"]["checkpoint_dir"] = *dir_ / (l.name + "_checkpoints");
+      c["training"]["checkpoint_interval"] = 1;
+      c["training"]["checkpoint_async"] = true;
+    }
     return c;
   }
   static json gpt2_model() {
@@ -118,6 +124,8 @@ TEST_P(PlanMultiproc, EveryRanksPeakPerTagMatchesThePlan) {
   for (int q = 0; q < l.world(); ++q) {
     const plan::RankMemory planned = plan::predicted_rank_memory(cfg, q, 1);
     const auto want = plan::tag_bytes(planned);
+    // The staging is there exactly when the config asks for it.
+    EXPECT_EQ(want.at("checkpoint") > 0, l.async_checkpoint) << l.name << " rank " << q;
     std::map<std::string, int64_t> measured;
     for (const char* tag : plan::kTagNames) {
       const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
@@ -207,6 +215,22 @@ INSTANTIATE_TEST_SUITE_P(
     LlamaSixteenBit, PlanMultiproc,
     ::testing::Values(llama(sixteen(Layout{"single", 1, 1, 1})), llama(sixteen(Layout{"tp2", 2, 1, 1})),
                       llama(sixteen(data_parallel(2, 2))), llama(sixteen(Layout{"pp2_1f1b", 1, 2, 1}))),
+    [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
+
+Layout async_checkpoint(Layout l) {
+  l.name = "async_checkpoint_" + l.name;
+  l.async_checkpoint = true;
+  return l;
+}
+
+// training.checkpoint_async: every rank's host staging buffer (tag checkpoint) is its checkpoint
+// partition (params, fp32 master at 16 bits, the moments), and the checkpoints written every
+// step change no other tag.
+INSTANTIATE_TEST_SUITE_P(
+    AsyncCheckpoint, PlanMultiproc,
+    ::testing::Values(async_checkpoint(data_parallel(2, 1)), async_checkpoint(sixteen(data_parallel(2, 2))),
+                      async_checkpoint(Layout{"tp2_pp2", 2, 2, 1}),
+                      async_checkpoint(with_optimizer(data_parallel(2, 0), "Lion"))),
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(

@@ -164,7 +164,7 @@ TEST_P(LlamaLayouts, TwentyStepsMatchTheSingleProcessAndThePlan) {
   const json ranks = test::plan_ranks(cfg_path, l.world());
   // Every rank's peaks over the whole run (rank 0's last line), evaluation included.
   const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
-  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world()
+  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 8 * l.world()
             << " (rank, tag) pairs; rank 0 total " << ranks[0].at("total").get<int64_t>() << " B\n";
   // The trainer's own plan (rank 0's planned_bytes_<tag>) is the same plan.
   for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"}) {

@@ -173,7 +173,7 @@ TEST_P(LoraLayouts, StepsMatchTheSingleProcessAndThePlan) {
   std::ofstream(cfg_path) << cfg.dump(2);
   const json ranks = test::plan_ranks(cfg_path, l.world());
   const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
-  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world() << " (rank, tag) pairs\n";
+  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 8 * l.world() << " (rank, tag) pairs\n";
   // The frozen base is in params only: the gradients are the adapters' (15% of this tiny model's
   // elements; a full fine-tune's gradients are as large as its parameters).
   EXPECT_LT(2 * ranks[0].at("grads").get<int64_t>(), ranks[0].at("params").get<int64_t>()) << l.name();

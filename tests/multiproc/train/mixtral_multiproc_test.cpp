@@ -149,7 +149,7 @@ TEST_P(MixtralLayouts, TwentyStepsMatchTheSingleProcessAndThePlan) {
   std::ofstream(cfg_path) << cfg.dump(2);
   const json ranks = test::plan_ranks(cfg_path, l.world());
   const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
-  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world() << " (rank, tag) pairs\n";
+  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 8 * l.world() << " (rank, tag) pairs\n";
 }
 
 Layout bf16(Layout l) {
@@ -185,6 +185,22 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Layout>& i) { return i.param.name(); });
 
 class MixtralCheckpoints : public MixtralLayouts {};
+
+// training.checkpoint_async with experts (ep 2 over dp 2, ZeRO 1): every rank's staging buffer
+// holds its dense and its expert partitions, as the plan's checkpoint tag says, to the byte.
+TEST_F(MixtralCheckpoints, AsyncStagingHoldsTheExpertRegionAsPlanned) {
+  const Layout l = ep(Layout{1, 1, 2, 1}, 2);
+  json cfg = config(l, *dir_ / "ckpt-async-ep2");
+  cfg["training"]["checkpoint_async"] = true;
+  auto r = run(l, cfg, {"--metrics-all-ranks", "--max-steps", "10"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const std::string cfg_path = *dir_ / "plan-async-ep2.json";
+  std::ofstream(cfg_path) << cfg.dump(2);
+  const json ranks = test::plan_ranks(cfg_path, l.world());
+  for (const json& rank : ranks) EXPECT_GT(rank.at("checkpoint").get<int64_t>(), 0);
+  const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name() + " async");
+  EXPECT_EQ(exact, 8 * l.world());
+}
 
 // A checkpoint of ep 2 (ZeRO 1 over dp 2: the experts partitioned over their pairs) resumes on one
 // process (ep 1) and one of ep 1 (dp 4, ZeRO 2) at ep 4 (one expert a rank, ZeRO 3): every

@@ -160,7 +160,7 @@ TEST_P(PackingLayouts, TenStepsMatchTheSingleProcessAndThePlan) {
   std::ofstream(cfg_path) << cfg.dump(2);
   const json ranks = test::plan_ranks(cfg_path, l.world());
   const int exact = test::expect_plan_equals_peaks(ranks, r.metrics.back(), l.world(), l.name());
-  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 7 * l.world() << " (rank, tag) pairs\n";
+  std::cout << l.name() << ": plan == measured peak on " << exact << " of " << 8 * l.world() << " (rank, tag) pairs\n";
 }
 
 Layout gpt2(Layout l) {

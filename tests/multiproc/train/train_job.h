@@ -124,7 +124,7 @@ inline int expect_plan_equals_peaks(const nlohmann::json& ranks, const nlohmann:
   EXPECT_EQ(ranks.size(), static_cast<size_t>(world)) << what;
   int exact = 0;
   for (int q = 0; q < world && q < static_cast<int>(ranks.size()); ++q) {
-    for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "total"}) {
+    for (const char* tag : {"params", "grads", "optimizer", "activations", "comm", "workspace", "checkpoint", "total"}) {
       const std::string key = std::string("peak_bytes_") + tag + "_rank" + std::to_string(q);
       EXPECT_TRUE(last.contains(key)) << what << ": " << key << " missing";
       if (!last.contains(key)) continue;

@@ -51,10 +51,11 @@ TEST(JobConfig, MalformedConfigsGetExactErrors) {
        "t.json:1: $.zero_optimisation: unknown key (did you mean \"zero_optimization\"?)"},
       {"{" + mb + R"("training": {"stepz": 2}})", 1,
        "t.json:1: $.training.stepz: unknown key (did you mean \"steps\"?)"},
+      // training has 17 keys: more than a message lists (config_reader.cpp).
       {"{" + mb + R"("training": {"xyzzy": 1}})", 1,
-       "t.json:1: $.training.xyzzy: unknown key (known keys here: steps, seed, eval_interval, eval_steps, "
-       "log_interval, checkpoint_dir, checkpoint_interval, keep_last, device, comm_timeout, peak_tflops, "
-       "sample_interval, eval_tasks, skip_spikes, straggler_slower_by, straggler_steps)"},
+       "t.json:1: $.training.xyzzy: unknown key (not a dstrain or DeepSpeed key here; see docs/configuration.md)"},
+      {"{" + mb + R"("training": {"checkpoint_asnyc": true}})", 1,
+       "t.json:1: $.training.checkpoint_asnyc: unknown key (did you mean \"checkpoint_async\"?)"},
       {R"({"train_micro_batch_size_per_gpu": 0})", 1,
        "t.json:1: $.train_micro_batch_size_per_gpu: expected an integer >= 1, got 0"},
       {R"({"train_batch_size": 6, "train_micro_batch_size_per_gpu": "auto"})", 4,
@@ -381,6 +382,7 @@ TEST(JobConfig, DefaultsAreFilledIn) {
   EXPECT_EQ(c.training.log_interval, 1);
   EXPECT_EQ(c.training.checkpoint_interval, 0);
   EXPECT_EQ(c.training.keep_last, 0);
+  EXPECT_FALSE(c.training.checkpoint_async);
   EXPECT_EQ(c.training.device, "cpu");
   EXPECT_EQ(c.training.comm_timeout, 60);
   EXPECT_TRUE(c.warnings.empty());
@@ -536,6 +538,25 @@ TEST(JobConfig, SkipSpikesIsABoolOrItsThresholdAndWindow) {
   EXPECT_EQ(errors_of(R"({"train_batch_size": 8, "training": {"skip_spikes": 5}})", 1),
             std::vector<std::string>{"t.json:1: $.training.skip_spikes: expected true, false or {\"threshold\": K, "
                                      "\"window\": N}, got 5"});
+}
+
+TEST(JobConfig, CheckpointAsyncIsABoolThatNeedsACheckpointDir) {
+  const auto on = parse_job_config(
+      R"({"train_batch_size": 8, "training": {"checkpoint_dir": "ck", "checkpoint_interval": 5, "checkpoint_async": true}})",
+      "t.json", 1);
+  EXPECT_TRUE(on.training.checkpoint_async);
+  EXPECT_TRUE(on.warnings.empty());
+  EXPECT_EQ(on.to_json()["training"]["checkpoint_async"], true);
+  EXPECT_EQ(parse_job_config(on.to_json().dump(), "", 1).to_json(), on.to_json());
+  const auto alone = parse_job_config(R"({"train_batch_size": 8, "training": {"checkpoint_async": true}})", "t.json", 1);
+  ASSERT_EQ(alone.warnings.size(), 1u);
+  EXPECT_NE(alone.warnings[0].find("$.training.checkpoint_async: checkpoint_async does nothing without "
+                                   "training.checkpoint_dir"),
+            std::string::npos)
+      << alone.warnings[0];
+  const auto errs = errors_of(R"({"train_batch_size": 8, "training": {"checkpoint_async": "yes"}})", 1);
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0].rfind("t.json:1: $.training.checkpoint_async: expected", 0), 0u) << errs[0];
 }
 
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {

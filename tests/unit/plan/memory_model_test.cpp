@@ -97,6 +97,28 @@ TEST(MemoryModel, TinyZero3Bf16OnCudaByHand) {
   }
 }
 
+// training.checkpoint_async: the host staging buffer holds the rank's checkpoint partition (its
+// ZeRO partition even at stage 0) of params, master and moments; pinned (cpu) on CUDA.
+TEST(MemoryModel, AsyncCheckpointStagingIsTheRanksPartition) {
+  Layout l;
+  l.dp = 2;
+  l.zero_stage = 0;
+  l.micro_batch = 2;
+  const RankMemory off = plan_memory(tiny(), l).ranks[1];
+  EXPECT_EQ(off.checkpoint, 0);
+  l.checkpoint_staging = true;
+  RankMemory r = plan_memory(tiny(), l).ranks[1];
+  EXPECT_EQ(r.checkpoint, 960 * (4 + 8));  // fp32 params, Adam m and v
+  EXPECT_EQ(r.total(), off.total() + r.checkpoint);
+  l.precision = Precision::kBf16;
+  l.zero_stage = 2;
+  EXPECT_EQ(plan_memory(tiny(), l).ranks[0].checkpoint, 960 * (2 + 4 + 8));  // + the fp32 master
+  l.device = DeviceKind::kCuda;
+  r = plan_memory(tiny(), l).ranks[0];
+  EXPECT_EQ(r.checkpoint, 0);
+  EXPECT_EQ(r.cpu, 960 * (2 + 4 + 8));  // pinned host memory
+}
+
 TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   Layout l;
   l.precision = Precision::kBf16;
