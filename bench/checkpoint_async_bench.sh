@@ -10,6 +10,9 @@
 # (checkpoint_wait_ms: mean and max). Prints figures; not a test.
 #
 #   bench/checkpoint_async_bench.sh [build-dir]     env: NPROC=2 STEPS=100 EVERY=10 ROUNDS=3 CKPT_DIR=(a temp dir)
+#     and the model's LAYERS EMBD HEADS SEQ MICRO and the ZeRO stage ZERO over gpt2-tiny-cpu's. The issue's case (state large
+#     next to the step: 24.7M parameters, T=16, micro-batch 1, ZeRO-1, a checkpoint every 2 steps):
+#     LAYERS=5 EMBD=640 HEADS=10 SEQ=16 MICRO=1 ZERO=1 EVERY=2 STEPS=40
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
@@ -29,6 +32,15 @@ write_config() {  # NAME INTERVAL ASYNC
 import json, sys
 out, every, asyn, ckpt, root, steps, nproc = sys.argv[1:]
 c = json.load(open(f"{root}/configs/gpt2-tiny-cpu.json"))
+import os
+m = c["model"]
+for env, key in (("LAYERS", "n_layer"), ("EMBD", "n_embd"), ("HEADS", "n_head"), ("SEQ", "seq_len")):
+    if os.environ.get(env):
+        m[key] = int(os.environ[env])
+if os.environ.get("ZERO"):
+    c["zero_optimization"] = {"stage": int(os.environ["ZERO"])}
+if os.environ.get("MICRO"):
+    c["train_micro_batch_size_per_gpu"] = int(os.environ["MICRO"])
 c["train_batch_size"] = c["train_micro_batch_size_per_gpu"] * int(nproc)
 c["data"] = {"train": f"{root}/data/kjv/train.bin"}
 t = c["training"]

@@ -42,30 +42,38 @@ std::string write_failure(const char* verb, const std::string& tmp, const std::s
 }  // namespace
 
 void write_file_atomic(const std::string& path, std::string_view data) {
+  write_file_atomic(path, std::span<const std::string_view>(&data, 1));
+}
+
+void write_file_atomic(const std::string& path, std::span<const std::string_view> parts) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  size_t total = 0;
+  for (const auto& p : parts) total += p.size();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw system_error("cannot create {}: {}", tmp, errno_string(errno));
-  size_t off = 0;
-  while (off < data.size()) {
-    // In chunks of 64 MiB, each one progress (common/progress.h): a big shard on a slow disk is
-    // not a hung rank.
-    ssize_t n = ::write(fd, data.data() + off, std::min<size_t>(data.size() - off, size_t{64} << 20));
-    progress::bump();
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      throw Error(ErrorKind::kSystem, write_failure("write", tmp, path, data.size(), err),
-                  "free space there (or point training.checkpoint_dir elsewhere); the previous checkpoint and "
-                  "`latest` are untouched");
+  for (const auto& data : parts) {
+    size_t off = 0;
+    while (off < data.size()) {
+      // In chunks of 64 MiB, each one progress (common/progress.h): a big shard on a slow disk is
+      // not a hung rank.
+      ssize_t n = ::write(fd, data.data() + off, std::min<size_t>(data.size() - off, size_t{64} << 20));
+      progress::bump();
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        int err = errno;
+        ::close(fd);
+        ::unlink(tmp.c_str());
+        throw Error(ErrorKind::kSystem, write_failure("write", tmp, path, total, err),
+                    "free space there (or point training.checkpoint_dir elsewhere); the previous checkpoint and "
+                    "`latest` are untouched");
+      }
+      off += static_cast<size_t>(n);
     }
-    off += static_cast<size_t>(n);
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0) {
     int err = errno;
     ::unlink(tmp.c_str());
-    throw Error(ErrorKind::kSystem, write_failure("flush", tmp, path, data.size(), err));
+    throw Error(ErrorKind::kSystem, write_failure("flush", tmp, path, total, err));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -50,21 +50,29 @@ void ShardWriter::write(const std::string& path) const {
   }
   std::string idx = index.dump();
   uint64_t data_start = align_up(kHeader + idx.size());
-  std::string blob(data_start + end, '\0');
-  std::memcpy(blob.data(), kMagic, 8);
+  // The head (header, index, padding), then every tensor from where it lies, each followed by the
+  // zeros up to the next alignment: no copy of the shard (a first touch of its size would cost
+  // more than its write).
+  std::string head(data_start, '\0');
+  std::memcpy(head.data(), kMagic, 8);
   uint64_t n = idx.size();
-  std::memcpy(blob.data() + 8, &n, 8);
+  std::memcpy(head.data() + 8, &n, 8);
   const uint32_t idx_crc = crc32c(idx);
-  std::memcpy(blob.data() + 16, &idx_crc, 4);
-  const uint32_t head_crc = crc32c(blob.data(), 20);
-  std::memcpy(blob.data() + 20, &head_crc, 4);
-  std::memcpy(blob.data() + kHeader, idx.data(), idx.size());
+  std::memcpy(head.data() + 16, &idx_crc, 4);
+  const uint32_t head_crc = crc32c(head.data(), 20);
+  std::memcpy(head.data() + 20, &head_crc, 4);
+  std::memcpy(head.data() + kHeader, idx.data(), idx.size());
+  static const char kZeros[kAlign] = {};
+  std::vector<std::string_view> parts = {head};
   off = 0;
-  for (const auto& e : entries_) {
-    if (e.bytes) std::memcpy(blob.data() + data_start + off, e.data, e.bytes);
-    off = align_up(off + e.bytes);
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const auto& e = entries_[i];
+    if (e.bytes) parts.emplace_back(static_cast<const char*>(e.data), e.bytes);
+    const uint64_t next = align_up(off + e.bytes);
+    if (i + 1 < entries_.size() && next > off + e.bytes) parts.emplace_back(kZeros, next - off - e.bytes);
+    off = next;
   }
-  write_file_atomic(path, blob);
+  write_file_atomic(path, parts);
 }
 
 namespace {

@@ -100,12 +100,18 @@ void save_checkpoint(CheckpointedRun& run, int64_t step) {
   auto write_shard = [&] {
     const std::string tmp = (std::filesystem::path(root) / (".tmp-" + ckpt::step_dir_name(step))).string();
     ckpt::ShardWriter w;
-    std::vector<std::vector<char>> host;  // host copies of the partition's tensors (device memory on a GPU)
+    // On a GPU, host copies of the partition's tensors; on the CPU the writer reads them where
+    // they lie (a copy would first-touch the shard's size of fresh memory at every checkpoint).
+    std::vector<std::vector<char>> host;
     const auto tensors = shard_tensors(run);
     host.reserve(tensors.size());
     for (const ShardTensor& t : tensors) {
-      host.push_back(to_host(t.src, t.n));
-      w.add(t.name, ckpt::shard_dtype_name(t.src.dtype), {t.n}, host.back().data(), host.back().size());
+      const void* data = t.src.data;
+      if (kern::on_cuda()) {
+        host.push_back(to_host(t.src, t.n));
+        data = host.back().data();
+      }
+      w.add(t.name, ckpt::shard_dtype_name(t.src.dtype), {t.n}, data, t.src.bytes(t.n));
     }
     w.write(tmp + "/" + ckpt::shard_file_name(world.rank()));
   };

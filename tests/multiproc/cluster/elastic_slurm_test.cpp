@@ -11,6 +11,7 @@
 #include "multiproc/cluster/cluster_job.h"
 #include "multiproc/cluster/slurm_cluster.h"
 #include "multiproc/train/train_job.h"
+#include "support/proc_scan.h"
 
 namespace ds {
 namespace {
@@ -19,36 +20,13 @@ using namespace std::chrono_literals;
 using nlohmann::json;
 using test::JobProcess;
 using test::TempDir;
+using test::env_of;
+using test::parent_of;
 
-std::string env_of(pid_t p, const std::string& key) {
-  const std::string e = test::slurp("/proc/" + std::to_string(p) + "/environ");
-  const std::string k = key + "=";
-  for (size_t at = 0; at < e.size();) {
-    const size_t end = e.find('\0', at);
-    const std::string kv = e.substr(at, end == std::string::npos ? std::string::npos : end - at);
-    if (kv.rfind(k, 0) == 0) return kv.substr(k.size());
-    if (end == std::string::npos) break;
-    at = end + 1;
-  }
-  return {};
-}
-pid_t parent_of(pid_t p) {
-  const std::string st = test::slurp("/proc/" + std::to_string(p) + "/stat");
-  const auto rp = st.rfind(')');
-  if (rp == std::string::npos) return 0;
-  std::istringstream rest(st.substr(rp + 2));
-  char state;
-  pid_t ppid = 0;
-  rest >> state >> ppid;
-  return ppid;
-}
 // Training ranks whose environment has `key`=`value` and a RANK.
 std::vector<pid_t> ranks_with(const std::string& key, const std::string& value) {
   std::vector<pid_t> out;
-  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
-    const std::string n = e.path().filename();
-    if (n.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t p = std::stoi(n);
+  for (pid_t p : test::all_pids()) {
     if (env_of(p, key) == value && !env_of(p, "RANK").empty() && !env_of(p, "DSTRAIN_JOB_ID").empty()) {
       out.push_back(p);
     }
@@ -79,7 +57,7 @@ TEST(ElasticSlurm, LosingNodeN2GoesOnOnN1WithTheSameLoss) {
   const std::string script = dir / "elastic.sh";
   std::ofstream(script) << "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\nexec " << DS_DSTRAIN_BIN
                         << " launch --launcher slurm --master-addr 127.0.0.1 --nnodes 1:2 --env OMP_NUM_THREADS=1 "
-                        << "--env DSTRAIN_ELASTIC_TEST=1 --kill-timeout 10 --agent-timeout 5 -- " << DS_DSTRAIN_BIN
+                        << "--env DSTRAIN_ELASTIC_TEST=slurm --kill-timeout 10 --agent-timeout 5 -- " << DS_DSTRAIN_BIN
                         << " train --config " << cfg("elastic") << " --metrics " << metrics << "\n";
   auto env = cluster.env();
   env.push_back("OMP_NUM_THREADS=1");
@@ -88,7 +66,10 @@ TEST(ElasticSlurm, LosingNodeN2GoesOnOnN1WithTheSameLoss) {
   ASSERT_TRUE(test::SlurmCluster::wait_for([&] { return test::read_metrics(metrics).size() >= 12; }, 120s))
       << test::slurp(script + ".out");
   // Node n2: its ranks (NODE_RANK 1), their agent, the slurmstepd above it, and its slurmd.
-  std::vector<pid_t> victims = ranks_with("NODE_RANK", "1");
+  std::vector<pid_t> victims;
+  for (pid_t p : ranks_with("DSTRAIN_ELASTIC_TEST", "slurm")) {
+    if (env_of(p, "NODE_RANK") == "1") victims.push_back(p);
+  }
   ASSERT_FALSE(victims.empty()) << test::slurp(script + ".out");
   const pid_t agent = parent_of(victims.front());
   victims.push_back(agent);
@@ -110,7 +91,7 @@ TEST(ElasticSlurm, LosingNodeN2GoesOnOnN1WithTheSameLoss) {
   EXPECT_NEAR(got.back().value("loss", 0.0), ref, 1e-3) << out;
   EXPECT_EQ(got.back().value("elastic_restarts", 0), 1) << out;
   EXPECT_TRUE(test::wait_gone(victims, 10s).empty());
-  EXPECT_TRUE(test::SlurmCluster::wait_for([&] { return ranks_with("DSTRAIN_ELASTIC_TEST", "1").empty(); }, 30s))
+  EXPECT_TRUE(test::SlurmCluster::wait_for([&] { return ranks_with("DSTRAIN_ELASTIC_TEST", "slurm").empty(); }, 30s))
       << "a rank outlived the job";
   std::cerr << "[ figure ] Slurm elastic: final loss " << got.back().value("loss", 0.0) << " vs " << ref
             << " uninterrupted; downtime " << got.back().value("elastic_downtime_s", 0.0) << " s\n";

@@ -157,6 +157,15 @@ inline std::vector<pid_t> wait_gone(const std::vector<pid_t>& pids,
   }
 }
 
+// The non-empty lines of file `path` (a metrics file's records so far; 0 when it is missing).
+inline size_t nonempty_lines(const std::string& path) {
+  std::ifstream in(path);
+  size_t n = 0;
+  std::string l;
+  while (std::getline(in, l)) n += !l.empty();
+  return n;
+}
+
 inline size_t count_lines_containing(const std::string& text, const std::string& needle) {
   size_t n = 0;
   std::istringstream in(text);

@@ -23,6 +23,7 @@
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/ssh/ssh_nodes.h"
+#include "support/proc_scan.h"
 
 namespace ds {
 namespace {
@@ -31,40 +32,13 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using nlohmann::json;
 using test::JobProcess;
+using test::all_pids;
+using test::env_of;
+using test::parent_of;
 
 test::Nodes* g_nodes = nullptr;
 
-// A process's parent and its environment variable `key` ("" when absent).
-pid_t parent_of(pid_t p) {
-  std::ifstream st("/proc/" + std::to_string(p) + "/stat");
-  std::string line;
-  std::getline(st, line);
-  const auto rp = line.rfind(')');
-  if (rp == std::string::npos) return 0;
-  std::istringstream rest(line.substr(rp + 2));
-  char state;
-  pid_t ppid = 0;
-  rest >> state >> ppid;
-  return ppid;
-}
-std::string env_of(pid_t p, const std::string& key) {
-  std::ifstream env("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
-  std::string kv;
-  while (std::getline(env, kv, '\0')) {
-    if (kv.rfind(key + "=", 0) == 0) return kv.substr(key.size() + 1);
-  }
-  return {};
-}
-std::vector<pid_t> all_pids() {
-  std::vector<pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string n = e.path().filename();
-    if (!n.empty() && std::isdigit(static_cast<unsigned char>(n[0]))) out.push_back(std::stoi(n));
-  }
-  return out;
-}
-
-// The training ranks of job `job_id` on node `node` (by NODE_RANK), and their agent (parent).
+// The training ranks of job `job_id` on node `node` (by NODE_RANK).
 std::vector<pid_t> ranks_on(const std::string& job_id, int node) {
   std::vector<pid_t> out;
   for (pid_t p : all_pids()) {
@@ -76,21 +50,14 @@ std::vector<pid_t> ranks_on(const std::string& job_id, int node) {
   return out;
 }
 
-// The job id of a running rank of this suite (its DSTRAIN_ELASTIC_TEST=1), or "".
-std::string job_id_of_any_rank() {
+// The job id of a running rank of this suite's job `name` (its DSTRAIN_ELASTIC_TEST=<name>: ctest
+// runs the tests as processes side by side), or "".
+std::string job_id_of_any_rank(const std::string& name) {
   for (pid_t p : all_pids()) {
     const std::string id = env_of(p, "DSTRAIN_JOB_ID");
-    if (!id.empty() && !env_of(p, "RANK").empty() && env_of(p, "DSTRAIN_ELASTIC_TEST") == "1") return id;
+    if (!id.empty() && !env_of(p, "RANK").empty() && env_of(p, "DSTRAIN_ELASTIC_TEST") == name) return id;
   }
   return {};
-}
-
-size_t lines_in(const std::string& path) {
-  std::ifstream in(path);
-  size_t n = 0;
-  std::string l;
-  while (std::getline(in, l)) n += !l.empty();
-  return n;
 }
 
 json last_record(const std::string& metrics) {
@@ -138,7 +105,7 @@ class ElasticSsh : public ::testing::Test {
   static std::unique_ptr<JobProcess> launch(const std::string& name, const std::string& nnodes, int steps) {
     std::vector<std::string> a = {DS_DSTRAIN_BIN, "launch", "-H", g_nodes->path("hostfile"), "--master-port", "0",
                                   "--kill-timeout", "5", "--env", "OMP_NUM_THREADS=1", "--env",
-                                  "DSTRAIN_ELASTIC_TEST=1"};
+                                  "DSTRAIN_ELASTIC_TEST=" + name};
     for (auto& f : g_nodes->ssh_flags()) a.push_back(f);
     if (!nnodes.empty()) a.insert(a.end(), {"--nnodes", nnodes});
     a.insert(a.end(), {"--", DS_DSTRAIN_BIN, "train", "--config", config(name, steps), "--metrics",
@@ -151,17 +118,17 @@ class ElasticSsh : public ::testing::Test {
   // Waits until the metrics of `name` have `n` records (or 120 s).
   static void wait_records(const std::string& name, size_t n) {
     const auto until = std::chrono::steady_clock::now() + 120s;
-    while (lines_in(g_nodes->path(name + ".jsonl")) < n && std::chrono::steady_clock::now() < until) {
+    while (test::nonempty_lines(g_nodes->path(name + ".jsonl")) < n && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(50ms);
     }
   }
 
   // SIGKILLs node 1 of the running job: its ranks, its agent, the agent's SSH session processes
   // and, with `sshd_too`, node 1's sshd. Returns every pid it killed.
-  static std::vector<pid_t> kill_node1(JobProcess& job, bool sshd_too) {
+  static std::vector<pid_t> kill_node1(JobProcess& job, const std::string& name, bool sshd_too) {
     std::string id;
     const auto until = std::chrono::steady_clock::now() + 30s;
-    while ((id = job_id_of_any_rank()).empty() && std::chrono::steady_clock::now() < until) {
+    while ((id = job_id_of_any_rank(name)).empty() && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(50ms);
     }
     std::vector<pid_t> victims = ranks_on(id, 1);
@@ -183,8 +150,8 @@ class ElasticSsh : public ::testing::Test {
 TEST_F(ElasticSsh, TwoTwoFailsNamingTheLostNode) {
   auto job = launch("fixed", "2:2", 1000);
   wait_records("fixed", 3);
-  ASSERT_GE(lines_in(g_nodes->path("fixed.jsonl")), 3u) << job->err();
-  const auto killed = kill_node1(*job, /*sshd_too=*/false);
+  ASSERT_GE(test::nonempty_lines(g_nodes->path("fixed.jsonl")), 3u) << job->err();
+  const auto killed = kill_node1(*job, "fixed", /*sshd_too=*/false);
   ASSERT_FALSE(killed.empty()) << job->err();
   const int rc = job->wait(90s);
   ASSERT_NE(rc, -1) << job->err();
@@ -194,7 +161,7 @@ TEST_F(ElasticSsh, TwoTwoFailsNamingTheLostNode) {
   EXPECT_NE(err.find("1 of 2 node(s) left, fewer than the 2 --nnodes asks for"), std::string::npos) << err;
   EXPECT_EQ(err.find("elastic restart"), std::string::npos) << err;
   EXPECT_TRUE(test::wait_gone(killed, 10s).empty());
-  EXPECT_TRUE(ranks_on(job_id_of_any_rank(), 0).empty()) << "a rank of node 0 outlived the job";
+  EXPECT_TRUE(job_id_of_any_rank("fixed").empty()) << "a rank outlived the job";
 }
 
 // Last in the suite: it kills node 1's sshd.
@@ -207,8 +174,8 @@ TEST_F(ElasticSsh, LosingANodeGoesOnOnTheOtherWithTheSameLoss) {
 
   auto job = launch("elastic", "1:2", kSteps);
   wait_records("elastic", 12);  // past the checkpoint of step 10
-  ASSERT_GE(lines_in(g_nodes->path("elastic.jsonl")), 12u) << job->err();
-  auto killed = kill_node1(*job, /*sshd_too=*/true);
+  ASSERT_GE(test::nonempty_lines(g_nodes->path("elastic.jsonl")), 12u) << job->err();
+  auto killed = kill_node1(*job, "elastic", /*sshd_too=*/true);
   ASSERT_GE(killed.size(), 4u) << "two ranks, their agent, an sshd session and the listener\n" << job->err();
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = job->wait(300s);
@@ -227,7 +194,7 @@ TEST_F(ElasticSsh, LosingANodeGoesOnOnTheOtherWithTheSameLoss) {
   EXPECT_EQ(last.value("elastic_restarts", 0), 1) << last.dump();
   EXPECT_GT(last.value("elastic_downtime_s", 0.0), 0.0) << last.dump();
   EXPECT_TRUE(test::wait_gone(killed, 10s).empty());
-  EXPECT_TRUE(job_id_of_any_rank().empty()) << "a rank outlived the job";
+  EXPECT_TRUE(job_id_of_any_rank("elastic").empty()) << "a rank outlived the job";
   std::istringstream lines(err);
   for (std::string l; std::getline(lines, l);) {
     if (l.rfind("dstrain:", 0) == 0 || l.find("elastic restart on") != std::string::npos) std::cerr << "[ log ] " << l << "\n";

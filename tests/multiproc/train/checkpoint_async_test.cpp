@@ -31,6 +31,7 @@
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
+#include "support/proc_scan.h"
 #include "support/run_command.h"
 
 namespace ds {
@@ -43,51 +44,13 @@ using test::TempDir;
 
 constexpr int kSteps = 12;
 
-// The contents of a /proc file, or "" when its process is gone (reading a file of a process that
-// exits meanwhile fails with ESRCH, which libstdc++'s filebuf throws).
-std::string read_proc_file(const fs::path& path) {
-  try {
-    std::ifstream f(path, std::ios::binary);
-    return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  } catch (const std::exception&) {
-    return "";
-  }
-}
-
-// The pids of /proc's processes.
-std::vector<pid_t> all_pids() {
-  std::vector<pid_t> out;
-  std::error_code ec;
-  for (fs::directory_iterator it("/proc", ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename();
-    if (!name.empty() && name.find_first_not_of("0123456789") == std::string::npos) out.push_back(std::atoi(name.c_str()));
-  }
-  return out;
-}
-
 // The pids of every live process whose command line mentions `needle` (a job's config path): the
 // launcher and its ranks.
 std::vector<pid_t> processes_mentioning(const std::string& needle) {
   std::vector<pid_t> out;
-  for (pid_t pid : all_pids()) {
-    const std::string cmd = read_proc_file("/proc/" + std::to_string(pid) + "/cmdline");
+  for (pid_t pid : test::all_pids()) {
+    const std::string cmd = test::cmdline_of(pid);
     if (pid != ::getpid() && cmd.find(needle) != std::string::npos && test::pid_alive(pid)) out.push_back(pid);
-  }
-  return out;
-}
-
-// The children of `parent` (from /proc/<pid>/stat's ppid).
-std::vector<pid_t> children_of(pid_t parent) {
-  std::vector<pid_t> out;
-  for (pid_t pid : all_pids()) {
-    const std::string stat = read_proc_file("/proc/" + std::to_string(pid) + "/stat");
-    const auto close = stat.rfind(')');
-    if (close == std::string::npos || close + 2 > stat.size()) continue;
-    std::istringstream rest(stat.substr(close + 2));
-    char state = 0;
-    pid_t ppid = 0;
-    rest >> state >> ppid;
-    if (ppid == parent) out.push_back(pid);
   }
   return out;
 }
@@ -251,7 +214,7 @@ TEST_F(CheckpointAsync, KilledAtRandomMomentsResumesBitExact) {
     auto job = start_job(name, cfg);
     std::vector<pid_t> ranks;
     auto note_ranks = [&] {
-      const auto c = children_of(job->pid());
+      const auto c = test::children_of(job->pid());
       if (c.size() > ranks.size()) ranks = c;
     };
     const int step = at_step(rng);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <regex>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -20,6 +21,7 @@
 #include "data/token_file.h"
 #include "multiproc/launch/job_process.h"
 #include "multiproc/train/train_job.h"
+#include "support/proc_scan.h"
 #include "support/run_command.h"
 
 namespace ds {
@@ -35,34 +37,11 @@ constexpr double kCommTimeout = 4;
 // The dstrain train processes whose parent is `launcher`, by their RANK.
 std::map<int, pid_t> ranks_of(pid_t launcher) {
   std::map<int, pid_t> out;
-  for (const auto& e : fs::directory_iterator("/proc")) {
-    const std::string name = e.path().filename();
-    if (name.empty() || !std::isdigit(static_cast<unsigned char>(name[0]))) continue;
-    std::ifstream st(e.path() / "stat");
-    std::string line;
-    std::getline(st, line);
-    const auto rp = line.rfind(')');
-    if (rp == std::string::npos) continue;
-    std::istringstream rest(line.substr(rp + 2));
-    char state;
-    pid_t ppid;
-    rest >> state >> ppid;
-    if (ppid != launcher) continue;
-    std::ifstream env(e.path() / "environ", std::ios::binary);
-    std::string kv;
-    while (std::getline(env, kv, '\0')) {
-      if (kv.rfind("RANK=", 0) == 0) out[std::stoi(kv.substr(5))] = std::stoi(name);
-    }
+  for (pid_t p : test::children_of(launcher)) {
+    const std::string rank = test::env_of(p, "RANK");
+    if (!rank.empty()) out[std::stoi(rank)] = p;
   }
   return out;
-}
-
-size_t lines_in(const std::string& path) {
-  std::ifstream in(path);
-  size_t n = 0;
-  std::string l;
-  while (std::getline(in, l)) n += !l.empty();
-  return n;
 }
 
 class Hangs : public ::testing::TestWithParam<std::string> {
@@ -105,7 +84,7 @@ class Hangs : public ::testing::TestWithParam<std::string> {
         std::string{}, std::vector<std::string>{"OMP_NUM_THREADS=1", "DSTRAIN_COMM_BACKEND=" + backend()},
         std::vector<std::string>{"DSTRAIN_STORE", "RANK", "WORLD_SIZE"});
     const auto until = std::chrono::steady_clock::now() + 120s;
-    while (lines_in(*metrics) < logged && std::chrono::steady_clock::now() < until) {
+    while (test::nonempty_lines(*metrics) < logged && std::chrono::steady_clock::now() < until) {
       std::this_thread::sleep_for(50ms);
     }
     return job;
@@ -121,7 +100,7 @@ TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
   std::string metrics;
   auto job_ptr = start("stop", 1000000, 3, &metrics);
   test::JobProcess& job = *job_ptr;
-  ASSERT_GE(lines_in(metrics), 3u) << job.err();
+  ASSERT_GE(test::nonempty_lines(metrics), 3u) << job.err();
   auto ranks = ranks_of(job.pid());
   ASSERT_EQ(ranks.size(), 4u) << job.err();
   std::vector<pid_t> pids;
@@ -155,6 +134,8 @@ TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
   const auto hang = test::run_command(std::string(DS_DSTRAIN_BIN) + " debug hang " + log_dir("stop"));
   EXPECT_EQ(hang.exit_code, 0) << hang.out << hang.err;
   EXPECT_NE(hang.out.find("verdict: rank 2 is behind"), std::string::npos) << hang.out;
+  // ... and the operation and sequence number the others wait in ("wait in #57 all_reduce").
+  EXPECT_TRUE(std::regex_search(hang.out, std::regex("waits? in #[0-9]+ [a-z_]+ \\("))) << hang.out;
   std::cerr << "[ report ] " << GetParam() << ":\n" << hang.out;
   std::cerr << "[ figure ] " << GetParam() << ": SIGSTOP to a failed job and teardown in " << took
             << " s with comm_timeout " << kCommTimeout << " s\n";
@@ -177,7 +158,7 @@ TEST_P(Hangs, ASlowRankIsNotAHungOne) {
     std::this_thread::sleep_for(200ms);
   }
   EXPECT_EQ(job.wait(300s), 0) << job.err();
-  EXPECT_EQ(lines_in(metrics), 400u);
+  EXPECT_EQ(test::nonempty_lines(metrics), 400u);
 }
 
 // kill -USR2 of the launcher: every rank writes flight_<rank>.json ("dump signal") and goes on.
@@ -210,10 +191,10 @@ TEST_P(Hangs, TheDumpSignalWritesEveryRanksRecordAndStopsNothing) {
     EXPECT_FALSE(d["entries"].empty());
   }
   // Still training: more steps get logged after the dump.
-  const size_t before = lines_in(metrics);
+  const size_t before = test::nonempty_lines(metrics);
   const auto more = std::chrono::steady_clock::now() + 60s;
-  while (lines_in(metrics) < before + 2 && std::chrono::steady_clock::now() < more) std::this_thread::sleep_for(50ms);
-  EXPECT_GE(lines_in(metrics), before + 2) << job.err();
+  while (test::nonempty_lines(metrics) < before + 2 && std::chrono::steady_clock::now() < more) std::this_thread::sleep_for(50ms);
+  EXPECT_GE(test::nonempty_lines(metrics), before + 2) << job.err();
   job.signal(SIGTERM);
   EXPECT_NE(job.wait(60s), -1);
   EXPECT_TRUE(test::wait_gone(pids, 15s).empty()) << "a rank outlived the job";
