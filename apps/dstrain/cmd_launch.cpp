@@ -302,9 +302,10 @@ void set_cluster_options(const LaunchOptions& o, launch::JobSpec& spec) {
   if (spec.store_port == 0) spec.store_port = static_cast<int>(env::get_int("DSTRAIN_STORE_PORT"));
 }
 
-// --nnodes MIN:MAX (or N) against the nodes the job starts with; 0 when not given.
-int elastic_min_nodes(const LaunchOptions& o, const launch::JobSpec& spec) {
-  if (o.nnodes.empty()) return 0;
+// --nnodes MIN:MAX (or N) against the nodes the job starts with: sets spec.min_nodes and
+// max_nodes (0 when not given, or not elastic).
+void set_elastic_nodes(const LaunchOptions& o, launch::JobSpec& spec) {
+  if (o.nnodes.empty()) return;
   const std::string& t = o.nnodes;
   const size_t colon = t.find(':');
   auto number = [&](const std::string& s) {
@@ -328,9 +329,10 @@ int elastic_min_nodes(const LaunchOptions& o, const launch::JobSpec& spec) {
       throw invalid_argument("--nnodes {}: elastic restarts need a multi-node launcher (ssh, slurm, openmpi, mpich)",
                              t);
     }
-    return 0;
+    return;
   }
-  return lo;
+  spec.min_nodes = lo;
+  spec.max_nodes = hi;
 }
 
 int run_launch(const LaunchOptions& o) {
@@ -358,7 +360,7 @@ int run_launch(const LaunchOptions& o) {
   spec.failure_grace = Millis(static_cast<int64_t>(o.failure_grace_s * 1000.0));
   spec.bind_cores = o.bind_cores;
   spec.max_restarts = o.max_restarts;
-  spec.min_nodes = elastic_min_nodes(o, spec);
+  set_elastic_nodes(o, spec);
   spec.master_addr_option = o.master_addr;
   spec.store_port = o.store_port;
   spec.output.log_dir = o.log_dir;

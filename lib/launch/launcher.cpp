@@ -183,7 +183,7 @@ int run_remote(const JobSpec& given, OutputMux& mux) {
     const auto step = mux.failed_at_step();
     const std::string at = step ? fmt::format(" at step {}", *step) : "";
     if (left < static_cast<size_t>(spec.min_nodes)) {
-      mux.note(fmt::format("dstrain: lost {}{}: {} of {} node(s) left, fewer than the {} --nnodes asks for", 
+      mux.note(fmt::format("dstrain: lost {}{}: {} of {} node(s) left, fewer than the {} --nnodes asks for",
                            lost_nodes_text(r.lost), at, left, first_nodes, spec.min_nodes));
       return finish(mux, r.outcome);
     }
@@ -197,7 +197,7 @@ int run_remote(const JobSpec& given, OutputMux& mux) {
     mux.note(fmt::format("dstrain: lost {}{} ({}); restarting on the {} remaining node(s), {} rank(s), from the latest "
                          "checkpoint (elastic restart {}; --nnodes {}:{})",
                          lost_nodes_text(r.lost), at, r.lost.front().why, spec.world.nodes.size(),
-                         spec.world.world_size(), elastic_restarts, spec.min_nodes, first_nodes));
+                         spec.world.world_size(), elastic_restarts, spec.min_nodes, spec.max_nodes));
     mux.restart_marker(spec.restart_base);
   }
 }

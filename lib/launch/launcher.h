@@ -71,6 +71,7 @@ struct JobSpec {
   // DSTRAIN_ELASTIC_RESTARTS and DSTRAIN_ELASTIC_LOST_AT (Unix seconds of the latest loss). 0: not
   // elastic (a lost node ends the job). A node that comes back is not re-admitted.
   int min_nodes = 0;
+  int max_nodes = 0;               // --nnodes MAX (for messages: the world never grows)
   std::string master_addr_option;  // --master-addr as given ("": node 0's host, again after a loss)
   int restart_base = 0;            // restarts before this run of the agents (elastic restarts)
 };
