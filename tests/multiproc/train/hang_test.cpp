@@ -44,6 +44,16 @@ std::map<int, pid_t> ranks_of(pid_t launcher) {
   return out;
 }
 
+// Tracks every rank of `ranks` as part of `job` (killed with it, checked gone); returns their pids.
+std::vector<pid_t> track_all(test::JobProcess& job, const std::map<int, pid_t>& ranks) {
+  std::vector<pid_t> pids;
+  for (const auto& [r, p] : ranks) {
+    pids.push_back(p);
+    job.track(p);
+  }
+  return pids;
+}
+
 class Hangs : public ::testing::TestWithParam<std::string> {
  protected:
   static void SetUpTestSuite() {
@@ -103,11 +113,7 @@ TEST_P(Hangs, AStoppedRankIsNamedWithinTheCommTimeout) {
   ASSERT_GE(test::nonempty_lines(metrics), 3u) << job.err();
   auto ranks = ranks_of(job.pid());
   ASSERT_EQ(ranks.size(), 4u) << job.err();
-  std::vector<pid_t> pids;
-  for (auto& [r, p] : ranks) {
-    pids.push_back(p);
-    job.track(p);
-  }
+  const std::vector<pid_t> pids = track_all(job, ranks);
   ASSERT_EQ(::kill(ranks[2], SIGSTOP), 0);
   const auto t0 = std::chrono::steady_clock::now();
   const int rc = job.wait(std::chrono::milliseconds(static_cast<int>(kCommTimeout * 1000)) + 60s);
@@ -169,11 +175,7 @@ TEST_P(Hangs, TheDumpSignalWritesEveryRanksRecordAndStopsNothing) {
   test::JobProcess& job = *job_ptr;
   auto ranks = ranks_of(job.pid());
   ASSERT_EQ(ranks.size(), 4u) << job.err();
-  std::vector<pid_t> pids;
-  for (auto& [r, p] : ranks) {
-    pids.push_back(p);
-    job.track(p);
-  }
+  const std::vector<pid_t> pids = track_all(job, ranks);
   job.signal(SIGUSR2);
   const auto until = std::chrono::steady_clock::now() + 20s;
   auto dumped = [&] {
