@@ -33,7 +33,7 @@ packages=(
   libboost-dev libboost-filesystem-dev
   libgloo-dev libopenblas-dev libdnnl-dev
   libgtest-dev libgmock-dev
-  openssh-server openssh-client procps iproute2
+  openssh-server openssh-client procps iproute2 bc
   slurm-wlm munge openmpi-bin mpich
   bible-kjv bible-kjv-text
   libicu-dev libsentencepiece-dev sentencepiece python3
