@@ -9,7 +9,11 @@
 //
 // Usage: comm_bench [--ranks 2,4] [--min-bytes 4096] [--max-bytes 268435456]
 //                   [--ops all_reduce,reduce_scatter,all_gather]
-//                   [--backends shm-reg,shm,gloo,gloo-native]
+//                   [--backends shm-reg,shm,gloo,gloo-native] [--in-place]
+// --in-place runs reduce_scatter and all_gather in place, as nccl-tests' in-place columns do (and
+// ZeRO 1/2's parameter all_gather): a rank's output is its slice of the input (reduce_scatter),
+// its input is its slice of the output (all_gather; Gloo's own without an input buffer). Without
+// it they run out of place (separate buffers). all_reduce is always in place.
 // shm-reg is the shm backend with buffers from Comm::alloc_buffer (the zero-copy path).
 // First line: a STREAM-style copy figure of one core, the ceiling for the copies of the host
 // backends. Deliberately not: part of the test suite (figures, no pass/fail).
@@ -52,6 +56,7 @@ struct Args {
   size_t max_bytes = size_t{256} << 20;
   std::vector<std::string> ops = {"all_reduce", "reduce_scatter", "all_gather"};
   std::vector<std::string> backends = {"shm-reg", "shm", "gloo", "gloo-native"};
+  bool in_place = false;
 };
 
 std::vector<std::string> csv(const std::string& s) { return split(s, ','); }
@@ -75,6 +80,8 @@ Args parse(int argc, char** argv) {
       a.ops = csv(next());
     } else if (k == "--backends") {
       a.backends = csv(next());
+    } else if (k == "--in-place") {
+      a.in_place = true;
     } else {
       throw invalid_argument("unknown argument {} (see the comment at the top of comm_bench.cpp)", k);
     }
@@ -168,7 +175,7 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
           } else if (op == "all_gather") {
             fn = [&] {
               gloo::AllgatherOptions go(native);
-              go.setInput(in.data(), per_rank);
+              if (!a.in_place) go.setInput(in.data(), per_rank);  // in place: no input
               go.setOutput(out.data(), per_rank * static_cast<size_t>(n));
               go.setTag(2);
               gloo::allgather(go);
@@ -180,6 +187,8 @@ int rank_main(int rank, int n, int port, const Args& a, int out_fd) {
           Comm& c = *comms[b];
           float* bin = b == "shm-reg" ? reg_in : in.data();
           float* bout = b == "shm-reg" ? reg_out : out.data();
+          if (a.in_place && op == "reduce_scatter") bout = bin + static_cast<size_t>(rank) * per_rank;
+          if (a.in_place && op == "all_gather") bin = bout + static_cast<size_t>(rank) * per_rank;
           if (op == "all_reduce") {
             fn = [&c, bout, elems] {
               c.all_reduce(bout, elems, DataType::kFloat32, ReduceOp::kSum);
@@ -304,8 +313,9 @@ int main(int argc, char** argv) {
                                                                              std::stod(f[4])};
       }
       for (auto& op : a.ops) {
-        std::printf("\n%s, %d ranks (processes), fp32 sum. us: slowest rank's mean time; "
-                    "busbw: GB/s as nccl-tests; cpu: CPU ms per op, all ranks\n", op.c_str(), n);
+        std::printf("\n%s, %d ranks (processes), fp32 sum, %s. us: slowest rank's mean time; "
+                    "busbw: GB/s as nccl-tests; cpu: CPU ms per op, all ranks\n", op.c_str(), n,
+                    op == "all_reduce" || a.in_place ? "in place" : "out of place");
         std::printf("%10s", "size");
         for (auto& b : a.backends) std::printf(" | %-11s %9s %6s %8s", b.c_str(), "us", "busbw", "cpu");
         std::printf("\n");

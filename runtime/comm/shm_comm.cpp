@@ -30,10 +30,11 @@
 // Large outputs (all_gather, broadcast and a reduce_scatter's part from 4 MiB, all_reduce from
 // 64 MiB) are written with streaming stores (copy_streaming and reduce_n_streaming in reduce.h):
 // no read-for-ownership of lines that will not stay in cache anyway, about half the CPU time of a
-// 4-rank 256 MiB all_gather here; a 2-rank 64 MiB reduce_scatter on registered buffers took a median
-// 9.2 ms against 11.4 ms before (comm_bench, three alternating runs of each binary, 2026-12-04;
-// runs on this shared machine varied from 6.3 to 12.2 ms, so the figure is rough). The
-// staging slots are written normally: a peer reads them next, from this core's cache.
+// 4-rank 256 MiB all_gather here. The fp32 reductions are fused AVX2 passes and the copies one
+// sequential stream (reduce.cpp): 2-rank 64 MiB on registered buffers, medians of three rounds,
+// all_reduce 11.8 -> 6.6 ms, reduce_scatter 9.0 -> 4.2, all_gather 6.4 -> 5.5 (docs/parallelism.md,
+// Performance). The staging slots are written normally: a peer reads them next, from this core's
+// cache.
 //
 // Send/recv stay on the Gloo pairs of the base class (pipeline traffic is point-to-point and
 // latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots).

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 
 #include "comm/comm.h"
@@ -664,6 +666,70 @@ TEST(CommReduce, StreamingCopyEqualsMemcpyAtEveryAlignmentAndSize) {
           const bool inside = i >= dof && i < dof + bytes;
           ASSERT_EQ(dst[i], inside ? src[i - dof + so] : uint8_t{0xee})
               << "bytes " << bytes << " src+" << so << " dst+" << dof << " at " << i;
+        }
+      }
+    }
+  }
+}
+
+// The fp32 reductions (fused AVX2 kernels where the CPU has them) give the bits of a scalar
+// left-to-right loop: every op, 1 to 4 sources, NaN, infinities and signed zeros among the
+// values, in place and not, streaming or not, at heads and tails around every alignment.
+TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
+  const size_t kMax = 5000;
+  std::vector<std::vector<float>> src(4, std::vector<float>(kMax + 64));
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3.5f};
+  for (size_t k = 0; k < src.size(); ++k) {
+    for (size_t i = 0; i < src[k].size(); ++i) {
+      src[k][i] = (i * 31 + k * 7) % 97 == 0 ? specials[(i + k) % 8]
+                                             : static_cast<float>((i * 2654435761u + k * 40503u) % 20011) / 7.3f - 1300.0f;
+    }
+  }
+  auto scalar = [](ReduceOp op, float a, float b) {
+    if (op == ReduceOp::kSum) return a + b;
+    if (op == ReduceOp::kMax) return b > a ? b : a;
+    return b < a ? b : a;
+  };
+  auto bits = [](float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+    for (int n = 1; n <= 4; ++n) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, kMax}) {
+        for (size_t off : {size_t{0}, size_t{1}, size_t{3}, size_t{9}}) {
+          for (int mode = 0; mode < 3; ++mode) {  // 0: reduce_n, 1: streaming, 2: in place
+            std::vector<float> want(count);
+            for (size_t i = 0; i < count; ++i) {
+              float a = src[0][off + i];
+              for (int k = 1; k < n; ++k) a = scalar(op, a, src[static_cast<size_t>(k)][off + i]);
+              want[i] = a;
+            }
+            std::vector<std::vector<float>> copy = src;  // in place writes into source 0
+            std::vector<float> out(kMax + 64, 7.0f);
+            float* dst = mode == 2 ? copy[0].data() + off : out.data() + (off * 5) % 16;
+            std::vector<const void*> srcs;
+            for (int k = 0; k < n; ++k) srcs.push_back(copy[static_cast<size_t>(k)].data() + off);
+            if (mode == 1) {
+              reduce_n_streaming(DataType::kFloat32, op, dst, srcs.data(), n, count);
+            } else {
+              reduce_n(DataType::kFloat32, op, dst, srcs.data(), n, count);
+            }
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(bits(dst[i]), bits(want[i]))
+                  << "op " << static_cast<int>(op) << " n " << n << " count " << count << " off " << off
+                  << " mode " << mode << " at " << i;
+            }
+            if (mode != 2) {
+              const size_t d0 = static_cast<size_t>(dst - out.data());
+              for (size_t i = 0; i < out.size(); ++i) {
+                if (i < d0 || i >= d0 + count) {
+                  ASSERT_EQ(out[i], 7.0f) << "wrote outside at " << i;
+                }
+              }
+            }
+          }
         }
       }
     }
