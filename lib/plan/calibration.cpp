@@ -98,6 +98,8 @@ CollectiveOp op_of(const std::string& s) {
   if (s == "all_reduce") return CollectiveOp::kAllReduce;
   if (s == "reduce_scatter") return CollectiveOp::kReduceScatter;
   if (s == "all_gather") return CollectiveOp::kAllGather;
+  if (s == "all_to_all") return CollectiveOp::kAllToAll;
+  if (s == "ring_exchange") return CollectiveOp::kRingExchange;
   return CollectiveOp::kSendRecv;
 }
 
@@ -145,7 +147,7 @@ ComputeSample read_compute(const Cursor& c) {
 
 CollectiveFit read_collective(const Cursor& c) {
   CollectiveFit f;
-  f.op = op_of(c.key("op").one_of({"all_reduce", "reduce_scatter", "all_gather", "send_recv"}));
+  f.op = op_of(c.key("op").one_of({"all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all", "ring_exchange"}));
   f.group_size = c.key("group_size").integer(2);
   f.concurrent_groups = c.key("concurrent_groups").integer(1);
   f.across_nodes = c.key("across_nodes").boolean();

@@ -12,7 +12,8 @@
 //          shape measured (no type: model.type's default),
 //   compute: [{tp, concurrency, micro_batch, precision ("fp32"|"bf16"|"fp16"), layer_fwd_s,
 //              layer_bwd_s, embed_fwd_s, embed_bwd_s, head_s}]   (at least one),
-//   collectives: [{op ("all_reduce"|"reduce_scatter"|"all_gather"|"send_recv"), group_size,
+//   collectives: [{op ("all_reduce"|"reduce_scatter"|"all_gather"|"send_recv"|"all_to_all"|
+//                  "ring_exchange"; files without the last two price them by send_recv), group_size,
 //                  concurrent_groups, across_nodes, latency_s, bus_bytes_per_s,
 //                  points: [{bytes, seconds}]  (the measurements the fit came from)}],
 //   optimizer_params_per_s, host_link_bytes_per_s (null when not measured: CPU runs),

@@ -106,6 +106,8 @@ const char* collective_name(CollectiveOp op) {
     case CollectiveOp::kReduceScatter: return "reduce_scatter";
     case CollectiveOp::kAllGather: return "all_gather";
     case CollectiveOp::kSendRecv: return "send_recv";
+    case CollectiveOp::kAllToAll: return "all_to_all";
+    case CollectiveOp::kRingExchange: return "ring_exchange";
   }
   return "?";
 }
@@ -114,8 +116,10 @@ double bus_bytes(CollectiveOp op, int n, double bytes) {
   switch (op) {
     case CollectiveOp::kAllReduce: return bytes * 2.0 * (n - 1) / n;
     case CollectiveOp::kReduceScatter:
-    case CollectiveOp::kAllGather: return bytes * (n - 1.0) / n;
-    case CollectiveOp::kSendRecv: return bytes;
+    case CollectiveOp::kAllGather:
+    case CollectiveOp::kAllToAll: return bytes * (n - 1.0) / n;
+    case CollectiveOp::kSendRecv:
+    case CollectiveOp::kRingExchange: return bytes;
   }
   return bytes;
 }
@@ -160,6 +164,12 @@ double collective_time(const Calibration& cal, CollectiveOp op, int group_size, 
     CollectiveFit f = *best;
     f.group_size = group_size;  // the bus-bytes factor of the size asked for
     return collective_seconds(f, bytes);
+  }
+  const bool sends_only = op == CollectiveOp::kAllToAll || op == CollectiveOp::kRingExchange;
+  if (sends_only && std::any_of(cal.collectives.begin(), cal.collectives.end(),
+                                [](const CollectiveFit& f) { return f.op == CollectiveOp::kSendRecv; })) {
+    const int pairs = std::max(1, group_size * concurrent_groups / 2);
+    return collective_time(cal, CollectiveOp::kSendRecv, 2, across_nodes, pairs, bus_bytes(op, group_size, bytes));
   }
   const double bw = across_nodes ? cal.inter_node_bw : cal.intra_node_bw;
   return bus_bytes(op, group_size, bytes) / bw;
@@ -306,10 +316,10 @@ struct StageMb {
 
 // One layer's context-parallel traffic on a rank, forward and backward (recompute: the forward's
 // again), with how much of it the compute hides. Ring: N-1 key/value blocks in the forward; in
-// the backward N-1 blocks and N fp32 dK/dV accumulators, each send/recv overlapping the block
-// attention of the step (window: the layer's compute of that pass split over the N steps).
-// Ulysses: all-to-alls (2 forward, 4 backward), each moving (N-1)/N of the rank's rows of that
-// tensor, as the concurrent pairwise send/recv the runtime posts; nothing overlaps them.
+// the backward N-1 blocks and N fp32 dK/dV accumulators, each a ring_exchange overlapping the
+// block attention of the step (window: the layer's compute of that pass split over the N steps).
+// Ulysses: all-to-alls (2 forward, 4 backward) of the rank's rows of that tensor, (N-1)/N of
+// which leave the rank; nothing overlaps them.
 struct CpLayer {
   double exposed = 0, total = 0;
 };
@@ -321,21 +331,24 @@ CpLayer cp_layer(const model_spec::ModelShape& s, const Layout& l, const Calibra
   const bool across = l.tp * l.cp > pl.per_node;
   const double rows = 1.0 * l.micro_batch * s.seq_len / n;  // the rank's tokens of each micro-batch
   const double hd = s.head_dim(), nh = 1.0 * s.n_head / l.tp, kv = 1.0 * model_spec::kv_heads(s) / l.tp;
-  auto sendrecv = [&](double bytes) {
-    return collective_time(cal, CollectiveOp::kSendRecv, 2, across, pl.world / 2, bytes);
-  };
+  const int groups = std::max(1, pl.world / n);
   if (l.cp_method == layout::CpMethod::kRing) {
+    auto step = [&](double bytes) {
+      return collective_time(cal, CollectiveOp::kRingExchange, n, across, groups, bytes);
+    };
     const double block = rows * 2 * kv * hd;  // elements of the rank's keys and values
-    const double f = (n - 1) * sendrecv(block * types.param_bytes);
-    const double b = (n - 1) * sendrecv(block * types.param_bytes) + n * sendrecv(block * 4);
+    const double f = (n - 1) * step(block * types.param_bytes);
+    const double b = (n - 1) * step(block * types.param_bytes) + n * step(block * 4);
     c.total = (1 + r) * f + b;
     c.exposed = (1 + r) * exposed_comm(f, n - 1, fwd, pl.overlap) + exposed_comm(b, 2 * n - 1, bwd, pl.overlap);
     return c;
   }
-  const double share = (n - 1.0) / n * types.param_bytes;
-  const double qkv = rows * (nh + 2 * kv) * hd * share, out = rows * nh * hd * share;
-  const double f = sendrecv(qkv) + sendrecv(out);
-  const double b = sendrecv(qkv) + 3 * sendrecv(out) + sendrecv(qkv);  // qkv, out, dout in; dqkv out
+  auto all_to_all = [&](double bytes) {
+    return collective_time(cal, CollectiveOp::kAllToAll, n, across, groups, bytes);
+  };
+  const double qkv = rows * (nh + 2 * kv) * hd * types.param_bytes, out = rows * nh * hd * types.param_bytes;
+  const double f = all_to_all(qkv) + all_to_all(out);
+  const double b = all_to_all(qkv) + 3 * all_to_all(out) + all_to_all(qkv);  // qkv, out, dout in; dqkv out
   c.total = c.exposed = (1 + r) * f + b;
   return c;
 }
@@ -344,19 +357,18 @@ CpLayer cp_layer(const model_spec::ModelShape& s, const Layout& l, const Calibra
 // dispatch again), as the runtime exchanges it (runtime/model/decoder.cpp, moe_*_ep): the B T k
 // routed rows to their experts' ranks and the outputs back in the forward; d(out) to the experts
 // and d(in) back, with the routing weights and their gradients (fp32), in the backward. On
-// average (ep-1)/ep of the rows leave the rank (balanced routing); each all-to-all is the
-// concurrent pairwise send/recv the runtime posts, and nothing overlaps them.
+// average (ep-1)/ep of the rows leave the rank (balanced routing: all_to_all's bus bytes), and
+// nothing overlaps the all-to-alls.
 double ep_layer(const model_spec::ModelShape& s, const Layout& l, const Calibration& cal, const Placement& pl,
                 const CommTypes& types, double r) {
   if (l.ep <= 1 || model_spec::family_of(s).mlp != model_spec::MlpKind::kMoe) return 0;
   const double slots = 1.0 * l.micro_batch * s.seq_len / l.cp * s.num_experts_per_tok;
-  const double share = (l.ep - 1.0) / l.ep;
   const bool across = l.tp * l.cp * l.ep > pl.per_node;
-  auto sendrecv = [&](double bytes) {
-    return collective_time(cal, CollectiveOp::kSendRecv, 2, across, pl.world / 2, bytes);
+  auto all_to_all = [&](double bytes) {
+    return collective_time(cal, CollectiveOp::kAllToAll, l.ep, across, std::max(1, pl.world / l.ep), bytes);
   };
-  const double rows = sendrecv(slots * s.n_embd * types.param_bytes * share);
-  const double floats = sendrecv(slots * 4 * share);
+  const double rows = all_to_all(slots * s.n_embd * types.param_bytes);
+  const double floats = all_to_all(slots * 4);
   return (2 + r) * rows + 2 * rows + 2 * floats;
 }
 

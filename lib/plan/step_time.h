@@ -75,13 +75,18 @@ struct ComputeSample {
   double head = 0;                      // lnf + lm_head + loss, forward and backward
 };
 
-enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kSendRecv };
-const char* collective_name(CollectiveOp op);  // "all_reduce", ..., "send_recv"
+// send_recv: one rank of a pair sends, the other receives. all_to_all: every rank of the group
+// sends a piece to every other (Ulysses, expert parallelism). ring_exchange: every rank sends one
+// message to the next rank of the group and receives one from the previous, at once (a step of
+// the context-parallel ring).
+enum class CollectiveOp { kAllReduce, kReduceScatter, kAllGather, kSendRecv, kAllToAll, kRingExchange };
+const char* collective_name(CollectiveOp op);  // "all_reduce", ..., "send_recv", "all_to_all", "ring_exchange"
 
 // A collective's cost as latency + bus bytes / bus bandwidth, fitted to measurements.
 // Bus bytes (nccl-tests' convention) of a call on a buffer of `bytes` (all_reduce: the buffer;
-// reduce_scatter: the input; all_gather: the output; send_recv: the message):
-// all_reduce 2 (n-1)/n bytes, reduce_scatter and all_gather (n-1)/n bytes, send_recv bytes.
+// reduce_scatter: the input; all_gather: the output; all_to_all: a rank's whole send buffer, its
+// own piece included; send_recv and ring_exchange: the message): all_reduce 2 (n-1)/n bytes,
+// reduce_scatter, all_gather and all_to_all (n-1)/n bytes, send_recv and ring_exchange bytes.
 struct CollectiveFit {
   CollectiveOp op = CollectiveOp::kAllReduce;
   int group_size = 2;
@@ -130,7 +135,10 @@ PieceTimes compute_for(const Calibration& cal, const model_spec::ModelShape& s, 
 
 // Seconds of one collective of `bytes` over a group of `group_size` ranks, `concurrent_groups`
 // of them at once: the fit with that op, size and placement (nearest size and concurrency when
-// not measured exactly), or the built-in bandwidths.
+// not measured exactly), or the built-in bandwidths. A calibration that measured send/recv but not
+// all_to_all or ring_exchange (files written before those were measured) prices them as its
+// send/recv: all_to_all as the (n-1)/n of the buffer that leaves the rank, ring_exchange as one
+// message; both with every rank of the world in a pair.
 double collective_time(const Calibration& cal, CollectiveOp op, int group_size, bool across_nodes,
                        int concurrent_groups, double bytes);
 

@@ -204,6 +204,18 @@ double time_collective(Worker& w, comm::Comm& g, plan::CollectiveOp op, size_t b
         if (g.rank() == 0) g.send(in.data(), n, comm::DataType::kFloat32, 1, 7);
         else g.recv(out.data(), n, comm::DataType::kFloat32, 0, 7);
         break;
+      case plan::CollectiveOp::kAllToAll: {  // `bytes` is the whole send buffer, a part per rank
+        const std::vector<size_t> counts(static_cast<size_t>(g.size()), part);
+        g.all_to_all_v(in.data(), counts, out.data(), counts, comm::DataType::kFloat32);
+        break;
+      }
+      case plan::CollectiveOp::kRingExchange: {  // as the context-parallel ring posts its step
+        auto sent = g.send_async(in.data(), n, comm::DataType::kFloat32, (g.rank() + 1) % g.size(), 8);
+        auto got = g.recv_async(out.data(), n, comm::DataType::kFloat32, (g.rank() + g.size() - 1) % g.size(), 8);
+        sent->wait();
+        got->wait();
+        break;
+      }
     }
     if (rep > 0) t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
@@ -222,7 +234,8 @@ void measure_group_shape(Worker& w, plan::Calibration& cal, int g, bool strided)
                                                     strided ? w.rank % groups : w.rank / g));
   const size_t sizes[] = {size_t{64} << 10, size_t{256} << 10, size_t{1} << 20, size_t{4} << 20, size_t{8} << 20};
   const plan::CollectiveOp ops[] = {plan::CollectiveOp::kAllReduce, plan::CollectiveOp::kReduceScatter,
-                                    plan::CollectiveOp::kAllGather};
+                                    plan::CollectiveOp::kAllGather, plan::CollectiveOp::kAllToAll,
+                                    plan::CollectiveOp::kRingExchange};
   for (auto op : ops) {
     std::vector<std::pair<double, double>> pts;
     for (size_t b : sizes) pts.emplace_back(static_cast<double>(b), time_collective(w, *grp, op, b));

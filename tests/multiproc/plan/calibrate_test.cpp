@@ -73,7 +73,8 @@ TEST(PlanCalibrate, CalibratesThenMeasuresTheTopPicks) {
     EXPECT_EQ(c.points.size(), 5u);  // 64 KiB, 256 KiB, 1, 4, 8 MiB
     EXPECT_GT(c.bus_bw, 0);
   }
-  EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "send_recv"}));
+  EXPECT_EQ(ops, (std::set<std::string>{"all_reduce", "reduce_scatter", "all_gather", "send_recv", "all_to_all",
+                                        "ring_exchange"}));
   EXPECT_GT(f.cal.optimizer_rate, 0);
 
   r = test::run_command(test::dstrain() + " plan --recommend --config " + cfg + " --world-size 2 --gpu-mem 1GiB" +

@@ -78,8 +78,10 @@ TEST(Calibration, MalformedFilesNameThePathAndLine) {
   EXPECT_NE(e.find("$.compute[0].layer_fwd_s: expected a number > 0, got -1"), std::string::npos) << e;
   e = error_of(replace(ok, "\"layer_bwd_s\": 0.04,", ""));
   EXPECT_NE(e.find("$.compute[0].layer_bwd_s: expected key 'layer_bwd_s'"), std::string::npos) << e;
-  e = error_of(replace(ok, "\"op\": \"all_reduce\"", "\"op\": \"all_to_all\""));
+  e = error_of(replace(ok, "\"op\": \"all_reduce\"", "\"op\": \"broadcast\""));
   EXPECT_NE(e.find("$.collectives[0].op: expected \"all_reduce\" | "), std::string::npos) << e;
+  EXPECT_NE(e.find("\"all_to_all\" | \"ring_exchange\""), std::string::npos) << e;
+  EXPECT_EQ(error_of(replace(ok, "\"op\": \"all_reduce\"", "\"op\": \"ring_exchange\"")), "");
   e = error_of(replace(ok, "\"dstrain-calibration\"", "\"something\""));
   EXPECT_NE(e.find("$.format"), std::string::npos) << e;
   e = error_of(replace(ok, "\"cores\": 2", "\"cores\": \"two\""));

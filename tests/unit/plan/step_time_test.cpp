@@ -223,5 +223,32 @@ TEST(StepTime, CollectiveLookupAndBusBytes) {
   EXPECT_NEAR(collective_time(c, CollectiveOp::kAllGather, 2, true, 1, 1e6), 0.5e6 / c.inter_node_bw, 1e-15);
 }
 
+// all_to_all and ring_exchange have fits of their own; a calibration that has send/recv but not
+// them prices them by its send/recv (every rank of the world in a pair): all_to_all as the
+// (n-1)/n of the buffer that leaves the rank, ring_exchange as the message.
+TEST(StepTime, AllToAllAndRingExchangeFallBackToSendRecv) {
+  EXPECT_DOUBLE_EQ(bus_bytes(CollectiveOp::kAllToAll, 4, 100), 75);
+  EXPECT_DOUBLE_EQ(bus_bytes(CollectiveOp::kRingExchange, 4, 100), 100);
+  EXPECT_STREQ(collective_name(CollectiveOp::kAllToAll), "all_to_all");
+  EXPECT_STREQ(collective_name(CollectiveOp::kRingExchange), "ring_exchange");
+  Calibration c;
+  CollectiveFit pairs = fit(CollectiveOp::kSendRecv, 2, 1e-5, 1e9);
+  pairs.concurrent_groups = 4;  // 8 ranks in pairs
+  CollectiveFit alone = fit(CollectiveOp::kSendRecv, 2, 3e-5, 2e8);  // one pair at a time
+  c.collectives = {alone, pairs};
+  // A group of 4, two groups at once: 8 ranks, 4 pairs: the 4-pair fit.
+  EXPECT_NEAR(collective_time(c, CollectiveOp::kAllToAll, 4, false, 2, 1e6), 1e-5 + 0.75e6 / 1e9, 1e-15);
+  EXPECT_NEAR(collective_time(c, CollectiveOp::kRingExchange, 4, false, 2, 1e6), 1e-5 + 1e6 / 1e9, 1e-15);
+  // Their own fits win once measured.
+  c.collectives.push_back(fit(CollectiveOp::kAllToAll, 4, 5e-5, 4e8));
+  c.collectives.push_back(fit(CollectiveOp::kRingExchange, 4, 7e-5, 6e8));
+  EXPECT_NEAR(collective_time(c, CollectiveOp::kAllToAll, 4, false, 2, 1e6), 5e-5 + 0.75e6 / 4e8, 1e-15);
+  EXPECT_NEAR(collective_time(c, CollectiveOp::kRingExchange, 4, false, 2, 1e6), 7e-5 + 1e6 / 6e8, 1e-15);
+  // No collectives at all: the built-in bandwidths, on the bus bytes.
+  const Calibration builtin;
+  EXPECT_NEAR(collective_time(builtin, CollectiveOp::kAllToAll, 4, false, 1, 1e6), 0.75e6 / builtin.intra_node_bw,
+              1e-15);
+}
+
 }  // namespace
 }  // namespace ds::plan
