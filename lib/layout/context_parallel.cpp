@@ -65,7 +65,12 @@ CpScratchBytes ring_attention_scratch(const CpAttentionShape& s) {
   const int64_t sb = s.storage_bytes, hd = s.hd;
   const int64_t rows = static_cast<int64_t>(s.B) * (s.T / (2 * s.n));  // one chunk's rows
   const int64_t qkv = (s.NH + 2 * s.KV) * hd, out = s.NH * hd, kv = 2 * s.KV * hd;
-  b.workspace = cp_align_bytes(sb * rows * (2 * qkv + 4 * out)) + 4 * 3 * rows * (out + s.NH);
+  // The block kernels' per-thread fp32 tiles (cpu::attention_block_scratch_floats at Tq = Tk = a
+  // chunk's T / 2n tokens): q, out, dout and D of one head, its k and v, two 64-row score tiles.
+  const int64_t C = s.T / (2 * s.n);
+  const int64_t tiles = 3 * C * hd + C + 2 * C * hd + 2 * 64 * C;
+  b.workspace = cp_align_bytes(sb * rows * (2 * qkv + 4 * out)) + 4 * 3 * rows * (out + s.NH) +
+                4 * static_cast<int64_t>(std::max(0, s.num_threads)) * tiles;
   b.comm = cp_align_bytes(sb * 4 * rows * kv) + 4 * 4 * rows * kv;
   return b;
 }

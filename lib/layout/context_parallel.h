@@ -45,12 +45,13 @@ struct CpAttentionShape {
   int B = 1, T = 1, NH = 1, KV = 1, hd = 1, n = 1;
   CpMethod method = CpMethod::kRing;
   int storage_bytes = 4;  // the activations' element size
-  int num_threads = 1;    // CPU threads (Ulysses' whole-sequence attention keeps per-thread tiles)
+  int num_threads = 1;    // CPU threads (both keep per-thread tiles; 0 on a GPU)
 };
 // The scratch one cp attention keeps, allocated once and reused by every layer:
 //   ring     workspace: the rank's q, and in backward its out and dout, gathered chunk-major
 //            (storage type), the fp32 merge accumulators (output and lse, and one block's
-//            partial result); comm: the key/value block in hand and the one arriving (storage
+//            partial result), and the block kernels' per-thread tiles (fp32: 5 C hd + C + 128 C
+//            at C = T / 2n); comm: the key/value block in hand and the one arriving (storage
 //            type) and the dK/dV accumulator in hand and arriving (fp32).
 //   ulysses  workspace: qkv and out in the head layout over the whole sequence, and their
 //            gradients (storage type), and the whole-sequence attention's per-thread tiles

@@ -1,5 +1,7 @@
 #include "parallel/ring_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -92,26 +94,29 @@ RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape, int storage
     throw invalid_usage("ring attention: B={} C={} NH={} KV={} hd={}: every size must be positive and KV must divide NH",
                         sh_.B, sh_.C, sh_.NH, sh_.KV, sh_.hd);
   }
+  threads_ = omp_get_max_threads();
   const layout::CpAttentionShape as{sh_.B, 2 * n_ * sh_.C, sh_.NH, sh_.KV, sh_.hd, n_, layout::CpMethod::kRing,
-                                    storage_bytes, 1};
+                                    storage_bytes, threads_};
   const layout::CpScratchBytes b = layout::ring_attention_scratch(as);
   work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "ring attention scratch");
   comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "ring attention blocks in flight");
 }
 
 // The scratch's parts (layout::cp_attention_scratch): workspace = [q 2cq | o 2co | dO 2co] (S),
-// aligned, then fp32 [4 co + 3 cl] (forward: acc 2co, part co, acc_lse 2cl, part_lse cl;
-// backward: dq 2co, l 2cl); comm = [kv 2ckv | kv_next 2ckv] (S), aligned, then fp32
-// [dkv 2ckv | dkv_next 2ckv].
+// aligned, then fp32 [3 co + 3 cl] (forward: acc 2co, part co, acc_lse 2cl, part_lse cl;
+// backward: dq 2co, l 2cl), then the block kernels' tiles (cpu::attention_block_scratch_floats
+// per thread); comm = [kv 2ckv | kv_next 2ckv] (S), aligned, then fp32 [dkv 2ckv | dkv_next 2ckv].
 template <typename S>
 struct RingAttention::Scratch {
   S *q, *o, *dO, *kv, *kv_next;
-  float *acc, *part, *acc_lse, *part_lse, *dq, *l, *dkv, *dkv_next;
+  float *acc, *part, *acc_lse, *part_lse, *dq, *l, *tiles, *dkv, *dkv_next;
 };
 
 template <typename S>
 RingAttention::Scratch<S> RingAttention::scratch() {
   DS_CHECK(static_cast<int>(sizeof(S)) == storage_bytes_, "ring attention: scratch sized for another element type");
+  DS_CHECK(omp_get_max_threads() <= threads_, "ring attention: scratch sized for {} threads, OpenMP now has {}",
+           threads_, omp_get_max_threads());
   const ChunkSizes z = chunk_sizes(sh_);
   Scratch<S> p{};
   S* ws = static_cast<S*>(work_.data());
@@ -126,6 +131,7 @@ RingAttention::Scratch<S> RingAttention::scratch() {
   p.part_lse = p.acc_lse + 2 * z.lse;
   p.dq = wf;
   p.l = p.dq + 2 * z.out;
+  p.tiles = wf + 3 * z.out + 3 * z.lse;
   S* cs = static_cast<S*>(comm_buf_.data());
   p.kv = cs;
   p.kv_next = p.kv + 2 * z.kv;
@@ -159,8 +165,8 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
       for (int kk = 0; kk < 2; kk++) {
         const int kp = ring_chunk_position(src, n_, kk, s.C);
         if (kp > qp + s.C - 1) continue;  // wholly in the causal future
-        kern::attention_block_forward(part, part_lse, q + kq * cq, kv + kk * ckv, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp,
-                                      kp);
+        kern::attention_block_forward(part, part_lse, q + kq * cq, kv + kk * ckv, sc.tiles, s.B, s.C, s.C, s.NH, s.KV,
+                                      s.hd, qp, kp);
         kern::attention_merge(acc + kq * co, acc_lse + kq * cl, part, part_lse, s.B, s.C, s.NH, s.hd);
       }
     }
@@ -203,7 +209,7 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
         const int kp = ring_chunk_position(src, n_, kk, s.C);
         if (kp > qp + s.C - 1) continue;
         kern::attention_block_backward(dq + kq * co, dkv + kk * ckv, dO + kq * co, q + kq * cq, kv + kk * ckv,
-                                       o + kq * co, l + kq * cl, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp, kp);
+                                       o + kq * co, l + kq * cl, sc.tiles, s.B, s.C, s.C, s.NH, s.KV, s.hd, qp, kp);
       }
     }
     if (n_ > 1) {

@@ -70,6 +70,7 @@ class RingAttention {
   comm::Comm& cp_;
   RingShape sh_;
   int n_, r_, storage_bytes_;
+  int threads_ = 1;  // OpenMP threads the block kernels' tiles are sized for
   double blocked_s_ = 0;
   Buffer work_, comm_buf_;
 };

@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <vector>
 
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vmath.h"
@@ -68,21 +67,47 @@ void load_head(float* k, float* v, float* q, const S* kv, const S* qkv, const Bl
 
 }  // namespace
 
+size_t attention_block_scratch_floats(int Tq, int Tk, int hd) {
+  const size_t q = static_cast<size_t>(Tq), k = static_cast<size_t>(Tk), h = static_cast<size_t>(hd);
+  return 3 * q * h + q + 2 * k * h + 2 * static_cast<size_t>(kRows) * k;
+}
+
+namespace {
+
+// This thread's tiles in `scratch` (attention_block_scratch_floats of them per thread): the
+// forward uses q, k, v and P (its scores); the backward all of them.
+struct BlockTiles {
+  float *q, *o, *dO, *D, *k, *v, *P, *dS;
+  BlockTiles(float* scratch, int Tq, int Tk, int hd) {
+    const size_t tq = static_cast<size_t>(Tq) * hd, tk = static_cast<size_t>(Tk) * hd;
+    q = scratch + static_cast<size_t>(omp_get_thread_num()) * attention_block_scratch_floats(Tq, Tk, hd);
+    o = q + tq;
+    dO = o + tq;
+    D = dO + tq;
+    k = D + Tq;
+    v = k + tk;
+    P = v + tk;
+    dS = P + static_cast<size_t>(kRows) * Tk;
+  }
+};
+
+}  // namespace
+
 template <typename S>
-void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, int B, int Tq, int Tk, int NH,
-                             int KV, int hd, int q_pos, int k_pos) {
+void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, float* scratch, int B, int Tq,
+                             int Tk, int NH, int KV, int hd, int q_pos, int k_pos) {
   const BlockGeometry G{Tq, Tk, NH, KV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   gemm_before_parallel_region();
 #pragma omp parallel if (int64_t{B} * NH * Tq * Tk * hd >= kParallelWork)
   {
     // This thread's fp32 copies of one head's q (Tq, hd), k and v (Tk, hd), one tile of scores.
-    std::vector<float> q(static_cast<size_t>(Tq) * hd), k(static_cast<size_t>(Tk) * hd), v(k.size()),
-        sc(static_cast<size_t>(kRows) * Tk);
+    const BlockTiles tiles(scratch, Tq, Tk, hd);
+    float *q = tiles.q, *k = tiles.k, *v = tiles.v, *sc = tiles.P;
 #pragma omp for schedule(static)
     for (int bh = 0; bh < B * NH; bh++) {
       const int b = bh / NH, h = bh % NH, g = h / G.group();
-      load_head(k.data(), v.data(), q.data(), kv, qkv, G, b, g, h);
+      load_head(k, v, q, kv, qkv, G, b, g, h);
       for (int r0 = 0; r0 < Tq; r0 += kRows) {
         const int r1 = std::min(Tq, r0 + kRows), m = r1 - r0;
         const int nmax = visible(r1 - 1, Tk, q_pos, k_pos);  // keys any row of the tile sees
@@ -95,10 +120,10 @@ void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, 
           }
           continue;
         }
-        gemm(false, true, m, nmax, hd, scale, q.data() + static_cast<int64_t>(r0) * hd, hd, k.data(), hd, 0.0f,
-             sc.data(), nmax);
+        gemm(false, true, m, nmax, hd, scale, q + static_cast<int64_t>(r0) * hd, hd, k, hd, 0.0f,
+             sc, nmax);
         for (int t = r0; t < r1; t++) {
-          float* row = sc.data() + static_cast<int64_t>(t - r0) * nmax;
+          float* row = sc + static_cast<int64_t>(t - r0) * nmax;
           const int n = visible(t, Tk, q_pos, k_pos);
           if (n == 0) {
             std::fill(row, row + nmax, 0.0f);
@@ -112,7 +137,7 @@ void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, 
           std::fill(row + n, row + nmax, 0.0f);
           l[t] = mx + std::log(sum);
         }
-        gemm(false, false, m, hd, nmax, 1.0f, sc.data(), nmax, v.data(), hd, 0.0f, o, static_cast<int>(G.out_stride()));
+        gemm(false, false, m, hd, nmax, 1.0f, sc, nmax, v, hd, 0.0f, o, static_cast<int>(G.out_stride()));
       }
     }
   }
@@ -143,8 +168,8 @@ void attention_merge(float* out, float* lse, const float* part, const float* par
 
 template <typename S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const S* out,
-                              const float* lse, int B, int Tq, int Tk, int NH, int KV, int hd, int q_pos,
-                              int k_pos) {
+                              const float* lse, float* scratch, int B, int Tq, int Tk, int NH, int KV, int hd,
+                              int q_pos, int k_pos) {
   const BlockGeometry G{Tq, Tk, NH, KV, hd};
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int ldo = static_cast<int>(G.out_stride()), ldkv = static_cast<int>(G.kv_stride());
@@ -153,8 +178,9 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
   // two threads write the same element, and the sums run in a fixed order.
 #pragma omp parallel if (int64_t{B} * NH * Tq * Tk * hd >= kParallelWork)
   {
-    std::vector<float> q(static_cast<size_t>(Tq) * hd), o(q.size()), dO(q.size()), D(static_cast<size_t>(Tq)),
-        k(static_cast<size_t>(Tk) * hd), v(k.size()), P(static_cast<size_t>(kRows) * Tk), dS(P.size());
+    const BlockTiles tiles(scratch, Tq, Tk, hd);
+    float *q = tiles.q, *o = tiles.o, *dO = tiles.dO, *D = tiles.D, *k = tiles.k, *v = tiles.v, *P = tiles.P,
+          *dS = tiles.dS;
 #pragma omp for schedule(static)
     for (int bg = 0; bg < B * KV; bg++) {
       const int b = bg / KV, g = bg % KV;
@@ -162,28 +188,28 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
       float* dv = dkv + static_cast<int64_t>(b) * Tk * G.kv_stride() + static_cast<int64_t>(KV + g) * hd;
       for (int hh = 0; hh < G.group(); hh++) {
         const int h = g * G.group() + hh;
-        load_head(k.data(), v.data(), q.data(), kv, qkv, G, b, g, h);
+        load_head(k, v, q, kv, qkv, G, b, g, h);
         for (int i = 0; i < Tq; i++) {
           const int64_t orow = (static_cast<int64_t>(b) * Tq + i) * G.out_stride() + static_cast<int64_t>(h) * hd;
-          load(o.data() + static_cast<int64_t>(i) * hd, out + orow, hd);
-          load(dO.data() + static_cast<int64_t>(i) * hd, dout + orow, hd);
-          D[static_cast<size_t>(i)] = vdot(dO.data() + static_cast<int64_t>(i) * hd, o.data() + static_cast<int64_t>(i) * hd, hd);
+          load(o + static_cast<int64_t>(i) * hd, out + orow, hd);
+          load(dO + static_cast<int64_t>(i) * hd, dout + orow, hd);
+          D[i] = vdot(dO + static_cast<int64_t>(i) * hd, o + static_cast<int64_t>(i) * hd, hd);
         }
         const float* l = lse + (static_cast<int64_t>(b) * NH + h) * Tq;
         for (int r0 = 0; r0 < Tq; r0 += kRows) {
           const int r1 = std::min(Tq, r0 + kRows), m = r1 - r0;
           const int nmax = visible(r1 - 1, Tk, q_pos, k_pos);
           if (nmax == 0) continue;
-          const float* qt = q.data() + static_cast<int64_t>(r0) * hd;
-          const float* dOt = dO.data() + static_cast<int64_t>(r0) * hd;
+          const float* qt = q + static_cast<int64_t>(r0) * hd;
+          const float* dOt = dO + static_cast<int64_t>(r0) * hd;
           // P = exp(scale Q K^T - lse) and dP = dO V^T over the tile's visible keys.
-          gemm(false, true, m, nmax, hd, scale, qt, hd, k.data(), hd, 0.0f, P.data(), nmax);
-          gemm(false, true, m, nmax, hd, 1.0f, dOt, hd, v.data(), hd, 0.0f, dS.data(), nmax);
+          gemm(false, true, m, nmax, hd, scale, qt, hd, k, hd, 0.0f, P, nmax);
+          gemm(false, true, m, nmax, hd, 1.0f, dOt, hd, v, hd, 0.0f, dS, nmax);
           for (int t = r0; t < r1; t++) {
             const int n = visible(t, Tk, q_pos, k_pos);
-            float* prow = P.data() + static_cast<int64_t>(t - r0) * nmax;
-            float* drow = dS.data() + static_cast<int64_t>(t - r0) * nmax;
-            const float lt = l[t], Dt = D[static_cast<size_t>(t)];
+            float* prow = P + static_cast<int64_t>(t - r0) * nmax;
+            float* drow = dS + static_cast<int64_t>(t - r0) * nmax;
+            const float lt = l[t], Dt = D[t];
             for (int j = 0; j < n; j++) {
               prow[j] = vexp(prow[j] - lt);
               drow[j] = scale * prow[j] * (drow[j] - Dt);
@@ -193,9 +219,9 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
           }
           // dQ += dS K; dK += dS^T Q; dV += P^T dO (into the fp32 accumulators in place).
           float* dqt = dq + (static_cast<int64_t>(b) * Tq + r0) * G.out_stride() + static_cast<int64_t>(h) * hd;
-          gemm(false, false, m, hd, nmax, 1.0f, dS.data(), nmax, k.data(), hd, 1.0f, dqt, ldo);
-          gemm(true, false, nmax, hd, m, 1.0f, dS.data(), nmax, qt, hd, 1.0f, dk, ldkv);
-          gemm(true, false, nmax, hd, m, 1.0f, P.data(), nmax, dOt, hd, 1.0f, dv, ldkv);
+          gemm(false, false, m, hd, nmax, 1.0f, dS, nmax, k, hd, 1.0f, dqt, ldo);
+          gemm(true, false, nmax, hd, m, 1.0f, dS, nmax, qt, hd, 1.0f, dk, ldkv);
+          gemm(true, false, nmax, hd, m, 1.0f, P, nmax, dOt, hd, 1.0f, dv, ldkv);
         }
       }
     }
@@ -203,10 +229,10 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
 }
 
 #define DS_INST_S(S)                                                                                                \
-  template void attention_block_forward<S>(float*, float*, const S*, const S*, int, int, int, int, int, int, int,   \
-                                           int);                                                                    \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, float*, int, int, int, int, int, int, \
+                                           int, int);                                                               \
   template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const S*, const float*,   \
-                                            int, int, int, int, int, int, int, int);
+                                            float*, int, int, int, int, int, int, int, int);
 DS_FOR_EACH_STORAGE(DS_INST_S)
 
 }  // namespace ds::rt::cpu

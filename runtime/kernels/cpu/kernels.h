@@ -97,6 +97,11 @@ size_t attention_scratch_floats(int T, int hs = 0, int storage_bytes = 4);
 
 // ---- ring attention's merge (context parallelism; attention_block.cpp) ------------------------
 
+// Floats of scratch attention_block_forward/backward (ops.def) need per OpenMP thread, enough for
+// either: one head's q, out and dout (Tq, hd each) and D (Tq), the block's k and v (Tk, hd each),
+// and two score tiles (64, Tk), all fp32. layout::ring_attention_scratch counts the same.
+size_t attention_block_scratch_floats(int Tq, int Tk, int hd);
+
 // Merges a partial result of attention_block_forward (ops.def) into (out, lse) by the
 // log-sum-exps, in place: afterwards they are the attention over the union of both key sets.
 // out/part (B,T,NH hd), lse/part_lse (B,NH,T), fp32; a part row with lse -inf changes nothing.

@@ -179,8 +179,8 @@ void attention_merge(float* out, float* lse, const float* part, const float* par
 namespace typed {
 
 template <typename S>
-void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, int B, int Tq, int Tk, int NH,
-                             int KV, int hd, int q_pos, int k_pos, cudaStream_t stream) {
+void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, float* /*scratch: CPU only*/, int B,
+                             int Tq, int Tk, int NH, int KV, int hd, int q_pos, int k_pos, cudaStream_t stream) {
   const BlockShape sh = make_shape(B, Tq, Tk, NH, KV, hd, q_pos, k_pos, "attention_block_forward");
   const int64_t rows = int64_t{B} * NH * Tq;
   if (rows <= 0) return;
@@ -190,8 +190,8 @@ void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, 
 
 template <typename S>
 void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv, const S* kv, const S* out,
-                              const float* lse, int B, int Tq, int Tk, int NH, int KV, int hd, int q_pos,
-                              int k_pos, cudaStream_t stream) {
+                              const float* lse, float* /*scratch: CPU only*/, int B, int Tq, int Tk, int NH, int KV,
+                              int hd, int q_pos, int k_pos, cudaStream_t stream) {
   const BlockShape sh = make_shape(B, Tq, Tk, NH, KV, hd, q_pos, k_pos, "attention_block_backward");
   const int64_t qrows = int64_t{B} * NH * Tq, krows = int64_t{B} * KV * Tk;
   if (qrows <= 0 || krows <= 0) return;
@@ -202,10 +202,11 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
 }
 
 #define DS_CUDA_INST_S(S)                                                                                        \
-  template void attention_block_forward<S>(float*, float*, const S*, const S*, int, int, int, int, int, int, int, \
-                                           int, cudaStream_t);                                                   \
+  template void attention_block_forward<S>(float*, float*, const S*, const S*, float*, int, int, int, int, int,  \
+                                           int, int, int, cudaStream_t);                                          \
   template void attention_block_backward<S>(float*, float*, const S*, const S*, const S*, const S*,              \
-                                            const float*, int, int, int, int, int, int, int, int, cudaStream_t);
+                                            const float*, float*, int, int, int, int, int, int, int, int,        \
+                                            cudaStream_t);
 DS_CUDA_FOR_EACH_STORAGE(DS_CUDA_INST_S)
 #undef DS_CUDA_INST_S
 

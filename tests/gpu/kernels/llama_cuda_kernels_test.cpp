@@ -357,29 +357,33 @@ TEST_F(LlamaCudaKernels, RingAttentionBlockForwardMergeBackward) {
     }
     // The CPU's.
     std::vector<float> o(no), l(nl);
-    cpu::attention_block_forward(o.data(), l.data(), qkv.data(), kv.data(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos);
+    std::vector<float> tiles(cpu::attention_block_scratch_floats(Tq, Tk, hd) * static_cast<size_t>(omp_get_max_threads()));
+    cpu::attention_block_forward(o.data(), l.data(), qkv.data(), kv.data(), tiles.data(), B, Tq, Tk, NH, KV, hd, q_pos,
+                                 k_pos);
     auto acc = random_floats(no, 5), acc_lse = random_floats(nl, 6);
     const auto acc0 = acc, acc_lse0 = acc_lse;
     cpu::attention_merge(acc.data(), acc_lse.data(), o.data(), l.data(), B, Tq, NH, hd);
     auto dq = random_floats(no, 7), dkv = random_floats(nkv, 8);
     const auto dq0 = dq, dkv0 = dkv;
     cpu::attention_block_backward(dq.data(), dkv.data(), dout.data(), qkv.data(), kv.data(), out.data(), acc_lse.data(),
-                                  B, Tq, Tk, NH, KV, hd, q_pos, k_pos);
+                                  tiles.data(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos);
     // The GPU's.
     DeviceArray<float> go(no), gl(nl), gacc(acc0), gacc_lse(acc_lse0), gdq(dq0), gdkv(dkv0), glse(acc_lse);
     const auto& t = cu();
     if (sixteen) {
       std::vector<uint16_t> hq = to_bf16(qkv), hkv = to_bf16(kv), hd_ = to_bf16(dout), ho = to_bf16(out);
       DeviceArray<uint16_t> bq(hq), bkv(hkv), bdo(hd_), bo(ho);
-      t.bf16.attention_block_forward(go.get(), gl.get(), bq.bf(), bkv.bf(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
-      t.bf16.attention_block_backward(gdq.get(), gdkv.get(), bdo.bf(), bq.bf(), bkv.bf(), bo.bf(), glse.get(), B, Tq, Tk,
-                                      NH, KV, hd, q_pos, k_pos, stream_);
+      t.bf16.attention_block_forward(go.get(), gl.get(), bq.bf(), bkv.bf(), nullptr, B, Tq, Tk, NH, KV, hd, q_pos, k_pos,
+                                     stream_);
+      t.bf16.attention_block_backward(gdq.get(), gdkv.get(), bdo.bf(), bq.bf(), bkv.bf(), bo.bf(), glse.get(), nullptr, B,
+                                      Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
       DS_ASSERT_CUDA(cudaStreamSynchronize(stream_));
     } else {
       DeviceArray<float> fq(qkv), fkv(kv), fdo(dout), fo(out);
-      t.f32.attention_block_forward(go.get(), gl.get(), fq.get(), fkv.get(), B, Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
-      t.f32.attention_block_backward(gdq.get(), gdkv.get(), fdo.get(), fq.get(), fkv.get(), fo.get(), glse.get(), B, Tq,
-                                     Tk, NH, KV, hd, q_pos, k_pos, stream_);
+      t.f32.attention_block_forward(go.get(), gl.get(), fq.get(), fkv.get(), nullptr, B, Tq, Tk, NH, KV, hd, q_pos, k_pos,
+                                    stream_);
+      t.f32.attention_block_backward(gdq.get(), gdkv.get(), fdo.get(), fq.get(), fkv.get(), fo.get(), glse.get(), nullptr,
+                                     B, Tq, Tk, NH, KV, hd, q_pos, k_pos, stream_);
       DS_ASSERT_CUDA(cudaStreamSynchronize(stream_));
     }
     t.attention_merge(gacc.get(), gacc_lse.get(), go.get(), gl.get(), B, Tq, NH, hd, stream_);

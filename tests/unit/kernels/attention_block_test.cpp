@@ -6,13 +6,16 @@
 // holding chunks r and 2N-1-r (Megatron's causal load balance), its blocks visited in ring order.
 // And 16-bit inputs run the fp32 arithmetic on the converted values.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 #include "core/dtype.h"
 #include "kernels/cpu/kernels.h"
+#include "layout/context_parallel.h"
 #include "unit/kernels/grad_check.h"
 
 using namespace ds::rt;
@@ -20,6 +23,11 @@ using namespace ds::rt::cpu;
 using ds::test::randn;
 
 namespace {
+
+// The block kernels' per-thread tiles for every OpenMP thread (ops.def: attention_block_*).
+std::vector<float> tiles(int Tq, int Tk, int hd) {
+  return std::vector<float>(attention_block_scratch_floats(Tq, Tk, hd) * static_cast<size_t>(omp_get_max_threads()));
+}
 
 struct Shape {
   int B, NH, KV, hd;
@@ -99,8 +107,8 @@ void check_split(const Shape& s, const std::vector<int>& cuts, const std::vector
     for (int ck : orders[static_cast<size_t>(cq)]) {
       const int ka = cuts[ck], kb = cuts[ck + 1];
       const auto kv = kv_rows(ref.qkv, s, T, ka, kb);
-      attention_block_forward(part.data(), part_lse.data(), q.data(), kv.data(), s.B, Tq, kb - ka, s.NH, s.KV, s.hd,
-                              a, ka);
+      attention_block_forward(part.data(), part_lse.data(), q.data(), kv.data(), tiles(Tq, kb - ka, s.hd).data(), s.B,
+                              Tq, kb - ka, s.NH, s.KV, s.hd, a, ka);
       attention_merge(out.data(), lse.data(), part.data(), part_lse.data(), s.B, Tq, s.NH, s.hd);
     }
     expect_near(out, rows(ref.out, s.B, T, ow, a, b), 2e-6f, "merged output");
@@ -112,7 +120,8 @@ void check_split(const Shape& s, const std::vector<int>& cuts, const std::vector
       const int ka = cuts[ck], kb = cuts[ck + 1];
       const auto kv = kv_rows(ref.qkv, s, T, ka, kb);
       attention_block_backward(dq.data(), dkv[static_cast<size_t>(ck)].data(), dO.data(), q.data(), kv.data(),
-                               o.data(), lse.data(), s.B, Tq, kb - ka, s.NH, s.KV, s.hd, a, ka);
+                               o.data(), lse.data(), tiles(Tq, kb - ka, s.hd).data(), s.B, Tq, kb - ka, s.NH, s.KV, s.hd,
+                               a, ka);
     }
     expect_near(dq, rows(ref.dqkv, s.B, T, s.stride(), a, b, 0, ow), 1e-5f, "dq");
   }
@@ -141,11 +150,28 @@ TEST(AttentionBlock, LoadBalancedRingOrderMatchesTheUnsplitKernel) {
   check_split({2, 4, 1, 8}, {0, 4, 8, 12, 16}, order);
 }
 
+// The plan's count of the ring's scratch (layout::ring_attention_scratch) holds the kernels'
+// per-thread tiles at a chunk's T / 2n tokens, for every thread.
+TEST(AttentionBlock, TheRingScratchCountsTheKernelsTiles) {
+  for (const auto& [T, n, hd] : {std::tuple{1536, 2, 32}, std::tuple{96, 4, 8}, std::tuple{20, 2, 64}}) {
+    ds::layout::CpAttentionShape a;
+    a.B = 2, a.T = T, a.NH = 4, a.KV = 2, a.hd = hd, a.n = n, a.storage_bytes = 2;
+    a.num_threads = 0;
+    const int64_t base = ds::layout::ring_attention_scratch(a).workspace;
+    a.num_threads = 3;
+    const int C = T / (2 * n);
+    EXPECT_EQ(ds::layout::ring_attention_scratch(a).workspace - base,
+              static_cast<int64_t>(3 * 4 * attention_block_scratch_floats(C, C, hd)))
+        << T << " " << n << " " << hd;
+  }
+}
+
 TEST(AttentionBlock, AFutureBlockSeesNoKey) {
   const Shape s{1, 2, 1, 4};
   const auto qkv = randn(static_cast<size_t>(3) * s.stride(), 3), kv = randn(static_cast<size_t>(2) * 2 * s.KV * s.hd, 4);
   std::vector<float> out(static_cast<size_t>(3) * s.NH * s.hd, 7.0f), lse(static_cast<size_t>(s.NH) * 3);
-  attention_block_forward(out.data(), lse.data(), qkv.data(), kv.data(), 1, 3, 2, s.NH, s.KV, s.hd, 0, 3);
+  attention_block_forward(out.data(), lse.data(), qkv.data(), kv.data(), tiles(3, 2, s.hd).data(), 1, 3, 2, s.NH, s.KV,
+                          s.hd, 0, 3);
   for (float v : out) EXPECT_EQ(v, 0.0f);
   for (float l : lse) EXPECT_EQ(l, -std::numeric_limits<float>::infinity());
   // Merging it changes nothing.
@@ -167,8 +193,10 @@ TEST(AttentionBlock, SixteenBitInputsRunTheFp32ArithmeticOnTheirValues) {
   convert(kv.data(), kv16.data(), static_cast<int64_t>(kv.size()));
   const size_t on = static_cast<size_t>(s.B) * Tq * s.NH * s.hd, ln = static_cast<size_t>(s.B) * s.NH * Tq;
   std::vector<float> o32(on), l32(ln), o16(on), l16(ln);
-  attention_block_forward(o32.data(), l32.data(), qkv.data(), kv.data(), s.B, Tq, Tk, s.NH, s.KV, s.hd, 4, 2);
-  attention_block_forward(o16.data(), l16.data(), qkv16.data(), kv16.data(), s.B, Tq, Tk, s.NH, s.KV, s.hd, 4, 2);
+  auto t = tiles(Tq, Tk, s.hd);
+  attention_block_forward(o32.data(), l32.data(), qkv.data(), kv.data(), t.data(), s.B, Tq, Tk, s.NH, s.KV, s.hd, 4, 2);
+  attention_block_forward(o16.data(), l16.data(), qkv16.data(), kv16.data(), t.data(), s.B, Tq, Tk, s.NH, s.KV, s.hd, 4,
+                          2);
   EXPECT_EQ(o32, o16);
   EXPECT_EQ(l32, l16);
 }
