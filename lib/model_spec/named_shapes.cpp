@@ -24,12 +24,16 @@ ModelShape mixtral_shape(int L, int NH, int KV, int C, int I, int E, int k, int 
   return s;
 }
 
-const std::array<NamedShape, 7>& table() {
-  static const std::array<NamedShape, 7> t = {{
+const std::array<NamedShape, 8>& table() {
+  static const std::array<NamedShape, 8> t = {{
       {"124m", "GPT-2 124M (llm.c's shape, Vp 50304)", ModelShape::gpt2_124m()},
       {"350m", "GPT-2 350M (llm.c's shape, Vp 50304)", ModelShape{24, 16, 1024, 50257, 50304, 1024}},
       {"llama-1b", "a Llama of TinyLlama-1.1B's shape (GQA 32/4, SwiGLU 5632, V 32000)",
        llama_shape(22, 32, 4, 2048, 5632, 32000, 2048)},
+      {"mixtral-0.9b",
+       "a 12-layer Mixtral: C 1024, GQA 16/4, 8 experts of SwiGLU 2816, top 2, V 32000 (0.93B parameters, 0.30B "
+       "active)",
+       mixtral_shape(12, 16, 4, 1024, 2816, 8, 2, 32000, 2048)},
       {"step-s", "step_bench S: a 4-layer GPT-2, C 256, V 4096", ModelShape{4, 4, 256, 4096, 4096, 128}},
       {"step-m", "step_bench M: a 6-layer GPT-2, C 384, GPT-2's vocabulary",
        ModelShape{6, 6, 384, 50304, 50304, 256}},

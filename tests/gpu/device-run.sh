@@ -16,8 +16,9 @@
 #       (CUDA toolkit or PyTorch's NVIDIA wheels), and runs, each stage logged:
 #         env     nvidia-smi, the libraries the module resolves, `dstrain report`
 #         tests   every cuda-labelled test binary (gtest), one by one
-#         bench   gpu_bench: GPT-2 124M and 350M and a 1.1B Llama at bf16 storage (flash attention;
-#                 124M also with the exact attention) and at fp32 (fp32 math)
+#         bench   gpu_bench: GPT-2 124M and 350M, a 1.1B Llama and a 0.9B Mixtral (8 experts, top 2)
+#                 at bf16 storage (flash attention; 124M also with the exact attention) and at fp32
+#                 (fp32 math)
 #         train   200 steps of GPT-2 124M (bf16, ZeRO-2, one rank) on the KJV as GPT-2 BPE
 #                 tokens, through `dstrain launch`; the CPU twin's first steps run HERE
 #                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards; then 10
@@ -230,7 +231,9 @@ device() {
                  "350m-bf16:--model 350m --batch 4 --seq 1024 --storage bf16" \
                  "350m-fp32:--model 350m --batch 4 --seq 1024 --math fp32" \
                  "llama-1b-bf16:--model llama-1b --batch 4 --seq 2048 --storage bf16" \
-                 "llama-1b-fp32:--model llama-1b --batch 2 --seq 2048 --math fp32 --steps 2 --warmup 1"; do
+                 "llama-1b-fp32:--model llama-1b --batch 2 --seq 2048 --math fp32 --steps 2 --warmup 1" \
+                 "mixtral-0.9b-bf16:--model mixtral-0.9b --batch 4 --seq 2048 --storage bf16" \
+                 "mixtral-0.9b-fp32:--model mixtral-0.9b --batch 2 --seq 2048 --math fp32 --steps 2 --warmup 1"; do
           # shellcheck disable=SC2086
           stage "bench:${m%%:*}" 60 "$bin/gpu_bench" --steps 5 --warmup 2 ${m#*:}
         done

@@ -9,6 +9,7 @@
 #include "common/error.h"
 #include "model_spec/family.h"
 #include "model_spec/named_shapes.h"
+#include "model_spec/shape.h"
 
 namespace ms = ds::model_spec;
 
@@ -22,6 +23,10 @@ TEST(NamedShapes, EveryOneIsAValidModelWithAUniqueName) {
   }
   EXPECT_GE(names.size(), 3u);
   EXPECT_EQ(ms::param_count(ms::named_shape("124m", "test").shape), 124475904);
+  // gpu_bench's mixture of experts, as its description says: 0.93B parameters, 0.30B active.
+  const ms::ModelShape moe = ms::named_shape("mixtral-0.9b", "test").shape;
+  EXPECT_NEAR(static_cast<double>(ms::param_count(moe)), 0.93e9, 0.005e9);
+  EXPECT_NEAR(static_cast<double>(ms::active_param_count(moe)), 0.30e9, 0.01e9);
   EXPECT_EQ(&ms::named_shape(ms::kDefaultCalibrationShape, "test"), &ms::named_shape("124m", "test"));
 }
 
