@@ -484,11 +484,11 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
   op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
   check_all_to_all(op, rank_, size_, describe(op));
   const size_t own = send_counts[static_cast<size_t>(rank_)];
-  if (backend_ == Backend::kNccl) {
+  if (backend_ == Backend::kNccl || backend_ == Backend::kShm) {
     issue(std::move(op), call, false)->wait();
     return;
   }
-  // CPU backends: a send and a recv per peer (each with the deadline and the peer's name; the
+  // Gloo: a send and a recv per peer (each with the deadline and the peer's name; the
   // sends count the traffic), all posted before any is waited for, and the own part copied.
   const size_t es = dtype_size(dtype);
   const auto* src = static_cast<const uint8_t*>(in);

@@ -237,10 +237,11 @@ class Comm {
   // send_counts[0] + ... + send_counts[q-1]), `out` by source likewise. recv_counts[q] must be
   // rank q's send_counts[r] (exchange the counts first: an all_to_all_v of one count per rank).
   // Counts may be zero and differ per rank (the mixture of experts' token exchange). No overlap
-  // between in and out. CPU backends: every pair's transfer is a send and a recv on this group
-  // (tag kAllToAllTag), all posted before any is waited for, own part copied; each bounded by the
-  // deadline and naming the peer it waited for, as any send/recv. nccl: one ncclGroup of sends and
-  // receives on the group's stream.
+  // between in and out. gloo: every pair's transfer is a send and a recv on this group (tag
+  // kAllToAllTag), all posted before any is waited for, own part copied; each bounded by the
+  // deadline and naming the peer it waited for, as any send/recv. shm: one collective through the
+  // group's segment (rounds of staged pieces, shm_comm.cpp), with its deadline and hung-rank
+  // naming. nccl: one ncclGroup of sends and receives on the group's stream.
   static constexpr int kAllToAllTag = 0x7a2a;
   void all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
                     std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call = {});
@@ -283,7 +284,7 @@ class Comm {
   // benefit; callers use the methods above.
   enum class OpKind : uint8_t {
     kAllReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv, kBarrier,
-    kAllToAll  // nccl only: CPU backends run all_to_all_v as sends and receives
+    kAllToAll  // nccl and shm; gloo runs all_to_all_v as sends and receives
   };
   struct Op {
     OpKind kind = OpKind::kBarrier;

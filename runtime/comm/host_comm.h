@@ -110,7 +110,7 @@ class HostComm : public Comm {
 
   std::shared_ptr<Health> health_ = std::make_shared<Health>();
   // Nanoseconds spent in run() per OpKind (busy_seconds); send/recv are posted, not run here.
-  static constexpr int kOpKinds = 7;
+  static constexpr int kOpKinds = static_cast<int>(OpKind::kAllToAll) + 1;  // kAllToAll is the last
   std::array<std::atomic<int64_t>, kOpKinds> busy_ns_{};
 
   std::mutex mu_;

@@ -23,6 +23,9 @@
 //                   reduce sub-slot r of all slots straight into my output.
 //   all_gather      copy my piece into my slot | barrier | copy every peer's piece out.
 //   broadcast       root copies into its slot | barrier | the others copy out.
+//   all_to_all      copy my piece for each peer q into sub-slot q of my slot | barrier | copy
+//                   sub-slot r of every peer's slot out (the pieces' sizes differ per pair; the
+//                   first barrier publishes each rank's largest, which sets the rounds).
 // Why double buffering is enough: a slot is written again two chunks later, and between the two
 // writes lies the next chunk's first barrier, which every peer reaches only after it finished
 // reading the earlier chunk.
@@ -37,7 +40,8 @@
 // cache.
 //
 // Send/recv stay on the Gloo pairs of the base class (pipeline traffic is point-to-point and
-// latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots).
+// latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots). all_to_all_v, which
+// ran as sends and receives on them too, is a collective here since 2026-12-05.
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
@@ -117,6 +121,8 @@ struct RankCtl {
   // Zero-copy path: where this rank's buffer lies in its registered regions, per step parity.
   int32_t reg_region[2];
   uint64_t reg_offset[2];
+  // all_to_all: the largest piece this rank sends to a peer, per step parity (the rounds needed).
+  uint64_t piece_max[2];
 };
 static_assert(sizeof(RankCtl) <= kCtlBytes);
 static_assert(std::atomic<uint64_t>::is_always_lock_free);
@@ -280,9 +286,9 @@ class ShmComm : public GlooComm {
       case OpKind::kBarrier:
         arrive();
         return wait_peers(op, dl);
+      case OpKind::kAllToAll: return all_to_all(op, dl);
       case OpKind::kSend:
-      case OpKind::kRecv:
-      case OpKind::kAllToAll: break;  // sends and receives (Comm::all_to_all_v)
+      case OpKind::kRecv: break;  // on the Gloo pairs
     }
     DS_CHECK(false, "ShmComm::run got {}", op_name(op.kind));
   }
@@ -392,6 +398,7 @@ class ShmComm : public GlooComm {
     ctl(rank()).fp[seq_ % 2] = fp_;
     ctl(rank()).reg_region[seq_ % 2] = reg_region_;
     ctl(rank()).reg_offset[seq_ % 2] = reg_offset_;
+    ctl(rank()).piece_max[seq_ % 2] = piece_max_;
     ctl(rank()).seq.store(seq_, std::memory_order_release);
     ring_bell();
   }
@@ -445,7 +452,9 @@ class ShmComm : public GlooComm {
         h *= 1099511628211ull;
       }
     };
-    if (op.counts.empty()) {
+    if (op.kind == OpKind::kAllToAll) {
+      // Its counts differ per rank by design (the mixture of experts' token exchange).
+    } else if (op.counts.empty()) {
       mix(op.count);
       f.total = op.count;
     } else {
@@ -645,6 +654,57 @@ class ShmComm : public GlooComm {
     if (mine && in != my_out) copy_out(my_out, in, mine * es, stream);  // no overlap unless in place
   }
 
+  // all_to_all_v: rounds of at most `per` elements of every piece. In each, my piece for rank q
+  // goes into sub-slot q of my slot, one barrier, then I copy sub-slot r of every peer's slot out.
+  // The first barrier also publishes the largest piece each rank sends (piece_max), so every rank
+  // runs as many rounds as the largest piece of the group needs. My own piece is copied directly.
+  void all_to_all(const Op& op, Deadline dl) {
+    const int n = size(), r = rank();
+    const size_t es = dtype_size(op.dtype);
+    const size_t sub = chunk_ / static_cast<size_t>(n) / 64 * 64;
+    const size_t per = std::max<size_t>(1, sub / es);
+    const auto* in = static_cast<const uint8_t*>(op.in);
+    auto* out = static_cast<uint8_t*>(op.out);
+    std::vector<size_t> so(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
+    piece_max_ = 0;
+    size_t s = 0, t = 0;
+    for (int q = 0; q < n; ++q) {
+      so[static_cast<size_t>(q)] = s;
+      ro[static_cast<size_t>(q)] = t;
+      s += op.counts[static_cast<size_t>(q)];
+      t += op.recv_counts[static_cast<size_t>(q)];
+      if (q != r) piece_max_ = std::max<uint64_t>(piece_max_, op.counts[static_cast<size_t>(q)]);
+    }
+    const size_t own = op.counts[static_cast<size_t>(r)];
+    if (own) std::memcpy(out + ro[static_cast<size_t>(r)] * es, in + so[static_cast<size_t>(r)] * es, own * es);
+    auto len = [&](const std::vector<size_t>& counts, int q, size_t p0) {
+      const size_t c = counts[static_cast<size_t>(q)];
+      return c > p0 ? std::min(per, c - p0) : size_t{0};
+    };
+    uint64_t largest = 0;
+    for (size_t p0 = 0, round = 0; round == 0 || p0 < largest; p0 += per, ++round) {
+      const int b = next_buffer();
+      for (int q = 0; q < n; ++q) {
+        if (q != r && len(op.counts, q, p0)) {
+          std::memcpy(slot(r, b) + static_cast<size_t>(q) * sub, in + (so[static_cast<size_t>(q)] + p0) * es,
+                      len(op.counts, q, p0) * es);
+        }
+      }
+      arrive();
+      wait_peers(op, dl);
+      if (round == 0) {
+        for (int q = 0; q < n; ++q) largest = std::max(largest, ctl(q).piece_max[seq_ % 2]);
+      }
+      for (int q = 0; q < n; ++q) {
+        if (q != r && len(op.recv_counts, q, p0)) {
+          std::memcpy(out + (ro[static_cast<size_t>(q)] + p0) * es, slot(q, b) + static_cast<size_t>(r) * sub,
+                      len(op.recv_counts, q, p0) * es);
+        }
+      }
+    }
+    piece_max_ = 0;
+  }
+
   void broadcast(const Op& op, Deadline dl) {
     const int r = rank(), root = op.peer;
     const size_t bytes = op.count * dtype_size(op.dtype);
@@ -803,6 +863,7 @@ class ShmComm : public GlooComm {
 
   void run_single(const Op& op) {
     const size_t es = dtype_size(op.dtype);
+    if (op.kind == OpKind::kAllToAll && op.counts[0] > 0) std::memcpy(op.out, op.in, op.counts[0] * es);
     if ((op.kind == OpKind::kReduceScatter || op.kind == OpKind::kAllGather) &&
         op.counts[0] > 0 && op.in != op.out) {
       std::memmove(op.out, op.in, op.counts[0] * es);
@@ -825,6 +886,7 @@ class ShmComm : public GlooComm {
   std::vector<Region> regions_;
   int32_t reg_region_ = -1;
   uint64_t reg_offset_ = 0;
+  uint64_t piece_max_ = 0;  // all_to_all: published by arrive() (RankCtl::piece_max)
   std::string job_;
   bool spin_ = false;
 };

@@ -16,8 +16,6 @@ namespace ds::rt::parallel {
 
 namespace {
 
-constexpr int kTagToHeads = 7201;
-constexpr int kTagToSequence = 7202;
 
 // Columns of peer p's share of a row made of head groups (q, k, v): for each group, its heads
 // [p h/N, (p+1) h/N) of hd values. Calls fn(column in the whole row, column in the share, width).
@@ -36,18 +34,12 @@ int64_t row_width(const std::vector<int>& heads, int hd, int n = 1) {
   return static_cast<int64_t>(std::accumulate(heads.begin(), heads.end(), 0) / n) * hd;
 }
 
-// Posts every pair's send and receive of one exchange, then waits for them all, adding the
-// seconds to *blocked. Piece p of `send` (of `recv`) is at p * piece bytes.
-void exchange(comm::Comm& cp, uint8_t* send, uint8_t* recv, size_t piece, int tag, double* blocked) {
+// One all-to-all of `n` pieces of `piece` bytes each (piece p of `send` goes to rank p, piece p of
+// `recv` comes from rank p; my own piece is copied), adding the seconds to *blocked.
+void exchange(comm::Comm& cp, const uint8_t* send, uint8_t* recv, size_t piece, double* blocked) {
   const auto t0 = std::chrono::steady_clock::now();
-  std::vector<comm::WorkPtr> work;
-  const int n = cp.size(), r = cp.rank();
-  for (int k = 1; k < n; k++) {
-    const int to = (r + k) % n, from = (r - k + n) % n;
-    work.push_back(cp.send_async(send + static_cast<size_t>(to) * piece, piece, comm::DataType::kUInt8, to, tag));
-    work.push_back(cp.recv_async(recv + static_cast<size_t>(from) * piece, piece, comm::DataType::kUInt8, from, tag));
-  }
-  for (auto& w : work) w->wait();
+  const std::vector<size_t> counts(static_cast<size_t>(cp.size()), piece);
+  cp.all_to_all_v(send, counts, recv, counts, comm::DataType::kUInt8);
   *blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -103,14 +95,14 @@ void UlyssesAttention::to_heads(S* dst, const S* src, const std::vector<int>& he
   const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
   uint8_t *send = pieces(false), *recv = pieces(true);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
-    S* out = reinterpret_cast<S*>((p == r_ ? recv : send) + static_cast<size_t>(p) * piece);
+    S* out = reinterpret_cast<S*>(send + static_cast<size_t>(p) * piece);
     for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
       for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
         std::memcpy(out + row * w_mine + share, src + row * w_all + whole, static_cast<size_t>(w) * sizeof(S));
       });
     }
   }
-  exchange(cp_, send, recv, piece, kTagToHeads, &blocked_s_);
+  exchange(cp_, send, recv, piece, &blocked_s_);
   for (int p = 0; p < n_; p++) {  // p's rows, my heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int b = 0; b < sh_.B; b++) {
@@ -126,14 +118,14 @@ void UlyssesAttention::to_sequence(S* dst, const S* src, const std::vector<int>&
   const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
   uint8_t *send = pieces(false), *recv = pieces(true);
   for (int p = 0; p < n_; p++) {  // p's rows of my heads
-    S* out = reinterpret_cast<S*>((p == r_ ? recv : send) + static_cast<size_t>(p) * piece);
+    S* out = reinterpret_cast<S*>(send + static_cast<size_t>(p) * piece);
     for (int b = 0; b < sh_.B; b++) {
       std::memcpy(out + static_cast<int64_t>(b) * Tl_ * w_mine,
                   src + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
                   static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
     }
   }
-  exchange(cp_, send, recv, piece, kTagToSequence, &blocked_s_);
+  exchange(cp_, send, recv, piece, &blocked_s_);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
     for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
