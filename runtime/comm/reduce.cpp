@@ -113,65 +113,120 @@ __attribute__((target("avx2"))) inline __m256 apply8(__m256 a, __m256 b) {
   if constexpr (O == ReduceOp::kMin) return _mm256_min_ps(b, a);
 }
 
-// Elements [lo, hi) as the scalar apply() does them (the heads and tails of the fused kernel).
-template <ReduceOp O>
-void reduce_f32_scalar(float* out, const float* const* s, int n, size_t lo, size_t hi) {
+// Elements [lo, hi) as the scalar loop (reduce_blocks) does them: the heads and tails of the
+// fused kernel. C is the storage codec (Plain<float>, Bf16): load to fp32, apply left to right,
+// round once.
+template <typename C, ReduceOp O>
+void reduce_scalar(typename C::S* out, const typename C::S* const* s, int n, size_t lo, size_t hi) {
   for (size_t j = lo; j < hi; ++j) {
-    float a = s[0][j];
+    float a = C::load(s[0][j]);
     for (int k = 1; k < n; ++k) {
-      const float b = s[k][j];
+      const float b = C::load(s[k][j]);
       if constexpr (O == ReduceOp::kSum) a = a + b;
       if constexpr (O == ReduceOp::kMax) a = b > a ? b : a;
       if constexpr (O == ReduceOp::kMin) a = b < a ? b : a;
     }
-    out[j] = a;
+    out[j] = C::store(a);
   }
 }
 
-// fp32 over n sources, fused: 16 floats (one cache line) of every source are read and reduced in
-// registers, left to right, and stored at once, so the sources stream in together and no
+// 16 elements (one 64-byte line of fp32, half of one of bf16) in and out of two __m256.
+struct F32x16 {
+  using C = Plain<float>;
+  __attribute__((target("avx2"))) static void load(const float* p, __m256& a, __m256& b) {
+    a = _mm256_loadu_ps(p);
+    b = _mm256_loadu_ps(p + 8);
+  }
+  template <bool kStream>
+  __attribute__((target("avx2"))) static void store(float* p, __m256 a, __m256 b) {
+    if constexpr (kStream) {
+      _mm256_stream_ps(p, a);
+      _mm256_stream_ps(p + 8, b);
+    } else {
+      _mm256_storeu_ps(p, a);
+      _mm256_storeu_ps(p + 8, b);
+    }
+  }
+};
+struct Bf16x16 {
+  using C = Bf16;
+  __attribute__((target("avx2"))) static __m256 widen(const uint16_t* p) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  // f32_to_bf16 (common/half.h) on 8 lanes: NaN keeps its payload's top and becomes quiet, the
+  // rest round to nearest even; the result in the low 16 bits of each lane.
+  __attribute__((target("avx2"))) static __m256i narrow(__m256 x) {
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                           _mm256_set1_epi32(0x7f800000));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
+  }
+  __attribute__((target("avx2"))) static void load(const uint16_t* p, __m256& a, __m256& b) {
+    a = widen(p);
+    b = widen(p + 8);
+  }
+  template <bool kStream>
+  __attribute__((target("avx2"))) static void store(uint16_t* p, __m256 a, __m256 b) {
+    // packus works per 128-bit lane: a0-3 b0-3 a4-7 b4-7; the permute puts the quarters in order.
+    const __m256i v = _mm256_permute4x64_epi64(_mm256_packus_epi32(narrow(a), narrow(b)), 0xd8);
+    if constexpr (kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    }
+  }
+};
+
+// Over n sources, fused: 16 elements of every source are read and reduced in fp32 registers,
+// left to right, rounded once and stored at once, so the sources stream in together and no
 // intermediate block is written. Streaming stores (kStream) need `out` 32-byte aligned: the head
 // before the first 64-byte boundary goes through the scalar loop.
-template <ReduceOp O, bool kStream>
-__attribute__((target("avx2"))) void reduce_f32_avx2(float* out, const void* const* srcs, int n,
-                                                     size_t count) {
-  const auto* const* s = reinterpret_cast<const float* const*>(srcs);
+template <typename V, ReduceOp O, bool kStream>
+__attribute__((target("avx2"))) void reduce_avx2(typename V::C::S* out, const void* const* srcs, int n,
+                                                 size_t count) {
+  using S = typename V::C::S;
+  const auto* const* s = reinterpret_cast<const S* const*>(srcs);
   size_t i = 0;
   if constexpr (kStream) {
     const size_t head = (64 - reinterpret_cast<uintptr_t>(out) % 64) % 64;
-    // A float misaligned within its 4 bytes never reaches a 32-byte boundary: scalar throughout.
-    i = head % sizeof(float) != 0 ? count : std::min(count, head / sizeof(float));
-    reduce_f32_scalar<O>(out, s, n, 0, i);
+    // An element misaligned within its own size never reaches a 32-byte boundary: scalar throughout.
+    i = head % sizeof(S) != 0 ? count : std::min(count, head / sizeof(S));
+    reduce_scalar<typename V::C, O>(out, s, n, 0, i);
   }
   for (; i + 16 <= count; i += 16) {
-    __m256 a0 = _mm256_loadu_ps(s[0] + i), a1 = _mm256_loadu_ps(s[0] + i + 8);
+    __m256 a0, a1, b0, b1;
+    V::load(s[0] + i, a0, a1);
     for (int k = 1; k < n; ++k) {
-      a0 = apply8<O>(a0, _mm256_loadu_ps(s[k] + i));
-      a1 = apply8<O>(a1, _mm256_loadu_ps(s[k] + i + 8));
+      V::load(s[k] + i, b0, b1);
+      a0 = apply8<O>(a0, b0);
+      a1 = apply8<O>(a1, b1);
     }
-    if constexpr (kStream) {
-      _mm256_stream_ps(out + i, a0);
-      _mm256_stream_ps(out + i + 8, a1);
-    } else {
-      _mm256_storeu_ps(out + i, a0);
-      _mm256_storeu_ps(out + i + 8, a1);
-    }
+    V::template store<kStream>(out + i, a0, a1);
   }
-  reduce_f32_scalar<O>(out, s, n, i, count);
+  reduce_scalar<typename V::C, O>(out, s, n, i, count);
   if constexpr (kStream) _mm_sfence();
 }
 
-// The fused fp32 kernel when the CPU has AVX2; false when the caller must take the generic path.
+// The fused kernel for fp32 and bf16 when the CPU has AVX2; false when the caller must take the
+// generic path.
 template <bool kStream>
-bool reduce_f32_fused(ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
-  if (!has_avx2()) return false;
-  auto* o = static_cast<float*>(out);
-  switch (op) {
-    case ReduceOp::kSum: reduce_f32_avx2<ReduceOp::kSum, kStream>(o, srcs, n, count); return true;
-    case ReduceOp::kMax: reduce_f32_avx2<ReduceOp::kMax, kStream>(o, srcs, n, count); return true;
-    case ReduceOp::kMin: reduce_f32_avx2<ReduceOp::kMin, kStream>(o, srcs, n, count); return true;
-  }
-  return false;
+bool reduce_fused(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
+  if (!has_avx2() || (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16)) return false;
+  auto run = [&](auto v) {
+    using V = decltype(v);
+    auto* o = static_cast<typename V::C::S*>(out);
+    switch (op) {
+      case ReduceOp::kSum: reduce_avx2<V, ReduceOp::kSum, kStream>(o, srcs, n, count); return true;
+      case ReduceOp::kMax: reduce_avx2<V, ReduceOp::kMax, kStream>(o, srcs, n, count); return true;
+      case ReduceOp::kMin: reduce_avx2<V, ReduceOp::kMin, kStream>(o, srcs, n, count); return true;
+    }
+    return false;
+  };
+  return dtype == DataType::kFloat32 ? run(F32x16{}) : run(Bf16x16{});
 }
 
 }  // namespace
@@ -183,10 +238,14 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
   switch (dtype) {
     case DataType::kFloat32:
 #if defined(__x86_64__)
-      if (reduce_f32_fused<false>(op, out, srcs, n, count)) return;
+      if (reduce_fused<false>(dtype, op, out, srcs, n, count)) return;
 #endif
       return reduce_codec<Plain<float>>(op, out, srcs, n, count);
-    case DataType::kBFloat16: return reduce_codec<Bf16>(op, out, srcs, n, count);
+    case DataType::kBFloat16:
+#if defined(__x86_64__)
+      if (reduce_fused<false>(dtype, op, out, srcs, n, count)) return;
+#endif
+      return reduce_codec<Bf16>(op, out, srcs, n, count);
     case DataType::kFloat16: return reduce_codec<Fp16>(op, out, srcs, n, count);
     case DataType::kInt32: return reduce_codec<Plain<int32_t>>(op, out, srcs, n, count);
     case DataType::kInt64: return reduce_codec<Plain<int64_t>>(op, out, srcs, n, count);
@@ -198,7 +257,7 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
 void reduce_n_streaming(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
   DS_CHECK(n >= 1, "reduce over {} sources", n);
 #if defined(__x86_64__)
-  if (dtype == DataType::kFloat32 && reduce_f32_fused<true>(op, out, srcs, n, count)) return;
+  if (reduce_fused<true>(dtype, op, out, srcs, n, count)) return;
 #endif
   constexpr size_t kBlockBytes = 16 << 10;  // half of a core's L1 data cache
   alignas(64) static thread_local uint8_t block[kBlockBytes];

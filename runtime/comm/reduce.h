@@ -1,6 +1,6 @@
 // Element-wise reductions and the 16-bit float conversions the collectives need: plain loops
-// over raw buffers, compiled with -O3 so that GCC vectorizes them, and for fp32 a fused AVX2
-// kernel chosen at run time (reduce.cpp).
+// over raw buffers, compiled with -O3 so that GCC vectorizes them, and for fp32 and bf16 a fused
+// AVX2 kernel chosen at run time, bit for bit the loop's (reduce.cpp).
 //
 // Deliberately not: a kernel library. The runtime's compute kernels live in runtime/kernels;
 // these exist so that runtime/comm depends on nothing but lib/.
@@ -29,9 +29,10 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
 
 // reduce_n into a large output nobody reads right away (a reduce_scatter's part of many MiB):
 // the same values, written with streaming stores, so the output's lines are not read first.
-// fp32 on a CPU with AVX2 runs one fused pass (every source's cache line reduced in registers
-// and streamed out); other types reduce a few KiB at a time into a buffer in L1 and stream that
-// out (copy_streaming). `out` may be one of the sources, as for reduce_n.
+// fp32 and bf16 on a CPU with AVX2 run one fused pass (16 elements of every source reduced in
+// fp32 registers, rounded once and streamed out); other types reduce a few KiB at a time into a
+// buffer in L1 and stream that out (copy_streaming). `out` may be one of the sources, as for
+// reduce_n.
 void reduce_n_streaming(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count);
 
 // inout[i] = op(inout[i], in[i]) (two sources; the Gloo ring's step).

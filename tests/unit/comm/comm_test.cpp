@@ -736,6 +736,65 @@ TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
   }
 }
 
+// The bf16 reductions (fused AVX2 kernels where the CPU has them) give the bits of the scalar
+// loop: fp32 accumulation left to right, one rounding to nearest even, NaN made quiet; every op,
+// 1 to 4 sources, ties, NaN payloads, infinities, overflow to infinity, in place and not,
+// streaming or not, around every alignment.
+TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
+  const size_t kMax = 3000;
+  std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(kMax + 64));
+  const uint16_t specials[] = {0x7fc1, 0xff81, 0x7f80, 0xff80, 0x0000, 0x8000, 0x7f7f, 0xff7f, 0x0001, 0x3f81};
+  for (size_t k = 0; k < src.size(); ++k) {
+    for (size_t i = 0; i < src[k].size(); ++i) {
+      src[k][i] = (i * 31 + k * 7) % 89 == 0 ? specials[(i + k) % 10]
+                                             : static_cast<uint16_t>((i * 2654435761u + k * 40503u) >> 7);
+    }
+  }
+  auto scalar = [](ReduceOp op, float a, float b) {
+    if (op == ReduceOp::kSum) return a + b;
+    if (op == ReduceOp::kMax) return b > a ? b : a;
+    return b < a ? b : a;
+  };
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+    for (int n = 1; n <= 4; ++n) {
+      for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, kMax}) {
+        for (size_t off : {size_t{0}, size_t{1}, size_t{5}, size_t{17}}) {
+          for (int mode = 0; mode < 3; ++mode) {  // 0: reduce_n, 1: streaming, 2: in place
+            std::vector<uint16_t> want(count);
+            for (size_t i = 0; i < count; ++i) {
+              float a = bf16_to_f32(src[0][off + i]);
+              for (int k = 1; k < n; ++k) a = scalar(op, a, bf16_to_f32(src[static_cast<size_t>(k)][off + i]));
+              want[i] = f32_to_bf16(a);
+            }
+            std::vector<std::vector<uint16_t>> copy = src;
+            std::vector<uint16_t> out(kMax + 64, 0x1234);
+            uint16_t* dst = mode == 2 ? copy[0].data() + off : out.data() + (off * 3) % 32;
+            std::vector<const void*> srcs;
+            for (int k = 0; k < n; ++k) srcs.push_back(copy[static_cast<size_t>(k)].data() + off);
+            if (mode == 1) {
+              reduce_n_streaming(DataType::kBFloat16, op, dst, srcs.data(), n, count);
+            } else {
+              reduce_n(DataType::kBFloat16, op, dst, srcs.data(), n, count);
+            }
+            for (size_t i = 0; i < count; ++i) {
+              ASSERT_EQ(dst[i], want[i]) << "op " << static_cast<int>(op) << " n " << n << " count " << count
+                                         << " off " << off << " mode " << mode << " at " << i;
+            }
+            if (mode != 2) {
+              const size_t d0 = static_cast<size_t>(dst - out.data());
+              for (size_t i = 0; i < out.size(); ++i) {
+                if (i < d0 || i >= d0 + count) {
+                  ASSERT_EQ(out[i], 0x1234) << "wrote outside at " << i;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(CommReduce, HalfConversionsRoundToNearestEven) {
   EXPECT_EQ(f32_to_bf16(1.0f), 0x3f80);
   EXPECT_EQ(bf16_to_f32(0x3f80), 1.0f);
