@@ -113,6 +113,10 @@ __attribute__((target("avx2"))) inline __m256 apply8(__m256 a, __m256 b) {
   if constexpr (O == ReduceOp::kMin) return _mm256_min_ps(b, a);
 }
 
+// The scalar op struct of each ReduceOp (OpSum, OpMax, OpMin above).
+template <ReduceOp O>
+using OpOf = std::conditional_t<O == ReduceOp::kSum, OpSum, std::conditional_t<O == ReduceOp::kMax, OpMax, OpMin>>;
+
 // Elements [lo, hi) as the scalar loop (reduce_blocks) does them: the heads and tails of the
 // fused kernel. C is the storage codec (Plain<float>, Bf16): load to fp32, apply left to right,
 // round once.
@@ -120,12 +124,7 @@ template <typename C, ReduceOp O>
 void reduce_scalar(typename C::S* out, const typename C::S* const* s, int n, size_t lo, size_t hi) {
   for (size_t j = lo; j < hi; ++j) {
     float a = C::load(s[0][j]);
-    for (int k = 1; k < n; ++k) {
-      const float b = C::load(s[k][j]);
-      if constexpr (O == ReduceOp::kSum) a = a + b;
-      if constexpr (O == ReduceOp::kMax) a = b > a ? b : a;
-      if constexpr (O == ReduceOp::kMin) a = b < a ? b : a;
-    }
+    for (int k = 1; k < n; ++k) a = OpOf<O>::apply(a, C::load(s[k][j]));
     out[j] = C::store(a);
   }
 }

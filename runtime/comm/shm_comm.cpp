@@ -666,7 +666,7 @@ class ShmComm : public GlooComm {
     const auto* in = static_cast<const uint8_t*>(op.in);
     auto* out = static_cast<uint8_t*>(op.out);
     std::vector<size_t> so(static_cast<size_t>(n)), ro(static_cast<size_t>(n));
-    piece_max_ = 0;
+    piece_max_ = 0;  // published by every arrive(); read only here
     size_t s = 0, t = 0;
     for (int q = 0; q < n; ++q) {
       so[static_cast<size_t>(q)] = s;
@@ -702,7 +702,6 @@ class ShmComm : public GlooComm {
         }
       }
     }
-    piece_max_ = 0;
   }
 
   void broadcast(const Op& op, Deadline dl) {

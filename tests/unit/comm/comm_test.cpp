@@ -672,52 +672,45 @@ TEST(CommReduce, StreamingCopyEqualsMemcpyAtEveryAlignmentAndSize) {
   }
 }
 
-// The fp32 reductions (fused AVX2 kernels where the CPU has them) give the bits of a scalar
-// left-to-right loop: every op, 1 to 4 sources, NaN, infinities and signed zeros among the
-// values, in place and not, streaming or not, at heads and tails around every alignment.
-TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
-  const size_t kMax = 5000;
-  std::vector<std::vector<float>> src(4, std::vector<float>(kMax + 64));
-  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3.5f};
-  for (size_t k = 0; k < src.size(); ++k) {
-    for (size_t i = 0; i < src[k].size(); ++i) {
-      src[k][i] = (i * 31 + k * 7) % 97 == 0 ? specials[(i + k) % 8]
-                                             : static_cast<float>((i * 2654435761u + k * 40503u) % 20011) / 7.3f - 1300.0f;
-    }
-  }
+// Every op, 1 to 4 of `src`'s sources, `count`s around the kernels' 16-element steps, the given
+// element offsets, through reduce_n, reduce_n_streaming and reduce_n in place: the bits of a
+// scalar loop in fp32 (load each element, apply left to right, round once with `store`), and
+// nothing written outside the output. Outputs not in place start (off * shift) % mod elements
+// into a buffer filled with `fill`.
+template <typename S, typename Load, typename Store>
+void expect_reductions_equal_the_scalar_loop(DataType dtype, const std::vector<std::vector<S>>& src, Load load,
+                                             Store store, std::initializer_list<size_t> offsets, size_t shift,
+                                             size_t mod, S fill) {
+  const size_t kMax = src[0].size() - 64;
   auto scalar = [](ReduceOp op, float a, float b) {
     if (op == ReduceOp::kSum) return a + b;
     if (op == ReduceOp::kMax) return b > a ? b : a;
     return b < a ? b : a;
   };
-  auto bits = [](float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    return u;
-  };
+  auto same_bits = [](const S& x, const S& y) { return std::memcmp(&x, &y, sizeof(S)) == 0; };
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
     for (int n = 1; n <= 4; ++n) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, kMax}) {
-        for (size_t off : {size_t{0}, size_t{1}, size_t{3}, size_t{9}}) {
+        for (size_t off : offsets) {
           for (int mode = 0; mode < 3; ++mode) {  // 0: reduce_n, 1: streaming, 2: in place
-            std::vector<float> want(count);
+            std::vector<S> want(count);
             for (size_t i = 0; i < count; ++i) {
-              float a = src[0][off + i];
-              for (int k = 1; k < n; ++k) a = scalar(op, a, src[static_cast<size_t>(k)][off + i]);
-              want[i] = a;
+              float a = load(src[0][off + i]);
+              for (int k = 1; k < n; ++k) a = scalar(op, a, load(src[static_cast<size_t>(k)][off + i]));
+              want[i] = store(a);
             }
-            std::vector<std::vector<float>> copy = src;  // in place writes into source 0
-            std::vector<float> out(kMax + 64, 7.0f);
-            float* dst = mode == 2 ? copy[0].data() + off : out.data() + (off * 5) % 16;
+            std::vector<std::vector<S>> copy = src;  // in place writes into source 0
+            std::vector<S> out(kMax + 64, fill);
+            S* dst = mode == 2 ? copy[0].data() + off : out.data() + (off * shift) % mod;
             std::vector<const void*> srcs;
             for (int k = 0; k < n; ++k) srcs.push_back(copy[static_cast<size_t>(k)].data() + off);
             if (mode == 1) {
-              reduce_n_streaming(DataType::kFloat32, op, dst, srcs.data(), n, count);
+              reduce_n_streaming(dtype, op, dst, srcs.data(), n, count);
             } else {
-              reduce_n(DataType::kFloat32, op, dst, srcs.data(), n, count);
+              reduce_n(dtype, op, dst, srcs.data(), n, count);
             }
             for (size_t i = 0; i < count; ++i) {
-              ASSERT_EQ(bits(dst[i]), bits(want[i]))
+              ASSERT_TRUE(same_bits(dst[i], want[i]))
                   << "op " << static_cast<int>(op) << " n " << n << " count " << count << " off " << off
                   << " mode " << mode << " at " << i;
             }
@@ -725,7 +718,7 @@ TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
               const size_t d0 = static_cast<size_t>(dst - out.data());
               for (size_t i = 0; i < out.size(); ++i) {
                 if (i < d0 || i >= d0 + count) {
-                  ASSERT_EQ(out[i], 7.0f) << "wrote outside at " << i;
+                  ASSERT_TRUE(same_bits(out[i], fill)) << "wrote outside at " << i;
                 }
               }
             }
@@ -736,13 +729,26 @@ TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
   }
 }
 
-// The bf16 reductions (fused AVX2 kernels where the CPU has them) give the bits of the scalar
-// loop: fp32 accumulation left to right, one rounding to nearest even, NaN made quiet; every op,
-// 1 to 4 sources, ties, NaN payloads, infinities, overflow to infinity, in place and not,
-// streaming or not, around every alignment.
+// The fp32 reductions (fused AVX2 kernels where the CPU has them) give the bits of a scalar
+// left-to-right loop: NaN, infinities and signed zeros among the values, heads and tails around
+// every alignment.
+TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
+  std::vector<std::vector<float>> src(4, std::vector<float>(5000 + 64));
+  const float specials[] = {NAN, -NAN, INFINITY, -INFINITY, 0.0f, -0.0f, 1e-40f, -3.5f};
+  for (size_t k = 0; k < src.size(); ++k) {
+    for (size_t i = 0; i < src[k].size(); ++i) {
+      src[k][i] = (i * 31 + k * 7) % 97 == 0 ? specials[(i + k) % 8]
+                                             : static_cast<float>((i * 2654435761u + k * 40503u) % 20011) / 7.3f - 1300.0f;
+    }
+  }
+  expect_reductions_equal_the_scalar_loop(
+      DataType::kFloat32, src, [](float x) { return x; }, [](float x) { return x; }, {0, 1, 3, 9}, 5, 16, 7.0f);
+}
+
+// The bf16 reductions: fp32 accumulation left to right, one rounding to nearest even, NaN made
+// quiet; ties, NaN payloads, infinities and overflow to infinity among the values.
 TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
-  const size_t kMax = 3000;
-  std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(kMax + 64));
+  std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(3000 + 64));
   const uint16_t specials[] = {0x7fc1, 0xff81, 0x7f80, 0xff80, 0x0000, 0x8000, 0x7f7f, 0xff7f, 0x0001, 0x3f81};
   for (size_t k = 0; k < src.size(); ++k) {
     for (size_t i = 0; i < src[k].size(); ++i) {
@@ -750,49 +756,8 @@ TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
                                              : static_cast<uint16_t>((i * 2654435761u + k * 40503u) >> 7);
     }
   }
-  auto scalar = [](ReduceOp op, float a, float b) {
-    if (op == ReduceOp::kSum) return a + b;
-    if (op == ReduceOp::kMax) return b > a ? b : a;
-    return b < a ? b : a;
-  };
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
-    for (int n = 1; n <= 4; ++n) {
-      for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, kMax}) {
-        for (size_t off : {size_t{0}, size_t{1}, size_t{5}, size_t{17}}) {
-          for (int mode = 0; mode < 3; ++mode) {  // 0: reduce_n, 1: streaming, 2: in place
-            std::vector<uint16_t> want(count);
-            for (size_t i = 0; i < count; ++i) {
-              float a = bf16_to_f32(src[0][off + i]);
-              for (int k = 1; k < n; ++k) a = scalar(op, a, bf16_to_f32(src[static_cast<size_t>(k)][off + i]));
-              want[i] = f32_to_bf16(a);
-            }
-            std::vector<std::vector<uint16_t>> copy = src;
-            std::vector<uint16_t> out(kMax + 64, 0x1234);
-            uint16_t* dst = mode == 2 ? copy[0].data() + off : out.data() + (off * 3) % 32;
-            std::vector<const void*> srcs;
-            for (int k = 0; k < n; ++k) srcs.push_back(copy[static_cast<size_t>(k)].data() + off);
-            if (mode == 1) {
-              reduce_n_streaming(DataType::kBFloat16, op, dst, srcs.data(), n, count);
-            } else {
-              reduce_n(DataType::kBFloat16, op, dst, srcs.data(), n, count);
-            }
-            for (size_t i = 0; i < count; ++i) {
-              ASSERT_EQ(dst[i], want[i]) << "op " << static_cast<int>(op) << " n " << n << " count " << count
-                                         << " off " << off << " mode " << mode << " at " << i;
-            }
-            if (mode != 2) {
-              const size_t d0 = static_cast<size_t>(dst - out.data());
-              for (size_t i = 0; i < out.size(); ++i) {
-                if (i < d0 || i >= d0 + count) {
-                  ASSERT_EQ(out[i], 0x1234) << "wrote outside at " << i;
-                }
-              }
-            }
-          }
-        }
-      }
-    }
-  }
+  expect_reductions_equal_the_scalar_loop(DataType::kBFloat16, src, bf16_to_f32, f32_to_bf16, {0, 1, 5, 17}, 3, 32,
+                                          uint16_t{0x1234});
 }
 
 TEST(CommReduce, HalfConversionsRoundToNearestEven) {
