@@ -252,6 +252,8 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   read_skip_spikes(ctx, s, out.skip_spikes);
   s.get_number("straggler_slower_by", out.straggler_slower_by, 0, kInf, /*lo_open=*/true);
   s.get_int("straggler_steps", out.straggler_steps, 1);
+  s.get_bool("sync_loss_once", out.sync_loss_once);
+  s.get_bool("sync_norm_once", out.sync_norm_once);
   s.finish();
   if (!out.eval_tasks.empty() && out.eval_interval == 0) {
     ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
@@ -292,6 +294,8 @@ Json training_to_json(const TrainingConfig& c) {
               {"eval_tasks", eval_tasks_to_json(c.eval_tasks)},
               {"straggler_slower_by", c.straggler_slower_by},
               {"straggler_steps", c.straggler_steps},
+              {"sync_loss_once", c.sync_loss_once},
+              {"sync_norm_once", c.sync_norm_once},
               {"skip_spikes", c.skip_spikes.enabled ? Json{{"enabled", true},
                                                            {"threshold", c.skip_spikes.threshold},
                                                            {"window", c.skip_spikes.window}}

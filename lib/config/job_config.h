@@ -155,6 +155,13 @@ struct TrainingConfig {
   // (runtime/train/straggler.h).
   double straggler_slower_by = 0.2;
   int straggler_steps = 5;
+  // What a GPU step synchronises on (docs/gpu.md, "What a step costs beyond the kernels"); each can
+  // be turned off to measure it. sync_loss_once: the micro-batches' losses stay on the device
+  // and come back in one copy per step (else one per micro-batch). sync_norm_once: the gradient
+  // norm's per-range sums come back in one copy (else one per range). A CPU run gives the same
+  // bits either way.
+  bool sync_loss_once = true;
+  bool sync_norm_once = true;
 };
 
 struct Fp16Config {

@@ -171,6 +171,17 @@ inline void attention_merge(float* out, float* lse, const float* part, const flo
 inline void moe_sort_slots(int32_t* slots, int32_t* pos, int32_t* offsets, const int32_t* idx, int64_t NK, int E) {
   DS_KERN(moe_sort_slots, slots, pos, offsets, idx, NK, E);
 }
+// The per-token losses summed on a CUDA device without a synchronisation (cuda::loss_sum_to_slot:
+// the thread's slots; slot < cuda::kLossSlots), and the slots brought back at once. CUDA only: a
+// CPU caller sums on the host.
+inline void loss_sum_to_slot(const float* losses, int64_t n, int slot) {
+  if (!on_cuda()) throw invalid_usage("kern::loss_sum_to_slot outside a CUDA scope");
+  cuda_kernels().loss_sum_to_slot(losses, n, slot, cuda_stream());
+}
+inline void loss_slots_to_host(double* out, int count) {
+  if (!on_cuda()) throw invalid_usage("kern::loss_slots_to_host outside a CUDA scope");
+  cuda_kernels().loss_slots_to_host(out, count, cuda_stream());
+}
 inline void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n) {
   DS_KERN(moe_gather_f32, out, in, idx, n);
 }
@@ -246,6 +257,16 @@ inline double sum_of_squares(const S* x, int64_t n) {
     else no_cuda_kernel("sum_of_squares", dtype_of<S>);
   }
   return cpu::sum_of_squares(x, n);
+}
+// out[i] = sum_of_squares(xs[i], ns[i]) for i < count, bit for bit; inside a CUDA scope with one
+// synchronising copy for all of them instead of one per span.
+template <typename S>
+inline void sums_of_squares(double* out, const S* const* xs, const int64_t* ns, int count) {
+  if (on_cuda()) {
+    if constexpr (kCudaHasOps<S, S>) return cuda_ops<S, S>().sums_of_squares_to_host(out, xs, ns, count, cuda_stream());
+    else no_cuda_kernel("sums_of_squares", dtype_of<S>);
+  }
+  for (int i = 0; i < count; ++i) out[i] = cpu::sum_of_squares(xs[i], ns[i]);
 }
 // True when every element is finite (cpu::all_finite). Inside a CUDA scope: whether the device's
 // double sum of squares is finite, which is the same predicate (a square of a finite fp32 or bf16

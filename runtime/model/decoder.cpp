@@ -1122,7 +1122,7 @@ void Decoder::record_top_rows(DecoderActivations& a, const int32_t* host_targets
   }
 }
 
-float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale) {
+float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale, HeadLoss loss) {
   if (!part_.has_head) throw invalid_usage("head on a part without the head");
   check_tokens(targets, "target", true);
   kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
@@ -1162,6 +1162,17 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
   }
   if (tied) params_done(wte);
   params_done(lnf);
+  if (loss == HeadLoss::kKeep) {
+    if (opt_.device == Device::kCuda) {
+      if (kept_on_device_ == cuda::kLossSlots) bring_back_kept_losses();
+      kern::loss_sum_to_slot(a.losses, BT, kept_on_device_++);
+    } else {
+      double sum = 0.0;  // the loop below, so take_losses gives the bits head returns
+      for (int i = 0; i < BT; i++) sum += a.losses[i];
+      kept_loss_sums_.push_back(sum);
+    }
+    return 0.0f;
+  }
   // The per-token losses, on the host (on CUDA a copy back: the one synchronisation per micro-batch).
   const float* losses = a.losses;
   std::vector<float> device_losses;
@@ -1180,6 +1191,30 @@ float Decoder::head_forward(DecoderActivations& a, const int32_t* targets) { ret
 
 float Decoder::head_forward_backward(DecoderActivations& a, const int32_t* targets, float grad_scale) {
   return head(a, targets, true, grad_scale);
+}
+
+void Decoder::head_forward_backward_deferred(DecoderActivations& a, const int32_t* targets, float grad_scale) {
+  head(a, targets, true, grad_scale, HeadLoss::kKeep);
+}
+
+// The device's slots after the host's sums (they were kept later), in one copy.
+void Decoder::bring_back_kept_losses() {
+  if (kept_on_device_ == 0) return;
+  kern::DeviceScope scope(opt_.device, opt_.cuda_stream);
+  const size_t n0 = kept_loss_sums_.size();
+  kept_loss_sums_.resize(n0 + static_cast<size_t>(kept_on_device_));
+  kern::loss_slots_to_host(kept_loss_sums_.data() + n0, kept_on_device_);
+  kept_on_device_ = 0;
+}
+
+std::vector<float> Decoder::take_losses() {
+  bring_back_kept_losses();
+  const double BT = static_cast<double>(opt_.B) * opt_.T;
+  std::vector<float> means;
+  means.reserve(kept_loss_sums_.size());
+  for (double sum : kept_loss_sums_) means.push_back(static_cast<float>(sum / BT));
+  kept_loss_sums_.clear();
+  return means;
 }
 
 }  // namespace ds::rt

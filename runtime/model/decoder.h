@@ -213,6 +213,9 @@ class Decoder : public Model {
   // gradients of grad_scale * mean loss and sets d_stream() to the gradient of the last layer's
   // output.
   float head_forward_backward(DecoderActivations& a, const int32_t* targets, float grad_scale);
+  // Model::head_forward_backward_deferred / take_losses.
+  void head_forward_backward_deferred(DecoderActivations& a, const int32_t* targets, float grad_scale);
+  std::vector<float> take_losses() override;
   // Layers [l1-1 .. l0] backwards: d_stream() holds d(out[l1-1]) and ends with d(input of l0).
   void blocks_backward(DecoderActivations& a, int l0, int l1);
   void embed_backward(DecoderActivations& a, const int32_t* tokens);
@@ -240,6 +243,9 @@ class Decoder : public Model {
   float head_forward(Activations& a, const int32_t* t) override { return head_forward(own(a), t); }
   float head_forward_backward(Activations& a, const int32_t* t, float s) override {
     return head_forward_backward(own(a), t, s);
+  }
+  void head_forward_backward_deferred(Activations& a, const int32_t* t, float s) override {
+    head_forward_backward_deferred(own(a), t, s);
   }
   void blocks_backward(Activations& a, int l0, int l1) override { blocks_backward(own(a), l0, l1); }
   void embed_backward(Activations& a, const int32_t* t) override { embed_backward(own(a), t); }
@@ -362,7 +368,16 @@ class Decoder : public Model {
                    const int32_t* host_targets);
   // Activations::record_top: rows [r0, r0+rows) of target_is_top from this chunk's logits.
   void record_top_rows(DecoderActivations& a, const int32_t* host_targets, int r0, int rows);
-  float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale);
+  // What head does with the per-token losses: their mean returned (a copy back on a GPU), or
+  // kept (summed into the deferred sums below, 0 returned).
+  enum class HeadLoss { kReturn, kKeep };
+  float head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale,
+             HeadLoss loss = HeadLoss::kReturn);
+  // The kept sums (head_forward_backward_deferred): on the host, and on a GPU the count still in
+  // the device's loss slots (brought back when take_losses runs or the slots are full).
+  std::vector<double> kept_loss_sums_;
+  int kept_on_device_ = 0;
+  void bring_back_kept_losses();
 
   model_spec::ModelShape shape_;
   model_spec::ModelPart part_;

@@ -148,6 +148,12 @@ class Model {
   virtual void blocks_forward(Activations& a, int l0, int l1) = 0;
   virtual float head_forward(Activations& a, const int32_t* targets) = 0;
   virtual float head_forward_backward(Activations& a, const int32_t* targets, float grad_scale) = 0;
+  // training.sync_loss_once: head_forward_backward with its loss left where it is. take_losses()
+  // returns the mean loss of every such call since the last take, in order, each with the bits
+  // head_forward_backward would have returned; on a GPU the sums stay on the device
+  // (kern::loss_sum_to_slot) and come back in one copy, instead of one synchronisation per call.
+  virtual void head_forward_backward_deferred(Activations& a, const int32_t* targets, float grad_scale) = 0;
+  virtual std::vector<float> take_losses() = 0;
   virtual void blocks_backward(Activations& a, int l0, int l1) = 0;
   virtual void embed_backward(Activations& a, const int32_t* tokens) = 0;
   virtual TypedPtr d_stream() = 0;

@@ -12,12 +12,27 @@ namespace ds::rt::train {
 
 StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const std::vector<OptimizerPart>& parts,
                             double micro_batches, double loss_scale, bool preempt_requested, double owned_aux_sum,
-                            double loss_tokens) {
+                            double loss_tokens, bool sync_norm_once) {
   double counted = 0, uncounted = 0;
-  for (const OptimizerPart& p : parts) {
-    for (const auto& [off, n] : p.state->norm_ranges()) counted += kern::typed::sum_of_squares(p.grads + off, n);
-    for (const auto& [off, n] : p.state->uncounted_ranges()) {
-      uncounted += kern::typed::sum_of_squares(p.grads + off, n);
+  if (sync_norm_once) {
+    // Every range's sum at once (one synchronisation on a GPU), added in the same order as below.
+    std::vector<std::pair<TypedPtr, int64_t>> spans;
+    size_t n_counted = 0;
+    for (const OptimizerPart& p : parts) {
+      for (const auto& [off, n] : p.state->norm_ranges()) spans.emplace_back(p.grads + off, n);
+    }
+    n_counted = spans.size();
+    for (const OptimizerPart& p : parts) {
+      for (const auto& [off, n] : p.state->uncounted_ranges()) spans.emplace_back(p.grads + off, n);
+    }
+    const std::vector<double> sums = kern::typed::sums_of_squares(spans);
+    for (size_t i = 0; i < sums.size(); ++i) (i < n_counted ? counted : uncounted) += sums[i];
+  } else {
+    for (const OptimizerPart& p : parts) {
+      for (const auto& [off, n] : p.state->norm_ranges()) counted += kern::typed::sum_of_squares(p.grads + off, n);
+      for (const auto& [off, n] : p.state->uncounted_ranges()) {
+        uncounted += kern::typed::sum_of_squares(p.grads + off, n);
+      }
     }
   }
   const double bad = std::isfinite(uncounted) ? 0.0 : 1.0;

@@ -40,10 +40,12 @@ struct OptimizerPart {
 // micro-batch losses when it owns them (tp rank 0 of the last stage), else 0. `parts`: every
 // optimizer state of this rank with its gradients (the norm counts each once). `loss_tokens` > 0
 // (loss masks): owned_loss_sum is a sum of token losses and the loss is the world's sum over
-// loss_tokens instead of over micro_batches.
+// loss_tokens instead of over micro_batches. `sync_norm_once` (training.sync_norm_once): every
+// range's sum of squares comes back at once (one synchronisation on a GPU) instead of one by one;
+// the same bits either way.
 StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, const std::vector<OptimizerPart>& parts,
                             double micro_batches, double loss_scale, bool preempt_requested = false,
-                            double owned_aux_sum = 0, double loss_tokens = 0);
+                            double owned_aux_sum = 0, double loss_tokens = 0, bool sync_norm_once = true);
 
 struct UpdateSettings {
   optim::AdamWConfig adamw;

@@ -357,6 +357,7 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
   Activations& acts = engine->activations();
   const auto& part = model.part();
   LossSums sums;
+  const bool keep_losses = cfg.training.sync_loss_once;  // one copy back per step, after the loop
   // Decoder::forward_backward's pieces, with a lap after each phase (step_clock.h).
   for (int g = 0; g < G; ++g) {
     load(0, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
@@ -365,7 +366,8 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
     model.embed_forward(acts, mb_inputs(0));
     model.blocks_forward(acts, part.layer_begin, part.layer_end);
     clock.lap(Phase::kForward);
-    sums.loss += model.head_forward_backward(acts, mb_targets(0), scale);
+    if (keep_losses) model.head_forward_backward_deferred(acts, mb_targets(0), scale);
+    else sums.loss += model.head_forward_backward(acts, mb_targets(0), scale);
     sums.aux += acts.router.load_balancing_loss();
     model.blocks_backward(acts, part.layer_begin, part.layer_end);
     model.embed_backward(acts, mb_inputs(0));
@@ -373,6 +375,10 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
     if (kill_here && g == 0) ::raise(SIGKILL);
     zero.end_micro_batch();
     clock.lap(Phase::kReduce);
+  }
+  if (keep_losses) {
+    for (float l : model.take_losses()) sums.loss += l;  // in micro-batch order: the same sum
+    clock.lap(Phase::kBackward);
   }
   return sums;
 }
@@ -630,7 +636,8 @@ StepRecord Trainer::Impl::train_step(int64_t step, const UpdateSettings& setting
   const double owned_loss = !owner ? 0.0 : masked ? sums.loss * B * Tl : sums.loss / cp;
   const StepStats stats = global_step_stats(engine->host_world(), owned_loss, parts, global_micro_batches, loss_scale,
                                             preempt::requested(), owner ? sums.aux / cp : 0.0,
-                                            masked ? std::max(step_counted, 1.0) : 0.0);
+                                            masked ? std::max(step_counted, 1.0) : 0.0,
+                                            cfg.training.sync_norm_once);
   clock.lap(Phase::kStats);
   *preempt_after_step = stats.preempt;
   StepRecord r;

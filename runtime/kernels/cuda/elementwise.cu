@@ -270,13 +270,14 @@ __device__ inline double block_sum_d(double v) {
   return t;
 }
 
-template <typename T>
+// kSquare: the sum of squares (the gradient norm); else the plain sum (the per-token losses).
+template <typename T, bool kSquare = true>
 __global__ void sum_squares_partial_kernel(double* partial, const T* x, int64_t n) {
   double s = 0.0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const double v = ld(x + i);
-    s += v * v;
+    s += kSquare ? v * v : v;
   }
   s = block_sum_d(s);
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
@@ -328,10 +329,10 @@ __global__ void lora_dropout_kernel(T* out, const T* x, int64_t N, int cols, int
   }
 }
 
-template <typename T>
+template <typename T, bool kSquare = true>
 void sum_of_squares_impl(double* out, double* scratch, const T* x, int64_t n, cudaStream_t stream) {
-  sum_squares_partial_kernel<T><<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
-                                                                            n > 0 ? n : 0);
+  sum_squares_partial_kernel<T, kSquare><<<kSumSquaresBlocks, kThreads, 0, stream>>>(scratch, x,
+                                                                                     n > 0 ? n : 0);
   DS_CUDA_CHECK_LAUNCH("sum_squares_partial_kernel");
   sum_squares_final_kernel<<<1, kThreads, 0, stream>>>(out, scratch, kSumSquaresBlocks);
   DS_CUDA_CHECK_LAUNCH("sum_squares_final_kernel");
@@ -359,7 +360,54 @@ double* norm_scratch() {
   return scratch.mem;
 }
 
+// A device array of doubles per (thread, device), kept for the thread's life and grown when a
+// call needs more (outside the tagged accounting, like norm_scratch). Growing frees the old
+// array: only for arrays whose contents a call does not keep across calls.
+struct DeviceDoubles {
+  int device = -1;
+  int64_t count = 0;
+  double* mem = nullptr;
+  ~DeviceDoubles() {
+    if (mem != nullptr) cudaFree(mem);
+  }
+  double* at_least(int64_t n) {
+    int dev = 0;
+    DS_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev != device || n > count) {
+      if (mem != nullptr) DS_CUDA_CHECK(cudaFree(mem));
+      mem = nullptr;
+      DS_CUDA_CHECK(cudaMalloc(&mem, static_cast<size_t>(n) * sizeof(double)));
+      device = dev;
+      count = n;
+    }
+    return mem;
+  }
+};
+
+// The deferred loss sums (loss_sum_to_slot): kLossSlots doubles per (thread, device).
+double* loss_slots() {
+  thread_local DeviceDoubles slots;
+  return slots.at_least(kLossSlots);
+}
+
 }  // namespace
+
+void loss_sum_to_slot(const float* losses, int64_t n, int slot, cudaStream_t stream) {
+  if (slot < 0 || slot >= kLossSlots) {
+    throw_cuda_error("loss_sum_to_slot", "slot check", __FILE__, __LINE__, slot, "slot outside [0, kLossSlots)");
+  }
+  sum_of_squares_impl<float, false>(loss_slots() + slot, norm_scratch() + 1, losses, n, stream);
+}
+
+void loss_slots_to_host(double* out, int count, cudaStream_t stream) {
+  if (count < 0 || count > kLossSlots) {
+    throw_cuda_error("loss_slots_to_host", "count check", __FILE__, __LINE__, count, "count outside [0, kLossSlots]");
+  }
+  if (count == 0) return;
+  DS_CUDA_CHECK(cudaMemcpyAsync(out, loss_slots(), static_cast<size_t>(count) * sizeof(double),
+                                cudaMemcpyDeviceToHost, stream));
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
 
 void sum_of_squares(double* out, double* scratch, const float* x, int64_t n,
                     cudaStream_t stream) {
@@ -477,6 +525,19 @@ double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream) {
   return out;
 }
 
+// Each span's sum into its own device double (the partials' scratch reused in stream order),
+// then one copy back and one synchronisation for all of them.
+template <typename S>
+void sums_of_squares_to_host(double* out, const S* const* xs, const int64_t* ns, int count, cudaStream_t stream) {
+  if (count <= 0) return;
+  thread_local DeviceDoubles sums;
+  double* d = sums.at_least(count);
+  double* partials = norm_scratch() + 1;
+  for (int i = 0; i < count; ++i) sum_of_squares_impl(d + i, partials, xs[i], ns[i], stream);
+  DS_CUDA_CHECK(cudaMemcpyAsync(out, d, static_cast<size_t>(count) * sizeof(double), cudaMemcpyDeviceToHost, stream));
+  DS_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 template <typename S>
 void scale_in_place(S* x, int64_t n, float coef, cudaStream_t stream) {
   if (coef == 1.0f) return;
@@ -508,6 +569,7 @@ void lora_dropout(S* out, const S* x, int64_t N, int cols, int64_t col0, int64_t
   template void add_in_place<S>(S*, const S*, int64_t, cudaStream_t);                           \
   template void add_bias<S>(S*, const S*, int, int, cudaStream_t);                              \
   template double sum_of_squares_to_host<S>(const S*, int64_t, cudaStream_t);                   \
+  template void sums_of_squares_to_host<S>(double*, const S* const*, const int64_t*, int, cudaStream_t); \
   template void scale_in_place<S>(S*, int64_t, float, cudaStream_t);                            \
   template void columns_axpy<S>(S*, int, const S*, int, float, int64_t, int, bool, cudaStream_t);    \
   template void lora_dropout<S>(S*, const S*, int64_t, int, int64_t, int64_t, float, uint64_t, cudaStream_t);

@@ -115,6 +115,10 @@ void crossentropy_softmax_backward(float* losses, S* logits_to_dlogits, const in
 // is the calling thread's own, per device.
 template <typename S>
 double sum_of_squares_to_host(const S* x, int64_t n, cudaStream_t stream);
+// out[i] = the sum of squares of xs[i][0, ns[i]) for i < count (each as sum_of_squares_to_host
+// computes it, bit for bit), with one copy back and one synchronisation for all of them.
+template <typename S>
+void sums_of_squares_to_host(double* out, const S* const* xs, const int64_t* ns, int count, cudaStream_t stream);
 
 }  // namespace typed
 
@@ -160,6 +164,16 @@ void adamw_update_bf16_grads(const kern::AdamWStep& s, float* params, const uint
 // doubles), then one block adds them. inf/nan inputs make it non-finite, as on the CPU.
 inline constexpr int kSumSquaresBlocks = 256;
 void sum_of_squares(double* out, double* scratch, const float* x, int64_t n, cudaStream_t stream);
+
+// ---- the per-token losses summed on the device, brought back once per step ------------------------
+
+// Slot `slot` (0 <= slot < kLossSlots) of the calling thread's device array of loss sums = the sum
+// of losses[0, n) in double, in sum_of_squares' fixed order; nothing synchronises. The slots are
+// the thread's own, per device, outside the tagged accounting (like the norm's scratch).
+inline constexpr int kLossSlots = 1024;
+void loss_sum_to_slot(const float* losses, int64_t n, int slot, cudaStream_t stream);
+// out[0, count) = slots [0, count): one copy back, one synchronisation.
+void loss_slots_to_host(double* out, int count, cudaStream_t stream);
 
 // ---- flash attention on the tensor cores (bf16 storage) --------------------------------------------
 

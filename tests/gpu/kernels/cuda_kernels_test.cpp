@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <memory>
 #include <vector>
 
 #include "common/error.h"
@@ -635,6 +636,51 @@ TEST_F(CudaKernels, EngineAndTrainerOpsMatchTheCpu) {
   EXPECT_TRUE(close(dp.download(), rp, kTight, 1e-7));
   EXPECT_TRUE(close(dm.download(), rm, kTight, 1e-7));
   EXPECT_TRUE(close(dv.download(), rv, kTight, 1e-9));
+}
+
+// What a GPU step synchronises on (training.sync_loss_once, sync_norm_once): the per-token
+// losses summed into the thread's loss slots and brought back in one copy equal the host's
+// double sum of the same floats; the sums of squares of several spans in one copy equal each
+// span's sum_of_squares_to_host bit for bit, at fp32 and bf16.
+TEST_F(CudaKernels, LossSlotsAndBatchedSumsOfSquares) {
+  const int64_t n = 8192;
+  std::vector<std::vector<float>> losses;
+  for (uint32_t k = 0; k < 5; ++k) losses.push_back(random_floats(static_cast<size_t>(n), 40 + k, 4.0f));
+  std::vector<std::unique_ptr<DeviceArray<float>>> dl;
+  for (const auto& l : losses) dl.push_back(std::make_unique<DeviceArray<float>>(l));
+  std::vector<double> back(losses.size(), -1.0);
+  {
+    kern::DeviceScope scope(Device::kCuda, stream_);
+    for (size_t k = 0; k < losses.size(); ++k) kern::loss_sum_to_slot(dl[k]->get(), n, static_cast<int>(k));
+    kern::loss_slots_to_host(back.data(), static_cast<int>(losses.size()));
+  }
+  for (size_t k = 0; k < losses.size(); ++k) {
+    double ref = 0;
+    for (float x : losses[k]) ref += x;
+    EXPECT_NEAR(back[k], ref, 1e-12 * (std::fabs(ref) + n)) << "slot " << k;
+  }
+  EXPECT_THROW(cu().loss_sum_to_slot(dl[0]->get(), n, cuda::kLossSlots, stream_), Error);
+
+  auto g = random_floats(300001, 50, 2.0f);
+  DeviceArray<float> dg(g);
+  DeviceArray<uint16_t> dh(to_bf16(g));
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {{0, 1000}, {1000, 0}, {5000, 295001}, {7, 3}};
+  std::vector<const float*> xs;
+  std::vector<const bf16*> hs;
+  std::vector<int64_t> ns;
+  for (const auto& [off, len] : ranges) {
+    xs.push_back(dg.get() + off);
+    hs.push_back(reinterpret_cast<const bf16*>(dh.get()) + off);
+    ns.push_back(len);
+  }
+  std::vector<double> batched(ranges.size()), batched_h(ranges.size());
+  cu().f32.sums_of_squares_to_host(batched.data(), xs.data(), ns.data(), static_cast<int>(ranges.size()), stream_);
+  cu().bf16.sums_of_squares_to_host(batched_h.data(), hs.data(), ns.data(), static_cast<int>(ranges.size()), stream_);
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    EXPECT_EQ(batched[i], cu().f32.sum_of_squares_to_host(xs[i], ns[i], stream_)) << "range " << i;
+    EXPECT_EQ(batched_h[i], cu().bf16.sum_of_squares_to_host(hs[i], ns[i], stream_)) << "range " << i;
+    EXPECT_NEAR(batched[i], cpu::sum_of_squares(g.data() + ranges[i].first, ns[i]), 1e-12 * (batched[i] + 1));
+  }
 }
 
 }  // namespace

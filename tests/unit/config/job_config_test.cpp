@@ -559,6 +559,21 @@ TEST(JobConfig, CheckpointAsyncIsABoolThatNeedsACheckpointDir) {
   EXPECT_EQ(errs[0].rfind("t.json:1: $.training.checkpoint_async: expected", 0), 0u) << errs[0];
 }
 
+TEST(JobConfig, TheStepSyncOptionsAreBools) {
+  const auto def = parse_job_config(R"({"train_batch_size": 8})", "t.json", 1);
+  EXPECT_TRUE(def.training.sync_loss_once);
+  EXPECT_TRUE(def.training.sync_norm_once);
+  const auto off = parse_job_config(
+      R"({"train_batch_size": 8, "training": {"sync_loss_once": false, "sync_norm_once": false}})", "t.json", 1);
+  EXPECT_FALSE(off.training.sync_loss_once);
+  EXPECT_FALSE(off.training.sync_norm_once);
+  EXPECT_EQ(off.to_json()["training"]["sync_norm_once"], false);
+  EXPECT_EQ(parse_job_config(off.to_json().dump(), "", 1).to_json(), off.to_json());
+  const auto errs = errors_of(R"({"train_batch_size": 8, "training": {"sync_loss_once": 1}})", 1);
+  ASSERT_EQ(errs.size(), 1u);
+  EXPECT_EQ(errs[0].rfind("t.json:1: $.training.sync_loss_once: expected", 0), 0u) << errs[0];
+}
+
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
   const std::string text = R"({
   "train_batch_size": 16,

@@ -173,6 +173,42 @@ TEST_F(ModelTest, GradientAccumulationWeightsMicroBatches) {
   }
 }
 
+// training.sync_loss_once: the head's kept losses come back from take_losses with the bits the
+// head returns, in order, and the gradients are the same.
+TEST_F(ModelTest, KeptLossesEqualTheReturnedOnesBitForBit) {
+  const auto s = tiny();
+  Allocator alloc;
+  Gpt2 m(s, ms::ModelPart::whole(s), Gpt2Options{kB, kT}, alloc);
+  m.init_weights(9);
+  auto acts = m.make_activations();
+  std::vector<std::vector<int32_t>> in, tg;
+  for (uint32_t k = 0; k < 3; ++k) {
+    in.push_back(tokens(10 + 2 * k, kB * kT, s.vocab_size));
+    tg.push_back(tokens(11 + 2 * k, kB * kT, s.vocab_size));
+  }
+  tg[1][3] = -1;  // an ignored target
+  auto step = [&](bool keep) {
+    m.zero_grads();
+    std::vector<float> returned;
+    for (size_t k = 0; k < in.size(); ++k) {
+      m.embed_forward(acts, in[k].data());
+      m.blocks_forward(acts, 0, s.n_layer);
+      if (keep) m.head_forward_backward_deferred(acts, tg[k].data(), 0.5f);
+      else returned.push_back(m.head_forward_backward(acts, tg[k].data(), 0.5f));
+      m.blocks_backward(acts, 0, s.n_layer);
+      m.embed_backward(acts, in[k].data());
+    }
+    return std::make_pair(keep ? m.take_losses() : returned,
+                          std::vector<float>(m.grads().f32(), m.grads().f32() + m.num_params()));
+  };
+  const auto [returned, g_returned] = step(false);
+  const auto [kept, g_kept] = step(true);
+  ASSERT_EQ(kept.size(), 3u);
+  for (size_t k = 0; k < kept.size(); ++k) EXPECT_EQ(kept[k], returned[k]) << "micro-batch " << k;
+  EXPECT_EQ(g_kept, g_returned);
+  EXPECT_TRUE(m.take_losses().empty());  // taken once
+}
+
 namespace {
 // ZeRO-3's path: the model owns no parameters; the hooks serve each unit from elsewhere and record
 // the order of the named points.

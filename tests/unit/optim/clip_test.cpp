@@ -6,7 +6,9 @@
 #include <limits>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/cpu/kernels.h"
+#include "kernels/typed.h"
 #include "optim/clip.h"
 
 namespace ds::rt::optim {
@@ -16,6 +18,30 @@ namespace {
 using cpu::all_finite;
 using cpu::scale_in_place;
 using cpu::sum_of_squares;
+
+// training.sync_norm_once: the sums of several spans at once are each span's sum, bit for bit,
+// in every storage type (on a GPU they come back in one copy); spans of mixed types are refused.
+TEST(Clip, SumsOfSquaresOfSpansAreEachSpansSum) {
+  const int64_t n = 70001;  // past the parallel threshold, and odd
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = std::sin(0.001f * static_cast<float>(i)) * (i % 7 == 0 ? 30.f : 1.f);
+  std::vector<bf16> h(n);
+  cpu::convert(h.data(), g.data(), n);
+  for (DType t : {DType::kF32, DType::kBF16}) {
+    void* base = t == DType::kF32 ? static_cast<void*>(g.data()) : static_cast<void*>(h.data());
+    const TypedPtr x(base, t);
+    const std::vector<std::pair<TypedPtr, int64_t>> spans = {{x, 40000}, {x + 40000, 0}, {x + 40000, 30001}, {x + 5, 3}};
+    const std::vector<double> sums = kern::typed::sums_of_squares(spans);
+    ASSERT_EQ(sums.size(), spans.size());
+    for (size_t i = 0; i < spans.size(); ++i) {
+      EXPECT_EQ(sums[i], kern::typed::sum_of_squares(spans[i].first, spans[i].second)) << "span " << i;
+    }
+  }
+  EXPECT_TRUE(kern::typed::sums_of_squares({}).empty());
+  const std::vector<std::pair<TypedPtr, int64_t>> mixed = {{TypedPtr(g.data(), DType::kF32), 2},
+                                                           {TypedPtr(h.data(), DType::kBF16), 2}};
+  EXPECT_THROW(kern::typed::sums_of_squares(mixed), Error);
+}
 
 TEST(Clip, NormOfSpansCombinesPartials) {
   // 3-4-12: the norm of {3, 4} is 5, with 12 it is 13.

@@ -176,6 +176,31 @@ TEST_F(TrainerTest, Fp16OverflowSkipsTheStepAndLowersTheScale) {
   EXPECT_LT(r.losses.back(), r.losses.front());
 }
 
+// training.sync_loss_once / sync_norm_once change where a GPU synchronises, never the numbers:
+// on the CPU both settings give the same losses and norms, bit for bit, with accumulation.
+TEST_F(TrainerTest, TheStepSyncOptionsGiveTheSameBits) {
+  auto run = [&](bool once) {
+    auto j = base_config();
+    j["training"]["steps"] = 5;
+    j["training"]["sync_loss_once"] = once;
+    j["training"]["sync_norm_once"] = once;
+    const std::string metrics = (dir_ / (once ? "once.jsonl" : "each.jsonl")).string();
+    TrainOptions o;
+    o.metrics_path = metrics;
+    Trainer(config(j), o).run();
+    std::ifstream in(metrics);
+    std::vector<std::pair<double, double>> rows;
+    for (std::string line; std::getline(in, line);) {
+      const auto r = nlohmann::json::parse(line);
+      rows.emplace_back(r["loss"].get<double>(), r["grad_norm"].get<double>());
+    }
+    return rows;
+  };
+  const auto once = run(true), each = run(false);
+  ASSERT_EQ(once.size(), 5u);
+  EXPECT_EQ(once, each);
+}
+
 TEST_F(TrainerTest, Bf16Trains) {
   auto j = base_config();
   j["training"]["steps"] = 25;
