@@ -477,19 +477,34 @@ void Comm::recv(void* buf, size_t count, DataType dtype, int peer, int tag,
   issue(op_p2p(OpKind::kRecv, nullptr, buf, count, dtype, peer, tag), call, false)->wait();
 }
 
-void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
-                        std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
+namespace {
+// The Works of one call made of several (gloo's all_to_all_v): done when all are, wait() waits
+// for each in turn under the one deadline.
+class AllOfWork : public Work {
+ public:
+  explicit AllOfWork(std::vector<WorkPtr> parts) : parts_(std::move(parts)) {}
+  bool done() override {
+    return std::all_of(parts_.begin(), parts_.end(), [](const WorkPtr& w) { return w->done(); });
+  }
+  void wait(Deadline deadline) override {
+    for (const WorkPtr& w : parts_) w->wait(deadline);
+  }
+
+ private:
+  std::vector<WorkPtr> parts_;
+};
+}  // namespace
+
+WorkPtr Comm::all_to_all_v_async(const void* in, std::span<const size_t> send_counts, void* out,
+                                 std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
   Op op = make_op(OpKind::kAllToAll, in, out, 0, dtype);
   op.counts.assign(send_counts.begin(), send_counts.end());
   op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
   check_all_to_all(op, rank_, size_, describe(op));
-  const size_t own = send_counts[static_cast<size_t>(rank_)];
-  if (backend_ == Backend::kNccl || backend_ == Backend::kShm) {
-    issue(std::move(op), call, false)->wait();
-    return;
-  }
+  if (backend_ == Backend::kNccl || backend_ == Backend::kShm) return issue(std::move(op), call, true);
   // Gloo: a send and a recv per peer (each with the deadline and the peer's name; the
   // sends count the traffic), all posted before any is waited for, and the own part copied.
+  const size_t own = send_counts[static_cast<size_t>(rank_)];
   const size_t es = dtype_size(dtype);
   const auto* src = static_cast<const uint8_t*>(in);
   auto* dst = static_cast<uint8_t*>(out);
@@ -510,7 +525,20 @@ void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, voi
     ro += r;
   }
   if (own > 0) std::memcpy(own_dst, own_src, own * es);
-  for (auto& w : work) w->wait();
+  return std::make_shared<AllOfWork>(std::move(work));
+}
+
+void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                        std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
+  all_to_all_v_async(in, send_counts, out, recv_counts, dtype, call)->wait();
+}
+
+WorkPtr Comm::ring_exchange_async(const void* send, void* recv, size_t count, DataType dtype,
+                                  const CallOptions& call) {
+  std::vector<size_t> sent(static_cast<size_t>(size_), 0), received(static_cast<size_t>(size_), 0);
+  sent[static_cast<size_t>((rank_ + 1) % size_)] = count;
+  received[static_cast<size_t>((rank_ + size_ - 1) % size_)] = count;
+  return all_to_all_v_async(send, sent, recv, received, dtype, call);
 }
 
 WorkPtr Comm::barrier_async(const CallOptions& call) {

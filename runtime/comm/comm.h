@@ -242,9 +242,20 @@ class Comm {
   // deadline and naming the peer it waited for, as any send/recv. shm: one collective through the
   // group's segment (rounds of staged pieces, shm_comm.cpp), with its deadline and hung-rank
   // naming. nccl: one ncclGroup of sends and receives on the group's stream.
+  // all_to_all_v_async: the same, returning at once (gloo: once every transfer is posted and the
+  // own part copied); both buffers belong to the call until its Work is done.
   static constexpr int kAllToAllTag = 0x7a2a;
   void all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
                     std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call = {});
+  WorkPtr all_to_all_v_async(const void* in, std::span<const size_t> send_counts, void* out,
+                             std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call = {});
+
+  // ring_exchange_async: every rank sends `count` elements of `send` to rank + 1 and receives
+  // rank - 1's into `recv` (modulo the size), as the context-parallel ring's step: an all_to_all_v
+  // with one piece per rank, so on shm it is a collective through the segment (every rank of the
+  // group calls it, in the same order as its other collectives), on gloo a send and a recv.
+  WorkPtr ring_exchange_async(const void* send, void* recv, size_t count, DataType dtype,
+                              const CallOptions& call = {});
 
   // barrier: returns once every rank of the group has called it.
   void barrier(const CallOptions& call = {});

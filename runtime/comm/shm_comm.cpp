@@ -41,7 +41,8 @@
 //
 // Send/recv stay on the Gloo pairs of the base class (pipeline traffic is point-to-point and
 // latency-tolerant; a shared-memory mailbox per pair would cost N^2 slots). all_to_all_v, which
-// ran as sends and receives on them too, is a collective here since 2026-12-05.
+// ran as sends and receives on them too, is a collective here since 2026-12-05, and with it the
+// context-parallel ring's step (Comm::ring_exchange_async: one piece per rank).
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>

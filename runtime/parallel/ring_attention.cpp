@@ -18,9 +18,6 @@ namespace ds::rt::parallel {
 
 namespace {
 
-constexpr int kTagKv = 7101;   // a key/value block on its way around the ring
-constexpr int kTagDkv = 7102;  // its dK and dV accumulator (backward)
-
 // Elements of one chunk (B,C,width) of each buffer of a call; the buffers hold the rank's two
 // chunks one after the other: [chunk 0][chunk 1].
 struct ChunkSizes {
@@ -67,21 +64,18 @@ void lse_from_chunk(float* lse, const float* src, const RingShape& s, int k) {
   }
 }
 
-// Sends `send` to the next rank and receives the previous rank's into `recv`, asynchronously;
-// finish() adds the seconds it waited to *blocked.
+// Sends `send` to the next rank and receives the previous rank's into `recv`, asynchronously
+// (Comm::ring_exchange_async: on shm a collective through the group's segment); finish() adds the
+// seconds it waited to *blocked.
 struct RingStep {
-  comm::WorkPtr sent, received;
-  void start(comm::Comm& cp, const void* send, void* recv, size_t count, comm::DataType dt, int tag) {
-    const int n = cp.size(), r = cp.rank();
-    sent = cp.send_async(send, count, dt, (r + 1) % n, tag);
-    received = cp.recv_async(recv, count, dt, (r + n - 1) % n, tag);
+  comm::WorkPtr exchanged;
+  void start(comm::Comm& cp, const void* send, void* recv, size_t count, comm::DataType dt) {
+    exchanged = cp.ring_exchange_async(send, recv, count, dt);
   }
   void finish(double* blocked) {
     const auto t0 = std::chrono::steady_clock::now();
-    if (sent) sent->wait();
-    if (received) received->wait();
-    sent.reset();
-    received.reset();
+    if (exchanged) exchanged->wait();
+    exchanged.reset();
     *blocked += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
@@ -159,7 +153,7 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;  // whose chunks `kv` holds
     RingStep next;
-    if (step + 1 < n_) next.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt, kTagKv);
+    if (step + 1 < n_) next.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt);
     for (int kq = 0; kq < 2; kq++) {
       const int qp = ring_chunk_position(r_, n_, kq, s.C);
       for (int kk = 0; kk < 2; kk++) {
@@ -202,7 +196,7 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;
     RingStep next_kv;
-    if (step + 1 < n_) next_kv.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt, kTagKv);
+    if (step + 1 < n_) next_kv.start(cp_, kv, kv_next, static_cast<size_t>(2 * ckv), dt);
     for (int kq = 0; kq < 2; kq++) {
       const int qp = ring_chunk_position(r_, n_, kq, s.C);
       for (int kk = 0; kk < 2; kk++) {
@@ -215,7 +209,7 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
     if (n_ > 1) {
       // The accumulator moves on after every step: after the last one, it goes home.
       RingStep next_dkv;
-      next_dkv.start(cp_, dkv, dkv_next, static_cast<size_t>(2 * ckv), comm::DataType::kFloat32, kTagDkv);
+      next_dkv.start(cp_, dkv, dkv_next, static_cast<size_t>(2 * ckv), comm::DataType::kFloat32);
       next_dkv.finish(&blocked_s_);
       std::swap(dkv, dkv_next);
       if (step + 1 < n_) {

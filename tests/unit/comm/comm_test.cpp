@@ -361,6 +361,36 @@ TEST_P(CommTest, AllToAllWithPerPairCounts) {
   EXPECT_THROW(cs[0]->all_to_all_v(v.data(), short_counts, v.data() + 4, short_counts, DataType::kInt32), Error);
 }
 
+// The context-parallel ring's step: every rank's block goes to the next rank, at 2 and 3 ranks,
+// with two exchanges in flight at once (the ring's backward has its K/V and dK/dV blocks moving
+// together), blocks larger than the shm staging slots, and an all_reduce issued between them.
+TEST_P(CommTest, RingExchangeMovesEachBlockToTheNextRank) {
+  for (int n : {2, 3}) {
+    auto cs = comms(n);
+    run_on_threads(cs, [&](Comm& c) {
+      const int r = c.rank(), prev = (r + n - 1) % n;
+      const size_t big = (size_t{5} << 20) / 4 + 3, small = 1000;
+      std::vector<float> a(big), a_got(big, -1.0f);
+      std::vector<int32_t> b(small), b_got(small, -1);
+      for (size_t i = 0; i < big; ++i) a[i] = static_cast<float>(r * 1000003 + static_cast<int>(i % 1000003));
+      for (size_t i = 0; i < small; ++i) b[i] = r * 100000 + static_cast<int32_t>(i);
+      WorkPtr wa = c.ring_exchange_async(a.data(), a_got.data(), big, DataType::kFloat32);
+      WorkPtr wb = c.ring_exchange_async(b.data(), b_got.data(), small, DataType::kInt32);
+      float one = 1.0f;
+      c.all_reduce(&one, 1, DataType::kFloat32, ReduceOp::kSum);
+      wb->wait();
+      wa->wait();
+      EXPECT_TRUE(wa->done());
+      EXPECT_EQ(one, static_cast<float>(n));
+      for (size_t i = 0; i < big; ++i) {
+        ASSERT_EQ(a_got[i], static_cast<float>(prev * 1000003 + static_cast<int>(i % 1000003))) << "rank " << r << " at " << i;
+      }
+      for (size_t i = 0; i < small; ++i) ASSERT_EQ(b_got[i], prev * 100000 + static_cast<int32_t>(i));
+      c.barrier();
+    });
+  }
+}
+
 // A rank that never joins the all-to-all is named by the ranks that wait for its part.
 TEST_P(CommTest, AllToAllTimeoutNamesTheMissingRank) {
   auto cs = comms(3, Millis(30000));
