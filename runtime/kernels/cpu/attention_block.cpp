@@ -11,7 +11,8 @@
 //   p_ij = exp(s_ij - lse_i),  D_i = dO_i . o_i,  ds_ij = scale p_ij (dO_i . v_j - D_i),
 //   dq_i += sum_j ds_ij k_j,  dk_j += sum_i ds_ij q_i,  dv_j += sum_i p_ij dO_i.
 // Everything is computed in fp32 over rows converted once from the storage type, in tiles of 64
-// queries whose scores, probabilities and products are gemms (as cpu/attention.cpp's heads);
+// queries whose scores, probabilities and products are gemms (as cpu/attention.cpp's heads), the
+// row steps between them the fused attention's (attention_rows.h: the widest ISA the CPU has);
 // partial outputs and gradients are fp32 accumulators (a ring adds several blocks before one
 // rounding).
 #include <omp.h>
@@ -20,6 +21,7 @@
 #include <cmath>
 #include <limits>
 
+#include "kernels/cpu/attention_rows.h"
 #include "kernels/cpu/kernels.h"
 #include "kernels/cpu/vmath.h"
 
@@ -130,12 +132,7 @@ void attention_block_forward(float* out, float* lse, const S* qkv, const S* kv, 
             l[t] = kNegInf;
             continue;
           }
-          const float mx = vmax(row, n);
-          const float sum = vexp_inplace_sum(row, mx, n);
-          const float inv = 1.0f / sum;
-          for (int j = 0; j < n; j++) row[j] *= inv;
-          std::fill(row + n, row + nmax, 0.0f);
-          l[t] = mx + std::log(sum);
+          l[t] = attention_rows::softmax_row(row, n - 1, nmax);
         }
         gemm(false, false, m, hd, nmax, 1.0f, sc, nmax, v, hd, 0.0f, o, static_cast<int>(G.out_stride()));
       }
@@ -209,13 +206,8 @@ void attention_block_backward(float* dq, float* dkv, const S* dout, const S* qkv
             const int n = visible(t, Tk, q_pos, k_pos);
             float* prow = P + static_cast<int64_t>(t - r0) * nmax;
             float* drow = dS + static_cast<int64_t>(t - r0) * nmax;
-            const float lt = l[t], Dt = D[t];
-            for (int j = 0; j < n; j++) {
-              prow[j] = vexp(prow[j] - lt);
-              drow[j] = scale * prow[j] * (drow[j] - Dt);
-            }
-            std::fill(prow + n, prow + nmax, 0.0f);
-            std::fill(drow + n, drow + nmax, 0.0f);
+            attention_rows::probs_row(prow, l[t], n - 1, nmax);
+            attention_rows::dscores_row(drow, prow, D[t], scale, n - 1, nmax);
           }
           // dQ += dS K; dK += dS^T Q; dV += P^T dO (into the fp32 accumulators in place).
           float* dqt = dq + (static_cast<int64_t>(b) * Tq + r0) * G.out_stride() + static_cast<int64_t>(h) * hd;
