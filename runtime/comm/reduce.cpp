@@ -98,8 +98,9 @@ void reduce_codec(ReduceOp op, void* out, const void* const* srcs, int n, size_t
 #if defined(__x86_64__)
 namespace {
 
+// AVX2 and F16C (every AVX2 CPU has both): the fused kernels' instruction sets.
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2");
+  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
   return yes;
 }
 
@@ -180,12 +181,41 @@ struct Bf16x16 {
   }
 };
 
+// fp16 through F16C: the conversions are exact one way and round to nearest even the other, as
+// f16_to_f32 / f32_to_f16 (common/half.h) do; only NaN differs (the hardware keeps the payload's
+// top, quieted), so NaN lanes are stored as f32_to_f16 stores them: the sign and 0x7e00.
+struct Fp16x16 {
+  using C = Fp16;
+  __attribute__((target("avx2,f16c"))) static void load(const uint16_t* p, __m256& a, __m256& b) {
+    a = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    b = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  }
+  __attribute__((target("avx2,f16c"))) static __m128i narrow(__m256 x) {
+    const __m128i h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256i nan32 = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    // The 8 NaN masks packed to 16 bits, in lane order (packs per 128-bit half, then joined).
+    const __m128i nan16 = _mm_packs_epi32(_mm256_castsi256_si128(nan32), _mm256_extracti128_si256(nan32, 1));
+    const __m128i canon = _mm_or_si128(_mm_and_si128(h, _mm_set1_epi16(static_cast<int16_t>(0x8000))),
+                                       _mm_set1_epi16(0x7e00));
+    return _mm_blendv_epi8(h, canon, nan16);
+  }
+  template <bool kStream>
+  __attribute__((target("avx2,f16c"))) static void store(uint16_t* p, __m256 a, __m256 b) {
+    const __m256i v = _mm256_set_m128i(narrow(b), narrow(a));
+    if constexpr (kStream) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(p), v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), v);
+    }
+  }
+};
+
 // Over n sources, fused: 16 elements of every source are read and reduced in fp32 registers,
 // left to right, rounded once and stored at once, so the sources stream in together and no
 // intermediate block is written. Streaming stores (kStream) need `out` 32-byte aligned: the head
 // before the first 64-byte boundary goes through the scalar loop.
 template <typename V, ReduceOp O, bool kStream>
-__attribute__((target("avx2"))) void reduce_avx2(typename V::C::S* out, const void* const* srcs, int n,
+__attribute__((target("avx2,f16c"))) void reduce_avx2(typename V::C::S* out, const void* const* srcs, int n,
                                                  size_t count) {
   using S = typename V::C::S;
   const auto* const* s = reinterpret_cast<const S* const*>(srcs);
@@ -210,11 +240,13 @@ __attribute__((target("avx2"))) void reduce_avx2(typename V::C::S* out, const vo
   if constexpr (kStream) _mm_sfence();
 }
 
-// The fused kernel for fp32 and bf16 when the CPU has AVX2; false when the caller must take the
-// generic path.
+// The fused kernel for fp32, bf16 and fp16 when the CPU has AVX2 and F16C; false when the caller
+// must take the generic path.
 template <bool kStream>
 bool reduce_fused(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
-  if (!has_avx2() || (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16)) return false;
+  if (!has_avx2() || (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat16)) {
+    return false;
+  }
   auto run = [&](auto v) {
     using V = decltype(v);
     auto* o = static_cast<typename V::C::S*>(out);
@@ -225,6 +257,7 @@ bool reduce_fused(DataType dtype, ReduceOp op, void* out, const void* const* src
     }
     return false;
   };
+  if (dtype == DataType::kFloat16) return run(Fp16x16{});
   return dtype == DataType::kFloat32 ? run(F32x16{}) : run(Bf16x16{});
 }
 
@@ -245,7 +278,11 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
       if (reduce_fused<false>(dtype, op, out, srcs, n, count)) return;
 #endif
       return reduce_codec<Bf16>(op, out, srcs, n, count);
-    case DataType::kFloat16: return reduce_codec<Fp16>(op, out, srcs, n, count);
+    case DataType::kFloat16:
+#if defined(__x86_64__)
+      if (reduce_fused<false>(dtype, op, out, srcs, n, count)) return;
+#endif
+      return reduce_codec<Fp16>(op, out, srcs, n, count);
     case DataType::kInt32: return reduce_codec<Plain<int32_t>>(op, out, srcs, n, count);
     case DataType::kInt64: return reduce_codec<Plain<int64_t>>(op, out, srcs, n, count);
     case DataType::kUInt8: return reduce_codec<Plain<uint8_t>>(op, out, srcs, n, count);

@@ -1,6 +1,7 @@
 // Element-wise reductions and the 16-bit float conversions the collectives need: plain loops
-// over raw buffers, compiled with -O3 so that GCC vectorizes them, and for fp32 and bf16 a fused
-// AVX2 kernel chosen at run time, bit for bit the loop's (reduce.cpp).
+// over raw buffers, compiled with -O3 so that GCC vectorizes them, and for fp32, bf16 and fp16 a
+// fused AVX2 (and F16C) kernel chosen at run time, bit for bit the loop's (reduce.cpp; which NaN
+// survives when two meet follows the operands' order, as in the loop).
 //
 // Deliberately not: a kernel library. The runtime's compute kernels live in runtime/kernels;
 // these exist so that runtime/comm depends on nothing but lib/.
@@ -29,7 +30,7 @@ void reduce_n(DataType dtype, ReduceOp op, void* out, const void* const* srcs, i
 
 // reduce_n into a large output nobody reads right away (a reduce_scatter's part of many MiB):
 // the same values, written with streaming stores, so the output's lines are not read first.
-// fp32 and bf16 on a CPU with AVX2 run one fused pass (16 elements of every source reduced in
+// fp32, bf16 and fp16 on a CPU with AVX2 and F16C run one fused pass (16 elements of every source reduced in
 // fp32 registers, rounded once and streamed out); other types reduce a few KiB at a time into a
 // buffer in L1 and stream that out (copy_streaming). `out` may be one of the sources, as for
 // reduce_n.

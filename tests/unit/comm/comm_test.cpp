@@ -717,7 +717,12 @@ void expect_reductions_equal_the_scalar_loop(DataType dtype, const std::vector<s
     if (op == ReduceOp::kMax) return b > a ? b : a;
     return b < a ? b : a;
   };
-  auto same_bits = [](const S& x, const S& y) { return std::memcmp(&x, &y, sizeof(S)) == 0; };
+  // Which NaN survives when two meet (the sign, the payload) follows the order of an addition's
+  // operands, which C++ leaves to the compiler (it may swap them in the loop below): two NaNs are
+  // the same result; every other value is held bit for bit.
+  auto same_bits = [&](const S& x, const S& y) {
+    return std::memcmp(&x, &y, sizeof(S)) == 0 || (std::isnan(load(x)) && std::isnan(load(y)));
+  };
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
     for (int n = 1; n <= 4; ++n) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{100}, kMax}) {
@@ -788,6 +793,31 @@ TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
   }
   expect_reductions_equal_the_scalar_loop(DataType::kBFloat16, src, bf16_to_f32, f32_to_bf16, {0, 1, 5, 17}, 3, 32,
                                           uint16_t{0x1234});
+}
+
+// The fp16 reductions (F16C): fp32 accumulation left to right, one rounding to nearest even,
+// NaN stored as f32_to_f16 stores it (sign | 0x7e00, whatever the payload, signalling or quiet);
+// subnormals, ties, infinities and sums past 65504 among the values.
+TEST(CommReduce, Fp16ReductionsEqualAScalarLoopBitForBit) {
+  std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(3000 + 64));
+  const uint16_t specials[] = {0x7e01, 0xfd01, 0x7c01, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x7bff, 0x0001, 0x83ff};
+  for (size_t k = 0; k < src.size(); ++k) {
+    for (size_t i = 0; i < src[k].size(); ++i) {
+      src[k][i] = (i * 31 + k * 7) % 89 == 0 ? specials[(i + k) % 10]
+                                             : static_cast<uint16_t>((i * 2654435761u + k * 40503u) >> 7);
+    }
+  }
+  expect_reductions_equal_the_scalar_loop(DataType::kFloat16, src, f16_to_f32, f32_to_f16, {0, 1, 5, 17}, 3, 32,
+                                          uint16_t{0x1234});
+  // A NaN is stored as f32_to_f16 stores it, whatever its payload: 32 of them (past one vector).
+  std::vector<uint16_t> nans(32), ones(32, 0x3c00), out(32);
+  for (size_t i = 0; i < nans.size(); ++i) nans[i] = static_cast<uint16_t>((i % 2 ? 0xfc00 : 0x7c00) | (1 + 37 * i % 0x3ff));
+  const void* one[1] = {nans.data()};
+  const void* two[2] = {nans.data(), ones.data()};  // max keeps the first operand when one is NaN
+  reduce_n(DataType::kFloat16, ReduceOp::kSum, out.data(), one, 1, nans.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], f32_to_f16(f16_to_f32(nans[i]))) << i;
+  reduce_n(DataType::kFloat16, ReduceOp::kMax, out.data(), two, 2, nans.size());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], i % 2 ? 0xfe00 : 0x7e00) << i;
 }
 
 TEST(CommReduce, HalfConversionsRoundToNearestEven) {
