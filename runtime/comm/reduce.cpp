@@ -11,6 +11,7 @@
 #include <vector>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -100,7 +101,12 @@ namespace {
 
 // AVX2 and F16C (every AVX2 CPU has both): the fused kernels' instruction sets.
 bool has_avx2() {
-  static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+  static const bool yes = [] {
+    // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know it).
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    const bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29)) != 0;
+    return __builtin_cpu_supports("avx2") && f16c;
+  }();
   return yes;
 }
 
