@@ -3,7 +3,7 @@
 //
 //   gpu_bench [--model NAME|all] [--batch B] [--seq T] [--steps N] [--warmup N]
 //             [--math bf16|fp32] [--storage fp32|bf16] [--attention flash|exact] [--recompute]
-//             [--peak-tflops P] [--device D]
+//             [--peak-tflops P] [--device D] [--cuda-graph]
 //
 // Models: the named shapes of model_spec/named_shapes.h (124m, 350m, ...; a name it
 // does not know lists them); `all` runs the first three. A family with rotary positions runs at --seq
@@ -19,7 +19,12 @@
 // MFU is the trainer's (model_spec/flops.h, docs/training.md): model FLOPs per token
 // 6N + 6·L·(NH·hd)·T (llm.c's count) times tokens/s, over the dense peak of the part for the math that
 // ran (the same table the trainer reads: H200/H100 989.4 bf16 and 67 fp32, A100 312 / 19.5), or
-// --peak-tflops. Without a GPU it says so and exits 0. Not a test: it prints figures and never
+// --peak-tflops. Each step's loss comes back in one copy (the trainer's training.sync_loss_once).
+// --cuda-graph: the micro-batch (zero_grads, forward and backward) is captured once after the
+// warm-up into a CUDA graph, on a stream of its own, and replayed each step; its token ids come
+// from pinned buffers the graph's copies read at each replay, AdamW and the loss copy run after
+// it, outside the graph. The ids are validated at the capture only. Not for a mixture of experts
+// (the routing reads its counts on the host). Without a GPU it says so and exits 0. Not a test: it prints figures and never
 // fails on them.
 #include <cuda_runtime_api.h>
 
@@ -51,10 +56,17 @@ namespace {
 // The CUDA module's kernels: the same copy dstrain runs (kernels/cuda_kernel_table.h).
 const kern::CudaKernelTable& cu() { return kern::cuda_kernels("gpu_bench"); }
 
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  std::fprintf(stderr, "gpu_bench: %s: %s\n", what, cudaGetErrorString(e));
+  std::exit(1);
+}
+
 struct Options {
   std::string model = "124m";
   int B = 8, T = 1024, steps = 10, warmup = 2, device = 0;
   bool recompute = false;
+  bool graph = false;  // --cuda-graph
   bool bf16_math = true;
   bool bf16_storage = false;
   bool flash = true;
@@ -94,10 +106,20 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
   const kern::ScopedCudaMatmulMath math(o.bf16_math ? cuda::MatmulMath::kBf16 : cuda::MatmulMath::kFp32);
   const kern::ScopedCudaAttentionKernel attention(o.flash ? cuda::AttentionKernel::kFlash
                                                           : cuda::AttentionKernel::kExact);
+  if (o.graph && s.num_local_experts > 0) {
+    std::fprintf(stderr, "gpu_bench: --cuda-graph: %s is a mixture of experts, whose routing reads its counts on "
+                         "the host each micro-batch (no graph can hold that)\n", name.c_str());
+    std::exit(2);
+  }
+  // --cuda-graph: the model runs on a stream of its own (the legacy default stream cannot be
+  // captured), its token ids come from pinned buffers the graph's copies read at each replay.
+  cudaStream_t stream = nullptr;
+  if (o.graph) check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   Allocator alloc;
   ModelOptions mo{o.B, o.T};
   mo.recompute = o.recompute;
   mo.device = Device::kCuda;
+  mo.cuda_stream = stream;
   if (o.bf16_storage) mo.dtype = mo.grad_dtype = DType::kBF16;
   auto model = make_model(s, ms::ModelPart::whole(s), mo, alloc);
   model->init_weights(1);
@@ -110,27 +132,75 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
   auto* pbits = static_cast<uint16_t*>(model->params().data);
   if (o.bf16_storage) {
     master = alloc.allocate(static_cast<size_t>(n) * 4, MemTag::kOptimizer, "master", Device::kCuda);
-    cu().convert_bf16_to_f32(master.as<float>(), pbits, n, nullptr);
+    cu().convert_bf16_to_f32(master.as<float>(), pbits, n, stream);
   }
   optim::AdamWConfig cfg;
   cfg.weight_decay = 0.1;
   const size_t bt = static_cast<size_t>(o.B) * o.T;
+  // The step's token ids: pinned with --cuda-graph (read by the graph's copies), else pageable.
+  int32_t *tok = nullptr, *tgt = nullptr;
+  std::vector<int32_t> tok_v(bt), tgt_v(bt);
+  if (o.graph) {
+    check(cudaMallocHost(reinterpret_cast<void**>(&tok), bt * sizeof(int32_t)), "cudaMallocHost");
+    check(cudaMallocHost(reinterpret_cast<void**>(&tgt), bt * sizeof(int32_t)), "cudaMallocHost");
+  } else {
+    tok = tok_v.data();
+    tgt = tgt_v.data();
+  }
+  // The micro-batch as the pieces of forward_backward, its loss kept on the device (no
+  // synchronisation inside, so a stream capture can hold it).
+  const auto& part = model->part();
+  auto forward_backward = [&] {
+    model->zero_grads();
+    model->embed_forward(*acts, tok);
+    model->blocks_forward(*acts, part.layer_begin, part.layer_end);
+    model->head_forward_backward_deferred(*acts, tgt, 1.0f);
+    model->blocks_backward(*acts, part.layer_begin, part.layer_end);
+    model->embed_backward(*acts, tok);
+  };
+  cudaGraphExec_t graph = nullptr;
   double seconds = 0;
   float loss = 0;
   for (int step = 1; step <= o.warmup + o.steps; step++) {
-    const auto tok = random_ids(2u * static_cast<uint32_t>(step), bt, s.vocab_size);
-    const auto tgt = random_ids(2u * static_cast<uint32_t>(step) + 1u, bt, s.vocab_size);
+    const auto t_ids = random_ids(2u * static_cast<uint32_t>(step), bt, s.vocab_size);
+    const auto g_ids = random_ids(2u * static_cast<uint32_t>(step) + 1u, bt, s.vocab_size);
+    std::memcpy(tok, t_ids.data(), bt * sizeof(int32_t));  // the previous step synchronised: free
+    std::memcpy(tgt, g_ids.data(), bt * sizeof(int32_t));
+    if (o.graph && step == o.warmup + 1) {
+      // Captured once, after the warm-up made every lazy allocation (cuBLAS, scratch, slots).
+      cudaGraph_t g = nullptr;
+      check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+      forward_backward();
+      check(cudaStreamEndCapture(stream, &g), "cudaStreamEndCapture");
+      check(cudaGraphInstantiate(&graph, g, 0), "cudaGraphInstantiate");
+      size_t nodes = 0;
+      check(cudaGraphGetNodes(g, nullptr, &nodes), "cudaGraphGetNodes");
+      check(cudaGraphDestroy(g), "cudaGraphDestroy");
+      (void)model->take_losses();  // the capture counted a kept loss the replays write
+      std::printf("  %s: the micro-batch captured as a CUDA graph of %zu nodes\n", name.c_str(), nodes);
+    }
     const auto t0 = std::chrono::steady_clock::now();
-    model->zero_grads();
-    loss = model->forward_backward(*acts, tok.data(), tgt.data(), 1.0f);
+    if (graph != nullptr) {
+      check(cudaGraphLaunch(graph, stream), "cudaGraphLaunch");
+    } else {
+      forward_backward();
+    }
     const auto st = optim::adamw_step_scalars(cfg, step, 3e-4);
     if (o.bf16_storage) {
       cu().adamw_update_bf16_grads(st, master.as<float>(), static_cast<const uint16_t*>(model->grads().data),
-                                   m.as<float>(), v.as<float>(), n, true, pbits, nullptr);
+                                   m.as<float>(), v.as<float>(), n, true, pbits, stream);
     } else {
       cu().adamw_update(st, model->params().f32(), model->grads().f32(), m.as<float>(), v.as<float>(), n,
-                        true, nullptr, nullptr);
+                        true, nullptr, stream);
     }
+    // The loss: one copy back per step either way (the graph's replays write the thread's slot 0).
+    double sum = 0;
+    if (graph != nullptr) {
+      cu().loss_slots_to_host(&sum, 1, stream);
+    } else {
+      sum = static_cast<double>(model->take_losses().at(0)) * static_cast<double>(bt);
+    }
+    loss = static_cast<float>(sum / static_cast<double>(bt));
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
       std::exit(1);
@@ -139,6 +209,11 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
     if (step > o.warmup) seconds += dt;
     std::printf("  %s step %2d  loss %.4f  %.1f ms%s\n", name.c_str(), step, loss, dt * 1e3,
                 step <= o.warmup ? "  (warm-up)" : "");
+  }
+  if (graph != nullptr) check(cudaGraphExecDestroy(graph), "cudaGraphExecDestroy");
+  if (o.graph) {
+    check(cudaFreeHost(tok), "cudaFreeHost");
+    check(cudaFreeHost(tgt), "cudaFreeHost");
   }
   const double tok_s = static_cast<double>(bt) * o.steps / seconds;
   const bool bf16 = o.bf16_math || o.bf16_storage;
@@ -150,10 +225,11 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
                                    1, peak);
   const auto cache = cuda_memory().device_cache_stats(o.device);
   std::printf(
-      "%s math %s (%s storage, %s attention) B=%d T=%d%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
+      "%s math %s (%s storage, %s attention) B=%d T=%d%s%s: %.1f ms/step, %.0f tokens/s, %.1f TFLOP/s, "
       "MFU %.2f%% of %.1f TFLOP/s %s; params %.1fM; allocator peak %.2f GiB, device cache reserved %.2f GiB\n",
       name.c_str(), bf16 ? "bf16" : "fp32", o.bf16_storage ? "bf16" : "fp32",
       o.bf16_storage && o.flash ? "flash" : "exact", o.B, o.T, o.recompute ? " recompute" : "",
+      o.graph ? " cuda-graph" : "",
       seconds / o.steps * 1e3, tok_s, f.tflops, f.mfu * 100, peak, bf16 ? "bf16" : "fp32",
       static_cast<double>(n) / 1e6, static_cast<double>(alloc.peak_total()) / (1 << 30),
       static_cast<double>(cache.peak_reserved_bytes) / (1 << 30));
@@ -179,6 +255,7 @@ int main(int argc, char** argv) {
     else if (a == "--warmup") o.warmup = std::atoi(next());
     else if (a == "--device") o.device = std::atoi(next());
     else if (a == "--recompute") o.recompute = true;
+    else if (a == "--cuda-graph") o.graph = true;
     else if (a == "--math") {
       const std::string m = next();
       if (m != "bf16" && m != "fp32") {

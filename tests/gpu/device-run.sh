@@ -18,7 +18,7 @@
 #         tests   every cuda-labelled test binary (gtest), one by one
 #         bench   gpu_bench: GPT-2 124M and 350M, a 1.1B Llama and a 0.9B Mixtral (8 experts, top 2)
 #                 at bf16 storage (flash attention; 124M also with the exact attention) and at fp32
-#                 (fp32 math)
+#                 (fp32 math); 124M at both also as a CUDA graph (--cuda-graph)
 #         train   200 steps of GPT-2 124M (bf16, ZeRO-2, one rank) on the KJV as GPT-2 BPE
 #                 tokens, through `dstrain launch`; the CPU twin's first steps run HERE
 #                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards; then 10
@@ -237,9 +237,11 @@ device() {
       bench)
         local m
         for m in "124m-bf16:--model 124m --batch 8 --seq 1024 --storage bf16" \
+                 "124m-bf16-graph:--model 124m --batch 8 --seq 1024 --storage bf16 --cuda-graph" \
                  "124m-bf16-b16:--model 124m --batch 16 --seq 1024 --storage bf16" \
                  "124m-bf16-exact-attention:--model 124m --batch 8 --seq 1024 --storage bf16 --attention exact" \
                  "124m-fp32:--model 124m --batch 8 --seq 1024 --math fp32" \
+                 "124m-fp32-graph:--model 124m --batch 8 --seq 1024 --math fp32 --cuda-graph" \
                  "350m-bf16:--model 350m --batch 4 --seq 1024 --storage bf16" \
                  "350m-fp32:--model 350m --batch 4 --seq 1024 --math fp32" \
                  "llama-1b-bf16:--model llama-1b --batch 4 --seq 2048 --storage bf16" \

@@ -179,8 +179,14 @@ void copy_to_device(void* dst, const void* src, size_t bytes, void* stream) {
   DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s));
   cudaPointerAttributes attr{};
   DS_CUDA_CHECK(cudaPointerGetAttributes(&attr, src));
-  // A pinned source is read by the DMA later: wait so the caller may reuse it at once.
-  if (attr.type == cudaMemoryTypeHost) DS_CUDA_CHECK(cudaStreamSynchronize(s));
+  // A pinned source is read by the DMA later: wait so the caller may reuse it at once. While the
+  // stream is being captured into a CUDA graph the copy is a node of the graph, which reads the
+  // pinned buffer at every replay: no wait (the caller fills the buffer before each replay).
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  DS_CUDA_CHECK(cudaStreamIsCapturing(s, &capturing));
+  if (attr.type == cudaMemoryTypeHost && capturing == cudaStreamCaptureStatusNone) {
+    DS_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
 }
 
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream) {
