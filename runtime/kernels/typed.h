@@ -116,24 +116,28 @@ inline double sum_of_squares(TypedPtr x, int64_t n) {
   if (x.dtype == DType::kBF16) return kern::sum_of_squares(static_cast<const bf16*>(x.data), n);
   return kern::sum_of_squares(static_cast<const f16*>(x.data), n);
 }
-// The sums of squares of several spans of one type, as sum_of_squares gives each (bit for bit),
-// with one synchronisation for all of them inside a CUDA scope (kern::sums_of_squares). Spans of
-// mixed types are an error.
+// The sums of squares of several spans, as sum_of_squares gives each (bit for bit), with one
+// synchronisation per storage type among them inside a CUDA scope (kern::sums_of_squares).
 inline std::vector<double> sums_of_squares(std::span<const std::pair<TypedPtr, int64_t>> spans) {
   std::vector<double> out(spans.size());
-  if (spans.empty()) return out;
-  const DType t = spans.front().first.dtype;
-  std::vector<const void*> xs;
-  std::vector<int64_t> ns;
-  for (const auto& [x, n] : spans) {
-    if (x.dtype != t) throw invalid_usage("kern::typed::sums_of_squares: spans of mixed types");
-    xs.push_back(x.data);
-    ns.push_back(n);
+  for (DType t : {DType::kF32, DType::kBF16, DType::kF16}) {
+    std::vector<size_t> at;
+    std::vector<const void*> xs;
+    std::vector<int64_t> ns;
+    for (size_t i = 0; i < spans.size(); ++i) {
+      if (spans[i].first.dtype != t) continue;
+      at.push_back(i);
+      xs.push_back(spans[i].first.data);
+      ns.push_back(spans[i].second);
+    }
+    if (at.empty()) continue;
+    std::vector<double> sums(at.size());
+    const int count = static_cast<int>(at.size());
+    if (t == DType::kF32) kern::sums_of_squares(sums.data(), reinterpret_cast<const float* const*>(xs.data()), ns.data(), count);
+    if (t == DType::kBF16) kern::sums_of_squares(sums.data(), reinterpret_cast<const bf16* const*>(xs.data()), ns.data(), count);
+    if (t == DType::kF16) kern::sums_of_squares(sums.data(), reinterpret_cast<const f16* const*>(xs.data()), ns.data(), count);
+    for (size_t k = 0; k < at.size(); ++k) out[at[k]] = sums[k];
   }
-  const int count = static_cast<int>(spans.size());
-  if (t == DType::kF32) kern::sums_of_squares(out.data(), reinterpret_cast<const float* const*>(xs.data()), ns.data(), count);
-  if (t == DType::kBF16) kern::sums_of_squares(out.data(), reinterpret_cast<const bf16* const*>(xs.data()), ns.data(), count);
-  if (t == DType::kF16) kern::sums_of_squares(out.data(), reinterpret_cast<const f16* const*>(xs.data()), ns.data(), count);
   return out;
 }
 // AdamW over the partition [begin, begin + count) of the fp32 `master` weights with the gradients
