@@ -4,6 +4,7 @@
 // send/recv, and deadline errors that name the missing rank.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -780,17 +781,23 @@ TEST(CommReduce, Fp32ReductionsEqualAScalarLoopBitForBit) {
       DataType::kFloat32, src, [](float x) { return x; }, [](float x) { return x; }, {0, 1, 3, 9}, 5, 16, 7.0f);
 }
 
-// The bf16 reductions: fp32 accumulation left to right, one rounding to nearest even, NaN made
-// quiet; ties, NaN payloads, infinities and overflow to infinity among the values.
-TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
+// Four sources of 3064 16-bit patterns spread over the whole range, one in 89 of them one of the
+// ten `specials`.
+std::vector<std::vector<uint16_t>> sixteen_bit_sources(const std::array<uint16_t, 10>& specials) {
   std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(3000 + 64));
-  const uint16_t specials[] = {0x7fc1, 0xff81, 0x7f80, 0xff80, 0x0000, 0x8000, 0x7f7f, 0xff7f, 0x0001, 0x3f81};
   for (size_t k = 0; k < src.size(); ++k) {
     for (size_t i = 0; i < src[k].size(); ++i) {
       src[k][i] = (i * 31 + k * 7) % 89 == 0 ? specials[(i + k) % 10]
                                              : static_cast<uint16_t>((i * 2654435761u + k * 40503u) >> 7);
     }
   }
+  return src;
+}
+
+// The bf16 reductions: fp32 accumulation left to right, one rounding to nearest even, NaN made
+// quiet; ties, NaN payloads, infinities and overflow to infinity among the values.
+TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
+  const auto src = sixteen_bit_sources({0x7fc1, 0xff81, 0x7f80, 0xff80, 0x0000, 0x8000, 0x7f7f, 0xff7f, 0x0001, 0x3f81});
   expect_reductions_equal_the_scalar_loop(DataType::kBFloat16, src, bf16_to_f32, f32_to_bf16, {0, 1, 5, 17}, 3, 32,
                                           uint16_t{0x1234});
 }
@@ -799,14 +806,7 @@ TEST(CommReduce, Bf16ReductionsEqualAScalarLoopBitForBit) {
 // NaN stored as f32_to_f16 stores it (sign | 0x7e00, whatever the payload, signalling or quiet);
 // subnormals, ties, infinities and sums past 65504 among the values.
 TEST(CommReduce, Fp16ReductionsEqualAScalarLoopBitForBit) {
-  std::vector<std::vector<uint16_t>> src(4, std::vector<uint16_t>(3000 + 64));
-  const uint16_t specials[] = {0x7e01, 0xfd01, 0x7c01, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x7bff, 0x0001, 0x83ff};
-  for (size_t k = 0; k < src.size(); ++k) {
-    for (size_t i = 0; i < src[k].size(); ++i) {
-      src[k][i] = (i * 31 + k * 7) % 89 == 0 ? specials[(i + k) % 10]
-                                             : static_cast<uint16_t>((i * 2654435761u + k * 40503u) >> 7);
-    }
-  }
+  const auto src = sixteen_bit_sources({0x7e01, 0xfd01, 0x7c01, 0x7c00, 0xfc00, 0x0000, 0x8000, 0x7bff, 0x0001, 0x83ff});
   expect_reductions_equal_the_scalar_loop(DataType::kFloat16, src, f16_to_f32, f32_to_f16, {0, 1, 5, 17}, 3, 32,
                                           uint16_t{0x1234});
   // A NaN is stored as f32_to_f16 stores it, whatever its payload: 32 of them (past one vector).
