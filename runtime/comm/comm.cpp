@@ -497,11 +497,23 @@ class AllOfWork : public Work {
 
 WorkPtr Comm::all_to_all_v_async(const void* in, std::span<const size_t> send_counts, void* out,
                                  std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
+  return issue_all_to_all_v(in, send_counts, out, recv_counts, dtype, call, true);
+}
+
+void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                        std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
+  issue_all_to_all_v(in, send_counts, out, recv_counts, dtype, call, false)->wait();
+}
+
+// `async` false: a CPU collective may run on the calling thread (issue()).
+WorkPtr Comm::issue_all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                                 std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call,
+                                 bool async) {
   Op op = make_op(OpKind::kAllToAll, in, out, 0, dtype);
   op.counts.assign(send_counts.begin(), send_counts.end());
   op.recv_counts.assign(recv_counts.begin(), recv_counts.end());
   check_all_to_all(op, rank_, size_, describe(op));
-  if (backend_ == Backend::kNccl || backend_ == Backend::kShm) return issue(std::move(op), call, true);
+  if (backend_ == Backend::kNccl || backend_ == Backend::kShm) return issue(std::move(op), call, async);
   // Gloo: a send and a recv per peer (each with the deadline and the peer's name; the
   // sends count the traffic), all posted before any is waited for, and the own part copied.
   const size_t own = send_counts[static_cast<size_t>(rank_)];
@@ -526,11 +538,6 @@ WorkPtr Comm::all_to_all_v_async(const void* in, std::span<const size_t> send_co
   }
   if (own > 0) std::memcpy(own_dst, own_src, own * es);
   return std::make_shared<AllOfWork>(std::move(work));
-}
-
-void Comm::all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
-                        std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call) {
-  all_to_all_v_async(in, send_counts, out, recv_counts, dtype, call)->wait();
 }
 
 WorkPtr Comm::ring_exchange_async(const void* send, void* recv, size_t count, DataType dtype,

@@ -334,6 +334,11 @@ class Comm {
   // Runs or queues `op` (already checked). `async` false: the caller waits on the result at
   // once, so a backend may run it on the calling thread.
   virtual WorkPtr submit(Op op, bool async) = 0;
+  // all_to_all_v and its async form: checks, then one collective (shm, nccl) or the pairs' sends
+  // and receives (gloo).
+  WorkPtr issue_all_to_all_v(const void* in, std::span<const size_t> send_counts, void* out,
+                             std::span<const size_t> recv_counts, DataType dtype, const CallOptions& call,
+                             bool async);
   // alloc_buffer's backend part; the default is ordinary memory owned by the Comm.
   virtual void* allocate_registered(size_t bytes, Millis timeout);
 
