@@ -194,13 +194,13 @@ void run(const Options& o, const std::string& name, const std::string& gpu_name)
                         true, nullptr, stream);
     }
     // The loss: one copy back per step either way (the graph's replays write the thread's slot 0).
-    double sum = 0;
     if (graph != nullptr) {
+      double sum = 0;
       cu().loss_slots_to_host(&sum, 1, stream);
+      loss = static_cast<float>(sum / static_cast<double>(bt));
     } else {
-      sum = static_cast<double>(model->take_losses().at(0)) * static_cast<double>(bt);
+      loss = model->take_losses().at(0);
     }
-    loss = static_cast<float>(sum / static_cast<double>(bt));
     if (cudaDeviceSynchronize() != cudaSuccess) {
       std::fprintf(stderr, "gpu_bench: CUDA error: %s\n", cudaGetErrorString(cudaGetLastError()));
       std::exit(1);

@@ -100,7 +100,7 @@ void reduce_codec(ReduceOp op, void* out, const void* const* srcs, int n, size_t
 namespace {
 
 // AVX2 and F16C (every AVX2 CPU has both): the fused kernels' instruction sets.
-bool has_avx2() {
+bool has_avx2_f16c() {
   static const bool yes = [] {
     // F16C is CPUID leaf 1, ECX bit 29 (clang 14's __builtin_cpu_supports does not know it).
     unsigned a = 0, b = 0, c = 0, d = 0;
@@ -250,7 +250,7 @@ __attribute__((target("avx2,f16c"))) void reduce_avx2(typename V::C::S* out, con
 // must take the generic path.
 template <bool kStream>
 bool reduce_fused(DataType dtype, ReduceOp op, void* out, const void* const* srcs, int n, size_t count) {
-  if (!has_avx2() || (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat16)) {
+  if (!has_avx2_f16c() || (dtype != DataType::kFloat32 && dtype != DataType::kBFloat16 && dtype != DataType::kFloat16)) {
     return false;
   }
   auto run = [&](auto v) {
@@ -351,7 +351,7 @@ void copy_streaming(void* dst, const void* src, size_t bytes) {
   s += head;
   bytes -= head;
   const size_t lines = bytes / 64;
-  if (has_avx2()) {
+  if (has_avx2_f16c()) {
     stream_lines_avx2(d, s, lines);
   } else {
     for (size_t i = 0; i < lines; ++i) stream_line(d + i * 64, s + i * 64);

@@ -686,10 +686,8 @@ class ShmComm : public GlooComm {
     for (size_t p0 = 0, round = 0; round == 0 || p0 < largest; p0 += per, ++round) {
       const int b = next_buffer();
       for (int q = 0; q < n; ++q) {
-        if (q != r && len(op.counts, q, p0)) {
-          std::memcpy(slot(r, b) + static_cast<size_t>(q) * sub, in + (so[static_cast<size_t>(q)] + p0) * es,
-                      len(op.counts, q, p0) * es);
-        }
+        const size_t m = q == r ? 0 : len(op.counts, q, p0);
+        if (m) std::memcpy(slot(r, b) + static_cast<size_t>(q) * sub, in + (so[static_cast<size_t>(q)] + p0) * es, m * es);
       }
       arrive();
       wait_peers(op, dl);
@@ -697,10 +695,8 @@ class ShmComm : public GlooComm {
         for (int q = 0; q < n; ++q) largest = std::max(largest, ctl(q).piece_max[seq_ % 2]);
       }
       for (int q = 0; q < n; ++q) {
-        if (q != r && len(op.recv_counts, q, p0)) {
-          std::memcpy(out + (ro[static_cast<size_t>(q)] + p0) * es, slot(q, b) + static_cast<size_t>(r) * sub,
-                      len(op.recv_counts, q, p0) * es);
-        }
+        const size_t m = q == r ? 0 : len(op.recv_counts, q, p0);
+        if (m) std::memcpy(out + (ro[static_cast<size_t>(q)] + p0) * es, slot(q, b) + static_cast<size_t>(r) * sub, m * es);
       }
     }
   }

@@ -1122,6 +1122,15 @@ void Decoder::record_top_rows(DecoderActivations& a, const int32_t* host_targets
   }
 }
 
+namespace {
+// The sum of n per-token losses on the host, in double, in order: what the head's mean is made of.
+double host_loss_sum(const float* losses, int n) {
+  double sum = 0.0;
+  for (int i = 0; i < n; i++) sum += losses[i];
+  return sum;
+}
+}  // namespace
+
 float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward, float grad_scale, HeadLoss loss) {
   if (!part_.has_head) throw invalid_usage("head on a part without the head");
   check_tokens(targets, "target", true);
@@ -1167,9 +1176,7 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
       if (kept_on_device_ == cuda::kLossSlots) bring_back_kept_losses();
       kern::loss_sum_to_slot(a.losses, BT, kept_on_device_++);
     } else {
-      double sum = 0.0;  // the loop below, so take_losses gives the bits head returns
-      for (int i = 0; i < BT; i++) sum += a.losses[i];
-      kept_loss_sums_.push_back(sum);
+      kept_loss_sums_.push_back(host_loss_sum(a.losses, BT));  // the bits head returns, below
     }
     return 0.0f;
   }
@@ -1182,9 +1189,7 @@ float Decoder::head(DecoderActivations& a, const int32_t* targets, bool backward
     kern::copy_to_host(host_losses.data(), a.losses, host_losses.size() * sizeof(float));
     losses = host_losses.data();
   }
-  double sum = 0.0;
-  for (int i = 0; i < BT; i++) sum += losses[i];
-  return static_cast<float>(sum / BT);
+  return static_cast<float>(host_loss_sum(losses, BT) / BT);
 }
 
 float Decoder::head_forward(DecoderActivations& a, const int32_t* targets) { return head(a, targets, false, 0.0f); }

@@ -16,7 +16,6 @@ namespace ds::rt::parallel {
 
 namespace {
 
-
 // Columns of peer p's share of a row made of head groups (q, k, v): for each group, its heads
 // [p h/N, (p+1) h/N) of hd values. Calls fn(column in the whole row, column in the share, width).
 template <typename Fn>

@@ -17,11 +17,10 @@ StepStats global_step_stats(parallel::HostWorld& world, double owned_loss_sum, c
   if (sync_norm_once) {
     // Every range's sum at once (one synchronisation on a GPU), added in the same order as below.
     std::vector<std::pair<TypedPtr, int64_t>> spans;
-    size_t n_counted = 0;
     for (const OptimizerPart& p : parts) {
       for (const auto& [off, n] : p.state->norm_ranges()) spans.emplace_back(p.grads + off, n);
     }
-    n_counted = spans.size();
+    const size_t n_counted = spans.size();
     for (const OptimizerPart& p : parts) {
       for (const auto& [off, n] : p.state->uncounted_ranges()) spans.emplace_back(p.grads + off, n);
     }

@@ -338,30 +338,8 @@ void sum_of_squares_impl(double* out, double* scratch, const T* x, int64_t n, cu
   DS_CUDA_CHECK_LAUNCH("sum_squares_final_kernel");
 }
 
-// One scratch of 1 + kSumSquaresBlocks doubles per (thread, device), kept for the thread's life
-// (a few KiB, outside the tagged accounting like the cuBLAS workspace).
-double* norm_scratch() {
-  struct Scratch {
-    int device = -1;
-    double* mem = nullptr;
-    ~Scratch() {
-      if (mem != nullptr) cudaFree(mem);
-    }
-  };
-  thread_local Scratch scratch;
-  int device = 0;
-  DS_CUDA_CHECK(cudaGetDevice(&device));
-  if (scratch.device != device) {
-    if (scratch.mem != nullptr) DS_CUDA_CHECK(cudaFree(scratch.mem));
-    scratch.mem = nullptr;
-    DS_CUDA_CHECK(cudaMalloc(&scratch.mem, (1 + kSumSquaresBlocks) * sizeof(double)));
-    scratch.device = device;
-  }
-  return scratch.mem;
-}
-
 // A device array of doubles per (thread, device), kept for the thread's life and grown when a
-// call needs more (outside the tagged accounting, like norm_scratch). Growing frees the old
+// call needs more (outside the tagged accounting, like the cuBLAS workspace). Growing frees the old
 // array: only for arrays whose contents a call does not keep across calls.
 struct DeviceDoubles {
   int device = -1;
@@ -383,6 +361,13 @@ struct DeviceDoubles {
     return mem;
   }
 };
+
+// One scratch of 1 + kSumSquaresBlocks doubles per (thread, device), kept for the thread's life
+// (a few KiB, outside the tagged accounting like the cuBLAS workspace).
+double* norm_scratch() {
+  thread_local DeviceDoubles scratch;
+  return scratch.at_least(1 + kSumSquaresBlocks);
+}
 
 // The deferred loss sums (loss_sum_to_slot): kLossSlots doubles per (thread, device).
 double* loss_slots() {
