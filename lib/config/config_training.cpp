@@ -254,6 +254,7 @@ TrainingRead read_training(ReadContext& ctx, Section& root, const std::string& c
   s.get_int("straggler_steps", out.straggler_steps, 1);
   s.get_bool("sync_loss_once", out.sync_loss_once);
   s.get_bool("sync_norm_once", out.sync_norm_once);
+  s.get_bool("cuda_graph", out.cuda_graph);
   s.finish();
   if (!out.eval_tasks.empty() && out.eval_interval == 0) {
     ctx.error(s.child("eval_tasks"), "eval_tasks run every training.eval_interval steps: set eval_interval > 0");
@@ -296,6 +297,7 @@ Json training_to_json(const TrainingConfig& c) {
               {"straggler_steps", c.straggler_steps},
               {"sync_loss_once", c.sync_loss_once},
               {"sync_norm_once", c.sync_norm_once},
+              {"cuda_graph", c.cuda_graph},
               {"skip_spikes", c.skip_spikes.enabled ? Json{{"enabled", true},
                                                            {"threshold", c.skip_spikes.threshold},
                                                            {"window", c.skip_spikes.window}}

@@ -355,6 +355,33 @@ void check_optimizer_layout(ReadContext& ctx, const SectionsValid& valid, const 
   }
 }
 
+// training.cuda_graph: the graph replays the micro-batches' kernels with the arguments and
+// buffers of its capture, so everything a step changes on the host must stay out of them.
+void check_cuda_graph(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg) {
+  if (!cfg.training.cuda_graph) return;
+  const std::string path = json_path_child(top("training"), "cuda_graph");
+  auto refuse = [&](const std::string& why) { ctx.error(path, "a CUDA graph of the step: " + why); };
+  if (cfg.training.device != "cuda") {
+    refuse(fmt::format("it needs training.device \"cuda\" (it is \"{}\")", cfg.training.device));
+  }
+  if (cfg.world_size > 1) {
+    refuse(fmt::format("one rank only (the world has {}): with more, the micro-batch waits on collectives that "
+                       "other ranks join, which no graph of one rank can hold",
+                       cfg.world_size));
+  }
+  if (cfg.has_model && valid.model && cfg.model.shape.num_local_experts > 0) {
+    refuse("not with a mixture of experts: its routing reads the experts' token counts on the host in every "
+           "micro-batch");
+  }
+  if (cfg.lora.enabled && cfg.lora.dropout > 0) {
+    refuse(fmt::format("not with lora.dropout {}: dropout's keys change every step", cfg.lora.dropout));
+  }
+  if (cfg.data.packing == Packing::kDocument) {
+    refuse("not with data.packing \"document\": the document starts are found on the host from each "
+           "micro-batch's tokens");
+  }
+}
+
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg) {
   check_optimizer_layout(ctx, valid, cfg);
   check_packing(ctx, valid, cfg);
@@ -362,6 +389,7 @@ void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConf
   const bool layout_whole = resolve_data_parallel_size(ctx, valid, cfg);
   check_expert_parallel(ctx, valid, cfg, layout_whole);
   check_zero3_without_pipeline(ctx, valid, cfg);
+  check_cuda_graph(ctx, valid, cfg);
   if (valid.batch.valid && layout_whole) {
     resolve_batch_triad(ctx, valid.batch, cfg);
     note_batch_autos(ctx, valid.batch, cfg);

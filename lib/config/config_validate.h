@@ -28,7 +28,7 @@ struct SectionsValid {
 void check_eval_needs_val(ReadContext& ctx, const JobConfig& cfg, bool eval_interval_given);
 
 // Every other cross-section rule, in this order: check_one_precision, resolve_data_parallel_size
-// (sets cfg.data_parallel_size), check_zero3_without_pipeline, resolve_batch_triad (sets the
+// (sets cfg.data_parallel_size), check_zero3_without_pipeline, check_cuda_graph, resolve_batch_triad (sets the
 // triad), check_model_against_layout.
 void check_across_sections(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 
@@ -40,6 +40,10 @@ void check_packing(ReadContext& ctx, const SectionsValid& valid, const JobConfig
 bool resolve_data_parallel_size(ReadContext& ctx, const SectionsValid& valid, JobConfig& cfg);
 void check_zero3_without_pipeline(ReadContext& ctx, const SectionsValid& valid,
                                   const JobConfig& cfg);
+// training.cuda_graph needs training.device "cuda", one rank, no mixture of experts, no LoRA
+// dropout and no document packing (the graph replays its capture's kernel arguments). Loss masks,
+// known only from the data, are refused by the trainer.
+void check_cuda_graph(ReadContext& ctx, const SectionsValid& valid, const JobConfig& cfg);
 // As DeepSpeed's _set_batch_related_parameters + _batch_assertion, against
 // cfg.data_parallel_size.
 void resolve_batch_triad(ReadContext& ctx, const BatchKeys& batch, JobConfig& cfg);

@@ -162,6 +162,11 @@ struct TrainingConfig {
   // bits either way.
   bool sync_loss_once = true;
   bool sync_norm_once = true;
+  // The forward and backward of a step's micro-batches captured once as a CUDA graph and
+  // replayed each step (docs/gpu.md, "What a step costs beyond the kernels"). One GPU rank only,
+  // and only where nothing in the micro-batch changes on the host from step to step:
+  // config_validate.h's check_cuda_graph names what refuses it.
+  bool cuda_graph = false;
 };
 
 struct Fp16Config {

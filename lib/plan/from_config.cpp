@@ -55,6 +55,7 @@ PlanInput plan_input_from_config(const config::JobConfig& c) {
   l.stage3_prefetch_bucket_size = c.zero.stage3_prefetch_bucket_size;
   l.stage3_max_live_parameters = c.zero.stage3_max_live_parameters;
   l.checkpoint_staging = c.training.checkpoint_async && !c.training.checkpoint_dir.empty();
+  l.cuda_graph = c.training.cuda_graph && l.device == DeviceKind::kCuda;
   return in;
 }
 

@@ -122,7 +122,7 @@ int in_flight_micro_batches(const Layout& l, int stage) {
   return std::min(l.pp - stage, l.grad_accum);
 }
 
-int token_micro_batches(const Layout& l) { return l.pp > 1 ? l.grad_accum : 1; }
+int token_micro_batches(const Layout& l) { return l.pp > 1 || l.cuda_graph ? l.grad_accum : 1; }
 
 bool RankMemory::same_bytes(const RankMemory& o) const {
   return params == o.params && grads == o.grads && optimizer == o.optimizer &&
@@ -245,7 +245,10 @@ Part part_memory(const ms::ModelShape& s, const Layout& l, const std::vector<int
   // With context parallelism the ids are this rank's T/cp of each sequence, and the whole
   // micro-batch the loader reads is kept beside them; the cp attention's scratch is the rank's too.
   const int64_t Tl = s.seq_len / l.cp;
-  r.workspace = at.shared_workspace_bytes + kTokenBufferBytes * l.micro_batch * Tl * token_micro_batches(l) +
+  // With training.cuda_graph they are pinned host memory instead, one slot per micro-batch.
+  const int64_t trainer_ids = kTokenBufferBytes * l.micro_batch * Tl * token_micro_batches(l);
+  if (l.cuda_graph) r.cpu += trainer_ids;
+  r.workspace = at.shared_workspace_bytes + (l.cuda_graph ? 0 : trainer_ids) +
                 (l.device == DeviceKind::kCuda ? kTokenBufferBytes * l.micro_batch * Tl : 0) +
                 (l.cp > 1 ? kTokenBufferBytes * l.micro_batch * s.seq_len : 0);
   const layout::CpScratchBytes cps = layout::cp_attention_scratch(
@@ -427,6 +430,9 @@ void add_notes(MemoryPlan& plan) {
                                                      ? ", RoPE tables (fp32)"
                                                      : "",
                                                  (l.pp > 1 ? fmt::format(" of all {} micro-batches", l.grad_accum)
+                                                  : l.cuda_graph ? fmt::format(" (the model's copy; the trainer's {} slots "
+                                                                               "are pinned host memory, for the CUDA graph)",
+                                                                               l.grad_accum)
                                                            : std::string()) +
                                                      (l.cp > 1 ? " (and one whole micro-batch as read)" : "") +
                                                      (l.document_packing

@@ -75,6 +75,9 @@ struct Layout {
   // training.checkpoint_async with a checkpoint_dir: the trainer keeps a host staging buffer of
   // its checkpoint partition (tag checkpoint; pinned host memory, plan.cpu, on a GPU).
   bool checkpoint_staging = false;
+  // training.cuda_graph (a GPU run): the trainer's token ids are pinned host memory (plan.cpu), one
+  // slot per micro-batch of the step, which the graph's copies read at each replay.
+  bool cuda_graph = false;
 
   int world_size() const { return tp * pp * dp * cp; }
   // The ranks that hold the same parameters and share their ZeRO partitions: dp x cp.
@@ -191,7 +194,8 @@ void validate_layout(const model_spec::ModelShape& s, const Layout& l);
 //               buffers (x gb); stages 1-2 with dp > 1 and allgather_bucket_size < stride: an
 //               all-gather staging buffer of allgather_bucket_size x dp (x sb)
 //   workspace   model_spec's shared workspace buffers (bytes as above) + the token ids: 8 B per token
-//               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1)
+//               (int32 inputs and targets) x B x T x token_micro_batches (1, or m when pp > 1);
+//               with cuda_graph into cpu instead (pinned), x m
 //               + with document packing the model's document starts: 4 B per token x B x T x
 //               the micro-batches in flight
 //   checkpoint  with checkpoint_staging: the rank's checkpoint partition of each region (the

@@ -28,7 +28,7 @@
 namespace ds::rt {
 
 // Bumped whenever an exported table or entry point changes shape.
-inline constexpr int kCudaModuleAbi = 8;  // 8: the loss slots and the batched sums of squares; 7: the block kernels' scratch; 6: ring attention's block kernels and merge; 5: the op list's typed tables
+inline constexpr int kCudaModuleAbi = 9;  // 9: streams and CUDA graphs in the memory table; 8: the loss slots and the batched sums of squares; 7: the block kernels' scratch; 6: ring attention's block kernels and merge; 5: the op list's typed tables
 inline constexpr const char* kCudaModuleFile = "libdstrain_cuda.so";
 
 // Whether this build produced the module (DSTRAIN_CUDA found nvcc and NCCL, or was ON).

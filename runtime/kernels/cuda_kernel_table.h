@@ -19,7 +19,7 @@ namespace ds::rt::kern {
   X(adamw_update_bf16_grads) X(sum_of_squares) X(set_matmul_math) X(matmul_math)                  \
   X(current_stream) X(flash_attention_supported) X(flash_attention_forward_bf16)                  \
   X(flash_attention_backward_bf16) X(set_attention_kernel) X(attention_kernel) X(attention_merge)       \
-  X(moe_sort_slots) X(moe_gather_f32) X(loss_sum_to_slot) X(loss_slots_to_host)
+  X(moe_sort_slots) X(moe_gather_f32) X(loss_sum_to_slot) X(loss_slots_to_host) X(fill_f32)
 
 // The typed kernels of kernels/cuda/kernels.h whose CPU form differs (not in the op list).
 #define DS_CUDA_TYPED_ONLY_ENTRIES(X) \

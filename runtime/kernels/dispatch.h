@@ -20,6 +20,7 @@
 // Without a scope (the default) everything is the CPU kernel.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +105,16 @@ inline void copy(void* dst, const void* src, size_t bytes) {
   if (bytes > 0 && dst != src) std::memcpy(dst, src, bytes);
 }
 
+// `rows` rows of `width` bytes from src (a row every spitch bytes) to dst (every dpitch bytes), not
+// overlapping: on the CPU a memcpy per row; inside a CUDA scope one strided copy in stream order.
+inline void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows) {
+  if (on_cuda()) return cuda_memory().copy_rows(dst, dpitch, src, spitch, width, rows, kernel_context().stream);
+  if (width == 0) return;
+  for (size_t r = 0; r < rows; r++) {
+    std::memcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+  }
+}
+
 inline cudaStream_t cuda_stream() { return static_cast<cudaStream_t>(kernel_context().stream); }
 // DS_KERN(name, args...): the CUDA twin on this thread's stream inside a CUDA scope, else the CPU.
 #define DS_KERN(name, ...)                                                \
@@ -181,6 +192,11 @@ inline void loss_sum_to_slot(const float* losses, int64_t n, int slot) {
 inline void loss_slots_to_host(double* out, int count) {
   if (!on_cuda()) throw invalid_usage("kern::loss_slots_to_host outside a CUDA scope");
   cuda_kernels().loss_slots_to_host(out, count, cuda_stream());
+}
+// x[i] = value for i < n, on this thread's device.
+inline void fill_f32(float* x, float value, int64_t n) {
+  if (on_cuda()) return cuda_kernels().fill_f32(x, value, n, cuda_stream());
+  std::fill(x, x + n, value);
 }
 inline void moe_gather_f32(float* out, const float* in, const int32_t* idx, int64_t n) {
   DS_KERN(moe_gather_f32, out, in, idx, n);

@@ -1222,4 +1222,17 @@ std::vector<float> Decoder::take_losses() {
   return means;
 }
 
+void Decoder::drop_kept_losses() {
+  kept_loss_sums_.clear();
+  kept_on_device_ = 0;
+}
+
+void Decoder::keep_replayed_losses(int n) {
+  DS_CHECK(opt_.device == Device::kCuda && kept_on_device_ == 0 && kept_loss_sums_.empty() && n >= 0 &&
+               n <= cuda::kLossSlots,
+           "replayed losses: {} of them on a device with {} kept already (of {} slots)", n, kept_on_device_,
+           cuda::kLossSlots);
+  kept_on_device_ = n;
+}
+
 }  // namespace ds::rt

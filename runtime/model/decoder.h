@@ -216,6 +216,8 @@ class Decoder : public Model {
   // Model::head_forward_backward_deferred / take_losses.
   void head_forward_backward_deferred(DecoderActivations& a, const int32_t* targets, float grad_scale);
   std::vector<float> take_losses() override;
+  void drop_kept_losses() override;
+  void keep_replayed_losses(int n) override;
   // Layers [l1-1 .. l0] backwards: d_stream() holds d(out[l1-1]) and ends with d(input of l0).
   void blocks_backward(DecoderActivations& a, int l0, int l1);
   void embed_backward(DecoderActivations& a, const int32_t* tokens);

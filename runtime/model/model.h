@@ -154,6 +154,11 @@ class Model {
   // (kern::loss_sum_to_slot) and come back in one copy, instead of one synchronisation per call.
   virtual void head_forward_backward_deferred(Activations& a, const int32_t* targets, float grad_scale) = 0;
   virtual std::vector<float> take_losses() = 0;
+  // training.cuda_graph: a captured graph queued n deferred heads into the device's slots 0..n-1,
+  // but nothing ran: drop_kept_losses() forgets them. After each replay, keep_replayed_losses(n)
+  // makes take_losses() bring back those n slots (no losses may be pending then).
+  virtual void drop_kept_losses() = 0;
+  virtual void keep_replayed_losses(int n) = 0;
   virtual void blocks_backward(Activations& a, int l0, int l1) = 0;
   virtual void embed_backward(Activations& a, const int32_t* tokens) = 0;
   virtual TypedPtr d_stream() = 0;

@@ -49,6 +49,7 @@
 #include "train/run_config.h"
 #include "train/sampling.h"
 #include "train/step_clock.h"
+#include "train/step_graph.h"
 #include "train/step_math.h"
 #include "train/task_eval.h"
 #include "train/throughput.h"
@@ -85,6 +86,9 @@ struct Trainer::Impl {
   std::unique_ptr<data::BatchReader> loader;  // one corpus, or a weighted blend (data/blend.h)
   std::unique_ptr<data::ValidationLoader> val_loader;
   std::vector<EvalTask> eval_tasks;  // training.eval_tasks, tokenized (task_eval.h)
+  // training.cuda_graph: the model's stream and the step's graph (step_graph.h); null when off.
+  std::unique_ptr<StepGraph> graph;
+  bool graph_warm = false;  // a step of this run has run eagerly: every lazy allocation is made
   // Declaration order is destruction order reversed: the state before the engine it points into.
   std::unique_ptr<parallel::Engine> engine;
   comm::CommPtr onebit_host_dp;  // a GPU run's 1-bit optimizer: its dp group over host memory
@@ -101,7 +105,9 @@ struct Trainer::Impl {
     if (expert_state) parts.push_back({expert_state.get(), engine->expert_zero()->opt_grads()});
     return parts;
   }
-  Buffer tokens;  // inputs and targets (B*Tl int32 each) of one micro-batch, or of G with a pipeline
+  // Inputs and targets (B*Tl int32 each) of one micro-batch, or of G with a pipeline or a CUDA
+  // graph (then in pinned host memory, which the graph's copies read at each replay).
+  Buffer tokens;
   // With context parallelism: one whole micro-batch (B*T inputs and targets) as the loader reads
   // it, before this rank's rows are copied out (layout::cp_position_runs).
   Buffer whole_tokens;
@@ -134,6 +140,9 @@ struct Trainer::Impl {
   }
 
   void open_data(int dp_rank);
+  // training.cuda_graph: refuses what only the data or the run shows (config_validate.h refuses the
+  // rest), creates the stream the model and ZeRO run on, into `spec`.
+  void start_graph(parallel::EngineSpec& spec);
   void build(int local_rank);
   void start_or_resume();
   // This rank's sums over the step's micro-batches of the loss and of the load-balancing loss.
@@ -145,6 +154,9 @@ struct Trainer::Impl {
   // (time_compute_ms_rank<q>), and a straggler named in the log (straggler.h).
   void report_stragglers(const StepBreakdown& b, int64_t step, StepRecord& r);
   LossSums pipeline_micro_batches(int64_t step, float scale, double* bubble, StepClock& clock);
+  // training.cuda_graph: the G micro-batches' forward and backward as one replay of the graph
+  // (captured at the second step of the run, and again when the loss scale changes).
+  LossSums graph_micro_batches(float scale, StepClock& clock);
   double evaluate();
   // training.eval_tasks: each task's score over every data-parallel rank's share of its rows.
   std::vector<TaskScore> evaluate_tasks();
@@ -215,10 +227,11 @@ void Trainer::Impl::load(int g, Next&& next) {
 }
 
 void Trainer::Impl::build(int local_rank) {
-  const parallel::EngineSpec spec = engine_spec_of(cfg, rank, local_rank, device);
+  parallel::EngineSpec spec = engine_spec_of(cfg, rank, local_rank, device);
   // The data's dp rank, from the grid, before anything connects.
   const layout::Topology topo(world, spec.tp, spec.dp, spec.pp, spec.cp);
   open_data(topo.coord_of(rank).dp);
+  if (cfg.training.cuda_graph) start_graph(spec);
   runs = layout::cp_position_runs(T, cp, topo.coord_of(rank).cp, spec.cp_method);
   engine = std::make_unique<parallel::Engine>(shape, spec, job_store(world), alloc);
   // LoRA: the optimizer's region is the adapters' (the base is frozen: no state at all).
@@ -244,8 +257,8 @@ void Trainer::Impl::build(int local_rank) {
                    o ? "offload_optimizer" : "offload_param", o ? "the optimizer states" : "the parameter partitions");
     }
   }
-  tokens = alloc.allocate(2 * static_cast<size_t>(B) * Tl * (pp() > 1 ? G : 1) * sizeof(int32_t), MemTag::kWorkspace,
-                          "tokens");
+  tokens = alloc.allocate(2 * static_cast<size_t>(B) * Tl * (pp() > 1 || graph ? G : 1) * sizeof(int32_t),
+                          MemTag::kWorkspace, "tokens", graph ? Device::kCudaHost : Device::kCpu);
   if (cp > 1) {
     whole_tokens = alloc.allocate(2 * static_cast<size_t>(B) * T * sizeof(int32_t), MemTag::kWorkspace,
                                   "tokens of whole sequences");
@@ -351,6 +364,7 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
                                                     StepClock& clock) {
   const auto scale = static_cast<float>(grad_scale);
   if (pp() > 1) return pipeline_micro_batches(step, scale, bubble, clock);
+  if (graph) return graph_micro_batches(scale, clock);
   parallel::ZeroEngines zero(engine->zeros());
   const bool kill_here = step == opt.kill_at_step && rank == opt.kill_rank;
   Model& model = engine->model();
@@ -380,6 +394,68 @@ Trainer::Impl::LossSums Trainer::Impl::micro_batches(int64_t step, double grad_s
     for (float l : model.take_losses()) sums.loss += l;  // in micro-batch order: the same sum
     clock.lap(Phase::kBackward);
   }
+  return sums;
+}
+
+void Trainer::Impl::start_graph(parallel::EngineSpec& spec) {
+  const std::string key = fmt::format("{}: $.training.cuda_graph", cfg.path);
+  if (device != Device::kCuda || world > 1) {  // config_validate.h's check_cuda_graph says why
+    throw invalid_argument("{}: a CUDA graph of the step needs one rank on training.device \"cuda\"", key);
+  }
+  if (masked) {
+    throw invalid_argument("{}: a CUDA graph of the step: not with loss masks (the training data has them): each "
+                           "step's loss divisor is its count of masked-in targets, an argument the graph would "
+                           "replay unchanged",
+                           key);
+  }
+  if (G > cuda::kLossSlots) {
+    throw invalid_argument("{}: a CUDA graph of the step holds at most {} micro-batches (the device's loss slots); "
+                           "gradient_accumulation_steps is {}",
+                           key, cuda::kLossSlots, G);
+  }
+  graph = std::make_unique<StepGraph>();
+  spec.model.cuda_stream = graph->stream();
+  spec.zero.cuda_stream = graph->stream();
+}
+
+Trainer::Impl::LossSums Trainer::Impl::graph_micro_batches(float scale, StepClock& clock) {
+  for (int g = 0; g < G; ++g) load(g, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
+  clock.lap(Phase::kData);  // the previous step's losses came back: the graph no longer reads the slots
+  parallel::ZeroEngines zero(engine->zeros());
+  Model& model = engine->model();
+  Activations& acts = engine->activations();
+  const auto& part = model.part();
+  // What the graph holds: every micro-batch's forward and backward, in stream order.
+  auto record = [&] {
+    for (int g = 0; g < G; ++g) {
+      zero.begin_micro_batch(g == G - 1, true);
+      model.embed_forward(acts, mb_inputs(g));
+      model.blocks_forward(acts, part.layer_begin, part.layer_end);
+      model.head_forward_backward_deferred(acts, mb_targets(g), scale);
+      model.blocks_backward(acts, part.layer_begin, part.layer_end);
+      model.embed_backward(acts, mb_inputs(g));
+      zero.end_micro_batch();
+    }
+  };
+  if (!graph_warm) {
+    record();  // eagerly: the first step makes every lazy allocation (cuBLAS, the loss slots)
+    graph_warm = true;
+  } else {
+    if (!graph->captured_for(scale)) {
+      graph->capture(scale, record);
+      model.drop_kept_losses();  // queued, not run
+      if (rank == 0) {
+        spdlog::info("training.cuda_graph: the step's {} micro-batch(es) captured as a CUDA graph of {} nodes "
+                     "(capture {}, loss scale {})",
+                     G, graph->nodes(), graph->captures(), scale);
+      }
+    }
+    graph->replay();
+    model.keep_replayed_losses(G);
+  }
+  LossSums sums;
+  for (float l : model.take_losses()) sums.loss += l;  // in micro-batch order, as micro_batches sums them
+  clock.lap(Phase::kBackward);  // forward and backward in one graph: timed as the backward
   return sums;
 }
 

@@ -24,7 +24,8 @@
 #                 (`tests/gpu/device-run.sh cpu-twin`) and are compared afterwards; then 10
 #                 steps of the same job with Lion (its state offloaded to the host); then 4 x 12
 #                 steps at 4 micro-batches per step with training.sync_loss_once/sync_norm_once
-#                 on and off, alternated (what one synchronisation per step saves)
+#                 on and off, and with training.cuda_graph, 6 x 12 steps alternated (what one
+#                 synchronisation per step and one graph launch per step save)
 #         smoke   tests/gpu/smoke.sh at one GPU without building (SMOKE_PART=gpu): the ZeRO-2 smoke
 #                 job against its CPU twin on the device's cores
 #         calibrate  `dstrain plan --calibrate` of that config on the GPU (calibration-gpu.json in
@@ -114,15 +115,17 @@ cfg = json.load(open(sys.argv[1]))
 cfg["optimizer"] = {"type": "Lion", "params": {"lr": 1e-4, "betas": [0.9, 0.99], "weight_decay": 0.1}}
 json.dump(cfg, open(sys.argv[2], "w"), indent=2)
 PY
-  # What a step synchronises on (training.sync_loss_once, sync_norm_once), measured off and on:
-  # the same job with 4 micro-batches per step (a loss copy each when off).
+  # What a step synchronises on (training.sync_loss_once, sync_norm_once), measured off and on,
+  # and the step as a CUDA graph (training.cuda_graph): the same job with 4 micro-batches per step
+  # (a loss copy each when off).
   python3 - "$stage_dir/configs/device-train-124m.json" "$stage_dir/configs" <<'PY'
 import json, sys
-for on in (True, False):
+for name in ("once", "each", "graph"):
     cfg = json.load(open(sys.argv[1]))
     cfg["gradient_accumulation_steps"] = 4
-    cfg["training"]["sync_loss_once"] = cfg["training"]["sync_norm_once"] = on
-    json.dump(cfg, open(f"{sys.argv[2]}/device-syncs-{'once' if on else 'each'}.json", "w"), indent=2)
+    cfg["training"]["sync_loss_once"] = cfg["training"]["sync_norm_once"] = name != "each"
+    cfg["training"]["cuda_graph"] = name == "graph"  # the step's 4 micro-batches as one CUDA graph
+    json.dump(cfg, open(f"{sys.argv[2]}/device-syncs-{name}.json", "w"), indent=2)
 PY
   git -C "$here" rev-parse --short HEAD >"$stage_dir/commit"
   git -C "$here" status --short >>"$stage_dir/commit"
@@ -260,7 +263,7 @@ device() {
           "$bin/dstrain" train --config "$root/configs/device-train-124m-lion.json" \
           --metrics "$logs/train-124m-lion.jsonl" --max-steps 10
         local sync
-        for sync in once each each once; do  # alternated: the machine's drift hits both alike
+        for sync in once graph each each graph once; do  # alternated: the machine's drift hits all alike
           stage "train:124m-g4-syncs-$sync" 45 "$bin/dstrain" launch --nproc-per-node 1 --kill-timeout 5 -- \
             "$bin/dstrain" train --config "$root/configs/device-syncs-$sync.json" \
             --metrics "$logs/syncs-$sync-$SECONDS.jsonl" --max-steps 12
@@ -314,13 +317,15 @@ for r in recs:
               f"{r['ms_per_step']:.1f} ms  {r['tokens_per_s']:.0f} tok/s  mfu {r.get('mfu', float('nan'))}")
 PY
     fi
-    echo "-- step syncs (124M, 4 micro-batches per step: median ms/step of steps 4-12, per run)"
+    echo "-- step syncs and CUDA graph (124M, 4 micro-batches per step: median ms/step of steps 4-12 and the last loss, per run)"
     python3 - "$logs" <<'PY' || true
 import glob, json, statistics, sys
 for f in sorted(glob.glob(sys.argv[1] + "/syncs-*.jsonl")):
-    ms = [json.loads(l)["ms_per_step"] for l in open(f) if l.strip()][3:]
+    recs = [json.loads(l) for l in open(f) if l.strip()]
+    ms = [r["ms_per_step"] for r in recs][3:]
     if ms:
-        print(f"  {f.split('/')[-1]}: {statistics.median(ms):.1f} ms ({len(ms)} steps)")
+        print(f"  {f.split('/')[-1]}: {statistics.median(ms):.1f} ms ({len(ms)} steps), "
+              f"step {recs[-1]['step']} loss {recs[-1]['loss']:.6f}")
 PY
     echo "-- calibration"
     grep -h 'wrote\|compute samples' "$logs"/calibrate:*.log 2>/dev/null || true

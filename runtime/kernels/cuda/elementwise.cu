@@ -178,6 +178,13 @@ __global__ void round_to_f16_kernel(float* x, int64_t n) {
   }
 }
 
+__global__ void fill_f32_kernel(float* x, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    x[i] = value;
+  }
+}
+
 // Packs here also need OC % kN == 0, so that a pack never straddles two rows' bias.
 template <typename T, int kN>
 __global__ void add_bias_kernel(T* out, const T* bias, int OC, int64_t n) {
@@ -577,6 +584,9 @@ void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream) {
 }
 void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream) {
   DS_ELEMENTWISE(round_to_f16_kernel, N, x, N);
+}
+void fill_f32(float* x, float value, int64_t N, cudaStream_t stream) {
+  DS_ELEMENTWISE(fill_f32_kernel, N, x, value, N);
 }
 
 void convert_f32_to_bf16(uint16_t* out, const float* inp, int64_t N, cudaStream_t stream) {

@@ -143,6 +143,8 @@ void convert_f16_to_f32(float* out, const uint16_t* inp, int64_t N, cudaStream_t
 // core/dtype.h).
 void round_to_bf16_in_place(float* x, int64_t N, cudaStream_t stream);
 void round_to_f16_in_place(float* x, int64_t N, cudaStream_t stream);
+// x[i] = value for i < N (ring attention's lse accumulators start at -inf).
+void fill_f32(float* x, float value, int64_t N, cudaStream_t stream);
 
 // ---- fused AdamW ------------------------------------------------------------------------------------
 

@@ -201,6 +201,12 @@ void copy_on_device(void* dst, const void* src, size_t bytes, void* stream) {
   DS_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, static_cast<cudaStream_t>(stream)));
 }
 
+void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream) {
+  if (width == 0 || rows == 0) return;
+  DS_CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault,
+                                  static_cast<cudaStream_t>(stream)));
+}
+
 void set_device(int device, std::string_view who) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);

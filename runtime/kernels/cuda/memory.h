@@ -48,6 +48,9 @@ void copy_to_device(void* dst, const void* src, size_t bytes, void* stream);
 void copy_to_host(void* dst, const void* src, size_t bytes, void* stream);
 // copy_on_device: device -> device (same device), in stream order; the ranges must not overlap.
 void copy_on_device(void* dst, const void* src, size_t bytes, void* stream);
+// copy_rows: `rows` rows of `width` bytes, row r from src + r * spitch to dst + r * dpitch
+// (cudaMemcpy2DAsync, direction inferred), in stream order; the ranges must not overlap.
+void copy_rows(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t rows, void* stream);
 // Makes `device` current on the calling thread (cudaSetDevice), naming `who` in the error (e.g. a
 // LOCAL_RANK beyond the visible GPUs).
 void set_device(int device, std::string_view who);

@@ -4,6 +4,7 @@
 // comm/nccl_comm.cpp) are all it exports.
 #include "core/cuda_memory_table.h"
 #include "core/cuda_module.h"
+#include "kernels/cuda/graph.h"
 #include "kernels/cuda/memory.h"
 #include "kernels/cuda_kernel_table.h"
 
@@ -25,8 +26,11 @@ DS_CUDA_EXPORT const ds::rt::CudaMemoryTable* ds_cuda_memory_table() {
   static const ds::rt::CudaMemoryTable table = {
       &cuda::device_alloc,        &cuda::device_free,   &cuda::pinned_alloc,
       &cuda::pinned_free,         &cuda::memset_zero_async, &cuda::copy_to_device,
-      &cuda::copy_to_host,        &cuda::copy_on_device,    &cuda::set_device,
+      &cuda::copy_to_host,        &cuda::copy_on_device,    &cuda::copy_rows,         &cuda::set_device,
       &cuda::device_cache_stats,  &cuda::device_empty_cache, &ds::rt::cuda_query_accelerators,
+      &cuda::stream_create,       &cuda::stream_destroy,      &cuda::graph_begin_capture,
+      &cuda::graph_end_capture,   &cuda::graph_abort_capture, &cuda::graph_launch,
+      &cuda::graph_destroy,
   };
   return &table;
 }

@@ -574,6 +574,42 @@ TEST(JobConfig, TheStepSyncOptionsAreBools) {
   EXPECT_EQ(errs[0].rfind("t.json:1: $.training.sync_loss_once: expected", 0), 0u) << errs[0];
 }
 
+// training.cuda_graph: a bool, and refused by name where a graph of the step cannot hold it.
+TEST(JobConfig, TheCudaGraphIsOneGpuRankWithoutHostWorkInTheMicroBatch) {
+  const auto on = parse_job_config(R"({"train_batch_size": 8, "training": {"device": "cuda", "cuda_graph": true}})",
+                                   "t.json", 1);
+  EXPECT_TRUE(on.training.cuda_graph);
+  EXPECT_FALSE(parse_job_config(R"({"train_batch_size": 8})", "t.json", 1).training.cuda_graph);
+  EXPECT_EQ(parse_job_config(on.to_json().dump(), "", 1).to_json(), on.to_json());
+  auto only = [](const std::string& text, int world) {
+    const auto errs = errors_of(text, world);
+    EXPECT_EQ(errs.size(), 1u) << text;
+    return errs.empty() ? std::string() : errs[0];
+  };
+  const std::string prefix = "t.json:1: $.training.cuda_graph: a CUDA graph of the step: ";
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"cuda_graph": true}})", 1),
+            prefix + "it needs training.device \"cuda\" (it is \"cpu\")");
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"device": "cuda", "cuda_graph": true}})", 2),
+            prefix + "one rank only (the world has 2): with more, the micro-batch waits on collectives that other "
+                     "ranks join, which no graph of one rank can hold");
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"device": "cuda", "cuda_graph": true},
+      "model": {"type": "mixtral", "n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 64,
+                "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 128}})", 1)
+                .rfind("t.json:1: $.training.cuda_graph: a CUDA graph of the step: not with a mixture of experts", 0),
+            0u);
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"device": "cuda", "cuda_graph": true},
+      "model": {"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 256, "seq_len": 64},
+      "lora": {"r": 4, "dropout": 0.1, "target_modules": "all-linear"}})", 1),
+            prefix + "not with lora.dropout 0.1: dropout's keys change every step");
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"device": "cuda", "cuda_graph": true},
+      "data": {"train": "t.bin", "packing": "document", "document_token": 3}})", 1),
+            prefix + "not with data.packing \"document\": the document starts are found on the host from each "
+                     "micro-batch's tokens");
+  EXPECT_EQ(only(R"({"train_batch_size": 8, "training": {"cuda_graph": "yes"}})", 1)
+                .rfind("t.json:1: $.training.cuda_graph: expected", 0),
+            0u);
+}
+
 TEST(JobConfig, DeepSpeedKeysWeDoNotActOnAreWarnings) {
   const std::string text = R"({
   "train_batch_size": 16,

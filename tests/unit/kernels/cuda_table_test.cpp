@@ -4,6 +4,7 @@
 // A kernel declared but not instantiated for one of the types would fail here, not on a GPU.
 #include <gtest/gtest.h>
 
+#include "core/cuda_memory_table.h"
 #include "core/cuda_module.h"
 #include "kernels/cuda_kernel_table.h"
 
@@ -40,6 +41,28 @@ TEST(CudaKernelTable, EveryEntryOfEveryTypedTableIsFilled) {
   EXPECT_EQ(t.bf16.matmul_forward, t.bf16_fp32_grads.matmul_forward);
   EXPECT_NE(reinterpret_cast<const void*>(t.bf16.matmul_backward),
             reinterpret_cast<const void*>(t.bf16_fp32_grads.matmul_backward));
+}
+
+// The memory table is filled positionally by the module (module_entry.cpp): an entry left out
+// would be null, and the streams and graphs of training.cuda_graph come last.
+TEST(CudaMemoryTable, EveryEntryIsFilled) {
+  if (!ds::rt::cuda_module_built()) GTEST_SKIP() << "built without CUDA";
+  const ds::rt::CudaMemoryTable& m = ds::rt::cuda_memory("the memory table test");
+  const void* entries[] = {
+      reinterpret_cast<const void*>(m.device_alloc),        reinterpret_cast<const void*>(m.device_free),
+      reinterpret_cast<const void*>(m.pinned_alloc),        reinterpret_cast<const void*>(m.pinned_free),
+      reinterpret_cast<const void*>(m.memset_zero_async),   reinterpret_cast<const void*>(m.copy_to_device),
+      reinterpret_cast<const void*>(m.copy_to_host),        reinterpret_cast<const void*>(m.copy_on_device),
+      reinterpret_cast<const void*>(m.copy_rows),
+      reinterpret_cast<const void*>(m.set_device),          reinterpret_cast<const void*>(m.device_cache_stats),
+      reinterpret_cast<const void*>(m.device_empty_cache),  reinterpret_cast<const void*>(m.query_accelerators),
+      reinterpret_cast<const void*>(m.stream_create),       reinterpret_cast<const void*>(m.stream_destroy),
+      reinterpret_cast<const void*>(m.graph_begin_capture), reinterpret_cast<const void*>(m.graph_end_capture),
+      reinterpret_cast<const void*>(m.graph_abort_capture), reinterpret_cast<const void*>(m.graph_launch),
+      reinterpret_cast<const void*>(m.graph_destroy)};
+  static_assert(sizeof(entries) / sizeof(entries[0]) * sizeof(void*) == sizeof(ds::rt::CudaMemoryTable),
+                "an entry of CudaMemoryTable is missing here");
+  for (const void* e : entries) EXPECT_NE(e, nullptr);
 }
 
 }  // namespace

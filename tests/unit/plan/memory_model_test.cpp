@@ -119,6 +119,21 @@ TEST(MemoryModel, AsyncCheckpointStagingIsTheRanksPartition) {
   EXPECT_EQ(r.cpu, 960 * (2 + 4 + 8));  // pinned host memory
 }
 
+// training.cuda_graph: the trainer's token ids move to pinned host memory (cpu), one slot per
+// micro-batch of the step; the model's device copy stays in the workspace.
+TEST(MemoryModel, ACudaGraphPinsTheStepsTokenIds) {
+  Layout l;
+  l.device = DeviceKind::kCuda;
+  l.micro_batch = 2;
+  l.grad_accum = 3;
+  const RankMemory eager = plan_memory(tiny(), l).ranks[0];
+  l.cuda_graph = true;
+  const RankMemory graph = plan_memory(tiny(), l).ranks[0];
+  const int64_t T = tiny().seq_len;
+  EXPECT_EQ(graph.workspace, eager.workspace - kTokenBufferBytes * 2 * T);
+  EXPECT_EQ(graph.cpu, eager.cpu + kTokenBufferBytes * 2 * T * 3);
+}
+
 TEST(MemoryModel, CpuStoresSixteenBitValuesInTwoBytes) {
   Layout l;
   l.precision = Precision::kBf16;
