@@ -15,9 +15,11 @@ ContextParallelHooks::ContextParallelHooks(comm::CommPtr cp, const ContextParall
   if (auto why = layout::cp_heads_rule(sh_.NH, sh_.KV, 1, n, sh_.method)) throw invalid_argument("{}", *why);
   const int sb = static_cast<int>(dtype_size(sh_.dtype));
   if (sh_.method == layout::CpMethod::kRing) {
-    ring_ = std::make_unique<RingAttention>(*cp_, RingShape{sh_.B, sh_.T / (2 * n), sh_.NH, sh_.KV, sh_.hd}, sb, alloc);
+    ring_ = std::make_unique<RingAttention>(*cp_, RingShape{sh_.B, sh_.T / (2 * n), sh_.NH, sh_.KV, sh_.hd}, sb, alloc,
+                                            sh_.device);
   } else {
-    ulysses_ = std::make_unique<UlyssesAttention>(*cp_, UlyssesShape{sh_.B, sh_.T, sh_.NH, sh_.KV, sh_.hd}, sb, alloc);
+    ulysses_ = std::make_unique<UlyssesAttention>(*cp_, UlyssesShape{sh_.B, sh_.T, sh_.NH, sh_.KV, sh_.hd}, sb, alloc,
+                                                  sh_.device);
   }
 }
 

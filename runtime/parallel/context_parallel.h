@@ -9,7 +9,8 @@
 // gradients reduced over dp x cp in the engine's ZeRO group.
 //
 // Scratch: the attention's own, allocated once here (layout::cp_attention_scratch; tags workspace
-// and comm); the model keeps no attention scratch on a cp rank. Host buffers: CPU only, for now.
+// and comm) on the rank's device; the model keeps no attention scratch on a cp rank. On a GPU the
+// cp group is NCCL's and the calls run inside the model's CUDA kern::DeviceScope.
 #pragma once
 
 #include <memory>
@@ -28,6 +29,7 @@ struct ContextParallelShape {
   int B = 1, T = 1, NH = 1, KV = 1, hd = 1;
   layout::CpMethod method = layout::CpMethod::kRing;
   DType dtype = DType::kF32;  // the activations' storage type
+  Device device = Device::kCpu;  // where the activations and the scratch live (kCuda: NCCL's group)
 };
 
 class ContextParallelHooks final : public ForwardingHooks {

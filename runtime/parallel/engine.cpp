@@ -37,13 +37,6 @@ comm::CommPtr make_host_world(std::shared_ptr<store::Store> store, int rank, int
 Engine::Engine(const ms::ModelShape& shape, const EngineSpec& spec, std::shared_ptr<store::Store> store,
                Allocator& alloc)
     : spec_(spec), topo_(spec.world, spec.tp, spec.dp, spec.pp, spec.cp), coord_(topo_.coord_of(spec.rank)) {
-  if (spec.cp > 1 && spec.device == Device::kCuda) {
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("context_parallel.size {}: context parallelism runs on the CPU for now (its attention "
-                            "keeps host buffers)",
-                            spec.cp),
-                "train with training.device \"cpu\", or without context_parallel");
-  }
   part_ = layout::partition_stages(shape, spec.pp, spec.split, spec.tp, coord_.tp)[static_cast<size_t>(coord_.pp)];
   if (spec.ep > 1) {
     part_.ep = spec.ep;
@@ -156,7 +149,7 @@ void Engine::build_stack(const ms::ModelShape& shape, Allocator& alloc) {
   }
   if (cp_) {
     const ContextParallelShape cs{spec_.model.B, spec_.model.T, shape.n_head / spec_.tp, ms::kv_heads(shape) / spec_.tp,
-                                  shape.head_dim(), spec_.cp_method, spec_.model.dtype};
+                                  shape.head_dim(), spec_.cp_method, spec_.model.dtype, spec_.device};
     cp_hooks_ = std::make_unique<ContextParallelHooks>(cp_, cs, alloc, hooks);
     hooks = cp_hooks_.get();
   }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <limits>
 #include <utility>
 
@@ -28,40 +27,41 @@ ChunkSizes chunk_sizes(const RingShape& s) {
   return {rows * s.qkv_stride(), rows * s.kv_stride(), rows * s.out_stride(), rows * s.NH};
 }
 
-// Chunk k's rows of a (B,2C,ld) buffer, columns [col, col + width), into chunk-major dst.
+// Every move below goes through kern:: (kernels/dispatch.h): memcpy on the CPU, stream-ordered
+// strided copies and kernels inside a CUDA scope (the buffers are then device memory).
+
+// Chunk k's rows of a (B,2C,ld) buffer, columns [col, col + width), into chunk-major dst: one
+// strided copy of C rows per sequence.
 template <typename T>
 void gather_chunk(T* dst, const T* src, const RingShape& s, int64_t ld, int64_t col, int64_t width, int k) {
+  const size_t z = sizeof(T);
   for (int b = 0; b < s.B; b++) {
-    for (int i = 0; i < s.C; i++) {
-      const T* from = src + (static_cast<int64_t>(b) * 2 * s.C + static_cast<int64_t>(k) * s.C + i) * ld + col;
-      std::memcpy(dst + (static_cast<int64_t>(b) * s.C + i) * width, from, static_cast<size_t>(width) * sizeof(T));
-    }
+    const T* from = src + (static_cast<int64_t>(b) * 2 * s.C + static_cast<int64_t>(k) * s.C) * ld + col;
+    kern::copy_rows(dst + static_cast<int64_t>(b) * s.C * width, width * z, from, ld * z, width * z, s.C);
   }
 }
 
-// The reverse, from fp32 chunk-major rows into a (B,2C,ld) buffer of type S, rounded once.
+// The reverse, from fp32 chunk-major rows into a (B,2C,ld) buffer of type S, rounded once: the
+// chunk converted into `tmp` (B C width elements of S), then copied to its rows.
 template <typename S>
-void scatter_chunk(S* dst, const float* src, const RingShape& s, int64_t ld, int64_t col, int64_t width, int k) {
+void scatter_chunk(S* dst, const float* src, S* tmp, const RingShape& s, int64_t ld, int64_t col, int64_t width,
+                   int k) {
+  const size_t z = sizeof(S);
+  kern::convert(tmp, src, static_cast<int64_t>(s.B) * s.C * width);
   for (int b = 0; b < s.B; b++) {
-    for (int i = 0; i < s.C; i++) {
-      S* to = dst + (static_cast<int64_t>(b) * 2 * s.C + static_cast<int64_t>(k) * s.C + i) * ld + col;
-      kern::convert(to, src + (static_cast<int64_t>(b) * s.C + i) * width, width);
-    }
+    S* to = dst + (static_cast<int64_t>(b) * 2 * s.C + static_cast<int64_t>(k) * s.C) * ld + col;
+    kern::copy_rows(to, ld * z, tmp + static_cast<int64_t>(b) * s.C * width, width * z, width * z, s.C);
   }
 }
 
-// lse (B,NH,2C) <-> chunk-major (B,NH,C) per chunk.
+// lse (B,NH,2C) <-> chunk-major (B,NH,C) per chunk: B NH rows of C floats.
 void lse_to_chunk(float* dst, const float* lse, const RingShape& s, int k) {
-  for (int bh = 0; bh < s.B * s.NH; bh++) {
-    std::memcpy(dst + static_cast<int64_t>(bh) * s.C, lse + static_cast<int64_t>(bh) * 2 * s.C + static_cast<int64_t>(k) * s.C,
-                static_cast<size_t>(s.C) * sizeof(float));
-  }
+  const size_t c = static_cast<size_t>(s.C) * sizeof(float);
+  kern::copy_rows(dst, c, lse + static_cast<int64_t>(k) * s.C, 2 * c, c, static_cast<size_t>(s.B) * s.NH);
 }
 void lse_from_chunk(float* lse, const float* src, const RingShape& s, int k) {
-  for (int bh = 0; bh < s.B * s.NH; bh++) {
-    std::memcpy(lse + static_cast<int64_t>(bh) * 2 * s.C + static_cast<int64_t>(k) * s.C, src + static_cast<int64_t>(bh) * s.C,
-                static_cast<size_t>(s.C) * sizeof(float));
-  }
+  const size_t c = static_cast<size_t>(s.C) * sizeof(float);
+  kern::copy_rows(lse + static_cast<int64_t>(k) * s.C, 2 * c, src, c, c, static_cast<size_t>(s.B) * s.NH);
 }
 
 // Sends `send` to the next rank and receives the previous rank's into `recv`, asynchronously
@@ -82,18 +82,19 @@ struct RingStep {
 
 }  // namespace
 
-RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc)
-    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), storage_bytes_(storage_bytes) {
+RingAttention::RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc,
+                             Device device)
+    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), storage_bytes_(storage_bytes), device_(device) {
   if (sh_.B <= 0 || sh_.C <= 0 || sh_.NH <= 0 || sh_.KV <= 0 || sh_.hd <= 0 || sh_.NH % sh_.KV != 0) {
     throw invalid_usage("ring attention: B={} C={} NH={} KV={} hd={}: every size must be positive and KV must divide NH",
                         sh_.B, sh_.C, sh_.NH, sh_.KV, sh_.hd);
   }
-  threads_ = omp_get_max_threads();
+  threads_ = device_ == Device::kCpu ? omp_get_max_threads() : 0;  // the CUDA block kernels need no tiles
   const layout::CpAttentionShape as{sh_.B, 2 * n_ * sh_.C, sh_.NH, sh_.KV, sh_.hd, n_, layout::CpMethod::kRing,
                                     storage_bytes, threads_};
   const layout::CpScratchBytes b = layout::ring_attention_scratch(as);
-  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "ring attention scratch");
-  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "ring attention blocks in flight");
+  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "ring attention scratch", device_);
+  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "ring attention blocks in flight", device_);
 }
 
 // The scratch's parts (layout::cp_attention_scratch): workspace = [q 2cq | o 2co | dO 2co] (S),
@@ -109,8 +110,8 @@ struct RingAttention::Scratch {
 template <typename S>
 RingAttention::Scratch<S> RingAttention::scratch() {
   DS_CHECK(static_cast<int>(sizeof(S)) == storage_bytes_, "ring attention: scratch sized for another element type");
-  DS_CHECK(omp_get_max_threads() <= threads_, "ring attention: scratch sized for {} threads, OpenMP now has {}",
-           threads_, omp_get_max_threads());
+  DS_CHECK(device_ != Device::kCpu || omp_get_max_threads() <= threads_,
+           "ring attention: scratch sized for {} threads, OpenMP now has {}", threads_, omp_get_max_threads());
   const ChunkSizes z = chunk_sizes(sh_);
   Scratch<S> p{};
   S* ws = static_cast<S*>(work_.data());
@@ -147,8 +148,8 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
     gather_chunk(q + k * cq, qkv, s, s.qkv_stride(), 0, s.qkv_stride(), k);
     gather_chunk(kv + k * ckv, qkv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
   }
-  std::fill(acc, acc + 2 * co, 0.0f);
-  std::fill(acc_lse, acc_lse + 2 * cl, -std::numeric_limits<float>::infinity());
+  kern::fill_zero(acc, static_cast<size_t>(2 * co) * sizeof(float));
+  kern::fill_f32(acc_lse, -std::numeric_limits<float>::infinity(), 2 * cl);
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;  // whose chunks `kv` holds
@@ -169,8 +170,8 @@ void RingAttention::forward(S* out, float* lse, const S* qkv) {
       std::swap(kv, kv_next);
     }
   }
-  for (int k = 0; k < 2; k++) {
-    scatter_chunk(out, acc + k * co, s, s.out_stride(), 0, s.out_stride(), k);
+  for (int k = 0; k < 2; k++) {  // the gathered queries are spent: their scratch rounds the output
+    scatter_chunk(out, acc + k * co, q, s, s.out_stride(), 0, s.out_stride(), k);
     lse_from_chunk(lse, acc_lse + k * cl, s, k);
   }
 }
@@ -190,8 +191,8 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
     gather_chunk(dO + k * co, dout, s, s.out_stride(), 0, s.out_stride(), k);
     lse_to_chunk(l + k * cl, lse, s, k);
   }
-  std::fill(dq, dq + 2 * co, 0.0f);
-  std::fill(dkv, dkv + 2 * ckv, 0.0f);
+  kern::fill_zero(dq, static_cast<size_t>(2 * co) * sizeof(float));
+  kern::fill_zero(dkv, static_cast<size_t>(2 * ckv) * sizeof(float));
   const comm::DataType dt = comm_dtype(dtype_of<S>);
   for (int step = 0; step < n_; step++) {
     const int src = (r_ - step + n_) % n_;
@@ -218,9 +219,9 @@ void RingAttention::backward(S* dqkv, const S* dout, const S* qkv, const S* out,
       }
     }
   }
-  for (int k = 0; k < 2; k++) {
-    scatter_chunk(dqkv, dq + k * co, s, s.qkv_stride(), 0, s.out_stride(), k);
-    scatter_chunk(dqkv, dkv + k * ckv, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
+  for (int k = 0; k < 2; k++) {  // the gathered queries are spent: their scratch rounds the gradients
+    scatter_chunk(dqkv, dq + k * co, q, s, s.qkv_stride(), 0, s.out_stride(), k);
+    scatter_chunk(dqkv, dkv + k * ckv, q, s, s.qkv_stride(), s.out_stride(), s.kv_stride(), k);
   }
 }
 

@@ -18,8 +18,11 @@
 // sequence, rows reordered to the rank's chunks (tests/multiproc/parallel: against the single
 // process at cp 2 and 4). Scratch (layout::cp_attention_scratch: the gathered chunks and the fp32
 // accumulators under workspace, the blocks in flight under comm) is allocated once, at
-// construction, on the host: CPU buffers only, for now. The block kernels keep per-task vectors of
-// one key/value block's head (2 C hd floats) besides, outside the allocator.
+// construction, on the rank's device. On the CPU the block kernels keep per-task vectors of one
+// key/value block's head (2 C hd floats) besides, outside the allocator. On a GPU every gather,
+// merge and kernel is queued on the caller's stream (its kern::DeviceScope) and the group is NCCL's,
+// whose exchange waits on the device for the work queued before it (comm/nccl_comm.h): the
+// transfer of the next block overlaps the kernels of this one.
 #pragma once
 
 #include <cstdint>
@@ -45,8 +48,10 @@ inline int ring_chunk_position(int r, int n, int k, int C) { return (k == 0 ? r 
 class RingAttention {
  public:
   // `cp`: the context-parallel group (N = its size; N = 1 runs the local attention as blocks).
-  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm).
-  RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc);
+  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm), on
+  // `device` (kCuda: the calls run inside a CUDA kern::DeviceScope, the buffers on the device).
+  RingAttention(comm::Comm& cp, const RingShape& shape, int storage_bytes, Allocator& alloc,
+                Device device = Device::kCpu);
 
   // out (B,2C,NH hd) and lse (B,NH,2C) of the rank's rows from its qkv (B,2C,(NH+2KV)hd),
   // overwritten. Collective over the cp group.
@@ -70,7 +75,8 @@ class RingAttention {
   comm::Comm& cp_;
   RingShape sh_;
   int n_, r_, storage_bytes_;
-  int threads_ = 1;  // OpenMP threads the block kernels' tiles are sized for
+  Device device_;
+  int threads_ = 1;  // OpenMP threads the block kernels' tiles are sized for (0 on a GPU)
   double blocked_s_ = 0;
   Buffer work_, comm_buf_;
 };

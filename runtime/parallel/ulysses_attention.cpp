@@ -1,7 +1,6 @@
 #include "parallel/ulysses_attention.h"
 
 #include <chrono>
-#include <cstring>
 #include <numeric>
 
 #include <omp.h>
@@ -44,8 +43,15 @@ void exchange(comm::Comm& cp, const uint8_t* send, uint8_t* recv, size_t piece, 
 
 }  // namespace
 
-UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc)
-    : cp_(cp), sh_(shape), n_(cp.size()), r_(cp.rank()), Tl_(shape.T / cp.size()), storage_bytes_(storage_bytes) {
+UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc,
+                                   Device device)
+    : cp_(cp),
+      sh_(shape),
+      n_(cp.size()),
+      r_(cp.rank()),
+      Tl_(shape.T / cp.size()),
+      storage_bytes_(storage_bytes),
+      device_(device) {
   if (sh_.B <= 0 || sh_.T <= 0 || sh_.NH <= 0 || sh_.KV <= 0 || sh_.hd <= 0 || sh_.NH % sh_.KV != 0) {
     throw invalid_usage("Ulysses attention: B={} T={} NH={} KV={} hd={}: every size must be positive and KV must "
                         "divide NH",
@@ -56,12 +62,12 @@ UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, in
                         "heads ({}) divisible by {}",
                         n_, sh_.T, sh_.NH, sh_.KV, n_);
   }
-  threads_ = omp_get_max_threads();
+  threads_ = device_ == Device::kCpu ? omp_get_max_threads() : 0;  // the CUDA attention needs no tiles
   const layout::CpAttentionShape as{sh_.B, sh_.T, sh_.NH, sh_.KV, sh_.hd, n_, layout::CpMethod::kUlysses,
                                     storage_bytes, threads_};
   const layout::CpScratchBytes b = layout::ulysses_attention_scratch(as);
-  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "Ulysses attention scratch");
-  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "Ulysses all-to-all pieces");
+  work_ = alloc.allocate(static_cast<size_t>(b.workspace), MemTag::kWorkspace, "Ulysses attention scratch", device_);
+  comm_buf_ = alloc.allocate(static_cast<size_t>(b.comm), MemTag::kComm, "Ulysses all-to-all pieces", device_);
 }
 
 // The scratch's parts (layout::ulysses_attention_scratch): workspace = [qkv_h | dqkv_h | out_h |
@@ -70,8 +76,8 @@ UlyssesAttention::UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, in
 template <typename S>
 UlyssesAttention::Scratch<S> UlyssesAttention::scratch() {
   DS_CHECK(static_cast<int>(sizeof(S)) == storage_bytes_, "Ulysses attention: scratch sized for another element type");
-  DS_CHECK(omp_get_max_threads() <= threads_, "Ulysses attention: scratch sized for {} threads, OpenMP now has {}",
-           threads_, omp_get_max_threads());
+  DS_CHECK(device_ != Device::kCpu || omp_get_max_threads() <= threads_,
+           "Ulysses attention: scratch sized for {} threads, OpenMP now has {}", threads_, omp_get_max_threads());
   const int64_t nqkv = static_cast<int64_t>(sh_.B) * sh_.T * (sh_.NH + 2 * sh_.KV) / n_ * sh_.hd;
   const int64_t nout = static_cast<int64_t>(sh_.B) * sh_.T * sh_.NH / n_ * sh_.hd;
   Scratch<S> p{};
@@ -88,50 +94,47 @@ uint8_t* UlyssesAttention::pieces(bool receive) {
   return static_cast<uint8_t*>(comm_buf_.data()) + (receive ? comm_buf_.bytes() / 2 : 0);
 }
 
+// Every rearrangement is a strided copy per (peer, head group) or per (peer, sequence) through
+// kern::copy_rows: memcpy per row on the CPU, one stream-ordered copy on a GPU.
 template <typename S>
 void UlyssesAttention::to_heads(S* dst, const S* src, const std::vector<int>& heads) {
   const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
-  const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
+  const size_t z = sizeof(S), rows = static_cast<size_t>(sh_.B) * Tl_;
+  const size_t piece = rows * w_mine * z;
   uint8_t *send = pieces(false), *recv = pieces(true);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
     S* out = reinterpret_cast<S*>(send + static_cast<size_t>(p) * piece);
-    for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
-      for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
-        std::memcpy(out + row * w_mine + share, src + row * w_all + whole, static_cast<size_t>(w) * sizeof(S));
-      });
-    }
+    for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
+      kern::copy_rows(out + share, w_mine * z, src + whole, w_all * z, w * z, rows);
+    });
   }
   exchange(cp_, send, recv, piece, &blocked_s_);
+  const size_t run = static_cast<size_t>(Tl_) * w_mine * z;  // one sequence's rows of a piece
   for (int p = 0; p < n_; p++) {  // p's rows, my heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
-    for (int b = 0; b < sh_.B; b++) {
-      std::memcpy(dst + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
-                  in + static_cast<int64_t>(b) * Tl_ * w_mine, static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
-    }
+    kern::copy_rows(dst + static_cast<int64_t>(p) * Tl_ * w_mine, static_cast<size_t>(sh_.T) * w_mine * z, in, run,
+                    run, static_cast<size_t>(sh_.B));
   }
 }
 
 template <typename S>
 void UlyssesAttention::to_sequence(S* dst, const S* src, const std::vector<int>& heads) {
   const int64_t w_all = row_width(heads, sh_.hd), w_mine = row_width(heads, sh_.hd, n_);
-  const size_t piece = static_cast<size_t>(sh_.B) * Tl_ * w_mine * sizeof(S);
+  const size_t z = sizeof(S), rows = static_cast<size_t>(sh_.B) * Tl_;
+  const size_t piece = rows * w_mine * z;
   uint8_t *send = pieces(false), *recv = pieces(true);
+  const size_t run = static_cast<size_t>(Tl_) * w_mine * z;
   for (int p = 0; p < n_; p++) {  // p's rows of my heads
     S* out = reinterpret_cast<S*>(send + static_cast<size_t>(p) * piece);
-    for (int b = 0; b < sh_.B; b++) {
-      std::memcpy(out + static_cast<int64_t>(b) * Tl_ * w_mine,
-                  src + (static_cast<int64_t>(b) * sh_.T + static_cast<int64_t>(p) * Tl_) * w_mine,
-                  static_cast<size_t>(Tl_ * w_mine) * sizeof(S));
-    }
+    kern::copy_rows(out, run, src + static_cast<int64_t>(p) * Tl_ * w_mine, static_cast<size_t>(sh_.T) * w_mine * z,
+                    run, static_cast<size_t>(sh_.B));
   }
   exchange(cp_, send, recv, piece, &blocked_s_);
   for (int p = 0; p < n_; p++) {  // my rows, p's heads
     const S* in = reinterpret_cast<const S*>(recv + static_cast<size_t>(p) * piece);
-    for (int64_t row = 0; row < static_cast<int64_t>(sh_.B) * Tl_; row++) {
-      for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
-        std::memcpy(dst + row * w_all + whole, in + row * w_mine + share, static_cast<size_t>(w) * sizeof(S));
-      });
-    }
+    for_each_share_column(heads, n_, p, sh_.hd, [&](int64_t whole, int64_t share, int64_t w) {
+      kern::copy_rows(dst + whole, w_all * z, in + share, w_mine * z, w * z, rows);
+    });
   }
 }
 

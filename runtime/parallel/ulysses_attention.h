@@ -7,12 +7,13 @@
 // to the rank's positions. The backward does the same with dout, out and qkv, and returns dqkv to
 // the sequence layout. NH and KV must divide by N (the caller checks the config; this throws).
 //
-// The all-to-all is N-1 pairs of asynchronous send/recv per exchange (comm has no all-to-all):
-// rank r sends peer p the columns of p's heads for r's positions and receives p's positions of
-// its own heads. The lse stays in the head layout (B, NH/N, T), as the backward wants it.
-// Scratch (layout::ulysses_attention_scratch: the head-layout copies and the whole-sequence
-// attention's tiles under workspace, the all-to-all pieces under comm) is allocated once, at
-// construction, on the host: CPU buffers only, for now.
+// The exchange is one Comm::all_to_all_v of N equal pieces: rank r sends peer p the columns of
+// p's heads for r's positions and receives p's positions of its own heads. The lse stays in the
+// head layout (B, NH/N, T), as the backward wants it. Scratch (layout::ulysses_attention_scratch:
+// the head-layout copies and the whole-sequence attention's tiles under workspace, the all-to-all
+// pieces under comm) is allocated once, at construction, on the rank's device. On a GPU the
+// rearranging copies are strided copies on the caller's stream (its kern::DeviceScope) and the
+// group is NCCL's (its all-to-all waits on the device for them; no tiles).
 #pragma once
 
 #include <cstdint>
@@ -30,9 +31,10 @@ struct UlyssesShape {
 
 class UlyssesAttention {
  public:
-  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm), with
-  // attention tiles for OpenMP's current thread count.
-  UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc);
+  // The scratch for elements of `storage_bytes` comes from `alloc` (tags workspace and comm), on
+  // `device`, with attention tiles for OpenMP's current thread count on the CPU.
+  UlyssesAttention(comm::Comm& cp, const UlyssesShape& shape, int storage_bytes, Allocator& alloc,
+                   Device device = Device::kCpu);
 
   // out (B,T/N,NH hd) of the rank's positions from its qkv (B,T/N,(NH+2KV)hd); lse_heads
   // (B,NH/N,T) of its heads over the whole sequence, for backward. Collective over the cp group.
@@ -65,6 +67,7 @@ class UlyssesAttention {
   comm::Comm& cp_;
   UlyssesShape sh_;
   int n_, r_, Tl_, storage_bytes_, threads_ = 1;
+  Device device_;
   double blocked_s_ = 0;
   Buffer work_, comm_buf_;
 };
