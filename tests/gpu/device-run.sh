@@ -47,9 +47,9 @@ stage_dir="$pack_dir/stage"
 archive="$pack_dir/pack.tar.xz"
 train_steps="${DEVICE_TRAIN_STEPS:-200}"
 
-# The cuda-labelled tests (tests/gpu/*/CMakeLists.txt) and the other binaries the device runs.
-cuda_tests=(test_cuda_kernels test_llama_cuda_kernels test_cuda_allocator test_gpt2_cuda
-            test_llama_cuda test_comm_nccl)
+# The cuda-labelled tests (every ds_add_test of tests/gpu/*/CMakeLists.txt, read from them so a new
+# one is never left out) and the other binaries the device runs.
+mapfile -t cuda_tests < <(sed -n 's/^ *ds_add_test(\(test_[a-z0-9_]*\) .*/\1/p' "$here"/tests/gpu/*/CMakeLists.txt)
 binaries=(dstrain gpu_bench "${cuda_tests[@]}")
 
 # make_train_config DEVICE OUT.json: configs/gpt2-124m-gpu.json on the KJV's GPT-2 BPE tokens,
