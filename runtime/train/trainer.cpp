@@ -419,8 +419,10 @@ void Trainer::Impl::start_graph(parallel::EngineSpec& spec) {
 }
 
 Trainer::Impl::LossSums Trainer::Impl::graph_micro_batches(float scale, StepClock& clock) {
+  // Into the pinned slots the graph's copies read: free, since the previous step's loss copy
+  // waited for its replay.
   for (int g = 0; g < G; ++g) load(g, [&](int32_t* in, int32_t* tg) { loader->next(in, tg); });
-  clock.lap(Phase::kData);  // the previous step's losses came back: the graph no longer reads the slots
+  clock.lap(Phase::kData);
   parallel::ZeroEngines zero(engine->zeros());
   Model& model = engine->model();
   Activations& acts = engine->activations();
