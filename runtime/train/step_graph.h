@@ -30,8 +30,9 @@ class StepGraph {
   // Whether a graph is held, captured with this loss scale.
   bool captured_for(float loss_scale) const { return exec_ != nullptr && loss_scale == scale_; }
   // Captures what `record` queues on stream() (replacing any graph held). `record` must queue
-  // work on stream() only and never synchronise. On an exception the capture is ended, nothing is
-  // held, and the exception goes on.
+  // work on stream() only and never synchronise. On an exception the capture is ended and nothing
+  // is held; a ds::Error goes on with "training.cuda_graph: capturing ... failed" before its
+  // message, any other exception as it is.
   void capture(float loss_scale, const std::function<void()>& record);
   // One replay, in the stream's order (asynchronous).
   void replay();
